@@ -1,0 +1,99 @@
+"""The api process: webhook, admin REST API, loop dashboard, metrics and health.
+
+``create_app(settings)`` takes its settings (and, in tests, a ready state) as arguments;
+nothing is built at import time.
+
+Every module under ``services/api/routes`` exposes a ``router`` (an ``APIRouter``) and may
+expose ``async def startup(app)`` / ``async def shutdown(app)`` for resources it owns (the
+ingest writer, say). Adding a resource means adding a module there, nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from types import ModuleType
+
+from fastapi import FastAPI, Request, Response
+
+import services.api.routes as routes_package
+from services.api.errors import install_error_handlers
+from services.api.state import AppState, TemporalConnection
+from services.db.session import engine_from_settings, make_session_factory
+from services.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
+from services.settings import Settings
+
+
+def route_modules() -> list[ModuleType]:
+    """The route modules, in name order (health first)."""
+    names = sorted(module.name for module in pkgutil.iter_modules(routes_package.__path__))
+    names.sort(key=lambda name: name != "health")
+    return [importlib.import_module(f"{routes_package.__name__}.{name}") for name in names]
+
+
+def _route_template(request: Request) -> str:
+    """The matched route's template (``/v1/loops/{loop}``), never the raw path."""
+    route = request.scope.get("route")
+    return str(getattr(route, "path_format", None) or getattr(route, "path", "unmatched"))
+
+
+def _install_http_metrics(app: FastAPI) -> None:
+    @app.middleware("http")
+    async def _measure(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = _route_template(request)
+        HTTP_REQUEST_DURATION.labels(route, request.method).observe(time.perf_counter() - started)
+        HTTP_REQUESTS.labels(route, request.method, str(response.status_code)).inc()
+        return response
+
+
+def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
+    """Build the api. Tests pass a ready ``state``; production builds it in the lifespan."""
+    modules = route_modules()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned_engine = None
+        if state is None:
+            owned_engine = engine_from_settings(settings, application="ratchet-api")
+            app.state.ratchet = AppState(
+                settings=settings,
+                engine=owned_engine,
+                session_factory=make_session_factory(owned_engine),
+                temporal=TemporalConnection(settings),
+            )
+        else:
+            app.state.ratchet = state
+        started: list[ModuleType] = []
+        try:
+            for module in modules:
+                startup = getattr(module, "startup", None)
+                if startup is not None:
+                    await startup(app)
+                started.append(module)
+            yield
+        finally:
+            for module in reversed(started):
+                shutdown = getattr(module, "shutdown", None)
+                if shutdown is not None:
+                    await shutdown(app)
+            if owned_engine is not None:
+                owned_engine.dispose()
+
+    app = FastAPI(
+        title="Ratchet",
+        version="0.1.0",
+        summary="Continuous post-training for AI agents.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    _install_http_metrics(app)
+    for module in modules:
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,38 @@
+"""What the api process holds for its lifetime: settings, the DB engine, a Temporal client."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+from temporalio.client import Client
+
+from services.db.session import SessionFactory
+from services.settings import Settings
+from services.temporal import connect_temporal
+
+
+@dataclass
+class TemporalConnection:
+    """Connects on first use, so the api starts (and serves health) while Temporal is down."""
+
+    settings: Settings
+    client: Client | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get(self) -> Client:
+        if self.client is None:
+            async with self._lock:
+                if self.client is None:
+                    self.client = await asyncio.wait_for(connect_temporal(self.settings), 5)
+        return self.client
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: Engine
+    session_factory: SessionFactory
+    temporal: TemporalConnection
+    extras: dict[str, object] = field(default_factory=dict)

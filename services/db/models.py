@@ -1,0 +1,409 @@
+"""The data model of DESIGN §2: tables for loops, traces, tasks, datasets, cycles, runs,
+checkpoints, evaluations and promotions.
+
+Invariants live in the schema wherever Postgres can hold them (unique keys, partial unique
+indexes, check constraints), so a bug in a caller cannot break them. Lineage is a chain of
+foreign keys: trace → task_sources → task → dataset_tasks → dataset → run → checkpoint →
+promotion, and ``loops.champion_checkpoint_id`` says which checkpoint serves now.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    Numeric,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from services.db.base import Base
+
+JSON = JSONB(none_as_null=True)
+
+
+def _now_column() -> Mapped[dt.datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+class Loop(Base):
+    """One served model being improved, forever."""
+
+    __tablename__ = "loops"
+    __table_args__ = (
+        CheckConstraint("status IN ('active', 'paused', 'archived')", name="status"),
+        CheckConstraint("name ~ '^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$'", name="name_format"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    name: Mapped[str] = mapped_column(String(40), unique=True)
+    environment: Mapped[str] = mapped_column(String(64))
+    executor: Mapped[str] = mapped_column(String(32), server_default="local")
+    training_profile: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    serving_target: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    gate_policy: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    trigger_policy: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    curation_policy: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    budget_usd: Mapped[Decimal | None] = mapped_column(Numeric(14, 4))
+    status: Mapped[str] = mapped_column(String(16), server_default="active")
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    champion_checkpoint_id: Mapped[str | None] = mapped_column(
+        ForeignKey("checkpoints.id", use_alter=True, ondelete="SET NULL")
+    )
+    created_at: Mapped[dt.datetime] = _now_column()
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+    champion: Mapped[Checkpoint | None] = relationship(
+        foreign_keys=[champion_checkpoint_id], post_update=True
+    )
+
+
+class Credential(Base):
+    """A webhook signing secret or an ingest token of a loop.
+
+    Two may be active at once so a secret can be rotated with a grace period. Signing
+    secrets must be stored whole (HMAC needs them); ingest tokens are stored as sha256
+    digests only.
+    """
+
+    __tablename__ = "credentials"
+    __table_args__ = (
+        CheckConstraint("kind IN ('signing_secret', 'ingest_token')", name="kind"),
+        Index("ix_credentials_loop_kind", "loop_id", "kind"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    secret: Mapped[str | None] = mapped_column(Text)
+    token_sha256: Mapped[str | None] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = _now_column()
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Trace(Base):
+    """One production episode as reported. (loop, external id) is unique: a re-post is a no-op."""
+
+    __tablename__ = "traces"
+    __table_args__ = (
+        UniqueConstraint("loop_id", "external_id"),
+        Index("ix_traces_loop_received", "loop_id", "received_at"),
+        Index(
+            "ix_traces_uncurated",
+            "loop_id",
+            "id",
+            postgresql_where=text("curated_at IS NULL"),
+        ),
+        Index("ix_traces_loop_model_received", "loop_id", "model_version", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    external_id: Mapped[str] = mapped_column(String(256))
+    source: Mapped[str] = mapped_column(String(16), server_default="webhook")
+    model_version: Mapped[str | None] = mapped_column(String(256))
+    success: Mapped[bool | None] = mapped_column(Boolean)
+    score: Mapped[float | None] = mapped_column(Float)
+    error_kind: Mapped[str | None] = mapped_column(String(128))
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    received_at: Mapped[dt.datetime] = _now_column()
+    curated_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    curation_outcome: Mapped[str | None] = mapped_column(String(32))
+    curation_detail: Mapped[str | None] = mapped_column(Text)
+
+
+class Task(Base):
+    """A curated, verifiable RL task. The content hash is unique per loop."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (
+        UniqueConstraint("loop_id", "content_hash"),
+        CheckConstraint("split IN ('train', 'eval', 'heldout', 'regression')", name="split"),
+        Index("ix_tasks_loop_split", "loop_id", "split"),
+        Index("ix_tasks_loop_cluster", "loop_id", "cluster_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    content_hash: Mapped[str] = mapped_column(String(64))
+    environment: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    origin: Mapped[str] = mapped_column(String(16), server_default="failure")
+    cluster_id: Mapped[str] = mapped_column(String(64))
+    split: Mapped[str] = mapped_column(String(16))
+    weight: Mapped[int] = mapped_column(Integer, server_default="1")
+    pinned: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    failure_signature: Mapped[str | None] = mapped_column(String(256))
+    redactions: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    probe_pass_rate: Mapped[float | None] = mapped_column(Float)
+    minhash: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = _now_column()
+
+
+class TaskSource(Base):
+    """Which traces a task came from (a deduplicated task keeps all of them)."""
+
+    __tablename__ = "task_sources"
+
+    task_id: Mapped[int] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    trace_id: Mapped[int] = mapped_column(
+        ForeignKey("traces.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    relation: Mapped[str] = mapped_column(String(16), server_default="origin")
+
+
+class LshBucket(Base):
+    """Persisted MinHash-LSH bands, so a new trace is matched against every earlier task."""
+
+    __tablename__ = "lsh_buckets"
+    __table_args__ = (Index("ix_lsh_buckets_lookup", "loop_id", "band", "bucket"),)
+
+    loop_id: Mapped[int] = mapped_column(
+        ForeignKey("loops.id", ondelete="CASCADE"), primary_key=True
+    )
+    band: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
+    task_id: Mapped[int] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+
+
+class Dataset(Base):
+    """An immutable snapshot of tasks for one cycle. Never mutated after creation."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("loop_id", "content_hash"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    content_hash: Mapped[str] = mapped_column(String(64))
+    train_count: Mapped[int] = mapped_column(Integer)
+    eval_count: Mapped[int] = mapped_column(Integer)
+    regression_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    train_uri: Mapped[str] = mapped_column(Text)
+    eval_uri: Mapped[str] = mapped_column(Text)
+    regression_uri: Mapped[str | None] = mapped_column(Text)
+    stats: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    created_at: Mapped[dt.datetime] = _now_column()
+
+
+class DatasetTask(Base):
+    """Membership of a task in a dataset, with the split it has there."""
+
+    __tablename__ = "dataset_tasks"
+    __table_args__ = (CheckConstraint("split IN ('train', 'eval', 'regression')", name="split"),)
+
+    dataset_id: Mapped[int] = mapped_column(
+        ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True
+    )
+    task_id: Mapped[int] = mapped_column(
+        ForeignKey("tasks.id", ondelete="RESTRICT"), primary_key=True, index=True
+    )
+    split: Mapped[str] = mapped_column(String(16))
+
+
+class Cycle(Base):
+    """One turn of a loop. At most one open cycle per loop."""
+
+    __tablename__ = "cycles"
+    __table_args__ = (
+        UniqueConstraint("loop_id", "number"),
+        Index(
+            "uq_cycles_one_open_per_loop",
+            "loop_id",
+            unique=True,
+            postgresql_where=text("ended_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    trigger: Mapped[str] = mapped_column(String(32))
+    trigger_detail: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    stage: Mapped[str] = mapped_column(String(32), server_default="curate")
+    outcome: Mapped[str | None] = mapped_column(String(32))
+    outcome_detail: Mapped[str | None] = mapped_column(Text)
+    workflow_id: Mapped[str | None] = mapped_column(String(256))
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id"))
+    champion_checkpoint_id: Mapped[str | None] = mapped_column(
+        ForeignKey("checkpoints.id", use_alter=True)
+    )
+    candidate_checkpoint_id: Mapped[str | None] = mapped_column(
+        ForeignKey("checkpoints.id", use_alter=True)
+    )
+    stage_timings: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    compute_seconds: Mapped[float] = mapped_column(Float, server_default="0")
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(14, 6), server_default="0")
+    points_gained: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[dt.datetime] = _now_column()
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Run(Base):
+    """One job on an executor. The id is derived from the cycle, so a retry never makes two."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint("kind IN ('train', 'eval', 'probe')", name="kind"),
+        CheckConstraint(
+            "status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled', 'lost')",
+            name="status",
+        ),
+        Index("ix_runs_loop_submitted", "loop_id", "submitted_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    cycle_id: Mapped[int | None] = mapped_column(ForeignKey("cycles.id", ondelete="SET NULL"))
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id"))
+    base_checkpoint_id: Mapped[str | None] = mapped_column(
+        ForeignKey("checkpoints.id", use_alter=True)
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    executor: Mapped[str] = mapped_column(String(32))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), server_default="pending")
+    error: Mapped[str | None] = mapped_column(Text)
+    accelerators: Mapped[int] = mapped_column(Integer, server_default="0")
+    compute_seconds: Mapped[float] = mapped_column(Float, server_default="0")
+    cpu_seconds: Mapped[float] = mapped_column(Float, server_default="0")
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(14, 6), server_default="0")
+    output_uri: Mapped[str | None] = mapped_column(Text)
+    logs_uri: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    submitted_at: Mapped[dt.datetime] = _now_column()
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Checkpoint(Base):
+    """A model artifact, content-addressed: the id is the sha256 of its manifest."""
+
+    __tablename__ = "checkpoints"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"), index=True)
+    uri: Mapped[str] = mapped_column(Text)
+    parent_id: Mapped[str | None] = mapped_column(ForeignKey("checkpoints.id"))
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id", use_alter=True))
+    format: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    manifest: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = _now_column()
+
+
+class Evaluation(Base):
+    """A checkpoint run on a task set; per-task rows are kept so comparisons are paired."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = (
+        UniqueConstraint("cycle_id", "checkpoint_id", "task_set"),
+        CheckConstraint("task_set IN ('eval', 'regression', 'heldout', 'probe')", name="task_set"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    cycle_id: Mapped[int | None] = mapped_column(ForeignKey("cycles.id", ondelete="CASCADE"))
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id"))
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id"))
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id"))
+    task_set: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(Integer)
+    passed: Mapped[int] = mapped_column(Integer)
+    pass_rate: Mapped[float] = mapped_column(Float)
+    ci_low: Mapped[float] = mapped_column(Float)
+    ci_high: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[dt.datetime] = _now_column()
+
+
+class EvaluationResult(Base):
+    """One task's outcome in one evaluation."""
+
+    __tablename__ = "evaluation_results"
+
+    evaluation_id: Mapped[int] = mapped_column(
+        ForeignKey("evaluations.id", ondelete="CASCADE"), primary_key=True
+    )
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), primary_key=True)
+    passed: Mapped[bool] = mapped_column(Boolean)
+    reward: Mapped[float] = mapped_column(Float)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+
+
+class Promotion(Base):
+    """The gate's decision for a cycle and what followed (deploy, canary, rollback)."""
+
+    __tablename__ = "promotions"
+    __table_args__ = (
+        CheckConstraint("decision IN ('promote', 'reject', 'rollback')", name="decision"),
+        CheckConstraint(
+            "status IN ('decided', 'deploying', 'canary', 'held', 'rolled_back', 'rejected',"
+            " 'failed')",
+            name="status",
+        ),
+        Index("ix_promotions_loop_decided", "loop_id", "decided_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    cycle_id: Mapped[int | None] = mapped_column(
+        ForeignKey("cycles.id", ondelete="CASCADE"), unique=True
+    )
+    decision: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), server_default="decided")
+    reason: Mapped[str] = mapped_column(Text)
+    statistics: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    candidate_checkpoint_id: Mapped[str | None] = mapped_column(ForeignKey("checkpoints.id"))
+    previous_checkpoint_id: Mapped[str | None] = mapped_column(ForeignKey("checkpoints.id"))
+    serving_target: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    decided_by: Mapped[str] = mapped_column(String(64), server_default="gate")
+    decided_at: Mapped[dt.datetime] = _now_column()
+    deployed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    canary_ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    rolled_back_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+__all__ = [
+    "Base",
+    "Checkpoint",
+    "Credential",
+    "Cycle",
+    "Dataset",
+    "DatasetTask",
+    "Evaluation",
+    "EvaluationResult",
+    "Loop",
+    "LshBucket",
+    "Promotion",
+    "Run",
+    "Task",
+    "TaskSource",
+    "Trace",
+]

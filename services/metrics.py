@@ -1,0 +1,209 @@
+"""Every Prometheus metric Ratchet exports, in one registry.
+
+Names follow ``ratchet_<subsystem>_<name>_<unit>``; labels are low-cardinality (loop yes,
+run id never). The api and the worker both serve this registry at ``/metrics``; the worker
+also serves the Temporal SDK's own metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+
+# HTTP ---------------------------------------------------------------------------------------
+HTTP_REQUESTS = Counter(
+    "ratchet_http_requests_total",
+    "HTTP requests served, by route template, method and status code.",
+    ["route", "method", "status"],
+    registry=REGISTRY,
+)
+HTTP_REQUEST_DURATION = Histogram(
+    "ratchet_http_request_duration_seconds",
+    "HTTP request latency by route template.",
+    ["route", "method"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
+# Ingest -------------------------------------------------------------------------------------
+INGEST_RECEIVED = Counter(
+    "ratchet_ingest_traces_received_total",
+    "Traces received (before validation), by loop and door (webhook, otlp).",
+    ["loop", "source"],
+    registry=REGISTRY,
+)
+INGEST_ACCEPTED = Counter(
+    "ratchet_ingest_traces_accepted_total",
+    "Traces made durable in Postgres.",
+    ["loop", "source"],
+    registry=REGISTRY,
+)
+INGEST_DUPLICATE = Counter(
+    "ratchet_ingest_traces_duplicate_total",
+    "Traces whose (loop, external id) was already stored; answered as a no-op.",
+    ["loop", "source"],
+    registry=REGISTRY,
+)
+INGEST_REJECTED = Counter(
+    "ratchet_ingest_traces_rejected_total",
+    "Traces or requests rejected, by reason.",
+    ["loop", "source", "reason"],
+    registry=REGISTRY,
+)
+INGEST_BYTES = Counter(
+    "ratchet_ingest_bytes_total",
+    "Request body bytes received (after decompression).",
+    ["source"],
+    registry=REGISTRY,
+)
+INGEST_COMMIT_DURATION = Histogram(
+    "ratchet_ingest_commit_duration_seconds",
+    "Time of one group commit of traces.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+INGEST_COMMIT_ROWS = Histogram(
+    "ratchet_ingest_commit_rows",
+    "Traces written per group commit.",
+    buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
+    registry=REGISTRY,
+)
+INGEST_QUEUE_DEPTH = Gauge(
+    "ratchet_ingest_queue_depth",
+    "Traces waiting for the group-commit writer.",
+    registry=REGISTRY,
+)
+
+# Curation -----------------------------------------------------------------------------------
+CURATION_TRACES = Counter(
+    "ratchet_curation_traces_total",
+    "Traces curated, by outcome (task, duplicate, rejected, skipped).",
+    ["loop", "outcome"],
+    registry=REGISTRY,
+)
+CURATION_REJECTED = Counter(
+    "ratchet_curation_rejected_total",
+    "Traces the environment adapter could not turn into a task, by reason.",
+    ["loop", "reason"],
+    registry=REGISTRY,
+)
+CURATION_REDACTIONS = Counter(
+    "ratchet_curation_redactions_total",
+    "Sensitive values redacted from tasks, by kind.",
+    ["loop", "kind"],
+    registry=REGISTRY,
+)
+LOOP_FAILURE_RATE = Gauge(
+    "ratchet_loop_live_failure_rate",
+    "Rolling failure rate of the served model from ingested traces.",
+    ["loop"],
+    registry=REGISTRY,
+)
+
+# Jobs ---------------------------------------------------------------------------------------
+JOB_RUNS = Counter(
+    "ratchet_job_runs_total",
+    "Jobs finished, by kind (train, eval, probe), executor and final status.",
+    ["loop", "kind", "executor", "status"],
+    registry=REGISTRY,
+)
+JOB_DURATION = Histogram(
+    "ratchet_job_duration_seconds",
+    "Wall time of jobs from start to finish.",
+    ["kind", "executor"],
+    buckets=_JOB_BUCKETS,
+    registry=REGISTRY,
+)
+JOB_COMPUTE_SECONDS = Counter(
+    "ratchet_job_compute_seconds_total",
+    "Accelerator-or-CPU seconds billed to jobs.",
+    ["loop", "kind"],
+    registry=REGISTRY,
+)
+JOB_COST = Counter(
+    "ratchet_job_cost_usd_total",
+    "Dollars of compute spent on jobs.",
+    ["loop", "kind"],
+    registry=REGISTRY,
+)
+JOB_TOKENS_PER_SECOND = Gauge(
+    "ratchet_job_tokens_per_second",
+    "Throughput reported by the last job of a kind (train tokens/s, rollout tokens/s).",
+    ["loop", "kind", "phase"],
+    registry=REGISTRY,
+)
+
+# Loop ---------------------------------------------------------------------------------------
+LOOP_CYCLES = Counter(
+    "ratchet_loop_cycles_total",
+    "Cycles finished, by outcome (promoted, rejected, rolled_back, failed, no_data).",
+    ["loop", "outcome"],
+    registry=REGISTRY,
+)
+LOOP_PROMOTIONS = Counter(
+    "ratchet_loop_promotion_decisions_total",
+    "Gate decisions, by decision (promote, reject, rollback).",
+    ["loop", "decision"],
+    registry=REGISTRY,
+)
+LOOP_PASS_RATE = Gauge(
+    "ratchet_loop_pass_rate_ratio",
+    "Offline pass rate of the champion and the latest candidate on the eval set.",
+    ["loop", "role"],
+    registry=REGISTRY,
+)
+LOOP_SPEND = Gauge(
+    "ratchet_loop_spend_usd",
+    "Cumulative compute spend of a loop.",
+    ["loop"],
+    registry=REGISTRY,
+)
+LOOP_POINTS_PER_DOLLAR = Gauge(
+    "ratchet_loop_points_per_dollar",
+    "Cumulative pass-rate points gained per dollar (intelligence per dollar).",
+    ["loop"],
+    registry=REGISTRY,
+)
+LOOP_STAGE_DURATION = Histogram(
+    "ratchet_loop_stage_duration_seconds",
+    "Wall time of each stage of a cycle.",
+    ["loop", "stage"],
+    buckets=_JOB_BUCKETS,
+    registry=REGISTRY,
+)
+
+# Serving ------------------------------------------------------------------------------------
+SERVING_REQUESTS = Counter(
+    "ratchet_serving_requests_total",
+    "Requests to the local model server, by status code class.",
+    ["status"],
+    registry=REGISTRY,
+)
+SERVING_REQUEST_DURATION = Histogram(
+    "ratchet_serving_request_duration_seconds",
+    "Latency of the local model server's act endpoint.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+SERVING_SWAPS = Counter(
+    "ratchet_serving_swaps_total",
+    "Hot swaps of the served checkpoint, by result (ok, rejected).",
+    ["result"],
+    registry=REGISTRY,
+)
+SERVING_SWAP_DURATION = Histogram(
+    "ratchet_serving_swap_duration_seconds",
+    "Time from a deploy request to the new version being served.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
+
+def render_latest() -> tuple[bytes, str]:
+    """The registry in Prometheus text format, with its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

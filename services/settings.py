@@ -1,0 +1,239 @@
+"""Ratchet's one settings object.
+
+This is the only module that reads ``os.environ`` (jobs excepted: they read the job
+contract's variables). Every setting is a ``RATCHET_*`` environment variable and may also be
+given in a TOML config file named by ``RATCHET_CONFIG_FILE`` (environment wins). Defaults are
+the embedded stack: a Postgres and a Temporal dev server under the state directory.
+
+Settings load lazily through :func:`get_settings` and fail fast with one clear line
+(:class:`SettingsError`) naming the variable at fault, so the CLI can print it without a
+traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "RATCHET_"
+
+
+class SettingsError(Exception):
+    """A setting is missing or wrong; the message names it and says what to do."""
+
+
+def _config_file_from_env() -> Path | None:
+    raw = os.environ.get(f"{ENV_PREFIX}CONFIG_FILE")
+    return Path(raw).expanduser() if raw else None
+
+
+class Settings(BaseSettings):
+    """Everything a Ratchet process may be configured with."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="ignore",
+        validate_default=True,
+    )
+
+    # Where the embedded stack keeps its data, logs and artifacts.
+    state_dir: Path = Field(default=Path("~/.ratchet"))
+    config_file: Path | None = None
+
+    # Postgres. Unset means: the embedded pgserver under the state directory.
+    database_url: str | None = None
+    database_pool_size: int = Field(default=10, ge=1, le=200)
+
+    # Temporal. Unset address means: the embedded dev server on temporal_port.
+    temporal_address: str | None = None
+    temporal_namespace: str = "default"
+    temporal_task_queue: str = "ratchet"
+    temporal_port: int = Field(default=7233, ge=1, le=65535)
+    temporal_ui_port: int = Field(default=8233, ge=1, le=65535)
+    temporal_tls: bool = False
+    temporal_tls_ca_cert: Path | None = None
+    temporal_tls_client_cert: Path | None = None
+    temporal_tls_client_key: Path | None = None
+    temporal_api_key: SecretStr | None = None
+
+    # HTTP.
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    worker_host: str = "127.0.0.1"
+    worker_port: int = Field(default=8001, ge=1, le=65535)
+    public_url: str | None = None
+    temporal_ui_url: str | None = None
+
+    # Security.
+    admin_token: SecretStr | None = None
+
+    # Artifacts (datasets, checkpoints, job outputs). Unset means <state_dir>/artifacts.
+    artifact_root: Path | None = None
+
+    # Logging.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["auto", "json", "text"] = "auto"
+
+    # Jobs.
+    executor: Literal["local", "kubernetes"] = "local"
+    kubernetes_namespace: str = "default"
+    kubernetes_job_template: Path | None = None
+    kubernetes_in_cluster: bool = False
+    job_python: str | None = None
+    accelerator_hour_price_usd: float = Field(default=2.5, ge=0)
+    cpu_hour_price_usd: float = Field(default=0.04, ge=0)
+
+    # Ingestion.
+    ingest_max_body_bytes: int = Field(default=5 * 1024 * 1024, ge=1024)
+    ingest_max_batch: int = Field(default=500, ge=1)
+    ingest_timestamp_tolerance_s: int = Field(default=300, ge=1)
+    ingest_queue_max: int = Field(default=20_000, ge=1)
+    ingest_commit_max_rows: int = Field(default=1_000, ge=1)
+    ingest_commit_max_wait_ms: float = Field(default=2.0, ge=0)
+
+    # Local serving target (the built-in model server).
+    serve_host: str = "127.0.0.1"
+    serve_port: int = Field(default=8100, ge=1, le=65535)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _config_file_from_env()
+        if config_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+    @field_validator("state_dir", "artifact_root", "kubernetes_job_template", mode="after")
+    @classmethod
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("database_url", mode="after")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        if scheme not in {"postgres", "postgresql", "postgresql+psycopg"}:
+            raise ValueError("must be a Postgres URL such as postgresql://user:pass@host:5432/db")
+        return value
+
+    @field_validator("temporal_address", mode="after")
+    @classmethod
+    def _check_temporal_address(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError("must be host:port, for example temporal-frontend:7233")
+        return value
+
+    # Derived locations -------------------------------------------------------------------
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return (
+            self.artifact_root if self.artifact_root is not None else self.state_dir / "artifacts"
+        )
+
+    @property
+    def embedded_postgres_dir(self) -> Path:
+        return self.state_dir / "postgres"
+
+    @property
+    def embedded_temporal_db(self) -> Path:
+        return self.state_dir / "temporal" / "temporal.db"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def uses_embedded_postgres(self) -> bool:
+        return self.database_url is None
+
+    @property
+    def uses_embedded_temporal(self) -> bool:
+        return self.temporal_address is None
+
+    @property
+    def effective_temporal_address(self) -> str:
+        return self.temporal_address or f"127.0.0.1:{self.temporal_port}"
+
+    @property
+    def api_base_url(self) -> str:
+        return self.public_url or f"http://{self.api_host}:{self.api_port}"
+
+    @property
+    def effective_temporal_ui_url(self) -> str | None:
+        if self.temporal_ui_url:
+            return self.temporal_ui_url.rstrip("/")
+        if self.uses_embedded_temporal:
+            return f"http://127.0.0.1:{self.temporal_ui_port}"
+        return None
+
+    def sqlalchemy_url(self, database_url: str | None = None) -> str:
+        """The URL in the form SQLAlchemy's psycopg 3 dialect wants."""
+        url = database_url or self.database_url
+        if url is None:
+            raise SettingsError(
+                "RATCHET_DATABASE_URL is not set and no embedded Postgres was started; "
+                "run `ratchet up` or set RATCHET_DATABASE_URL"
+            )
+        return to_sqlalchemy_url(url)
+
+
+def to_sqlalchemy_url(url: str) -> str:
+    """postgres:// and postgresql:// become postgresql+psycopg://."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment (and config file), turning errors into one line."""
+    config_file = _config_file_from_env()
+    if config_file is not None and not config_file.is_file():
+        raise SettingsError(
+            f"RATCHET_CONFIG_FILE={config_file} does not exist; point it at a TOML file or unset it"
+        )
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(_describe_validation_error(exc)) from None
+    except ValueError as exc:  # e.g. a broken TOML file
+        raise SettingsError(f"cannot read settings: {exc}") from None
+
+
+def _describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        field = ".".join(str(item) for item in error["loc"])
+        variable = f"{ENV_PREFIX}{field.upper()}"
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{variable}: {message} (got {error.get('input')!r})")
+    return "invalid setting " + "; ".join(parts)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, loaded on first use."""
+    return load_settings()

@@ -1,0 +1,1 @@
+"""Wire models (``TraceIn``, ``LoopPublic``...), kept separate from the tables."""

@@ -1,0 +1,67 @@
+"""The ``ratchet`` command.
+
+Each command group lives in its own module under ``services.cli`` and exposes
+``register(subparsers)``; a command sets ``func`` to a callable taking the parsed args and
+returning an exit code. Errors a user can fix (:class:`CliError`, :class:`SettingsError`)
+print one line and exit non-zero, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from services.settings import SettingsError
+
+# The command groups, in the order `ratchet --help` lists them.
+COMMAND_MODULES = ("stack", "db", "loop", "job", "serve", "demo")
+
+
+class CliError(Exception):
+    """A problem the user can fix; the message says what and how."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ratchet",
+        description=(
+            "Ratchet: continuous post-training for AI agents. Production failures in, "
+            "better models out, serving quality only moves one way."
+        ),
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"services.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"services.cli.{name}":
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except (CliError, SettingsError) as exc:
+        print(f"ratchet: error: {exc}", file=sys.stderr)
+        return exc.exit_code if isinstance(exc, CliError) else 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

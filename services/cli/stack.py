@@ -1,0 +1,67 @@
+"""`ratchet up`, `ratchet api`, `ratchet worker`: the processes of DESIGN §3."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from services.cli.common import cli_settings
+from services.logs import configure_logging
+
+
+def register(subparsers: Any) -> None:
+    up = subparsers.add_parser(
+        "up",
+        help="run everything: embedded Postgres + Temporal dev server (when unset), api, worker",
+        description=(
+            "Start Ratchet on one machine. When RATCHET_DATABASE_URL is unset an embedded "
+            "Postgres keeps its data under RATCHET_STATE_DIR; when RATCHET_TEMPORAL_ADDRESS "
+            "is unset the Temporal dev server runs with its Web UI. Then migrate and run the "
+            "api and the worker. Ctrl-C stops everything."
+        ),
+    )
+    up.set_defaults(func=_up)
+    api = subparsers.add_parser("api", help="run the api: webhook, admin API, dashboard, /metrics")
+    api.set_defaults(func=_api)
+    worker = subparsers.add_parser("worker", help="run the Temporal worker (workflows, activities)")
+    worker.set_defaults(func=_worker)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from services.cli import CliError
+    from services.local.stack import StackError, run_up
+
+    settings = cli_settings()
+    configure_logging(settings.log_level, settings.log_format, component="up")
+    try:
+        return run_up(settings)
+    except StackError as exc:
+        raise CliError(str(exc), exit_code=1) from None
+
+
+def _api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from services.api.app import create_app
+
+    settings = cli_settings(require_database=True)
+    configure_logging(settings.log_level, settings.log_format, component="api")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from workflows.worker import run_worker
+
+    settings = cli_settings(require_database=True)
+    configure_logging(settings.log_level, settings.log_format, component="worker")
+    asyncio.run(run_worker(settings))
+    return 0

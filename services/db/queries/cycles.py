@@ -1,0 +1,403 @@
+"""Queries for cycles, evaluations, promotions and the cost ledger. Never commit."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Integer, cast, func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from services.db.models import (
+    Checkpoint,
+    Cycle,
+    Evaluation,
+    EvaluationResult,
+    Loop,
+    Promotion,
+    Run,
+    Task,
+    Trace,
+)
+
+
+class NotFound(LookupError):
+    """A row the caller named does not exist."""
+
+
+def get_loop(*, session: Session, name: str, for_update: bool = False) -> Loop:
+    statement = select(Loop).where(Loop.name == name)
+    if for_update:
+        statement = statement.with_for_update()
+    loop = session.scalars(statement).one_or_none()
+    if loop is None:
+        raise NotFound(f"loop {name!r} does not exist")
+    return loop
+
+
+def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
+    checkpoint = session.get(Checkpoint, checkpoint_id)
+    if checkpoint is None:
+        raise NotFound(f"checkpoint {checkpoint_id!r} does not exist")
+    return checkpoint
+
+
+# Cycles --------------------------------------------------------------------------------------
+
+
+def open_cycle(
+    *,
+    session: Session,
+    loop: Loop,
+    number: int,
+    trigger: str,
+    trigger_detail: dict[str, Any],
+    workflow_id: str,
+) -> Cycle:
+    """The cycle (loop, number), created if new. Any other open cycle is closed as superseded,
+    so the one-open-cycle invariant holds even after a crash between stages."""
+    existing = session.scalars(
+        select(Cycle).where(Cycle.loop_id == loop.id, Cycle.number == number)
+    ).one_or_none()
+    if existing is not None:
+        return existing
+    session.execute(
+        update(Cycle)
+        .where(Cycle.loop_id == loop.id, Cycle.ended_at.is_(None))
+        .values(ended_at=func.now(), outcome="failed", outcome_detail="superseded by a newer cycle")
+    )
+    cycle = Cycle(
+        loop_id=loop.id,
+        number=number,
+        trigger=trigger,
+        trigger_detail=trigger_detail,
+        stage="curate",
+        workflow_id=workflow_id,
+        champion_checkpoint_id=loop.champion_checkpoint_id,
+        stage_timings={"curate": {"started_at": _now_iso()}},
+    )
+    session.add(cycle)
+    session.flush()
+    return cycle
+
+
+def get_cycle(*, session: Session, loop: Loop, number: int) -> Cycle:
+    cycle = session.scalars(
+        select(Cycle).where(Cycle.loop_id == loop.id, Cycle.number == number)
+    ).one_or_none()
+    if cycle is None:
+        raise NotFound(f"cycle {number} of loop {loop.name!r} does not exist")
+    return cycle
+
+
+def set_stage(
+    *,
+    session: Session,
+    cycle: Cycle,
+    stage: str,
+    dataset_id: int | None = None,
+    candidate_checkpoint_id: str | None = None,
+) -> None:
+    """Record that ``stage`` finished now (timings kept per stage for the dashboard)."""
+    timings = dict(cycle.stage_timings or {})
+    now = _now_iso()
+    entry = dict(timings.get(stage, {}))
+    entry.setdefault("started_at", timings.get("_last_end", now))
+    entry["ended_at"] = now
+    timings[stage] = entry
+    timings["_last_end"] = now
+    cycle.stage_timings = timings
+    cycle.stage = stage
+    if dataset_id is not None:
+        cycle.dataset_id = dataset_id
+    if candidate_checkpoint_id is not None:
+        cycle.candidate_checkpoint_id = candidate_checkpoint_id
+
+
+@dataclass(frozen=True)
+class CycleCost:
+    compute_seconds: float
+    cost_usd: Decimal
+
+
+def cycle_cost(*, session: Session, cycle: Cycle) -> CycleCost:
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(Run.compute_seconds), 0.0),
+            func.coalesce(func.sum(Run.cost_usd), Decimal(0)),
+        ).where(Run.cycle_id == cycle.id)
+    ).one()
+    return CycleCost(float(row[0]), Decimal(row[1]))
+
+
+def close_cycle(
+    *,
+    session: Session,
+    cycle: Cycle,
+    outcome: str,
+    detail: str,
+    points_gained: float | None,
+    candidate_checkpoint_id: str | None,
+) -> Cycle:
+    """Close the cycle with its outcome and the cost of its runs (idempotent)."""
+    cost = cycle_cost(session=session, cycle=cycle)
+    if cycle.ended_at is None:
+        cycle.ended_at = dt.datetime.now(dt.UTC)
+    cycle.outcome = outcome
+    cycle.outcome_detail = detail
+    cycle.stage = "done"
+    cycle.compute_seconds = cost.compute_seconds
+    cycle.cost_usd = cost.cost_usd
+    cycle.points_gained = points_gained
+    if candidate_checkpoint_id is not None:
+        cycle.candidate_checkpoint_id = candidate_checkpoint_id
+    return cycle
+
+
+@dataclass(frozen=True)
+class LoopLedger:
+    spent_usd: float
+    points_gained: float
+    compute_seconds: float
+    cycles: int
+
+    @property
+    def points_per_dollar(self) -> float | None:
+        return self.points_gained / self.spent_usd if self.spent_usd > 0 else None
+
+
+def loop_ledger(*, session: Session, loop: Loop) -> LoopLedger:
+    """Cumulative cost (every run of the loop, cycles or not) and points gained."""
+    spent, seconds = session.execute(
+        select(
+            func.coalesce(func.sum(Run.cost_usd), Decimal(0)),
+            func.coalesce(func.sum(Run.compute_seconds), 0.0),
+        ).where(Run.loop_id == loop.id)
+    ).one()
+    points, cycles = session.execute(
+        select(func.coalesce(func.sum(Cycle.points_gained), 0.0), func.count(Cycle.id)).where(
+            Cycle.loop_id == loop.id, Cycle.ended_at.is_not(None)
+        )
+    ).one()
+    return LoopLedger(float(spent), float(points or 0.0), float(seconds or 0.0), int(cycles))
+
+
+# Evaluations --------------------------------------------------------------------------------
+
+
+def record_evaluation(
+    *,
+    session: Session,
+    loop: Loop,
+    cycle: Cycle,
+    checkpoint_id: str,
+    dataset_id: int,
+    task_set: str,
+    run_id: str,
+    results: Iterable[dict[str, Any]],
+    ci: tuple[float, float],
+) -> Evaluation:
+    """Store an evaluation with its per-task rows; a second call returns the first one."""
+    existing = session.scalars(
+        select(Evaluation).where(
+            Evaluation.cycle_id == cycle.id,
+            Evaluation.checkpoint_id == checkpoint_id,
+            Evaluation.task_set == task_set,
+        )
+    ).one_or_none()
+    if existing is not None:
+        return existing
+    rows = list(results)
+    hashes = {str(row["task_id"]) for row in rows}
+    task_ids = dict(
+        session.execute(
+            select(Task.content_hash, Task.id).where(
+                Task.loop_id == loop.id, Task.content_hash.in_(hashes)
+            )
+        ).all()
+    )
+    missing = hashes - set(task_ids)
+    if missing:
+        raise NotFound(
+            f"evaluation results name {len(missing)} task(s) unknown to loop {loop.name!r}, "
+            f"e.g. {sorted(missing)[0]}"
+        )
+    passed = sum(1 for row in rows if row.get("passed"))
+    evaluation = Evaluation(
+        loop_id=loop.id,
+        cycle_id=cycle.id,
+        checkpoint_id=checkpoint_id,
+        dataset_id=dataset_id,
+        run_id=run_id,
+        task_set=task_set,
+        n=len(rows),
+        passed=passed,
+        pass_rate=passed / len(rows) if rows else 0.0,
+        ci_low=ci[0],
+        ci_high=ci[1],
+    )
+    session.add(evaluation)
+    session.flush()
+    session.execute(
+        insert(EvaluationResult),
+        [
+            {
+                "evaluation_id": evaluation.id,
+                "task_id": task_ids[str(row["task_id"])],
+                "passed": bool(row.get("passed")),
+                "reward": float(row.get("reward", 0.0)),
+                "details": {
+                    key: value
+                    for key, value in row.items()
+                    if key not in {"task_id", "passed", "reward"}
+                },
+            }
+            for row in rows
+        ],
+    )
+    return evaluation
+
+
+def paired_results(
+    *, session: Session, cycle: Cycle, champion_id: str, candidate_id: str, task_set: str
+) -> tuple[list[bool], list[bool]]:
+    """Per-task pass/fail of both checkpoints on the tasks both were evaluated on."""
+    champion = _results_by_task(session, cycle, champion_id, task_set)
+    candidate = _results_by_task(session, cycle, candidate_id, task_set)
+    shared = sorted(set(champion) & set(candidate))
+    return [champion[t] for t in shared], [candidate[t] for t in shared]
+
+
+def _results_by_task(
+    session: Session, cycle: Cycle, checkpoint_id: str, task_set: str
+) -> dict[int, bool]:
+    rows = session.execute(
+        select(EvaluationResult.task_id, EvaluationResult.passed)
+        .join(Evaluation, Evaluation.id == EvaluationResult.evaluation_id)
+        .where(
+            Evaluation.cycle_id == cycle.id,
+            Evaluation.checkpoint_id == checkpoint_id,
+            Evaluation.task_set == task_set,
+        )
+    ).all()
+    return {task_id: passed for task_id, passed in rows}
+
+
+# Promotions ---------------------------------------------------------------------------------
+
+
+def record_decision(
+    *,
+    session: Session,
+    loop: Loop,
+    cycle: Cycle,
+    decision: str,
+    reason: str,
+    statistics: dict[str, Any],
+    candidate_checkpoint_id: str | None,
+    previous_checkpoint_id: str | None,
+    decided_by: str,
+) -> Promotion:
+    """At most one decision per cycle: a second call returns the first decision unchanged."""
+    session.execute(
+        insert(Promotion)
+        .values(
+            loop_id=loop.id,
+            cycle_id=cycle.id,
+            decision=decision,
+            status="decided" if decision == "promote" else "rejected",
+            reason=reason,
+            statistics=statistics,
+            candidate_checkpoint_id=candidate_checkpoint_id,
+            previous_checkpoint_id=previous_checkpoint_id,
+            serving_target=loop.serving_target,
+            decided_by=decided_by,
+        )
+        .on_conflict_do_nothing(index_elements=[Promotion.cycle_id])
+    )
+    return session.scalars(select(Promotion).where(Promotion.cycle_id == cycle.id)).one()
+
+
+PROMOTION_TIMESTAMPS = {"deployed_at", "canary_ended_at", "rolled_back_at"}
+
+
+def update_promotion(
+    *,
+    session: Session,
+    promotion_id: int,
+    status: str,
+    reason: str | None,
+    set_champion: str | None,
+    timestamp_field: str | None,
+) -> Promotion:
+    promotion = session.get(Promotion, promotion_id, with_for_update=True)
+    if promotion is None:
+        raise NotFound(f"promotion {promotion_id} does not exist")
+    promotion.status = status
+    if reason:
+        promotion.reason = f"{promotion.reason}\n{reason}" if promotion.reason else reason
+    if timestamp_field is not None:
+        if timestamp_field not in PROMOTION_TIMESTAMPS:
+            raise ValueError(f"unknown promotion timestamp {timestamp_field!r}")
+        if getattr(promotion, timestamp_field) is None:
+            setattr(promotion, timestamp_field, dt.datetime.now(dt.UTC))
+    if set_champion is not None:
+        loop = session.get(Loop, promotion.loop_id, with_for_update=True)
+        assert loop is not None
+        loop.champion_checkpoint_id = set_champion
+    return promotion
+
+
+def last_held_promotion(*, session: Session, loop: Loop) -> Promotion | None:
+    return session.scalars(
+        select(Promotion)
+        .where(Promotion.loop_id == loop.id, Promotion.status == "held")
+        .order_by(Promotion.decided_at.desc(), Promotion.id.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+# Live outcomes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveCounts:
+    n: int
+    successes: int
+
+
+def live_counts(
+    *,
+    session: Session,
+    loop: Loop,
+    model_version: str | None,
+    since: dt.datetime | None,
+    until: dt.datetime | None,
+    limit: int,
+) -> LiveCounts:
+    """Outcomes of the newest ``limit`` traces of a model version in a time window."""
+    recent = (
+        select(Trace.success)
+        .where(Trace.loop_id == loop.id, Trace.success.is_not(None))
+        .order_by(Trace.received_at.desc())
+        .limit(limit)
+    )
+    if model_version is not None:
+        recent = recent.where(Trace.model_version == model_version)
+    if since is not None:
+        recent = recent.where(Trace.received_at >= since)
+    if until is not None:
+        recent = recent.where(Trace.received_at < until)
+    window = recent.subquery()
+    n, successes = session.execute(
+        select(func.count(), func.coalesce(func.sum(cast(window.c.success, Integer)), 0))
+    ).one()
+    return LiveCounts(int(n), int(successes))
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat()

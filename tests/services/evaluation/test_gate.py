@@ -1,0 +1,69 @@
+"""The gate promotes only on a significant paired win with no regression beyond tolerance."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.evaluation.gate import GatePolicy, decide
+
+
+def pairs(both: int, only_champion: int, only_candidate: int, neither: int) -> tuple[list[bool], list[bool]]:
+    champion = [True] * both + [True] * only_champion + [False] * only_candidate + [False] * neither
+    candidate = [True] * both + [False] * only_champion + [True] * only_candidate + [False] * neither
+    return champion, candidate
+
+
+POLICY = GatePolicy(confidence=0.95, regression_tolerance_points=2.0)
+
+
+def test_significant_win_promotes() -> None:
+    champion, candidate = pairs(both=10, only_champion=1, only_candidate=20, neither=9)
+    decision = decide(champion, candidate, [], [], POLICY)
+    assert decision.decision == "promote"
+    assert decision.statistics["delta_points"] == pytest.approx(100 * 19 / 40)
+    assert decision.statistics["eval"]["only_candidate"] == 20
+
+
+def test_small_win_is_not_significant() -> None:
+    # 3 improvements vs 1 regression: one-sided exact p = 5/16 > 0.05.
+    champion, candidate = pairs(both=30, only_champion=1, only_candidate=3, neither=6)
+    decision = decide(champion, candidate, [], [], POLICY)
+    assert decision.decision == "reject"
+    assert "no significant win" in decision.reason
+
+
+def test_worse_candidate_is_rejected() -> None:
+    champion, candidate = pairs(both=5, only_champion=20, only_candidate=0, neither=5)
+    assert decide(champion, candidate, [], [], POLICY).decision == "reject"
+
+
+def test_regression_beyond_tolerance_blocks_a_win() -> None:
+    champion, candidate = pairs(both=10, only_champion=0, only_candidate=20, neither=10)
+    reg_champion, reg_candidate = pairs(both=45, only_champion=5, only_candidate=0, neither=0)
+    decision = decide(champion, candidate, reg_champion, reg_candidate, POLICY)
+    assert decision.decision == "reject"
+    assert "regression suite dropped 10.0 points" in decision.reason
+
+
+def test_regression_within_tolerance_allows_a_win() -> None:
+    champion, candidate = pairs(both=10, only_champion=0, only_candidate=20, neither=10)
+    reg_champion, reg_candidate = pairs(both=99, only_champion=1, only_candidate=0, neither=0)
+    assert decide(champion, candidate, reg_champion, reg_candidate, POLICY).decision == "promote"
+
+
+def test_minimum_improvement() -> None:
+    champion, candidate = pairs(both=10, only_champion=0, only_candidate=12, neither=78)
+    policy = GatePolicy(confidence=0.95, min_improvement_points=20)
+    decision = decide(champion, candidate, [], [], policy)
+    assert decision.decision == "reject"
+    assert "below the minimum" in decision.reason
+
+
+def test_no_results_is_a_rejection() -> None:
+    assert decide([], [], [], [], POLICY).decision == "reject"
+
+
+@pytest.mark.parametrize("confidence", [0.3, 1.0])
+def test_bad_policy(confidence: float) -> None:
+    with pytest.raises(ValueError, match="confidence"):
+        GatePolicy(confidence=confidence)

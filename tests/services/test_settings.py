@@ -1,0 +1,90 @@
+"""Settings: embedded defaults, RATCHET_* variables, a TOML file, and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.settings import SettingsError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("RATCHET_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults_are_the_embedded_stack() -> None:
+    settings = load_settings()
+    assert settings.state_dir == Path("~/.ratchet").expanduser()
+    assert settings.uses_embedded_postgres and settings.uses_embedded_temporal
+    assert settings.effective_temporal_address == "127.0.0.1:7233"
+    assert settings.effective_temporal_ui_url == "http://127.0.0.1:8233"
+    assert (settings.api_host, settings.api_port) == ("127.0.0.1", 8000)
+    assert settings.artifacts_dir == settings.state_dir / "artifacts"
+
+
+def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RATCHET_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("RATCHET_DATABASE_URL", "postgres://u:p@db:5432/ratchet")
+    monkeypatch.setenv("RATCHET_TEMPORAL_ADDRESS", "temporal:7233")
+    monkeypatch.setenv("RATCHET_TEMPORAL_PORT", "17233")
+    monkeypatch.setenv("RATCHET_API_PORT", "9000")
+    settings = load_settings()
+    assert settings.state_dir == tmp_path
+    assert settings.sqlalchemy_url() == "postgresql+psycopg://u:p@db:5432/ratchet"
+    assert settings.effective_temporal_address == "temporal:7233"
+    assert settings.effective_temporal_ui_url is None
+    assert settings.api_port == 9000
+
+
+def test_config_file_with_environment_winning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "ratchet.toml"
+    config.write_text('api_port = 9100\ntemporal_namespace = "ml"\n')
+    monkeypatch.setenv("RATCHET_CONFIG_FILE", str(config))
+    monkeypatch.setenv("RATCHET_API_PORT", "9200")
+    settings = load_settings()
+    assert settings.temporal_namespace == "ml"
+    assert settings.api_port == 9200
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("RATCHET_DATABASE_URL", "mysql://x", "RATCHET_DATABASE_URL: must be a Postgres URL"),
+        ("RATCHET_API_PORT", "99999", "RATCHET_API_PORT"),
+        ("RATCHET_API_PORT", "eighty", "RATCHET_API_PORT"),
+        ("RATCHET_TEMPORAL_ADDRESS", "no-port", "RATCHET_TEMPORAL_ADDRESS: must be host:port"),
+        ("RATCHET_LOG_FORMAT", "xml", "RATCHET_LOG_FORMAT"),
+        ("RATCHET_EXECUTOR", "slurm", "RATCHET_EXECUTOR"),
+    ],
+)
+def test_bad_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    message = str(error.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_missing_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RATCHET_CONFIG_FILE", str(tmp_path / "absent.toml"))
+    with pytest.raises(SettingsError, match="RATCHET_CONFIG_FILE"):
+        load_settings()
+
+
+def test_broken_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "ratchet.toml"
+    config.write_text("api_port = [\n")
+    monkeypatch.setenv("RATCHET_CONFIG_FILE", str(config))
+    with pytest.raises(SettingsError, match="cannot read settings"):
+        load_settings()

@@ -1,0 +1,365 @@
+"""LoopWorkflow's control flow on the real Temporal dev server, with typed activity fakes.
+
+The fakes keep a tiny in-memory world (champion, deployments, decisions) and use the real
+Input/Result dataclasses, so a contract change breaks these tests. The real activities are
+tested against Postgres in tests/workflows/activities and end to end in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
+
+from tests.support import assert_eventually_async
+from workflows.evaluate import EvaluateWorkflow
+from workflows.loop import LoopWorkflow
+from workflows.promote import PromoteWorkflow
+from workflows.shared import (
+    ApprovalSignal,
+    CloseCycleInput,
+    CloseCycleResult,
+    CurateBatchInput,
+    CurateBatchResult,
+    CurateInput,
+    CurateResult,
+    DeployInput,
+    DeployResult,
+    DriftInput,
+    DriftResult,
+    EvaluationSummary,
+    GateInput,
+    GateResult,
+    LiveStats,
+    LiveStatsInput,
+    LoopConfig,
+    LoopConfigInput,
+    LoopInput,
+    LoopResult,
+    PauseSignal,
+    PendingWorkInput,
+    PendingWorkResult,
+    PromotionStatusInput,
+    RecordDecisionInput,
+    RecordDecisionResult,
+    RecordEvaluationInput,
+    RegisterCheckpointInput,
+    RegisterCheckpointResult,
+    ResumeSignal,
+    RollbackInput,
+    RollbackResult,
+    RollbackSignal,
+    RunJobInput,
+    RunJobResult,
+    RunNowSignal,
+    SnapshotInput,
+    SnapshotResult,
+    StageInput,
+    StartCycleInput,
+    StartCycleResult,
+)
+from workflows.train import TrainWorkflow
+
+BASE_CONFIG = LoopConfig(
+    loop="bot",
+    loop_id=1,
+    status="active",
+    environment="toolcalc",
+    executor="local",
+    champion_checkpoint_id="ckpt-0",
+    champion_uri="file:///artifacts/ckpt-0",
+    training_profile={"algorithm": "grpo"},
+    serving_target={"kind": "local"},
+    min_new_tasks=8,
+    max_interval_s=3600,
+    check_interval_s=0.2,
+    drift_enabled=False,
+    gate_mode="auto",
+    confidence=0.95,
+    min_improvement_points=0,
+    regression_tolerance_points=2,
+    canary_seconds=1,
+    canary_check_interval_s=0.3,
+    canary_min_traces=10,
+    canary_max_drop_points=10,
+    eval_samples=1,
+    budget_usd=None,
+    spent_usd=0,
+)
+
+
+@dataclass
+class World:
+    config: LoopConfig = field(default_factory=lambda: BASE_CONFIG)
+    new_tasks: int = 0
+    champion: str = "ckpt-0"
+    gate_decision: str = "promote"
+    candidate_live: LiveStats = field(default_factory=lambda: LiveStats(40, 36, 0.9, 0.77, 0.96))
+    baseline_live: LiveStats = field(default_factory=lambda: LiveStats(40, 8, 0.2, 0.1, 0.35))
+    budget_exhausted: bool = False
+    deployed: list[str] = field(default_factory=list)
+    decisions: dict[int, str] = field(default_factory=dict)
+    jobs: list[str] = field(default_factory=list)
+    outcomes: dict[int, str] = field(default_factory=dict)
+    triggers: dict[int, str] = field(default_factory=dict)
+    rollbacks: list[str] = field(default_factory=list)
+
+    @activity.defn(name="load_loop_config")
+    def load_loop_config(self, input: LoopConfigInput) -> LoopConfig:
+        return replace(self.config, champion_checkpoint_id=self.champion)
+
+    @activity.defn(name="curate_batch")
+    def curate_batch(self, input: CurateBatchInput) -> CurateBatchResult:
+        return CurateBatchResult(more=False)
+
+    @activity.defn(name="pending_work")
+    def pending_work(self, input: PendingWorkInput) -> PendingWorkResult:
+        return PendingWorkResult(new_train_tasks=self.new_tasks, uncurated_traces=0)
+
+    @activity.defn(name="check_drift")
+    def check_drift(self, input: DriftInput) -> DriftResult:
+        return DriftResult(failure_rate=0.1, window=100, threshold=0.5, drifted=False)
+
+    @activity.defn(name="start_cycle")
+    def start_cycle(self, input: StartCycleInput) -> StartCycleResult:
+        self.triggers[input.number] = input.trigger
+        return StartCycleResult(input.number, self.champion, f"file:///artifacts/{self.champion}")
+
+    @activity.defn(name="set_cycle_stage")
+    def set_cycle_stage(self, input: StageInput) -> None:
+        return None
+
+    @activity.defn(name="snapshot_dataset")
+    def snapshot_dataset(self, input: SnapshotInput) -> SnapshotResult:
+        count, self.new_tasks = self.new_tasks, 0
+        return SnapshotResult(input.cycle, "hash", count, 20, 10, "file:///t", "file:///e", "file:///r")
+
+    @activity.defn(name="run_job")
+    def run_job(self, input: RunJobInput) -> RunJobResult:
+        self.jobs.append(input.run_id)
+        return RunJobResult(input.run_id, "succeeded", f"file:///runs/{input.run_id}", {}, 10.0, 0.01)
+
+    @activity.defn(name="register_checkpoint")
+    def register_checkpoint(self, input: RegisterCheckpointInput) -> RegisterCheckpointResult:
+        return RegisterCheckpointResult(f"ckpt-{input.run_id}", f"file:///ck/{input.run_id}", 1)
+
+    @activity.defn(name="record_evaluation")
+    def record_evaluation(self, input: RecordEvaluationInput) -> EvaluationSummary:
+        rate = 0.9 if input.role == "candidate" else 0.2
+        return EvaluationSummary(1, input.role, input.checkpoint_id, input.task_set, 20, int(20 * rate), rate, 0, 1)
+
+    @activity.defn(name="gate")
+    def gate(self, input: GateInput) -> GateResult:
+        return GateResult(self.gate_decision, f"fake gate says {self.gate_decision}", {"delta_points": 70.0})
+
+    @activity.defn(name="record_decision")
+    def record_decision(self, input: RecordDecisionInput) -> RecordDecisionResult:
+        decision = self.decisions.setdefault(input.cycle, input.decision)
+        return RecordDecisionResult(input.cycle, decision)
+
+    @activity.defn(name="deploy_checkpoint")
+    def deploy_checkpoint(self, input: DeployInput) -> DeployResult:
+        self.deployed.append(input.checkpoint_id)
+        return DeployResult(input.checkpoint_id, "2026-01-01T00:00:00+00:00")
+
+    @activity.defn(name="live_stats")
+    def live_stats(self, input: LiveStatsInput) -> LiveStats:
+        return self.baseline_live if input.model_version == self.champion else self.candidate_live
+
+    @activity.defn(name="update_promotion")
+    def update_promotion(self, input: PromotionStatusInput) -> None:
+        if input.set_champion:
+            self.champion = input.set_champion
+
+    @activity.defn(name="rollback_champion")
+    def rollback_champion(self, input: RollbackInput) -> RollbackResult:
+        self.rollbacks.append(input.reason)
+        return RollbackResult(True, input.reason, "ckpt-0")
+
+    @activity.defn(name="close_cycle")
+    def close_cycle(self, input: CloseCycleInput) -> CloseCycleResult:
+        self.outcomes[input.cycle] = input.outcome
+        return CloseCycleResult(0.05, 40, 0.05, input.points_gained or 0, None, self.budget_exhausted)
+
+    def activities(self) -> list[Any]:
+        return [
+            getattr(self, name)
+            for name in (
+                "load_loop_config curate_batch pending_work check_drift start_cycle "
+                "set_cycle_stage snapshot_dataset run_job register_checkpoint "
+                "record_evaluation gate record_decision deploy_checkpoint live_stats "
+                "update_promotion rollback_champion close_cycle"
+            ).split()
+        ]
+
+
+@workflow.defn(name="CurateWorkflow")
+class FakeCurateWorkflow:
+    @workflow.run
+    async def run(self, input: CurateInput) -> CurateResult:
+        return CurateResult()
+
+
+def make_worker(client: Client, task_queue: str, world: World) -> Worker:
+    import concurrent.futures
+
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[LoopWorkflow, TrainWorkflow, EvaluateWorkflow, PromoteWorkflow, FakeCurateWorkflow],
+        activities=world.activities(),
+        activity_executor=concurrent.futures.ThreadPoolExecutor(8),
+    )
+
+
+async def start_loop(client: Client, task_queue: str, **input_fields: Any) -> WorkflowHandle[Any, LoopResult]:
+    return await client.start_workflow(
+        LoopWorkflow.run,
+        LoopInput(loop="bot", **input_fields),
+        id=f"loop/bot-{uuid.uuid4().hex[:8]}",
+        task_queue=task_queue,
+    )
+
+
+async def test_cycle_promotes_when_the_canary_holds(temporal_client: Client, task_queue: str) -> None:
+    world = World(new_tasks=12)
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=1)
+        result = await handle.result()
+    assert result.cycles_done == 1
+    assert world.outcomes == {1: "promoted"}
+    assert world.triggers == {1: "min_new_tasks"}
+    assert world.champion == "ckpt-bot-c1-train"
+    assert world.deployed == ["ckpt-bot-c1-train"]
+    assert sorted(world.jobs) == [
+        "bot-c1-eval-candidate-eval",
+        "bot-c1-eval-candidate-regression",
+        "bot-c1-eval-champion-eval",
+        "bot-c1-eval-champion-regression",
+        "bot-c1-train",
+    ]
+
+
+async def test_rejected_candidate_leaves_the_champion(temporal_client: Client, task_queue: str) -> None:
+    world = World(new_tasks=12, gate_decision="reject")
+    async with make_worker(temporal_client, task_queue, world):
+        await (await start_loop(temporal_client, task_queue, max_cycles=1)).result()
+    assert world.outcomes == {1: "rejected"}
+    assert world.champion == "ckpt-0"
+    assert world.deployed == []
+
+
+async def test_live_regression_rolls_back(temporal_client: Client, task_queue: str) -> None:
+    world = World(
+        new_tasks=12,
+        candidate_live=LiveStats(40, 4, 0.1, 0.04, 0.23),
+        baseline_live=LiveStats(40, 32, 0.8, 0.65, 0.9),
+    )
+    async with make_worker(temporal_client, task_queue, world):
+        await (await start_loop(temporal_client, task_queue, max_cycles=1)).result()
+    assert world.outcomes == {1: "rolled_back"}
+    assert world.deployed == ["ckpt-bot-c1-train", "ckpt-0"]
+    assert world.champion == "ckpt-0"
+
+
+async def test_manual_gate_waits_for_approval(temporal_client: Client, task_queue: str) -> None:
+    world = World(new_tasks=12, config=replace(BASE_CONFIG, gate_mode="manual"))
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=1)
+
+        async def waiting() -> None:
+            status = await handle.query(LoopWorkflow.status)
+            assert status.stage == "awaiting_approval"
+            assert status.waiting_for is not None and "approve" in status.waiting_for
+
+        await assert_eventually_async(waiting, timeout=30)
+        assert world.deployed == []
+        await handle.signal(LoopWorkflow.approve, ApprovalSignal(by="alice", reason="looks good"))
+        await handle.result()
+    assert world.outcomes == {1: "promoted"}
+
+
+async def test_manual_reject(temporal_client: Client, task_queue: str) -> None:
+    world = World(new_tasks=12, config=replace(BASE_CONFIG, gate_mode="manual"))
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=1)
+
+        async def waiting() -> None:
+            assert (await handle.query(LoopWorkflow.status)).stage == "awaiting_approval"
+
+        await assert_eventually_async(waiting, timeout=30)
+        await handle.signal(LoopWorkflow.reject, ApprovalSignal(by="bob"))
+        await handle.result()
+    assert world.outcomes == {1: "rejected"}
+    assert world.decisions == {1: "reject"}
+
+
+async def test_pause_resume_run_now_and_rollback(temporal_client: Client, task_queue: str) -> None:
+    world = World(new_tasks=0)
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=1)
+        await handle.signal(LoopWorkflow.pause, PauseSignal(reason="maintenance"))
+
+        async def paused() -> None:
+            status = await handle.query(LoopWorkflow.status)
+            assert status.paused and status.stage == "paused"
+            assert status.pause_reason == "maintenance"
+
+        await assert_eventually_async(paused, timeout=30)
+        await handle.signal(LoopWorkflow.rollback, RollbackSignal(reason="bad answers"))
+
+        async def rolled_back() -> None:
+            assert world.rollbacks == ["bad answers"]
+
+        await assert_eventually_async(rolled_back, timeout=30)
+        await handle.signal(LoopWorkflow.resume, ResumeSignal())
+        await asyncio.sleep(0.5)
+        assert world.outcomes == {}  # no tasks yet: no trigger
+        world.new_tasks = 3
+        await handle.signal(LoopWorkflow.run_now, RunNowSignal())
+        await handle.result()
+    assert world.triggers == {1: "operator"}
+    assert world.outcomes == {1: "promoted"}
+
+
+async def test_continue_as_new_keeps_state(temporal_client: Client, task_queue: str) -> None:
+    world = World(new_tasks=0)
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=2, checks_per_run=2)
+        first_run = (await handle.describe()).run_id
+
+        async def continued() -> None:
+            assert (await handle.describe()).run_id != first_run
+
+        await assert_eventually_async(continued, timeout=30)
+        world.new_tasks = 10
+        # The first cycle ends in continue-as-new; the second completes the workflow.
+
+        async def one_cycle() -> None:
+            assert 1 in world.outcomes
+
+        await assert_eventually_async(one_cycle, timeout=60)
+        world.new_tasks = 10
+        result = await handle.result()
+    assert result.cycles_done == 2
+    assert world.outcomes == {1: "promoted", 2: "promoted"}
+
+
+async def test_budget_exhaustion_pauses(temporal_client: Client, task_queue: str) -> None:
+    world = World(new_tasks=12, budget_exhausted=True)
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=2)
+
+        async def paused() -> None:
+            status = await handle.query(LoopWorkflow.status)
+            assert status.paused and status.pause_reason is not None
+            assert "budget" in status.pause_reason
+
+        await assert_eventually_async(paused, timeout=60)
+        await handle.terminate()
+    assert world.outcomes == {1: "promoted"}

@@ -1,0 +1,436 @@
+"""Activities of the loop: its configuration, the cycle's records, the gate, promotion and
+the cost ledger.
+
+Every activity here is idempotent: rows are keyed by (loop, cycle number), a decision is
+unique per cycle, an evaluation per (cycle, checkpoint, task set), and updates set absolute
+values. A retried activity therefore changes nothing twice. Errors that cannot succeed on
+retry (an unknown loop, a bad policy) are raised as non-retryable ``ApplicationError``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from services.artifacts import uri_to_path
+from services.db.models import Loop
+from services.db.queries import cycles as q
+from services.db.session import SessionFactory
+from services.evaluation.gate import GatePolicy as GateThresholds
+from services.evaluation.gate import decide
+from services.evaluation.stats import wilson_interval
+from services.logs import log_context
+from services.loop.policies import parse_policies
+from services.metrics import (
+    LOOP_CYCLES,
+    LOOP_PASS_RATE,
+    LOOP_POINTS_PER_DOLLAR,
+    LOOP_PROMOTIONS,
+    LOOP_SPEND,
+)
+from workflows.shared import (
+    CloseCycleInput,
+    CloseCycleResult,
+    DeployInput,
+    DeployResult,
+    EvaluationSummary,
+    GateInput,
+    GateResult,
+    LiveStats,
+    LiveStatsInput,
+    LoopConfig,
+    LoopConfigInput,
+    PromotionStatusInput,
+    RecordDecisionInput,
+    RecordDecisionResult,
+    RecordEvaluationInput,
+    RollbackInput,
+    RollbackResult,
+    StageInput,
+    StartCycleInput,
+    StartCycleResult,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ServingDeployer(Protocol):
+    """Deploys a checkpoint to a loop's serving target and returns the version now served."""
+
+    def __call__(
+        self, serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str
+    ) -> str: ...
+
+
+class LoopActivities:
+    def __init__(self, session_factory: SessionFactory, deploy: ServingDeployer) -> None:
+        self._sessions = session_factory
+        self._deploy = deploy
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        """A transaction whose 'not found' and bad-policy errors are not worth retrying."""
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except q.NotFound as exc:
+            raise ApplicationError(str(exc), type="NotFound", non_retryable=True) from exc
+
+    # Configuration -----------------------------------------------------------------------
+
+    @activity.defn(name="load_loop_config")
+    def load_loop_config(self, input: LoopConfigInput) -> LoopConfig:
+        """Read-only, so trivially idempotent."""
+        with self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop)
+            try:
+                trigger, gate, training, serving = parse_policies(
+                    loop.trigger_policy,
+                    loop.gate_policy,
+                    loop.training_profile,
+                    loop.serving_target,
+                )
+            except ValidationError as exc:
+                raise ApplicationError(
+                    f"loop {input.loop!r} has an invalid policy: {exc}",
+                    type="InvalidPolicy",
+                    non_retryable=True,
+                ) from exc
+            champion_uri = loop.champion.uri if loop.champion is not None else None
+            ledger = q.loop_ledger(session=session, loop=loop)
+            return LoopConfig(
+                loop=loop.name,
+                loop_id=loop.id,
+                status=loop.status,
+                environment=loop.environment,
+                executor=loop.executor,
+                champion_checkpoint_id=loop.champion_checkpoint_id,
+                champion_uri=champion_uri,
+                training_profile=training.model_dump(),
+                serving_target=serving.model_dump(),
+                min_new_tasks=trigger.min_new_tasks,
+                max_interval_s=trigger.max_interval_s,
+                check_interval_s=trigger.check_interval_s,
+                drift_enabled=trigger.drift_enabled,
+                gate_mode=gate.mode,
+                confidence=gate.confidence,
+                min_improvement_points=gate.min_improvement_points,
+                regression_tolerance_points=gate.regression_tolerance_points,
+                canary_seconds=gate.canary_seconds,
+                canary_check_interval_s=gate.canary_check_interval_s,
+                canary_min_traces=gate.canary_min_traces,
+                canary_max_drop_points=gate.canary_max_drop_points,
+                eval_samples=gate.eval_samples,
+                budget_usd=float(loop.budget_usd) if loop.budget_usd is not None else None,
+                spent_usd=ledger.spent_usd,
+            )
+
+    # Cycle records -----------------------------------------------------------------------
+
+    @activity.defn(name="start_cycle")
+    def start_cycle(self, input: StartCycleInput) -> StartCycleResult:
+        """Keyed by (loop, number): a retry returns the cycle the first attempt opened."""
+        with log_context(loop=input.loop, cycle=input.number), self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop, for_update=True)
+            cycle = q.open_cycle(
+                session=session,
+                loop=loop,
+                number=input.number,
+                trigger=input.trigger,
+                trigger_detail=input.trigger_detail,
+                workflow_id=input.workflow_id,
+            )
+            champion_id = cycle.champion_checkpoint_id
+            champion_uri = (
+                q.get_checkpoint(session=session, checkpoint_id=champion_id).uri
+                if champion_id
+                else None
+            )
+            logger.info("cycle %s started by %s", input.number, input.trigger)
+            return StartCycleResult(cycle.id, champion_id, champion_uri)
+
+    @activity.defn(name="set_cycle_stage")
+    def set_cycle_stage(self, input: StageInput) -> None:
+        """Sets absolute values (stage, ids, the stage's end time)."""
+        with self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop)
+            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            q.set_stage(
+                session=session,
+                cycle=cycle,
+                stage=input.stage,
+                dataset_id=input.dataset_id,
+                candidate_checkpoint_id=input.candidate_checkpoint_id,
+            )
+
+    @activity.defn(name="record_evaluation")
+    def record_evaluation(self, input: RecordEvaluationInput) -> EvaluationSummary:
+        """Unique per (cycle, checkpoint, task set): a retry returns the stored evaluation."""
+        results_path = uri_to_path(input.output_uri) / "results.jsonl"
+        try:
+            rows = [
+                json.loads(line) for line in results_path.read_text().splitlines() if line.strip()
+            ]
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ApplicationError(
+                f"cannot read evaluation results {results_path}: {exc}",
+                type="BadEvaluationOutput",
+                non_retryable=True,
+            ) from exc
+        passed = sum(1 for row in rows if row.get("passed"))
+        ci = wilson_interval(passed, len(rows)) if rows else (0.0, 0.0)
+        with self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop)
+            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            evaluation = q.record_evaluation(
+                session=session,
+                loop=loop,
+                cycle=cycle,
+                checkpoint_id=input.checkpoint_id,
+                dataset_id=input.dataset_id,
+                task_set=input.task_set,
+                run_id=input.run_id,
+                results=rows,
+                ci=ci,
+            )
+            if input.task_set == "eval":
+                LOOP_PASS_RATE.labels(input.loop, input.role).set(evaluation.pass_rate)
+            return EvaluationSummary(
+                evaluation_id=evaluation.id,
+                role=input.role,
+                checkpoint_id=input.checkpoint_id,
+                task_set=input.task_set,
+                n=evaluation.n,
+                passed=evaluation.passed,
+                pass_rate=evaluation.pass_rate,
+                ci_low=evaluation.ci_low,
+                ci_high=evaluation.ci_high,
+            )
+
+    # Gate and decision -------------------------------------------------------------------
+
+    @activity.defn(name="gate")
+    def gate(self, input: GateInput) -> GateResult:
+        """A pure function of stored per-task results: the same inputs, the same decision."""
+        with self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop)
+            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            eval_pairs = q.paired_results(
+                session=session,
+                cycle=cycle,
+                champion_id=input.champion_checkpoint_id,
+                candidate_id=input.candidate_checkpoint_id,
+                task_set="eval",
+            )
+            regression_pairs = q.paired_results(
+                session=session,
+                cycle=cycle,
+                champion_id=input.champion_checkpoint_id,
+                candidate_id=input.candidate_checkpoint_id,
+                task_set="regression",
+            )
+        policy = GateThresholds(
+            confidence=input.confidence,
+            min_improvement_points=input.min_improvement_points,
+            regression_tolerance_points=input.regression_tolerance_points,
+        )
+        decision = decide(*eval_pairs, *regression_pairs, policy, seed=input.cycle)
+        return GateResult(decision.decision, decision.reason, decision.statistics)
+
+    @activity.defn(name="record_decision")
+    def record_decision(self, input: RecordDecisionInput) -> RecordDecisionResult:
+        """At most one decision per cycle (unique key): a retry returns the first decision."""
+        with log_context(loop=input.loop, cycle=input.cycle), self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop)
+            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            promotion = q.record_decision(
+                session=session,
+                loop=loop,
+                cycle=cycle,
+                decision=input.decision,
+                reason=input.reason,
+                statistics=input.statistics,
+                candidate_checkpoint_id=input.candidate_checkpoint_id,
+                previous_checkpoint_id=input.previous_checkpoint_id,
+                decided_by=input.decided_by,
+            )
+            if promotion.decision == input.decision:
+                LOOP_PROMOTIONS.labels(input.loop, input.decision).inc()
+            logger.info("gate decided %s: %s", promotion.decision, promotion.reason)
+            return RecordDecisionResult(promotion.id, promotion.decision)
+
+    # Promotion ---------------------------------------------------------------------------
+
+    @activity.defn(name="deploy_checkpoint")
+    def deploy_checkpoint(self, input: DeployInput) -> DeployResult:
+        """Deploying the version already served is a no-op for every serving target."""
+        with log_context(loop=input.loop):
+            served = self._deploy(input.serving_target, input.checkpoint_id, input.checkpoint_uri)
+        if served != input.checkpoint_id:
+            raise ApplicationError(
+                f"the serving target reports version {served!r} after deploying "
+                f"{input.checkpoint_id!r}",
+                type="DeployNotVerified",
+            )
+        return DeployResult(served_version=served, deployed_at=_now().isoformat())
+
+    @activity.defn(name="live_stats")
+    def live_stats(self, input: LiveStatsInput) -> LiveStats:
+        """Read-only."""
+        with self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop)
+            counts = q.live_counts(
+                session=session,
+                loop=loop,
+                model_version=input.model_version,
+                since=_parse(input.since),
+                until=_parse(input.until),
+                limit=input.limit,
+            )
+        if counts.n == 0:
+            return LiveStats(n=0, successes=0, success_rate=None)
+        low, high = wilson_interval(counts.successes, counts.n)
+        return LiveStats(counts.n, counts.successes, counts.successes / counts.n, low, high)
+
+    @activity.defn(name="update_promotion")
+    def update_promotion(self, input: PromotionStatusInput) -> None:
+        """Sets absolute values; timestamps are set once and kept on retries."""
+        with log_context(loop=input.loop), self._transaction() as session:
+            q.update_promotion(
+                session=session,
+                promotion_id=input.promotion_id,
+                status=input.status,
+                reason=input.reason,
+                set_champion=input.set_champion,
+                timestamp_field=input.timestamp_field,
+            )
+
+    @activity.defn(name="rollback_champion")
+    def rollback_champion(self, input: RollbackInput) -> RollbackResult:
+        """Operator rollback to the champion before the last held promotion.
+
+        Idempotent: once rolled back, that promotion is no longer 'held', so a retry finds
+        nothing further to undo unless an earlier promotion is held too (then the operator
+        asked for two rollbacks, which a single signal never does: the workflow clears the
+        request before running this).
+        """
+        with log_context(loop=input.loop), self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop, for_update=True)
+            promotion = q.last_held_promotion(session=session, loop=loop)
+            if promotion is None or promotion.previous_checkpoint_id is None:
+                return RollbackResult(False, "no promotion to roll back")
+            previous = q.get_checkpoint(
+                session=session, checkpoint_id=promotion.previous_checkpoint_id
+            )
+            served = self._deploy(loop.serving_target, previous.id, previous.uri)
+            if served != previous.id:
+                raise ApplicationError(
+                    f"rollback deploy not verified: serving {served!r}, expected {previous.id!r}"
+                )
+            q.update_promotion(
+                session=session,
+                promotion_id=promotion.id,
+                status="rolled_back",
+                reason=f"rolled back by operator: {input.reason}",
+                set_champion=previous.id,
+                timestamp_field="rolled_back_at",
+            )
+            session.add(
+                _rollback_record(loop, promotion.candidate_checkpoint_id, previous.id, input.reason)
+            )
+            LOOP_PROMOTIONS.labels(input.loop, "rollback").inc()
+            return RollbackResult(True, f"serving {previous.id} again: {input.reason}", previous.id)
+
+    # Accounting --------------------------------------------------------------------------
+
+    @activity.defn(name="close_cycle")
+    def close_cycle(self, input: CloseCycleInput) -> CloseCycleResult:
+        """Sets absolute values from the runs of the cycle; the budget check reads totals."""
+        with log_context(loop=input.loop, cycle=input.cycle), self._transaction() as session:
+            loop = q.get_loop(session=session, name=input.loop, for_update=True)
+            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            first_close = cycle.ended_at is None
+            q.close_cycle(
+                session=session,
+                cycle=cycle,
+                outcome=input.outcome,
+                detail=input.detail,
+                points_gained=input.points_gained,
+                candidate_checkpoint_id=input.candidate_checkpoint_id,
+            )
+            session.flush()
+            ledger = q.loop_ledger(session=session, loop=loop)
+            exhausted = (
+                loop.budget_usd is not None and Decimal(str(ledger.spent_usd)) >= loop.budget_usd
+            )
+            if exhausted and loop.status == "active":
+                loop.status = "paused"
+                loop.status_reason = (
+                    f"budget of ${loop.budget_usd} spent (${ledger.spent_usd:.2f}); raise the "
+                    "budget and resume"
+                )
+            if first_close:
+                LOOP_CYCLES.labels(input.loop, input.outcome).inc()
+            LOOP_SPEND.labels(input.loop).set(ledger.spent_usd)
+            if ledger.points_per_dollar is not None:
+                LOOP_POINTS_PER_DOLLAR.labels(input.loop).set(ledger.points_per_dollar)
+            return CloseCycleResult(
+                cost_usd=float(cycle.cost_usd),
+                compute_seconds=cycle.compute_seconds,
+                cumulative_cost_usd=ledger.spent_usd,
+                cumulative_points=ledger.points_gained,
+                points_per_dollar=ledger.points_per_dollar,
+                budget_exhausted=exhausted,
+            )
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [
+            self.load_loop_config,
+            self.start_cycle,
+            self.set_cycle_stage,
+            self.record_evaluation,
+            self.gate,
+            self.record_decision,
+            self.deploy_checkpoint,
+            self.live_stats,
+            self.update_promotion,
+            self.rollback_champion,
+            self.close_cycle,
+        ]
+
+
+def _rollback_record(
+    loop: Loop, from_checkpoint: str | None, to_checkpoint: str, reason: str
+) -> Any:
+    from services.db.models import Promotion
+
+    return Promotion(
+        loop_id=loop.id,
+        cycle_id=None,
+        decision="rollback",
+        status="rolled_back",
+        reason=reason,
+        candidate_checkpoint_id=to_checkpoint,
+        previous_checkpoint_id=from_checkpoint,
+        serving_target=loop.serving_target,
+        decided_by="operator",
+        rolled_back_at=_now(),
+    )
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _parse(value: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(value) if value else None

@@ -1,0 +1,110 @@
+"""EvaluateWorkflow: every target checkpoint on every task set, as parallel eval jobs.
+
+Champion and candidate run on the same task files, and per-task results are stored, so the
+gate compares them pairwise. Id ``loop/<name>/cycle/<n>/evaluate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.shared import (
+        EvalTarget,
+        EvaluateInput,
+        EvaluateResult,
+        EvaluationSummary,
+        RecordEvaluationInput,
+        RunJobInput,
+        RunJobResult,
+        run_id_for,
+        uri_path,
+    )
+
+RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=5,
+)
+
+
+def eval_job_spec(
+    input: EvaluateInput, target: EvalTarget, task_set: str, task_uri: str, run_id: str
+) -> dict[str, object]:
+    return {
+        "schema": "ratchet.job/v1",
+        "kind": "eval",
+        "run_id": run_id,
+        "environment": input.environment,
+        "checkpoint": uri_path(target.checkpoint_uri),
+        "dataset": uri_path(task_uri),
+        "samples": input.samples,
+        "seed": input.cycle,
+        "device": input.profile.get("device", "auto"),
+    }
+
+
+@workflow.defn
+class EvaluateWorkflow:
+    @workflow.run
+    async def run(self, input: EvaluateInput) -> EvaluateResult:
+        jobs = [
+            self._evaluate_one(input, target, task_set, task_uri)
+            for target in input.targets
+            for task_set, task_uri in sorted(input.task_sets.items())
+        ]
+        outcomes = await asyncio.gather(*jobs)
+        result = EvaluateResult(summaries=[])
+        for job, summary in outcomes:
+            result.compute_seconds += job.compute_seconds
+            result.cost_usd += job.cost_usd
+            if summary is None:
+                result.errors.append(f"{job.run_id}: {job.status}: {job.error or ''}".strip())
+            else:
+                result.summaries.append(summary)
+        return result
+
+    async def _evaluate_one(
+        self, input: EvaluateInput, target: EvalTarget, task_set: str, task_uri: str
+    ) -> tuple[RunJobResult, EvaluationSummary | None]:
+        run_id = run_id_for(input.loop, input.cycle, "eval", f"{target.role}-{task_set}")
+        job = await workflow.execute_activity(
+            "run_job",
+            RunJobInput(
+                run_id=run_id,
+                loop=input.loop,
+                kind="eval",
+                job_spec=eval_job_spec(input, target, task_set, task_uri, run_id),
+                cycle=input.cycle,
+                dataset_id=input.dataset_id,
+                base_checkpoint_id=target.checkpoint_id,
+                accelerators=int(input.profile.get("eval_accelerators", 0)),
+            ),
+            result_type=RunJobResult,
+            start_to_close_timeout=timedelta(hours=6),
+            heartbeat_timeout=timedelta(seconds=60),
+            retry_policy=RETRY,
+        )
+        if job.status != "succeeded":
+            return job, None
+        summary = await workflow.execute_activity(
+            "record_evaluation",
+            RecordEvaluationInput(
+                loop=input.loop,
+                cycle=input.cycle,
+                dataset_id=input.dataset_id,
+                role=target.role,
+                checkpoint_id=target.checkpoint_id,
+                task_set=task_set,
+                run_id=run_id,
+                output_uri=job.output_uri,
+            ),
+            result_type=EvaluationSummary,
+            start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=RETRY,
+        )
+        return job, summary

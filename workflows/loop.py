@@ -1,0 +1,564 @@
+"""LoopWorkflow: one served model improved forever, one cycle per run.
+
+Id ``loop/<name>``. Each run waits for a trigger (enough new curated tasks, the maximum
+interval, a drift signal, or an operator's run-now), runs one cycle — curate, snapshot,
+train, evaluate, gate, promote, account — then continues as new carrying only
+:class:`LoopState`. Stages run as child workflows with ids derived from the cycle, so a retry
+never duplicates work; cycles of one loop never overlap because one workflow runs them in
+sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import (
+    RetryPolicy,
+    SearchAttributePair,
+    SearchAttributeUpdate,
+    TypedSearchAttributes,
+)
+from temporalio.exceptions import ChildWorkflowError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from services.temporal import RATCHET_CYCLE, RATCHET_LOOP, RATCHET_OUTCOME, RATCHET_STAGE
+    from workflows.evaluate import EvaluateWorkflow
+    from workflows.promote import PromoteWorkflow
+    from workflows.shared import (
+        ApprovalSignal,
+        CloseCycleInput,
+        CloseCycleResult,
+        CurateBatchInput,
+        CurateBatchResult,
+        CurateInput,
+        CurateResult,
+        DriftInput,
+        DriftResult,
+        EvalTarget,
+        EvaluateInput,
+        GateInput,
+        GateResult,
+        LoopConfig,
+        LoopConfigInput,
+        LoopInput,
+        LoopResult,
+        LoopState,
+        LoopStatus,
+        PauseSignal,
+        PendingWorkInput,
+        PendingWorkResult,
+        PromoteInput,
+        RecordDecisionInput,
+        RecordDecisionResult,
+        ResumeSignal,
+        RollbackInput,
+        RollbackResult,
+        RollbackSignal,
+        RunNowSignal,
+        SnapshotInput,
+        SnapshotResult,
+        StageInput,
+        StartCycleInput,
+        StartCycleResult,
+        TrainInput,
+        cycle_workflow_id,
+    )
+    from workflows.train import TrainWorkflow
+
+InputT = TypeVar("InputT")
+ResultT = TypeVar("ResultT")
+
+SHORT = timedelta(seconds=60)
+DB_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+)
+
+
+class CycleAborted(Exception):
+    """A stage ended the cycle early with a business outcome (no data, rejected, failed)."""
+
+    def __init__(self, outcome: str, detail: str) -> None:
+        super().__init__(detail)
+        self.outcome = outcome
+        self.detail = detail
+
+
+@workflow.defn
+class LoopWorkflow:
+    def __init__(self) -> None:
+        self.loop = ""
+        self.state = LoopState()
+        self.stage = "starting"
+        self.waiting_for: str | None = None
+        self.current_cycle = 0
+        self.approval: tuple[str, ApprovalSignal] | None = None
+
+    # Signals, query ----------------------------------------------------------------------
+
+    @workflow.signal
+    def pause(self, signal: PauseSignal) -> None:
+        self.state.paused = True
+        self.state.pause_reason = signal.reason
+
+    @workflow.signal
+    def resume(self, signal: ResumeSignal) -> None:
+        self.state.paused = False
+        self.state.pause_reason = None
+
+    @workflow.signal
+    def run_now(self, signal: RunNowSignal) -> None:
+        self.state.run_now = True
+
+    @workflow.signal
+    def approve(self, signal: ApprovalSignal) -> None:
+        if signal.cycle in (0, self.current_cycle):
+            self.approval = ("approve", signal)
+
+    @workflow.signal
+    def reject(self, signal: ApprovalSignal) -> None:
+        if signal.cycle in (0, self.current_cycle):
+            self.approval = ("reject", signal)
+
+    @workflow.signal
+    def rollback(self, signal: RollbackSignal) -> None:
+        self.state.rollback_reason = signal.reason
+
+    @workflow.query
+    def status(self) -> LoopStatus:
+        return LoopStatus(
+            loop=self.loop,
+            stage=self.stage,
+            cycle=self.current_cycle or self.state.cycle_number,
+            paused=self.state.paused,
+            pause_reason=self.state.pause_reason,
+            waiting_for=self.waiting_for,
+            last_outcome=self.state.last_outcome,
+            cycles_done=self.state.cycles_done,
+        )
+
+    # Main --------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, input: LoopInput) -> LoopResult:
+        self.loop = input.loop
+        if input.state is not None:
+            self.state = input.state
+        self._set_stage("waiting")
+        checks = 0
+        while True:
+            await self._handle_rollback_request()
+            config = await self._load_config()
+            if config.status == "paused" and not self.state.paused:
+                self.state.paused = True
+                self.state.pause_reason = "paused in the database"
+            if self.state.paused:
+                self._set_stage("paused")
+                self.waiting_for = "resume"
+                await workflow.wait_condition(
+                    lambda: not self.state.paused or self.state.rollback_reason is not None
+                )
+                self.waiting_for = None
+                self._set_stage("waiting")
+                continue
+            trigger, detail = await self._check_trigger(config)
+            if trigger is not None:
+                await self._run_cycle(config, trigger, detail)
+                if input.max_cycles is not None and self.state.cycles_done >= input.max_cycles:
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    return LoopResult(self.loop, self.state.cycles_done, self.state.last_outcome)
+                break
+            checks += 1
+            if checks >= input.checks_per_run or workflow.info().is_continue_as_new_suggested():
+                break
+            self.waiting_for = "trigger"
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: (
+                        self.state.run_now
+                        or self.state.paused
+                        or self.state.rollback_reason is not None
+                    ),
+                    timeout=timedelta(seconds=config.check_interval_s),
+                )
+            self.waiting_for = None
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(
+            LoopInput(
+                loop=input.loop,
+                state=self.state,
+                max_cycles=input.max_cycles,
+                checks_per_run=input.checks_per_run,
+            )
+        )
+
+    # Trigger -----------------------------------------------------------------------------
+
+    async def _check_trigger(self, config: LoopConfig) -> tuple[str | None, dict[str, object]]:
+        """Curate what arrived, then decide whether a cycle starts now and why."""
+        await self._curate_pending()
+        pending = await workflow.execute_activity(
+            "pending_work",
+            PendingWorkInput(self.loop),
+            result_type=PendingWorkResult,
+            start_to_close_timeout=SHORT,
+            retry_policy=DB_RETRY,
+        )
+        detail: dict[str, object] = {"new_train_tasks": pending.new_train_tasks}
+        if self.state.run_now:
+            self.state.run_now = False
+            return "operator", detail
+        if pending.new_train_tasks <= 0:
+            return None, detail
+        if pending.new_train_tasks >= config.min_new_tasks:
+            detail["min_new_tasks"] = config.min_new_tasks
+            return "min_new_tasks", detail
+        if config.drift_enabled:
+            drift = await workflow.execute_activity(
+                "check_drift",
+                DriftInput(self.loop),
+                result_type=DriftResult,
+                start_to_close_timeout=SHORT,
+                retry_policy=DB_RETRY,
+            )
+            if drift.drifted:
+                detail.update(
+                    failure_rate=drift.failure_rate,
+                    threshold=drift.threshold,
+                    model_version=drift.model_version,
+                )
+                return "drift", detail
+        if self.state.last_cycle_ended_at is not None:
+            elapsed = (workflow.now() - _parse_time(self.state.last_cycle_ended_at)).total_seconds()
+            if elapsed >= config.max_interval_s:
+                detail["max_interval_s"] = config.max_interval_s
+                return "max_interval", detail
+        return None, detail
+
+    async def _curate_pending(self) -> CurateBatchResult:
+        total = CurateBatchResult()
+        for _ in range(100):
+            batch = await workflow.execute_activity(
+                "curate_batch",
+                CurateBatchInput(self.loop),
+                result_type=CurateBatchResult,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=timedelta(minutes=2),
+                retry_policy=DB_RETRY,
+            )
+            total.traces_seen += batch.traces_seen
+            total.tasks_created += batch.tasks_created
+            if not batch.more:
+                break
+        return total
+
+    # Cycle -------------------------------------------------------------------------------
+
+    async def _run_cycle(self, config: LoopConfig, trigger: str, detail: dict[str, object]) -> None:
+        number = self.state.cycle_number + 1
+        self.state.cycle_number = number
+        self.current_cycle = number
+        self.approval = None
+        cycle = await workflow.execute_activity(
+            "start_cycle",
+            StartCycleInput(
+                loop=self.loop,
+                number=number,
+                trigger=trigger,
+                trigger_detail=dict(detail),
+                workflow_id=workflow.info().workflow_id,
+            ),
+            result_type=StartCycleResult,
+            start_to_close_timeout=SHORT,
+            retry_policy=DB_RETRY,
+        )
+        points: float | None = None
+        candidate_id: str | None = None
+        try:
+            outcome, reason, points, candidate_id = await self._cycle_stages(config, number, cycle)
+        except CycleAborted as aborted:
+            outcome, reason = aborted.outcome, aborted.detail
+        self._set_stage("account")
+        closed = await workflow.execute_activity(
+            "close_cycle",
+            CloseCycleInput(
+                loop=self.loop,
+                cycle=number,
+                outcome=outcome,
+                detail=reason,
+                points_gained=points,
+                candidate_checkpoint_id=candidate_id,
+            ),
+            result_type=CloseCycleResult,
+            start_to_close_timeout=SHORT,
+            retry_policy=DB_RETRY,
+        )
+        workflow.logger.info(
+            "cycle %s of %s ended: %s (%s); cost $%.4f",
+            number,
+            self.loop,
+            outcome,
+            reason,
+            closed.cost_usd,
+        )
+        self.state.cycles_done += 1
+        self.state.last_outcome = outcome
+        self.state.last_cycle_ended_at = workflow.now().isoformat()
+        self.current_cycle = 0
+        self._set_stage("waiting", outcome=outcome)
+        if closed.budget_exhausted:
+            self.state.paused = True
+            self.state.pause_reason = (
+                f"budget spent (${closed.cumulative_cost_usd:.2f} of the loop's budget)"
+            )
+
+    async def _cycle_stages(
+        self, config: LoopConfig, number: int, cycle: StartCycleResult
+    ) -> tuple[str, str, float | None, str | None]:
+        self._set_stage("curate", cycle=number)
+        await workflow.execute_child_workflow(
+            "CurateWorkflow",
+            CurateInput(self.loop),
+            result_type=CurateResult,
+            id=cycle_workflow_id(self.loop, number, "curate"),
+            search_attributes=self._search_attributes("curate", number),
+        )
+        self._set_stage("snapshot", cycle=number)
+        dataset = await workflow.execute_activity(
+            "snapshot_dataset",
+            SnapshotInput(self.loop, number),
+            result_type=SnapshotResult,
+            start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=DB_RETRY,
+        )
+        await self._mark_stage(number, "snapshot", dataset_id=dataset.dataset_id)
+        if dataset.train_count == 0 or dataset.eval_count == 0:
+            raise CycleAborted(
+                "no_data",
+                f"dataset has {dataset.train_count} train and {dataset.eval_count} eval tasks",
+            )
+        if cycle.champion_checkpoint_id is None or cycle.champion_uri is None:
+            raise CycleAborted("failed", "the loop has no champion checkpoint to train from")
+
+        self._set_stage("train", cycle=number)
+        trained = await self._child(
+            TrainWorkflow.run,
+            TrainInput(
+                loop=self.loop,
+                cycle=number,
+                dataset_id=dataset.dataset_id,
+                train_uri=dataset.train_uri,
+                base_checkpoint_id=cycle.champion_checkpoint_id,
+                base_checkpoint_uri=cycle.champion_uri,
+                environment=config.environment,
+                profile=config.training_profile,
+            ),
+            "train",
+            number,
+        )
+        if trained.status != "succeeded" or trained.checkpoint_id is None:
+            raise CycleAborted("failed", f"training {trained.status}: {trained.error or ''}")
+        await self._mark_stage(number, "train", candidate=trained.checkpoint_id)
+
+        self._set_stage("evaluate", cycle=number)
+        task_sets = {"eval": dataset.eval_uri}
+        if dataset.regression_uri and dataset.regression_count > 0:
+            task_sets["regression"] = dataset.regression_uri
+        evaluated = await self._child(
+            EvaluateWorkflow.run,
+            EvaluateInput(
+                loop=self.loop,
+                cycle=number,
+                dataset_id=dataset.dataset_id,
+                environment=config.environment,
+                task_sets=task_sets,
+                targets=[
+                    EvalTarget("champion", cycle.champion_checkpoint_id, cycle.champion_uri),
+                    EvalTarget("candidate", trained.checkpoint_id, trained.checkpoint_uri or ""),
+                ],
+                samples=config.eval_samples,
+                profile=config.training_profile,
+            ),
+            "evaluate",
+            number,
+        )
+        if evaluated.errors:
+            raise CycleAborted("failed", "evaluation failed: " + "; ".join(evaluated.errors))
+
+        self._set_stage("gate", cycle=number)
+        gate = await workflow.execute_activity(
+            "gate",
+            GateInput(
+                loop=self.loop,
+                cycle=number,
+                champion_checkpoint_id=cycle.champion_checkpoint_id,
+                candidate_checkpoint_id=trained.checkpoint_id,
+                confidence=config.confidence,
+                min_improvement_points=config.min_improvement_points,
+                regression_tolerance_points=config.regression_tolerance_points,
+            ),
+            result_type=GateResult,
+            start_to_close_timeout=SHORT,
+            retry_policy=DB_RETRY,
+        )
+        decision, reason, decided_by = gate.decision, gate.reason, "gate"
+        if config.gate_mode == "manual":
+            decision, reason, decided_by = await self._await_approval(gate)
+        recorded = await workflow.execute_activity(
+            "record_decision",
+            RecordDecisionInput(
+                loop=self.loop,
+                cycle=number,
+                decision=decision,
+                reason=reason,
+                statistics=gate.statistics,
+                candidate_checkpoint_id=trained.checkpoint_id,
+                previous_checkpoint_id=cycle.champion_checkpoint_id,
+                decided_by=decided_by,
+            ),
+            result_type=RecordDecisionResult,
+            start_to_close_timeout=SHORT,
+            retry_policy=DB_RETRY,
+        )
+        if recorded.decision != "promote":
+            raise CycleAborted("rejected", reason)
+
+        self._set_stage("promote", cycle=number)
+        promoted = await self._child(
+            PromoteWorkflow.run,
+            PromoteInput(
+                loop=self.loop,
+                cycle=number,
+                promotion_id=recorded.promotion_id,
+                candidate_checkpoint_id=trained.checkpoint_id,
+                candidate_uri=trained.checkpoint_uri or "",
+                previous_checkpoint_id=cycle.champion_checkpoint_id,
+                previous_uri=cycle.champion_uri,
+                serving_target=config.serving_target,
+                canary_seconds=config.canary_seconds,
+                canary_check_interval_s=config.canary_check_interval_s,
+                canary_min_traces=config.canary_min_traces,
+                canary_max_drop_points=config.canary_max_drop_points,
+            ),
+            "promote",
+            number,
+        )
+        if promoted.status != "held":
+            outcome = "rolled_back" if promoted.status == "rolled_back" else "failed"
+            return outcome, promoted.reason, 0.0, trained.checkpoint_id
+        points = float(gate.statistics.get("delta_points", 0.0))
+        return "promoted", reason, points, trained.checkpoint_id
+
+    async def _await_approval(self, gate: GateResult) -> tuple[str, str, str]:
+        """Manual gate: wait for approve/reject; the gate's statistics are shown meanwhile."""
+        self._set_stage("awaiting_approval", cycle=self.current_cycle)
+        self.waiting_for = f"approve or reject (gate recommends {gate.decision}: {gate.reason})"
+        await workflow.wait_condition(lambda: self.approval is not None)
+        self.waiting_for = None
+        assert self.approval is not None
+        verdict, signal = self.approval
+        decision = "promote" if verdict == "approve" else "reject"
+        reason = signal.reason or f"{verdict}d by {signal.by}; gate said: {gate.reason}"
+        return decision, reason, signal.by
+
+    async def _handle_rollback_request(self) -> None:
+        if self.state.rollback_reason is None:
+            return
+        reason = self.state.rollback_reason
+        self.state.rollback_reason = None
+        self._set_stage("rollback")
+        result = await workflow.execute_activity(
+            "rollback_champion",
+            RollbackInput(self.loop, reason),
+            result_type=RollbackResult,
+            start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=DB_RETRY,
+        )
+        workflow.logger.info("rollback of %s: %s", self.loop, result.reason)
+        self._set_stage("waiting")
+
+    # Helpers -----------------------------------------------------------------------------
+
+    async def _child(
+        self,
+        run_fn: Callable[[Any, InputT], Awaitable[ResultT]],
+        arg: InputT,
+        stage: str,
+        number: int,
+    ) -> ResultT:
+        """Run a stage as a child workflow whose id derives from the cycle.
+
+        A child that fails on purpose (a non-retryable error) ends the cycle as failed; the
+        loop itself carries on to the next trigger.
+        """
+        try:
+            return await workflow.execute_child_workflow(
+                run_fn,
+                arg,
+                id=cycle_workflow_id(self.loop, number, stage),
+                search_attributes=self._search_attributes(stage, number),
+            )
+        except ChildWorkflowError as exc:
+            raise CycleAborted("failed", f"{stage} failed: {_root_cause(exc)}") from exc
+
+    async def _load_config(self) -> LoopConfig:
+        return await workflow.execute_activity(
+            "load_loop_config",
+            LoopConfigInput(self.loop),
+            result_type=LoopConfig,
+            start_to_close_timeout=SHORT,
+            retry_policy=DB_RETRY,
+        )
+
+    async def _mark_stage(
+        self,
+        number: int,
+        stage: str,
+        *,
+        dataset_id: int | None = None,
+        candidate: str | None = None,
+    ) -> None:
+        await workflow.execute_activity(
+            "set_cycle_stage",
+            StageInput(self.loop, number, stage, dataset_id, candidate),
+            start_to_close_timeout=SHORT,
+            retry_policy=DB_RETRY,
+        )
+
+    def _search_attributes(self, stage: str, number: int) -> TypedSearchAttributes:
+        return TypedSearchAttributes(
+            [
+                SearchAttributePair(RATCHET_LOOP, self.loop),
+                SearchAttributePair(RATCHET_STAGE, stage),
+                SearchAttributePair(RATCHET_CYCLE, number),
+            ]
+        )
+
+    def _set_stage(
+        self, stage: str, *, cycle: int | None = None, outcome: str | None = None
+    ) -> None:
+        self.stage = stage
+        updates: list[SearchAttributeUpdate[Any]] = [
+            RATCHET_LOOP.value_set(self.loop),
+            RATCHET_STAGE.value_set(stage),
+        ]
+        if cycle is not None:
+            updates.append(RATCHET_CYCLE.value_set(cycle))
+        if outcome is not None:
+            updates.append(RATCHET_OUTCOME.value_set(outcome))
+        workflow.upsert_search_attributes(updates)
+
+
+def _parse_time(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def _root_cause(error: FailureError) -> str:
+    """The innermost failure's message: what actually went wrong in a stage."""
+    cause: BaseException = error
+    while isinstance(cause, FailureError) and cause.cause is not None:
+        cause = cause.cause
+    return str(cause)

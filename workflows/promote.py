@@ -1,0 +1,185 @@
+"""PromoteWorkflow: deploy the winner, watch a canary window, hold or roll back.
+
+The champion pointer moves only when the canary holds. During the window, live outcomes
+from ingested traces of the new version are compared with the previous champion's; a
+significant drop (the upper end of the new version's Wilson interval below the old rate
+minus the tolerance) rolls back to the previous champion. Id ``loop/<name>/cycle/<n>/promote``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.shared import (
+        DeployInput,
+        DeployResult,
+        LiveStats,
+        LiveStatsInput,
+        PromoteInput,
+        PromoteResult,
+        PromotionStatusInput,
+    )
+
+SHORT = timedelta(seconds=60)
+RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10,
+)
+DEPLOY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+)
+
+
+@workflow.defn
+class PromoteWorkflow:
+    def __init__(self) -> None:
+        self.phase = "deploying"
+
+    @workflow.query
+    def status(self) -> str:
+        return self.phase
+
+    @workflow.run
+    async def run(self, input: PromoteInput) -> PromoteResult:
+        await self._set_status(input, "deploying")
+        try:
+            deployed = await self._deploy(input, input.candidate_checkpoint_id, input.candidate_uri)
+        except ActivityError as exc:
+            reason = f"deploy of the candidate failed: {exc.cause or exc}"
+            await self._restore_previous(input)
+            await self._set_status(input, "failed", reason=reason)
+            return PromoteResult(status="failed", reason=reason)
+
+        self.phase = "canary"
+        await self._set_status(input, "canary", timestamp_field="deployed_at")
+        baseline = await self._live_stats(
+            input, input.previous_checkpoint_id, until=deployed.deployed_at
+        )
+        latest = LiveStats(n=0, successes=0, success_rate=None)
+        deadline = workflow.now() + timedelta(seconds=input.canary_seconds)
+        while workflow.now() < deadline:
+            await workflow.sleep(timedelta(seconds=max(0.5, input.canary_check_interval_s)))
+            latest = await self._live_stats(
+                input, input.candidate_checkpoint_id, since=deployed.deployed_at
+            )
+            if self._regressed(input, baseline, latest):
+                return await self._roll_back(input, baseline, latest)
+
+        self.phase = "held"
+        reason = (
+            f"canary held: {_rate(latest)} live success on {latest.n} traces "
+            f"(previous champion {_rate(baseline)})"
+        )
+        await self._set_status(
+            input,
+            "held",
+            reason=reason,
+            set_champion=input.candidate_checkpoint_id,
+            timestamp_field="canary_ended_at",
+        )
+        return PromoteResult(
+            status="held",
+            reason=reason,
+            live_before=baseline.success_rate,
+            live_after=latest.success_rate,
+        )
+
+    def _regressed(self, input: PromoteInput, baseline: LiveStats, latest: LiveStats) -> bool:
+        if latest.n < input.canary_min_traces or baseline.success_rate is None:
+            return False
+        if latest.ci_high is None:
+            return False
+        floor = baseline.success_rate - input.canary_max_drop_points / 100.0
+        return latest.ci_high < floor
+
+    async def _roll_back(
+        self, input: PromoteInput, baseline: LiveStats, latest: LiveStats
+    ) -> PromoteResult:
+        self.phase = "rolling_back"
+        reason = (
+            f"live regression: {_rate(latest)} on {latest.n} traces (interval up to "
+            f"{(latest.ci_high or 0) * 100:.1f}%) against {_rate(baseline)} before; "
+            f"rolled back to {input.previous_checkpoint_id}"
+        )
+        await self._restore_previous(input)
+        await self._set_status(
+            input, "rolled_back", reason=reason, timestamp_field="rolled_back_at"
+        )
+        self.phase = "rolled_back"
+        return PromoteResult(
+            status="rolled_back",
+            reason=reason,
+            live_before=baseline.success_rate,
+            live_after=latest.success_rate,
+        )
+
+    async def _restore_previous(self, input: PromoteInput) -> None:
+        if input.previous_checkpoint_id and input.previous_uri:
+            await self._deploy(input, input.previous_checkpoint_id, input.previous_uri)
+
+    async def _deploy(self, input: PromoteInput, checkpoint_id: str, uri: str) -> DeployResult:
+        return await workflow.execute_activity(
+            "deploy_checkpoint",
+            DeployInput(input.loop, input.serving_target, checkpoint_id, uri),
+            result_type=DeployResult,
+            start_to_close_timeout=timedelta(minutes=30),
+            heartbeat_timeout=timedelta(minutes=2),
+            retry_policy=DEPLOY_RETRY,
+        )
+
+    async def _live_stats(
+        self,
+        input: PromoteInput,
+        model_version: str | None,
+        *,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> LiveStats:
+        return await workflow.execute_activity(
+            "live_stats",
+            LiveStatsInput(
+                input.loop,
+                model_version,
+                since=since,
+                until=until,
+                limit=max(input.canary_min_traces * 5, 200),
+            ),
+            result_type=LiveStats,
+            start_to_close_timeout=SHORT,
+            retry_policy=RETRY,
+        )
+
+    async def _set_status(
+        self,
+        input: PromoteInput,
+        status: str,
+        *,
+        reason: str | None = None,
+        set_champion: str | None = None,
+        timestamp_field: str | None = None,
+    ) -> None:
+        await workflow.execute_activity(
+            "update_promotion",
+            PromotionStatusInput(
+                loop=input.loop,
+                promotion_id=input.promotion_id,
+                status=status,
+                reason=reason,
+                set_champion=set_champion,
+                timestamp_field=timestamp_field,
+            ),
+            start_to_close_timeout=SHORT,
+            retry_policy=RETRY,
+        )
+
+
+def _rate(stats: LiveStats) -> str:
+    return "n/a" if stats.success_rate is None else f"{stats.success_rate * 100:.1f}%"

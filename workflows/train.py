@@ -1,0 +1,103 @@
+"""TrainWorkflow: one training job from the champion, then its checkpoint registered.
+
+Id ``loop/<name>/cycle/<n>/train``; the run id is derived from the cycle, so a retried
+workflow adopts the job it already started instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.shared import (
+        RegisterCheckpointInput,
+        RegisterCheckpointResult,
+        RunJobInput,
+        RunJobResult,
+        TrainInput,
+        TrainResult,
+        run_id_for,
+        uri_path,
+    )
+
+JOB_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=5,
+)
+
+
+def train_job_spec(input: TrainInput, run_id: str) -> dict[str, object]:
+    """The job contract's spec for a training run (paths, not URIs: jobs read files)."""
+    profile = input.profile
+    return {
+        "schema": "ratchet.job/v1",
+        "kind": "train",
+        "run_id": run_id,
+        "algorithm": profile.get("algorithm", "grpo"),
+        "environment": input.environment,
+        "dataset": uri_path(input.train_uri),
+        "base_checkpoint": uri_path(input.base_checkpoint_uri or ""),
+        "hyperparameters": dict(profile.get("hyperparameters", {})),
+        "seed": int(profile.get("seed", 0)) + input.cycle,
+        "device": profile.get("device", "auto"),
+    }
+
+
+@workflow.defn
+class TrainWorkflow:
+    @workflow.run
+    async def run(self, input: TrainInput) -> TrainResult:
+        run_id = run_id_for(input.loop, input.cycle, "train")
+        timeout_s = float(input.profile.get("timeout_s", 6 * 3600))
+        job = await workflow.execute_activity(
+            "run_job",
+            RunJobInput(
+                run_id=run_id,
+                loop=input.loop,
+                kind="train",
+                job_spec=train_job_spec(input, run_id),
+                cycle=input.cycle,
+                dataset_id=input.dataset_id,
+                base_checkpoint_id=input.base_checkpoint_id,
+                accelerators=int(input.profile.get("accelerators", 0)),
+            ),
+            result_type=RunJobResult,
+            start_to_close_timeout=timedelta(seconds=timeout_s),
+            heartbeat_timeout=timedelta(seconds=60),
+            retry_policy=JOB_RETRY,
+        )
+        if job.status != "succeeded":
+            return TrainResult(
+                run_id=run_id,
+                status=job.status,
+                compute_seconds=job.compute_seconds,
+                cost_usd=job.cost_usd,
+                metrics=job.metrics,
+                error=job.error,
+            )
+        checkpoint = await workflow.execute_activity(
+            "register_checkpoint",
+            RegisterCheckpointInput(
+                loop=input.loop,
+                run_id=run_id,
+                checkpoint_dir_uri=job.output_uri.rstrip("/") + "/checkpoint",
+                parent_checkpoint_id=input.base_checkpoint_id,
+            ),
+            result_type=RegisterCheckpointResult,
+            start_to_close_timeout=timedelta(minutes=30),
+            heartbeat_timeout=timedelta(minutes=2),
+            retry_policy=JOB_RETRY,
+        )
+        return TrainResult(
+            run_id=run_id,
+            status="succeeded",
+            checkpoint_id=checkpoint.checkpoint_id,
+            checkpoint_uri=checkpoint.uri,
+            compute_seconds=job.compute_seconds,
+            cost_usd=job.cost_usd,
+            metrics=job.metrics,
+        )

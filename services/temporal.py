@@ -62,7 +62,13 @@ def _tls_config(settings: Settings) -> TLSConfig | bool:
 
 def metrics_runtime(bind_address: str) -> Runtime:
     """A Temporal core runtime that exports the SDK's own metrics in Prometheus format."""
-    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=bind_address)))
+    prometheus = PrometheusConfig(
+        bind_address=bind_address,
+        counters_total_suffix=True,
+        unit_suffix=True,
+        durations_as_seconds=True,
+    )
+    return Runtime(telemetry=TelemetryConfig(metrics=prometheus))
 
 
 async def connect_temporal(settings: Settings, *, runtime: Runtime | None = None) -> Client:

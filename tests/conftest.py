@@ -42,20 +42,25 @@ def _libpq_url(url: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_server_url() -> Iterator[str]:
     """URL of a Postgres server (its maintenance database)."""
     given = os.environ.get("RATCHET_TEST_DATABASE_URL") or os.environ.get("RATCHET_DATABASE_URL")
     if given:
         yield given
         return
+    import shutil
+    import tempfile
+
     import pgserver
 
-    data_dir = tmp_path_factory.mktemp("pg") / "data"
+    # Not under pytest's rotating temp dirs: a concurrent session's cleanup must not delete it.
+    data_dir = Path(tempfile.mkdtemp(prefix="ratchet-test-pg-")) / "data"
     server = pgserver.get_server(data_dir, cleanup_mode="stop")
     try:
         yield server.get_uri("postgres")
     finally:
         server.cleanup()
+        shutil.rmtree(data_dir.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -85,6 +85,8 @@ class EvaluateWorkflow:
                 accelerators=int(input.profile.get("eval_accelerators", 0)),
             ),
             result_type=RunJobResult,
+            # A cancelled cycle closes only after its job is really stopped.
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             start_to_close_timeout=timedelta(hours=6),
             heartbeat_timeout=timedelta(seconds=60),
             retry_policy=RETRY,

@@ -327,6 +327,7 @@ class LoopWorkflow:
             search_attributes=self._search_attributes("curate", number),
         )
         self._set_stage("snapshot", cycle=number)
+        await self._mark_stage(number, "snapshot")
         dataset = await workflow.execute_activity(
             "snapshot_dataset",
             SnapshotInput(self.loop, number),
@@ -334,7 +335,6 @@ class LoopWorkflow:
             start_to_close_timeout=timedelta(minutes=10),
             retry_policy=DB_RETRY,
         )
-        await self._mark_stage(number, "snapshot", dataset_id=dataset.dataset_id)
         if dataset.train_count == 0 or dataset.eval_count == 0:
             raise CycleAborted(
                 "no_data",
@@ -344,6 +344,7 @@ class LoopWorkflow:
             raise CycleAborted("failed", "the loop has no champion checkpoint to train from")
 
         self._set_stage("train", cycle=number)
+        await self._mark_stage(number, "train", dataset_id=dataset.dataset_id)
         trained = await self._child(
             TrainWorkflow.run,
             TrainInput(
@@ -361,9 +362,9 @@ class LoopWorkflow:
         )
         if trained.status != "succeeded" or trained.checkpoint_id is None:
             raise CycleAborted("failed", f"training {trained.status}: {trained.error or ''}")
-        await self._mark_stage(number, "train", candidate=trained.checkpoint_id)
 
         self._set_stage("evaluate", cycle=number)
+        await self._mark_stage(number, "evaluate", candidate=trained.checkpoint_id)
         task_sets = {"eval": dataset.eval_uri}
         if dataset.regression_uri and dataset.regression_count > 0:
             task_sets["regression"] = dataset.regression_uri
@@ -389,6 +390,7 @@ class LoopWorkflow:
             raise CycleAborted("failed", "evaluation failed: " + "; ".join(evaluated.errors))
 
         self._set_stage("gate", cycle=number)
+        await self._mark_stage(number, "gate")
         gate = await workflow.execute_activity(
             "gate",
             GateInput(
@@ -427,6 +429,7 @@ class LoopWorkflow:
             raise CycleAborted("rejected", reason)
 
         self._set_stage("promote", cycle=number)
+        await self._mark_stage(number, "promote")
         promoted = await self._child(
             PromoteWorkflow.run,
             PromoteInput(

@@ -5,12 +5,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from workflows.evaluate import EvaluateWorkflow
+from workflows.loop import LoopWorkflow
+from workflows.promote import PromoteWorkflow
+from workflows.train import TrainWorkflow
+
 if TYPE_CHECKING:
     from workflows.worker import WorkerDependencies
 
-WORKFLOWS: list[type] = []
+WORKFLOWS: list[type] = [LoopWorkflow, TrainWorkflow, EvaluateWorkflow, PromoteWorkflow]
 
 
 def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Instantiate every activity class with its dependencies and return the bound methods."""
-    return []
+    from services.executors import build_executor
+    from services.serving.targets import ServingTargets
+    from workflows.activities.jobs import JobActivities
+    from workflows.activities.loop import LoopActivities
+
+    jobs = JobActivities(
+        session_factory=deps.session_factory,
+        executors=lambda name: build_executor(name, deps.settings),
+        artifacts=deps.artifacts,
+        settings=deps.settings,
+    )
+    loop = LoopActivities(deps.session_factory, ServingTargets(deps.settings))
+    return [*jobs.activities(), *loop.activities()]

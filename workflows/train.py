@@ -44,6 +44,7 @@ def train_job_spec(input: TrainInput, run_id: str) -> dict[str, object]:
         "hyperparameters": dict(profile.get("hyperparameters", {})),
         "seed": int(profile.get("seed", 0)) + input.cycle,
         "device": profile.get("device", "auto"),
+        "nodes": int(profile.get("nodes", 1)),
     }
 
 
@@ -66,6 +67,8 @@ class TrainWorkflow:
                 accelerators=int(input.profile.get("accelerators", 0)),
             ),
             result_type=RunJobResult,
+            # A cancelled cycle closes only after its job is really stopped.
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             start_to_close_timeout=timedelta(seconds=timeout_s),
             heartbeat_timeout=timedelta(seconds=60),
             retry_policy=JOB_RETRY,

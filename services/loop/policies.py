@@ -51,7 +51,8 @@ class TrainingProfile(_Policy):
 
     algorithm: Literal["grpo", "sft"] = "grpo"
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    accelerators: int = Field(default=0, ge=0, le=1024)
+    accelerators: int = Field(default=0, ge=0, le=1024, description="accelerators per node")
+    nodes: int = Field(default=1, ge=1, le=512, description="multi-node data parallel (torchrun)")
     eval_accelerators: int = Field(default=0, ge=0, le=1024)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = Field(default=6 * 3600, gt=0)

@@ -137,12 +137,16 @@ class World:
     @activity.defn(name="snapshot_dataset")
     def snapshot_dataset(self, input: SnapshotInput) -> SnapshotResult:
         count, self.new_tasks = self.new_tasks, 0
-        return SnapshotResult(input.cycle, "hash", count, 20, 10, "file:///t", "file:///e", "file:///r")
+        return SnapshotResult(
+            input.cycle, "hash", count, 20, 10, "file:///t", "file:///e", "file:///r"
+        )
 
     @activity.defn(name="run_job")
     def run_job(self, input: RunJobInput) -> RunJobResult:
         self.jobs.append(input.run_id)
-        return RunJobResult(input.run_id, "succeeded", f"file:///runs/{input.run_id}", {}, 10.0, 0.01)
+        return RunJobResult(
+            input.run_id, "succeeded", f"file:///runs/{input.run_id}", {}, 10.0, 0.01
+        )
 
     @activity.defn(name="register_checkpoint")
     def register_checkpoint(self, input: RegisterCheckpointInput) -> RegisterCheckpointResult:
@@ -151,11 +155,15 @@ class World:
     @activity.defn(name="record_evaluation")
     def record_evaluation(self, input: RecordEvaluationInput) -> EvaluationSummary:
         rate = 0.9 if input.role == "candidate" else 0.2
-        return EvaluationSummary(1, input.role, input.checkpoint_id, input.task_set, 20, int(20 * rate), rate, 0, 1)
+        return EvaluationSummary(
+            1, input.role, input.checkpoint_id, input.task_set, 20, int(20 * rate), rate, 0, 1
+        )
 
     @activity.defn(name="gate")
     def gate(self, input: GateInput) -> GateResult:
-        return GateResult(self.gate_decision, f"fake gate says {self.gate_decision}", {"delta_points": 70.0})
+        return GateResult(
+            self.gate_decision, f"fake gate says {self.gate_decision}", {"delta_points": 70.0}
+        )
 
     @activity.defn(name="record_decision")
     def record_decision(self, input: RecordDecisionInput) -> RecordDecisionResult:
@@ -184,17 +192,32 @@ class World:
     @activity.defn(name="close_cycle")
     def close_cycle(self, input: CloseCycleInput) -> CloseCycleResult:
         self.outcomes[input.cycle] = input.outcome
-        return CloseCycleResult(0.05, 40, 0.05, input.points_gained or 0, None, self.budget_exhausted)
+        return CloseCycleResult(
+            0.05, 40, 0.05, input.points_gained or 0, None, self.budget_exhausted
+        )
 
     def activities(self) -> list[Any]:
         return [
             getattr(self, name)
-            for name in (
-                "load_loop_config curate_batch pending_work check_drift start_cycle "
-                "set_cycle_stage snapshot_dataset run_job register_checkpoint "
-                "record_evaluation gate record_decision deploy_checkpoint live_stats "
-                "update_promotion rollback_champion close_cycle"
-            ).split()
+            for name in [
+                "load_loop_config",
+                "curate_batch",
+                "pending_work",
+                "check_drift",
+                "start_cycle",
+                "set_cycle_stage",
+                "snapshot_dataset",
+                "run_job",
+                "register_checkpoint",
+                "record_evaluation",
+                "gate",
+                "record_decision",
+                "deploy_checkpoint",
+                "live_stats",
+                "update_promotion",
+                "rollback_champion",
+                "close_cycle",
+            ]
         ]
 
 
@@ -211,41 +234,56 @@ def make_worker(client: Client, task_queue: str, world: World) -> Worker:
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[LoopWorkflow, TrainWorkflow, EvaluateWorkflow, PromoteWorkflow, FakeCurateWorkflow],
+        workflows=[
+            LoopWorkflow,
+            TrainWorkflow,
+            EvaluateWorkflow,
+            PromoteWorkflow,
+            FakeCurateWorkflow,
+        ],
         activities=world.activities(),
         activity_executor=concurrent.futures.ThreadPoolExecutor(8),
     )
 
 
-async def start_loop(client: Client, task_queue: str, **input_fields: Any) -> WorkflowHandle[Any, LoopResult]:
+async def start_loop(
+    client: Client, task_queue: str, name: str = "", **input_fields: Any
+) -> WorkflowHandle[Any, LoopResult]:
+    """Each test's loop has its own name, so child workflow ids never collide across tests."""
+    name = name or f"bot-{uuid.uuid4().hex[:8]}"
     return await client.start_workflow(
         LoopWorkflow.run,
-        LoopInput(loop="bot", **input_fields),
-        id=f"loop/bot-{uuid.uuid4().hex[:8]}",
+        LoopInput(loop=name, **input_fields),
+        id=f"loop/{name}",
         task_queue=task_queue,
     )
 
 
-async def test_cycle_promotes_when_the_canary_holds(temporal_client: Client, task_queue: str) -> None:
+async def test_cycle_promotes_when_the_canary_holds(
+    temporal_client: Client, task_queue: str
+) -> None:
     world = World(new_tasks=12)
     async with make_worker(temporal_client, task_queue, world):
-        handle = await start_loop(temporal_client, task_queue, max_cycles=1)
+        name = f"bot-{uuid.uuid4().hex[:8]}"
+        handle = await start_loop(temporal_client, task_queue, name, max_cycles=1)
         result = await handle.result()
     assert result.cycles_done == 1
     assert world.outcomes == {1: "promoted"}
     assert world.triggers == {1: "min_new_tasks"}
-    assert world.champion == "ckpt-bot-c1-train"
-    assert world.deployed == ["ckpt-bot-c1-train"]
+    assert world.champion == f"ckpt-{name}-c1-train"
+    assert world.deployed == [f"ckpt-{name}-c1-train"]
     assert sorted(world.jobs) == [
-        "bot-c1-eval-candidate-eval",
-        "bot-c1-eval-candidate-regression",
-        "bot-c1-eval-champion-eval",
-        "bot-c1-eval-champion-regression",
-        "bot-c1-train",
+        f"{name}-c1-eval-candidate-eval",
+        f"{name}-c1-eval-candidate-regression",
+        f"{name}-c1-eval-champion-eval",
+        f"{name}-c1-eval-champion-regression",
+        f"{name}-c1-train",
     ]
 
 
-async def test_rejected_candidate_leaves_the_champion(temporal_client: Client, task_queue: str) -> None:
+async def test_rejected_candidate_leaves_the_champion(
+    temporal_client: Client, task_queue: str
+) -> None:
     world = World(new_tasks=12, gate_decision="reject")
     async with make_worker(temporal_client, task_queue, world):
         await (await start_loop(temporal_client, task_queue, max_cycles=1)).result()
@@ -263,7 +301,7 @@ async def test_live_regression_rolls_back(temporal_client: Client, task_queue: s
     async with make_worker(temporal_client, task_queue, world):
         await (await start_loop(temporal_client, task_queue, max_cycles=1)).result()
     assert world.outcomes == {1: "rolled_back"}
-    assert world.deployed == ["ckpt-bot-c1-train", "ckpt-0"]
+    assert len(world.deployed) == 2 and world.deployed[1] == "ckpt-0"
     assert world.champion == "ckpt-0"
 
 

@@ -38,6 +38,7 @@ from services.metrics import (
     LOOP_PROMOTIONS,
     LOOP_SPEND,
 )
+from services.serving.base import ServingError
 from workflows.shared import (
     CloseCycleInput,
     CloseCycleResult,
@@ -85,6 +86,17 @@ class LoopActivities:
                 yield session
         except q.NotFound as exc:
             raise ApplicationError(str(exc), type="NotFound", non_retryable=True) from exc
+
+    def _deploy_verified(
+        self, serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str
+    ) -> str:
+        """Deploy; a serving error is retried only when the target says a retry can help."""
+        try:
+            return self._deploy(serving_target, checkpoint_id, checkpoint_uri)
+        except ServingError as exc:
+            raise ApplicationError(
+                str(exc), type=type(exc).__name__, non_retryable=not exc.retryable
+            ) from exc
 
     # Configuration -----------------------------------------------------------------------
 
@@ -275,7 +287,9 @@ class LoopActivities:
     def deploy_checkpoint(self, input: DeployInput) -> DeployResult:
         """Deploying the version already served is a no-op for every serving target."""
         with log_context(loop=input.loop):
-            served = self._deploy(input.serving_target, input.checkpoint_id, input.checkpoint_uri)
+            served = self._deploy_verified(
+                input.serving_target, input.checkpoint_id, input.checkpoint_uri
+            )
         if served != input.checkpoint_id:
             raise ApplicationError(
                 f"the serving target reports version {served!r} after deploying "
@@ -332,7 +346,7 @@ class LoopActivities:
             previous = q.get_checkpoint(
                 session=session, checkpoint_id=promotion.previous_checkpoint_id
             )
-            served = self._deploy(loop.serving_target, previous.id, previous.uri)
+            served = self._deploy_verified(loop.serving_target, previous.id, previous.uri)
             if served != previous.id:
                 raise ApplicationError(
                     f"rollback deploy not verified: serving {served!r}, expected {previous.id!r}"
@@ -393,7 +407,7 @@ class LoopActivities:
                 budget_exhausted=exhausted,
             )
 
-    def all(self) -> list[Callable[..., Any]]:
+    def activities(self) -> list[Callable[..., Any]]:
         return [
             self.load_loop_config,
             self.start_cycle,

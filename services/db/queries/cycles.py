@@ -102,14 +102,13 @@ def set_stage(
     dataset_id: int | None = None,
     candidate_checkpoint_id: str | None = None,
 ) -> None:
-    """Record that ``stage`` finished now (timings kept per stage for the dashboard)."""
-    timings = dict(cycle.stage_timings or {})
+    """Record that ``stage`` starts now; the stage before it ends now (timings per stage)."""
+    timings = {name: dict(value) for name, value in (cycle.stage_timings or {}).items()}
     now = _now_iso()
-    entry = dict(timings.get(stage, {}))
-    entry.setdefault("started_at", timings.get("_last_end", now))
-    entry["ended_at"] = now
-    timings[stage] = entry
-    timings["_last_end"] = now
+    if cycle.stage != stage:
+        previous = timings.setdefault(cycle.stage, {"started_at": now})
+        previous.setdefault("ended_at", now)
+    timings.setdefault(stage, {"started_at": now})
     cycle.stage_timings = timings
     cycle.stage = stage
     if dataset_id is not None:
@@ -149,6 +148,12 @@ def close_cycle(
         cycle.ended_at = dt.datetime.now(dt.UTC)
     cycle.outcome = outcome
     cycle.outcome_detail = detail
+    if cycle.stage != "done":
+        timings = {name: dict(value) for name, value in (cycle.stage_timings or {}).items()}
+        timings.setdefault(cycle.stage, {"started_at": _now_iso()}).setdefault(
+            "ended_at", _now_iso()
+        )
+        cycle.stage_timings = timings
     cycle.stage = "done"
     cycle.compute_seconds = cost.compute_seconds
     cycle.cost_usd = cost.cost_usd

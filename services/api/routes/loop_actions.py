@@ -1,0 +1,171 @@
+"""Operator actions on a loop: start, pause, resume, run now, approve/reject, rollback, status.
+
+Actions are signals to the loop's workflow (``loop/<name>``), sent with signal-with-start so
+an action on a loop whose workflow is not running starts it rather than failing. Pause and
+resume are also written to ``loops.status`` so the dashboard and a restarted workflow agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from services.api.deps import AdminDep, SessionDep, SettingsDep, TemporalDep
+from services.api.errors import ApiError
+from services.db.models import Loop
+from services.settings import Settings
+from workflows.loop import LoopWorkflow
+from workflows.shared import (
+    ApprovalSignal,
+    LoopInput,
+    PauseSignal,
+    ResumeSignal,
+    RollbackSignal,
+    RunNowSignal,
+    loop_workflow_id,
+)
+
+router = APIRouter(prefix="/v1/loops", tags=["loop actions"], dependencies=[AdminDep])
+
+Action = Literal["pause", "resume", "run-now", "approve", "reject", "rollback"]
+
+
+class ActionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=2000)
+    by: str = Field(default="operator", max_length=128)
+    cycle: int = Field(default=0, ge=0, description="for approve/reject: the cycle (0: current)")
+
+
+class ActionOut(BaseModel):
+    loop: str
+    action: str
+    workflow_id: str
+    status: str
+
+
+class LoopStatusOut(BaseModel):
+    loop: str
+    db_status: str
+    status_reason: str | None
+    workflow_id: str
+    workflow_status: str | None
+    stage: str | None = None
+    cycle: int | None = None
+    paused: bool | None = None
+    waiting_for: str | None = None
+    last_outcome: str | None = None
+    cycles_done: int | None = None
+
+
+def _loop_row(session: Any, name: str) -> Loop:
+    loop = session.scalars(select(Loop).where(Loop.name == name)).one_or_none()
+    if loop is None:
+        raise ApiError(404, "loop_not_found", f"loop {name!r} does not exist")
+    return loop
+
+
+async def start_loop_workflow(client: Client, settings: Settings, name: str) -> str:
+    """Start the loop's workflow if it is not running; returns its id. Idempotent."""
+    workflow_id = loop_workflow_id(name)
+    await client.start_workflow(
+        LoopWorkflow.run,
+        LoopInput(loop=name),
+        id=workflow_id,
+        task_queue=settings.temporal_task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    return workflow_id
+
+
+async def _signal(client: Client, settings: Settings, name: str, signal: str, arg: Any) -> None:
+    await client.start_workflow(
+        LoopWorkflow.run,
+        LoopInput(loop=name),
+        id=loop_workflow_id(name),
+        task_queue=settings.temporal_task_queue,
+        start_signal=signal,
+        start_signal_args=[arg],
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+
+
+_SIGNALS: dict[str, tuple[str, Any]] = {
+    "pause": ("pause", PauseSignal),
+    "resume": ("resume", ResumeSignal),
+    "run-now": ("run_now", RunNowSignal),
+    "rollback": ("rollback", RollbackSignal),
+}
+
+
+@router.post("/{loop}/start", response_model=ActionOut, summary="Start the loop's workflow")
+async def start(
+    loop: str, session: SessionDep, settings: SettingsDep, client: TemporalDep
+) -> ActionOut:
+    _loop_row(session, loop)
+    workflow_id = await start_loop_workflow(client, settings, loop)
+    return ActionOut(loop=loop, action="start", workflow_id=workflow_id, status="running")
+
+
+@router.post("/{loop}/{action}", response_model=ActionOut, summary="Signal an operator action")
+async def act(
+    loop: str,
+    action: Action,
+    session: SessionDep,
+    settings: SettingsDep,
+    client: TemporalDep,
+    body: ActionIn | None = None,
+) -> ActionOut:
+    row = _loop_row(session, loop)
+    body = body or ActionIn()
+    signal_name: str
+    if action in ("approve", "reject"):
+        signal_name = action
+        arg: Any = ApprovalSignal(cycle=body.cycle, by=body.by, reason=body.reason or "")
+    else:
+        signal_name, signal_type = _SIGNALS[action]
+        arg = signal_type(reason=body.reason) if body.reason else signal_type()
+    if action == "pause":
+        row.status, row.status_reason = "paused", body.reason or "paused by operator"
+    elif action == "resume":
+        row.status, row.status_reason = "active", None
+    session.flush()
+    await _signal(client, settings, loop, signal_name, arg)
+    return ActionOut(
+        loop=loop, action=action, workflow_id=loop_workflow_id(loop), status="signalled"
+    )
+
+
+@router.get("/{loop}/status", response_model=LoopStatusOut, summary="The loop's live status")
+async def status(loop: str, session: SessionDep, client: TemporalDep) -> LoopStatusOut:
+    row = _loop_row(session, loop)
+    workflow_id = loop_workflow_id(loop)
+    out = LoopStatusOut(
+        loop=loop,
+        db_status=row.status,
+        status_reason=row.status_reason,
+        workflow_id=workflow_id,
+        workflow_status=None,
+    )
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return out
+        raise
+    out.workflow_status = description.status.name if description.status else None
+    if description.status == WorkflowExecutionStatus.RUNNING:
+        live = await handle.query(LoopWorkflow.status)
+        out.stage, out.cycle, out.paused = live.stage, live.cycle, live.paused
+        out.waiting_for, out.last_outcome = live.waiting_for, live.last_outcome
+        out.cycles_done = live.cycles_done
+    return out

@@ -1,0 +1,76 @@
+"""`ratchet demo`: the whole loop on one machine (see services/demo/run.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from services.cli.common import cli_settings
+from services.logs import configure_logging
+
+
+def register(subparsers: Any) -> None:
+    demo = subparsers.add_parser(
+        "demo",
+        help="show the whole loop: drift, failures, curation, training, promotion, recovery",
+        description=(
+            "Start the embedded stack in a fresh state dir on free ports, make a toolcalc "
+            "champion, serve it, post simulated production traffic as signed traces, drift "
+            "the tool API, and let the loop recover. Prints progress, then a table per cycle "
+            "and the live success rate over time. Exits 0 when done."
+        ),
+    )
+    demo.add_argument("--cycles", type=int, default=1, help="cycles to complete (default 1)")
+    demo.add_argument(
+        "--drift-at",
+        type=float,
+        default=45.0,
+        metavar="SECONDS",
+        help="seconds of traffic before the tool API drifts to v2 (default 45)",
+    )
+    demo.add_argument(
+        "--traffic", type=float, default=4.0, metavar="PER_S", help="traces per second (default 4)"
+    )
+    demo.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where to keep the demo's data (default: new dir)",
+    )
+    demo.add_argument(
+        "--timeout", type=float, default=1500.0, metavar="SECONDS", help="give up after this long"
+    )
+    demo.add_argument("--json", action="store_true", help="print the report as JSON at the end")
+    demo.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from services.cli import CliError
+    from services.demo.run import DemoOptions, format_report, run_demo
+    from services.local.stack import StackError
+
+    if args.cycles < 1:
+        raise CliError("--cycles must be at least 1")
+    if args.traffic <= 0:
+        raise CliError("--traffic must be > 0 traces per second")
+    if args.drift_at < 0:
+        raise CliError("--drift-at must be >= 0 seconds")
+    settings = cli_settings()
+    configure_logging("WARNING", "text", component="demo")
+    options = DemoOptions(
+        cycles=args.cycles,
+        drift_at=args.drift_at,
+        traffic=args.traffic,
+        state_dir=args.state_dir,
+        timeout_s=args.timeout,
+    )
+    try:
+        report = run_demo(options, settings)
+    except StackError as exc:
+        raise CliError(str(exc), exit_code=1) from None
+    print(format_report(report), flush=True)
+    if args.json:
+        print(json.dumps(report.to_json()))
+    return 0 if report.cycles else 1

@@ -1,0 +1,350 @@
+"""What each page shows: the queries it runs and the charts it draws, as a template context.
+
+Routes stay thin: they find the loop, call one function here and render the result.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from markupsafe import Markup
+from sqlalchemy.orm import Session
+
+from services.dashboard import charts
+from services.dashboard.lineage import serving_lineage
+from services.dashboard.links import CHILD_WORKFLOW_STAGES, RUN_KIND_STAGE, TemporalLinks
+from services.dashboard.logs_tail import read_logs_tail
+from services.dashboard.queries import (
+    CycleRow,
+    LiveSeries,
+    LoopEvent,
+    failure_clusters,
+    live_success_series,
+    loop_cycles,
+    loop_events,
+    loop_spend,
+    loops_overview,
+    recent_outcomes,
+    recent_runs,
+    run_detail,
+)
+from services.dashboard.render import pct, usd, when
+from services.dashboard.stats import wilson_interval
+from services.dashboard.timeline import Step, cycle_steps
+from services.db.models import Loop
+
+
+def _percent(value: float) -> str:
+    return f"{value * 100:.0f}%"
+
+
+PERCENT_AXIS = charts.Axis(ticks=(0, 0.25, 0.5, 0.75, 1.0), format=_percent, low=0, high=1)
+
+
+@dataclass(frozen=True)
+class Action:
+    """A loop action button: the admin API path segment and what the button says."""
+
+    path: str
+    label: str
+    confirm: str | None = None
+
+
+def loop_actions(loop: Loop, *, has_open_cycle: bool) -> list[Action]:
+    """The actions that make sense in the loop's state (the API has the last word)."""
+    actions: list[Action] = []
+    if loop.status == "active":
+        actions.append(Action("pause", "Pause"))
+    elif loop.status == "paused":
+        actions.append(Action("resume", "Resume"))
+    if loop.status != "archived":
+        actions.append(Action("run-now", "Run a cycle now"))
+    if has_open_cycle:
+        actions.append(Action("approve", "Approve candidate"))
+        actions.append(Action("reject", "Reject candidate", "Reject this cycle's candidate?"))
+    if loop.champion_checkpoint_id is not None:
+        actions.append(
+            Action("rollback", "Roll back", "Roll the serving model back to the previous one?")
+        )
+    return actions
+
+
+# Charts ---------------------------------------------------------------------------------------
+
+
+def _epoch(value: dt.datetime) -> float:
+    return value.timestamp()
+
+
+def _time_axis(start: dt.datetime, end: dt.datetime) -> charts.Axis:
+    span = (end - start).total_seconds()
+    fmt = "%H:%M" if span <= 2 * 86400 else "%m-%d %H:%M" if span <= 7 * 86400 else "%Y-%m-%d"
+    ticks = [_epoch(start) + span * i / 4 for i in range(5)] if span > 0 else [_epoch(start)]
+    labels = [dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime(fmt) for t in ticks]
+    return charts.Axis(
+        ticks=ticks,
+        format=str,
+        low=_epoch(start),
+        high=_epoch(end),
+        tick_labels=labels,
+    )
+
+
+def live_chart(series: LiveSeries, events: Sequence[LoopEvent]) -> Markup:
+    """The live success rate per bucket, with promotion, rollback and drift markers."""
+    half = series.width / 2
+    points = []
+    for bucket in series.buckets:
+        low, high = bucket.interval
+        points.append(
+            charts.Point(
+                x=_epoch(bucket.start + half),
+                y=bucket.rate,
+                label=(
+                    f"{when(bucket.start)}: {bucket.passed}/{bucket.n} succeeded "
+                    f"({pct(bucket.rate)}, 95% CI [{pct(low)}, {pct(high)}])"
+                ),
+            )
+        )
+    end = max(series.end, series.buckets[-1].start + series.width)
+    markers = [charts.Marker(_epoch(e.at), e.kind, f"{when(e.at)}: {e.label}") for e in events]
+    return charts.line_chart(
+        [charts.Series("live success rate", "live", points)],
+        x_axis=_time_axis(series.start, end),
+        y_axis=PERCENT_AXIS,
+        markers=markers,
+        title="Live success rate over time",
+    )
+
+
+def _cycle_axis(numbers: Sequence[int]) -> charts.Axis:
+    low, high = min(numbers), max(numbers)
+    ticks: Sequence[float] = (
+        list(range(low, high + 1)) if high - low <= 20 else charts.nice_ticks(low, high)
+    )
+    return charts.Axis(
+        ticks=ticks, format=lambda value: f"c{value:.0f}", low=low - 0.6, high=high + 0.6
+    )
+
+
+def evaluation_chart(cycles: Sequence[CycleRow]) -> Markup | None:
+    """Champion and candidate pass rate per cycle, each with its Wilson interval."""
+    rows = [c for c in sorted(cycles, key=lambda c: c.number) if c.champion or c.candidate]
+    if not rows:
+        return None
+    series = []
+    for role, css, offset in (("champion", "champion", -0.12), ("candidate", "candidate", 0.12)):
+        points = []
+        for cycle in rows:
+            summary = cycle.champion if role == "champion" else cycle.candidate
+            if summary is None or summary.pass_rate is None:
+                continue
+            low, high = summary.interval
+            points.append(
+                charts.Point(
+                    x=cycle.number + offset,
+                    y=summary.pass_rate,
+                    low=low,
+                    high=high,
+                    label=(
+                        f"cycle {cycle.number} {role}: {summary.passed}/{summary.n} "
+                        f"({pct(summary.pass_rate)}, 95% Wilson [{pct(low)}, {pct(high)}])"
+                    ),
+                )
+            )
+        series.append(charts.Series(role, css, points))
+    return charts.line_chart(
+        series,
+        x_axis=_cycle_axis([c.number for c in rows]),
+        y_axis=PERCENT_AXIS,
+        title="Champion vs candidate pass rate per cycle",
+    )
+
+
+def cost_chart(cycles: Sequence[CycleRow]) -> Markup | None:
+    """Dollars spent per cycle (so far, for the open one)."""
+    rows = sorted(cycles, key=lambda c: c.number)
+    if not rows:
+        return None
+    top = max(float(c.cost_usd) for c in rows)
+    ticks = charts.nice_ticks(0, top if top > 0 else 1)
+    bars = [
+        charts.Bar(
+            label=f"c{c.number}",
+            value=float(c.cost_usd),
+            title=f"cycle {c.number}: {usd(c.cost_usd)}" + (" so far" if c.is_open else ""),
+        )
+        for c in rows
+    ]
+    axis = charts.Axis(ticks=ticks, format=lambda v: f"${v:,.2f}", low=0, high=ticks[-1])
+    return charts.bar_chart(bars, y_axis=axis, title="Cost per cycle (USD)")
+
+
+@dataclass(frozen=True)
+class PointsPerDollar:
+    """Pass-rate points gained per dollar after one cycle: its own and cumulative."""
+
+    cycle: int
+    points: float
+    cost: float
+    cycle_ratio: float | None
+    cumulative_ratio: float | None
+
+
+def points_per_dollar(cycles: Sequence[CycleRow]) -> list[PointsPerDollar]:
+    """Intelligence per dollar per accounted cycle, in cycle order (DESIGN §8).
+
+    Every accounted cycle's cost counts, rejected ones too: that is what the points cost.
+    """
+    result: list[PointsPerDollar] = []
+    total_points = total_cost = 0.0
+    for cycle in sorted(cycles, key=lambda c: c.number):
+        if cycle.is_open or cycle.points_gained is None:
+            continue
+        cost = float(cycle.cost_usd)
+        total_points += cycle.points_gained
+        total_cost += cost
+        result.append(
+            PointsPerDollar(
+                cycle=cycle.number,
+                points=cycle.points_gained,
+                cost=cost,
+                cycle_ratio=cycle.points_gained / cost if cost > 0 else None,
+                cumulative_ratio=total_points / total_cost if total_cost > 0 else None,
+            )
+        )
+    return result
+
+
+def points_per_dollar_chart(rows: Sequence[PointsPerDollar]) -> Markup | None:
+    measured = [r for r in rows if r.cumulative_ratio is not None]
+    if not measured:
+        return None
+    values = [r.cumulative_ratio for r in measured if r.cumulative_ratio is not None]
+    values += [r.cycle_ratio for r in measured if r.cycle_ratio is not None]
+    ticks = charts.nice_ticks(min(0.0, *values), max(0.0, *values) or 1.0)
+    per_cycle = [
+        charts.Point(r.cycle, r.cycle_ratio, f"cycle {r.cycle}: {r.cycle_ratio:.2f} points/$")
+        for r in measured
+        if r.cycle_ratio is not None
+    ]
+    cumulative = [
+        charts.Point(
+            r.cycle, r.cumulative_ratio, f"after cycle {r.cycle}: {r.cumulative_ratio:.2f} points/$"
+        )
+        for r in measured
+        if r.cumulative_ratio is not None
+    ]
+    return charts.line_chart(
+        [
+            charts.Series("per cycle", "per-cycle", per_cycle, connect=False),
+            charts.Series("cumulative", "cumulative", cumulative),
+        ],
+        x_axis=_cycle_axis([r.cycle for r in measured]),
+        y_axis=charts.Axis(ticks=ticks, format=lambda v: f"{v:g}", low=ticks[0], high=ticks[-1]),
+        title="Pass-rate points gained per dollar",
+    )
+
+
+# Pages ----------------------------------------------------------------------------------------
+
+
+def overview_context(session: Session) -> dict[str, Any]:
+    return {"loops": loops_overview(session)}
+
+
+def cycle_links(links: TemporalLinks, loop: str, cycle: CycleRow) -> list[tuple[str, str]]:
+    """(stage, URL) for each child workflow the cycle has reached."""
+    if links.ui_url is None:
+        return []
+    reached = {s.stage for s in _steps(cycle) if s.state in ("done", "current", "failed")}
+    result = []
+    for stage in CHILD_WORKFLOW_STAGES:
+        url = links.cycle_stage(loop, cycle.number, stage)
+        if stage in reached and url is not None:
+            result.append((stage, url))
+    return result
+
+
+def _steps(cycle: CycleRow) -> list[Step]:
+    return cycle_steps(
+        stage=cycle.stage,
+        stage_timings=cycle.stage_timings,
+        is_open=cycle.is_open,
+        outcome=cycle.outcome,
+    )
+
+
+def loop_context(session: Session, *, loop: Loop, links: TemporalLinks) -> dict[str, Any]:
+    """Everything the loop page shows."""
+    cycles = loop_cycles(session, loop_id=loop.id)
+    current = cycles[0] if cycles else None
+    live = live_success_series(session, loop_id=loop.id)
+    events = loop_events(session, loop_id=loop.id, since=live.start) if live else []
+    ppd = points_per_dollar(cycles)
+    live_passed, live_n = recent_outcomes(session, loop_id=loop.id)
+    return {
+        "ratchet_loop": loop,
+        "spend": loop_spend(session, loop_id=loop.id),
+        "current": current,
+        "steps": _steps(current) if current else [],
+        "cycles": cycles,
+        "cycle_links": {c.number: cycle_links(links, loop.name, c) for c in cycles},
+        "evaluation_chart": evaluation_chart(cycles),
+        "live": live,
+        "live_passed": live_passed,
+        "live_n": live_n,
+        "live_rate": live_passed / live_n if live_n else None,
+        "live_interval": wilson_interval(live_passed, live_n) if live_n else None,
+        "live_chart": live_chart(live, events) if live else None,
+        "events": events,
+        "clusters": failure_clusters(session, loop_id=loop.id),
+        "lineage": serving_lineage(session, loop_id=loop.id),
+        "cost_chart": cost_chart(cycles),
+        "ppd": ppd,
+        "ppd_chart": points_per_dollar_chart(ppd),
+        "runs": recent_runs(session, loop_id=loop.id),
+        "actions": loop_actions(loop, has_open_cycle=bool(current and current.is_open)),
+        "loop_url": links.loop(loop.name),
+        "loop_search_url": links.loop_search(loop.name),
+    }
+
+
+def run_context(
+    session: Session,
+    *,
+    loop: Loop,
+    run_id: str,
+    links: TemporalLinks,
+    log_roots: Sequence[Path],
+) -> dict[str, Any] | None:
+    """Everything the run page shows, or ``None`` when the loop has no such run."""
+    detail = run_detail(session, loop_id=loop.id, run_id=run_id)
+    if detail is None:
+        return None
+    run = detail.run
+    stage = RUN_KIND_STAGE.get(run.kind)
+    workflow_links: list[tuple[str, str]] = []
+    if (url := links.loop(loop.name)) is not None:
+        workflow_links.append((f"loop/{loop.name}", url))
+    if detail.cycle_number is not None and stage is not None:
+        stage_url = links.cycle_stage(loop.name, detail.cycle_number, stage)
+        if stage_url is not None:
+            workflow_links.append((f"cycle {detail.cycle_number} {stage}", stage_url))
+    duration = (
+        (run.ended_at - run.started_at).total_seconds()
+        if run.started_at is not None and run.ended_at is not None
+        else None
+    )
+    return {
+        "ratchet_loop": loop,
+        "run": run,
+        "detail": detail,
+        "duration": duration,
+        "logs": read_logs_tail(run.logs_uri, allowed_roots=log_roots),
+        "workflow_links": workflow_links,
+    }

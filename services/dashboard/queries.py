@@ -1,0 +1,623 @@
+"""The reads behind the dashboard pages.
+
+Every function takes the session keyword-only and never commits (the route owns a
+read-only transaction). Each returns small frozen dataclasses shaped for a page, so
+templates never touch the ORM or trigger lazy loads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Select, and_, func, select, text
+from sqlalchemy.orm import Session, aliased
+
+from services.dashboard.stats import wilson_interval
+from services.dashboard.timeline import current_stage
+from services.db.models import (
+    Checkpoint,
+    Cycle,
+    Dataset,
+    Evaluation,
+    Loop,
+    Promotion,
+    Run,
+    Task,
+    TaskSource,
+    Trace,
+)
+
+# The live success rate of the overview is taken over this many most recent outcomes.
+LIVE_WINDOW_TRACES = 200
+
+# Bucket widths of the live success chart, smallest first: the first that keeps the chart
+# under ``max_buckets`` points is used.
+_BUCKET_WIDTHS = tuple(
+    dt.timedelta(minutes=m)
+    for m in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080)
+)
+_BUCKET_ORIGIN = dt.datetime(2000, 1, 3, tzinfo=dt.UTC)  # a Monday, so weeks line up
+
+# Characters of a task prompt shown as an example of its cluster.
+PROMPT_PREVIEW_CHARS = 600
+
+
+def _rate(passed: int, n: int) -> float | None:
+    return passed / n if n else None
+
+
+@dataclass(frozen=True)
+class LoopSummary:
+    """One row of the loops overview."""
+
+    name: str
+    status: str
+    status_reason: str | None
+    environment: str
+    executor: str
+    champion_id: str | None
+    champion_created_at: dt.datetime | None
+    open_stage: str | None
+    open_stage_timings: dict[str, Any] | None
+    live_n: int
+    live_passed: int
+    last_cycle_number: int | None
+    last_cycle_stage: str | None
+    last_cycle_outcome: str | None
+    last_cycle_started_at: dt.datetime | None
+    last_cycle_ended_at: dt.datetime | None
+    spend_usd: Decimal
+    budget_usd: Decimal | None
+
+    @property
+    def stage(self) -> str:
+        """What the loop is doing: paused, archived, a cycle's stage, or idle."""
+        if self.status != "active":
+            return self.status
+        if self.open_stage is None:
+            return "idle"
+        return current_stage(self.open_stage, self.open_stage_timings)
+
+    @property
+    def live_rate(self) -> float | None:
+        return _rate(self.live_passed, self.live_n)
+
+    @property
+    def live_interval(self) -> tuple[float, float]:
+        return wilson_interval(self.live_passed, self.live_n)
+
+
+_OVERVIEW_SQL = text(
+    """
+SELECT l.name, l.status, l.status_reason, l.environment, l.executor, l.budget_usd,
+       l.champion_checkpoint_id AS champion_id, ck.created_at AS champion_created_at,
+       open_cycle.stage AS open_stage, open_cycle.stage_timings AS open_stage_timings,
+       live.n AS live_n, live.passed AS live_passed,
+       last.number AS last_cycle_number, last.stage AS last_cycle_stage,
+       last.outcome AS last_cycle_outcome, last.started_at AS last_cycle_started_at,
+       last.ended_at AS last_cycle_ended_at,
+       spend.total AS spend_usd
+FROM loops l
+LEFT JOIN checkpoints ck ON ck.id = l.champion_checkpoint_id
+LEFT JOIN LATERAL (
+    SELECT c.stage, c.stage_timings
+    FROM cycles c WHERE c.loop_id = l.id AND c.ended_at IS NULL LIMIT 1
+) open_cycle ON true
+LEFT JOIN LATERAL (
+    SELECT c.number, c.stage, c.outcome, c.started_at, c.ended_at
+    FROM cycles c WHERE c.loop_id = l.id ORDER BY c.number DESC LIMIT 1
+) last ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS n, count(*) FILTER (WHERE recent.success) AS passed
+    FROM (
+        SELECT t.success FROM traces t
+        WHERE t.loop_id = l.id AND t.success IS NOT NULL
+        ORDER BY t.received_at DESC
+        LIMIT :window
+    ) recent
+) live ON true
+LEFT JOIN LATERAL (
+    SELECT coalesce(sum(r.cost_usd), 0) AS total FROM runs r WHERE r.loop_id = l.id
+) spend ON true
+ORDER BY l.status = 'archived', l.name
+"""
+)
+
+
+def loops_overview(session: Session) -> list[LoopSummary]:
+    """Every loop with its stage, champion, live success rate, last cycle and spend."""
+    rows = session.execute(_OVERVIEW_SQL, {"window": LIVE_WINDOW_TRACES}).mappings()
+    return [LoopSummary(**row) for row in rows]
+
+
+def get_loop(session: Session, *, name: str) -> Loop | None:
+    return session.scalars(select(Loop).where(Loop.name == name)).one_or_none()
+
+
+def recent_outcomes(
+    session: Session, *, loop_id: int, limit: int = LIVE_WINDOW_TRACES
+) -> tuple[int, int]:
+    """(succeeded, reported) over the loop's latest ``limit`` reported outcomes: the live
+    success rate the overview shows."""
+    recent = (
+        select(Trace.success)
+        .where(Trace.loop_id == loop_id, Trace.success.is_not(None))
+        .order_by(Trace.received_at.desc())
+        .limit(limit)
+        .subquery()
+    )
+    passed, n = session.execute(
+        select(func.count().filter(recent.c.success.is_(True)), func.count()).select_from(recent)
+    ).one()
+    return int(passed), int(n)
+
+
+def loop_spend(session: Session, *, loop_id: int) -> Decimal:
+    """Dollars spent on the loop's jobs so far (every run, in a cycle or not)."""
+    total = session.scalar(
+        select(func.coalesce(func.sum(Run.cost_usd), 0)).where(Run.loop_id == loop_id)
+    )
+    return Decimal(total or 0)
+
+
+# Cycles ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """A checkpoint's result on a cycle's eval set, with its Wilson interval."""
+
+    checkpoint_id: str
+    n: int
+    passed: int
+
+    @property
+    def pass_rate(self) -> float | None:
+        return _rate(self.passed, self.n)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.passed, self.n)
+
+
+@dataclass(frozen=True)
+class CycleRow:
+    """One cycle as the cycles table and the per-cycle charts show it."""
+
+    number: int
+    trigger: str
+    stage: str
+    outcome: str | None
+    outcome_detail: str | None
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    stage_timings: dict[str, Any]
+    workflow_id: str | None
+    champion_checkpoint_id: str | None
+    candidate_checkpoint_id: str | None
+    dataset_id: int | None
+    train_count: int | None
+    eval_count: int | None
+    champion: EvalSummary | None
+    candidate: EvalSummary | None
+    decision: str | None
+    promotion_status: str | None
+    promotion_reason: str | None
+    accounted_cost_usd: Decimal
+    runs_cost_usd: Decimal
+    compute_seconds: float
+    points_gained: float | None
+
+    @property
+    def is_open(self) -> bool:
+        return self.ended_at is None
+
+    @property
+    def current_stage(self) -> str:
+        """The stage the cycle is in (or ended in), read like the timeline reads it."""
+        return current_stage(self.stage, self.stage_timings)
+
+    @property
+    def cost_usd(self) -> Decimal:
+        """The accounted cost once the cycle is accounted, the cost of its runs until then."""
+        return self.accounted_cost_usd if self.accounted_cost_usd > 0 else self.runs_cost_usd
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()
+
+
+def _cycles_select(loop_id: int) -> Select[*tuple[Any, ...]]:
+    champion = aliased(Evaluation)
+    candidate = aliased(Evaluation)
+    runs_cost = (
+        select(Run.cycle_id, func.sum(Run.cost_usd).label("cost"))
+        .where(Run.loop_id == loop_id)
+        .group_by(Run.cycle_id)
+        .subquery()
+    )
+    return (
+        select(
+            Cycle,
+            champion.n.label("champion_n"),
+            champion.passed.label("champion_passed"),
+            candidate.n.label("candidate_n"),
+            candidate.passed.label("candidate_passed"),
+            Dataset.train_count,
+            Dataset.eval_count,
+            Promotion.decision,
+            Promotion.status.label("promotion_status"),
+            Promotion.reason.label("promotion_reason"),
+            func.coalesce(runs_cost.c.cost, 0).label("runs_cost"),
+        )
+        .outerjoin(
+            champion,
+            and_(
+                champion.cycle_id == Cycle.id,
+                champion.checkpoint_id == Cycle.champion_checkpoint_id,
+                champion.task_set == "eval",
+            ),
+        )
+        .outerjoin(
+            candidate,
+            and_(
+                candidate.cycle_id == Cycle.id,
+                candidate.checkpoint_id == Cycle.candidate_checkpoint_id,
+                candidate.task_set == "eval",
+            ),
+        )
+        .outerjoin(Dataset, Dataset.id == Cycle.dataset_id)
+        .outerjoin(Promotion, Promotion.cycle_id == Cycle.id)
+        .outerjoin(runs_cost, runs_cost.c.cycle_id == Cycle.id)
+        .where(Cycle.loop_id == loop_id)
+    )
+
+
+def loop_cycles(session: Session, *, loop_id: int, limit: int = 50) -> list[CycleRow]:
+    """The loop's latest cycles, newest first, with both evaluations and the gate's decision."""
+    statement = _cycles_select(loop_id).order_by(Cycle.number.desc()).limit(limit)
+    rows: list[CycleRow] = []
+    for row in session.execute(statement):
+        cycle: Cycle = row.Cycle
+        champion = (
+            EvalSummary(cycle.champion_checkpoint_id, row.champion_n, row.champion_passed)
+            if cycle.champion_checkpoint_id and row.champion_n is not None
+            else None
+        )
+        candidate = (
+            EvalSummary(cycle.candidate_checkpoint_id, row.candidate_n, row.candidate_passed)
+            if cycle.candidate_checkpoint_id and row.candidate_n is not None
+            else None
+        )
+        rows.append(
+            CycleRow(
+                number=cycle.number,
+                trigger=cycle.trigger,
+                stage=cycle.stage,
+                outcome=cycle.outcome,
+                outcome_detail=cycle.outcome_detail,
+                started_at=cycle.started_at,
+                ended_at=cycle.ended_at,
+                stage_timings=dict(cycle.stage_timings or {}),
+                workflow_id=cycle.workflow_id,
+                champion_checkpoint_id=cycle.champion_checkpoint_id,
+                candidate_checkpoint_id=cycle.candidate_checkpoint_id,
+                dataset_id=cycle.dataset_id,
+                train_count=row.train_count,
+                eval_count=row.eval_count,
+                champion=champion,
+                candidate=candidate,
+                decision=row.decision,
+                promotion_status=row.promotion_status,
+                promotion_reason=row.promotion_reason,
+                accounted_cost_usd=Decimal(cycle.cost_usd or 0),
+                runs_cost_usd=Decimal(row.runs_cost or 0),
+                compute_seconds=float(cycle.compute_seconds or 0),
+                points_gained=cycle.points_gained,
+            )
+        )
+    return rows
+
+
+# Live success rate ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveBucket:
+    """Outcomes of the traces received in one time bucket."""
+
+    start: dt.datetime
+    n: int
+    passed: int
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.n
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.passed, self.n)
+
+
+@dataclass(frozen=True)
+class LiveSeries:
+    """The live success rate over time, bucketed so the chart stays readable."""
+
+    start: dt.datetime
+    end: dt.datetime
+    width: dt.timedelta
+    buckets: list[LiveBucket] = field(default_factory=list)
+
+
+def bucket_width(span: dt.timedelta, *, max_buckets: int) -> dt.timedelta:
+    """The smallest round bucket width that cuts ``span`` into at most ``max_buckets``."""
+    if max_buckets < 1:
+        raise ValueError("max_buckets must be at least 1")
+    for width in _BUCKET_WIDTHS:
+        if span / width <= max_buckets:
+            return width
+    return _BUCKET_WIDTHS[-1]
+
+
+def live_success_series(
+    session: Session,
+    *,
+    loop_id: int,
+    window: dt.timedelta = dt.timedelta(days=7),
+    max_buckets: int = 60,
+) -> LiveSeries | None:
+    """Success rate of reported outcomes per time bucket, over the ``window`` that ends at
+    the latest reported outcome; ``None`` when no trace reported one."""
+    reported = and_(Trace.loop_id == loop_id, Trace.success.is_not(None))
+    end = session.scalar(select(func.max(Trace.received_at)).where(reported))
+    if end is None:
+        return None
+    start = session.scalar(
+        select(func.min(Trace.received_at)).where(reported, Trace.received_at >= end - window)
+    )
+    assert start is not None  # the latest outcome itself is in the window
+    width = bucket_width(end - start, max_buckets=max_buckets)
+    bucket = func.date_bin(width, Trace.received_at, _BUCKET_ORIGIN).label("bucket")
+    statement = (
+        select(bucket, func.count(), func.count().filter(Trace.success.is_(True)))
+        .where(reported, Trace.received_at >= start)
+        .group_by(bucket)
+        .order_by(bucket)
+    )
+    buckets = [LiveBucket(at, int(n), int(ok)) for at, n, ok in session.execute(statement)]
+    return LiveSeries(start=buckets[0].start, end=end, width=width, buckets=buckets)
+
+
+@dataclass(frozen=True)
+class LoopEvent:
+    """Something that moved the live success rate: a promotion, a rollback, a drift."""
+
+    at: dt.datetime
+    kind: str
+    label: str
+
+
+def loop_events(session: Session, *, loop_id: int, since: dt.datetime) -> list[LoopEvent]:
+    """Promotions (when deployed), rollbacks and drift-triggered cycles since ``since``."""
+    events: list[LoopEvent] = []
+    promotions = session.execute(
+        select(Promotion, Cycle.number)
+        .outerjoin(Cycle, Cycle.id == Promotion.cycle_id)
+        .where(Promotion.loop_id == loop_id)
+    )
+    for promotion, number in promotions:
+        cycle = f"cycle {number}" if number is not None else "operator"
+        if promotion.decision == "promote" and promotion.status not in ("rejected", "failed"):
+            at = promotion.deployed_at or promotion.decided_at
+            events.append(LoopEvent(at, "promote", f"{cycle}: promoted"))
+        if promotion.decision == "rollback" or promotion.rolled_back_at is not None:
+            at = promotion.rolled_back_at or promotion.decided_at
+            events.append(LoopEvent(at, "rollback", f"{cycle}: rolled back: {promotion.reason}"))
+    drifts = session.execute(
+        select(Cycle.number, Cycle.started_at).where(
+            Cycle.loop_id == loop_id, Cycle.trigger == "drift"
+        )
+    )
+    for number, started_at in drifts:
+        events.append(LoopEvent(started_at, "drift", f"cycle {number}: drift detected"))
+    return sorted((e for e in events if e.at >= since), key=lambda e: e.at)
+
+
+# Failure clusters -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterExample:
+    """A task of a cluster, shown by its (already redacted) prompt, never a raw trace."""
+
+    task_id: int
+    split: str
+    origin: str
+    prompt: str
+    truncated: bool
+    tools: list[str]
+    source_traces: int
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class FailureCluster:
+    """Tasks the curator grouped as one failure mode."""
+
+    cluster_id: str
+    tasks: int
+    train: int
+    eval: int
+    source_traces: int
+    signature: str | None
+    latest_at: dt.datetime
+    examples: list[ClusterExample]
+
+
+_CLUSTERS_SQL = text(
+    """
+SELECT t.cluster_id,
+       count(*) AS tasks,
+       count(*) FILTER (WHERE t.split = 'train') AS train,
+       count(*) FILTER (WHERE t.split = 'eval') AS eval,
+       mode() WITHIN GROUP (ORDER BY t.failure_signature) AS signature,
+       max(t.created_at) AS latest_at,
+       (SELECT count(DISTINCT ts.trace_id) FROM task_sources ts JOIN tasks t2 ON t2.id = ts.task_id
+        WHERE t2.loop_id = :loop_id AND t2.cluster_id = t.cluster_id) AS source_traces
+FROM tasks t
+WHERE t.loop_id = :loop_id
+GROUP BY t.cluster_id
+ORDER BY count(*) DESC, max(t.created_at) DESC, t.cluster_id
+LIMIT :limit
+"""
+)
+
+
+def _example(task: Task, source_traces: int) -> ClusterExample:
+    spec = task.spec or {}
+    prompt = spec.get("prompt")
+    prompt = prompt if isinstance(prompt, str) else ""
+    tools = [
+        str(tool.get("name"))
+        for tool in spec.get("tools") or []
+        if isinstance(tool, dict) and tool.get("name")
+    ]
+    return ClusterExample(
+        task_id=task.id,
+        split=task.split,
+        origin=task.origin,
+        prompt=prompt[:PROMPT_PREVIEW_CHARS],
+        truncated=len(prompt) > PROMPT_PREVIEW_CHARS,
+        tools=tools,
+        source_traces=source_traces,
+        created_at=task.created_at,
+    )
+
+
+def failure_clusters(
+    session: Session, *, loop_id: int, limit: int = 12, examples: int = 3
+) -> list[FailureCluster]:
+    """The largest clusters of curated tasks, each with its newest example tasks."""
+    rows = list(session.execute(_CLUSTERS_SQL, {"loop_id": loop_id, "limit": limit}).mappings())
+    if not rows:
+        return []
+    ranked = (
+        select(
+            Task,
+            func.row_number()
+            .over(partition_by=Task.cluster_id, order_by=(Task.created_at.desc(), Task.id.desc()))
+            .label("rank"),
+        )
+        .where(Task.loop_id == loop_id, Task.cluster_id.in_([r["cluster_id"] for r in rows]))
+        .subquery()
+    )
+    task_alias = aliased(Task, ranked)
+    source_count = (
+        select(func.count())
+        .select_from(TaskSource)
+        .where(TaskSource.task_id == ranked.c.id)
+        .scalar_subquery()
+    )
+    picked: dict[str, list[ClusterExample]] = {}
+    for task, sources in session.execute(
+        select(task_alias, source_count).where(ranked.c.rank <= examples).order_by(ranked.c.rank)
+    ):
+        picked.setdefault(task.cluster_id, []).append(_example(task, int(sources)))
+    return [
+        FailureCluster(
+            cluster_id=row["cluster_id"],
+            tasks=int(row["tasks"]),
+            train=int(row["train"]),
+            eval=int(row["eval"]),
+            source_traces=int(row["source_traces"]),
+            signature=row["signature"],
+            latest_at=row["latest_at"],
+            examples=picked.get(row["cluster_id"], []),
+        )
+        for row in rows
+    ]
+
+
+# Runs -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One job in the runs table."""
+
+    id: str
+    kind: str
+    status: str
+    executor: str
+    cycle_number: int | None
+    submitted_at: dt.datetime
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    compute_seconds: float
+    cost_usd: Decimal
+    error: str | None
+
+
+def recent_runs(session: Session, *, loop_id: int, limit: int = 25) -> list[RunRow]:
+    """The loop's latest jobs, newest first."""
+    statement = (
+        select(Run, Cycle.number)
+        .outerjoin(Cycle, Cycle.id == Run.cycle_id)
+        .where(Run.loop_id == loop_id)
+        .order_by(Run.submitted_at.desc(), Run.id)
+        .limit(limit)
+    )
+    return [
+        RunRow(
+            id=run.id,
+            kind=run.kind,
+            status=run.status,
+            executor=run.executor,
+            cycle_number=number,
+            submitted_at=run.submitted_at,
+            started_at=run.started_at,
+            ended_at=run.ended_at,
+            compute_seconds=float(run.compute_seconds or 0),
+            cost_usd=Decimal(run.cost_usd or 0),
+            error=run.error,
+        )
+        for run, number in session.execute(statement)
+    ]
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    """A job with what it produced: checkpoints (train) and evaluations (eval)."""
+
+    run: Run
+    cycle_number: int | None
+    checkpoints: list[Checkpoint]
+    evaluations: list[Evaluation]
+
+
+def run_detail(session: Session, *, loop_id: int, run_id: str) -> RunDetail | None:
+    """One run of the loop, or ``None`` (also when the run belongs to another loop)."""
+    found = session.execute(
+        select(Run, Cycle.number)
+        .outerjoin(Cycle, Cycle.id == Run.cycle_id)
+        .where(Run.id == run_id, Run.loop_id == loop_id)
+    ).one_or_none()
+    if found is None:
+        return None
+    run, number = found
+    checkpoints = list(
+        session.scalars(
+            select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.created_at)
+        )
+    )
+    evaluations = list(
+        session.scalars(
+            select(Evaluation).where(Evaluation.run_id == run_id).order_by(Evaluation.id)
+        )
+    )
+    return RunDetail(run=run, cycle_number=number, checkpoints=checkpoints, evaluations=evaluations)

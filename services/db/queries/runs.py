@@ -1,0 +1,225 @@
+"""Runs (jobs on executors) and checkpoints (their artifacts): upserts and reads.
+
+Every write is idempotent, because the activities calling them may run twice: a run id
+inserts one row however often it is submitted, a checkpoint id one row however often it
+is registered. Functions take the session keyword-only and never commit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from services.db.models import Checkpoint, Cycle, Loop, Run
+
+TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+
+
+class UnknownLoopError(LookupError):
+    """The loop named by a run does not exist."""
+
+
+def loop_id_for(*, session: Session, name: str) -> int:
+    """The id of the loop called ``name``; raises :class:`UnknownLoopError` if there is none."""
+    loop_id = session.scalar(select(Loop.id).where(Loop.name == name))
+    if loop_id is None:
+        raise UnknownLoopError(f"loop {name!r} does not exist")
+    return loop_id
+
+
+def cycle_id_for(*, session: Session, loop_id: int, number: int | None) -> int | None:
+    """The id of a loop's cycle ``number`` (None when not given or not recorded)."""
+    if number is None:
+        return None
+    return session.scalar(select(Cycle.id).where(Cycle.loop_id == loop_id, Cycle.number == number))
+
+
+def upsert_run(
+    *,
+    session: Session,
+    run_id: str,
+    loop_id: int,
+    kind: str,
+    executor: str,
+    spec: dict[str, Any],
+    cycle_id: int | None = None,
+    dataset_id: int | None = None,
+    base_checkpoint_id: str | None = None,
+    accelerators: int = 0,
+    output_uri: str | None = None,
+    logs_uri: str | None = None,
+) -> Run:
+    """Insert the run as ``pending`` unless it exists; return the row as stored.
+
+    An existing row is returned untouched: its executor, spec and status win over a retry's.
+    """
+    statement = (
+        insert(Run)
+        .values(
+            id=run_id,
+            loop_id=loop_id,
+            cycle_id=cycle_id,
+            dataset_id=dataset_id,
+            base_checkpoint_id=base_checkpoint_id,
+            kind=kind,
+            executor=executor,
+            spec=spec,
+            accelerators=accelerators,
+            output_uri=output_uri,
+            logs_uri=logs_uri,
+        )
+        .on_conflict_do_nothing(index_elements=[Run.id])
+    )
+    session.execute(statement)
+    run = get_run(session=session, run_id=run_id, for_update=True)
+    assert run is not None  # just inserted or already there
+    return run
+
+
+def get_run(*, session: Session, run_id: str, for_update: bool = False) -> Run | None:
+    statement = select(Run).where(Run.id == run_id).execution_options(populate_existing=True)
+    if for_update:
+        statement = statement.with_for_update()
+    return session.scalars(statement).one_or_none()
+
+
+def record_submission(
+    *, session: Session, run_id: str, handle: dict[str, Any], running: bool = False
+) -> None:
+    """Store the executor's handle (and mark running) unless the run already ended."""
+    values: dict[str, Any] = {"handle": handle}
+    if running:
+        values["status"] = "running"
+    session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status.not_in(TERMINAL_RUN_STATUSES))
+        .values(**values)
+    )
+
+
+def mark_running(*, session: Session, run_id: str, started_at: dt.datetime) -> None:
+    """Move a pending run to running (once: a later call keeps the first start time)."""
+    session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status.in_(("pending", "running")))
+        .values(status="running", started_at=func.coalesce(Run.started_at, started_at))
+    )
+
+
+def mark_cancel_requested(*, session: Session, run_id: str, ended_at: dt.datetime) -> bool:
+    """Record that the run was cancelled; False when it had already ended."""
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status.not_in(TERMINAL_RUN_STATUSES))
+        .values(status="cancelled", ended_at=ended_at, error="cancelled on request")
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def finish_run(
+    *,
+    session: Session,
+    run_id: str,
+    status: str,
+    error: str | None,
+    metrics: dict[str, Any],
+    compute_seconds: float,
+    cpu_seconds: float,
+    cost_usd: Decimal,
+    accelerators: int,
+    started_at: dt.datetime | None,
+    ended_at: dt.datetime | None,
+    output_uri: str | None = None,
+    logs_uri: str | None = None,
+) -> Run:
+    """Write a run's outcome and accounting. A run cancelled on request stays ``cancelled``."""
+    run = get_run(session=session, run_id=run_id, for_update=True)
+    if run is None:
+        raise LookupError(f"run {run_id!r} does not exist")
+    if run.status != "cancelled":
+        run.status = status
+        run.error = error
+    run.metrics = metrics
+    run.compute_seconds = compute_seconds
+    run.cpu_seconds = cpu_seconds
+    run.cost_usd = cost_usd
+    run.accelerators = accelerators
+    run.started_at = run.started_at or started_at
+    run.ended_at = ended_at or run.ended_at
+    if output_uri is not None:
+        run.output_uri = output_uri
+    if logs_uri is not None:
+        run.logs_uri = logs_uri
+    session.flush()
+    return run
+
+
+def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint | None:
+    return session.get(Checkpoint, checkpoint_id)
+
+
+def upsert_checkpoint(
+    *,
+    session: Session,
+    checkpoint_id: str,
+    loop_id: int,
+    uri: str,
+    fmt: str,
+    size_bytes: int,
+    sha256: str,
+    manifest: dict[str, Any],
+    parent_id: str | None = None,
+    run_id: str | None = None,
+) -> Checkpoint:
+    """Insert the checkpoint unless its id (a content hash) exists; return the stored row.
+
+    Equal content is one checkpoint: registering it again keeps the first row, including
+    the run that produced it first.
+    """
+    statement = (
+        insert(Checkpoint)
+        .values(
+            id=checkpoint_id,
+            loop_id=loop_id,
+            uri=uri,
+            parent_id=parent_id,
+            run_id=run_id,
+            format=fmt,
+            size_bytes=size_bytes,
+            sha256=sha256,
+            manifest=manifest,
+        )
+        .on_conflict_do_nothing(index_elements=[Checkpoint.id])
+    )
+    session.execute(statement)
+    checkpoint = session.scalars(
+        select(Checkpoint)
+        .where(Checkpoint.id == checkpoint_id)
+        .execution_options(populate_existing=True)
+    ).one()
+    return checkpoint
+
+
+def checkpoint_lineage(*, session: Session, checkpoint_id: str) -> list[Checkpoint]:
+    """The checkpoint and its ancestors, newest first, loaded with one recursive query."""
+    chain = (
+        select(Checkpoint.id, Checkpoint.parent_id)
+        .where(Checkpoint.id == checkpoint_id)
+        .cte("chain", recursive=True)
+    )
+    chain = chain.union_all(
+        select(Checkpoint.id, Checkpoint.parent_id).join(chain, Checkpoint.id == chain.c.parent_id)
+    )
+    rows = session.scalars(select(Checkpoint).where(Checkpoint.id.in_(select(chain.c.id))))
+    by_id = {checkpoint.id: checkpoint for checkpoint in rows}
+    lineage: list[Checkpoint] = []
+    current = by_id.get(checkpoint_id)
+    while current is not None and current not in lineage:
+        lineage.append(current)
+        current = by_id.get(current.parent_id) if current.parent_id else None
+    return lineage

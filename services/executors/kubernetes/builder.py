@@ -1,0 +1,326 @@
+"""The one place a Ratchet job becomes Kubernetes objects: pure functions, no API calls.
+
+:func:`build_job` turns a :class:`~services.executors.base.JobSpec` and the operator's
+:class:`~services.executors.kubernetes.template.JobTemplate` into a ``batch/v1`` Job, and
+:func:`build_headless_service` adds the Service a multi-node job needs for rendezvous.
+Being pure, both are tested by comparing dicts, and the launcher only sends what they built.
+
+Names derive from the run id (``ratchet-<kind>-<run>``, at most 63 characters, a hash
+suffix when the run id had to be shortened or changed to fit DNS rules), so a retried
+submit asks for the same name and finds the Job that is already there.
+
+Multi-node jobs are Indexed Jobs (completions = parallelism = nodes). Each pod gets the
+torchrun rendezvous environment: ``MASTER_ADDR`` is index 0's stable hostname through the
+headless Service (``<job>-0.<service>``), ``NNODES``, ``NPROC_PER_NODE``, and ``NODE_RANK``
+from the pod's completion index; the same values as ``PET_*`` so a bare ``torchrun`` in the
+template's command picks them up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import PurePosixPath
+from typing import Any
+
+from services.executors.base import CONFIG_EXIT_CODES, JobSpec, JobSpecError
+from services.executors.kubernetes.template import GPU_RESOURCE, JobTemplate
+
+MAX_NAME_LENGTH = 63
+CONTAINER_NAME = "job"
+ARTIFACTS_VOLUME = "artifacts"
+RENDEZVOUS_PORT = 29500
+
+LABEL_LOOP = "ratchet.dev/loop"
+LABEL_RUN = "ratchet.dev/run"
+LABEL_CYCLE = "ratchet.dev/cycle"
+LABEL_KIND = "ratchet.dev/kind"
+LABEL_JOB_NAME = "ratchet.dev/job-name"
+ANNOTATION_RUN_ID = "ratchet.dev/run-id"
+ANNOTATION_CANCEL = "ratchet.dev/cancel-requested-at"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+_INVALID = re.compile(r"[^a-z0-9-]+")
+_LABEL_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _digest(text: str, length: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def _dns_part(text: str) -> str:
+    return _INVALID.sub("-", text.lower()).strip("-")
+
+
+def job_name(kind: str, run_id: str, *, nodes: int = 1) -> str:
+    """``ratchet-<kind>-<run>``: deterministic, a valid DNS label, unique per run id.
+
+    Indexed pods are named ``<job>-<index>`` as hostnames, so multi-node names leave room
+    for the index within the 63 characters.
+    """
+    limit = MAX_NAME_LENGTH - (len(f"-{nodes - 1}") if nodes > 1 else 0)
+    part = _dns_part(run_id)
+    name = f"ratchet-{_dns_part(kind)}-{part}"
+    if part == run_id and len(name) <= limit:
+        return name
+    suffix = _digest(run_id)
+    return f"{name[: limit - len(suffix) - 1].rstrip('-')}-{suffix}"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value (at most 63 characters; shortened with a hash suffix)."""
+    value = _LABEL_INVALID.sub("-", text).strip("-._")
+    if value == text and len(value) <= MAX_NAME_LENGTH:
+        return value
+    suffix = _digest(text)
+    return f"{value[: MAX_NAME_LENGTH - len(suffix) - 1].rstrip('-._')}-{suffix}"
+
+
+def ratchet_labels(spec: JobSpec, name: str) -> dict[str, str]:
+    """The labels every object of a job carries (low cardinality first, the run last)."""
+    labels = {
+        "app.kubernetes.io/name": "ratchet",
+        "app.kubernetes.io/component": f"{spec.job_kind}-job",
+        "app.kubernetes.io/part-of": "ratchet",
+        "app.kubernetes.io/managed-by": "ratchet",
+        "app.kubernetes.io/instance": name,
+        LABEL_LOOP: label_value(spec.loop),
+        LABEL_KIND: spec.kind,
+        LABEL_RUN: label_value(spec.run_id),
+    }
+    if spec.cycle is not None:
+        labels[LABEL_CYCLE] = str(spec.cycle)
+    return labels
+
+
+def gpus_per_node(spec: JobSpec, template: JobTemplate) -> int:
+    """The template decides GPUs per node; without one, the job's declared accelerators."""
+    return template.gpus_per_node or spec.accelerators
+
+
+def default_pod_failure_policy() -> dict[str, Any]:
+    """Disruptions (preemption, node drain) do not count; a config exit code fails at once."""
+    return {
+        "rules": [
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER_NAME,
+                    "operator": "In",
+                    "values": list(CONFIG_EXIT_CODES),
+                },
+            },
+        ]
+    }
+
+
+def _check_paths(spec: JobSpec, template: JobTemplate) -> None:
+    """The job must find its files on the shared volume at the same paths as the worker."""
+    mount = PurePosixPath(template.artifacts.mount_path)
+    paths = {
+        "run dir": str(spec.run_dir),
+        "output dir": str(spec.output_dir),
+        "logs dir": str(spec.logs_dir),
+    }
+    if spec.dataset:
+        paths["dataset"] = spec.dataset
+    if spec.base_checkpoint:
+        paths["base checkpoint"] = spec.base_checkpoint
+    for what, path in paths.items():
+        if not PurePosixPath(path).is_relative_to(mount):
+            raise JobSpecError(
+                f"the job's {what} {path} is not under the artifacts volume mounted at {mount}; "
+                "set RATCHET_ARTIFACT_ROOT to the mount path so the worker and the job see "
+                "the same files"
+            )
+
+
+def _resources(spec: JobSpec, template: JobTemplate) -> dict[str, Any]:
+    requests = {key: str(value) for key, value in template.resources.requests.items()}
+    limits = {key: str(value) for key, value in template.resources.limits.items()}
+    gpus = gpus_per_node(spec, template)
+    if gpus:
+        limits[GPU_RESOURCE] = str(gpus)
+        if GPU_RESOURCE in requests:
+            requests[GPU_RESOURCE] = str(gpus)
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def _env(spec: JobSpec, template: JobTemplate, name: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": var.name, "value": var.value} for var in template.env]
+    env += [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
+    env += [{"name": key, "value": value} for key, value in sorted(spec.contract_env().items())]
+    if spec.nodes > 1:
+        env += _rendezvous_env(spec, template, name)
+    return env
+
+
+def _rendezvous_env(spec: JobSpec, template: JobTemplate, name: str) -> list[dict[str, Any]]:
+    """torchrun's rendezvous: index 0's hostname through the headless Service."""
+    index_ref = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+    values = {
+        "MASTER_ADDR": f"{name}-0.{name}",
+        "MASTER_PORT": str(RENDEZVOUS_PORT),
+        "NNODES": str(spec.nodes),
+        "NPROC_PER_NODE": str(max(1, gpus_per_node(spec, template))),
+    }
+    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in values.items()]
+    env.append({"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index_ref}}})
+    for key in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPROC_PER_NODE", "NODE_RANK"):
+        env.append({"name": f"PET_{key}", "value": f"$({key})"})
+    return env
+
+
+JOB_UID = 10001  # the user of docker/Dockerfile.job
+
+
+def _pod_spec(spec: JobSpec, template: JobTemplate, name: str) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": template.image,
+        "imagePullPolicy": template.image_pull_policy,
+        "command": [*template.command, spec.job_kind, "--spec", str(spec.spec_path)],
+        "env": _env(spec, template, name),
+        "volumeMounts": [{"name": ARTIFACTS_VOLUME, "mountPath": template.artifacts.mount_path}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    resources = _resources(spec, template)
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        # The job image runs as uid 10001; fsGroup makes the artifact volume writable by it.
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": JOB_UID,
+            "runAsGroup": JOB_UID,
+            "fsGroup": JOB_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {
+                "name": ARTIFACTS_VOLUME,
+                "persistentVolumeClaim": {"claimName": template.artifacts.claim_name},
+            }
+        ],
+    }
+    if template.service_account_name:
+        pod["serviceAccountName"] = template.service_account_name
+    if template.priority_class_name:
+        pod["priorityClassName"] = template.priority_class_name
+    if template.node_selector:
+        pod["nodeSelector"] = dict(template.node_selector)
+    if template.tolerations:
+        pod["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in template.tolerations
+        ]
+    if spec.nodes > 1:
+        pod["subdomain"] = name
+    return pod
+
+
+def build_job(spec: JobSpec, template: JobTemplate, *, namespace: str) -> dict[str, Any]:
+    """The ``batch/v1`` Job for ``spec``: same inputs, same object, every time."""
+    _check_paths(spec, template)
+    name = job_name(spec.kind, spec.run_id, nodes=spec.nodes)
+    labels = {**template.labels, **ratchet_labels(spec, name)}
+    annotations = {**template.annotations, ANNOTATION_RUN_ID: spec.run_id}
+    job_labels = dict(labels)
+    if template.kueue is not None:
+        job_labels[KUEUE_QUEUE_LABEL] = template.kueue.queue_name
+    job_spec: dict[str, Any] = {
+        "backoffLimit": template.backoff_limit,
+        "completions": spec.nodes,
+        "parallelism": spec.nodes,
+        "podFailurePolicy": template.pod_failure_policy or default_pod_failure_policy(),
+        "template": {
+            "metadata": {"labels": {**labels, LABEL_JOB_NAME: name}, "annotations": annotations},
+            "spec": _pod_spec(spec, template, name),
+        },
+    }
+    if spec.nodes > 1:
+        job_spec["completionMode"] = "Indexed"
+    if template.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = template.active_deadline_seconds
+    if template.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = template.ttl_seconds_after_finished
+    if template.kueue is not None:
+        job_spec["suspend"] = True  # Kueue admits it by unsuspending
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": job_labels,
+            "annotations": annotations,
+        },
+        "spec": job_spec,
+    }
+
+
+def build_headless_service(
+    spec: JobSpec,
+    template: JobTemplate,
+    *,
+    namespace: str,
+    owner_uid: str | None = None,
+) -> dict[str, Any] | None:
+    """The headless Service giving a multi-node job's pods stable DNS names; None for one node.
+
+    With ``owner_uid`` the Job owns the Service, so deleting the Job deletes it too.
+    """
+    if spec.nodes <= 1:
+        return None
+    name = job_name(spec.kind, spec.run_id, nodes=spec.nodes)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**template.labels, **ratchet_labels(spec, name)},
+        "annotations": {ANNOTATION_RUN_ID: spec.run_id},
+    }
+    if owner_uid:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": name,
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB_NAME: name},
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": RENDEZVOUS_PORT,
+                    "targetPort": RENDEZVOUS_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }

@@ -1,0 +1,7 @@
+"""``python -m services.serving --checkpoint DIR``: the model server (as ``ratchet serve``)."""
+
+import sys
+
+from services.cli.serve import main
+
+sys.exit(main())

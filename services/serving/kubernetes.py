@@ -1,0 +1,323 @@
+"""The Kubernetes serving target: a Deployment whose pods serve the model named in their spec.
+
+``deploy(checkpoint)`` patches the Deployment: the model URI goes into the container's
+environment variable (``RATCHET_MODEL_URI`` by default) and, with the version, into
+annotations on the pod template (which is what rolls the pods) and on the Deployment (which
+records the previous model for ``rollback``). It then watches the rollout to completion, as
+``kubectl rollout status`` does (observed generation caught up, every replica updated and
+available, no ``ProgressDeadlineExceeded``), and finally verifies the served version: through
+the model servers' ``/v1/model`` when ``version_url`` is set, else from the live template.
+
+``rollback()`` deploys the previous model recorded on the Deployment. Ratchet owns only the
+model fields of the Deployment: a rollback restores the previous *model*, not the whole
+previous pod template, so an operator's unrelated change (image, resources) is never
+reverted by a model rollback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from services.executors.base import ExecutorError
+from services.executors.kubernetes.api import api_reason, watch_object
+from services.metrics import SERVING_SWAP_DURATION
+from services.serving.base import (
+    CheckpointRef,
+    DeployFailed,
+    DeployOutcome,
+    ServedVersion,
+    ServingUnavailable,
+)
+
+logger = logging.getLogger(__name__)
+
+ANNOTATION_VERSION = "ratchet.dev/model-version"
+ANNOTATION_URI = "ratchet.dev/model-uri"
+ANNOTATION_PREVIOUS_VERSION = "ratchet.dev/previous-model-version"
+ANNOTATION_PREVIOUS_URI = "ratchet.dev/previous-model-uri"
+CHANGE_CAUSE = "kubernetes.io/change-cause"
+RETRYABLE = frozenset({0, 408, 429, 500, 502, 503, 504})
+
+
+class KubernetesServingTarget:
+    """Deploys checkpoints to one Deployment and verifies the rollout."""
+
+    kind = "kubernetes"
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        namespace: str,
+        deployment: str,
+        container: str | None = None,
+        env_var: str = "RATCHET_MODEL_URI",
+        version_url: str | None = None,
+        rollout_timeout_s: float = 600.0,
+        verify_timeout_s: float = 60.0,
+        watch_read_slack_s: float = 5.0,
+    ) -> None:
+        self._api_client = api_client
+        self._apps = client.AppsV1Api(api_client)
+        self._namespace = namespace
+        self._name = deployment
+        self._container = container
+        self._env_var = env_var
+        self._version_url = version_url
+        self._rollout_timeout_s = rollout_timeout_s
+        self._verify_timeout_s = verify_timeout_s
+        self._watch_read_slack_s = watch_read_slack_s
+
+    # ServingTarget -----------------------------------------------------------------------
+
+    def current(self) -> ServedVersion | None:
+        annotations = self._read()["metadata"].get("annotations") or {}
+        version = annotations.get(ANNOTATION_VERSION)
+        if not version:
+            return None
+        return ServedVersion(
+            version=version,
+            uri=annotations.get(ANNOTATION_URI),
+            previous_version=annotations.get(ANNOTATION_PREVIOUS_VERSION),
+        )
+
+    def deploy(self, checkpoint: CheckpointRef) -> DeployOutcome:
+        started = time.perf_counter()
+        deployment = self._read()
+        annotations = deployment["metadata"].get("annotations") or {}
+        current = annotations.get(ANNOTATION_VERSION)
+        changed = current != checkpoint.id
+        if changed:
+            deployment = self._patch(deployment, checkpoint, previous=annotations)
+        self._wait_for_rollout(deployment)
+        self._verify(checkpoint.id)
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        SERVING_SWAP_DURATION.observe(latency_ms / 1000.0)
+        logger.info(
+            "deployment %s/%s serves %s (%.0f ms)",
+            self._namespace,
+            self._name,
+            checkpoint.id[:12],
+            latency_ms,
+        )
+        return DeployOutcome(
+            version=checkpoint.id,
+            previous_version=current,
+            latency_ms=latency_ms,
+            changed=changed,
+            details={"generation": deployment["metadata"].get("generation")},
+        )
+
+    def rollback(self) -> DeployOutcome:
+        annotations = self._read()["metadata"].get("annotations") or {}
+        version = annotations.get(ANNOTATION_PREVIOUS_VERSION)
+        uri = annotations.get(ANNOTATION_PREVIOUS_URI)
+        if not version or not uri:
+            raise DeployFailed(
+                f"deployment {self._namespace}/{self._name} records no previous model to "
+                "roll back to"
+            )
+        return self.deploy(CheckpointRef(id=version, uri=uri))
+
+    def stats(self) -> dict[str, Any]:
+        deployment = self._read()
+        status = deployment.get("status") or {}
+        annotations = deployment["metadata"].get("annotations") or {}
+        return {
+            "model_version": annotations.get(ANNOTATION_VERSION),
+            "replicas": (deployment.get("spec") or {}).get("replicas", 1),
+            "ready_replicas": status.get("readyReplicas", 0),
+            "updated_replicas": status.get("updatedReplicas", 0),
+            "available_replicas": status.get("availableReplicas", 0),
+        }
+
+    # Steps -------------------------------------------------------------------------------
+
+    def _patch(
+        self, deployment: dict[str, Any], checkpoint: CheckpointRef, *, previous: dict[str, str]
+    ) -> dict[str, Any]:
+        """Set the model in env and annotations; a JSON merge patch with the full container list.
+
+        Lists are replaced whole by a merge patch, so the containers go complete (only the
+        model variable changed), and the resourceVersion makes a concurrent edit a conflict
+        instead of a lost update.
+        """
+        spec = deployment.get("spec") or {}
+        containers = [dict(c) for c in spec["template"]["spec"]["containers"]]
+        target = self._target_container(containers)
+        env = [e for e in target.get("env") or [] if e.get("name") != self._env_var]
+        target["env"] = [*env, {"name": self._env_var, "value": checkpoint.uri}]
+        model_annotations = {ANNOTATION_VERSION: checkpoint.id, ANNOTATION_URI: checkpoint.uri}
+        metadata: dict[str, Any] = {
+            "annotations": {
+                **model_annotations,
+                ANNOTATION_PREVIOUS_VERSION: previous.get(ANNOTATION_VERSION),
+                ANNOTATION_PREVIOUS_URI: previous.get(ANNOTATION_URI),
+                CHANGE_CAUSE: f"ratchet: serve checkpoint {checkpoint.id[:12]}",
+            }
+        }
+        version = deployment["metadata"].get("resourceVersion")
+        if version:
+            metadata["resourceVersion"] = version
+        body: Any = {
+            "metadata": metadata,
+            "spec": {
+                "template": {
+                    "metadata": {"annotations": model_annotations},
+                    "spec": {"containers": containers},
+                }
+            },
+        }
+        try:
+            patched = self._apps.patch_namespaced_deployment(
+                self._name,
+                self._namespace,
+                body,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            raise self._error(exc, "patch") from exc
+        except Exception as exc:
+            raise ServingUnavailable(f"cannot reach the Kubernetes API: {exc}") from exc
+        return _json(patched)
+
+    def _target_container(self, containers: list[dict[str, Any]]) -> dict[str, Any]:
+        if self._container is None:
+            if len(containers) != 1:
+                raise DeployFailed(
+                    f"deployment {self._name} has {len(containers)} containers; set the "
+                    "serving target's `container` to the model server's"
+                )
+            return containers[0]
+        for container in containers:
+            if container.get("name") == self._container:
+                return container
+        raise DeployFailed(f"deployment {self._name} has no container {self._container!r}")
+
+    def _wait_for_rollout(self, deployment: dict[str, Any]) -> None:
+        """Watch until the rollout completes; raise if it fails or times out."""
+        deadline = time.monotonic() + self._rollout_timeout_s
+        latest: dict[str, Any] | None = deployment
+        version: str | None = None
+        while True:
+            state = rollout_state(latest)
+            if state == "complete":
+                return
+            if state != "progressing":
+                raise DeployFailed(
+                    f"rollout of {self._namespace}/{self._name} failed: {state}; run "
+                    f"`kubectl -n {self._namespace} describe deployment {self._name}`"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeployFailed(
+                    f"rollout of {self._namespace}/{self._name} did not complete within "
+                    f"{self._rollout_timeout_s:.0f}s"
+                )
+            try:
+                observed = watch_object(
+                    self._apps.list_namespaced_deployment,
+                    namespace=self._namespace,
+                    name=self._name,
+                    api_client=self._api_client,
+                    resource_version=version,
+                    timeout_s=min(remaining, 30.0),
+                    changed=lambda obj: rollout_state(obj) != "progressing",
+                    read_slack_s=self._watch_read_slack_s,
+                )
+            except ApiException as exc:
+                raise self._error(exc, "watch") from exc
+            except ExecutorError as exc:
+                raise ServingUnavailable(str(exc)) from exc
+            except Exception as exc:
+                raise ServingUnavailable(f"watching the rollout failed: {exc}") from exc
+            version = observed.resource_version
+            latest = observed.obj
+            if latest is None:
+                raise DeployFailed(f"deployment {self._namespace}/{self._name} was deleted")
+
+    def _verify(self, version: str) -> None:
+        """The version really served: from the model servers, else from the live template."""
+        if self._version_url is None:
+            template = (self._read().get("spec") or {}).get("template") or {}
+            served = ((template.get("metadata") or {}).get("annotations") or {}).get(
+                ANNOTATION_VERSION
+            )
+            if served != version:
+                raise DeployFailed(f"deployment template serves {served!r}, expected {version!r}")
+            return
+        deadline = time.monotonic() + self._verify_timeout_s
+        served = None
+        while time.monotonic() < deadline:
+            try:
+                response = httpx.get(self._version_url, timeout=5.0)
+                served = response.json().get("model_version")
+            except (httpx.HTTPError, ValueError):
+                served = None
+            if served == version:
+                return
+            time.sleep(0.5)
+        raise DeployFailed(
+            f"rollout completed but {self._version_url} serves {served!r}, expected {version!r}"
+        )
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            response = self._apps.read_namespaced_deployment(
+                self._name, self._namespace, _preload_content=False
+            )
+        except ApiException as exc:
+            raise self._error(exc, "read") from exc
+        except Exception as exc:
+            raise ServingUnavailable(f"cannot reach the Kubernetes API: {exc}") from exc
+        return _json(response)
+
+    def _error(self, exc: ApiException, action: str) -> Exception:
+        message = (
+            f"{action} deployment {self._namespace}/{self._name}: Kubernetes API answered "
+            f"{exc.status} ({api_reason(exc)})"
+        )
+        if int(exc.status or 0) in RETRYABLE or exc.status == 409:
+            return ServingUnavailable(message)
+        return DeployFailed(message)
+
+
+def rollout_state(deployment: dict[str, Any] | None) -> str:
+    """``complete``, ``progressing``, or why the rollout failed (kubectl's rollout status)."""
+    if deployment is None:
+        return "deleted"
+    metadata = deployment.get("metadata") or {}
+    spec = deployment.get("spec") or {}
+    status = deployment.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Progressing" and condition.get("reason") == (
+            "ProgressDeadlineExceeded"
+        ):
+            return f"progress deadline exceeded ({condition.get('message', '')})"
+    if int(status.get("observedGeneration") or 0) < int(metadata.get("generation") or 0):
+        return "progressing"
+    replicas = int(spec.get("replicas", 1))
+    updated = int(status.get("updatedReplicas") or 0)
+    if updated < replicas:
+        return "progressing"
+    if int(status.get("replicas") or 0) > updated:
+        return "progressing"  # old replicas are still terminating
+    if int(status.get("availableReplicas") or 0) < updated:
+        return "progressing"
+    return "complete"
+
+
+def _json(response: Any) -> dict[str, Any]:
+    try:
+        data = json.loads(response.data)
+    finally:
+        response.release_conn()
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,213 @@
+"""`ratchet up` as a user runs it: real processes, a fresh state dir, kill -9, restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from services.local.binaries import temporal_cli_path
+from tests.support import assert_eventually
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class UpProcess:
+    env: dict[str, str]
+    state_dir: Path
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.env['RATCHET_API_PORT']}"
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "services", "up"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        def ready() -> None:
+            assert self.process is not None and self.process.poll() is None, self.log.read_text()
+            try:
+                response = httpx.get(f"{self.api}/readyz", timeout=2)
+            except httpx.HTTPError as exc:
+                raise AssertionError(str(exc)) from exc
+            assert response.status_code == 200, response.text
+
+        assert_eventually(ready, timeout=timeout, interval=0.5)
+
+    def kill_group(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                return self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+                return -9
+        return self.process.returncode
+
+    def database_url(self) -> str:
+        return f"postgresql://postgres:@/postgres?host={self.state_dir / 'postgres'}"
+
+
+def _stack_env(state_dir: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RATCHET_")}
+    env.update(
+        RATCHET_STATE_DIR=str(state_dir),
+        RATCHET_API_PORT=str(free_port()),
+        RATCHET_WORKER_PORT=str(free_port()),
+        RATCHET_TEMPORAL_PORT=str(free_port()),
+        RATCHET_TEMPORAL_UI_PORT=str(free_port()),
+        RATCHET_LOG_FORMAT="text",
+    )
+    return env
+
+
+def _stop_leftover_postgres(state_dir: Path) -> None:
+    """pg_ctl may leave the postmaster outside the killed group; stop it by its data dir."""
+    import pgserver
+
+    data = state_dir / "postgres"
+    if (data / "postmaster.pid").exists():
+        server = pgserver.get_server(data, cleanup_mode="stop")
+        server.cleanup()
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[UpProcess]:
+    state_dir = tmp_path / "state"
+    stack = UpProcess(_stack_env(state_dir), state_dir, tmp_path / "up.log")
+    yield stack
+    if stack.process is not None:
+        stack.stop()
+    _stop_leftover_postgres(state_dir)
+
+
+def test_up_serves_survives_kill9_and_keeps_data(up: UpProcess) -> None:
+    up.start()
+    up.wait_ready(timeout=90)
+    output = up.log.read_text()
+    assert "Ratchet is up." in output
+    assert f"Temporal Web UI   http://127.0.0.1:{up.env['RATCHET_TEMPORAL_UI_PORT']}" in output
+
+    health = subprocess.run(
+        [
+            str(temporal_cli_path()),
+            "operator",
+            "cluster",
+            "health",
+            "--address",
+            f"127.0.0.1:{up.env['RATCHET_TEMPORAL_PORT']}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "SERVING" in health.stdout, health.stdout + health.stderr
+    ui = httpx.get(f"http://127.0.0.1:{up.env['RATCHET_TEMPORAL_UI_PORT']}/", timeout=10)
+    assert ui.status_code == 200
+    worker = httpx.get(f"http://127.0.0.1:{up.env['RATCHET_WORKER_PORT']}/readyz", timeout=10)
+    assert worker.status_code == 200
+
+    with psycopg.connect(up.database_url(), autocommit=True) as conn:
+        conn.execute("INSERT INTO loops (name, environment) VALUES ('survivor', 'toolcalc')")
+
+    up.kill_group()
+    up.start()
+    up.wait_ready(timeout=90)
+    with psycopg.connect(up.database_url()) as conn:
+        names = [row[0] for row in conn.execute("SELECT name FROM loops")]
+    assert names == ["survivor"]
+
+    assert up.stop() == 0
+    assert "Traceback" not in up.log.read_text()
+
+
+def _run_up(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services", "up"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    error_lines = [
+        line for line in result.stderr.splitlines() if line.startswith("ratchet: error:")
+    ]
+    assert len(error_lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in error_lines[0]
+
+
+def test_port_in_use(tmp_path: Path) -> None:
+    env = _stack_env(tmp_path / "state")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", int(env["RATCHET_API_PORT"])))
+        busy.listen()
+        result = _run_up(env)
+    _assert_one_clear_line(result, "RATCHET_API_PORT", "already in use")
+
+
+def test_unwritable_state_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = _run_up(_stack_env(blocker / "state"))
+    _assert_one_clear_line(result, "RATCHET_STATE_DIR", "not writable")
+
+
+def test_unreachable_postgres(tmp_path: Path) -> None:
+    env = _stack_env(tmp_path / "state")
+    env["RATCHET_DATABASE_URL"] = f"postgresql://ratchet@127.0.0.1:{free_port()}/ratchet"
+    result = _run_up(env)
+    _assert_one_clear_line(result, "RATCHET_DATABASE_URL", "not reachable")
+
+
+def test_unreachable_temporal(tmp_path: Path, database_url: str) -> None:
+    env = _stack_env(tmp_path / "state")
+    env["RATCHET_DATABASE_URL"] = database_url
+    env["RATCHET_TEMPORAL_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    result = _run_up(env)
+    _assert_one_clear_line(result, "RATCHET_TEMPORAL_ADDRESS", "not reachable")
+
+
+def test_bad_setting(tmp_path: Path) -> None:
+    env = _stack_env(tmp_path / "state")
+    env["RATCHET_API_PORT"] = "not-a-port"
+    result = _run_up(env)
+    _assert_one_clear_line(result, "RATCHET_API_PORT")

@@ -1,0 +1,57 @@
+"""Serving targets built from a loop's ``serving_target`` configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from services.serving.base import CheckpointRef, DeployFailed
+from services.serving.kubernetes import KubernetesServingTarget
+from services.serving.local import LocalServingTarget
+from services.serving.targets import ServingTargets
+from services.settings import Settings
+from tests.services.executors.kube_cluster import EmulatedCluster
+from tests.services.serving.conftest import ServerThread
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(state_dir=tmp_path / "state", kubernetes_namespace="serving")
+
+
+def test_a_local_target_deploys_and_returns_the_verified_version(
+    serve: Callable[..., ServerThread], checkpoints: list[CheckpointRef], settings: Settings
+) -> None:
+    server = serve(checkpoints[0])
+    deploy = ServingTargets(settings, start_local_server=False)
+    config = {"kind": "local", "url": server.url}
+
+    served = deploy(config, checkpoints[1].id, checkpoints[1].uri)
+
+    assert served == checkpoints[1].id
+    assert isinstance(deploy.target(config), LocalServingTarget)
+    assert deploy.target(config) is deploy.target(dict(config))  # built once
+
+
+def test_no_serving_target_keeps_the_champion_offline(settings: Settings) -> None:
+    assert ServingTargets(settings)({"kind": "none"}, "c" * 64, "file:///c") == "c" * 64
+
+
+def test_unknown_and_incomplete_targets_are_refused(settings: Settings) -> None:
+    targets = ServingTargets(settings, kubernetes_client=lambda: None)
+    with pytest.raises(DeployFailed, match="kind 'ssh'"):
+        targets.target({"kind": "ssh"})
+    with pytest.raises(DeployFailed, match="needs `deployment`"):
+        targets.target({"kind": "kubernetes"})
+
+
+def test_a_kubernetes_target_uses_the_settings_namespace(settings: Settings) -> None:
+    with EmulatedCluster() as cluster:
+        targets = ServingTargets(settings, kubernetes_client=lambda: cluster.api_client)
+        target = targets.target({"kind": "kubernetes", "deployment": "model"})
+        assert isinstance(target, KubernetesServingTarget)
+        # The namespace came from RATCHET_KUBERNETES_NAMESPACE: the read goes there.
+        with pytest.raises(DeployFailed, match="serving/model: Kubernetes API answered 404"):
+            target.current()

@@ -1,0 +1,155 @@
+"""The dependency rules of STYLE.md, enforced by walking every import."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STDLIB = set(sys.stdlib_module_names)
+
+WORKFLOW_MODULES = ["loop", "curate", "train", "evaluate", "promote"]
+# Packages that run inside a GPU job image with no database.
+JOB_PACKAGES = ["services/training", "services/environments"]
+JOB_MODULES = [
+    "services/evaluation/stats.py",
+    "services/evaluation/evaluator.py",
+    "services/evaluation/job.py",
+]
+JOB_ALLOWED = {
+    "torch",
+    "safetensors",
+    "services.training",
+    "services.environments",
+    "services.evaluation",
+}
+
+
+def imports_of(path: Path) -> list[str]:
+    """Every module name a file imports, at any depth (function-level imports too)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def python_files(*roots: str) -> list[Path]:
+    files: list[Path] = []
+    for root in roots:
+        base = ROOT / root
+        files.extend([base] if base.is_file() else sorted(base.rglob("*.py")))
+    return [path for path in files if path.exists()]
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_services_never_import_workflows() -> None:
+    # The CLI (the composition entry point) and the api (starts and signals workflows) may.
+    offenders = []
+    for path in python_files("services"):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith(("services/cli/", "services/api/")):
+            continue
+        offenders += [
+            f"{relative}: {name}" for name in imports_of(path) if top(name) == "workflows"
+        ]
+    assert offenders == []
+
+
+def test_api_imports_only_shared_and_workflow_classes() -> None:
+    allowed = {"workflows.shared", *(f"workflows.{module}" for module in WORKFLOW_MODULES)}
+    offenders = []
+    for path in python_files("services/api"):
+        offenders += [
+            f"{path.relative_to(ROOT)}: {name}"
+            for name in imports_of(path)
+            if top(name) == "workflows" and name not in allowed
+        ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("module", WORKFLOW_MODULES)
+def test_workflow_modules_import_only_temporal_and_shared(module: str) -> None:
+    path = ROOT / "workflows" / f"{module}.py"
+    if not path.exists():
+        pytest.fail(f"workflows/{module}.py is missing")
+    allowed_prefixes = (
+        "temporalio",
+        "workflows.shared",
+        "workflows.activities",
+        "services.temporal",
+    )
+    allowed_workflows = {f"workflows.{name}" for name in WORKFLOW_MODULES}
+    offenders = [
+        name
+        for name in imports_of(path)
+        if top(name) not in STDLIB
+        and not name.startswith(allowed_prefixes)
+        and name not in allowed_workflows
+    ]
+    assert offenders == []
+
+
+def test_jobs_import_torch_and_stdlib_only() -> None:
+    offenders = []
+    for path in python_files(*JOB_PACKAGES, *JOB_MODULES):
+        for name in imports_of(path):
+            if top(name) in STDLIB or top(name) == "__future__":
+                continue
+            if any(name == allowed or name.startswith(allowed + ".") for allowed in JOB_ALLOWED):
+                continue
+            offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert offenders == []
+
+
+def test_only_settings_reads_the_environment() -> None:
+    allowed = {
+        "services/settings.py",
+        # Jobs read the job contract's variables (they get no settings object).
+        *(p.relative_to(ROOT).as_posix() for p in python_files(*JOB_PACKAGES, *JOB_MODULES)),
+    }
+    offenders = []
+    for path in python_files("services", "workflows"):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative in allowed:
+            continue
+        source = path.read_text()
+        if "os.environ[" in source or "os.getenv(" in source or "os.environ.get(" in source:
+            offenders.append(relative)
+    # The embedded stack hands its children an environment (it copies, never reads settings).
+    assert [o for o in offenders if o != "services/local/stack.py"] == []
+
+
+def test_nothing_is_built_at_import_time() -> None:
+    """Importing every module with broken settings must not fail: settings load lazily."""
+    modules = sorted(
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for path in python_files("services", "workflows")
+        if path.name != "__main__.py"
+    )
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    env = {
+        "PATH": sysconfig.get_path("scripts"),
+        "RATCHET_API_PORT": "not-a-port",
+        "RATCHET_DATABASE_URL": "mysql://nope",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code, *modules],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

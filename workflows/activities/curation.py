@@ -1,0 +1,231 @@
+"""Activities of curation: a batch of traces, a dataset snapshot, the drift signal, pending work.
+
+They are synchronous (SQLAlchemy) and run in the worker's thread pool. Each one is
+idempotent, and its docstring says why. Configuration errors that no retry can fix (an
+unknown loop, an invalid policy, an unknown environment) are raised as non-retryable
+``ApplicationError`` so the workflow fails visibly instead of retrying forever; bad traces
+never fail an activity, they are rejected one by one with a recorded reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.orm import Session
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from services.artifacts import ArtifactStore
+from services.curation import pipeline
+from services.curation.adapters import AdapterResolver, TraceAdapter, default_resolver
+from services.curation.drift import DriftPolicyError, read_drift
+from services.curation.policy import CurationPolicy, CurationPolicyError
+from services.curation.snapshot import SnapshotError, snapshot
+from services.db.models import Loop
+from services.db.queries import curation as q
+from services.db.session import SessionFactory
+from services.logs import log_context
+from services.metrics import (
+    CURATION_REDACTIONS,
+    CURATION_REJECTED,
+    CURATION_TRACES,
+    LOOP_FAILURE_RATE,
+)
+from workflows.shared import (
+    CurateBatchInput,
+    CurateBatchResult,
+    DriftInput,
+    DriftResult,
+    PendingWorkInput,
+    PendingWorkResult,
+    SnapshotInput,
+    SnapshotResult,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCH_SIZE = 10_000
+
+
+class CurationActivities:
+    """Curation's activities, bound to a session factory, an artifact store and adapters.
+
+    ``adapters`` resolves a loop's ``environment`` to its trace adapter (default: the
+    environment registry); ``lock_poll_s`` is how often a batch retries the loop's
+    curation lock while another batch of the same loop holds it.
+    """
+
+    def __init__(
+        self,
+        session_factory: SessionFactory,
+        artifacts: ArtifactStore,
+        *,
+        adapters: AdapterResolver = default_resolver,
+        lock_poll_s: float = 0.2,
+    ) -> None:
+        self._sessions = session_factory
+        self._artifacts = artifacts
+        self._adapters = adapters
+        self._lock_poll_s = lock_poll_s
+
+    @activity.defn(name="curate_batch")
+    def curate_batch(self, input: CurateBatchInput) -> CurateBatchResult:
+        """Curate up to ``batch_size`` uncurated traces of a loop.
+
+        Idempotent: the traces are locked ``FOR UPDATE SKIP LOCKED`` and stamped
+        ``curated_at`` in the same transaction that writes their tasks, so a retry after a
+        crash finds them uncurated again (nothing was committed) and a retry after success
+        finds them curated (nothing left to do). Each trace is curated exactly once.
+        """
+        if not 1 <= input.batch_size <= MAX_BATCH_SIZE:
+            raise ApplicationError(
+                f"batch_size must be between 1 and {MAX_BATCH_SIZE}, got {input.batch_size}",
+                type="InvalidInput",
+                non_retryable=True,
+            )
+        with log_context(loop=input.loop), self._transaction() as session:
+            loop = self._loop(session, input.loop)
+            policy = _policy(loop)
+            adapter = self._adapter(loop)
+            self._wait_for_lock(session, loop.id)
+            report = pipeline.curate_batch(
+                session,
+                loop=loop,
+                policy=policy,
+                adapter=adapter,
+                limit=input.batch_size,
+                heartbeat=activity.heartbeat,
+            )
+        _record_metrics(input.loop, report)
+        if report.traces_seen:
+            logger.info(
+                "curated %d traces of %s: %d tasks, %d duplicates, %d rejected, %d skipped",
+                report.traces_seen,
+                input.loop,
+                report.tasks_created,
+                report.duplicates,
+                report.rejected,
+                report.skipped,
+            )
+        return CurateBatchResult(
+            traces_seen=report.traces_seen,
+            tasks_created=report.tasks_created,
+            duplicates=report.duplicates,
+            rejected=report.rejected,
+            skipped=report.skipped,
+            new_train_tasks=report.new_train_tasks,
+            more=report.more,
+        )
+
+    @activity.defn(name="snapshot_dataset")
+    def snapshot_dataset(self, input: SnapshotInput) -> SnapshotResult:
+        """Freeze the loop's tasks into a dataset.
+
+        Idempotent: a dataset is addressed by the hash of its content, files are written
+        to a temporary directory and renamed into place, and the row is inserted with
+        ``ON CONFLICT DO NOTHING`` after the files exist; the same content always returns
+        the same dataset row and files.
+        """
+        with log_context(loop=input.loop, cycle=input.cycle):
+            try:
+                result = snapshot(
+                    self._sessions, self._artifacts, loop_name=input.loop, cycle=input.cycle
+                )
+            except (SnapshotError, CurationPolicyError) as exc:
+                raise ApplicationError(str(exc), type="SnapshotFailed", non_retryable=True) from exc
+        return SnapshotResult(
+            dataset_id=result.dataset_id,
+            content_hash=result.content_hash,
+            train_count=result.train_count,
+            eval_count=result.eval_count,
+            regression_count=result.regression_count,
+            train_uri=result.train_uri,
+            eval_uri=result.eval_uri,
+            regression_uri=result.regression_uri,
+        )
+
+    @activity.defn(name="check_drift")
+    def check_drift(self, input: DriftInput) -> DriftResult:
+        """The served model's rolling failure rate. Read-only, so trivially idempotent."""
+        with log_context(loop=input.loop), self._transaction() as session:
+            loop = self._loop(session, input.loop)
+            try:
+                reading = read_drift(session, loop=loop)
+            except (DriftPolicyError, CurationPolicyError) as exc:
+                raise ApplicationError(str(exc), type="InvalidPolicy", non_retryable=True) from exc
+        LOOP_FAILURE_RATE.labels(input.loop).set(reading.failure_rate)
+        return DriftResult(
+            failure_rate=reading.failure_rate,
+            window=reading.window,
+            threshold=reading.threshold,
+            drifted=reading.drifted,
+            model_version=reading.model_version,
+        )
+
+    @activity.defn(name="pending_work")
+    def pending_work(self, input: PendingWorkInput) -> PendingWorkResult:
+        """Curated train tasks not in any dataset yet, and uncurated traces. Read-only."""
+        with self._transaction() as session:
+            loop = self._loop(session, input.loop)
+            return PendingWorkResult(
+                new_train_tasks=q.count_new_train_tasks(session, loop_id=loop.id),
+                uncurated_traces=q.count_uncurated_traces(session, loop_id=loop.id),
+            )
+
+    # Helpers --------------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    def _loop(self, session: Session, name: str) -> Loop:
+        loop = q.loop_by_name(session, name=name)
+        if loop is None:
+            raise ApplicationError(
+                f"loop {name!r} does not exist", type="NotFound", non_retryable=True
+            )
+        return loop
+
+    def _adapter(self, loop: Loop) -> TraceAdapter:
+        try:
+            return self._adapters(loop.environment)
+        except ValueError as exc:
+            raise ApplicationError(
+                f"loop {loop.name!r}: {exc}", type="UnknownEnvironment", non_retryable=True
+            ) from exc
+
+    def _wait_for_lock(self, session: Session, loop_id: int) -> None:
+        """Wait (heartbeating) until no other batch of this loop is running."""
+        while not q.try_lock_loop_curation(session, loop_id=loop_id):
+            activity.heartbeat()
+            time.sleep(self._lock_poll_s)
+
+
+def _policy(loop: Loop) -> CurationPolicy:
+    try:
+        return CurationPolicy.from_json(loop.curation_policy)
+    except CurationPolicyError as exc:
+        raise ApplicationError(
+            f"loop {loop.name!r}: {exc}", type="InvalidPolicy", non_retryable=True
+        ) from exc
+
+
+def _record_metrics(loop: str, report: pipeline.BatchReport) -> None:
+    """Count after commit, so a rolled-back attempt is never counted."""
+    outcomes = {
+        "task": report.tasks_created,
+        "duplicate": report.duplicates,
+        "rejected": report.rejected,
+        "skipped": report.skipped,
+    }
+    for outcome, n in outcomes.items():
+        if n:
+            CURATION_TRACES.labels(loop, outcome).inc(n)
+    for reason, n in report.rejections.items():
+        CURATION_REJECTED.labels(loop, reason).inc(n)
+    for kind, n in report.redactions.items():
+        CURATION_REDACTIONS.labels(loop, kind).inc(n)

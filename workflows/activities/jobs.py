@@ -1,0 +1,620 @@
+"""Activities that run jobs on executors and register the checkpoints they produce.
+
+``run_job`` takes a job from nothing to a finished ``runs`` row:
+
+1. upsert the run (``pending``); a run that already ended returns its recorded result;
+2. submit the job, or adopt the one already running: the handle comes from the last
+   heartbeat (a retry after a worker restart), else from the run row, else the executor
+   submits — and executors adopt by run id too, so a run id never makes two jobs;
+3. wait for it, heartbeating the handle after every wait, so the next attempt resumes;
+4. read ``metrics.json``, account compute (accelerators x wall time, CPU seconds) and cost
+   at the configured prices, and write the outcome.
+
+It is idempotent (steps 1 and 2 adopt, step 4 writes absolute values once). A failed,
+lost or cancelled job is a result (``RunJobResult.status``), for the workflow to decide;
+errors are raised on purpose: a bad spec or template, an unknown loop, or a job exiting
+with a config exit code are non-retryable ``ApplicationError``s; an unreachable API server
+is retryable. A cancel requested by the workflow cancels the job; a worker shutting down
+or a heartbeat timeout does not (the next attempt adopts the job).
+
+``cancel_job`` stops a run's job and marks it cancelled. ``register_checkpoint`` verifies
+a job's checkpoint directory against its manifest, copies it into the content-addressed
+store (``checkpoints/<id>``) and upserts the ``checkpoints`` row with its parent and the
+run that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
+from services.db.models import Checkpoint, Dataset, Loop, Run
+from services.db.queries import runs as q
+from services.db.session import SessionFactory
+from services.executors.base import (
+    METRICS_FILE,
+    Executor,
+    ExecutorError,
+    ExecutorUnavailable,
+    Handle,
+    JobSpec,
+    JobSpecError,
+    JobStatus,
+)
+from services.logs import log_context
+from services.metrics import (
+    JOB_COMPUTE_SECONDS,
+    JOB_COST,
+    JOB_DURATION,
+    JOB_RUNS,
+    JOB_TOKENS_PER_SECOND,
+)
+from services.settings import Settings
+from workflows.shared import (
+    CancelJobInput,
+    RegisterCheckpointInput,
+    RegisterCheckpointResult,
+    RunJobInput,
+    RunJobResult,
+)
+
+logger = logging.getLogger(__name__)
+
+ExecutorFactory = Callable[[str], Executor]
+LOG_FILE = "job.log"
+OUTPUT_SUBDIR = "output"
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What step 1 learned: the run as stored and the job to submit for it."""
+
+    executor: str
+    handle: Handle | None
+    spec: JobSpec | None
+    result: RunJobResult | None
+
+
+@dataclass(frozen=True)
+class _Installed:
+    """A verified checkpoint copied into the store, ready to be recorded."""
+
+    checkpoint_id: str
+    parent: str | None
+    target: Path
+    fmt: str
+    manifest: dict[str, Any]
+    size_bytes: int
+
+
+class JobActivities:
+    """Job activities; dependencies come in, nothing is built here."""
+
+    def __init__(
+        self,
+        *,
+        session_factory: SessionFactory,
+        executors: ExecutorFactory | Mapping[str, Executor],
+        artifacts: ArtifactStore,
+        settings: Settings,
+        max_poll_failures: int = 8,
+    ) -> None:
+        """``executors`` maps an executor name (a loop's ``executor``) to an executor.
+
+        ``max_poll_failures`` consecutive status failures (with backoff) end the attempt with
+        a retryable error; the next attempt adopts the job from the heartbeat.
+        """
+        self._max_poll_failures = max_poll_failures
+        self._sessions = session_factory
+        self._artifacts = artifacts
+        self._settings = settings
+        self._executor_factory = executors
+        self._executor_cache: dict[str, Executor] = {}
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.run_job, self.cancel_job, self.register_checkpoint]
+
+    # run_job -----------------------------------------------------------------------------
+
+    @activity.defn(name="run_job")
+    async def run_job(self, input: RunJobInput) -> RunJobResult:
+        """Run one job to its end: submit or adopt, wait with heartbeats, account, record.
+
+        Idempotent: the same run id never makes two jobs, and a finished run returns what
+        was recorded.
+        """
+        with log_context(loop=input.loop, cycle=input.cycle, run=input.run_id):
+            try:
+                return await self._run_job(input)
+            except ExecutorError as exc:
+                raise _application_error(exc) from exc
+
+    async def _run_job(self, input: RunJobInput) -> RunJobResult:
+        prepared = await asyncio.to_thread(self._prepare, input)
+        if prepared.result is not None:
+            return prepared.result
+        handle = _heartbeat_handle() or prepared.handle
+        executor_name = (
+            str(handle.get("executor", prepared.executor)) if handle else prepared.executor
+        )
+        executor = self._executor(executor_name)
+        if handle is None:
+            assert prepared.spec is not None
+            handle = await asyncio.to_thread(executor.submit, prepared.spec)
+            cancelled = await asyncio.to_thread(self._record_handle, input.run_id, handle)
+            if cancelled:  # cancel_job ran while we were submitting
+                await asyncio.to_thread(executor.cancel, handle)
+        activity.heartbeat({"handle": handle})
+        status = await self._follow(input, executor, handle)
+        return await asyncio.to_thread(self._finish, input, executor_name, handle, status)
+
+    def _prepare(self, input: RunJobInput) -> _Prepared:
+        run_dir = self._artifacts.run_dir(input.loop, input.run_id)
+        output_dir = run_dir / OUTPUT_SUBDIR
+        logs_dir = self._artifacts.logs_dir(input.loop, input.run_id)
+        with self._sessions.begin() as session:
+            loop = session.scalars(select(Loop).where(Loop.name == input.loop)).one_or_none()
+            if loop is None:
+                raise ApplicationError(
+                    f"loop {input.loop!r} does not exist", type="UnknownLoop", non_retryable=True
+                )
+            run = q.upsert_run(
+                session=session,
+                run_id=input.run_id,
+                loop_id=loop.id,
+                kind=input.kind,
+                executor=loop.executor,
+                spec=input.job_spec,
+                cycle_id=q.cycle_id_for(session=session, loop_id=loop.id, number=input.cycle),
+                dataset_id=input.dataset_id,
+                base_checkpoint_id=input.base_checkpoint_id,
+                accelerators=input.accelerators,
+                output_uri=path_to_uri(output_dir),
+                logs_uri=path_to_uri(logs_dir / LOG_FILE),
+            )
+            if run.status in q.TERMINAL_RUN_STATUSES:
+                return _Prepared(run.executor, run.handle, None, _result_of(run))
+            executor, handle = run.executor, run.handle
+            dataset, base = self._inputs(session, input)
+        try:
+            spec = JobSpec(
+                run_id=input.run_id,
+                loop=input.loop,
+                kind=input.kind,
+                document={**input.job_spec, "run_id": input.job_spec.get("run_id", input.run_id)},
+                run_dir=run_dir,
+                output_dir=output_dir,
+                logs_dir=logs_dir,
+                cycle=input.cycle,
+                dataset=dataset,
+                base_checkpoint=base,
+                accelerators=input.accelerators,
+                nodes=_nodes(input.job_spec),
+            )
+        except JobSpecError as exc:
+            self._fail_before_submit(input.run_id, str(exc))
+            raise
+        return _Prepared(executor, handle, spec, None)
+
+    def _fail_before_submit(self, run_id: str, error: str) -> None:
+        """A run whose job cannot even be described ends as failed, with the reason."""
+        with self._sessions.begin() as session:
+            q.finish_run(
+                session=session,
+                run_id=run_id,
+                status="failed",
+                error=error,
+                metrics={},
+                compute_seconds=0.0,
+                cpu_seconds=0.0,
+                cost_usd=Decimal(0),
+                accelerators=0,
+                started_at=None,
+                ended_at=dt.datetime.now(dt.UTC),
+            )
+
+    def _inputs(self, session: Any, input: RunJobInput) -> tuple[str | None, str | None]:
+        """The dataset file and base checkpoint dir the job reads (paths, by the contract).
+
+        The job spec's own ``dataset`` and ``base_checkpoint`` (or ``checkpoint`` for an
+        eval) win; otherwise the dataset and checkpoint rows named by the input are used.
+        """
+        spec = input.job_spec
+        dataset = spec.get("dataset") or None
+        if dataset is None and input.dataset_id is not None:
+            row = session.get(Dataset, input.dataset_id)
+            if row is not None:
+                dataset = str(uri_to_path(row.train_uri if input.kind == "train" else row.eval_uri))
+        base = spec.get("base_checkpoint") or spec.get("checkpoint") or None
+        if base is None and input.base_checkpoint_id is not None:
+            checkpoint = session.get(Checkpoint, input.base_checkpoint_id)
+            if checkpoint is not None:
+                base = str(uri_to_path(checkpoint.uri))
+        return (str(dataset) if dataset else None, str(base) if base else None)
+
+    def _record_handle(self, run_id: str, handle: Handle) -> bool:
+        """Store the handle; True when the run was cancelled meanwhile."""
+        with self._sessions.begin() as session:
+            q.record_submission(session=session, run_id=run_id, handle=handle)
+            run = q.get_run(session=session, run_id=run_id)
+            return run is not None and run.status == "cancelled"
+
+    async def _follow(self, input: RunJobInput, executor: Executor, handle: Handle) -> JobStatus:
+        """Wait for the job's end, heartbeating; a requested cancel cancels the job."""
+        marked_running = False
+        failures = 0
+        try:
+            while True:
+                try:
+                    status = await asyncio.to_thread(
+                        executor.wait, handle, max(0.1, input.poll_interval_s)
+                    )
+                except ExecutorUnavailable as exc:
+                    # A blip of the API server should not cost a long job its attempt: keep
+                    # heartbeating and ask again, and give up only when it lasts.
+                    failures += 1
+                    activity.heartbeat({"handle": handle, "state": "unknown"})
+                    if failures >= self._max_poll_failures:
+                        raise
+                    delay = min(30.0, max(0.1, input.poll_interval_s) * 2**failures)
+                    logger.warning(
+                        "run %s: status unavailable (%s); asking again in %.1fs",
+                        input.run_id,
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                activity.heartbeat({"handle": handle, "state": status.state})
+                if status.state == "running" and not marked_running:
+                    started = _datetime(status.started_at) or dt.datetime.now(dt.UTC)
+                    await asyncio.to_thread(self._mark_running, input.run_id, started)
+                    marked_running = True
+                if status.terminal:
+                    return status
+        except asyncio.CancelledError:
+            details = activity.cancellation_details()
+            if details is not None and details.cancel_requested:
+                logger.info(
+                    "run %s: activity cancelled on request; cancelling its job", input.run_id
+                )
+                await asyncio.to_thread(executor.cancel, handle)
+                await asyncio.to_thread(self._mark_cancelled, input.run_id)
+            else:
+                logger.info(
+                    "run %s: activity interrupted (%s); the job keeps running",
+                    input.run_id,
+                    details,
+                )
+            raise
+
+    def _mark_running(self, run_id: str, started: dt.datetime) -> None:
+        with self._sessions.begin() as session:
+            q.mark_running(session=session, run_id=run_id, started_at=started)
+
+    def _mark_cancelled(self, run_id: str) -> bool:
+        with self._sessions.begin() as session:
+            return q.mark_cancel_requested(
+                session=session, run_id=run_id, ended_at=dt.datetime.now(dt.UTC)
+            )
+
+    def _finish(
+        self, input: RunJobInput, executor_name: str, handle: Handle, status: JobStatus
+    ) -> RunJobResult:
+        output_dir = Path(handle.get("output_dir") or self._output_dir(input))
+        logs_path = self._artifacts.logs_dir(input.loop, input.run_id) / LOG_FILE
+        self._save_logs(executor_name, handle, logs_path)
+        state, error = status.state, _error_of(status)
+        metrics: dict[str, Any] = {}
+        if state == "succeeded" or (output_dir / METRICS_FILE).exists():
+            try:
+                metrics = _read_metrics(output_dir / METRICS_FILE)
+            except ValueError as exc:
+                if state == "succeeded":
+                    state, error = "failed", str(exc)
+        accelerators = status.accelerators
+        compute_seconds, cost = self._account(status)
+        with self._sessions.begin() as session:
+            run = q.finish_run(
+                session=session,
+                run_id=input.run_id,
+                status=state,
+                error=error,
+                metrics=metrics,
+                compute_seconds=compute_seconds,
+                cpu_seconds=status.cpu_seconds,
+                cost_usd=cost,
+                accelerators=accelerators,
+                started_at=_datetime(status.started_at),
+                ended_at=_datetime(status.ended_at) or dt.datetime.now(dt.UTC),
+                output_uri=path_to_uri(output_dir),
+                logs_uri=path_to_uri(logs_path),
+            )
+            result = _result_of(run)
+        self._observe(input, executor_name, result, status, metrics)
+        logger.info(
+            "run %s %s after %.1fs (%.1f compute-s, $%.4f)",
+            input.run_id,
+            result.status,
+            status.wall_seconds,
+            compute_seconds,
+            cost,
+        )
+        if result.status == "failed" and status.config_error:
+            raise ApplicationError(
+                f"job of run {input.run_id} failed on its spec or configuration: {result.error}",
+                _result_details(result),
+                type="JobConfigError",
+                non_retryable=True,
+            )
+        return result
+
+    def _account(self, status: JobStatus) -> tuple[float, Decimal]:
+        """Compute-seconds (accelerator-seconds, or CPU seconds on CPU) and their cost."""
+        accelerator_seconds = status.accelerators * status.wall_seconds
+        compute_seconds = accelerator_seconds if status.accelerators else status.cpu_seconds
+        dollars = (
+            accelerator_seconds / 3600.0 * self._settings.accelerator_hour_price_usd
+            + status.cpu_seconds / 3600.0 * self._settings.cpu_hour_price_usd
+        )
+        cost = Decimal(str(dollars)).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
+        return compute_seconds, cost
+
+    def _observe(
+        self,
+        input: RunJobInput,
+        executor_name: str,
+        result: RunJobResult,
+        status: JobStatus,
+        metrics: dict[str, Any],
+    ) -> None:
+        JOB_RUNS.labels(input.loop, input.kind, executor_name, result.status).inc()
+        JOB_DURATION.labels(input.kind, executor_name).observe(status.wall_seconds)
+        JOB_COMPUTE_SECONDS.labels(input.loop, input.kind).inc(result.compute_seconds)
+        JOB_COST.labels(input.loop, input.kind).inc(result.cost_usd)
+        for key, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            for suffix in ("tokens_per_second", "tokens_per_s"):
+                if key.endswith(suffix):
+                    phase = key.removesuffix(suffix).rstrip("_") or "total"
+                    JOB_TOKENS_PER_SECOND.labels(input.loop, input.kind, phase).set(float(value))
+                    break
+
+    def _save_logs(self, executor_name: str, handle: Handle, path: Path) -> None:
+        """Keep the job's logs beside its outputs (a cluster deletes pods, and their logs)."""
+        if path.exists():
+            return
+        try:
+            text = self._executor(executor_name).logs(handle)
+        except ExecutorError as exc:
+            logger.warning("could not save the logs of run %s: %s", handle.get("run_id"), exc)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def _output_dir(self, input: RunJobInput) -> Path:
+        return self._artifacts.run_dir(input.loop, input.run_id) / OUTPUT_SUBDIR
+
+    def _executor(self, name: str) -> Executor:
+        if name not in self._executor_cache:
+            factory = self._executor_factory
+            try:
+                executor = factory[name] if isinstance(factory, Mapping) else factory(name)
+            except KeyError:
+                raise JobSpecError(f"no executor called {name!r} is configured") from None
+            self._executor_cache[name] = executor
+        return self._executor_cache[name]
+
+    # cancel_job --------------------------------------------------------------------------
+
+    @activity.defn(name="cancel_job")
+    async def cancel_job(self, input: CancelJobInput) -> None:
+        """Stop a run's job and mark the run cancelled. Idempotent; an ended run is left as is."""
+        with log_context(loop=input.loop, run=input.run_id):
+            try:
+                await asyncio.to_thread(self._cancel, input)
+            except ExecutorError as exc:
+                raise _application_error(exc) from exc
+
+    def _cancel(self, input: CancelJobInput) -> None:
+        with self._sessions.begin() as session:
+            run = q.get_run(session=session, run_id=input.run_id)
+            if run is None or run.status in q.TERMINAL_RUN_STATUSES:
+                return
+            executor_name, handle = run.executor, run.handle
+        if handle is not None:
+            # The job first: if this fails, the retry still sees the run as not ended.
+            self._executor(executor_name).cancel(handle)
+        self._mark_cancelled(input.run_id)
+
+    # register_checkpoint -----------------------------------------------------------------
+
+    @activity.defn(name="register_checkpoint")
+    async def register_checkpoint(self, input: RegisterCheckpointInput) -> RegisterCheckpointResult:
+        """Verify, copy into ``checkpoints/<id>``, upsert the row. Idempotent by content id."""
+        with log_context(loop=input.loop, run=input.run_id):
+            installed = await asyncio.to_thread(self._install_checkpoint, input)
+            activity.heartbeat()
+            return await asyncio.to_thread(self._record_checkpoint, input, installed)
+
+    def _install_checkpoint(self, input: RegisterCheckpointInput) -> _Installed:
+        """Verify the job's checkpoint and copy it into the store; both steps re-hash."""
+        # Imported here: the checkpoint format module pulls in torch, which the worker
+        # needs only when it registers a checkpoint.
+        from services.training.checkpoint import CheckpointError, verify_checkpoint
+
+        source = uri_to_path(input.checkpoint_dir_uri)
+        try:
+            manifest = verify_checkpoint(source)
+        except CheckpointError as exc:
+            raise ApplicationError(
+                f"checkpoint of run {input.run_id} is invalid: {exc}",
+                type="CheckpointInvalid",
+                non_retryable=True,
+            ) from exc
+        checkpoint_id = manifest.checkpoint_id
+        parent = self._parent(manifest.parent, input.parent_checkpoint_id)
+        target = self._artifacts.checkpoint_dir(checkpoint_id)
+        try:
+            _install(
+                source,
+                target,
+                verify=lambda path: verify_checkpoint(path, expected_id=checkpoint_id),
+            )
+        except CheckpointError as exc:
+            raise ApplicationError(
+                f"copying checkpoint {checkpoint_id[:12]} failed verification: {exc}",
+                type="CheckpointInvalid",
+            ) from exc
+        return _Installed(
+            checkpoint_id=checkpoint_id,
+            parent=parent,
+            target=target,
+            fmt=manifest.format,
+            manifest=manifest.to_dict(),
+            size_bytes=sum(p.stat().st_size for p in target.iterdir() if p.is_file()),
+        )
+
+    def _record_checkpoint(
+        self, input: RegisterCheckpointInput, installed: _Installed
+    ) -> RegisterCheckpointResult:
+        parent = installed.parent
+        with self._sessions.begin() as session:
+            run = q.get_run(session=session, run_id=input.run_id)
+            if run is None:
+                raise ApplicationError(
+                    f"run {input.run_id!r} does not exist", type="UnknownRun", non_retryable=True
+                )
+            if parent is not None and not q.get_checkpoint(session=session, checkpoint_id=parent):
+                raise ApplicationError(
+                    f"parent checkpoint {parent[:12]} of {installed.checkpoint_id[:12]} is not "
+                    "registered; register the base checkpoint first",
+                    type="UnknownParentCheckpoint",
+                    non_retryable=True,
+                )
+            row = q.upsert_checkpoint(
+                session=session,
+                checkpoint_id=installed.checkpoint_id,
+                loop_id=run.loop_id,
+                uri=path_to_uri(installed.target),
+                fmt=installed.fmt,
+                size_bytes=installed.size_bytes,
+                sha256=installed.checkpoint_id,
+                manifest=installed.manifest,
+                parent_id=parent,
+                run_id=input.run_id,
+            )
+            result = RegisterCheckpointResult(
+                checkpoint_id=row.id, uri=row.uri, size_bytes=row.size_bytes
+            )
+        logger.info("registered checkpoint %s from run %s", result.checkpoint_id[:12], input.run_id)
+        return result
+
+    @staticmethod
+    def _parent(from_manifest: str | None, from_input: str | None) -> str | None:
+        if from_manifest and from_input and from_manifest != from_input:
+            raise ApplicationError(
+                f"the checkpoint's manifest names parent {from_manifest[:12]} but the run was "
+                f"based on {from_input[:12]}",
+                type="CheckpointLineageMismatch",
+                non_retryable=True,
+            )
+        return from_manifest or from_input
+
+
+def _install(source: Path, target: Path, *, verify: Callable[[Path], Any]) -> None:
+    """Copy ``source`` to ``target`` atomically (temp dir + rename); keep a valid target."""
+    if target.is_dir():
+        verify(target)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.staging")
+    if staging.exists():
+        shutil.rmtree(staging)
+    shutil.copytree(source, staging)
+    verify(staging)
+    try:
+        staging.rename(target)
+    except OSError:
+        # Another registration installed it first; it must verify too.
+        shutil.rmtree(staging, ignore_errors=True)
+        verify(target)
+
+
+def _nodes(job_spec: Mapping[str, Any]) -> int:
+    raw = job_spec.get("nodes", 1)
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise JobSpecError(f"the job spec's nodes must be an integer, got {raw!r}")
+    return raw
+
+
+def _heartbeat_handle() -> Handle | None:
+    """The handle from the previous attempt's last heartbeat, if there was one."""
+    details = activity.info().heartbeat_details
+    if details and isinstance(details[0], dict) and isinstance(details[0].get("handle"), dict):
+        handle: Handle = details[0]["handle"]
+        return handle
+    return None
+
+
+def _read_metrics(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"the job exited 0 but wrote no {METRICS_FILE}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read the job's {METRICS_FILE}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"the job's {METRICS_FILE} is not a JSON object")
+    return data
+
+
+def _error_of(status: JobStatus) -> str | None:
+    if status.state == "succeeded":
+        return None
+    return status.describe()
+
+
+def _result_of(run: Run) -> RunJobResult:
+    return RunJobResult(
+        run_id=run.id,
+        status=run.status,
+        output_uri=run.output_uri or "",
+        metrics=dict(run.metrics or {}),
+        compute_seconds=float(run.compute_seconds or 0.0),
+        cost_usd=float(run.cost_usd or 0),
+        error=run.error,
+    )
+
+
+def _result_details(result: RunJobResult) -> dict[str, Any]:
+    return {
+        "run_id": result.run_id,
+        "status": result.status,
+        "error": result.error,
+        "compute_seconds": result.compute_seconds,
+        "cost_usd": result.cost_usd,
+    }
+
+
+def _application_error(exc: ExecutorError) -> ApplicationError:
+    return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not exc.retryable)
+
+
+def _datetime(timestamp: float | None) -> dt.datetime | None:
+    return dt.datetime.fromtimestamp(timestamp, dt.UTC) if timestamp else None

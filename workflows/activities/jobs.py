@@ -29,9 +29,8 @@ import asyncio
 import datetime as dt
 import json
 import logging
-import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
+from services.checkpoints import InstalledCheckpoint, install_checkpoint
 from services.db.models import Checkpoint, Dataset, Loop, Run
 from services.db.queries import runs as q
 from services.db.session import SessionFactory
@@ -86,18 +86,6 @@ class _Prepared:
     handle: Handle | None
     spec: JobSpec | None
     result: RunJobResult | None
-
-
-@dataclass(frozen=True)
-class _Installed:
-    """A verified checkpoint copied into the store, ready to be recorded."""
-
-    checkpoint_id: str
-    parent: str | None
-    target: Path
-    fmt: str
-    manifest: dict[str, Any]
-    size_bytes: int
 
 
 class JobActivities:
@@ -452,46 +440,23 @@ class JobActivities:
             activity.heartbeat()
             return await asyncio.to_thread(self._record_checkpoint, input, installed)
 
-    def _install_checkpoint(self, input: RegisterCheckpointInput) -> _Installed:
+    def _install_checkpoint(self, input: RegisterCheckpointInput) -> InstalledCheckpoint:
         """Verify the job's checkpoint and copy it into the store; both steps re-hash."""
-        # Imported here: the checkpoint format module pulls in torch, which the worker
-        # needs only when it registers a checkpoint.
-        from services.training.checkpoint import CheckpointError, verify_checkpoint
+        from services.training.checkpoint import CheckpointError
 
-        source = uri_to_path(input.checkpoint_dir_uri)
         try:
-            manifest = verify_checkpoint(source)
+            installed = install_checkpoint(uri_to_path(input.checkpoint_dir_uri), self._artifacts)
         except CheckpointError as exc:
             raise ApplicationError(
                 f"checkpoint of run {input.run_id} is invalid: {exc}",
                 type="CheckpointInvalid",
                 non_retryable=True,
             ) from exc
-        checkpoint_id = manifest.checkpoint_id
-        parent = self._parent(manifest.parent, input.parent_checkpoint_id)
-        target = self._artifacts.checkpoint_dir(checkpoint_id)
-        try:
-            _install(
-                source,
-                target,
-                verify=lambda path: verify_checkpoint(path, expected_id=checkpoint_id),
-            )
-        except CheckpointError as exc:
-            raise ApplicationError(
-                f"copying checkpoint {checkpoint_id[:12]} failed verification: {exc}",
-                type="CheckpointInvalid",
-            ) from exc
-        return _Installed(
-            checkpoint_id=checkpoint_id,
-            parent=parent,
-            target=target,
-            fmt=manifest.format,
-            manifest=manifest.to_dict(),
-            size_bytes=sum(p.stat().st_size for p in target.iterdir() if p.is_file()),
-        )
+        parent = self._parent(installed.parent, input.parent_checkpoint_id)
+        return replace(installed, parent=parent)
 
     def _record_checkpoint(
-        self, input: RegisterCheckpointInput, installed: _Installed
+        self, input: RegisterCheckpointInput, installed: InstalledCheckpoint
     ) -> RegisterCheckpointResult:
         parent = installed.parent
         with self._sessions.begin() as session:
@@ -535,25 +500,6 @@ class JobActivities:
                 non_retryable=True,
             )
         return from_manifest or from_input
-
-
-def _install(source: Path, target: Path, *, verify: Callable[[Path], Any]) -> None:
-    """Copy ``source`` to ``target`` atomically (temp dir + rename); keep a valid target."""
-    if target.is_dir():
-        verify(target)
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.staging")
-    if staging.exists():
-        shutil.rmtree(staging)
-    shutil.copytree(source, staging)
-    verify(staging)
-    try:
-        staging.rename(target)
-    except OSError:
-        # Another registration installed it first; it must verify too.
-        shutil.rmtree(staging, ignore_errors=True)
-        verify(target)
 
 
 def _nodes(job_spec: Mapping[str, Any]) -> int:

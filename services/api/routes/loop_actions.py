@@ -7,6 +7,7 @@ resume are also written to ``loops.status`` so the dashboard and a restarted wor
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Literal
 
 from fastapi import APIRouter
@@ -18,7 +19,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from services.api.deps import AdminDep, SessionDep, SettingsDep, TemporalDep
 from services.api.errors import ApiError
-from services.db.models import Loop
+from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
+from services.checkpoints import install_checkpoint
+from services.db.models import Loop, Promotion
+from services.db.queries import runs
 from services.settings import Settings
 from workflows.loop import LoopWorkflow
 from workflows.shared import (
@@ -104,6 +108,92 @@ _SIGNALS: dict[str, tuple[str, Any]] = {
     "run-now": ("run_now", RunNowSignal),
     "rollback": ("rollback", RollbackSignal),
 }
+
+
+class ChampionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str = Field(
+        min_length=1, max_length=4096, description="checkpoint directory: a path or file:// URI"
+    )
+    reason: str = Field(default="registered by operator", max_length=2000)
+
+
+class ChampionOut(BaseModel):
+    loop: str
+    checkpoint_id: str
+    uri: str
+    promotion_id: int
+
+
+@router.post(
+    "/{loop}/champion",
+    response_model=ChampionOut,
+    summary="Register a checkpoint directory as the loop's champion (e.g. the first one)",
+    description=(
+        "Verifies every file's sha256 against the manifest, copies the checkpoint into the "
+        "content-addressed store, records it and makes it the champion. The serving target "
+        "must already serve it (for example `ratchet serve --checkpoint DIR`)."
+    ),
+)
+async def register_champion(
+    loop: str, body: ChampionIn, session: SessionDep, settings: SettingsDep
+) -> ChampionOut:
+    from services.training.checkpoint import CheckpointError
+
+    row = _loop_row(session, loop)
+    try:
+        source = uri_to_path(body.checkpoint)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_checkpoint", str(exc), fields=_field("checkpoint")) from exc
+    if not source.is_dir():
+        raise ApiError(
+            422,
+            "invalid_checkpoint",
+            f"{source} is not a directory readable by the api",
+            fields=_field("checkpoint"),
+        )
+    try:
+        installed = await asyncio.to_thread(
+            install_checkpoint, source, ArtifactStore(settings.artifacts_dir)
+        )
+    except CheckpointError as exc:
+        raise ApiError(
+            422, "invalid_checkpoint", f"checkpoint rejected: {exc}", fields=_field("checkpoint")
+        ) from exc
+    checkpoint = runs.upsert_checkpoint(
+        session=session,
+        checkpoint_id=installed.checkpoint_id,
+        loop_id=row.id,
+        uri=path_to_uri(installed.target),
+        fmt=installed.fmt,
+        size_bytes=installed.size_bytes,
+        sha256=installed.checkpoint_id,
+        manifest=installed.manifest,
+        parent_id=None,
+    )
+    previous = row.champion_checkpoint_id
+    row.champion_checkpoint_id = checkpoint.id
+    promotion = Promotion(
+        loop_id=row.id,
+        cycle_id=None,
+        decision="promote",
+        status="held",
+        reason=body.reason,
+        candidate_checkpoint_id=checkpoint.id,
+        previous_checkpoint_id=previous,
+        serving_target=row.serving_target,
+        decided_by="operator",
+    )
+    session.add(promotion)
+    session.flush()
+    return ChampionOut(
+        loop=loop, checkpoint_id=checkpoint.id, uri=checkpoint.uri, promotion_id=promotion.id
+    )
+
+
+def _field(path: str) -> list[dict[str, Any]]:
+    return [{"path": path, "message": "see the error message"}]
 
 
 @router.post("/{loop}/start", response_model=ActionOut, summary="Start the loop's workflow")

@@ -220,6 +220,8 @@ class Stack:
     temporal: EmbeddedTemporal | None = None
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     database_url: str | None = None
+    # Extra variables for the api and worker processes (e.g. the demo's admin token).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def preflight(self) -> None:
         settings = self.settings
@@ -252,15 +254,27 @@ class Stack:
         check_temporal_reachable(self.settings, timeout=30.0)
 
     def child_environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The api's and worker's environment: this stack's settings, spelled out."""
+        settings = self.settings
         assert self.database_url is not None
-        env["RATCHET_DATABASE_URL"] = self.database_url
-        env["RATCHET_TEMPORAL_ADDRESS"] = self.settings.effective_temporal_address
-        env["RATCHET_STATE_DIR"] = str(self.settings.state_dir)
-        if self.settings.uses_embedded_temporal:
-            env.setdefault(
-                "RATCHET_TEMPORAL_UI_URL", f"http://127.0.0.1:{self.settings.temporal_ui_port}"
-            )
+        env = {**os.environ, **self.extra_env}
+        env.update(
+            RATCHET_DATABASE_URL=self.database_url,
+            RATCHET_TEMPORAL_ADDRESS=settings.effective_temporal_address,
+            RATCHET_TEMPORAL_NAMESPACE=settings.temporal_namespace,
+            RATCHET_TEMPORAL_TASK_QUEUE=settings.temporal_task_queue,
+            RATCHET_STATE_DIR=str(settings.state_dir),
+            RATCHET_ARTIFACT_ROOT=str(settings.artifacts_dir),
+            RATCHET_API_HOST=settings.api_host,
+            RATCHET_API_PORT=str(settings.api_port),
+            RATCHET_WORKER_HOST=settings.worker_host,
+            RATCHET_WORKER_PORT=str(settings.worker_port),
+        )
+        if settings.admin_token is not None:
+            env["RATCHET_ADMIN_TOKEN"] = settings.admin_token.get_secret_value()
+        ui = settings.effective_temporal_ui_url
+        if ui:
+            env.setdefault("RATCHET_TEMPORAL_UI_URL", ui)
         return env
 
     def migrate_and_register(self) -> None:

@@ -6,13 +6,18 @@ policy never silently becomes a default) and give the workflow its parsed config
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+# Strings Postgres can store in jsonb (no NUL) and a person can read.
+Text = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^[^\x00]*$")]
+Scalar = bool | int | float | Text
 
 
 class _Policy(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TriggerPolicy(_Policy):
@@ -50,7 +55,9 @@ class TrainingProfile(_Policy):
     """What a training job gets: algorithm, hyper-parameters, accelerators, limits."""
 
     algorithm: Literal["grpo", "sft"] = "grpo"
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    hyperparameters: dict[Text, Scalar] = Field(
+        default_factory=dict, description="passed to the trainer as given (scalars)"
+    )
     accelerators: int = Field(default=0, ge=0, le=1024, description="accelerators per node")
     nodes: int = Field(default=1, ge=1, le=512, description="multi-node data parallel (torchrun)")
     eval_accelerators: int = Field(default=0, ge=0, le=1024)
@@ -63,12 +70,12 @@ class ServingTarget(_Policy):
     """Where the champion serves: the local model server or a Kubernetes Deployment."""
 
     kind: Literal["local", "kubernetes", "none"] = "local"
-    url: str | None = None
-    namespace: str | None = None
-    deployment: str | None = None
-    container: str | None = None
-    env_var: str = "RATCHET_MODEL_URI"
-    version_url: str | None = None
+    url: Text | None = None
+    namespace: Text | None = None
+    deployment: Text | None = None
+    container: Text | None = None
+    env_var: Text = "RATCHET_MODEL_URI"
+    version_url: Text | None = None
     rollout_timeout_s: float = Field(default=600, gt=0)
 
     @model_validator(mode="after")
@@ -79,10 +86,10 @@ class ServingTarget(_Policy):
 
 
 def parse_policies(
-    trigger: dict[str, Any] | None,
-    gate: dict[str, Any] | None,
-    training: dict[str, Any] | None,
-    serving: dict[str, Any] | None,
+    trigger: Mapping[str, object] | None,
+    gate: Mapping[str, object] | None,
+    training: Mapping[str, object] | None,
+    serving: Mapping[str, object] | None,
 ) -> tuple[TriggerPolicy, GatePolicy, TrainingProfile, ServingTarget]:
     """Parse the four JSON columns (raises pydantic's ValidationError naming each field)."""
     return (

@@ -8,17 +8,17 @@ resume are also written to ``loops.status`` so the dashboard and a restarted wor
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from services.api.deps import AdminDep, SessionDep, SettingsDep, TemporalDep
 from services.api.errors import ApiError
+from services.api.loop_control import signal_loop, start_loop_workflow
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.checkpoints import install_checkpoint
 from services.db.models import Loop, Promotion
@@ -27,7 +27,6 @@ from services.settings import Settings
 from workflows.loop import LoopWorkflow
 from workflows.shared import (
     ApprovalSignal,
-    LoopInput,
     PauseSignal,
     ResumeSignal,
     RollbackSignal,
@@ -36,8 +35,6 @@ from workflows.shared import (
 )
 
 router = APIRouter(prefix="/v1/loops", tags=["loop actions"], dependencies=[AdminDep])
-
-Action = Literal["pause", "resume", "run-now", "approve", "reject", "rollback"]
 
 
 class ActionIn(BaseModel):
@@ -74,32 +71,6 @@ def _loop_row(session: Any, name: str) -> Loop:
     if loop is None:
         raise ApiError(404, "loop_not_found", f"loop {name!r} does not exist")
     return loop
-
-
-async def start_loop_workflow(client: Client, settings: Settings, name: str) -> str:
-    """Start the loop's workflow if it is not running; returns its id. Idempotent."""
-    workflow_id = loop_workflow_id(name)
-    await client.start_workflow(
-        LoopWorkflow.run,
-        LoopInput(loop=name),
-        id=workflow_id,
-        task_queue=settings.temporal_task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-    )
-    return workflow_id
-
-
-async def _signal(client: Client, settings: Settings, name: str, signal: str, arg: Any) -> None:
-    await client.start_workflow(
-        LoopWorkflow.run,
-        LoopInput(loop=name),
-        id=loop_workflow_id(name),
-        task_queue=settings.temporal_task_queue,
-        start_signal=signal,
-        start_signal_args=[arg],
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-    )
 
 
 _SIGNALS: dict[str, tuple[str, Any]] = {
@@ -205,14 +176,13 @@ async def start(
     return ActionOut(loop=loop, action="start", workflow_id=workflow_id, status="running")
 
 
-@router.post("/{loop}/{action}", response_model=ActionOut, summary="Signal an operator action")
-async def act(
+async def _act(
     loop: str,
-    action: Action,
-    session: SessionDep,
-    settings: SettingsDep,
-    client: TemporalDep,
-    body: ActionIn | None = None,
+    action: str,
+    session: Any,
+    settings: Settings,
+    client: Client,
+    body: ActionIn | None,
 ) -> ActionOut:
     row = _loop_row(session, loop)
     body = body or ActionIn()
@@ -228,10 +198,43 @@ async def act(
     elif action == "resume":
         row.status, row.status_reason = "active", None
     session.flush()
-    await _signal(client, settings, loop, signal_name, arg)
+    await signal_loop(client, settings, loop, signal_name, arg)
     return ActionOut(
         loop=loop, action=action, workflow_id=loop_workflow_id(loop), status="signalled"
     )
+
+
+def _action_route(action: str, summary: str) -> None:
+    """One explicit route per action, so no catch-all can shadow other loop routes."""
+
+    async def endpoint(
+        loop: str,
+        session: SessionDep,
+        settings: SettingsDep,
+        client: TemporalDep,
+        body: ActionIn | None = None,
+    ) -> ActionOut:
+        return await _act(loop, action, session, settings, client, body)
+
+    endpoint.__name__ = f"loop_{action.replace('-', '_')}"
+    router.add_api_route(
+        f"/{{loop}}/{action}",
+        endpoint,
+        methods=["POST"],
+        response_model=ActionOut,
+        summary=summary,
+    )
+
+
+for _action, _summary in (
+    ("pause", "Pause the loop (no new cycle starts; a running one finishes its stage)"),
+    ("resume", "Resume a paused loop"),
+    ("run-now", "Start a cycle now, without waiting for a trigger"),
+    ("approve", "Approve the candidate waiting at a manual gate"),
+    ("reject", "Reject the candidate waiting at a manual gate"),
+    ("rollback", "Roll back to the champion before the last promotion"),
+):
+    _action_route(_action, _summary)
 
 
 @router.get("/{loop}/status", response_model=LoopStatusOut, summary="The loop's live status")

@@ -1,0 +1,396 @@
+"""Ingest throughput and latency over loopback, against the ceiling of a plain COPY.
+
+Starts its own Postgres (pgserver, in a temp dir) and the api (`python -m services api` in a
+subprocess), creates a loop, then measures, each for a fixed time:
+
+  (a) single signed traces from 32 concurrent clients (keep-alive connections);
+  (b) signed batches of 100 traces from 8 concurrent clients;
+  (c) a plain psycopg COPY of the same rows into the same table: the ceiling.
+
+The load generator is a minimal HTTP/1.1 client over asyncio streams in separate processes
+(httpx would cost more CPU than the server it measures). Progress goes to stderr; the last
+line on stdout is one JSON object. Everything runs on this one machine: client, api and
+Postgres share its CPUs, so the figures are a floor for a real deployment.
+
+Usage: .venv/bin/python benchmarks/ingest.py [--seconds 15] [--json-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from services.db.migrate import upgrade  # noqa: E402
+from services.db.queries.loops import LoopFields  # noqa: E402
+from services.db.queries.traces import TRACE_COLUMNS  # noqa: E402
+from services.db.session import create_db_engine, make_session_factory  # noqa: E402
+from services.ingest.provisioning import provision_loop  # noqa: E402
+from services.ingest.schema import validate_trace  # noqa: E402
+from services.ingest.signature import secret_key  # noqa: E402
+
+LOOP = "bench"
+
+
+def log(message: str) -> None:
+    print(f"[ingest-bench] {message}", file=sys.stderr, flush=True)
+
+
+def trace_document(external_id: str) -> dict[str, Any]:
+    """A realistic small episode (~1.3 KB): tools, five messages, a failed outcome."""
+    return {
+        "schema": "ratchet.trace/v1",
+        "external_id": external_id,
+        "model_version": "champion-3",
+        "started_at": "2026-01-02T03:04:05Z",
+        "ended_at": "2026-01-02T03:04:07Z",
+        "tools": [
+            {
+                "name": "plus",
+                "description": "add two integers",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            }
+        ],
+        "messages": [
+            {"role": "system", "content": "tools: +plus(a,b) *times(a,b) $price(item)"},
+            {"role": "user", "content": "what do 3 apples and 2 pears cost together?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_1", "name": "add", "arguments": {"a": 3, "b": 2}}],
+            },
+            {"role": "tool", "content": "error: unknown tool add", "tool_call_id": "call_1"},
+            {"role": "assistant", "content": "answer: 5"},
+        ],
+        "outcome": {
+            "success": False,
+            "score": 0.1,
+            "error": {"kind": "unknown_tool", "message": "answer was not accepted"},
+        },
+        "reference_answer": None,
+        "metadata": {"environment": "toolcalc", "api_version": "v2", "region": "eu-west-1"},
+    }
+
+
+# Load generator (runs in child processes) ---------------------------------------------------
+
+
+class Signer:
+    """Builds signed requests quickly: the body is a template with the ids spliced in."""
+
+    def __init__(self, port: int, secret: str, batch: int, prefix: str) -> None:
+        self.key = secret_key(secret)
+        self.batch = batch
+        self.prefix = prefix
+        self.counter = 0
+        template = json.dumps(trace_document("@@ID@@"), separators=(",", ":"))
+        self.head, self.tail = template.encode().split(b"@@ID@@")
+        self.request_line = f"POST /v1/loops/{LOOP}/traces HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+
+    def _trace(self) -> bytes:
+        self.counter += 1
+        return self.head + f"{self.prefix}-{self.counter}".encode() + self.tail
+
+    def request(self) -> bytes:
+        if self.batch == 1:
+            body = self._trace()
+        else:
+            body = b'{"traces":[' + b",".join(self._trace() for _ in range(self.batch)) + b"]}"
+        msg_id = f"msg_{self.prefix}_{self.counter}"
+        timestamp = int(time.time())
+        digest = hmac.new(
+            self.key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256
+        ).digest()
+        headers = (
+            f"{self.request_line}content-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nwebhook-id: {msg_id}\r\n"
+            f"webhook-timestamp: {timestamp}\r\n"
+            f"webhook-signature: v1,{base64.b64encode(digest).decode()}\r\n\r\n"
+        )
+        return headers.encode() + body
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return status
+
+
+async def _connection(
+    port: int, signer: Signer, deadline: float, latencies: list[float], statuses: dict[int, int]
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        while time.perf_counter() < deadline:
+            request = signer.request()
+            started = time.perf_counter()
+            writer.write(request)
+            status = await _read_response(reader)
+            latencies.append(time.perf_counter() - started)
+            statuses[status] = statuses.get(status, 0) + 1
+    finally:
+        writer.close()
+
+
+def load_worker(
+    port: int, secret: str, batch: int, connections: int, start_at: float, seconds: float, out: Any
+) -> None:
+    """One client process: ``connections`` keep-alive connections until the deadline."""
+
+    async def main() -> tuple[list[float], dict[int, int]]:
+        latencies: list[float] = []
+        statuses: dict[int, int] = {}
+        prefix = uuid.uuid4().hex[:8]
+        signers = [Signer(port, secret, batch, f"{prefix}{n}") for n in range(connections)]
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        deadline = time.perf_counter() + seconds
+        await asyncio.gather(
+            *(_connection(port, s, deadline, latencies, statuses) for s in signers)
+        )
+        return latencies, statuses
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    latencies, statuses = asyncio.run(main())
+    out.send((latencies, statuses))
+    out.close()
+
+
+def run_load(
+    port: int, secret: str, *, batch: int, clients: int, processes: int, seconds: float
+) -> dict[str, float]:
+    start_at = time.time() + 1.0
+    pipes, workers = [], []
+    context = multiprocessing.get_context("fork")
+    for n in range(processes):
+        receiver, sender = context.Pipe(duplex=False)
+        share = clients // processes + (1 if n < clients % processes else 0)
+        worker = context.Process(
+            target=load_worker, args=(port, secret, batch, share, start_at, seconds, sender)
+        )
+        worker.start()
+        pipes.append(receiver)
+        workers.append(worker)
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    for receiver in pipes:
+        worker_latencies, worker_statuses = receiver.recv()
+        latencies += worker_latencies
+        for status, count in worker_statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
+    for worker in workers:
+        worker.join()
+    ok_requests = statuses.get(200, 0)
+    latencies.sort()
+
+    def percentile(p: float) -> float:
+        return (
+            latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else 0.0
+        )
+
+    return {
+        "per_s": ok_requests * batch / seconds,
+        "requests_per_s": ok_requests / seconds,
+        "p50_ms": percentile(0.50),
+        "p99_ms": percentile(0.99),
+        "mean_ms": statistics.fmean(latencies) * 1000 if latencies else 0.0,
+        "non_200": sum(c for s, c in statuses.items() if s != 200),
+    }
+
+
+# Setup --------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_api(database_url: str, port: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "RATCHET_DATABASE_URL": database_url,
+        "RATCHET_API_HOST": "127.0.0.1",
+        "RATCHET_API_PORT": str(port),
+        "RATCHET_ADMIN_TOKEN": "bench",
+        "RATCHET_LOG_LEVEL": "WARNING",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services", "api"], cwd=REPO, env=env, stdin=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the api exited with code {process.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("the api did not start within 60 s")
+
+
+def copy_ceiling(database_url: str, loop_id: int, rows: int) -> float:
+    """Rows per second of a plain COPY of the same traces into the same table."""
+    stored = validate_trace(trace_document("template"))
+    values = [
+        (
+            loop_id,
+            f"copy-{n}",
+            "webhook",
+            stored.model_version,
+            stored.success,
+            stored.score,
+            stored.error_kind,
+            stored.body_json,
+            stored.size_bytes,
+            stored.started_at,
+            stored.ended_at,
+        )
+        for n in range(rows)
+    ]
+    with psycopg.connect(database_url) as conn:
+        started = time.perf_counter()
+        with conn.cursor().copy(f"COPY traces ({', '.join(TRACE_COLUMNS)}) FROM STDIN") as copy:
+            for value in values:
+                copy.write_row(value)
+        conn.commit()
+        return rows / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=15.0, help="duration of each load phase")
+    parser.add_argument("--copy-rows", type=int, default=50_000)
+    parser.add_argument("--client-processes", type=int, default=2)
+    args = parser.parse_args()
+
+    import pgserver
+
+    with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as tmp:
+        log("starting Postgres (pgserver)")
+        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
+        api: subprocess.Popen[bytes] | None = None
+        try:
+            url = server.get_uri("postgres")
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE DATABASE ratchet_bench")
+            database_url = server.get_uri("ratchet_bench")
+            upgrade(database_url)
+            engine = create_db_engine(database_url, pool_size=1)
+            with make_session_factory(engine).begin() as session:
+                created = provision_loop(
+                    session, fields=LoopFields(name=LOOP, environment="toolcalc")
+                )
+                loop_id, secret = created.loop.id, created.signing_secret
+            engine.dispose()
+
+            port = free_port()
+            log(f"starting the api on 127.0.0.1:{port}")
+            api = start_api(database_url, port)
+            cpus = os.cpu_count() or 1
+            log(f"(a) single signed traces, 32 clients, {args.seconds:.0f} s ({cpus} CPUs shared)")
+            cpu_before = cpu_seconds(api.pid)
+            single = run_load(
+                port,
+                secret,
+                batch=1,
+                clients=32,
+                processes=args.client_processes,
+                seconds=args.seconds,
+            )
+            single["api_cpu_ms"] = (
+                (cpu_seconds(api.pid) - cpu_before)
+                * 1000
+                / max(1.0, single["requests_per_s"] * args.seconds)
+            )
+            log(f"    {single['per_s']:.0f} traces/s, p99 {single['p99_ms']:.1f} ms")
+            log(f"(b) batches of 100, 8 clients, {args.seconds:.0f} s")
+            cpu_before = cpu_seconds(api.pid)
+            batch = run_load(
+                port,
+                secret,
+                batch=100,
+                clients=8,
+                processes=args.client_processes,
+                seconds=args.seconds,
+            )
+            batch["api_cpu_ms"] = (
+                (cpu_seconds(api.pid) - cpu_before) * 1000 / max(1.0, batch["per_s"] * args.seconds)
+            )
+            log(f"    {batch['per_s']:.0f} traces/s, p99 {batch['p99_ms']:.1f} ms")
+            api.terminate()
+            api.wait(timeout=30)
+            api = None
+            log(f"(c) plain COPY of {args.copy_rows} rows")
+            copy_per_s = copy_ceiling(database_url, loop_id, args.copy_rows)
+            log(f"    {copy_per_s:.0f} rows/s")
+        finally:
+            if api is not None:
+                api.kill()
+            server.cleanup()
+
+    result = {
+        "single_per_s": round(single["per_s"], 1),
+        "single_p50_ms": round(single["p50_ms"], 2),
+        "single_p99_ms": round(single["p99_ms"], 2),
+        "single_non_200": single["non_200"],
+        "single_api_cpu_ms_per_trace": round(single["api_cpu_ms"], 3),
+        "batch_per_s": round(batch["per_s"], 1),
+        "batch_p50_ms": round(batch["p50_ms"], 2),
+        "batch_p99_ms": round(batch["p99_ms"], 2),
+        "batch_non_200": batch["non_200"],
+        "batch_api_cpu_ms_per_trace": round(batch["api_cpu_ms"], 3),
+        "copy_per_s": round(copy_per_s, 1),
+        "batch_vs_copy": round(batch["per_s"] / copy_per_s, 3) if copy_per_s else None,
+        "seconds_per_phase": args.seconds,
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Starting and signalling a loop's workflow (used by the loop and loop-action routes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from services.settings import Settings
+from workflows.loop import LoopWorkflow
+from workflows.shared import LoopInput, loop_workflow_id
+
+
+async def start_loop_workflow(client: Client, settings: Settings, name: str) -> str:
+    """Start the loop's workflow if it is not running; returns its id. Idempotent."""
+    workflow_id = loop_workflow_id(name)
+    await client.start_workflow(
+        LoopWorkflow.run,
+        LoopInput(loop=name),
+        id=workflow_id,
+        task_queue=settings.temporal_task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    return workflow_id
+
+
+async def signal_loop(client: Client, settings: Settings, name: str, signal: str, arg: Any) -> None:
+    """Signal-with-start: an action on a loop whose workflow is not running starts it."""
+    await client.start_workflow(
+        LoopWorkflow.run,
+        LoopInput(loop=name),
+        id=loop_workflow_id(name),
+        task_queue=settings.temporal_task_queue,
+        start_signal=signal,
+        start_signal_args=[arg],
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )

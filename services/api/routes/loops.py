@@ -1,0 +1,190 @@
+"""Admin API for loops and their ingest credentials (behind the admin token).
+
+Creation returns the webhook signing secret and the ingest token once; rotation issues a new
+one while the old one keeps working for a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from services.api.deps import AdminDep, SessionDep, StateDep
+from services.api.errors import ApiError
+from services.api.loop_control import start_loop_workflow
+from services.api.schemas.loops import (
+    CredentialPublic,
+    LoopCreate,
+    LoopCreated,
+    LoopDetail,
+    LoopPublic,
+    RotateRequest,
+    RotateResult,
+)
+from services.db.models import Loop
+from services.db.queries.credentials import active_credentials
+from services.db.queries.loops import LoopFields, LoopNameTaken, get_loop, list_loops, trace_stats
+from services.ingest.provisioning import provision_loop, rotate_credential
+from services.ingest.service import EXTRAS_KEY, IngestService
+from services.settings import Settings
+from workflows.shared import loop_workflow_id
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/loops", tags=["loops"], dependencies=[AdminDep])
+
+
+def _public_fields(loop: Loop, settings: Settings) -> dict[str, object]:
+    base = settings.api_base_url.rstrip("/")
+    return {
+        "name": loop.name,
+        "environment": loop.environment,
+        "executor": loop.executor,
+        "status": loop.status,
+        "status_reason": loop.status_reason,
+        "training_profile": loop.training_profile,
+        "serving_target": loop.serving_target,
+        "gate_policy": loop.gate_policy,
+        "trigger_policy": loop.trigger_policy,
+        "curation_policy": loop.curation_policy,
+        "budget_usd": float(loop.budget_usd) if loop.budget_usd is not None else None,
+        "champion_checkpoint_id": loop.champion_checkpoint_id,
+        "created_at": loop.created_at,
+        "updated_at": loop.updated_at,
+        "webhook_url": f"{base}/v1/loops/{loop.name}/traces",
+        "otlp_traces_url": f"{base}/otlp/v1/traces",
+    }
+
+
+def _loop_or_404(session: SessionDep, name: str) -> Loop:
+    loop = get_loop(session, name=name)
+    if loop is None:
+        raise ApiError(404, "loop_not_found", f"there is no loop named {name[:64]!r}")
+    return loop
+
+
+def _given(policy: BaseModel) -> dict[str, Any]:
+    """Only the keys the caller set: defaults stay the code's, so they can improve."""
+    return policy.model_dump(mode="json", exclude_unset=True)
+
+
+def _check_environment(name: str) -> None:
+    from services.environments import environment_names
+
+    known = environment_names()
+    if name not in known:
+        raise ApiError(
+            422,
+            "unknown_environment",
+            f"environment {name!r} is not installed; known: {', '.join(sorted(known))}",
+            fields=[{"path": "environment", "message": "unknown environment"}],
+        )
+
+
+def _check_curation_policy(policy: dict[str, Any]) -> None:
+    from services.curation.policy import CurationPolicy, CurationPolicyError
+
+    try:
+        CurationPolicy.from_json(policy)
+    except CurationPolicyError as exc:
+        raise ApiError(
+            422,
+            "invalid_curation_policy",
+            str(exc),
+            fields=[{"path": "curation_policy", "message": str(exc)}],
+        ) from exc
+
+
+@router.post("", status_code=201, summary="Create a loop, its ingest credentials and workflow")
+async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
+    _check_environment(body.environment)
+    _check_curation_policy(body.curation_policy)
+    fields = LoopFields(
+        name=body.name,
+        environment=body.environment,
+        executor=body.executor or state.settings.executor,
+        training_profile=_given(body.training_profile),
+        serving_target=_given(body.serving_target),
+        gate_policy=_given(body.gate_policy),
+        trigger_policy=_given(body.trigger_policy),
+        curation_policy=body.curation_policy,
+        budget_usd=body.budget_usd,
+    )
+
+    def provision() -> tuple[dict[str, object], str, str]:
+        # Its own transaction: the workflow starts only once the loop is committed.
+        with state.session_factory.begin() as session:
+            created = provision_loop(session, fields=fields)
+            public = _public_fields(created.loop, state.settings)
+            return public, created.signing_secret, created.ingest_token
+
+    try:
+        public, signing_secret, ingest_token = await asyncio.to_thread(provision)
+    except LoopNameTaken:
+        raise ApiError(409, "loop_exists", f"a loop named {body.name!r} already exists") from None
+    started = True
+    try:
+        client = await state.temporal.get()
+        await start_loop_workflow(client, state.settings, body.name)
+    except Exception as exc:
+        started = False
+        logger.warning("loop %s created, but its workflow did not start: %s", body.name, exc)
+    return LoopCreated(
+        **public,
+        signing_secret=signing_secret,
+        ingest_token=ingest_token,
+        workflow_id=loop_workflow_id(body.name),
+        workflow_started=started,
+    )
+
+
+@router.get("", summary="List loops")
+def list_all(session: SessionDep, state: StateDep) -> list[LoopPublic]:
+    return [LoopPublic(**_public_fields(loop, state.settings)) for loop in list_loops(session)]
+
+
+@router.get("/{loop}", summary="Show a loop, its traffic and its active credentials")
+def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
+    row = _loop_or_404(session, loop)
+    stats = trace_stats(session, loop_id=row.id)
+    credentials = active_credentials(session, loop_id=row.id, now=dt.datetime.now(dt.UTC))
+    return LoopDetail(
+        **_public_fields(row, state.settings),
+        trace_count=stats.count,
+        last_trace_at=stats.last_received_at,
+        credentials=[
+            CredentialPublic(kind=c.kind, created_at=c.created_at, expires_at=c.expires_at)
+            for c in credentials
+        ],
+    )
+
+
+@router.post(
+    "/{loop}/secrets/rotate",
+    summary="Rotate the signing secret (or ingest token); the old one works for a grace period",
+)
+def rotate(
+    loop: str,
+    session: SessionDep,
+    state: StateDep,
+    body: RotateRequest | None = None,
+) -> RotateResult:
+    body = body or RotateRequest()
+    row = _loop_or_404(session, loop)
+    rotated = rotate_credential(
+        session, loop=row, kind=body.kind, grace=dt.timedelta(seconds=body.grace_seconds)
+    )
+    service = state.extras.get(EXTRAS_KEY)
+    if isinstance(service, IngestService):
+        service.credentials.invalidate(row.name)
+    return RotateResult(
+        loop=row.name,
+        kind=rotated.kind,
+        secret=rotated.value,
+        previous_expires_at=rotated.previous_expires_at,
+    )

@@ -1,0 +1,143 @@
+"""Wire models of the loop admin API, separate from the tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
+
+from services.ingest.schema import MAX_FREE_DEPTH, depth_exceeded
+from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
+
+LOOP_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+LoopName = Annotated[
+    str,
+    StringConstraints(pattern=LOOP_NAME_PATTERN, max_length=40),
+    Field(
+        description="Lowercase letters, digits and dashes, 1-40 characters, starting and "
+        "ending with a letter or digit (a DNS label)",
+        examples=["support-agent"],
+    ),
+]
+
+
+def _contains_nul(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _storable(value: dict[str, Any]) -> dict[str, Any]:
+    """A JSON object Postgres can store as jsonb: bounded depth, no NUL characters."""
+    if depth_exceeded(value):
+        raise ValueError(f"nested deeper than {MAX_FREE_DEPTH} levels")
+    if _contains_nul(value):
+        raise ValueError("strings may not contain NUL (\\u0000) characters")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_storable)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00]*$")]
+
+
+class LoopCreate(BaseModel):
+    """A new loop: one served model to improve."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: LoopName
+    environment: Text = Field(description="The environment its tasks run in, e.g. toolcalc")
+    executor: Literal["local", "kubernetes"] | None = Field(
+        default=None, description="Where jobs run; defaults to the server's RATCHET_EXECUTOR"
+    )
+    training_profile: TrainingProfile = Field(default_factory=TrainingProfile)
+    serving_target: ServingTarget = Field(default_factory=ServingTarget)
+    gate_policy: GatePolicy = Field(default_factory=GatePolicy)
+    trigger_policy: TriggerPolicy = Field(default_factory=TriggerPolicy)
+    curation_policy: JsonObject = Field(default_factory=dict)
+    budget_usd: Decimal | None = Field(
+        default=None, ge=0, lt=Decimal("1e10"), decimal_places=4, description="Spend cap, USD"
+    )
+
+
+class CredentialPublic(BaseModel):
+    """An active credential, without its value."""
+
+    kind: Literal["signing_secret", "ingest_token"]
+    created_at: dt.datetime
+    expires_at: dt.datetime | None
+
+
+class LoopPublic(BaseModel):
+    """A loop as the admin API shows it (no secrets)."""
+
+    name: str
+    environment: str
+    executor: str
+    status: str
+    status_reason: str | None
+    training_profile: dict[str, Any]
+    serving_target: dict[str, Any]
+    gate_policy: dict[str, Any]
+    trigger_policy: dict[str, Any]
+    curation_policy: dict[str, Any]
+    budget_usd: float | None
+    champion_checkpoint_id: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    webhook_url: str = Field(description="Where to post signed ratchet.trace/v1 traces")
+    otlp_traces_url: str = Field(description="OTLP/HTTP traces endpoint (Bearer ingest token)")
+
+
+class LoopDetail(LoopPublic):
+    """One loop with its traffic and active credentials."""
+
+    trace_count: int
+    last_trace_at: dt.datetime | None
+    credentials: list[CredentialPublic]
+
+
+class LoopCreated(LoopPublic):
+    """A created loop with its credentials, shown this once."""
+
+    signing_secret: str = Field(description="Standard Webhooks secret (whsec_...), shown once")
+    ingest_token: str = Field(description="Bearer token for the OTLP endpoint, shown once")
+    workflow_id: str = Field(description="The loop's Temporal workflow (loop/<name>)")
+    workflow_started: bool = Field(
+        description="False when Temporal was unreachable; POST /v1/loops/{loop}/start later"
+    )
+
+
+class RotateRequest(BaseModel):
+    """Rotate a credential; the old one keeps working for the grace period."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["signing_secret", "ingest_token"] = "signing_secret"
+    grace_seconds: int = Field(default=86400, ge=0, le=30 * 86400)
+
+
+class RotateResult(BaseModel):
+    loop: str
+    kind: Literal["signing_secret", "ingest_token"]
+    secret: str = Field(description="The new secret or token, shown once")
+    previous_expires_at: dt.datetime | None = Field(
+        description="Until when the previous one is still accepted (null if there was none)"
+    )

@@ -1,0 +1,279 @@
+"""``ratchet loop ...``: loops, their ingest credentials, champion and operator actions.
+
+The commands call the admin API at ``settings.api_base_url`` with ``RATCHET_ADMIN_TOKEN``;
+every failure a user can fix is one line (api unreachable, wrong token, no such loop, name
+taken, invalid field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pydantic import BaseModel
+
+from services.cli.common import cli_settings
+
+
+def register(subparsers: Any) -> None:
+    loop = subparsers.add_parser(
+        "loop", help="create, list, show loops; rotate secrets; pause, resume, approve, rollback"
+    )
+    commands = loop.add_subparsers(dest="loop_command", metavar="COMMAND", required=True)
+
+    create = commands.add_parser(
+        "create",
+        help="create a loop; prints its webhook signing secret and ingest token (shown once)",
+    )
+    create.add_argument("name", help="loop name: lowercase letters, digits, dashes (DNS label)")
+    create.add_argument(
+        "--env", required=True, dest="environment", help="environment, e.g. toolcalc"
+    )
+    create.add_argument("--executor", choices=("local", "kubernetes"), default="local")
+    create.add_argument("--budget-usd", type=_budget, default=None, help="spend cap in USD")
+    create.add_argument("--json", action="store_true", help="print one JSON object")
+    create.set_defaults(func=_create)
+
+    listing = commands.add_parser("list", help="list loops")
+    listing.add_argument("--json", action="store_true", help="print a JSON array")
+    listing.set_defaults(func=_list)
+
+    show = commands.add_parser("show", help="show a loop, its traffic and active credentials")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(func=_show)
+
+    rotate = commands.add_parser(
+        "rotate-secret",
+        help="issue a new signing secret; the old one works for the grace period",
+    )
+    rotate.add_argument("name")
+    rotate.add_argument("--grace-seconds", type=_grace, default=86400)
+    rotate.add_argument(
+        "--ingest-token", action="store_true", help="rotate the OTLP ingest token instead"
+    )
+    rotate.add_argument("--json", action="store_true", help="print one JSON object")
+    rotate.set_defaults(func=_rotate)
+
+    status = commands.add_parser("status", help="the loop's stage, cycle and what it waits for")
+    status.add_argument("name")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(func=_status)
+
+    champion = commands.add_parser(
+        "set-champion",
+        help="register a checkpoint directory as the loop's champion (e.g. the first one)",
+    )
+    champion.add_argument("name")
+    champion.add_argument("checkpoint", help="checkpoint directory (path or file:// URI)")
+    champion.add_argument("--reason", default=None)
+    champion.set_defaults(func=_set_champion)
+
+    start = commands.add_parser("start", help="start the loop's workflow (idempotent)")
+    start.add_argument("name")
+    start.set_defaults(func=_start)
+
+    for action, help_text in ACTIONS.items():
+        command = commands.add_parser(action, help=help_text)
+        command.add_argument("name")
+        command.add_argument("--reason", default=None, help="recorded with the action")
+        if action in ("approve", "reject"):
+            command.add_argument("--cycle", type=int, default=0, help="cycle (default: current)")
+            command.add_argument("--by", default=None, help="who decides (default: operator)")
+        command.set_defaults(func=_action, action=action)
+
+
+ACTIONS = {
+    "pause": "pause the loop: no new cycle starts",
+    "resume": "resume a paused loop",
+    "run-now": "start a cycle now, without waiting for a trigger",
+    "approve": "approve the candidate waiting at a manual gate",
+    "reject": "reject the candidate waiting at a manual gate",
+    "rollback": "roll back to the champion before the last promotion",
+}
+
+
+def _budget(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError("must be a non-negative number of dollars")
+    return value
+
+
+def _grace(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if not 0 <= value <= 30 * 86400:
+        raise argparse.ArgumentTypeError("must be between 0 and 2592000 (30 days)")
+    return value
+
+
+def _client() -> Any:
+    from services.client import RatchetClient
+
+    settings = cli_settings()
+    token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    return RatchetClient(settings.api_base_url, token)
+
+
+def _call(args: argparse.Namespace, action: Any) -> Any:
+    """Run an API call and turn its failures into one clear line."""
+    from services.cli import CliError
+    from services.client import ApiRequestError, ApiUnreachable
+
+    name = getattr(args, "name", None)
+    try:
+        with _client() as client:
+            return action(client)
+    except ApiUnreachable as exc:
+        raise CliError(f"{exc} (is `ratchet api` or `ratchet up` running?)", exit_code=1) from None
+    except ApiRequestError as exc:
+        raise CliError(_explain(exc, name), exit_code=1) from None
+
+
+def _explain(exc: Any, name: str | None) -> str:
+    if exc.status_code == 401:
+        return "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin token"
+    if exc.status_code == 403:
+        return exc.message
+    if exc.status_code == 404:
+        return f"there is no loop named {name!r} (see `ratchet loop list`)"
+    if exc.status_code == 409:
+        return f"a loop named {name!r} already exists; choose another name"
+    if exc.status_code == 422 and exc.fields:
+        return "invalid loop: " + "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
+    return f"the api answered {exc.status_code} {exc.code}: {exc.message}"
+
+
+def _print_json(value: BaseModel | list[BaseModel]) -> None:
+    if isinstance(value, list):
+        print(json.dumps([item.model_dump(mode="json") for item in value], indent=2))
+    else:
+        print(json.dumps(value.model_dump(mode="json"), indent=2))
+
+
+def _create(args: argparse.Namespace) -> int:
+    created = _call(
+        args,
+        lambda client: client.create_loop(
+            args.name, args.environment, executor=args.executor, budget_usd=args.budget_usd
+        ),
+    )
+    if args.json:
+        _print_json(created)
+        return 0
+    print(f"loop {created.name} created", end=" ")
+    print(f"(environment {created.environment}, executor {created.executor})")
+    print(f"webhook:        POST {created.webhook_url}")
+    print(f"signing secret: {created.signing_secret}")
+    print(f"otlp endpoint:  POST {created.otlp_traces_url}")
+    print(f"ingest token:   {created.ingest_token}")
+    print("store both now: they are not shown again (rotate with `ratchet loop rotate-secret`)")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    loops = _call(args, lambda client: client.list_loops())
+    if args.json:
+        _print_json(loops)
+        return 0
+    if not loops:
+        print("no loops yet: create one with `ratchet loop create NAME --env ENV`")
+        return 0
+    width = max(len(loop.name) for loop in loops)
+    print(f"{'NAME':<{width}}  {'STATUS':<8}  {'ENVIRONMENT':<16}  EXECUTOR")
+    for loop in loops:
+        print(f"{loop.name:<{width}}  {loop.status:<8}  {loop.environment:<16}  {loop.executor}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    loop = _call(args, lambda client: client.get_loop(args.name))
+    if args.json:
+        _print_json(loop)
+        return 0
+    budget = f"${loop.budget_usd:,.2f}" if loop.budget_usd is not None else "none"
+    print(
+        f"loop {loop.name} ({loop.status}{': ' + loop.status_reason if loop.status_reason else ''})"
+    )
+    print(f"  environment  {loop.environment}")
+    print(f"  executor     {loop.executor}")
+    print(f"  budget       {budget}")
+    print(f"  champion     {loop.champion_checkpoint_id or 'none yet'}")
+    print(f"  traces       {loop.trace_count} (last {loop.last_trace_at or 'never'})")
+    print(f"  webhook      {loop.webhook_url}")
+    print(f"  otlp         {loop.otlp_traces_url}")
+    for credential in loop.credentials:
+        until = f"expires {credential.expires_at}" if credential.expires_at else "no expiry"
+        print(f"  credential   {credential.kind} created {credential.created_at}, {until}")
+    return 0
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    kind = "ingest_token" if args.ingest_token else "signing_secret"
+    rotated = _call(
+        args,
+        lambda client: client.rotate_secret(args.name, grace_seconds=args.grace_seconds, kind=kind),
+    )
+    if args.json:
+        _print_json(rotated)
+        return 0
+    label = "ingest token" if kind == "ingest_token" else "signing secret"
+    print(f"new {label} for {rotated.loop}: {rotated.secret}")
+    if rotated.previous_expires_at is not None:
+        print(f"the previous one keeps working until {rotated.previous_expires_at}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = _call(args, lambda client: client.status(args.name))
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"loop {status['loop']}: {status['db_status']}", end="")
+    print(f" ({status['status_reason']})" if status.get("status_reason") else "")
+    print(
+        f"  workflow     {status['workflow_id']} {status.get('workflow_status') or 'not started'}"
+    )
+    if status.get("stage"):
+        print(f"  stage        {status['stage']} (cycle {status.get('cycle')})")
+        print(f"  waiting for  {status.get('waiting_for') or '-'}")
+        print(f"  last outcome {status.get('last_outcome') or '-'}")
+        print(f"  cycles done  {status.get('cycles_done')}")
+    return 0
+
+
+def _set_champion(args: argparse.Namespace) -> int:
+    result = _call(
+        args, lambda client: client.set_champion(args.name, args.checkpoint, reason=args.reason)
+    )
+    print(f"champion of {args.name}: {result['checkpoint_id']} ({result['uri']})")
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    result = _call(args, lambda client: client.start_loop(args.name))
+    print(f"workflow {result['workflow_id']} is running")
+    return 0
+
+
+def _action(args: argparse.Namespace) -> int:
+    result = _call(
+        args,
+        lambda client: client.action(
+            args.name,
+            args.action,
+            reason=args.reason,
+            by=getattr(args, "by", None),
+            cycle=getattr(args, "cycle", 0),
+        ),
+    )
+    print(f"{args.action}: {result['status']} ({result['workflow_id']})")
+    return 0

@@ -1,0 +1,100 @@
+"""Webhook signing secrets and ingest tokens of loops. The caller owns the transaction.
+
+A credential is active while ``expires_at`` is null or in the future; a rotation gives the
+old one an expiry (the grace period) and adds a new one, so both work meanwhile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy.orm import Session
+
+from services.db.models import Credential, Loop
+
+SIGNING_SECRET = "signing_secret"
+INGEST_TOKEN = "ingest_token"
+
+
+def _active(now: dt.datetime) -> ColumnElement[bool]:
+    return or_(Credential.expires_at.is_(None), Credential.expires_at > now)
+
+
+def add_signing_secret(session: Session, *, loop_id: int, secret: str) -> Credential:
+    credential = Credential(loop_id=loop_id, kind=SIGNING_SECRET, secret=secret)
+    session.add(credential)
+    session.flush()
+    return credential
+
+
+def add_ingest_token(session: Session, *, loop_id: int, token_sha256: str) -> Credential:
+    """Ingest tokens are stored as their sha256 only: a database leak does not leak them."""
+    credential = Credential(loop_id=loop_id, kind=INGEST_TOKEN, token_sha256=token_sha256)
+    session.add(credential)
+    session.flush()
+    return credential
+
+
+def active_credentials(
+    session: Session, *, loop_id: int, now: dt.datetime, kind: str | None = None
+) -> Sequence[Credential]:
+    query = select(Credential).where(Credential.loop_id == loop_id, _active(now))
+    if kind is not None:
+        query = query.where(Credential.kind == kind)
+    return session.scalars(query.order_by(Credential.created_at, Credential.id)).all()
+
+
+def expire_credentials(
+    session: Session, *, loop_id: int, kind: str, now: dt.datetime, at: dt.datetime
+) -> None:
+    """Let every active credential of a kind expire at ``at`` (sooner if it expires earlier).
+
+    One already in a grace period ends now, so a rotation leaves at most two active.
+    """
+    session.execute(
+        update(Credential)
+        .where(
+            Credential.loop_id == loop_id,
+            Credential.kind == kind,
+            Credential.expires_at.is_not(None),
+            Credential.expires_at > now,
+        )
+        .values(expires_at=now)
+    )
+    session.execute(
+        update(Credential)
+        .where(
+            Credential.loop_id == loop_id,
+            Credential.kind == kind,
+            Credential.expires_at.is_(None),
+        )
+        .values(expires_at=at)
+    )
+
+
+def signing_secrets_for(
+    session: Session, *, loop_name: str, now: dt.datetime
+) -> tuple[Loop, Sequence[Credential]] | None:
+    """A loop and its active signing secrets, by loop name; None if there is no such loop."""
+    loop = session.scalar(select(Loop).where(Loop.name == loop_name))
+    if loop is None:
+        return None
+    return loop, active_credentials(session, loop_id=loop.id, now=now, kind=SIGNING_SECRET)
+
+
+def loop_for_token(
+    session: Session, *, token_sha256: str, now: dt.datetime
+) -> tuple[Loop, Credential] | None:
+    """The loop an active ingest token belongs to."""
+    row = session.execute(
+        select(Loop, Credential)
+        .join(Credential, Credential.loop_id == Loop.id)
+        .where(
+            Credential.kind == INGEST_TOKEN,
+            Credential.token_sha256 == token_sha256,
+            _active(now),
+        )
+    ).first()
+    return (row[0], row[1]) if row is not None else None

@@ -1,0 +1,202 @@
+"""The ingest service the two doors share: authentication, storage, per-item outcomes, metrics.
+
+The api builds one per process (in the traces route module's startup hook) around a
+:class:`GroupCommitWriter` and a :class:`CredentialCache`; the routes stay thin: read the
+body within limits, call in here, write the answer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+
+from services.db.session import SessionFactory
+from services.ingest.credentials import CredentialCache, LoopKeys, TokenLoop
+from services.ingest.errors import IngestError
+from services.ingest.schema import Rejection, StoredTrace
+from services.ingest.signature import SignatureError, SignedHeaders, parse_headers, verify
+from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow, WriteOutcome
+from services.metrics import (
+    INGEST_ACCEPTED,
+    INGEST_BYTES,
+    INGEST_DUPLICATE,
+    INGEST_RECEIVED,
+    INGEST_REJECTED,
+)
+from services.settings import Settings
+
+LOOP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+EXTRAS_KEY = "ingest"  # where the api keeps the service (AppState.extras)
+UNKNOWN_LOOP = "-"  # metric label for requests whose loop is not known
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """The answer for one item of a request."""
+
+    index: int
+    external_id: str | None
+    status: str
+    trace_id: int | None = None
+    reason: str | None = None
+    fields: list[dict[str, str]] = field(default_factory=list)
+
+
+def conninfo_from_engine(engine: Engine) -> str:
+    """A libpq connection string for the same database as the SQLAlchemy engine."""
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _unauthorized(message: str, scheme: str) -> IngestError:
+    return IngestError(401, "unauthorized", message, headers={"WWW-Authenticate": scheme})
+
+
+class IngestService:
+    """See the module docstring."""
+
+    def __init__(
+        self, *, settings: Settings, session_factory: SessionFactory, conninfo: str
+    ) -> None:
+        self.settings = settings
+        self.writer = GroupCommitWriter(
+            conninfo,
+            queue_max=settings.ingest_queue_max,
+            max_rows=settings.ingest_commit_max_rows,
+            max_wait_s=settings.ingest_commit_max_wait_ms / 1000.0,
+        )
+        self.credentials = CredentialCache(session_factory)
+
+    async def start(self) -> None:
+        await self.writer.start()
+
+    async def stop(self) -> None:
+        await self.writer.stop()
+
+    # Authentication -----------------------------------------------------------------------
+
+    async def webhook_loop(self, name: str) -> LoopKeys:
+        """The loop a webhook path names (404 when there is none)."""
+        keys = await self.credentials.loop_keys(name) if LOOP_NAME.match(name) else None
+        if keys is None:
+            raise IngestError(404, "loop_not_found", f"there is no loop named {name[:64]!r}")
+        if keys.status == "archived":
+            raise IngestError(
+                409, "loop_archived", f"loop {name!r} is archived and takes no traces"
+            )
+        return keys
+
+    def signed_headers(self, headers: Mapping[str, str]) -> SignedHeaders:
+        """The signature headers, checked for form and freshness before the body is read."""
+        try:
+            return parse_headers(
+                headers,
+                now=time.time(),
+                tolerance_s=self.settings.ingest_timestamp_tolerance_s,
+            )
+        except SignatureError as exc:
+            raise _unauthorized(str(exc), "Webhook-Signature") from None
+
+    async def verify_signature(self, keys: LoopKeys, signed: SignedHeaders, body: bytes) -> None:
+        """401 unless a signature matches under one of the loop's active secrets.
+
+        On a miss the loop's secrets are re-read once (a rotation may have happened in another
+        api process) before the request is refused.
+        """
+        now = dt.datetime.now(dt.UTC)
+        if verify(signed, body, keys.active(now)):
+            return
+        fresh = await self.credentials.refresh_loop_keys(keys.name)
+        if (
+            fresh is not None
+            and fresh.loop_id == keys.loop_id
+            and verify(signed, body, fresh.active(now))
+        ):
+            return
+        raise _unauthorized(
+            "no webhook-signature matches this body under the loop's active signing secrets "
+            "(wrong or expired secret, or the body changed after signing)",
+            "Webhook-Signature",
+        )
+
+    async def token_loop(self, token: str | None) -> TokenLoop:
+        """The loop of an ``Authorization: Bearer <ingest token>`` (401 when missing/invalid)."""
+        if not token:
+            raise _unauthorized(
+                "missing ingest token: send Authorization: Bearer <the loop's ingest token>",
+                "Bearer",
+            )
+        found = await self.credentials.token_loop(token)
+        if found is None or not found.valid(dt.datetime.now(dt.UTC)):
+            raise _unauthorized("the ingest token is unknown or expired", "Bearer")
+        if found.status == "archived":
+            raise IngestError(
+                409, "loop_archived", f"loop {found.name!r} is archived and takes no traces"
+            )
+        return found
+
+    # Storage ------------------------------------------------------------------------------
+
+    async def store(
+        self,
+        *,
+        loop_id: int,
+        loop_name: str,
+        source: str,
+        traces: list[tuple[int, StoredTrace]],
+        rejected: list[Rejection],
+        total: int,
+    ) -> list[ItemOutcome]:
+        """Store valid traces (durably) and merge their outcomes with the rejected items.
+
+        Raises :class:`StorageUnavailable` when nothing could be stored; then nothing counts
+        as accepted.
+        """
+        INGEST_RECEIVED.labels(loop_name, source).inc(total)
+        rows = [TraceRow(loop_id, source, trace) for _, trace in traces]
+        try:
+            outcomes = await self.writer.write(rows)
+        except StorageUnavailable:
+            INGEST_REJECTED.labels(loop_name, source, "unavailable").inc(len(rows))
+            raise
+        results = [
+            self._record(index, trace.external_id, outcome, loop_name, source)
+            for (index, trace), outcome in zip(traces, outcomes, strict=True)
+        ]
+        for rejection in rejected:
+            INGEST_REJECTED.labels(loop_name, source, "invalid_trace").inc()
+            results.append(
+                ItemOutcome(
+                    rejection.index,
+                    rejection.external_id,
+                    "rejected",
+                    reason=rejection.reason,
+                    fields=rejection.fields,
+                )
+            )
+        results.sort(key=lambda item: item.index)
+        return results
+
+    def _record(
+        self, index: int, external_id: str, outcome: WriteOutcome, loop: str, source: str
+    ) -> ItemOutcome:
+        if outcome.status == "accepted":
+            INGEST_ACCEPTED.labels(loop, source).inc()
+        elif outcome.status == "duplicate":
+            INGEST_DUPLICATE.labels(loop, source).inc()
+        else:
+            INGEST_REJECTED.labels(loop, source, "storage_rejected").inc()
+        return ItemOutcome(index, external_id, outcome.status, outcome.trace_id, outcome.reason)
+
+    @staticmethod
+    def count_request_rejected(loop: str, source: str, reason: str) -> None:
+        """Count a whole request refused before any trace was read (auth, size, syntax)."""
+        INGEST_REJECTED.labels(loop, source, reason).inc()
+
+    @staticmethod
+    def count_bytes(source: str, size: int) -> None:
+        INGEST_BYTES.labels(source).inc(size)

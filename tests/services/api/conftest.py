@@ -1,0 +1,43 @@
+"""Fixtures for api tests: the real app over a fresh test database, and a loop in it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from services.api.app import create_app
+from services.api.state import AppState, TemporalConnection
+from services.db.session import SessionFactory
+from services.settings import Settings
+from tests.services.api.support import ADMIN_TOKEN, create_loop
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, admin_token=ADMIN_TOKEN)
+
+
+@pytest.fixture
+def app_state(settings: Settings, engine: Engine, session_factory: SessionFactory) -> AppState:
+    return AppState(
+        settings=settings,
+        engine=engine,
+        session_factory=session_factory,
+        temporal=TemporalConnection(settings),
+    )
+
+
+@pytest.fixture
+def client(settings: Settings, app_state: AppState) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, state=app_state)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def loop(client: TestClient) -> dict[str, Any]:
+    """A created loop with its signing secret and ingest token."""
+    return create_loop(client)

@@ -1,0 +1,119 @@
+"""Helpers for api tests: trace documents, Standard Webhooks signing, a real uvicorn server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from services.ingest.signature import sign
+
+ADMIN_TOKEN = "test-admin-token"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def make_trace(external_id: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """A valid ratchet.trace/v1 document (a failed toolcalc-like episode)."""
+    trace: dict[str, Any] = {
+        "schema": "ratchet.trace/v1",
+        "external_id": external_id or f"ep-{uuid.uuid4().hex[:12]}",
+        "model_version": "champion-1",
+        "started_at": "2026-01-02T03:04:05Z",
+        "ended_at": "2026-01-02T03:04:07Z",
+        "tools": [
+            {
+                "name": "add",
+                "description": "add two integers",
+                "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            }
+        ],
+        "messages": [
+            {"role": "system", "content": "Use the tools."},
+            {"role": "user", "content": "What is 2+3?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "name": "add", "arguments": {"a": 2, "b": 3}}],
+            },
+            {"role": "tool", "content": "5", "tool_call_id": "c1", "name": "add"},
+            {"role": "assistant", "content": "6", "token_ids": [54], "logprobs": [-0.1]},
+        ],
+        "outcome": {
+            "success": False,
+            "score": 0.2,
+            "error": {"kind": "wrong_answer", "message": "expected 5"},
+        },
+        "reference_answer": None,
+        "metadata": {"env": "toolcalc", "api_version": "v2"},
+    }
+    trace.update(overrides)
+    return trace
+
+
+def signed_headers(
+    secret: str,
+    body: bytes,
+    *,
+    msg_id: str | None = None,
+    timestamp: int | None = None,
+    content_type: str = "application/json",
+) -> dict[str, str]:
+    msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    return {
+        "content-type": content_type,
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(secret, msg_id, timestamp, body),
+    }
+
+
+def body_of(payload: Any) -> bytes:
+    return payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """Run ``app`` under a real uvicorn on 127.0.0.1 (random port) in a thread; yield its URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def create_loop(
+    client: httpx.Client | Any, name: str = "support-agent", **fields: Any
+) -> dict[str, Any]:
+    response = client.post(
+        "/v1/loops", json={"name": name, "environment": "toolcalc", **fields}, headers=ADMIN
+    )
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created

@@ -1,0 +1,117 @@
+"""`ratchet loop ...` against a real api (uvicorn) and a real database."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from services.api.app import create_app
+from services.api.state import AppState, TemporalConnection
+from services.cli import main
+from services.client import sign_and_post_traces
+from services.db.session import SessionFactory
+from services.settings import Settings, get_settings
+from tests.services.api.support import ADMIN_TOKEN, free_port, make_trace, serve
+
+
+@pytest.fixture
+def api_url(
+    database_url: str,
+    engine: Engine,
+    session_factory: SessionFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[str]:
+    settings = Settings(database_url=database_url, admin_token=ADMIN_TOKEN)
+    state = AppState(settings, engine, session_factory, TemporalConnection(settings))
+    with serve(create_app(settings, state=state)) as url:
+        monkeypatch.setenv("RATCHET_PUBLIC_URL", url)
+        monkeypatch.setenv("RATCHET_ADMIN_TOKEN", ADMIN_TOKEN)
+        get_settings.cache_clear()
+        yield url
+    get_settings.cache_clear()
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_create_list_show_rotate(api_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "loop", "create", "calc", "--env", "toolcalc", "--budget-usd", "12.5", "--json"
+    )
+    assert code == 0
+    created: dict[str, Any] = json.loads(out)
+    assert created["name"] == "calc"
+    assert created["signing_secret"].startswith("whsec_")
+    assert created["ingest_token"].startswith("rit_")
+    assert created["budget_usd"] == 12.5
+
+    # The secret works with the client's signed post (what `ratchet demo` uses).
+    [result] = sign_and_post_traces(api_url, "calc", created["signing_secret"], [make_trace("c1")])
+    assert result.accepted == 1
+
+    code, out, _ = run(capsys, "loop", "list")
+    assert code == 0 and "calc" in out and "toolcalc" in out
+    code, out, _ = run(capsys, "loop", "list", "--json")
+    assert [loop["name"] for loop in json.loads(out)] == ["calc"]
+    code, out, _ = run(capsys, "loop", "show", "calc")
+    assert code == 0 and "traces       1" in out and "signing_secret" in out
+    code, out, _ = run(capsys, "loop", "show", "calc", "--json")
+    assert json.loads(out)["trace_count"] == 1
+
+    code, out, _ = run(capsys, "loop", "rotate-secret", "calc", "--grace-seconds", "60", "--json")
+    assert code == 0
+    rotated = json.loads(out)
+    assert rotated["secret"] != created["signing_secret"]
+    assert rotated["previous_expires_at"] is not None
+    # Both secrets work during the grace period.
+    for secret in (created["signing_secret"], rotated["secret"]):
+        [ok] = sign_and_post_traces(api_url, "calc", secret, [make_trace()], batch=False)
+        assert ok.accepted == 1
+    code, out, _ = run(capsys, "loop", "create", "plain", "--env", "toolcalc")
+    assert code == 0 and "signing secret: whsec_" in out and "ingest token:   rit_" in out
+
+
+def test_errors_are_one_clear_line(
+    api_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run(capsys, "loop", "create", "dup", "--env", "toolcalc")[0] == 0
+
+    code, _, err = run(capsys, "loop", "create", "dup", "--env", "toolcalc")
+    assert code == 1 and err.strip() == (
+        "ratchet: error: a loop named 'dup' already exists; choose another name"
+    )
+    code, _, err = run(capsys, "loop", "show", "ghost")
+    assert code == 1 and "there is no loop named 'ghost'" in err
+    code, _, err = run(capsys, "loop", "create", "Bad_Name", "--env", "toolcalc")
+    assert code == 1 and "invalid loop: name:" in err
+    assert len(err.strip().splitlines()) == 1
+
+    monkeypatch.setenv("RATCHET_ADMIN_TOKEN", "wrong")
+    get_settings.cache_clear()
+    code, _, err = run(capsys, "loop", "list")
+    assert code == 1 and "refused the admin token" in err
+
+    monkeypatch.setenv("RATCHET_PUBLIC_URL", f"http://127.0.0.1:{free_port()}")
+    get_settings.cache_clear()
+    code, _, err = run(capsys, "loop", "list")
+    assert code == 1 and "cannot reach the Ratchet api" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bad_arguments_are_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ["loop", "create", "x", "--env", "e", "--budget-usd", "lots"],
+        ["loop", "create", "x", "--env", "e", "--executor", "slurm"],
+        ["loop", "rotate-secret", "x", "--grace-seconds", "-5"],
+        ["loop", "create", "x"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2

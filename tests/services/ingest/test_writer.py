@@ -1,0 +1,131 @@
+"""The group-commit writer against a real Postgres: grouping, duplicates, bad rows, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import Engine
+
+from services.db.queries.loops import LoopFields
+from services.db.queries.traces import count_traces
+from services.db.session import SessionFactory
+from services.ingest.provisioning import provision_loop
+from services.ingest.schema import validate_trace
+from services.ingest.service import conninfo_from_engine
+from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow
+from services.metrics import REGISTRY
+from tests.services.api.support import make_trace
+
+
+@pytest.fixture
+def loop_id(session_factory: SessionFactory) -> int:
+    with session_factory.begin() as session:
+        return provision_loop(session, fields=LoopFields(name="w", environment="toolcalc")).loop.id
+
+
+def row(loop_id: int, external_id: str) -> TraceRow:
+    return TraceRow(loop_id, "webhook", validate_trace(make_trace(external_id)))
+
+
+def writer_for(engine: Engine, **overrides: float) -> GroupCommitWriter:
+    options = {"queue_max": 10_000, "max_rows": 1_000, "max_wait_s": 0.002, **overrides}
+    return GroupCommitWriter(
+        conninfo_from_engine(engine),
+        queue_max=int(options["queue_max"]),
+        max_rows=int(options["max_rows"]),
+        max_wait_s=options["max_wait_s"],
+    )
+
+
+def commits() -> float:
+    return REGISTRY.get_sample_value("ratchet_ingest_commit_rows_count") or 0.0
+
+
+async def test_concurrent_writes_share_commits(
+    engine: Engine, session_factory: SessionFactory, loop_id: int
+) -> None:
+    writer = writer_for(engine)
+    await writer.start()
+    before = commits()
+    results = await asyncio.gather(*(writer.write([row(loop_id, f"t{i}")]) for i in range(300)))
+    await writer.stop()
+
+    assert all(r[0].status == "accepted" and r[0].trace_id for r in results)
+    assert commits() - before < 300 / 5  # many traces per transaction
+    with session_factory() as session:
+        assert count_traces(session, loop_id=loop_id) == 300
+
+
+async def test_duplicates_in_and_across_groups(
+    engine: Engine, session_factory: SessionFactory, loop_id: int
+) -> None:
+    writer = writer_for(engine)
+    await writer.start()
+    first = await writer.write([row(loop_id, "a"), row(loop_id, "b"), row(loop_id, "a")])
+    second = await writer.write([row(loop_id, "b"), row(loop_id, "c")])
+    await writer.stop()
+
+    assert [o.status for o in first] == ["accepted", "accepted", "duplicate"]
+    assert [o.status for o in second] == ["duplicate", "accepted"]
+    with session_factory() as session:
+        assert count_traces(session, loop_id=loop_id) == 3
+
+
+async def test_a_row_postgres_refuses_is_rejected_alone(
+    engine: Engine, session_factory: SessionFactory, loop_id: int
+) -> None:
+    writer = writer_for(engine)
+    await writer.start()
+    missing_loop = loop_id + 1000  # a foreign-key violation the validator cannot foresee
+    outcomes = await writer.write(
+        [row(loop_id, "ok-1"), row(missing_loop, "orphan"), row(loop_id, "ok-2")]
+    )
+    await writer.stop()
+
+    assert [o.status for o in outcomes] == ["accepted", "rejected", "accepted"]
+    assert outcomes[1].reason is not None and "refused" in outcomes[1].reason
+    with session_factory() as session:
+        assert count_traces(session, loop_id=loop_id) == 2
+
+
+async def test_stop_writes_what_is_queued_then_refuses(
+    engine: Engine, session_factory: SessionFactory, loop_id: int
+) -> None:
+    writer = writer_for(engine, max_wait_s=0.05)
+    await writer.start()
+    pending = [asyncio.create_task(writer.write([row(loop_id, f"q{i}")])) for i in range(20)]
+    await asyncio.sleep(0)
+    await writer.stop()
+    assert all(task.result()[0].status == "accepted" for task in pending)
+    with pytest.raises(StorageUnavailable):
+        await writer.write([row(loop_id, "late")])
+    with session_factory() as session:
+        assert count_traces(session, loop_id=loop_id) == 20
+
+
+async def test_an_unreachable_database_refuses_without_acknowledging(loop_id: int) -> None:
+    writer = GroupCommitWriter(
+        "postgresql://nobody@127.0.0.1:1/none", queue_max=10, max_rows=10, max_wait_s=0
+    )
+    await writer.start()
+    with pytest.raises(StorageUnavailable) as caught:
+        await writer.write([row(loop_id, "x")])
+    assert caught.value.retry_after_s == 1
+    # While it is known to be down, requests are refused at once, without queueing.
+    with pytest.raises(StorageUnavailable, match="unreachable"):
+        await writer.write([row(loop_id, "y")])
+    assert writer.depth == 0
+    await writer.stop()
+
+
+async def test_a_full_queue_refuses_the_whole_request(engine: Engine, loop_id: int) -> None:
+    writer = writer_for(engine, queue_max=2)
+    await writer.start()
+    with pytest.raises(StorageUnavailable, match="queue is full"):
+        await writer.write([row(loop_id, f"r{i}") for i in range(3)])
+    assert [o.status for o in await writer.write([row(loop_id, "s1"), row(loop_id, "s2")])] == [
+        "accepted",
+        "accepted",
+    ]
+    await writer.stop()

@@ -13,11 +13,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import ModuleType
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import services.api.routes as routes_package
 from services.api.errors import install_error_handlers
@@ -34,23 +35,36 @@ def route_modules() -> list[ModuleType]:
     return [importlib.import_module(f"{routes_package.__name__}.{name}") for name in names]
 
 
-def _route_template(request: Request) -> str:
-    """The matched route's template (``/v1/loops/{loop}``), never the raw path."""
-    route = request.scope.get("route")
-    return str(getattr(route, "path_format", None) or getattr(route, "path", "unmatched"))
+class HttpMetricsMiddleware:
+    """Counts and times every request by route template, as plain ASGI (no per-request task)."""
 
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
-def _install_http_metrics(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def _measure(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         started = time.perf_counter()
-        response = await call_next(request)
-        route = _route_template(request)
-        HTTP_REQUEST_DURATION.labels(route, request.method).observe(time.perf_counter() - started)
-        HTTP_REQUESTS.labels(route, request.method, str(response.status_code)).inc()
-        return response
+        status = 500
+
+        async def send_and_record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record_status)
+        finally:
+            route = scope.get("route")
+            template = str(
+                getattr(route, "path_format", None) or getattr(route, "path", "unmatched")
+            )
+            method = scope.get("method", "GET")
+            elapsed = time.perf_counter() - started
+            HTTP_REQUEST_DURATION.labels(str(template), method).observe(elapsed)
+            HTTP_REQUESTS.labels(str(template), method, str(status)).inc()
 
 
 def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
@@ -93,7 +107,7 @@ def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    _install_http_metrics(app)
+    app.add_middleware(HttpMetricsMiddleware)
     for module in modules:
         app.include_router(module.router)
     return app

@@ -15,12 +15,13 @@ from services.api.state import AppState
 from services.settings import Settings
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    """Async on purpose: a plain function would cost a thread hop on every request."""
     state: AppState = request.app.state.ratchet
     return state
 
 
-def get_settings_dep(state: Annotated[AppState, Depends(get_state)]) -> Settings:
+async def get_settings_dep(state: Annotated[AppState, Depends(get_state)]) -> Settings:
     return state.settings
 
 

@@ -7,9 +7,13 @@ import pytest
 from services.evaluation.gate import GatePolicy, decide
 
 
-def pairs(both: int, only_champion: int, only_candidate: int, neither: int) -> tuple[list[bool], list[bool]]:
+def pairs(
+    both: int, only_champion: int, only_candidate: int, neither: int
+) -> tuple[list[bool], list[bool]]:
     champion = [True] * both + [True] * only_champion + [False] * only_candidate + [False] * neither
-    candidate = [True] * both + [False] * only_champion + [True] * only_candidate + [False] * neither
+    candidate = (
+        [True] * both + [False] * only_champion + [True] * only_candidate + [False] * neither
+    )
     return champion, candidate
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from workflows.curate import CurateWorkflow
 from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
 from workflows.promote import PromoteWorkflow
@@ -13,13 +14,20 @@ from workflows.train import TrainWorkflow
 if TYPE_CHECKING:
     from workflows.worker import WorkerDependencies
 
-WORKFLOWS: list[type] = [LoopWorkflow, TrainWorkflow, EvaluateWorkflow, PromoteWorkflow]
+WORKFLOWS: list[type] = [
+    LoopWorkflow,
+    CurateWorkflow,
+    TrainWorkflow,
+    EvaluateWorkflow,
+    PromoteWorkflow,
+]
 
 
 def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Instantiate every activity class with its dependencies and return the bound methods."""
     from services.executors import build_executor
     from services.serving.targets import ServingTargets
+    from workflows.activities.curation import CurationActivities
     from workflows.activities.jobs import JobActivities
     from workflows.activities.loop import LoopActivities
 
@@ -29,5 +37,12 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         artifacts=deps.artifacts,
         settings=deps.settings,
     )
+    curation = CurationActivities(deps.session_factory, deps.artifacts)
     loop = LoopActivities(deps.session_factory, ServingTargets(deps.settings))
-    return [*jobs.activities(), *loop.activities()]
+    curation_activities: list[Callable[..., Any]] = [
+        curation.curate_batch,
+        curation.snapshot_dataset,
+        curation.check_drift,
+        curation.pending_work,
+    ]
+    return [*curation_activities, *jobs.activities(), *loop.activities()]

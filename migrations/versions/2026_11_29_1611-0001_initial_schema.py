@@ -177,7 +177,6 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['task_id'], ['tasks.id'], name=op.f('fk_lsh_buckets_task_id_tasks'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('loop_id', 'band', 'bucket', 'task_id', name=op.f('pk_lsh_buckets'))
     )
-    op.create_index('ix_lsh_buckets_lookup', 'lsh_buckets', ['loop_id', 'band', 'bucket'], unique=False)
     op.create_table('task_sources',
     sa.Column('task_id', sa.BigInteger(), nullable=False),
     sa.Column('trace_id', sa.BigInteger(), nullable=False),
@@ -300,7 +299,6 @@ def downgrade() -> None:
     op.drop_table('promotions')
     op.drop_index(op.f('ix_task_sources_trace_id'), table_name='task_sources')
     op.drop_table('task_sources')
-    op.drop_index('ix_lsh_buckets_lookup', table_name='lsh_buckets')
     op.drop_table('lsh_buckets')
     op.drop_index(op.f('ix_dataset_tasks_task_id'), table_name='dataset_tasks')
     op.drop_table('dataset_tasks')

@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
 
 
 @contextmanager
-def _database_url() -> Iterator[str]:
+def database_url() -> Iterator[str]:
     """The configured database, or the embedded one under the state dir for the command."""
     from services.cli import CliError
     from services.local.stack import EmbeddedPostgres, StackError, check_postgres_reachable
@@ -49,7 +49,7 @@ def _database_url() -> Iterator[str]:
 def _upgrade(args: argparse.Namespace) -> int:
     from services.db.migrate import current_heads, upgrade
 
-    with _database_url() as url:
+    with database_url() as url:
         upgrade(url, args.revision)
         print(f"database at {', '.join(current_heads(url)) or 'base'}")
     return 0
@@ -58,7 +58,7 @@ def _upgrade(args: argparse.Namespace) -> int:
 def _downgrade(args: argparse.Namespace) -> int:
     from services.db.migrate import current_heads, downgrade
 
-    with _database_url() as url:
+    with database_url() as url:
         downgrade(url, args.revision)
         print(f"database at {', '.join(current_heads(url)) or 'base'}")
     return 0
@@ -67,6 +67,6 @@ def _downgrade(args: argparse.Namespace) -> int:
 def _current(args: argparse.Namespace) -> int:
     from services.db.migrate import current_heads
 
-    with _database_url() as url:
+    with database_url() as url:
         print(", ".join(current_heads(url)) or "base (no migrations applied)")
     return 0

@@ -180,7 +180,6 @@ class LshBucket(Base):
     """Persisted MinHash-LSH bands, so a new trace is matched against every earlier task."""
 
     __tablename__ = "lsh_buckets"
-    __table_args__ = (Index("ix_lsh_buckets_lookup", "loop_id", "band", "bucket"),)
 
     loop_id: Mapped[int] = mapped_column(
         ForeignKey("loops.id", ondelete="CASCADE"), primary_key=True

@@ -170,8 +170,11 @@ class CurationActivities:
         """Curated train tasks not in any dataset yet, and uncurated traces. Read-only."""
         with self._transaction() as session:
             loop = self._loop(session, input.loop)
+            policy = _policy(loop)
             return PendingWorkResult(
-                new_train_tasks=q.count_new_train_tasks(session, loop_id=loop.id),
+                new_train_tasks=q.count_new_train_tasks(
+                    session, loop_id=loop.id, difficulty_filter=policy.difficulty_filter
+                ),
                 uncurated_traces=q.count_uncurated_traces(session, loop_id=loop.id),
             )
 

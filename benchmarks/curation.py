@@ -1,0 +1,255 @@
+"""Curation throughput: traces/s through the full curation path at 10k and 100k traces.
+
+Starts its own Postgres (pgserver, in a temp dir), migrates it, and for each size creates a
+toolcalc loop and COPYs in that many ``ratchet.trace/v1`` traces made by the real toolcalc
+environment, in a production-like mix:
+
+- 75% failures (wrong answers on drifted tool APIs), 25% successes (5% of them sampled into
+  regression tasks by the default policy);
+- 35% of the failures repeat an earlier request (exact duplicates after normalization);
+- 10% of the failures carry an email and a phone number in their metadata (redacted);
+- 2% are unverifiable requests (rejected by the adapter with a reason).
+
+Then it times the ``curate_batch`` activity (the real activity code, run through Temporal's
+``ActivityEnvironment``; each batch is one transaction: lock, adapt, redact, MinHash-LSH
+dedup against all earlier tasks, cluster, split, write, stamp) in batches of 500 until no
+trace is left, and one dataset snapshot. The machine is shared by Postgres and the curation
+process, so the figures are a floor.
+
+Figures (JSON, last line of stdout): ``per_s_10k``, ``per_s_100k`` (traces/s),
+``time_ratio_100k_10k`` (near-linear scaling is 10; the target is <= 12), ``peak_rss_mb``
+(of the curation process), plus ``seconds_*``, ``tasks_*``, ``snapshot_s_*``.
+
+Each size gets a fresh database and a fresh curation process (traces are loaded by the
+parent), so the two runs start from the same state and the ratio shows the scaling alone.
+
+Usage: ``.venv/bin/python benchmarks/curation.py [--sizes 10000,100000] [--batch-size 500]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import random
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from services.artifacts import ArtifactStore  # noqa: E402
+from services.curation.snapshot import snapshot  # noqa: E402
+from services.db.migrate import upgrade  # noqa: E402
+from services.db.session import create_db_engine, make_session_factory  # noqa: E402
+from services.environments.base import build_trace  # noqa: E402
+from services.environments.toolcalc import ToolcalcEnvironment  # noqa: E402
+from services.environments.toolcalc.tasks import sample_request  # noqa: E402
+
+BASELINE = 10_000
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def traces(n: int, *, seed: int) -> Iterator[dict[str, Any]]:
+    """``n`` toolcalc traces in the mix described in the module docstring."""
+    env = ToolcalcEnvironment()
+    rng = random.Random(seed)
+    seen: list[str] = []
+    for index in range(n):
+        api = rng.choice(("v2", "v3"))
+        failed = rng.random() < 0.75
+        if failed and seen and rng.random() < 0.35:
+            request = rng.choice(seen)
+        elif rng.random() < 0.02:
+            request = f"what is the weather in city {index}"
+        else:
+            request = sample_request(rng)
+            seen.append(request)
+        metadata: dict[str, Any] = {"api_version": api, "session": f"s-{index // 7}"}
+        if failed and rng.random() < 0.10:
+            metadata["customer"] = f"user{index}@example.com, +1 (555) 010-{index % 10000:04d}"
+        yield _trace(env, request, api, failed, f"bench-{seed}-{index}", metadata)
+
+
+def _trace(
+    env: ToolcalcEnvironment,
+    request: str,
+    api: str,
+    failed: bool,
+    external_id: str,
+    metadata: dict[str, Any],
+) -> dict[str, Any]:
+    try:
+        task = env.make_task(request, api)
+    except ValueError:  # an unverifiable request: build the trace by hand, as a runtime would
+        return {
+            "schema": "ratchet.trace/v1",
+            "external_id": external_id,
+            "model_version": "champion-1",
+            "tools": [],
+            "messages": [{"role": "user", "content": request}],
+            "outcome": {"success": False, "score": 0.0, "error": {"kind": "wrong_answer"}},
+            "metadata": metadata,
+        }
+    answer = "ans 0" if failed else f"ans {task.reference_answer}"
+    episode = env.run_episode(task, lambda _: answer, max_turns=2)
+    reward = env.verify(task, episode)
+    return build_trace(
+        task,
+        episode,
+        reward,
+        external_id=external_id,
+        model_version="champion-1",
+        metadata=metadata,
+    )
+
+
+def load_traces(database_url: str, loop_id: int, n: int, *, seed: int) -> None:
+    """COPY the traces in, with the outcome columns ingest would extract."""
+    columns = "loop_id, external_id, model_version, success, score, error_kind, body, size_bytes"
+    with psycopg.connect(database_url) as conn, conn.cursor() as cur:
+        with cur.copy(f"COPY traces ({columns}) FROM STDIN") as copy:
+            for body in traces(n, seed=seed):
+                text = json.dumps(body)
+                outcome = body["outcome"]
+                copy.write_row(
+                    (
+                        loop_id,
+                        body["external_id"],
+                        body["model_version"],
+                        outcome["success"],
+                        outcome["score"],
+                        (outcome.get("error") or {}).get("kind"),
+                        text,
+                        len(text),
+                    )
+                )
+        conn.commit()
+
+
+def create_loop(database_url: str, name: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "INSERT INTO loops (name, environment) VALUES (%s, 'toolcalc') RETURNING id", (name,)
+        ).fetchone()
+        conn.commit()
+    assert row is not None
+    return int(row[0])
+
+
+def fresh_database(server_url: str, name: str) -> str:
+    """A new, migrated database on the benchmark's server, so every size starts equal."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    return url
+
+
+def curate(database_url: str, artifacts: Path, loop: str, batch_size: int) -> dict[str, Any]:
+    """Run in a fresh process: curate every trace of ``loop``, then snapshot it."""
+    from temporalio.testing import ActivityEnvironment
+
+    from workflows.activities.curation import CurationActivities
+    from workflows.shared import CurateBatchInput
+
+    engine = create_db_engine(database_url, pool_size=2, application="bench-curation")
+    sessions = make_session_factory(engine)
+    activities = CurationActivities(sessions, ArtifactStore(artifacts))
+    env = ActivityEnvironment()
+    totals = {"traces": 0, "tasks": 0, "duplicates": 0, "rejected": 0, "skipped": 0}
+    started = time.perf_counter()
+    while True:
+        result = env.run(activities.curate_batch, CurateBatchInput(loop, batch_size=batch_size))
+        totals["traces"] += result.traces_seen
+        totals["tasks"] += result.tasks_created
+        totals["duplicates"] += result.duplicates
+        totals["rejected"] += result.rejected
+        totals["skipped"] += result.skipped
+        if totals["traces"] % (40 * batch_size) == 0 and result.traces_seen:
+            rate = totals["traces"] / (time.perf_counter() - started)
+            log(f"{loop}: {totals['traces']} traces curated ({rate:.0f}/s)")
+        if not result.more:
+            break
+    seconds = time.perf_counter() - started
+    snap_started = time.perf_counter()
+    dataset = snapshot(sessions, ArtifactStore(artifacts), loop_name=loop, cycle=1)
+    snapshot_s = time.perf_counter() - snap_started
+    engine.dispose()
+    return {
+        "seconds": seconds,
+        "snapshot_s": snapshot_s,
+        "train": dataset.train_count,
+        "eval": dataset.eval_count,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **totals,
+    }
+
+
+def measure(server_url: str, artifacts: Path, n: int, batch_size: int) -> dict[str, Any]:
+    """Load ``n`` traces into a fresh database, then time curation in a child process."""
+    url = fresh_database(server_url, f"bench_{n}")
+    name = f"bench-{n}"
+    loop_id = create_loop(url, name)
+    started = time.perf_counter()
+    load_traces(url, loop_id, n, seed=n)
+    log(f"{n}: loaded traces in {time.perf_counter() - started:.1f}s")
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        figures: dict[str, Any] = pool.apply(curate, (url, artifacts, name, batch_size))
+    if figures["traces"] != n:
+        raise SystemExit(f"curated {figures['traces']} traces, expected {n}")
+    figures["per_s"] = n / figures["seconds"]
+    log(
+        f"{n}: {figures['seconds']:.1f}s, {figures['per_s']:.0f} traces/s, "
+        f"{figures['tasks']} tasks, {figures['duplicates']} duplicates, "
+        f"{figures['rejected']} rejected; snapshot {figures['snapshot_s']:.1f}s "
+        f"({figures['train']} train, {figures['eval']} eval)"
+    )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--sizes", default="10000,100000", help="comma-separated trace counts")
+    parser.add_argument("--batch-size", type=int, default=500)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    import pgserver
+
+    with tempfile.TemporaryDirectory(prefix="ratchet-bench-curation-") as tmp:
+        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
+        try:
+            url = server.get_uri("postgres")
+            results = {n: measure(url, Path(tmp) / "artifacts", n, args.batch_size) for n in sizes}
+        finally:
+            server.cleanup()
+    out: dict[str, Any] = {"batch_size": args.batch_size}
+    for n, figures in results.items():
+        label = f"{n // 1000}k" if n % 1000 == 0 else str(n)
+        out[f"per_s_{label}"] = round(figures["per_s"], 1)
+        out[f"seconds_{label}"] = round(figures["seconds"], 2)
+        out[f"tasks_{label}"] = figures["tasks"]
+        out[f"duplicates_{label}"] = figures["duplicates"]
+        out[f"rejected_{label}"] = figures["rejected"]
+        out[f"snapshot_s_{label}"] = round(figures["snapshot_s"], 2)
+    if BASELINE in results and 10 * BASELINE in results:
+        out["time_ratio_100k_10k"] = round(
+            results[10 * BASELINE]["seconds"] / results[BASELINE]["seconds"], 2
+        )
+    out["peak_rss_mb"] = round(max(f["peak_rss_mb"] for f in results.values()), 1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""Dataset snapshots: freeze a loop's tasks into an immutable, content-addressed dataset.
+
+:func:`snapshot` picks
+
+- **train**: the loop's train tasks (never pinned, never eval or held-out), after the
+  difficulty filter, newest first up to ``max_train_tasks``;
+- **eval**: the loop's eval tasks, newest first up to ``max_eval_tasks``;
+- **regression**: every pinned task, then the newest sampled successes, up to
+  ``max_regression_tasks`` (pinned ones are always included);
+
+hashes the selection (sha256 over the sorted ``split, task content hash, weight`` lines),
+and either returns the dataset that already has that hash or writes the JSONL task files
+(``train.jsonl``, ``eval.jsonl``, ``regression.jsonl``, ``ratchet.task/v1``) plus a
+``manifest.json`` under ``ArtifactStore.dataset_dir(loop, hash)`` and records the
+``datasets`` and ``dataset_tasks`` rows. Same content, same dataset: calling it twice, or
+from a retried activity, never makes a second row or different files.
+
+Each task line's ``metadata.ratchet`` carries its lineage: task id, cluster, split, weight
+and the ids of the traces it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
+from services.curation.difficulty import select_by_difficulty
+from services.curation.policy import CurationPolicy
+from services.db.models import Dataset, Loop
+from services.db.queries import curation as q
+from services.db.session import SessionFactory
+from services.environments.base import TaskSpec, write_task_file
+
+logger = logging.getLogger(__name__)
+
+DATASET_SCHEMA = "ratchet.dataset/v1"
+FILES = {"train": "train.jsonl", "eval": "eval.jsonl", "regression": "regression.jsonl"}
+_CHUNK = 1_000
+
+
+class SnapshotError(Exception):
+    """A snapshot that cannot succeed by retrying (unknown loop, broken invariant, lost files)."""
+
+
+@dataclass(frozen=True)
+class DatasetSnapshot:
+    """A dataset as the loop sees it: ids, counts and file URIs."""
+
+    dataset_id: int
+    content_hash: str
+    train_count: int
+    eval_count: int
+    regression_count: int
+    train_uri: str
+    eval_uri: str
+    regression_uri: str | None
+    created: bool
+
+
+@dataclass(frozen=True)
+class _Selection:
+    members: dict[str, list[q.SplitMember]]
+    difficulty: dict[str, int]
+
+    def lines(self) -> list[str]:
+        return sorted(
+            f"{split}\t{m.content_hash}\t{m.weight}"
+            for split, members in self.members.items()
+            for m in members
+        )
+
+    def content_hash(self) -> str:
+        digest = hashlib.sha256()
+        for line in self.lines():
+            digest.update(line.encode("utf-8") + b"\n")
+        return digest.hexdigest()
+
+
+def snapshot(
+    session_factory: SessionFactory,
+    store: ArtifactStore,
+    *,
+    loop_name: str,
+    cycle: int | None = None,
+) -> DatasetSnapshot:
+    """Freeze the loop's current tasks into a dataset (see the module docstring)."""
+    with session_factory.begin() as session:
+        # One consistent view of the tasks, even while curation keeps adding some.
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        loop = q.loop_by_name(session, name=loop_name)
+        if loop is None:
+            raise SnapshotError(f"loop {loop_name!r} does not exist")
+        policy = CurationPolicy.from_json(loop.curation_policy)
+        selection = _select(session, loop=loop, policy=policy)
+        content_hash = selection.content_hash()
+        existing = q.dataset_by_hash(session, loop_id=loop.id, content_hash=content_hash)
+        if existing is not None:
+            _check_files(existing)
+            return _as_snapshot(existing, created=False)
+        directory = store.dataset_dir(loop.name, content_hash)
+        _write_files(session, directory, loop=loop, selection=selection, content_hash=content_hash)
+        uris = {split: path_to_uri(directory / name) for split, name in FILES.items()}
+        counts = {split: len(members) for split, members in selection.members.items()}
+        stats = {
+            "cycle": cycle,
+            "difficulty": selection.difficulty,
+            "weights": {
+                split: sum(m.weight for m in members)
+                for split, members in selection.members.items()
+            },
+            "manifest_uri": path_to_uri(directory / "manifest.json"),
+        }
+        dataset_id = q.insert_dataset(
+            session,
+            values={
+                "loop_id": loop.id,
+                "content_hash": content_hash,
+                "train_count": counts["train"],
+                "eval_count": counts["eval"],
+                "regression_count": counts["regression"],
+                "train_uri": uris["train"],
+                "eval_uri": uris["eval"],
+                "regression_uri": uris["regression"],
+                "stats": json.dumps(stats),
+            },
+        )
+        if dataset_id is None:  # a concurrent snapshot with the same content won the insert
+            raced = q.dataset_by_hash(session, loop_id=loop.id, content_hash=content_hash)
+            if raced is None:
+                raise SnapshotError(f"dataset {content_hash[:12]} vanished during the snapshot")
+            return _as_snapshot(raced, created=False)
+        q.insert_dataset_tasks(
+            session,
+            dataset_id=dataset_id,
+            members=[
+                (m.task_id, split) for split, members in selection.members.items() for m in members
+            ],
+        )
+        logger.info(
+            "dataset %s of loop %s: %d train, %d eval, %d regression",
+            content_hash[:12],
+            loop.name,
+            counts["train"],
+            counts["eval"],
+            counts["regression"],
+        )
+        return DatasetSnapshot(
+            dataset_id=dataset_id,
+            content_hash=content_hash,
+            train_count=counts["train"],
+            eval_count=counts["eval"],
+            regression_count=counts["regression"],
+            train_uri=uris["train"],
+            eval_uri=uris["eval"],
+            regression_uri=uris["regression"],
+            created=True,
+        )
+
+
+def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selection:
+    train = q.split_members(session, loop_id=loop.id, split="train")
+    if policy.difficulty_filter:
+        chosen = select_by_difficulty({m.task_id: m.probe_pass_rate for m in train})
+        difficulty = chosen.counts()
+        train = [m for m in train if m.task_id in chosen.kept]
+    else:
+        difficulty = {"kept": len(train), "too_easy": 0, "too_hard": 0, "unprobed": 0}
+    train = train[: policy.max_train_tasks]
+    evaluation = q.split_members(session, loop_id=loop.id, split="eval")[: policy.max_eval_tasks]
+    regression_all = q.split_members(session, loop_id=loop.id, split="regression")
+    pinned = [m for m in regression_all if m.pinned]
+    room = max(policy.max_regression_tasks - len(pinned), 0)
+    regression = pinned + [m for m in regression_all if not m.pinned][:room]
+    crossing = q.clusters_crossing_train_line(
+        session, loop_id=loop.id, train_ids=[m.task_id for m in train]
+    )
+    if crossing:
+        raise SnapshotError(
+            f"loop {loop.name!r}: clusters {', '.join(c[:12] for c in crossing)} have tasks in "
+            "train and in eval/held-out; refusing to write a leaking dataset"
+        )
+    return _Selection(
+        members={"train": train, "eval": evaluation, "regression": regression},
+        difficulty=difficulty,
+    )
+
+
+def _write_files(
+    session: Session,
+    directory: Path,
+    *,
+    loop: Loop,
+    selection: _Selection,
+    content_hash: str,
+) -> None:
+    """Write the task files and manifest into ``directory`` atomically (temp dir + rename)."""
+    if (directory / "manifest.json").is_file() and _manifest_hash(directory) == content_hash:
+        return  # written by an earlier attempt that did not get to commit its rows
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.parent / f".{content_hash}.{uuid.uuid4().hex[:8]}.tmp"
+    staging.mkdir()
+    try:
+        files: dict[str, dict[str, Any]] = {}
+        for split, name in FILES.items():
+            members = sorted(selection.members[split], key=lambda m: m.content_hash)
+            count = write_task_file(staging / name, _task_lines(session, members, split))
+            files[name] = {"count": count, "sha256": _sha256(staging / name)}
+        manifest = {
+            "schema": DATASET_SCHEMA,
+            "loop": loop.name,
+            "environment": loop.environment,
+            "content_hash": content_hash,
+            "files": files,
+            "difficulty": selection.difficulty,
+        }
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        try:
+            staging.rename(directory)
+        except OSError:
+            # A concurrent snapshot of the same content renamed first; its files are ours.
+            if _manifest_hash(directory) != content_hash:
+                raise SnapshotError(
+                    f"{directory} exists and is not dataset {content_hash[:12]}; move it away"
+                ) from None
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _task_lines(
+    session: Session, members: Sequence[q.SplitMember], split: str
+) -> Iterator[TaskSpec]:
+    """Task file lines, fetched a chunk at a time so memory stays flat for large datasets."""
+    for start in range(0, len(members), _CHUNK):
+        chunk = members[start : start + _CHUNK]
+        contents = q.task_contents(session, task_ids=[m.task_id for m in chunk])
+        for member in chunk:
+            yield _task_line(member, split, contents[member.task_id])
+
+
+def _task_line(member: q.SplitMember, split: str, content: q.TaskContent) -> TaskSpec:
+    task = TaskSpec.from_json(content.spec)
+    lineage = {
+        "task_id": member.task_id,
+        "content_hash": member.content_hash,
+        "cluster_id": content.cluster_id,
+        "split": split,
+        "weight": member.weight,
+        "source_traces": content.sources,
+    }
+    return dataclasses.replace(task, metadata={**task.metadata, "ratchet": lineage})
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest_hash(directory: Path) -> str | None:
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = manifest.get("content_hash") if isinstance(manifest, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _check_files(dataset: Dataset) -> None:
+    uris: Sequence[str | None] = (dataset.train_uri, dataset.eval_uri, dataset.regression_uri)
+    missing = [u for u in uris if u is not None and not uri_to_path(u).is_file()]
+    if missing:
+        raise SnapshotError(
+            f"dataset {dataset.id} ({dataset.content_hash[:12]}) is recorded but its files are "
+            f"gone: {', '.join(missing)}; restore the artifact store"
+        )
+
+
+def _as_snapshot(dataset: Dataset, *, created: bool) -> DatasetSnapshot:
+    return DatasetSnapshot(
+        dataset_id=dataset.id,
+        content_hash=dataset.content_hash,
+        train_count=dataset.train_count,
+        eval_count=dataset.eval_count,
+        regression_count=dataset.regression_count,
+        train_uri=dataset.train_uri,
+        eval_uri=dataset.eval_uri,
+        regression_uri=dataset.regression_uri,
+        created=created,
+    )

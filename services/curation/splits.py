@@ -1,0 +1,82 @@
+"""Which split a task belongs to: by cluster, stable, with a frozen held-out set.
+
+- A failure task takes its **cluster's** split, so near-identical tasks never sit on both
+  sides of the train/eval line. A cluster that already has tasks keeps their split; a new
+  cluster gets one from the hash of its id (``heldout`` below ``heldout_fraction``, then
+  ``eval`` below ``heldout_fraction + eval_fraction``, else ``train``), the same on every
+  run and every machine.
+- The **held-out** set is per loop and frozen: once it holds ``heldout_max_tasks`` tasks
+  nothing enters it, and later tasks of held-out clusters go to ``eval`` (never ``train``).
+  It is never part of a dataset, so it is never trained on.
+- A sampled **success** becomes a ``regression`` task: the champion handled it, and the gate
+  checks that a candidate still does. Pinned tasks are regression tasks too. Neither is ever
+  trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+Split = Literal["train", "eval", "heldout", "regression"]
+ClusterSplit = Literal["train", "eval", "heldout"]
+Origin = Literal["failure", "success"]
+
+
+def cluster_fraction(cluster_id: str) -> float:
+    """A uniform number in [0, 1) fixed by the cluster id."""
+    digest = hashlib.sha256(b"ratchet/split/" + cluster_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_for_cluster(
+    cluster_id: str, *, eval_fraction: float, heldout_fraction: float
+) -> ClusterSplit:
+    """The split a new cluster gets from its id alone."""
+    u = cluster_fraction(cluster_id)
+    if u < heldout_fraction:
+        return "heldout"
+    if u < heldout_fraction + eval_fraction:
+        return "eval"
+    return "train"
+
+
+class SplitAssigner:
+    """Assigns splits to the new tasks of one batch, honouring the held-out cap.
+
+    ``cluster_splits`` holds the split of every stored cluster the batch touches;
+    ``heldout_count`` is how many held-out tasks the loop has now. Feed tasks in a fixed
+    order (the pipeline sorts by content hash) so the cap falls on the same tasks every run.
+    """
+
+    def __init__(
+        self,
+        *,
+        cluster_splits: dict[str, ClusterSplit],
+        heldout_count: int,
+        heldout_max_tasks: int,
+        eval_fraction: float,
+        heldout_fraction: float,
+    ) -> None:
+        self._clusters = dict(cluster_splits)
+        self._heldout = heldout_count
+        self._heldout_max = heldout_max_tasks
+        self._eval_fraction = eval_fraction
+        self._heldout_fraction = heldout_fraction
+
+    def assign(self, cluster_id: str, origin: Origin) -> Split:
+        if origin == "success":
+            return "regression"
+        split = self._clusters.get(cluster_id)
+        if split is None:
+            split = split_for_cluster(
+                cluster_id,
+                eval_fraction=self._eval_fraction,
+                heldout_fraction=self._heldout_fraction,
+            )
+            self._clusters[cluster_id] = split
+        if split == "heldout":
+            if self._heldout >= self._heldout_max:
+                return "eval"
+            self._heldout += 1
+        return split

@@ -1,0 +1,623 @@
+"""Queries of curation: trace selection, tasks, LSH buckets, datasets, drift and pending work.
+
+Every function takes the session keyword-only and never commits. Bulk writes go through
+``unnest`` of arrays, one statement per table per batch, so a batch of 500 traces costs a
+handful of round trips whatever its size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    BindParameter,
+    String,
+    any_,
+    bindparam,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session
+
+from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource, Trace
+
+# Namespace of curation's advisory locks (the other key is the loop id).
+_LOCK_NAMESPACE = 0x52434C  # "RCL"
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """An uncurated trace, locked for this transaction."""
+
+    id: int
+    external_id: str
+    model_version: str | None
+    success: bool | None
+    score: float | None
+    error_kind: str | None
+    body: Any
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class NeighbourRow:
+    """A stored task sharing an LSH bucket with the batch."""
+
+    task_id: int
+    content_hash: str
+    cluster_id: str
+    minhash: bytes
+    verifier: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ExistingTask:
+    task_id: int
+    cluster_id: str
+    split: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What curation decided about one trace (written to the trace row)."""
+
+    trace_id: int
+    outcome: str
+    detail: str
+
+
+def _ids(values: Sequence[int]) -> BindParameter[Any]:
+    """One array parameter (``= ANY(:ids)``) instead of one parameter per id."""
+    array: ARRAY[Any] = ARRAY(BigInteger)
+    return bindparam(None, list(values), type_=array)
+
+
+def _texts(values: Sequence[str]) -> BindParameter[Any]:
+    array: ARRAY[Any] = ARRAY(String)
+    return bindparam(None, list(values), type_=array)
+
+
+# Loops ----------------------------------------------------------------------------------------
+
+
+def loop_by_name(session: Session, *, name: str) -> Loop | None:
+    return session.scalars(select(Loop).where(Loop.name == name)).one_or_none()
+
+
+def try_lock_loop_curation(session: Session, *, loop_id: int) -> bool:
+    """Take the loop's curation lock for this transaction, without waiting.
+
+    Batches of one loop run one at a time so every batch sees the tasks of the one before
+    (near-duplicate matching needs that); batches of different loops run side by side.
+    """
+    locked = session.execute(
+        text("SELECT pg_try_advisory_xact_lock(:namespace, :key)"),
+        {"namespace": _LOCK_NAMESPACE, "key": loop_id % 2_147_483_647},
+    ).scalar_one()
+    return bool(locked)
+
+
+# Trace selection -----------------------------------------------------------------------------
+
+
+def lock_uncurated_traces(session: Session, *, loop_id: int, limit: int) -> list[TraceRow]:
+    """The oldest uncurated traces of a loop, locked; rows another batch holds are skipped."""
+    rows = session.execute(
+        select(
+            Trace.id,
+            Trace.external_id,
+            Trace.model_version,
+            Trace.success,
+            Trace.score,
+            Trace.error_kind,
+            Trace.body,
+            Trace.size_bytes,
+        )
+        .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
+        .order_by(Trace.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+    return [TraceRow(*row) for row in rows]
+
+
+def mark_traces_curated(session: Session, *, verdicts: Sequence[Verdict]) -> None:
+    """Stamp ``curated_at`` and the verdict on each trace (same transaction as its task)."""
+    if not verdicts:
+        return
+    session.execute(
+        text(
+            """
+            UPDATE traces AS t
+               SET curated_at = now(), curation_outcome = v.outcome, curation_detail = v.detail
+              FROM unnest(CAST(:ids AS bigint[]), CAST(:outcomes AS text[]),
+                          CAST(:details AS text[])) AS v(id, outcome, detail)
+             WHERE t.id = v.id
+            """
+        ),
+        {
+            "ids": [v.trace_id for v in verdicts],
+            "outcomes": [v.outcome for v in verdicts],
+            "details": [v.detail for v in verdicts],
+        },
+    )
+
+
+# Tasks --------------------------------------------------------------------------------------
+
+
+def tasks_by_content_hash(
+    session: Session, *, loop_id: int, hashes: Sequence[str]
+) -> dict[str, ExistingTask]:
+    if not hashes:
+        return {}
+    rows = session.execute(
+        select(Task.content_hash, Task.id, Task.cluster_id, Task.split).where(
+            Task.loop_id == loop_id, Task.content_hash == any_(_texts(hashes))
+        )
+    ).all()
+    return {row[0]: ExistingTask(row[1], row[2], row[3]) for row in rows}
+
+
+def lsh_neighbours(
+    session: Session,
+    *,
+    loop_id: int,
+    bands: Sequence[tuple[int, bytes]],
+    per_bucket: int,
+) -> list[NeighbourRow]:
+    """Stored tasks sharing any of ``bands``; at most ``per_bucket`` (the newest) per bucket.
+
+    The cap bounds the work when one bucket grows very large (a boilerplate-heavy loop):
+    such a bucket says little about similarity anyway, and the other bands still match.
+    """
+    if not bands:
+        return []
+    distinct = sorted(set(bands))
+    rows = session.execute(
+        text(
+            """
+            WITH q AS (
+                SELECT band, bucket
+                  FROM unnest(CAST(:bands AS integer[]), CAST(:buckets AS bytea[]))
+                       AS q(band, bucket)
+            ), hit AS (
+                SELECT DISTINCT b.task_id
+                  FROM q
+                  CROSS JOIN LATERAL (
+                      SELECT lb.task_id FROM lsh_buckets AS lb
+                       WHERE lb.loop_id = :loop_id AND lb.band = q.band AND lb.bucket = q.bucket
+                       ORDER BY lb.task_id DESC
+                       LIMIT :per_bucket
+                  ) AS b
+            )
+            SELECT t.id, t.content_hash, t.cluster_id, t.minhash, t.spec -> 'verifier'
+              FROM hit JOIN tasks AS t ON t.id = hit.task_id
+             WHERE t.minhash IS NOT NULL
+            """
+        ),
+        {
+            "loop_id": loop_id,
+            "bands": [band for band, _ in distinct],
+            "buckets": [bucket for _, bucket in distinct],
+            "per_bucket": per_bucket,
+        },
+    ).all()
+    return [NeighbourRow(row[0], row[1], row[2], bytes(row[3]), row[4] or {}) for row in rows]
+
+
+def cluster_splits(session: Session, *, loop_id: int, cluster_ids: Sequence[str]) -> dict[str, str]:
+    """The train/eval/held-out split of each stored cluster among ``cluster_ids``.
+
+    One index probe per cluster (``loop_id, cluster_id``), so the cost does not grow with the
+    loop's task count. A cluster holding only regression tasks has no split yet.
+    """
+    if not cluster_ids:
+        return {}
+    rows = session.execute(
+        text(
+            """
+            SELECT c.cluster_id, s.splits
+              FROM unnest(CAST(:ids AS text[])) AS c(cluster_id)
+              CROSS JOIN LATERAL (
+                  SELECT array_agg(DISTINCT t.split) AS splits FROM tasks AS t
+                   WHERE t.loop_id = :loop_id AND t.cluster_id = c.cluster_id
+              ) AS s
+             WHERE s.splits IS NOT NULL
+            """
+        ),
+        {"loop_id": loop_id, "ids": list(cluster_ids)},
+    ).all()
+    out: dict[str, str] = {}
+    for cluster_id, splits in rows:
+        for split in ("train", "heldout", "eval"):
+            if split in splits:
+                out[cluster_id] = split
+                break
+    return out
+
+
+def heldout_count(session: Session, *, loop_id: int) -> int:
+    return int(
+        session.execute(
+            select(func.count()).where(Task.loop_id == loop_id, Task.split == "heldout")
+        ).scalar_one()
+    )
+
+
+def insert_tasks(session: Session, *, rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Insert task rows; returns ``{content hash: task id}``."""
+    if not rows:
+        return {}
+    result = session.execute(insert(Task).returning(Task.content_hash, Task.id), list(rows))
+    return {row[0]: row[1] for row in result.all()}
+
+
+def add_task_weights(session: Session, *, increments: Mapping[int, int]) -> None:
+    """Raise the weight of kept tasks by the number of duplicates folded into them."""
+    if not increments:
+        return
+    session.execute(
+        text(
+            """
+            UPDATE tasks AS t SET weight = t.weight + v.inc
+              FROM unnest(CAST(:ids AS bigint[]), CAST(:incs AS integer[])) AS v(id, inc)
+             WHERE t.id = v.id
+            """
+        ),
+        {"ids": list(increments), "incs": list(increments.values())},
+    )
+
+
+def insert_task_sources(session: Session, *, rows: Sequence[tuple[int, int, str]]) -> None:
+    """Link tasks to the traces they came from: ``(task_id, trace_id, relation)``."""
+    if not rows:
+        return
+    session.execute(
+        text(
+            """
+            INSERT INTO task_sources (task_id, trace_id, relation)
+            SELECT * FROM unnest(CAST(:tasks AS bigint[]), CAST(:traces AS bigint[]),
+                                 CAST(:relations AS text[]))
+            ON CONFLICT DO NOTHING
+            """
+        ),
+        {
+            "tasks": [r[0] for r in rows],
+            "traces": [r[1] for r in rows],
+            "relations": [r[2] for r in rows],
+        },
+    )
+
+
+def insert_lsh_buckets(
+    session: Session, *, loop_id: int, rows: Sequence[tuple[int, bytes, int]]
+) -> None:
+    """Persist LSH bands: ``(band, bucket, task_id)`` for tasks of ``loop_id``."""
+    if not rows:
+        return
+    session.execute(
+        text(
+            """
+            INSERT INTO lsh_buckets (loop_id, band, bucket, task_id)
+            SELECT :loop_id, * FROM unnest(CAST(:bands AS integer[]), CAST(:buckets AS bytea[]),
+                                           CAST(:tasks AS bigint[]))
+            ON CONFLICT DO NOTHING
+            """
+        ),
+        {
+            "loop_id": loop_id,
+            "bands": [r[0] for r in rows],
+            "buckets": [r[1] for r in rows],
+            "tasks": [r[2] for r in rows],
+        },
+    )
+
+
+def record_probe_results(session: Session, *, loop_id: int, pass_rates: Mapping[int, float]) -> int:
+    """Store the champion's probe pass rate on tasks of a loop; returns rows updated."""
+    if not pass_rates:
+        return 0
+    result = session.execute(
+        text(
+            """
+            UPDATE tasks AS t SET probe_pass_rate = v.rate
+              FROM unnest(CAST(:ids AS bigint[]), CAST(:rates AS double precision[]))
+                   AS v(id, rate)
+             WHERE t.id = v.id AND t.loop_id = :loop_id
+            """
+        ),
+        {"ids": list(pass_rates), "rates": list(pass_rates.values()), "loop_id": loop_id},
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def pin_tasks(session: Session, *, loop_id: int, task_ids: Sequence[int]) -> list[int]:
+    """Put tasks into the pinned regression suite (never trained on); returns ids changed.
+
+    Held-out tasks cannot be pinned: the held-out set is frozen.
+    """
+    if not task_ids:
+        return []
+    result = session.execute(
+        update(Task)
+        .where(Task.loop_id == loop_id, Task.id.in_(list(task_ids)), Task.split != "heldout")
+        .values(pinned=True, split="regression")
+        .returning(Task.id)
+    )
+    return sorted(result.scalars().all())
+
+
+def list_tasks(
+    session: Session,
+    *,
+    loop_id: int,
+    split: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> list[Task]:
+    query = select(Task).where(Task.loop_id == loop_id)
+    if split is not None:
+        query = query.where(Task.split == split)
+    return list(session.scalars(query.order_by(Task.id.desc()).limit(limit).offset(offset)))
+
+
+def task_sources(session: Session, *, task_id: int) -> list[tuple[int, str, str]]:
+    """``(trace id, external id, relation)`` of every trace behind a task."""
+    rows = session.execute(
+        select(Trace.id, Trace.external_id, TaskSource.relation)
+        .join(TaskSource, TaskSource.trace_id == Trace.id)
+        .where(TaskSource.task_id == task_id)
+        .order_by(Trace.id)
+    ).all()
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
+# Pending work and drift ---------------------------------------------------------------------
+
+
+def count_new_train_tasks(session: Session, *, loop_id: int, difficulty_filter: bool = True) -> int:
+    """Train tasks no dataset holds yet (and, with the filter on, that it would keep)."""
+    return int(
+        session.execute(
+            text(
+                """
+                SELECT count(*) FROM tasks AS t
+                 WHERE t.loop_id = :loop_id AND t.split = 'train' AND NOT t.pinned
+                   AND (NOT :filtered OR t.probe_pass_rate IS NULL
+                        OR (t.probe_pass_rate > 0 AND t.probe_pass_rate < 1))
+                   AND NOT EXISTS (SELECT 1 FROM dataset_tasks AS d WHERE d.task_id = t.id)
+                """
+            ),
+            {"loop_id": loop_id, "filtered": difficulty_filter},
+        ).scalar_one()
+    )
+
+
+def count_uncurated_traces(session: Session, *, loop_id: int) -> int:
+    return int(
+        session.execute(
+            select(func.count()).where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
+        ).scalar_one()
+    )
+
+
+def latest_model_version(session: Session, *, loop_id: int) -> str | None:
+    """The model version of the loop's most recently received trace (the one serving)."""
+    row = session.execute(
+        select(Trace.model_version)
+        .where(Trace.loop_id == loop_id, Trace.model_version.is_not(None))
+        .order_by(Trace.received_at.desc(), Trace.id.desc())
+        .limit(1)
+    ).first()
+    return row[0] if row is not None else None
+
+
+def failure_window(
+    session: Session,
+    *,
+    loop_id: int,
+    model_version: str,
+    window: int,
+    failure_score_threshold: float | None,
+) -> tuple[int, int]:
+    """``(traces with an outcome, failures)`` among the last ``window`` traces of a version.
+
+    The failure test is :func:`services.curation.selection.classify` in SQL.
+    """
+    row = session.execute(
+        text(
+            """
+            SELECT count(*),
+                   count(*) FILTER (WHERE success IS FALSE
+                                       OR coalesce(error_kind, '') <> ''
+                                       OR (CAST(:threshold AS double precision) IS NOT NULL
+                                           AND score < CAST(:threshold AS double precision)))
+              FROM (SELECT success, score, error_kind FROM traces
+                     WHERE loop_id = :loop_id AND model_version = :model_version
+                       AND (success IS NOT NULL OR score IS NOT NULL
+                            OR coalesce(error_kind, '') <> '')
+                     ORDER BY received_at DESC, id DESC
+                     LIMIT :window) AS recent
+            """
+        ),
+        {
+            "loop_id": loop_id,
+            "model_version": model_version,
+            "window": window,
+            "threshold": failure_score_threshold,
+        },
+    ).one()
+    return int(row[0]), int(row[1])
+
+
+# Datasets -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitMember:
+    """A task that may enter a dataset, without its spec (cheap to list by the thousand)."""
+
+    task_id: int
+    content_hash: str
+    weight: int
+    probe_pass_rate: float | None
+    pinned: bool
+
+
+def split_members(session: Session, *, loop_id: int, split: str) -> list[SplitMember]:
+    """Candidates for one split of a dataset, newest first.
+
+    ``train`` and ``eval`` exclude pinned tasks; ``regression`` is the regression split plus
+    every pinned task, pinned ones first.
+    """
+    query = select(
+        Task.id, Task.content_hash, Task.weight, Task.probe_pass_rate, Task.pinned
+    ).where(Task.loop_id == loop_id)
+    if split == "regression":
+        query = query.where((Task.split == "regression") | Task.pinned.is_(True)).order_by(
+            Task.pinned.desc(), Task.id.desc()
+        )
+    else:
+        query = query.where(Task.split == split, Task.pinned.is_(False)).order_by(Task.id.desc())
+    return [SplitMember(*row) for row in session.execute(query).all()]
+
+
+@dataclass(frozen=True)
+class TaskContent:
+    spec: dict[str, Any]
+    cluster_id: str
+    sources: list[int]
+
+
+def task_contents(session: Session, *, task_ids: Sequence[int]) -> dict[int, TaskContent]:
+    """Spec, cluster and source trace ids of each task (what a task file line holds)."""
+    if not task_ids:
+        return {}
+    rows = session.execute(
+        select(Task.id, Task.spec, Task.cluster_id).where(Task.id == any_(_ids(task_ids)))
+    ).all()
+    sources: dict[int, list[int]] = {}
+    for task_id, trace_id in session.execute(
+        select(TaskSource.task_id, TaskSource.trace_id)
+        .where(TaskSource.task_id == any_(_ids(task_ids)))
+        .order_by(TaskSource.task_id, TaskSource.trace_id)
+    ).all():
+        sources.setdefault(task_id, []).append(trace_id)
+    return {row[0]: TaskContent(row[1], row[2], sources.get(row[0], [])) for row in rows}
+
+
+def clusters_crossing_train_line(
+    session: Session, *, loop_id: int, train_ids: Sequence[int]
+) -> list[str]:
+    """Clusters that hold both a task in ``train_ids`` and an eval or held-out task.
+
+    Always empty unless the invariant is broken; the snapshot refuses to write if not.
+    """
+    if not train_ids:
+        return []
+    rows = session.execute(
+        text(
+            """
+            SELECT DISTINCT a.cluster_id
+              FROM tasks AS a
+              JOIN tasks AS b ON b.loop_id = a.loop_id AND b.cluster_id = a.cluster_id
+             WHERE a.loop_id = :loop_id AND a.id = ANY(CAST(:ids AS bigint[]))
+               AND b.split IN ('eval', 'heldout')
+             LIMIT 10
+            """
+        ),
+        {"loop_id": loop_id, "ids": list(train_ids)},
+    ).all()
+    return [row[0] for row in rows]
+
+
+def dataset_by_hash(session: Session, *, loop_id: int, content_hash: str) -> Dataset | None:
+    return session.scalars(
+        select(Dataset).where(Dataset.loop_id == loop_id, Dataset.content_hash == content_hash)
+    ).one_or_none()
+
+
+def insert_dataset(session: Session, *, values: Mapping[str, Any]) -> int | None:
+    """Insert a dataset row; None when one with the same (loop, content hash) exists."""
+    result = session.execute(
+        text(
+            """
+            INSERT INTO datasets (loop_id, content_hash, train_count, eval_count,
+                                  regression_count, train_uri, eval_uri, regression_uri, stats)
+            VALUES (:loop_id, :content_hash, :train_count, :eval_count, :regression_count,
+                    :train_uri, :eval_uri, :regression_uri, CAST(:stats AS jsonb))
+            ON CONFLICT (loop_id, content_hash) DO NOTHING
+            RETURNING id
+            """
+        ),
+        dict(values),
+    ).first()
+    return int(result[0]) if result is not None else None
+
+
+def insert_dataset_tasks(
+    session: Session, *, dataset_id: int, members: Sequence[tuple[int, str]]
+) -> None:
+    """Record membership ``(task_id, split)`` of a new dataset."""
+    if not members:
+        return
+    session.execute(
+        text(
+            """
+            INSERT INTO dataset_tasks (dataset_id, task_id, split)
+            SELECT :dataset_id, * FROM unnest(CAST(:tasks AS bigint[]), CAST(:splits AS text[]))
+            """
+        ),
+        {
+            "dataset_id": dataset_id,
+            "tasks": [m[0] for m in members],
+            "splits": [m[1] for m in members],
+        },
+    )
+
+
+def dataset_lineage(session: Session, *, dataset_id: int) -> list[tuple[int, str, int]]:
+    """``(task id, split, trace id)`` for every trace behind every task of a dataset."""
+    rows = session.execute(
+        select(DatasetTask.task_id, DatasetTask.split, TaskSource.trace_id)
+        .join(TaskSource, TaskSource.task_id == DatasetTask.task_id)
+        .where(DatasetTask.dataset_id == dataset_id)
+        .order_by(DatasetTask.split, DatasetTask.task_id, TaskSource.trace_id)
+    ).all()
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
+def dataset_split_counts(session: Session, *, dataset_id: int) -> dict[str, int]:
+    rows = session.execute(
+        select(DatasetTask.split, func.count())
+        .where(DatasetTask.dataset_id == dataset_id)
+        .group_by(DatasetTask.split)
+    ).all()
+    return {row[0]: int(row[1]) for row in rows}
+
+
+def list_datasets(session: Session, *, loop_id: int, limit: int = 50) -> list[Dataset]:
+    return list(
+        session.scalars(
+            select(Dataset)
+            .where(Dataset.loop_id == loop_id)
+            .order_by(Dataset.id.desc())
+            .limit(limit)
+        )
+    )
+
+
+def get_dataset(session: Session, *, dataset_id: int) -> Dataset | None:
+    return session.get(Dataset, dataset_id)
+
+
+def get_task(session: Session, *, task_id: int) -> Task | None:
+    return session.get(Task, task_id)

@@ -1,0 +1,53 @@
+"""The difficulty filter keeps tasks the champion sometimes solves."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.curation.difficulty import ProbeCount, pass_rates_from_counts, select_by_difficulty
+
+
+def test_zero_variance_tasks_are_dropped_and_counted() -> None:
+    selection = select_by_difficulty(
+        {
+            1: ProbeCount(0, 8),
+            2: ProbeCount(8, 8),
+            3: ProbeCount(3, 8),
+            4: None,
+            5: 0.5,
+            6: 1.0,
+        }
+    )
+    assert selection.kept == {3, 4, 5}
+    assert selection.too_hard == {1}
+    assert selection.too_easy == {2, 6}
+    assert selection.unprobed == {4}
+    assert selection.counts() == {"kept": 3, "too_easy": 2, "too_hard": 1, "unprobed": 1}
+
+
+@given(
+    st.dictionaries(
+        st.integers(),
+        st.integers(1, 16).flatmap(lambda k: st.integers(0, k).map(lambda p: ProbeCount(p, k))),
+    )
+)
+def test_kept_iff_pass_rate_strictly_between_zero_and_one(probes: dict[int, ProbeCount]) -> None:
+    selection = select_by_difficulty(probes)
+    for task_id, probe in probes.items():
+        assert (task_id in selection.kept) == (0 < probe.passed < probe.attempts)
+    assert sum(selection.counts().values()) == len(probes)
+
+
+def test_bad_counts_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least one attempt"):
+        ProbeCount(0, 0)
+    with pytest.raises(ValueError, match="passed must be between 0 and 4"):
+        ProbeCount(5, 4)
+    with pytest.raises(ValueError, match="outside"):
+        select_by_difficulty({1: 1.5})
+
+
+def test_rates_from_counts() -> None:
+    assert pass_rates_from_counts({1: ProbeCount(2, 8)}) == {1: 0.25}

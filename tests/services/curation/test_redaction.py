@@ -1,0 +1,197 @@
+"""Redaction: seeded secrets never survive, counts are kept, ordinary task text is left alone."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import string
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.curation.policy import CustomPattern
+from services.curation.redaction import Redactor, looks_random, luhn_valid
+
+REDACTOR = Redactor()
+ALNUM = string.ascii_letters + string.digits
+
+
+def _luhn_complete(body: str) -> str:
+    for check in "0123456789":
+        if luhn_valid(body + check):
+            return body + check
+    raise AssertionError("unreachable")
+
+
+@st.composite
+def card_numbers(draw: st.DrawFn) -> str:
+    length = draw(st.sampled_from([15, 16, 16, 16, 19]))
+    first = draw(st.sampled_from("3456"))
+    body = first + draw(st.text(alphabet=string.digits, min_size=length - 2, max_size=length - 2))
+    digits = _luhn_complete(body)
+    separator = draw(st.sampled_from(["", " ", "-"]))
+    if length == 15:
+        groups = [digits[:4], digits[4:10], digits[10:]]
+    else:
+        groups = [digits[i : i + 4] for i in range(0, length, 4)]
+    return separator.join(groups)
+
+
+def _alnum(n: int, m: int | None = None) -> st.SearchStrategy[str]:
+    return st.text(alphabet=ALNUM, min_size=n, max_size=m if m is not None else n)
+
+
+def _random_from(seed: bytes, *, encoding: str) -> str:
+    digest = hashlib.sha512(seed).digest()
+    return digest.hex()[:64] if encoding == "hex" else base64.b64encode(digest).decode()
+
+
+api_keys = st.one_of(
+    _alnum(20, 48).map(lambda s: "sk-" + s),
+    _alnum(20, 48).map(lambda s: "sk-proj-" + s),
+    _alnum(24, 40).map(lambda s: "sk-ant-api03-" + s),
+    _alnum(36).map(lambda s: "ghp_" + s),
+    _alnum(40, 60).map(lambda s: "github_pat_" + s),
+    st.text(alphabet=string.ascii_uppercase + string.digits, min_size=16, max_size=16).map(
+        lambda s: "AKIA" + s
+    ),
+    _alnum(24, 32).map(lambda s: "sk_live_" + s),
+    _alnum(20, 40).map(lambda s: "xoxb-1234-" + s),
+    st.text(alphabet=ALNUM + "_-", min_size=35, max_size=35).map(lambda s: "AIza" + s),
+    _alnum(34).map(lambda s: "hf_" + s),
+    _alnum(20, 32).map(lambda s: "glpat-" + s),
+    st.binary(min_size=1, max_size=32).map(lambda b: _random_from(b, encoding="hex")),
+    st.binary(min_size=1, max_size=32).map(lambda b: _random_from(b, encoding="base64")),
+)
+bearer_tokens = st.text(alphabet=ALNUM + "._-", min_size=8, max_size=60).map(
+    lambda t: ("Authorization: Bearer " + t, t)
+)
+filler = st.text(
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=40
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    secrets=st.lists(st.one_of(st.emails(), api_keys, card_numbers()), min_size=1, max_size=4),
+    padding=st.lists(filler, min_size=5, max_size=5),
+)
+def test_no_seeded_email_key_or_card_survives(secrets: list[str], padding: list[str]) -> None:
+    parts = [padding[0]]
+    for index, secret in enumerate(secrets):
+        parts += [" ", secret, " ", padding[(index + 1) % len(padding)]]
+    text = "".join(parts)
+    counts: Counter[str] = Counter()
+    redacted = REDACTOR.redact_text(text, counts)
+    for secret in secrets:
+        assert secret not in redacted
+    assert sum(counts.values()) >= len(set(secrets)) - sum(
+        1 for s in secrets if any(s in other for other in secrets if other != s)
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(token=bearer_tokens, before=filler, after=filler)
+def test_bearer_tokens_never_survive(token: tuple[str, str], before: str, after: str) -> None:
+    header, secret = token
+    redacted = REDACTOR.redact_text(f"{before}\n{header}\n{after}", Counter())
+    assert f"Bearer {secret}" not in redacted
+
+
+@settings(max_examples=100, deadline=None)
+@given(secret=st.one_of(st.emails(), api_keys, card_numbers()), key=st.sampled_from(["a", "b"]))
+def test_secrets_inside_json_values_never_survive(secret: str, key: str) -> None:
+    value = {key: [{"text": f"contact {secret} now"}], "n": 3, "ok": True, "none": None}
+    result = REDACTOR.redact(value)
+    assert secret not in repr(result.value)
+    assert result.value["n"] == 3 and result.value["ok"] is True and result.value["none"] is None
+    assert sum(result.counts.values()) >= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=200))
+def test_redaction_is_idempotent(text: str) -> None:
+    once = REDACTOR.redact_text(text, Counter())
+    again: Counter[str] = Counter()
+    assert REDACTOR.redact_text(once, again) == once
+    assert not again
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("write to alice.smith+tag@example.co.uk today", "email"),
+        ("call +1 (555) 123-4567", "phone"),
+        ("call 555-123-4567", "phone"),
+        ("call +44 20 7946 0958", "phone"),
+        ("card 4111 1111 1111 1111", "card"),
+        ("amex 3782 822463 10005", "card"),
+        ("host 10.0.0.1 answered", "ip"),
+        ("host 2001:db8::8a2e:370:7334 answered", "ip"),
+        ("key AKIAIOSFODNN7EXAMPLE in the log", "api_key"),
+        ("Authorization: Basic dXNlcjpwYXNzd29yZA==", "bearer_token"),
+        (
+            "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+            "bearer_token",
+        ),
+        ("password=hunter22", "secret"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "private_key"),
+        ("token Zq8vR2mX9pL4kT7wB3nY6cF1hJ5dS0aG here", "secret"),
+    ],
+)
+def test_each_kind_is_redacted_and_counted(text: str, kind: str) -> None:
+    counts: Counter[str] = Counter()
+    redacted = REDACTOR.redact_text(text, counts)
+    assert f"[REDACTED_{kind.upper()}]" in redacted
+    assert counts[kind] == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "tools: +plus(a,b) *times(a,b) $price(item)\nuser: 863+395\n",
+        "user: $pear*37 = 444",
+        "order 1234567890123456789012345 shipped",  # a long number is not a card
+        "4111111111111112 fails Luhn",
+        "meet at 12:30:45, version v2 of std::vector",
+        "see /usr/local/lib/python3.11/site-packages/pkg/module.py",
+        "id 550e8400-e29b-41d4-a716-446655440000",
+        "InternationalBusinessMachines getUserAccountSettingsById",
+        "the token expired",
+    ],
+)
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    counts: Counter[str] = Counter()
+    assert REDACTOR.redact_text(text, counts) == text
+    assert not counts
+
+
+def test_values_under_secret_keys_are_replaced_whole() -> None:
+    result = REDACTOR.redact({"password": "x", "api_key": "abc", "user": {"Auth_Token": "t0k"}})
+    assert result.value == {
+        "password": "[REDACTED_SECRET]",
+        "api_key": "[REDACTED_SECRET]",
+        "user": {"Auth_Token": "[REDACTED_SECRET]"},
+    }
+    assert result.counts == {"secret": 3}
+
+
+def test_custom_patterns_run_first_and_are_counted_by_name() -> None:
+    redactor = Redactor([CustomPattern("order_id", r"ORD-\d{6}")])
+    result = redactor.redact({"note": "refund ORD-123456 to bob@example.com"})
+    assert result.value == {"note": "refund [REDACTED_CUSTOM_ORDER_ID] to [REDACTED_EMAIL]"}
+    assert result.counts == {"custom_order_id": 1, "email": 1}
+
+
+def test_high_entropy_detection_can_be_turned_off() -> None:
+    token = "Zq8vR2mX9pL4kT7wB3nY6cF1hJ5dS0aG"
+    assert looks_random(token)
+    assert Redactor(high_entropy=False).redact_text(f"x {token}", Counter()) == f"x {token}"
+
+
+def test_luhn() -> None:
+    assert luhn_valid("4111111111111111")
+    assert luhn_valid("378282246310005")
+    assert not luhn_valid("4111111111111112")

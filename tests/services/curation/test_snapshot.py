@@ -1,0 +1,267 @@
+"""Dataset snapshots: immutable, content-addressed, with lineage; held-out never trained on."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import func, select
+
+from services.artifacts import ArtifactStore, uri_to_path
+from services.curation.pipeline import curate_batch
+from services.curation.policy import CurationPolicy
+from services.curation.snapshot import SnapshotError, snapshot
+from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource
+from services.db.queries import curation as q
+from services.db.session import SessionFactory
+from services.environments.base import read_task_file
+from tests.services.curation.support import QaAdapter, add_traces, make_loop, trace_body
+
+WORDS = [
+    *("order", "refund", "invoice", "password", "account", "login", "delivery", "address"),
+    *("parcel", "broken", "missing", "late", "export", "report", "timeout", "plan", "premium"),
+    *("cancel", "upgrade", "billing", "card", "charge", "twice", "email", "phone", "reset"),
+    *("link", "expired", "warehouse", "courier", "tracking", "label", "customs", "return"),
+    *("exchange", "size", "colour"),
+]
+_names = (f"loop-{i}" for i in itertools.count())
+
+
+def questions(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=9)) + f" #{i}" for i in range(n)]
+
+
+def curate_all(session_factory: SessionFactory, loop_id: int) -> None:
+    while True:
+        with session_factory.begin() as session:
+            loop = session.get(Loop, loop_id)
+            assert loop is not None
+            report = curate_batch(
+                session,
+                loop=loop,
+                policy=CurationPolicy.from_json(loop.curation_policy),
+                adapter=QaAdapter(),
+                limit=50,
+            )
+        if not report.more:
+            return
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ArtifactStore:
+    return ArtifactStore(tmp_path / "artifacts")
+
+
+def seeded_loop(session_factory: SessionFactory, n: int = 40, **policy: object) -> int:
+    loop_id = make_loop(
+        session_factory,
+        name=next(_names),
+        curation_policy={"success_sample_rate": 1.0, **policy},
+    )
+    bodies = [trace_body(f"f{i}", text, answer=str(i)) for i, text in enumerate(questions(n))]
+    bodies += [
+        trace_body(f"s{i}", text, answer=f"s{i}", success=True, error_kind=None)
+        for i, text in enumerate(questions(3, seed=99))
+    ]
+    add_traces(session_factory, loop_id, bodies)
+    curate_all(session_factory, loop_id)
+    return loop_id
+
+
+def loop_name(session_factory: SessionFactory, loop_id: int) -> str:
+    with session_factory() as session:
+        loop = session.get(Loop, loop_id)
+        assert loop is not None
+        return loop.name
+
+
+def test_snapshot_writes_files_rows_and_lineage(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    loop_id = seeded_loop(session_factory)
+    name = loop_name(session_factory, loop_id)
+    result = snapshot(session_factory, store, loop_name=name, cycle=1)
+    assert result.created
+    assert result.train_count + result.eval_count == 40 - heldout(session_factory, loop_id)
+    assert result.regression_count == 3
+    directory = store.dataset_dir(name, result.content_hash)
+    assert uri_to_path(result.train_uri) == directory / "train.jsonl"
+    train = read_task_file(uri_to_path(result.train_uri))
+    evaluation = read_task_file(uri_to_path(result.eval_uri))
+    regression = read_task_file(uri_to_path(result.regression_uri or ""))
+    assert (len(train), len(evaluation), len(regression)) == (
+        result.train_count,
+        result.eval_count,
+        result.regression_count,
+    )
+    assert (directory / "manifest.json").is_file()
+    with session_factory() as session:
+        members = session.execute(
+            select(DatasetTask.task_id, DatasetTask.split).where(
+                DatasetTask.dataset_id == result.dataset_id
+            )
+        ).all()
+        sources = dict(session.execute(select(TaskSource.task_id, TaskSource.trace_id)).all())
+        splits = dict(session.execute(select(Task.id, Task.split)).all())
+    assert len(members) == result.train_count + result.eval_count + result.regression_count
+    for task in train:
+        lineage = task.metadata["ratchet"]
+        assert lineage["split"] == "train" == splits[lineage["task_id"]]
+        assert lineage["source_traces"] == [sources[lineage["task_id"]]]
+    assert {t.metadata["ratchet"]["split"] for t in evaluation} <= {"eval"}
+
+
+def heldout(session_factory: SessionFactory, loop_id: int) -> int:
+    with session_factory() as session:
+        return q.heldout_count(session, loop_id=loop_id)
+
+
+def test_same_content_gives_the_same_dataset(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    loop_id = seeded_loop(session_factory, n=12)
+    name = loop_name(session_factory, loop_id)
+    first = snapshot(session_factory, store, loop_name=name, cycle=1)
+    train_bytes = uri_to_path(first.train_uri).read_bytes()
+    again = snapshot(session_factory, store, loop_name=name, cycle=2)
+    assert (again.dataset_id, again.content_hash, again.created) == (
+        first.dataset_id,
+        first.content_hash,
+        False,
+    )
+    add_traces(session_factory, loop_id, [trace_body("late", "a brand new failure", answer="x")])
+    curate_all(session_factory, loop_id)
+    later = snapshot(session_factory, store, loop_name=name, cycle=3)
+    assert later.dataset_id != first.dataset_id and later.created
+    assert uri_to_path(first.train_uri).read_bytes() == train_bytes
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(Dataset)) == 2
+
+
+def test_difficulty_filter_and_pending_work(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    loop_id = seeded_loop(session_factory, n=30, eval_fraction=0.0, heldout_fraction=0.0)
+    with session_factory.begin() as session:
+        train = [m.task_id for m in q.split_members(session, loop_id=loop_id, split="train")]
+        assert len(train) == 30
+        assert q.count_new_train_tasks(session, loop_id=loop_id) == 30
+        q.record_probe_results(
+            session, loop_id=loop_id, pass_rates={train[0]: 1.0, train[1]: 0.0, train[2]: 0.5}
+        )
+        assert q.count_new_train_tasks(session, loop_id=loop_id) == 28
+    result = snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
+    assert result.train_count == 28
+    with session_factory() as session:
+        dataset = session.get(Dataset, result.dataset_id)
+        assert dataset is not None
+        assert dataset.stats["difficulty"] == {
+            "kept": 28,
+            "too_easy": 1,
+            "too_hard": 1,
+            "unprobed": 27,
+        }
+        assert q.count_new_train_tasks(session, loop_id=loop_id) == 0
+
+
+def test_pinned_tasks_are_regression_only_and_heldout_cannot_be_pinned(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    loop_id = seeded_loop(session_factory, n=20, heldout_fraction=0.3, heldout_max_tasks=100)
+    with session_factory.begin() as session:
+        train = q.split_members(session, loop_id=loop_id, split="train")
+        held = session.scalars(
+            select(Task.id).where(Task.loop_id == loop_id, Task.split == "heldout")
+        ).all()
+        assert held, "the seed should put some clusters in held-out"
+        pinned = q.pin_tasks(session, loop_id=loop_id, task_ids=[train[0].task_id, held[0]])
+        assert pinned == [train[0].task_id]
+    result = snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
+    train_ids = {
+        t.metadata["ratchet"]["task_id"] for t in read_task_file(uri_to_path(result.train_uri))
+    }
+    regression = read_task_file(uri_to_path(result.regression_uri or ""))
+    assert train[0].task_id not in train_ids
+    assert train[0].task_id in {t.metadata["ratchet"]["task_id"] for t in regression}
+
+
+def test_lost_files_and_unknown_loops_are_clear_errors(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    loop_id = seeded_loop(session_factory, n=5)
+    name = loop_name(session_factory, loop_id)
+    result = snapshot(session_factory, store, loop_name=name)
+    uri_to_path(result.train_uri).unlink()
+    with pytest.raises(SnapshotError, match="its files are gone"):
+        snapshot(session_factory, store, loop_name=name)
+    with pytest.raises(SnapshotError, match="does not exist"):
+        snapshot(session_factory, store, loop_name="nope")
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    n=st.integers(5, 40),
+    seed=st.integers(0, 1000),
+    eval_fraction=st.floats(0.0, 0.4),
+    heldout_fraction=st.floats(0.05, 0.5),
+    heldout_max=st.integers(0, 10),
+    probes=st.lists(st.sampled_from([0.0, 0.5, 1.0]), max_size=10),
+)
+def test_heldout_never_enters_a_training_dataset(
+    session_factory: SessionFactory,
+    store: ArtifactStore,
+    n: int,
+    seed: int,
+    eval_fraction: float,
+    heldout_fraction: float,
+    heldout_max: int,
+    probes: list[float],
+) -> None:
+    loop_id = make_loop(
+        session_factory,
+        name=next(_names),
+        curation_policy={
+            "eval_fraction": eval_fraction,
+            "heldout_fraction": heldout_fraction,
+            "heldout_max_tasks": heldout_max,
+            "cluster_threshold": 0.5,
+            "near_duplicate_threshold": 0.9,
+        },
+    )
+    texts = questions(n, seed)
+    # Near-variants of earlier questions, so clusters have several members.
+    texts += [t + " please" for t in texts[: n // 2]]
+    add_traces(
+        session_factory,
+        loop_id,
+        [trace_body(f"t{i}", text, answer=str(i)) for i, text in enumerate(texts)],
+    )
+    curate_all(session_factory, loop_id)
+    with session_factory.begin() as session:
+        ids = session.scalars(
+            select(Task.id).where(Task.loop_id == loop_id).order_by(Task.id)
+        ).all()
+        rates = dict(zip(ids, probes, strict=False))
+        q.record_probe_results(session, loop_id=loop_id, pass_rates=rates)
+    result = snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
+    with session_factory() as session:
+        rows = session.execute(
+            select(Task.id, Task.split, Task.cluster_id).where(Task.loop_id == loop_id)
+        ).all()
+    split_of = {row[0]: row[1] for row in rows}
+    held_clusters = {row[2] for row in rows if row[1] in ("heldout", "eval")}
+    train = read_task_file(uri_to_path(result.train_uri))
+    for task in train:
+        task_id = task.metadata["ratchet"]["task_id"]
+        assert split_of[task_id] == "train"
+        assert task.metadata["ratchet"]["cluster_id"] not in held_clusters
+    assert sum(1 for s in split_of.values() if s == "heldout") <= heldout_max

@@ -43,6 +43,62 @@ async def _record(client: Client, scenario: str, world: World) -> None:
         print(f"wrote {path}")
 
 
+async def _record_curate(client: Client) -> None:
+    """A real CurateWorkflow run: real activities on an embedded Postgres."""
+    import concurrent.futures
+    import tempfile
+
+    import pgserver
+    from temporalio.worker import Worker
+
+    from services.artifacts import ArtifactStore
+    from services.db.migrate import upgrade
+    from services.db.session import create_db_engine, make_session_factory
+    from tests.services.curation.support import add_traces, make_loop, qa_resolver, trace_body
+    from workflows.activities.curation import CurationActivities
+    from workflows.curate import CurateWorkflow
+    from workflows.shared import CurateInput
+
+    work = Path(tempfile.mkdtemp(prefix="ratchet-record-"))
+    server = pgserver.get_server(work / "pg", cleanup_mode="delete")
+    try:
+        url = server.get_uri("postgres")
+        upgrade(url)
+        engine = create_db_engine(url, pool_size=2)
+        sessions = make_session_factory(engine)
+        loop_id = make_loop(sessions, name="rec-curate", curation_policy={"success_sample_rate": 0})
+        add_traces(
+            sessions,
+            loop_id,
+            [
+                trace_body(f"t{i}", f"question {i} about order {i}", answer=str(i))
+                for i in range(12)
+            ],
+        )
+        activities = CurationActivities(sessions, ArtifactStore(work / "art"), adapters=qa_resolver)
+        task_queue = f"record-{uuid.uuid4().hex[:8]}"
+        async with Worker(
+            client,
+            task_queue=task_queue,
+            workflows=[CurateWorkflow],
+            activities=[activities.curate_batch],
+            activity_executor=concurrent.futures.ThreadPoolExecutor(2),
+        ):
+            handle = await client.start_workflow(
+                CurateWorkflow.run,
+                CurateInput("rec-curate", batch_size=5),
+                id="loop/rec-curate/cycle/1/curate",
+                task_queue=task_queue,
+            )
+            await handle.result()
+        path = HISTORIES / "curate-batches.json"
+        path.write_text((await handle.fetch_history()).to_json())
+        print(f"wrote {path}")
+        engine.dispose()
+    finally:
+        server.cleanup()
+
+
 async def main() -> None:
     HISTORIES.mkdir(exist_ok=True)
     env = await WorkflowEnvironment.start_local(
@@ -51,6 +107,7 @@ async def main() -> None:
         ui=False,
     )
     try:
+        await _record_curate(env.client)
         await _record(env.client, "promoted", World(new_tasks=12))
         await _record(env.client, "rejected", World(new_tasks=12, gate_decision="reject"))
         await _record(

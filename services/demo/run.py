@@ -1,0 +1,487 @@
+"""`ratchet demo`: the whole story on one machine, with real parts.
+
+1. Start the embedded stack (Postgres, Temporal dev server, api, worker) in a fresh state
+   directory on free ports.
+2. Make the first champion: an SFT job on toolcalc v1 demonstrations.
+3. Serve it with the local model server (`ratchet serve`).
+4. Create a loop whose serving target is that server, register the champion, start the loop.
+5. Simulated production traffic posts signed traces; at ``drift_at`` seconds the tool API
+   drifts (v1 → v2) and the champion starts failing.
+6. The loop curates the failures, trains a candidate from the champion (GRPO), evaluates both
+   on the same held-out tasks and the regression suite, promotes on a significant win,
+   watches the canary, and the live success rate recovers.
+7. Print a table per cycle and the live success rate over time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+from sqlalchemy import select
+
+from services.client import RatchetClient
+from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Run
+from services.db.session import create_db_engine, make_session_factory
+from services.demo.traffic import TrafficSimulator
+from services.local.stack import Stack, StackError
+from services.settings import Settings
+
+LOOP_NAME = "demo"
+Printer = Callable[[str], None]
+
+
+@dataclass
+class DemoOptions:
+    cycles: int = 1
+    drift_at: float = 45.0
+    traffic: float = 4.0
+    drift_to: str = "v2"
+    state_dir: Path | None = None
+    timeout_s: float = 1500.0
+    min_new_tasks: int = 48
+    canary_seconds: float = 30.0
+    grpo_hyperparameters: dict[str, Any] = field(default_factory=dict)
+    sft_hyperparameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CycleRow:
+    number: int
+    trigger: str
+    train_tasks: int
+    eval_tasks: int
+    train_s: float
+    champion_pass: tuple[float, float, float] | None
+    candidate_pass: tuple[float, float, float] | None
+    decision: str
+    outcome: str
+    cost_usd: float
+    points: float
+    points_per_dollar: float | None
+    wall_s: float
+    job_s: float
+    waiting_s: float
+
+
+@dataclass
+class DemoReport:
+    cycles: list[CycleRow]
+    live: list[tuple[float, float | None, int, str]]
+    promotions: int
+    live_success_before: float | None
+    live_success_after: float | None
+    demo_wall_s: float
+    orchestration_overhead_frac: float | None
+    drift_at_s: float | None
+    traces_posted: int
+    state_dir: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def demo_settings(options: DemoOptions, base: Settings) -> Settings:
+    """A fresh state dir and free ports, so a demo never collides with `ratchet up`."""
+    state_dir = options.state_dir or base.state_dir / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    return base.model_copy(
+        update={
+            "state_dir": state_dir,
+            "artifact_root": None,
+            "database_url": None,
+            "temporal_address": None,
+            "api_port": _free_port(),
+            "worker_port": _free_port(),
+            "temporal_port": _free_port(),
+            "temporal_ui_port": _free_port(),
+            "serve_port": _free_port(),
+        }
+    )
+
+
+def _run_job(kind: str, spec: dict[str, Any], work_dir: Path, out: Printer) -> Path:
+    """Run a job of the job contract in a subprocess, as an executor would."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = work_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "RATCHET_OUTPUT_DIR": str(work_dir / "output")}
+    with (work_dir / "job.log").open("wb") as log:
+        result = subprocess.run(
+            [sys.executable, "-m", "services", "job", kind, "--spec", str(spec_path)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if result.returncode != 0:
+        tail = (work_dir / "job.log").read_text()[-2000:]
+        raise StackError(f"the {kind} job in {work_dir} failed ({result.returncode}): {tail}")
+    return work_dir / "output"
+
+
+def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
+    """The first champion: SFT on toolcalc v1 demonstrations (cached in the state dir)."""
+    from services.environments import get_environment, write_task_file
+
+    work = state_dir / "champion"
+    checkpoint = work / "output" / "checkpoint"
+    if (checkpoint / "manifest.json").exists():
+        return checkpoint
+    tasks = get_environment("toolcalc").generate_tasks(2000, seed=1, api_version="v1")
+    dataset = work / "sft-v1.jsonl"
+    work.mkdir(parents=True, exist_ok=True)
+    write_task_file(dataset, tasks)
+    out(f"[demo] making the first champion: SFT on {len(tasks)} toolcalc v1 demonstrations ...")
+    started = time.monotonic()
+    _run_job(
+        "train",
+        {
+            "schema": "ratchet.job/v1",
+            "kind": "train",
+            "run_id": "demo-champion-sft",
+            "algorithm": "sft",
+            "environment": "toolcalc",
+            "dataset": str(dataset),
+            "hyperparameters": options.sft_hyperparameters,
+            "seed": 0,
+            "device": "auto",
+        },
+        work,
+        out,
+    )
+    out(f"[demo] champion ready in {time.monotonic() - started:.0f}s")
+    return checkpoint
+
+
+def start_model_server(settings: Settings, checkpoint: Path, token: str) -> subprocess.Popen[bytes]:
+    log = (settings.logs_dir / "serve.log").open("ab")
+    env = {**os.environ, "RATCHET_ADMIN_TOKEN": token}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services",
+            "serve",
+            "--checkpoint",
+            str(checkpoint),
+            "--host",
+            settings.serve_host,
+            "--port",
+            str(settings.serve_port),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://{settings.serve_host}:{settings.serve_port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StackError(f"the model server exited ({process.returncode}); see {log.name}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return process
+        time.sleep(0.3)
+    raise StackError(f"the model server did not answer at {url}")
+
+
+def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> DemoReport:
+    settings = demo_settings(options, base)
+    token = secrets.token_urlsafe(24)
+    wall_started = time.monotonic()
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    out(f"[demo] state in {settings.state_dir}")
+    settings = settings.model_copy(update={"admin_token": SecretStr(token)})
+    stack = Stack(settings, extra_env={"RATCHET_ADMIN_TOKEN": token})
+    server: subprocess.Popen[bytes] | None = None
+    traffic: TrafficSimulator | None = None
+    try:
+        stack.preflight()
+        stack.start_servers()
+        stack.migrate_and_register()
+        stack.start_children()
+        stack.wait_api_ready()
+        out(
+            f"[demo] Ratchet is up: dashboard {settings.api_base_url}/  Temporal UI "
+            f"{settings.effective_temporal_ui_url}"
+        )
+        champion = make_champion(settings.state_dir, options, out)
+        server = start_model_server(settings, champion, token)
+        serve_url = f"http://{settings.serve_host}:{settings.serve_port}"
+        client = RatchetClient(settings.api_base_url, token)
+        created = client.create_loop(
+            LOOP_NAME,
+            "toolcalc",
+            serving_target={"kind": "local", "url": serve_url},
+            trigger_policy={
+                "min_new_tasks": options.min_new_tasks,
+                "check_interval_s": 2,
+                "drift_enabled": False,
+            },
+            gate_policy={
+                "canary_seconds": options.canary_seconds,
+                "canary_check_interval_s": 3,
+                "canary_min_traces": 20,
+                "regression_tolerance_points": 2,
+            },
+            training_profile={
+                "algorithm": "grpo",
+                "hyperparameters": options.grpo_hyperparameters,
+            },
+            curation_policy={"success_sample_rate": 0.25},
+        )
+        client.set_champion(LOOP_NAME, str(champion))
+        client.start_loop(LOOP_NAME)
+        api_version = ["v1"]
+        traffic = TrafficSimulator(
+            serve_url=serve_url,
+            api_url=settings.api_base_url,
+            loop=LOOP_NAME,
+            signing_secret=created.signing_secret,
+            api_version=lambda: api_version[0],
+            rate_per_s=options.traffic,
+        )
+        traffic.start()
+        out(f"[demo] production traffic: {options.traffic:g} traces/s on tool API v1")
+        report = _watch(options, settings, client, traffic, api_version, out)
+        report.demo_wall_s = time.monotonic() - wall_started
+        return report
+    finally:
+        if traffic is not None:
+            traffic.stop()
+        if server is not None and server.poll() is None:
+            server.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.wait(15)
+        stack.stop()
+
+
+def _watch(
+    options: DemoOptions,
+    settings: Settings,
+    client: RatchetClient,
+    traffic: TrafficSimulator,
+    api_version: list[str],
+    out: Printer,
+) -> DemoReport:
+    engine = create_db_engine(stack_database_url(settings), pool_size=2, application="ratchet-demo")
+    sessions = make_session_factory(engine)
+    drift_at: float | None = None
+    live: list[tuple[float, float | None, int, str]] = []
+    deadline = time.monotonic() + options.timeout_s
+    held_at: float | None = None
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(5)
+            now = traffic.elapsed()
+            if drift_at is None and now >= options.drift_at:
+                api_version[0] = options.drift_to
+                drift_at = now
+                out(f"[demo] t={now:.0f}s the tool API drifted: {options.drift_to} is live")
+            rate, n = traffic.stats.success_rate(since=max(0.0, now - 20))
+            live.append((round(now, 1), rate, n, api_version[0]))
+            with sessions() as session:
+                cycles = session.scalars(
+                    select(Cycle).join(Loop).where(Loop.name == LOOP_NAME).order_by(Cycle.number)
+                ).all()
+                done = [c for c in cycles if c.ended_at is not None]
+                stage = cycles[-1].stage if cycles and cycles[-1].ended_at is None else "waiting"
+            out(
+                f"[demo] t={now:4.0f}s api={api_version[0]} live success (20s) "
+                f"{_pct(rate)} on {n:3d}  stage={stage:<18} cycles done={len(done)}"
+            )
+            if len(done) >= options.cycles:
+                promoted = any(c.outcome == "promoted" for c in done)
+                if not promoted:
+                    break
+                if held_at is None:
+                    held_at = now
+                # After a promotion, watch a while so the live rate on the new model shows.
+                if now - held_at >= 30:
+                    break
+        return _report(sessions, traffic, live, drift_at, settings)
+    finally:
+        engine.dispose()
+
+
+def stack_database_url(settings: Settings) -> str:
+    return f"postgresql://postgres:@/postgres?host={settings.embedded_postgres_dir}"
+
+
+def _pct(rate: float | None) -> str:
+    return "  n/a" if rate is None else f"{rate * 100:4.0f}%"
+
+
+def _report(
+    sessions: Any,
+    traffic: TrafficSimulator,
+    live: list[tuple[float, float | None, int, str]],
+    drift_at: float | None,
+    settings: Settings,
+) -> DemoReport:
+    rows: list[CycleRow] = []
+    overheads: list[float] = []
+    with sessions() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == LOOP_NAME)).one()
+        cycles = session.scalars(
+            select(Cycle)
+            .where(Cycle.loop_id == loop.id, Cycle.ended_at.is_not(None))
+            .order_by(Cycle.number)
+        ).all()
+        cumulative_cost = 0.0
+        cumulative_points = 0.0
+        for cycle in cycles:
+            rows.append(_cycle_row(session, cycle))
+            cumulative_cost += rows[-1].cost_usd
+            cumulative_points += rows[-1].points
+            if rows[-1].wall_s > 0:
+                overhead = rows[-1].wall_s - rows[-1].job_s - rows[-1].waiting_s
+                overheads.append(max(0.0, overhead) / rows[-1].wall_s)
+        promotions = session.scalars(
+            select(Promotion).where(Promotion.loop_id == loop.id, Promotion.status == "held")
+        ).all()
+        new_versions = {p.candidate_checkpoint_id for p in promotions}
+    before = None
+    if drift_at is not None:
+        old = [
+            o
+            for o in traffic.stats.outcomes
+            if o.at >= drift_at and o.model_version not in new_versions
+        ]
+        before = sum(o.success for o in old) / len(old) if old else None
+    after = None
+    if new_versions:
+        fresh = [o for o in traffic.stats.outcomes if o.model_version in new_versions]
+        after = sum(o.success for o in fresh) / len(fresh) if fresh else None
+    return DemoReport(
+        cycles=rows,
+        live=live,
+        promotions=len(promotions),
+        live_success_before=before,
+        live_success_after=after,
+        demo_wall_s=0.0,
+        orchestration_overhead_frac=max(overheads) if overheads else None,
+        drift_at_s=drift_at,
+        traces_posted=traffic.stats.posted,
+        state_dir=str(settings.state_dir),
+    )
+
+
+def _cycle_row(session: Any, cycle: Cycle) -> CycleRow:
+    runs = session.scalars(select(Run).where(Run.cycle_id == cycle.id)).all()
+    train = next((r for r in runs if r.kind == "train"), None)
+    train_s = (
+        (train.ended_at - train.started_at).total_seconds()
+        if train is not None and train.started_at and train.ended_at
+        else 0.0
+    )
+    evaluations = session.scalars(
+        select(Evaluation).where(Evaluation.cycle_id == cycle.id, Evaluation.task_set == "eval")
+    ).all()
+    by_checkpoint = {e.checkpoint_id: (e.pass_rate, e.ci_low, e.ci_high) for e in evaluations}
+    promotion = session.scalars(
+        select(Promotion).where(Promotion.cycle_id == cycle.id)
+    ).one_or_none()
+    dataset = session.get(Dataset, cycle.dataset_id) if cycle.dataset_id else None
+    dataset_counts = (dataset.train_count, dataset.eval_count) if dataset is not None else (0, 0)
+    cost = float(cycle.cost_usd or 0)
+    points = float(cycle.points_gained or 0)
+    wall = (cycle.ended_at - cycle.started_at).total_seconds() if cycle.ended_at else 0.0
+    waiting = 0.0
+    if promotion is not None and promotion.deployed_at and promotion.canary_ended_at:
+        waiting = (promotion.canary_ended_at - promotion.deployed_at).total_seconds()
+    elif promotion is not None and promotion.deployed_at and promotion.rolled_back_at:
+        waiting = (promotion.rolled_back_at - promotion.deployed_at).total_seconds()
+    return CycleRow(
+        number=cycle.number,
+        trigger=cycle.trigger,
+        train_tasks=dataset_counts[0],
+        eval_tasks=dataset_counts[1],
+        train_s=train_s,
+        champion_pass=by_checkpoint.get(cycle.champion_checkpoint_id or ""),
+        candidate_pass=by_checkpoint.get(cycle.candidate_checkpoint_id or ""),
+        decision=promotion.decision if promotion is not None else "-",
+        outcome=cycle.outcome or "-",
+        cost_usd=cost,
+        points=points,
+        points_per_dollar=points / cost if cost > 0 else None,
+        wall_s=wall,
+        job_s=_job_seconds(runs),
+        waiting_s=waiting,
+    )
+
+
+def _job_seconds(runs: list[Run]) -> float:
+    """Wall time covered by at least one job (parallel eval jobs count once)."""
+    spans = sorted(
+        (r.started_at.timestamp(), r.ended_at.timestamp())
+        for r in runs
+        if r.started_at is not None and r.ended_at is not None
+    )
+    total, current_start, current_end = 0.0, None, None
+    for start, end in spans:
+        if current_end is None or start > current_end:
+            if current_end is not None and current_start is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None and current_start is not None:
+        total += current_end - current_start
+    return total
+
+
+def format_report(report: DemoReport) -> str:
+    lines = ["", "Cycles", ""]
+    header = (
+        f"{'#':>2}  {'trigger':<13} {'tasks':>9}  {'train':>6}  {'champion':>17}  "
+        f"{'candidate':>17}  {'decision':<8} {'outcome':<11} {'cost':>8}  {'points':>6}  "
+        f"{'pts/$':>8}"
+    )
+    lines += [header, "-" * len(header)]
+    for row in report.cycles:
+        lines.append(
+            f"{row.number:>2}  {row.trigger:<13} {row.train_tasks:>4}/{row.eval_tasks:<4}  "
+            f"{row.train_s:>5.0f}s  {_interval(row.champion_pass):>17}  "
+            f"{_interval(row.candidate_pass):>17}  {row.decision:<8} {row.outcome:<11} "
+            f"${row.cost_usd:>7.4f}  {row.points:>+6.1f}  "
+            f"{(f'{row.points_per_dollar:,.0f}' if row.points_per_dollar else '-'):>8}"
+        )
+    lines += ["", "Live success rate (20 s window)", ""]
+    for at, rate, n, version in report.live:
+        bar = "#" * round((rate or 0) * 40)
+        lines.append(f"  t={at:5.0f}s {version}  {_pct(rate)} of {n:3d}  {bar}")
+    lines += [
+        "",
+        f"promotions: {report.promotions}   live success after drift: "
+        f"{_pct(report.live_success_before)} -> {_pct(report.live_success_after)}   "
+        f"traces posted: {report.traces_posted}   wall: {report.demo_wall_s:.0f}s",
+    ]
+    return "\n".join(lines)
+
+
+def _interval(value: tuple[float, float, float] | None) -> str:
+    if value is None:
+        return "-"
+    rate, low, high = value
+    return f"{rate * 100:.0f}% [{low * 100:.0f},{high * 100:.0f}]"

@@ -1,0 +1,1 @@
+"""Evaluation: per-task results of a checkpoint, statistics, and (separately) the gate."""

@@ -1,0 +1,148 @@
+"""Run a policy on a task set and keep one result per task, so comparisons can be paired.
+
+Every task is rolled out ``samples`` times (greedy when ``temperature`` is 0, the default,
+which makes one sample the whole story). A task *passes* when a majority of its samples
+pass (with one sample: when it passes); the pass rate is passed tasks / tasks with a
+Wilson interval. The mean over all samples is reported too as ``sample_pass_rate``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from services.environments.base import Environment, TaskSpec
+from services.evaluation.stats import wilson_interval
+from services.training.policy import Policy
+from services.training.rng import derive_seed
+from services.training.rollout import run_episodes
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's outcome: pass/fail, reward (mean over samples), rubric, turns used."""
+
+    task_id: str
+    passed: bool
+    reward: float
+    components: dict[str, float]
+    turns: int
+    samples: int = 1
+    sample_passes: int = 0
+    end_reason: str | None = None
+    answer: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    results: list[TaskResult]
+    n: int
+    passed: int
+    pass_rate: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    sample_pass_rate: float
+    generated_tokens: int
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "passed": self.passed,
+            "pass_rate": self.pass_rate,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "confidence": self.confidence,
+            "sample_pass_rate": self.sample_pass_rate,
+            "generated_tokens": self.generated_tokens,
+            "wall_s": round(self.wall_s, 3),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+        }
+
+    def passes(self) -> dict[str, bool]:
+        """task_id -> passed, the input of a paired comparison."""
+        return {r.task_id: r.passed for r in self.results}
+
+
+def evaluate(
+    policy: Policy,
+    env: Environment,
+    tasks: Sequence[TaskSpec],
+    *,
+    samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+    max_turns: int = 5,
+    max_new_tokens: int = 24,
+    batch_size: int = 256,
+    confidence: float = 0.95,
+) -> EvaluationResult:
+    """Roll ``policy`` out on every task ``samples`` times and verify each episode."""
+    if samples < 1:
+        raise ValueError("samples must be >= 1")
+    if not tasks:
+        raise ValueError("cannot evaluate on an empty task set")
+    started = time.monotonic()
+    jobs = [(t, s) for t in range(len(tasks)) for s in range(samples)]
+    outcomes: dict[int, list[tuple[Any, Any]]] = {t: [] for t in range(len(tasks))}
+    generated = 0
+    for begin in range(0, len(jobs), batch_size):
+        chunk = jobs[begin : begin + batch_size]
+        chunk_tasks = [tasks[t] for t, _ in chunk]
+        episodes, stats = run_episodes(
+            env,
+            chunk_tasks,
+            policy,
+            seeds=[derive_seed(seed, t, s) for t, s in chunk],
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
+        generated += stats.generated_tokens
+        for (t, _), episode in zip(chunk, episodes, strict=True):
+            outcomes[t].append((episode, env.verify(tasks[t], episode)))
+    results = [_task_result(tasks[t], outcomes[t]) for t in range(len(tasks))]
+    passed = sum(r.passed for r in results)
+    low, high = wilson_interval(passed, len(results), confidence)
+    sample_passes = sum(r.sample_passes for r in results)
+    return EvaluationResult(
+        results=results,
+        n=len(results),
+        passed=passed,
+        pass_rate=passed / len(results),
+        ci_low=low,
+        ci_high=high,
+        confidence=confidence,
+        sample_pass_rate=sample_passes / (len(results) * samples),
+        generated_tokens=generated,
+        wall_s=time.monotonic() - started,
+    )
+
+
+def _task_result(task: TaskSpec, outcomes: list[tuple[Any, Any]]) -> TaskResult:
+    rewards = [reward for _, reward in outcomes]
+    n = len(rewards)
+    keys = rewards[0].components.keys()
+    first_episode = outcomes[0][0]
+    sample_passes = sum(r.passed for r in rewards)
+    return TaskResult(
+        task_id=task.task_id,
+        passed=sample_passes * 2 > n,
+        reward=sum(r.total for r in rewards) / n,
+        components={k: sum(r.components[k] for r in rewards) / n for k in keys},
+        turns=len(first_episode.agent_turns),
+        samples=n,
+        sample_passes=sample_passes,
+        end_reason=first_episode.end_reason,
+        answer=first_episode.final_answer,
+    )

@@ -1,0 +1,159 @@
+"""The eval job: ``python -m services.evaluation.job --spec spec.json`` (or ``ratchet job eval``).
+
+Spec (``ratchet.job/v1``, kind ``eval``)::
+
+    {"schema": "ratchet.job/v1", "kind": "eval", "run_id": "e-1", "environment": "toolcalc",
+     "checkpoint": "ckpt/", "dataset": "tasks.jsonl", "output_dir": "out/", "samples": 1,
+     "seed": 0, "device": "auto", "hyperparameters": {"temperature": 0.0, ...}}
+
+``RATCHET_BASE_CHECKPOINT`` (the checkpoint to evaluate), ``RATCHET_DATASET`` and
+``RATCHET_OUTPUT_DIR`` override the spec's paths. Writes ``<output_dir>/results.jsonl``
+(one line per task: task_id, passed, reward, components, turns, …) and
+``<output_dir>/metrics.json`` (n, passed, pass_rate, ci_low, ci_high, tokens_per_s, …), then
+exits 0; a bad spec or input exits non-zero with one ``ratchet job: <reason>`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from services.environments.base import TaskFileError, read_task_file
+from services.environments.registry import get_environment
+from services.evaluation.evaluator import evaluate
+from services.training.checkpoint import CheckpointError
+from services.training.device import DeviceError
+from services.training.jobspec import (
+    EXIT_FAILED,
+    JobError,
+    JobSpec,
+    fail,
+    job_environment,
+    load_spec,
+    parse_args,
+    write_json,
+)
+from services.training.policy import Policy
+
+logger = logging.getLogger("services.evaluation.job")
+
+_HYPER = {
+    "temperature": float,
+    "max_turns": int,
+    "max_new_tokens": int,
+    "confidence": float,
+    "batch_size": int,
+    "threads": int,
+}
+
+
+def eval_job_main(argv: list[str]) -> int:
+    """Run an eval job; returns the process exit code."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stdout,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    try:
+        spec = load_spec(parse_args(argv, "ratchet job eval"), job_environment(), kind="eval")
+        return _run(spec)
+    except JobError as exc:
+        fail(exc.reason)
+        return exc.exit_code
+    except Exception as exc:  # an unexpected bug: keep the traceback, end with the contract line
+        traceback.print_exc(file=sys.stderr)
+        fail(f"internal error: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+
+
+def _options(spec: JobSpec) -> dict[str, Any]:
+    hyper = dict(spec.hyperparameters)
+    unknown = sorted(set(hyper) - set(_HYPER))
+    if unknown:
+        raise JobError(f"unknown eval hyperparameter(s): {', '.join(unknown)}")
+    options: dict[str, Any] = {}
+    for key, value in hyper.items():
+        kind = _HYPER[key]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (kind is int and not isinstance(value, int))
+        ):
+            raise JobError(f"hyperparameters.{key} must be a {kind.__name__}")
+        options[key] = kind(value)
+    samples = spec.raw.get("samples", 1)
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise JobError("spec 'samples' must be a positive integer")
+    options["samples"] = samples
+    return options
+
+
+def _run(spec: JobSpec) -> int:
+    options = _options(spec)
+    try:
+        env = get_environment(spec.environment)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    if spec.checkpoint is None:
+        raise JobError("no checkpoint: set 'checkpoint' in the spec or RATCHET_BASE_CHECKPOINT")
+    if not spec.checkpoint.is_dir():
+        raise JobError(f"checkpoint {spec.checkpoint} does not exist")
+    if spec.dataset is None:
+        raise JobError("no dataset: set 'dataset' in the spec or RATCHET_DATASET")
+    if not spec.dataset.is_file():
+        raise JobError(f"dataset {spec.dataset} does not exist")
+    try:
+        tasks = read_task_file(spec.dataset)
+    except TaskFileError as exc:
+        raise JobError(f"invalid dataset: {exc}") from None
+    if not tasks:
+        raise JobError(f"dataset {spec.dataset} has no tasks")
+    threads = options.pop("threads", None)
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        policy = Policy.load(spec.checkpoint, device=spec.device)
+    except CheckpointError as exc:
+        raise JobError(f"checkpoint rejected: {exc}") from None
+    except DeviceError as exc:
+        raise JobError(str(exc)) from None
+    started = time.monotonic()
+    result = evaluate(policy, env, tasks, seed=spec.seed, **options)
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    results_path = spec.output_dir / "results.jsonl"
+    tmp = results_path.with_name(".results.jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for row in result.results:
+            fh.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
+    tmp.replace(results_path)
+    metrics = {
+        **result.metrics(),
+        "schema": "ratchet.metrics/v1",
+        "kind": "eval",
+        "run_id": spec.run_id,
+        "checkpoint_id": policy.checkpoint_id,
+        "environment": env.name,
+        "samples": options["samples"],
+        "device": str(policy.device),
+        "job_wall_s": round(time.monotonic() - started, 3),
+    }
+    write_json(spec.output_dir / "metrics.json", metrics)
+    logger.info(
+        "eval %s: %d/%d passed (%.3f)", spec.run_id, result.passed, result.n, result.pass_rate
+    )
+    return 0
+
+
+def main() -> None:
+    raise SystemExit(eval_job_main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Data parallelism across ``torchrun`` processes: gloo on CPU, nccl on CUDA.
+
+The trainers split each *global* batch across ranks, every rank computes the loss of its
+share divided by the *global* token count, and gradients are summed across ranks before
+clipping and the optimizer step. The update is therefore the one a single process would
+make on the whole global batch (up to float summation order), whatever the world size.
+Gradients are summed with explicit ``all_reduce`` calls rather than through the DDP
+wrapper, which averages (wrong normaliser for token-level losses) and hides when the
+communication happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from services.training.device import resolve_device
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the job: rank, world size and device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def shard(self, n: int) -> list[int]:
+        """Positions ``0..n-1`` of a global batch that this rank handles (round robin)."""
+        return list(range(self.rank, n, self.world_size))
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum a few numbers across ranks (float64, so integer counts stay exact)."""
+        if not self.distributed:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return [float(v) for v in tensor.cpu().tolist()]
+
+    def all_reduce_grads(self, model: torch.nn.Module) -> None:
+        """Sum every parameter's gradient across ranks (a missing gradient counts as zero)."""
+        if not self.distributed:
+            return
+        for param in model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
+
+    def broadcast_model(self, model: torch.nn.Module) -> None:
+        """Make every rank start from rank 0's weights."""
+        if not self.distributed:
+            return
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def init_distributed(
+    device_name: str, *, world_size: int = 1, rank: int = 0, local_rank: int = 0
+) -> DistContext:
+    """Join the process group when ``world_size > 1`` (``torchrun`` sets the rendezvous env)."""
+    device = resolve_device(device_name, local_rank=local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            backend=backend, init_method="env://", world_size=world_size, rank=rank
+        )
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

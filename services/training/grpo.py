@@ -1,0 +1,437 @@
+"""GRPO: group-relative policy optimisation with verifier rewards.
+
+The variant is GRPO as introduced in DeepSeekMath (Shao et al., 2024) and implemented in
+TRL's ``GRPOTrainer``: for each task, sample a group of G episodes from the current policy,
+score each with the environment's verifier, and use the group-normalised reward
+``(r - mean(group)) / (std(group) + eps)`` as the advantage of every token the policy
+produced in that episode; optimise the PPO clipped surrogate, optionally with a KL penalty
+to the reference (starting) policy estimated with the k3 estimator
+``exp(ref - logp) - (ref - logp) - 1``.
+
+Deviations, each on purpose:
+
+1. **Multi-turn episodes.** An episode is a whole tool-use conversation. Only tokens the
+   policy generated (its turns and their closing newlines) enter the loss; the prompt and
+   the tool results are context, never targets.
+2. **Token-level normalisation** (as in DAPO, Yu et al., 2025): the loss is summed over all
+   generated tokens of the global batch and divided by their count, instead of averaging
+   per sequence first. Long and short episodes weigh by their tokens, and data-parallel
+   ranks can split a batch without changing the update.
+3. **Zero-variance groups are filtered and counted** (DAPO's observation): a group whose
+   episodes all got the same reward has zero advantage and only dilutes the batch, so it
+   is dropped rather than resampled (resampling would make step time unpredictable).
+4. **Rubric rewards.** The reward is the verifier's rubric total (syntax, right tool, right
+   answer), not only pass/fail, so a group where nobody passes can still learn from the
+   episodes whose calls were well-formed.
+5. **Optional SFT term** on the environment's reference solutions (demonstrations of the
+   batch's tasks), weighted by ``sft_coef``; off by default.
+6. **Old log-probabilities are recomputed** with the training forward pass before the
+   first update instead of being taken from the sampler, so the ratio is exactly 1 on the
+   first epoch; with ``ppo_epochs = 1`` clipping is therefore inactive and the update is
+   the plain policy gradient, as in TRL's default ``num_iterations = 1``.
+
+Determinism: the task order is a pure function of (seed, step), episode ``g`` of task ``j``
+at step ``s`` samples with seed ``derive_seed(seed, s, j, g)`` (counter-based noise, see
+:mod:`services.training.rng`), and a resume point stores weights, optimizer and counters.
+A run resumed after a kill, or split over ranks, reproduces the single uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.environments.base import Environment, TaskSpec
+from services.training.device import autocast
+from services.training.distributed import DistContext
+from services.training.optim import cosine_lr, make_optimizer, set_lr
+from services.training.policy import GPT, Policy, token_logprobs
+from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
+from services.training.rng import derive_seed
+from services.training.rollout import collate, episode_tokens, run_episodes
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """GRPO hyper-parameters; the defaults are the toolcalc drift-recovery run."""
+
+    steps: int = 40
+    tasks_per_step: int = 16
+    group_size: int = 8
+    temperature: float = 1.0
+    max_turns: int = 5
+    max_new_tokens: int = 24
+    lr: float = 1e-3
+    warmup: int = 0
+    min_lr_ratio: float = 1.0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    sft_coef: float = 0.0
+    ppo_epochs: int = 1
+    adv_eps: float = 1e-4
+    micro_batch: int = 64
+    checkpoint_every: int = 0
+    seed: int = 0
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.tasks_per_step < 1 or self.ppo_epochs < 1 or self.micro_batch < 1:
+            raise ValueError("steps >= 0, tasks_per_step >= 1, ppo_epochs >= 1, micro_batch >= 1")
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2: advantages are relative to the group")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 for GRPO sampling")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def group_advantages(
+    rewards: torch.Tensor, *, eps: float = 1e-4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-relative advantages and which groups carry signal.
+
+    ``rewards`` is (groups, G). Returns advantages (groups, G) equal to
+    ``(r - mean) / (std + eps)`` with the unbiased std (as TRL), zero for zero-variance
+    groups, and a boolean (groups,) mask of the groups with any variance.
+    """
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError("rewards must be (groups, G) with G >= 2")
+    rewards = rewards.to(torch.float64)
+    mean = rewards.mean(dim=1, keepdim=True)  # (groups, 1)
+    std = rewards.std(dim=1, keepdim=True)  # (groups, 1), unbiased
+    keep = (rewards.max(dim=1).values - rewards.min(dim=1).values) > 1e-9  # (groups,)
+    advantages = (rewards - mean) / (std + eps)  # (groups, G)
+    advantages = torch.where(keep[:, None], advantages, torch.zeros_like(advantages))
+    return advantages.to(torch.float32), keep
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate (+ k3 KL) summed over masked tokens / ``normalizer``.
+
+    ``logp``, ``old_logp``, ``ref_logp`` and ``mask`` are (N, T); ``advantages`` is (N,).
+    ``normalizer`` defaults to the number of masked tokens.
+    """
+    mask_f = mask.to(logp.dtype)  # (N, T)
+    ratio = torch.exp(logp - old_logp)  # (N, T)
+    adv = advantages.to(logp.dtype)[:, None]  # (N, 1)
+    unclipped = ratio * adv  # (N, T)
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, T)
+    per_token = -torch.minimum(unclipped, clipped)  # (N, T)
+    kl_mean = 0.0
+    if ref_logp is not None and kl_coef > 0.0:
+        delta = ref_logp - logp  # (N, T)
+        kl = torch.exp(delta) - delta - 1.0  # (N, T), k3 estimator, >= 0
+        per_token = per_token + kl_coef * kl
+        kl_mean = float((kl * mask_f).sum() / mask_f.sum().clamp(min=1.0))
+    denom = float(normalizer) if normalizer is not None else float(mask_f.sum().clamp(min=1.0))
+    loss = (per_token * mask_f).sum() / denom
+    clip_frac = float(
+        ((unclipped != clipped).to(logp.dtype) * mask_f).sum() / mask_f.sum().clamp(min=1.0)
+    )
+    return loss, {"clip_fraction": clip_frac, "kl": kl_mean}
+
+
+@dataclass
+class GRPOCounters:
+    """Running totals carried through resume points."""
+
+    steps_done: int = 0
+    rollout_tokens: int = 0
+    train_tokens: int = 0
+    rollout_s: float = 0.0
+    train_s: float = 0.0
+    episodes: int = 0
+    groups: int = 0
+    filtered_zero_variance_groups: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GRPOCounters:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class GRPOResult:
+    counters: GRPOCounters
+    resumed_from_step: int
+    wall_s: float
+
+    @property
+    def final_reward(self) -> float:
+        tail = self.counters.history[-5:]
+        return sum(h["reward_mean"] for h in tail) / len(tail) if tail else 0.0
+
+    @property
+    def final_pass_rate(self) -> float:
+        tail = self.counters.history[-5:]
+        return sum(h["pass_rate"] for h in tail) / len(tail) if tail else 0.0
+
+
+def task_order(step: int, batch: int, n_tasks: int, seed: int) -> list[int]:
+    """Dataset indices of step ``step``'s global batch: epoch-wise shuffles, seeded per epoch."""
+    indices = []
+    for position in range(step * batch, (step + 1) * batch):
+        epoch, offset = divmod(position, n_tasks)
+        generator = torch.Generator().manual_seed(derive_seed(seed, 0xE90C, epoch))
+        indices.append(int(torch.randperm(n_tasks, generator=generator)[offset]))
+    return indices
+
+
+def _masked_logprobs(
+    model: GPT,
+    sequences: Sequence[tuple[list[int], list[bool]]],
+    micro_batch: int,
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Micro-batches of (ids (n, T), mask (n, T-1), log-probs (n, T-1)) with gradients."""
+    out = []
+    for begin in range(0, len(sequences), micro_batch):
+        ids, mask = collate(sequences[begin : begin + micro_batch], device=device)
+        with autocast(device):
+            logp = token_logprobs(model, ids)  # (n, T-1)
+        out.append((ids, mask, logp))
+    return out
+
+
+@torch.no_grad()
+def _frozen_logprobs(
+    model: GPT,
+    sequences: Sequence[tuple[list[int], list[bool]]],
+    micro_batch: int,
+    device: torch.device,
+) -> list[torch.Tensor]:
+    return [logp for _, _, logp in _masked_logprobs(model, sequences, micro_batch, device)]
+
+
+def train_grpo(
+    model: GPT,
+    env: Environment,
+    tasks: Sequence[TaskSpec],
+    config: GRPOConfig,
+    *,
+    ctx: DistContext,
+    state_dir: Path | None = None,
+    parent: str | None = None,
+) -> GRPOResult:
+    """Run GRPO on ``tasks``, in place; resumes from ``state_dir`` if it has a point."""
+    if not tasks:
+        raise ValueError("GRPO needs at least one task")
+    device = ctx.device
+    model.to(device).train()
+    optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
+    counters = GRPOCounters()
+    resumed_from = 0
+    point = latest_resume_point(state_dir) if state_dir is not None else None
+    if point is not None:
+        load_resume_point(point, model=model, optimizer=optimizer)
+        model.to(device)
+        counters = GRPOCounters.from_dict(point.counters)
+        resumed_from = point.step
+        logger.info("grpo resumed from step %d (%s)", point.step, point.path)
+    ctx.broadcast_model(model)
+    policy = Policy(model, device=device)
+    started = time.monotonic()
+    for step in range(counters.steps_done, config.steps):
+        stats = _grpo_step(
+            step, model, policy, env, tasks, config, optimizer, reference, ctx, counters
+        )
+        counters.history.append(stats)
+        counters.steps_done = step + 1
+        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
+            logger.info(
+                "grpo step %d/%d reward %.3f pass %.3f kept %d/%d groups loss %.4f",
+                step + 1,
+                config.steps,
+                stats["reward_mean"],
+                stats["pass_rate"],
+                int(stats["groups_kept"]),
+                int(stats["groups"]),
+                stats["loss"],
+            )
+        if (
+            state_dir is not None
+            and config.checkpoint_every
+            and (step + 1) % config.checkpoint_every == 0
+        ):
+            if ctx.is_main:
+                save_resume_point(
+                    state_dir,
+                    step=step + 1,
+                    model=model,
+                    config=model.config,
+                    optimizer=optimizer,
+                    counters=counters.to_dict(),
+                    parent=parent,
+                )
+            ctx.barrier()
+    return GRPOResult(
+        counters=counters, resumed_from_step=resumed_from, wall_s=time.monotonic() - started
+    )
+
+
+def _grpo_step(
+    step: int,
+    model: GPT,
+    policy: Policy,
+    env: Environment,
+    tasks: Sequence[TaskSpec],
+    config: GRPOConfig,
+    optimizer: torch.optim.Optimizer,
+    reference: GPT | None,
+    ctx: DistContext,
+    counters: GRPOCounters,
+) -> dict[str, float]:
+    device, G = ctx.device, config.group_size  # noqa: N806 - the paper's name
+    order = task_order(step, config.tasks_per_step, len(tasks), config.seed)
+    local = ctx.shard(config.tasks_per_step)
+
+    # 1. Rollouts: G episodes per local task, each with its own (step, task, sample) seed.
+    t0 = time.monotonic()
+    model.eval()
+    rollout_tasks = [tasks[order[j]] for j in local for _ in range(G)]
+    seeds = [derive_seed(config.seed, step, j, g) for j in local for g in range(G)]
+    episodes, rollout = run_episodes(
+        env,
+        rollout_tasks,
+        policy,
+        seeds=seeds,
+        max_turns=config.max_turns,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+    )
+    model.train()
+    rewards_list = [env.verify(t, e) for t, e in zip(rollout_tasks, episodes, strict=True)]
+    rollout_s = time.monotonic() - t0
+
+    # 2. Group-relative advantages; groups without variance are dropped.
+    t1 = time.monotonic()
+    rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32).view(len(local), G)
+    advantages, keep = group_advantages(rewards, eps=config.adv_eps)  # (groups, G), (groups,)
+    sequences, seq_adv = [], []
+    for k in range(len(local)):
+        if bool(keep[k]):
+            for g in range(G):
+                sequences.append(episode_tokens(episodes[k * G + g], policy.tokenizer))
+                seq_adv.append(float(advantages[k, g]))
+    demos = []
+    if config.sft_coef > 0:
+        demo_tasks = [tasks[order[j]] for j in local]
+        demo_episodes = env.demonstrations(demo_tasks, seed=derive_seed(config.seed, step))
+        demos = [episode_tokens(e, policy.tokenizer) for e in demo_episodes]
+    local_tokens = sum(sum(m[1:]) for _, m in sequences)
+    local_demo_tokens = sum(sum(m[1:]) for _, m in demos)
+    passes = sum(r.passed for r in rewards_list)
+    totals = ctx.all_reduce_sum(
+        [
+            float(local_tokens),
+            float(local_demo_tokens),
+            float(int(keep.sum())),
+            float(len(local)),
+            float(rollout.generated_tokens),
+            float(sum(r.total for r in rewards_list)),
+            float(passes),
+            float(len(rewards_list)),
+        ]
+    )
+    tokens, demo_tokens, kept_groups, groups, generated, reward_sum, pass_sum, n_episodes = totals
+
+    # 3. Policy update(s) on the kept episodes (+ the optional SFT term).
+    loss_value, clip_fraction, kl_value, trained = 0.0, 0.0, 0.0, 0
+    set_lr(
+        optimizer,
+        cosine_lr(
+            step,
+            total=config.steps,
+            base=config.lr,
+            warmup=config.warmup,
+            min_ratio=config.min_lr_ratio,
+        ),
+    )
+    if tokens > 0 or demo_tokens > 0:
+        old = (
+            _frozen_logprobs(model, sequences, config.micro_batch, device)
+            if config.ppo_epochs > 1
+            else None
+        )
+        ref = (
+            _frozen_logprobs(reference, sequences, config.micro_batch, device)
+            if reference is not None
+            else None
+        )
+        adv_t = torch.tensor(seq_adv, dtype=torch.float32, device=device)
+        for _ in range(config.ppo_epochs):
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for i, (ids, mask, logp) in enumerate(
+                _masked_logprobs(model, sequences, config.micro_batch, device)
+            ):
+                begin = i * config.micro_batch
+                old_logp = old[i] if old is not None else logp.detach()
+                loss, info = policy_loss(
+                    logp,
+                    old_logp,
+                    adv_t[begin : begin + ids.shape[0]],
+                    mask,
+                    clip_eps=config.clip_eps,
+                    ref_logp=ref[i] if ref is not None else None,
+                    kl_coef=config.kl_coef,
+                    normalizer=tokens,
+                )
+                loss.backward()
+                loss_sum += float(loss.detach())
+                clip_fraction, kl_value = info["clip_fraction"], info["kl"]
+            for _, mask, logp in _masked_logprobs(model, demos, config.micro_batch, device):
+                sft = -(logp * mask).sum() / demo_tokens * config.sft_coef
+                sft.backward()
+                loss_sum += float(sft.detach())
+            trained += sum(len(seq) for seq, _ in sequences) + sum(len(seq) for seq, _ in demos)
+            ctx.all_reduce_grads(model)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            loss_value = ctx.all_reduce_sum([loss_sum])[0]
+    train_s = time.monotonic() - t1
+    trained_total = int(ctx.all_reduce_sum([float(trained)])[0])
+
+    counters.rollout_tokens += int(generated)
+    counters.train_tokens += trained_total
+    counters.rollout_s += rollout_s
+    counters.train_s += train_s
+    counters.episodes += int(n_episodes)
+    counters.groups += int(groups)
+    counters.filtered_zero_variance_groups += int(groups - kept_groups)
+    return {
+        "step": float(step + 1),
+        "reward_mean": reward_sum / max(n_episodes, 1.0),
+        "pass_rate": pass_sum / max(n_episodes, 1.0),
+        "groups": groups,
+        "groups_kept": kept_groups,
+        "loss": loss_value,
+        "clip_fraction": clip_fraction,
+        "kl": kl_value,
+    }

@@ -1,0 +1,282 @@
+"""The train job: ``python -m services.training.job --spec spec.json`` (or ``ratchet job train``).
+
+Spec (``ratchet.job/v1``, kind ``train``)::
+
+    {"schema": "ratchet.job/v1", "kind": "train", "run_id": "r-1", "algorithm": "grpo",
+     "environment": "toolcalc", "dataset": "tasks.jsonl", "base_checkpoint": "ckpt/",
+     "output_dir": "out/", "hyperparameters": {...}, "seed": 0, "device": "auto"}
+
+``RATCHET_DATASET``, ``RATCHET_BASE_CHECKPOINT`` and ``RATCHET_OUTPUT_DIR`` override the
+paths. ``grpo`` needs a dataset and a base checkpoint; ``sft`` needs a dataset and starts
+from the base checkpoint when one is given, else from a fresh model (``hyperparameters.model``
+sets its shape). Outputs: ``<output_dir>/checkpoint/`` and ``<output_dir>/metrics.json``;
+GRPO keeps resume points under ``<output_dir>/state/`` and a restarted job continues from
+the last one. A job whose outputs are already complete exits 0 without retraining, so an
+executor may retry it safely. Under ``torchrun`` every rank trains and rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.environments.base import Environment, TaskFileError, TaskSpec, read_task_file
+from services.environments.registry import get_environment
+from services.training.checkpoint import CheckpointError, save_checkpoint, verify_checkpoint
+from services.training.device import DeviceError
+from services.training.distributed import DistContext, init_distributed, shutdown_distributed
+from services.training.grpo import GRPOConfig, train_grpo
+from services.training.jobspec import (
+    EXIT_FAILED,
+    JobError,
+    JobSpec,
+    fail,
+    job_environment,
+    load_spec,
+    parse_args,
+    write_json,
+)
+from services.training.policy import GPT, GPTConfig, Policy
+from services.training.sft import SFTConfig, demonstration_sequences, train_sft
+from services.training.tokenizer import ByteTokenizer
+
+logger = logging.getLogger("services.training.job")
+
+ALGORITHMS = ("grpo", "sft")
+_EXTRA_KEYS = {"threads", "model", "augment_fraction"}
+
+
+def train_job_main(argv: list[str]) -> int:
+    """Run a train job; returns the process exit code."""
+    _setup_logging()
+    try:
+        spec = load_spec(parse_args(argv, "ratchet job train"), job_environment(), kind="train")
+        return _run(spec)
+    except JobError as exc:
+        fail(exc.reason)
+        return exc.exit_code
+    except Exception as exc:  # an unexpected bug: keep the traceback, end with the contract line
+        traceback.print_exc(file=sys.stderr)
+        fail(f"internal error: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    finally:
+        shutdown_distributed()
+
+
+def _run(spec: JobSpec) -> int:
+    algorithm = spec.raw.get("algorithm")
+    if algorithm not in ALGORITHMS:
+        raise JobError(f"unknown algorithm {algorithm!r} (expected one of {', '.join(ALGORITHMS)})")
+    env = _environment(spec.environment)
+    hyper = dict(spec.hyperparameters)
+    checkpoint_dir = spec.output_dir / "checkpoint"
+    metrics_path = spec.output_dir / "metrics.json"
+    if metrics_path.is_file() and (checkpoint_dir / "manifest.json").is_file():
+        verify_checkpoint(checkpoint_dir)
+        logger.info("outputs of run %s are already complete in %s", spec.run_id, spec.output_dir)
+        return 0
+    tasks = _dataset(spec)
+    threads = hyper.pop("threads", None)
+    if threads is not None:
+        if not isinstance(threads, int) or threads < 1:
+            raise JobError("hyperparameters.threads must be a positive integer")
+        torch.set_num_threads(threads)
+    model, parent = _initial_model(spec, algorithm, hyper.pop("model", None))
+    job_env = job_environment()
+    try:
+        ctx = init_distributed(
+            spec.device,
+            world_size=job_env.world_size,
+            rank=job_env.rank,
+            local_rank=job_env.local_rank,
+        )
+    except DeviceError as exc:
+        raise JobError(str(exc)) from None
+    started = time.monotonic()
+    if algorithm == "grpo":
+        metrics = _train_grpo(spec, env, tasks, model, parent, hyper, ctx)
+    else:
+        metrics = _train_sft(spec, env, tasks, model, hyper, ctx)
+    metrics["wall_s"] = round(time.monotonic() - started, 3)
+    metrics.update(
+        run_id=spec.run_id,
+        kind="train",
+        algorithm=algorithm,
+        environment=env.name,
+        device=str(ctx.device),
+        world_size=ctx.world_size,
+        tasks=len(tasks),
+        parent_checkpoint_id=parent,
+        schema="ratchet.metrics/v1",
+    )
+    total_tokens = metrics["train_tokens"] + metrics["rollout_tokens"]
+    metrics["tokens_per_s"] = (
+        round(total_tokens / metrics["wall_s"], 1) if metrics["wall_s"] else 0.0
+    )
+    if ctx.is_main:
+        meta = {"algorithm": algorithm, "run_id": spec.run_id, "steps": metrics["steps"]}
+        if checkpoint_dir.exists():
+            _remove_partial(checkpoint_dir)
+        manifest = save_checkpoint(
+            model.cpu(), model.config, checkpoint_dir, parent=parent, metadata=meta
+        )
+        metrics["checkpoint_id"] = manifest.checkpoint_id
+        write_json(metrics_path, metrics)
+        logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
+    ctx.barrier()
+    return 0
+
+
+def _environment(name: str) -> Environment:
+    try:
+        return get_environment(name)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+
+
+def _dataset(spec: JobSpec) -> list[TaskSpec]:
+    if spec.dataset is None:
+        raise JobError("no dataset: set 'dataset' in the spec or RATCHET_DATASET")
+    if not spec.dataset.is_file():
+        raise JobError(f"dataset {spec.dataset} does not exist")
+    try:
+        tasks = read_task_file(spec.dataset)
+    except TaskFileError as exc:
+        raise JobError(f"invalid dataset: {exc}") from None
+    if not tasks:
+        raise JobError(f"dataset {spec.dataset} has no tasks")
+    foreign = {t.environment for t in tasks} - {spec.environment}
+    if foreign:
+        raise JobError(
+            f"dataset has tasks of environment(s) {sorted(foreign)}, job is {spec.environment}"
+        )
+    return tasks
+
+
+def _initial_model(spec: JobSpec, algorithm: str, model_hyper: Any) -> tuple[GPT, str | None]:
+    if spec.base_checkpoint is None:
+        if algorithm == "grpo":
+            raise JobError(
+                "grpo needs a base checkpoint: set 'base_checkpoint' or RATCHET_BASE_CHECKPOINT"
+            )
+        try:
+            config = GPTConfig(**(model_hyper or {}))
+        except (TypeError, ValueError) as exc:
+            raise JobError(f"invalid hyperparameters.model: {exc}") from None
+        torch.manual_seed(spec.seed)
+        return GPT(config), None
+    if not spec.base_checkpoint.is_dir():
+        raise JobError(f"base checkpoint {spec.base_checkpoint} does not exist")
+    try:
+        policy = Policy.load(spec.base_checkpoint, device="cpu")
+    except CheckpointError as exc:
+        raise JobError(f"base checkpoint rejected: {exc}") from None
+    return policy.model, policy.checkpoint_id
+
+
+def _config(cls: type, hyper: dict[str, Any], seed: int) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(hyper) - known - _EXTRA_KEYS)
+    if unknown:
+        raise JobError(f"unknown hyperparameter(s) for {cls.__name__}: {', '.join(unknown)}")
+    try:
+        return cls(**{k: v for k, v in hyper.items() if k in known}, seed=seed)
+    except (TypeError, ValueError) as exc:
+        raise JobError(f"invalid hyperparameters: {exc}") from None
+
+
+def _train_grpo(
+    spec: JobSpec,
+    env: Environment,
+    tasks: list[TaskSpec],
+    model: GPT,
+    parent: str | None,
+    hyper: dict[str, Any],
+    ctx: DistContext,
+) -> dict[str, Any]:
+    config: GRPOConfig = _config(GRPOConfig, hyper, spec.seed)
+    result = train_grpo(
+        model, env, tasks, config, ctx=ctx, state_dir=spec.output_dir / "state", parent=parent
+    )
+    c = result.counters
+    return {
+        "steps": c.steps_done,
+        "resumed_from_step": result.resumed_from_step,
+        "train_tokens": c.train_tokens,
+        "rollout_tokens": c.rollout_tokens,
+        "rollout_tokens_per_s": round(c.rollout_tokens / c.rollout_s, 1) if c.rollout_s else 0.0,
+        "train_tokens_per_s": round(c.train_tokens / c.train_s, 1) if c.train_s else 0.0,
+        "episodes": c.episodes,
+        "groups": c.groups,
+        "filtered_zero_variance_groups": c.filtered_zero_variance_groups,
+        "final_reward": result.final_reward,
+        "final_pass_rate": result.final_pass_rate,
+        "hyperparameters": config.to_dict(),
+        "history": c.history,
+    }
+
+
+def _train_sft(
+    spec: JobSpec,
+    env: Environment,
+    tasks: list[TaskSpec],
+    model: GPT,
+    hyper: dict[str, Any],
+    ctx: DistContext,
+) -> dict[str, Any]:
+    augment = hyper.pop("augment_fraction", 0.0)
+    if not isinstance(augment, int | float) or not 0.0 <= float(augment) <= 1.0:
+        raise JobError("hyperparameters.augment_fraction must be a number in [0, 1]")
+    config: SFTConfig = _config(SFTConfig, hyper, spec.seed)
+    try:
+        episodes = env.demonstrations(tasks, seed=config.seed, augment_fraction=float(augment))
+        sequences = demonstration_sequences(
+            episodes, ByteTokenizer(), max_seq_len=model.config.max_seq_len
+        )
+    except (NotImplementedError, ValueError) as exc:
+        raise JobError(f"cannot build demonstrations: {exc}") from None
+    result = train_sft(model, sequences, config, ctx=ctx)
+    return {
+        "steps": result.steps,
+        "train_tokens": result.train_tokens,
+        "rollout_tokens": 0,
+        "rollout_tokens_per_s": 0.0,
+        "train_tokens_per_s": round(result.train_tokens / result.wall_s, 1)
+        if result.wall_s
+        else 0.0,
+        "filtered_zero_variance_groups": 0,
+        "final_loss": result.final_loss,
+        "final_reward": None,
+        "demonstrations": len(sequences),
+        "hyperparameters": {**config.to_dict(), "augment_fraction": float(augment)},
+    }
+
+
+def _remove_partial(checkpoint_dir: Path) -> None:
+    """A checkpoint dir left by a killed run (no metrics.json yet) is rewritten from scratch."""
+    shutil.rmtree(checkpoint_dir)
+
+
+def _setup_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stdout,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+
+
+def main() -> None:
+    raise SystemExit(train_job_main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The job contract shared by the train and eval jobs: spec file, env vars, errors, exit codes.
+
+A job gets ``--spec spec.json`` (or ``RATCHET_JOB_SPEC``) with
+``{"schema": "ratchet.job/v1", "kind": ..., "run_id": ..., ...}``. The env vars
+``RATCHET_DATASET``, ``RATCHET_BASE_CHECKPOINT`` and ``RATCHET_OUTPUT_DIR`` override the
+spec's paths (an executor mounts inputs where it likes and says so through them). A job
+writes its outputs under the output dir and exits 0, or exits non-zero with one line
+``ratchet job: <reason>`` on stderr — no traceback for a bad spec or a missing input.
+
+This module (with the job modules) is the only place the job reads its environment, through
+:func:`job_environment`; everything else receives plain values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+JOB_SCHEMA = "ratchet.job/v1"
+ENV_SPEC = "RATCHET_JOB_SPEC"
+ENV_DATASET = "RATCHET_DATASET"
+ENV_BASE_CHECKPOINT = "RATCHET_BASE_CHECKPOINT"
+ENV_OUTPUT_DIR = "RATCHET_OUTPUT_DIR"
+_JOB_ENV = (ENV_SPEC, ENV_DATASET, ENV_BASE_CHECKPOINT, ENV_OUTPUT_DIR)
+_TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+EXIT_BAD_SPEC = 2
+EXIT_FAILED = 1
+
+
+class JobError(Exception):
+    """A reason the job cannot run or failed, reported as one stderr line."""
+
+    def __init__(self, reason: str, exit_code: int = EXIT_BAD_SPEC):
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """The job contract's env vars and torchrun's rank variables, read once."""
+
+    spec: str | None = None
+    dataset: str | None = None
+    base_checkpoint: str | None = None
+    output_dir: str | None = None
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+
+
+def job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
+    """Read the job's env vars (``os.environ`` unless given)."""
+    env = os.environ if environ is None else environ
+    values = {name: env.get(name) or None for name in _JOB_ENV}
+    ranks = {}
+    for name in _TORCHRUN_ENV:
+        raw = env.get(name)
+        try:
+            ranks[name] = int(raw) if raw else (1 if name == "WORLD_SIZE" else 0)
+        except ValueError:
+            raise JobError(f"{name}={raw!r} is not an integer") from None
+    return JobEnvironment(
+        spec=values[ENV_SPEC],
+        dataset=values[ENV_DATASET],
+        base_checkpoint=values[ENV_BASE_CHECKPOINT],
+        output_dir=values[ENV_OUTPUT_DIR],
+        world_size=ranks["WORLD_SIZE"],
+        rank=ranks["RANK"],
+        local_rank=ranks["LOCAL_RANK"],
+    )
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job spec with paths resolved (env vars win over the spec)."""
+
+    kind: str
+    run_id: str
+    raw: dict[str, Any]
+    dataset: Path | None
+    base_checkpoint: Path | None
+    checkpoint: Path | None
+    output_dir: Path
+    seed: int
+    device: str
+    environment: str
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_args(argv: list[str], prog: str) -> str | None:
+    parser = argparse.ArgumentParser(prog=prog, add_help=True)
+    parser.add_argument("--spec", help="path of the job spec JSON (default: $RATCHET_JOB_SPEC)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code == 0:
+            raise
+        raise JobError("usage: --spec spec.json") from None
+    spec: str | None = args.spec
+    return spec
+
+
+def load_spec(spec_arg: str | None, env: JobEnvironment, *, kind: str) -> JobSpec:
+    """Read and validate the spec for a job of ``kind`` ("train" or "eval")."""
+    spec_path = spec_arg or env.spec
+    if not spec_path:
+        raise JobError(f"no job spec: pass --spec or set {ENV_SPEC}")
+    path = Path(spec_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobError(f"spec file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JobError(f"cannot read spec file {path}: {exc}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JobError(
+            f"spec file {path} is not valid JSON: {exc.msg} at line {exc.lineno}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise JobError(f"spec file {path} must hold a JSON object")
+    if raw.get("schema") != JOB_SCHEMA:
+        raise JobError(f"spec schema must be {JOB_SCHEMA!r}, got {raw.get('schema')!r}")
+    if raw.get("kind") != kind:
+        raise JobError(f"unknown job kind {raw.get('kind')!r} for this job (expected {kind!r})")
+    run_id = raw.get("run_id")
+    if not isinstance(run_id, str) or not run_id:
+        raise JobError("spec needs a non-empty string 'run_id'")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise JobError("spec 'seed' must be an integer")
+    device = raw.get("device", "auto")
+    if device not in ("auto", "cpu", "cuda"):
+        raise JobError(f"spec 'device' must be auto, cpu or cuda, got {device!r}")
+    hyper = raw.get("hyperparameters", {})
+    if not isinstance(hyper, dict):
+        raise JobError("spec 'hyperparameters' must be an object")
+    environment = raw.get("environment", "toolcalc")
+    if not isinstance(environment, str):
+        raise JobError("spec 'environment' must be a string")
+    output = env.output_dir or _opt_str(raw, "output_dir")
+    if not output:
+        raise JobError(f"no output dir: set 'output_dir' in the spec or {ENV_OUTPUT_DIR}")
+    dataset = env.dataset or _opt_str(raw, "dataset")
+    base = env.base_checkpoint or _opt_str(raw, "base_checkpoint")
+    checkpoint = None
+    if kind == "eval":
+        checkpoint = (
+            env.base_checkpoint or _opt_str(raw, "checkpoint") or _opt_str(raw, "base_checkpoint")
+        )
+    return JobSpec(
+        kind=kind,
+        run_id=run_id,
+        raw=raw,
+        dataset=Path(dataset) if dataset else None,
+        base_checkpoint=Path(base) if base else None,
+        checkpoint=Path(checkpoint) if checkpoint else None,
+        output_dir=Path(output),
+        seed=seed,
+        device=device,
+        environment=environment,
+        hyperparameters=hyper,
+    )
+
+
+def _opt_str(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise JobError(f"spec '{key}' must be a non-empty string path")
+    return value
+
+
+def fail(reason: str) -> None:
+    """Print the single stderr line of a failed job."""
+    first_line = reason.strip().splitlines()[0] if reason.strip() else "failed"
+    sys.stderr.write(f"ratchet job: {first_line}\n")
+    sys.stderr.flush()
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename) so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n")
+    tmp.replace(path)

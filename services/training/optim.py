@@ -1,0 +1,31 @@
+"""Optimizer and learning-rate schedule shared by SFT and GRPO."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def make_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW; weight decay only on matrices (not biases, norms or embeddings' rows alike)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def cosine_lr(step: int, *, total: int, base: float, warmup: int, min_ratio: float) -> float:
+    """Linear warmup to ``base``, then cosine decay to ``base * min_ratio`` at ``total``."""
+    if warmup > 0 and step < warmup:
+        return base * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return base * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

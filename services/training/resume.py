@@ -1,0 +1,99 @@
+"""Periodic training state and resume-from-last, so a killed job continues where it stopped.
+
+A resume point is ``<state_dir>/step-<NNNNNN>/`` holding a full checkpoint
+(``checkpoint/``), the optimizer state (``optimizer.safetensors``) and ``state.json`` (the
+step, the trainer's counters and the optimizer file's sha256). It is assembled in a temp
+directory and renamed into place, so a kill during the write leaves the previous point
+intact. Together with counter-based sampling (:mod:`services.training.rng`) and a data
+order that is a pure function of (seed, step), resuming reproduces the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.training.checkpoint import (
+    CheckpointError,
+    HasConfigDict,
+    load_checkpoint,
+    load_optimizer_state,
+    save_checkpoint,
+    save_optimizer_state,
+    sha256_file,
+)
+
+_PREFIX = "step-"
+KEEP_POINTS = 2
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: Path
+    step: int
+    counters: dict[str, Any]
+
+
+def save_resume_point(
+    state_dir: Path,
+    *,
+    step: int,
+    model: torch.nn.Module,
+    config: HasConfigDict,
+    optimizer: torch.optim.Optimizer,
+    counters: dict[str, Any],
+    parent: str | None,
+) -> ResumePoint:
+    """Write the resume point for ``step`` (steps done so far) and prune older ones."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    final = state_dir / f"{_PREFIX}{step:06d}"
+    tmp = state_dir / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_checkpoint(model, config, tmp / "checkpoint", parent=parent, metadata={"step": step})
+    save_optimizer_state(optimizer, tmp / "optimizer.safetensors")
+    state = {
+        "step": step,
+        "counters": counters,
+        "optimizer_sha256": sha256_file(tmp / "optimizer.safetensors"),
+    }
+    (tmp / "state.json").write_text(json.dumps(state, sort_keys=True, indent=2) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in sorted(state_dir.glob(f"{_PREFIX}*"))[:-KEEP_POINTS]:
+        shutil.rmtree(old, ignore_errors=True)
+    return ResumePoint(final, step, counters)
+
+
+def latest_resume_point(state_dir: Path) -> ResumePoint | None:
+    """The newest complete resume point under ``state_dir``, if any."""
+    if not state_dir.is_dir():
+        return None
+    for path in sorted(state_dir.glob(f"{_PREFIX}*"), reverse=True):
+        state_file = path / "state.json"
+        if not state_file.is_file():
+            continue
+        state = json.loads(state_file.read_text())
+        return ResumePoint(path, int(state["step"]), dict(state.get("counters", {})))
+    return None
+
+
+def load_resume_point(
+    point: ResumePoint, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Restore weights and optimizer state (both verified) from ``point``."""
+    loaded = load_checkpoint(point.path / "checkpoint")
+    model.load_state_dict(loaded.state_dict)
+    state = json.loads((point.path / "state.json").read_text())
+    optimizer_file = point.path / "optimizer.safetensors"
+    if sha256_file(optimizer_file) != state.get("optimizer_sha256"):
+        raise CheckpointError(f"optimizer state in {point.path} does not match its sha256")
+    load_optimizer_state(optimizer, optimizer_file)

@@ -1,0 +1,61 @@
+"""Counter-based random numbers, so a sample depends on *what* is sampled, not *where*.
+
+A stateful generator gives different numbers to the same episode depending on which other
+episodes share its batch, which rank it landed on, or whether the run was resumed. Here a
+random number is a pure hash of (episode seed, counter, index): the same episode draws the
+same tokens in one process or in eight, before or after a restart, on CPU or CUDA. That is
+what makes data-parallel runs and resumed runs reproduce a single uninterrupted run.
+
+The hash is a 32-bit integer mixer (from the well-known ``0x45d9f3b`` avalanche function)
+computed in int64 so no product can overflow.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_M32 = 0xFFFFFFFF
+_MUL = 0x45D9F3B
+_GOLDEN = 0x9E3779B9
+
+
+def _mix_int(x: int) -> int:
+    x &= _M32
+    x ^= x >> 16
+    x = (x * _MUL) & _M32
+    x ^= x >> 16
+    x = (x * _MUL) & _M32
+    x ^= x >> 16
+    return x
+
+
+def derive_seed(*parts: int) -> int:
+    """A 32-bit seed from a tuple of integers (run seed, step, task index, sample index…)."""
+    h = 0x12345678
+    for part in parts:
+        for shift in (0, 32):
+            h = _mix_int(h ^ _mix_int(((part >> shift) & _M32) + _GOLDEN))
+    return h
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    # x: int64 tensor with values in [0, 2**32); every product stays below 2**59.
+    x = x ^ (x >> 16)
+    x = (x * _MUL) & _M32
+    x = x ^ (x >> 16)
+    x = (x * _MUL) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform(seeds: torch.Tensor, counter: int, n: int) -> torch.Tensor:
+    """Uniform numbers in (0, 1), shape (B, n), for row seeds (B,) at draw number ``counter``."""
+    row = _mix(seeds.to(torch.int64) ^ _mix_int(counter + 1))  # (B,)
+    idx = torch.arange(1, n + 1, device=seeds.device, dtype=torch.int64) * _GOLDEN  # (n,)
+    h = _mix((row[:, None] + idx[None, :]) & _M32)  # (B, n)
+    return (h.to(torch.float64) + 0.5) / float(1 << 32)
+
+
+def gumbel(seeds: torch.Tensor, counter: int, n: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise (B, n): ``argmax(logits / T + gumbel)`` samples softmax(logits / T)."""
+    u = uniform(seeds, counter, n)
+    return -torch.log(-torch.log(u))

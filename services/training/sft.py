@@ -1,0 +1,170 @@
+"""Supervised fine-tuning on demonstrations: how the first champion is made.
+
+The loss is token-level cross-entropy on the tokens the agent produces in a demonstration
+(its turns and their closing newlines), never on the prompt or the tool results, summed
+over the global batch and divided by its token count. Batches are drawn with replacement
+by a generator seeded with (seed, step), so a run is a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.environments.base import Environment, Episode, TaskSpec
+from services.training.checkpoint import Manifest, read_manifest, save_checkpoint
+from services.training.device import autocast
+from services.training.distributed import DistContext, init_distributed
+from services.training.optim import cosine_lr, make_optimizer, set_lr
+from services.training.policy import GPT, GPTConfig, token_logprobs
+from services.training.rng import derive_seed
+from services.training.rollout import collate, episode_tokens
+from services.training.tokenizer import ByteTokenizer
+
+logger = logging.getLogger(__name__)
+
+Sequences = list[tuple[list[int], list[bool]]]
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """SFT hyper-parameters; the defaults make the toolcalc champion on two CPU cores."""
+
+    steps: int = 1200
+    batch_size: int = 48
+    lr: float = 3e-3
+    warmup: int = 30
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 100
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    steps: int
+    train_tokens: int
+    wall_s: float
+    final_loss: float
+
+
+def demonstration_sequences(
+    episodes: Sequence[Episode], tokenizer: ByteTokenizer, *, max_seq_len: int
+) -> Sequences:
+    """Token ids + agent-token masks of demonstrations; one longer than the context is an error."""
+    sequences = []
+    for episode in episodes:
+        ids, mask = episode_tokens(episode, tokenizer)
+        if len(ids) > max_seq_len:
+            raise ValueError(
+                f"demonstration of task {episode.task_id[:12]} has {len(ids)} tokens, "
+                f"more than max_seq_len={max_seq_len}"
+            )
+        sequences.append((ids, mask))
+    return sequences
+
+
+def sft_loss(model: GPT, ids: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
+    """Sum of target-token NLL over ``mask`` (N, T-1), divided by ``normalizer``."""
+    logp = token_logprobs(model, ids)  # (N, T-1)
+    return -(logp * mask).sum() / normalizer
+
+
+def train_sft(
+    model: GPT,
+    sequences: Sequences,
+    config: SFTConfig,
+    *,
+    ctx: DistContext,
+) -> SFTResult:
+    """Train ``model`` in place on ``sequences`` for ``config.steps`` steps."""
+    if not sequences:
+        raise ValueError("SFT needs at least one demonstration")
+    device = ctx.device
+    model.to(device).train()
+    ctx.broadcast_model(model)
+    optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
+    started = time.monotonic()
+    tokens = 0
+    loss_value = float("nan")
+    for step in range(config.steps):
+        generator = torch.Generator().manual_seed(derive_seed(config.seed, step))
+        batch = torch.randint(len(sequences), (config.batch_size,), generator=generator).tolist()
+        normalizer = float(sum(sum(sequences[i][1][1:]) for i in batch))
+        local = [sequences[batch[j]] for j in ctx.shard(len(batch))]
+        set_lr(
+            optimizer,
+            cosine_lr(
+                step,
+                total=config.steps,
+                base=config.lr,
+                warmup=config.warmup,
+                min_ratio=config.min_lr_ratio,
+            ),
+        )
+        optimizer.zero_grad(set_to_none=True)
+        local_loss = 0.0
+        if local:
+            ids, mask = collate(local, device=device)
+            with autocast(device):
+                loss = sft_loss(model, ids, mask, max(normalizer, 1.0))
+            loss.backward()
+            local_loss = float(loss.detach())
+            tokens += sum(len(seq_ids) for seq_ids, _ in local)
+        ctx.all_reduce_grads(model)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        loss_value = ctx.all_reduce_sum([local_loss])[0]
+        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
+            logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, loss_value)
+    total_tokens = int(ctx.all_reduce_sum([float(tokens)])[0])
+    return SFTResult(config.steps, total_tokens, time.monotonic() - started, loss_value)
+
+
+def make_champion(
+    env: Environment,
+    out_dir: Path | str,
+    *,
+    tasks: Sequence[TaskSpec],
+    model_config: GPTConfig | None = None,
+    config: SFTConfig | None = None,
+    augment_fraction: float = 0.0,
+    device: str = "auto",
+    ctx: DistContext | None = None,
+) -> tuple[Manifest, SFTResult]:
+    """Train a fresh policy on demonstrations of ``tasks`` and save it as a checkpoint.
+
+    ``augment_fraction`` is passed to :meth:`Environment.demonstrations` (toolcalc: the
+    share of demonstrations that call tools by their announced new names).
+    """
+    model_config = model_config or GPTConfig()
+    config = config or SFTConfig()
+    ctx = ctx or init_distributed(device)
+    torch.manual_seed(config.seed)
+    model = GPT(model_config)
+    episodes = env.demonstrations(tasks, seed=config.seed, augment_fraction=augment_fraction)
+    sequences = demonstration_sequences(
+        episodes, ByteTokenizer(), max_seq_len=model_config.max_seq_len
+    )
+    result = train_sft(model, sequences, config, ctx=ctx)
+    metadata = {
+        "algorithm": "sft",
+        "steps": result.steps,
+        "environment": env.name,
+        "demonstrations": len(sequences),
+        "augment_fraction": augment_fraction,
+    }
+    if ctx.is_main:
+        save_checkpoint(model.cpu(), model_config, out_dir, metadata=metadata)
+    ctx.barrier()
+    return read_manifest(out_dir), result

@@ -134,10 +134,11 @@ def test_up_serves_survives_kill9_and_keeps_data(up: UpProcess) -> None:
         timeout=30,
     )
     assert "SERVING" in health.stdout, health.stdout + health.stderr
-    ui = httpx.get(f"http://127.0.0.1:{up.env['RATCHET_TEMPORAL_UI_PORT']}/", timeout=10)
-    assert ui.status_code == 200
-    worker = httpx.get(f"http://127.0.0.1:{up.env['RATCHET_WORKER_PORT']}/readyz", timeout=10)
-    assert worker.status_code == 200
+    for url in (
+        f"http://127.0.0.1:{up.env['RATCHET_TEMPORAL_UI_PORT']}/",
+        f"http://127.0.0.1:{up.env['RATCHET_WORKER_PORT']}/readyz",
+    ):
+        assert_eventually(lambda url=url: _answers_200(url), timeout=60, interval=0.5)
 
     with psycopg.connect(up.database_url(), autocommit=True) as conn:
         conn.execute("INSERT INTO loops (name, environment) VALUES ('survivor', 'toolcalc')")
@@ -151,6 +152,14 @@ def test_up_serves_survives_kill9_and_keeps_data(up: UpProcess) -> None:
 
     assert up.stop() == 0
     assert "Traceback" not in up.log.read_text()
+
+
+def _answers_200(url: str) -> None:
+    try:
+        response = httpx.get(url, timeout=5)
+    except httpx.HTTPError as exc:
+        raise AssertionError(f"{url}: {exc}") from exc
+    assert response.status_code == 200, f"{url}: {response.status_code}"
 
 
 def _run_up(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -5,9 +5,9 @@
 
 Steps, each timed and logged:
 
-1. make the champion: SFT on demonstrations of v1 tasks, as v1-era traffic looked: most
-   call the tools by their listed v1 names, a share (``--augment``) by the announced new
-   names that v1 already accepted as aliases;
+1. make the champion: SFT on demonstrations of v1 tasks as last month's traffic looked:
+   a share (``--augment``) seen during v2's deprecation window, where the listing already
+   shows v2's names but most agents still call the old ones (which still worked then);
 2. evaluate it (greedy pass@1) on held-out v1 tasks and on held-out v2 tasks (tools renamed);
 3. GRPO from the champion on <= 512 v2 tasks, with verifier rewards only (no demonstrations,
    ``sft_coef = 0``): the policy sees prompts and tool results, never answers;
@@ -50,15 +50,15 @@ logger = logging.getLogger("benchmarks.trainer")
 MODEL = GPTConfig(max_seq_len=192, n_layer=4, n_head=4, d_model=96)
 SFT = SFTConfig(steps=1000, batch_size=32, lr=3e-3, warmup=30, log_every=100)
 SFT_TASKS = 4000
-AUGMENT_FRACTION = 0.2
+AUGMENT_FRACTION = 0.3
 GRPO = GRPOConfig(
     steps=40,
-    tasks_per_step=16,
-    group_size=8,
+    tasks_per_step=8,
+    group_size=16,
     temperature=1.0,
-    lr=1e-3,
-    max_turns=5,
-    max_new_tokens=20,
+    lr=3e-4,
+    max_turns=4,
+    max_new_tokens=16,
     checkpoint_every=0,
     log_every=1,
 )

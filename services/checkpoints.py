@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.artifacts import ArtifactStore
+from sqlalchemy.orm import Session
+
+from services.artifacts import ArtifactStore, path_to_uri
+from services.db.models import Checkpoint
+from services.db.queries.runs import upsert_checkpoint
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,29 @@ def install_checkpoint(source: Path, store: ArtifactStore) -> InstalledCheckpoin
         fmt=manifest.format,
         manifest=manifest.to_dict(),
         size_bytes=sum(p.stat().st_size for p in target.iterdir() if p.is_file()),
+    )
+
+
+def record_checkpoint(
+    *,
+    session: Session,
+    installed: InstalledCheckpoint,
+    loop_id: int,
+    parent_id: str | None,
+    run_id: str | None,
+) -> Checkpoint:
+    """The checkpoint's row (inserted unless its content id exists); never commits."""
+    return upsert_checkpoint(
+        session=session,
+        checkpoint_id=installed.checkpoint_id,
+        loop_id=loop_id,
+        uri=path_to_uri(installed.target),
+        fmt=installed.fmt,
+        size_bytes=installed.size_bytes,
+        sha256=installed.checkpoint_id,
+        manifest=installed.manifest,
+        parent_id=parent_id,
+        run_id=run_id,
     )
 
 

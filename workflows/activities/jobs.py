@@ -40,7 +40,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
-from services.checkpoints import InstalledCheckpoint, install_checkpoint
+from services.checkpoints import InstalledCheckpoint, install_checkpoint, record_checkpoint
 from services.db.models import Checkpoint, Dataset, Loop, Run
 from services.db.queries import runs as q
 from services.db.session import SessionFactory
@@ -472,15 +472,10 @@ class JobActivities:
                     type="UnknownParentCheckpoint",
                     non_retryable=True,
                 )
-            row = q.upsert_checkpoint(
+            row = record_checkpoint(
                 session=session,
-                checkpoint_id=installed.checkpoint_id,
+                installed=installed,
                 loop_id=run.loop_id,
-                uri=path_to_uri(installed.target),
-                fmt=installed.fmt,
-                size_bytes=installed.size_bytes,
-                sha256=installed.checkpoint_id,
-                manifest=installed.manifest,
                 parent_id=parent,
                 run_id=input.run_id,
             )

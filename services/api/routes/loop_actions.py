@@ -19,10 +19,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from services.api.deps import AdminDep, SessionDep, SettingsDep, TemporalDep
 from services.api.errors import ApiError
 from services.api.loop_control import signal_loop, start_loop_workflow
-from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
-from services.checkpoints import install_checkpoint
+from services.artifacts import ArtifactStore, uri_to_path
+from services.checkpoints import install_checkpoint, record_checkpoint
 from services.db.models import Loop, Promotion
-from services.db.queries import runs
 from services.settings import Settings
 from workflows.loop import LoopWorkflow
 from workflows.shared import (
@@ -132,16 +131,8 @@ async def register_champion(
         raise ApiError(
             422, "invalid_checkpoint", f"checkpoint rejected: {exc}", fields=_field("checkpoint")
         ) from exc
-    checkpoint = runs.upsert_checkpoint(
-        session=session,
-        checkpoint_id=installed.checkpoint_id,
-        loop_id=row.id,
-        uri=path_to_uri(installed.target),
-        fmt=installed.fmt,
-        size_bytes=installed.size_bytes,
-        sha256=installed.checkpoint_id,
-        manifest=installed.manifest,
-        parent_id=None,
+    checkpoint = record_checkpoint(
+        session=session, installed=installed, loop_id=row.id, parent_id=None, run_id=None
     )
     previous = row.champion_checkpoint_id
     row.champion_checkpoint_id = checkpoint.id

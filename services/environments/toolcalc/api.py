@@ -7,11 +7,12 @@
 | v3      | ``#plus(a;b)``| ``&times(a;b)``| ``@price(item;cur)``| ``;`` between arguments,   |
 |         |               |                |                     | ``cur`` a new required arg |
 
-How the rename happened matters for a model trained on v1 traffic, so toolcalc models it the
-way APIs usually rename: v1 lists the old names but already *accepts* the new ones as
-unlisted aliases (``plus``, ``times``, ``price``), announced for the migration; v2 lists
-only the new names and drops the old ones. Agents that kept the old names (most of them)
-break on v2; the few that had migrated keep working.
+How the rename happened matters for a model trained on last month's traffic, so toolcalc
+models the usual deprecation path: the new names were announced and accepted early (v1
+accepts ``plus``, ``times``, ``price`` as unlisted aliases); then the listing switched to
+the new names while the old ones kept working for a deprecation window
+(:func:`deprecation_window`); v2 ends the window and drops them. Agents that kept the old
+names through the window (most of them) break on v2; those that had migrated keep working.
 
 The prompt lists the tools as ``tools: #add(a,b) &mul(a,b) @get(item)``. Each tool carries
 a one-character *kind* sigil that never changes across versions (``#`` adds, ``&``
@@ -185,6 +186,13 @@ TOOLCALC_APIS: dict[str, ToolAPI] = {
     "v3": ToolAPI("v3", _tools("plus", "times", "price", ("item", "cur")), ";"),
 }
 TOOLCALC_API_VERSIONS: tuple[str, ...] = tuple(TOOLCALC_APIS)
+
+
+def deprecation_window(old: str, new: str) -> ToolAPI:
+    """``new``'s listing and syntax, still accepting ``old``'s names (the migration period)."""
+    old_api, new_api = get_api(old), get_api(new)
+    aliases = tuple((t.name, t.op) for t in old_api.tools if new_api.by_name(t.name) is None)
+    return ToolAPI(f"{new}-window", new_api.tools, new_api.separator, aliases)
 
 
 def get_api(version: str) -> ToolAPI:

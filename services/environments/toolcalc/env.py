@@ -45,6 +45,7 @@ from services.environments.toolcalc.api import (
     Op,
     ParsedCall,
     ToolAPI,
+    deprecation_window,
     get_api,
     infer_api_version_from_specs,
 )
@@ -61,6 +62,7 @@ ENVIRONMENT_NAME = "toolcalc"
 REWARD_ID = "toolcalc/rubric-v1"
 WEIGHTS = {"syntax": 0.1, "tools": 0.2, "answer": 0.7}
 DEFAULT_MAX_TURNS = 5
+MIGRATED_SHARE = 0.25  # agents already using v2's names during its deprecation window
 
 _ANSWER = re.compile(r"^ans\s+(.*)$")
 _NOT_A_TURN = "error: expected name(args) or ans <number>"
@@ -264,11 +266,18 @@ class ToolcalcEnvironment:
 
     # -- demonstrations -----------------------------------------------------------------
 
-    def demonstration(self, task: TaskSpec, *, use_aliases: bool = False) -> Episode:
-        """The solved episode for ``task``; ``use_aliases`` calls tools by their aliases."""
-        api, request = self._task_api(task)
+    def demonstration(
+        self, task: TaskSpec, *, api: ToolAPI | None = None, use_aliases: bool = False
+    ) -> Episode:
+        """The solved episode for ``task``, optionally under another API (same request).
+
+        ``use_aliases`` calls the tools by the API's aliases (old or announced names).
+        """
+        task_api, request = self._task_api(task)
+        api = api or task_api
         program = solve(request, api)
-        episode = Episode(task.task_id, task.prompt, api.listing(), request, len(program.calls) + 1)
+        prompt = task.prompt if api is task_api else f"{api.listing()}\nuser: {request}\n"
+        episode = Episode(task.task_id, prompt, api.listing(), request, len(program.calls) + 1)
         for op, args in program.calls:
             self._apply(api, episode, api.format_call(op, args, use_alias=use_aliases))
         self._apply(api, episode, f"ans {program.answer}")
@@ -277,18 +286,26 @@ class ToolcalcEnvironment:
     def demonstrations(
         self, tasks: Sequence[TaskSpec], *, seed: int, augment_fraction: float = 0.0
     ) -> list[Episode]:
-        """Solved episodes; a share ``augment_fraction`` call tools by their aliases.
+        """Solved episodes; a share ``augment_fraction`` of the v1 tasks as seen in v2's
+        deprecation window.
 
-        This is v1-era traffic as it looked: most agents used the listed names, a few had
-        already migrated to the announced new ones (accepted as aliases). An API version
-        without aliases ignores ``augment_fraction``.
+        That is last month's traffic as it looked: the listing already showed v2's names,
+        the old names still worked, and most agents (all but ``MIGRATED_SHARE``) kept
+        using them. Other API versions have no window and are demonstrated as they are.
         """
         if not 0.0 <= augment_fraction <= 1.0:
             raise ValueError("augment_fraction must be in [0, 1]")
         rng = random.Random(f"toolcalc/demos/{seed}")
-        return [
-            self.demonstration(task, use_aliases=rng.random() < augment_fraction) for task in tasks
-        ]
+        window = deprecation_window("v1", "v2")
+        episodes = []
+        for task in tasks:
+            in_window = rng.random() < augment_fraction
+            migrated = rng.random() < MIGRATED_SHARE
+            if in_window and self._task_api(task)[0].version == "v1":
+                episodes.append(self.demonstration(task, api=window, use_aliases=not migrated))
+            else:
+                episodes.append(self.demonstration(task))
+        return episodes
 
 
 def _execute(call: ParsedCall) -> tuple[str, str | None]:

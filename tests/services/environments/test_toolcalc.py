@@ -14,6 +14,7 @@ from services.environments.toolcalc import (
     get_api,
     solve,
 )
+from services.environments.toolcalc.api import ParsedCall, deprecation_window
 
 
 @pytest.fixture
@@ -71,8 +72,6 @@ def test_api_versions_drift() -> None:
     ],
 )
 def test_call_syntax_per_version(version: str, text: str, ok: bool) -> None:
-    from services.environments.toolcalc.api import ParsedCall
-
     parsed = get_api(version).parse_call(text)
     assert parsed is not None
     assert isinstance(parsed, ParsedCall) is ok
@@ -209,22 +208,20 @@ def test_demonstrations_solve_their_tasks(env: ToolcalcEnvironment) -> None:
             assert env.verify(task, episode).total == 1.0
 
 
-def test_alias_demonstrations_use_v2_names_and_pass_on_v1(env: ToolcalcEnvironment) -> None:
-    tasks = env.generate_tasks(30, seed=3, api_version="v1")
-    aliased = env.demonstrations(tasks, seed=0, augment_fraction=1.0)
-    assert aliased == env.demonstrations(tasks, seed=0, augment_fraction=1.0)  # deterministic
-    for task, episode in zip(tasks, aliased, strict=True):
-        assert episode.prompt == task.prompt  # the listing still shows the v1 names
-        calls = [t.text for t in episode.agent_turns if t.answer is None]
-        assert all(c.split("(")[0] in ("#plus", "&times", "@price") for c in calls)
-        assert env.verify(task, episode).total == 1.0  # v1 accepts the announced names
-    mixed = env.demonstrations(tasks, seed=0, augment_fraction=0.5)
-    n_aliased = sum(
-        "#plus" in e.full_text() or "&times" in e.full_text() or "@price" in e.full_text()
-        for e in mixed
-    )
-    assert 5 <= n_aliased <= 25
-    # v2 has no aliases: the old names are gone
+def test_deprecation_window_demonstrations(env: ToolcalcEnvironment) -> None:
+    tasks = env.generate_tasks(40, seed=3, api_version="v1")
+    window = env.demonstrations(tasks, seed=0, augment_fraction=1.0)
+    assert window == env.demonstrations(tasks, seed=0, augment_fraction=1.0)  # deterministic
+    migrated = 0
+    for task, episode in zip(tasks, window, strict=True):
+        assert episode.prompt.startswith("tools: #plus(a,b) &times(a,b) @price(item)\n")
+        names = {t.text.split("(")[0] for t in episode.agent_turns if t.answer is None}
+        assert names <= {"#add", "&mul", "@get"} or names <= {"#plus", "&times", "@price"}
+        migrated += names <= {"#plus", "&times", "@price"}
+        assert env.verify(task, episode).total == 1.0  # both names worked in the window
+    assert 3 <= migrated <= 20  # MIGRATED_SHARE = 0.25 of 40
+    # the window accepts the old names; v2 proper does not
+    assert isinstance(deprecation_window("v1", "v2").parse_call("@get(pear)"), ParsedCall)
     v2_task = env.make_task("$pear*3", "v2")
     episode = env.run_episode(v2_task, scripted("@get(pear)", "ans 36"), max_turns=3)
     assert episode.turns[1].text == "error: unknown tool get"

@@ -65,6 +65,7 @@ def _demo(args: argparse.Namespace) -> int:
         traffic=args.traffic,
         state_dir=args.state_dir,
         timeout_s=args.timeout,
+        champion_cache=settings.state_dir / "demo",
     )
     try:
         report = run_demo(options, settings)

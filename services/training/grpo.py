@@ -65,12 +65,12 @@ class GRPOConfig:
     """GRPO hyper-parameters; the defaults are the toolcalc drift-recovery run."""
 
     steps: int = 40
-    tasks_per_step: int = 16
-    group_size: int = 8
+    tasks_per_step: int = 8
+    group_size: int = 16
     temperature: float = 1.0
-    max_turns: int = 5
-    max_new_tokens: int = 24
-    lr: float = 1e-3
+    max_turns: int = 4
+    max_new_tokens: int = 16
+    lr: float = 3e-4
     warmup: int = 0
     min_lr_ratio: float = 1.0
     weight_decay: float = 0.0
@@ -81,7 +81,7 @@ class GRPOConfig:
     ppo_epochs: int = 1
     adv_eps: float = 1e-4
     micro_batch: int = 64
-    checkpoint_every: int = 0
+    checkpoint_every: int = 10  # steps between resume points (0: none), given a state dir
     seed: int = 0
     log_every: int = 1
 
@@ -144,7 +144,7 @@ def policy_loss(
         delta = ref_logp - logp  # (N, T)
         kl = torch.exp(delta) - delta - 1.0  # (N, T), k3 estimator, >= 0
         per_token = per_token + kl_coef * kl
-        kl_mean = float((kl * mask_f).sum() / mask_f.sum().clamp(min=1.0))
+        kl_mean = float((kl.detach() * mask_f).sum() / mask_f.sum().clamp(min=1.0))
     denom = float(normalizer) if normalizer is not None else float(mask_f.sum().clamp(min=1.0))
     loss = (per_token * mask_f).sum() / denom
     clip_frac = float(

@@ -35,7 +35,7 @@ from services.training.tokenizer import ByteTokenizer
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Model shape. The defaults are the toolcalc reference policy (~0.4M parameters)."""
+    """Model shape. The defaults are the toolcalc reference policy (~0.5M parameters)."""
 
     vocab_size: int = 256
     max_seq_len: int = 192
@@ -178,6 +178,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.rope_cos: torch.Tensor
+        self.rope_sin: torch.Tensor
         cos, sin = rotary_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)  # (S, Dh/2), not a weight
         self.register_buffer("rope_sin", sin, persistent=False)

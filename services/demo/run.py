@@ -37,6 +37,7 @@ from services.client import RatchetClient
 from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Run
 from services.db.session import create_db_engine, make_session_factory
 from services.demo.traffic import TrafficSimulator
+from services.executors.local import kill_local_jobs
 from services.local.stack import Stack, StackError
 from services.settings import Settings
 
@@ -252,11 +253,11 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
         stack.preflight()
         stack.start_servers()
         stack.migrate_and_register()
-        stack.start_children()
+        stack.start_children(log_to_files=True)
         stack.wait_api_ready()
         out(
             f"[demo] Ratchet is up: dashboard {settings.api_base_url}/  Temporal UI "
-            f"{settings.effective_temporal_ui_url}"
+            f"{settings.effective_temporal_ui_url}  logs {settings.logs_dir}"
         )
         champion = make_champion(settings.state_dir, options, out)
         server = start_model_server(settings, champion, token)
@@ -307,6 +308,7 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
             with contextlib.suppress(subprocess.TimeoutExpired):
                 server.wait(15)
         stack.stop()
+        kill_local_jobs(settings.artifacts_dir)
 
 
 def _watch(

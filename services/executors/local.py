@@ -368,3 +368,23 @@ def _file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def kill_local_jobs(artifacts_dir: Path) -> int:
+    """End every local job still running under ``artifacts_dir``; returns how many.
+
+    Jobs run in sessions of their own so they outlive a worker restart; a demo or a test
+    that tears its whole stack down uses this so nothing keeps running after it. A pid is
+    killed only if its start time matches the handle (never a recycled pid).
+    """
+    killed = 0
+    for handle_path in artifacts_dir.glob(f"loops/*/runs/*/{STATE_SUBDIR}/{HANDLE_FILE}"):
+        with contextlib.suppress(OSError, ValueError, KeyError, psutil.Error):
+            handle = json.loads(handle_path.read_text())
+            pid = int(handle["pid"])
+            expected = handle.get("create_time")
+            process = psutil.Process(pid)
+            if expected is None or abs(process.create_time() - float(expected)) < 1.0:
+                os.killpg(pid, signal.SIGKILL)
+                killed += 1
+    return killed

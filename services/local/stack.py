@@ -290,12 +290,23 @@ class Stack:
 
         asyncio.run(register())
 
-    def start_children(self) -> None:
+    def start_children(self, *, log_to_files: bool = False) -> None:
+        """Run api and worker; their logs go to the terminal, or to <state>/logs/*.log."""
         env = self.child_environment()
         for name in ("api", "worker"):
+            output = None
+            if log_to_files:
+                self.settings.logs_dir.mkdir(parents=True, exist_ok=True)
+                output = (self.settings.logs_dir / f"{name}.log").open("ab")
             self.children[name] = subprocess.Popen(
-                [sys.executable, "-m", "services", name], env=env, stdin=subprocess.DEVNULL
+                [sys.executable, "-m", "services", name],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT if output else None,
             )
+            if output is not None:
+                output.close()
 
     def wait_api_ready(self, timeout: float = 60.0) -> None:
         url = f"http://{self.settings.api_host}:{self.settings.api_port}/readyz"

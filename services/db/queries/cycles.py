@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from services.db.models import (
     Checkpoint,
     Cycle,
+    DatasetTask,
     Evaluation,
     EvaluationResult,
     Loop,
@@ -218,10 +219,17 @@ def record_evaluation(
         return existing
     rows = list(results)
     hashes = {str(row["task_id"]) for row in rows}
-    task_ids = dict(
+    # Results name tasks by their TaskSpec id (kept in the spec); content_hash is the
+    # curation's normalized hash and differs from it.
+    spec_id = Task.spec["task_id"].as_string()
+    task_ids: dict[str, int] = dict(
         session.execute(
-            select(Task.content_hash, Task.id).where(
-                Task.loop_id == loop.id, Task.content_hash.in_(hashes)
+            select(spec_id, Task.id)
+            .join(DatasetTask, DatasetTask.task_id == Task.id)
+            .where(
+                Task.loop_id == loop.id,
+                DatasetTask.dataset_id == dataset_id,
+                spec_id.in_(hashes),
             )
         ).all()
     )

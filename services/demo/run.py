@@ -94,6 +94,7 @@ class CycleRow:
     candidate_pass: tuple[float, float, float] | None
     decision: str
     outcome: str
+    reason: str
     cost_usd: float
     points: float
     points_per_dollar: float | None
@@ -282,7 +283,7 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
                 "algorithm": "grpo",
                 "hyperparameters": options.grpo_hyperparameters,
             },
-            curation_policy={"success_sample_rate": 0.25},
+            curation_policy={"success_sample_rate": 0.5},
         )
         client.set_champion(LOOP_NAME, str(champion))
         client.start_loop(LOOP_NAME)
@@ -393,7 +394,11 @@ def _report(
                 overhead = rows[-1].wall_s - rows[-1].job_s - rows[-1].waiting_s
                 overheads.append(max(0.0, overhead) / rows[-1].wall_s)
         promotions = session.scalars(
-            select(Promotion).where(Promotion.loop_id == loop.id, Promotion.status == "held")
+            select(Promotion).where(
+                Promotion.loop_id == loop.id,
+                Promotion.status == "held",
+                Promotion.cycle_id.is_not(None),  # not the operator's first champion
+            )
         ).all()
         new_versions = {p.candidate_checkpoint_id for p in promotions}
     before = None
@@ -457,6 +462,7 @@ def _cycle_row(session: Any, cycle: Cycle) -> CycleRow:
         candidate_pass=by_checkpoint.get(cycle.candidate_checkpoint_id or ""),
         decision=promotion.decision if promotion is not None else "-",
         outcome=cycle.outcome or "-",
+        reason=(cycle.outcome_detail or "").splitlines()[0][:300] if cycle.outcome_detail else "",
         cost_usd=cost,
         points=points,
         points_per_dollar=points / cost if cost > 0 else None,
@@ -502,6 +508,8 @@ def format_report(report: DemoReport) -> str:
             f"${row.cost_usd:>7.4f}  {row.points:>+6.1f}  "
             f"{(f'{row.points_per_dollar:,.0f}' if row.points_per_dollar else '-'):>8}"
         )
+        if row.reason:
+            lines.append(f"    {row.reason}")
     lines += ["", "Live success rate (20 s window)", ""]
     for at, rate, n, version in report.live:
         bar = "#" * round((rate or 0) * 40)

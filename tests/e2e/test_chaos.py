@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -159,6 +160,7 @@ def _chaos(live: LiveStack, client: RatchetClient, tmp_path: Path) -> None:
     _assert_cycle_promoted_once(live, cycle)
     _assert_one_job_per_run(live, cycle, eval_runs, in_flight_evals)
     _assert_traces_stored_and_curated_once(live, first + second, repeats)
+    _assert_dashboard_shows_the_cycle(live)
 
 
 # Waiting -----------------------------------------------------------------------------------
@@ -365,3 +367,17 @@ def _assert_traces_stored_and_curated_once(
     # Repeats posted during the chaos were folded into the tasks curated before it.
     outcome = {trace.external_id: trace.curation_outcome for trace in traces}
     assert {outcome[trace["external_id"]] for trace in repeats} == {"duplicate"}
+
+
+def _assert_dashboard_shows_the_cycle(live: LiveStack) -> None:
+    """The dashboard renders the real cycle this test produced (read-only, no token)."""
+    with live.sessions()() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == LOOP)).one()
+        champion = loop.champion_checkpoint_id
+    assert champion is not None
+    for path in ("/", f"/loops/{LOOP}", f"/loops/{LOOP}/runs/{TRAIN_RUN}"):
+        response = httpx.get(f"{live.api_url}{path}", timeout=30)
+        assert response.status_code == 200, (path, response.status_code)
+    loop_page = httpx.get(f"{live.api_url}/loops/{LOOP}", timeout=30).text
+    assert champion[:12] in loop_page
+    assert "promoted" in loop_page

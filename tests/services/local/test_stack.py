@@ -116,8 +116,14 @@ def up(tmp_path: Path) -> Iterator[UpProcess]:
 def test_up_serves_survives_kill9_and_keeps_data(up: UpProcess) -> None:
     up.start()
     up.wait_ready(timeout=90)
-    output = up.log.read_text()
-    assert "Ratchet is up." in output
+
+    def banner_printed() -> str:
+        # `ratchet up` prints once it has seen the api ready itself, a moment after we did.
+        output = up.log.read_text()
+        assert "Ratchet is up." in output
+        return output
+
+    output = assert_eventually(banner_printed, timeout=30)
     assert f"Temporal Web UI   http://127.0.0.1:{up.env['RATCHET_TEMPORAL_UI_PORT']}" in output
 
     health = subprocess.run(

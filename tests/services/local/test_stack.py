@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -94,13 +95,17 @@ def _stack_env(state_dir: Path) -> dict[str, str]:
 
 
 def _stop_leftover_postgres(state_dir: Path) -> None:
-    """pg_ctl may leave the postmaster outside the killed group; stop it by its data dir."""
-    import pgserver
+    """Stop the embedded Postgres of the runs (pg_ctl may leave it outside the killed group).
+
+    pgserver's own cleanup stops only servers its process started, so stop it by data dir.
+    """
+    from pgserver import pg_ctl
 
     data = state_dir / "postgres"
     if (data / "postmaster.pid").exists():
-        server = pgserver.get_server(data, cleanup_mode="stop")
-        server.cleanup()
+        as_user = {"user": "pgserver"} if os.geteuid() == 0 else {}
+        with contextlib.suppress(subprocess.CalledProcessError):
+            pg_ctl(["-m", "fast", "-w", "stop"], pgdata=data, **as_user)
 
 
 @pytest.fixture

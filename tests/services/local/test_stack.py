@@ -21,10 +21,19 @@ from tests.support import assert_eventually
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A free port below Linux's ephemeral range (32768+), so the Temporal dev server's own
+    randomly bound internal ports cannot take it between our check and the api's bind."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 29999)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-29999")
 
 
 @dataclass

@@ -185,8 +185,9 @@ def load_worker(
         uvloop.install()
     except ImportError:
         pass
+    cpu_before = sum(os.times()[:2])
     latencies, statuses = asyncio.run(main())
-    out.send((latencies, statuses))
+    out.send((latencies, statuses, sum(os.times()[:2]) - cpu_before))
     out.close()
 
 
@@ -207,8 +208,10 @@ def run_load(
         workers.append(worker)
     latencies: list[float] = []
     statuses: dict[int, int] = {}
+    client_cpu_s = 0.0
     for receiver in pipes:
-        worker_latencies, worker_statuses = receiver.recv()
+        worker_latencies, worker_statuses, worker_cpu_s = receiver.recv()
+        client_cpu_s += worker_cpu_s
         latencies += worker_latencies
         for status, count in worker_statuses.items():
             statuses[status] = statuses.get(status, 0) + count
@@ -229,6 +232,8 @@ def run_load(
         "p99_ms": percentile(0.99),
         "mean_ms": statistics.fmean(latencies) * 1000 if latencies else 0.0,
         "non_200": sum(c for s, c in statuses.items() if s != 200),
+        "requests": len(latencies),
+        "client_cpu_s": client_cpu_s,
     }
 
 
@@ -239,6 +244,75 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int | None) -> float:
+    """CPU seconds of a process and all its live descendants (api workers, Postgres backends)."""
+    if root is None:
+        return 0.0
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all processes, ours and others')."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_phase(
+    port: int,
+    secret: str,
+    api_pid: int,
+    postmaster: int | None,
+    *,
+    batch: int,
+    clients: int,
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    """One load phase, with the CPU time per trace of the api, Postgres and the clients.
+
+    ``other_cpu_share`` is the share of the machine's CPUs used by processes outside the
+    benchmark (other jobs on a shared machine) during the phase.
+    """
+    api_before, pg_before = tree_cpu_seconds(api_pid), tree_cpu_seconds(postmaster)
+    busy_before, wall_before = machine_busy_seconds(), time.monotonic()
+    result = run_load(
+        port,
+        secret,
+        batch=batch,
+        clients=clients,
+        processes=args.client_processes,
+        seconds=args.seconds,
+    )
+    traces = max(1.0, result["per_s"] * args.seconds)
+    api_s = tree_cpu_seconds(api_pid) - api_before
+    pg_s = tree_cpu_seconds(postmaster) - pg_before
+    busy_s = machine_busy_seconds() - busy_before
+    wall_s = time.monotonic() - wall_before
+    own_s = api_s + pg_s + result["client_cpu_s"]
+    result["api_cpu_ms"] = api_s * 1000 / traces
+    result["pg_cpu_ms"] = pg_s * 1000 / traces
+    result["client_cpu_ms"] = result["client_cpu_s"] * 1000 / traces
+    result["other_cpu_share"] = max(0.0, busy_s - own_s) / (wall_s * (os.cpu_count() or 1))
+    result["load_average_1m"] = os.getloadavg()[0]
+    return result
 
 
 def free_port() -> int:
@@ -331,34 +405,15 @@ def main() -> None:
             log(f"starting the api on 127.0.0.1:{port}")
             api = start_api(database_url, port)
             cpus = os.cpu_count() or 1
+            postmaster = server.get_pid()
             log(f"(a) single signed traces, 32 clients, {args.seconds:.0f} s ({cpus} CPUs shared)")
-            cpu_before = cpu_seconds(api.pid)
-            single = run_load(
-                port,
-                secret,
-                batch=1,
-                clients=32,
-                processes=args.client_processes,
-                seconds=args.seconds,
-            )
-            single["api_cpu_ms"] = (
-                (cpu_seconds(api.pid) - cpu_before)
-                * 1000
-                / max(1.0, single["requests_per_s"] * args.seconds)
+            single = measure_phase(
+                port, secret, api.pid, postmaster, batch=1, clients=32, args=args
             )
             log(f"    {single['per_s']:.0f} traces/s, p99 {single['p99_ms']:.1f} ms")
             log(f"(b) batches of 100, 8 clients, {args.seconds:.0f} s")
-            cpu_before = cpu_seconds(api.pid)
-            batch = run_load(
-                port,
-                secret,
-                batch=100,
-                clients=8,
-                processes=args.client_processes,
-                seconds=args.seconds,
-            )
-            batch["api_cpu_ms"] = (
-                (cpu_seconds(api.pid) - cpu_before) * 1000 / max(1.0, batch["per_s"] * args.seconds)
+            batch = measure_phase(
+                port, secret, api.pid, postmaster, batch=100, clients=8, args=args
             )
             log(f"    {batch['per_s']:.0f} traces/s, p99 {batch['p99_ms']:.1f} ms")
             api.terminate()
@@ -378,11 +433,19 @@ def main() -> None:
         "single_p99_ms": round(single["p99_ms"], 2),
         "single_non_200": single["non_200"],
         "single_api_cpu_ms_per_trace": round(single["api_cpu_ms"], 3),
+        "single_pg_cpu_ms_per_trace": round(single["pg_cpu_ms"], 3),
+        "single_client_cpu_ms_per_trace": round(single["client_cpu_ms"], 3),
+        "single_other_cpu_share": round(single["other_cpu_share"], 2),
+        "single_load_average_1m": round(single["load_average_1m"], 2),
         "batch_per_s": round(batch["per_s"], 1),
         "batch_p50_ms": round(batch["p50_ms"], 2),
         "batch_p99_ms": round(batch["p99_ms"], 2),
         "batch_non_200": batch["non_200"],
         "batch_api_cpu_ms_per_trace": round(batch["api_cpu_ms"], 3),
+        "batch_pg_cpu_ms_per_trace": round(batch["pg_cpu_ms"], 3),
+        "batch_client_cpu_ms_per_trace": round(batch["client_cpu_ms"], 3),
+        "batch_other_cpu_share": round(batch["other_cpu_share"], 2),
+        "batch_load_average_1m": round(batch["load_average_1m"], 2),
         "copy_per_s": round(copy_per_s, 1),
         "batch_vs_copy": round(batch["per_s"] / copy_per_s, 3) if copy_per_s else None,
         "seconds_per_phase": args.seconds,

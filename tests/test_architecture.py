@@ -13,13 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STDLIB = set(sys.stdlib_module_names)
 
-WORKFLOW_MODULES = ["loop", "curate", "train", "evaluate", "promote"]
+WORKFLOW_MODULES = ["loop", "curate", "probe", "train", "evaluate", "promote"]
 # Packages that run inside a GPU job image with no database.
 JOB_PACKAGES = ["services/training", "services/environments"]
 JOB_MODULES = [
     "services/evaluation/stats.py",
     "services/evaluation/evaluator.py",
     "services/evaluation/job.py",
+    "services/evaluation/results.py",
 ]
 JOB_ALLOWED = {
     "torch",

@@ -1,11 +1,11 @@
 """LoopWorkflow: one served model improved forever, one cycle per run.
 
 Id ``loop/<name>``. Each run waits for a trigger (enough new curated tasks, the maximum
-interval, a drift signal, or an operator's run-now), runs one cycle — curate, snapshot,
-train, evaluate, gate, promote, account — then continues as new carrying only
-:class:`LoopState`. Stages run as child workflows with ids derived from the cycle, so a retry
-never duplicates work; cycles of one loop never overlap because one workflow runs them in
-sequence.
+interval, a drift signal, or an operator's run-now), runs one cycle — curate, probe (only
+with the curation policy's ``difficulty_filter``), snapshot, train, evaluate, gate,
+promote, account — then continues as new carrying only :class:`LoopState`. Stages run as
+child workflows with ids derived from the cycle, so a retry never duplicates work; cycles of
+one loop never overlap because one workflow runs them in sequence.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from temporalio.exceptions import ChildWorkflowError, FailureError
 with workflow.unsafe.imports_passed_through():
     from services.temporal import RATCHET_CYCLE, RATCHET_LOOP, RATCHET_OUTCOME, RATCHET_STAGE
     from workflows.evaluate import EvaluateWorkflow
+    from workflows.probe import ProbeWorkflow
     from workflows.promote import PromoteWorkflow
     from workflows.shared import (
         ApprovalSignal,
@@ -51,6 +52,8 @@ with workflow.unsafe.imports_passed_through():
         PauseSignal,
         PendingWorkInput,
         PendingWorkResult,
+        ProbeInput,
+        ProbeResult,
         PromoteInput,
         RecordDecisionInput,
         RecordDecisionResult,
@@ -73,6 +76,8 @@ InputT = TypeVar("InputT")
 ResultT = TypeVar("ResultT")
 
 SHORT = timedelta(seconds=60)
+# workflow.patched id of the difficulty probe stage (histories before it have no such stage).
+PROBE_PATCH = "difficulty-probe-stage"
 DB_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
 )
@@ -326,6 +331,10 @@ class LoopWorkflow:
             id=cycle_workflow_id(self.loop, number, "curate"),
             search_attributes=self._search_attributes("curate", number),
         )
+        # Checked first so a loop without the filter records no marker: its history is
+        # exactly what it was before the stage existed.
+        if config.difficulty_filter and workflow.patched(PROBE_PATCH):
+            await self._probe(config, number, cycle)
         self._set_stage("snapshot", cycle=number)
         await self._mark_stage(number, "snapshot")
         dataset = await workflow.execute_activity(
@@ -335,6 +344,10 @@ class LoopWorkflow:
             start_to_close_timeout=timedelta(minutes=10),
             retry_policy=DB_RETRY,
         )
+        if dataset.difficulty:
+            workflow.logger.info(
+                "dataset %s of %s: difficulty %s", dataset.dataset_id, self.loop, dataset.difficulty
+            )
         if dataset.train_count == 0 or dataset.eval_count == 0:
             raise CycleAborted(
                 "no_data",
@@ -454,6 +467,50 @@ class LoopWorkflow:
             return outcome, promoted.reason, 0.0, trained.checkpoint_id
         points = float(gate.statistics.get("delta_points", 0.0))
         return "promoted", reason, points, trained.checkpoint_id
+
+    async def _probe(self, config: LoopConfig, number: int, cycle: StartCycleResult) -> None:
+        """Probe the champion on unprobed train tasks so the snapshot can filter them.
+
+        A probe that fails — its job failed or was lost, or the child workflow failed on a
+        bad spec or unreadable results — does not end the cycle: the probe only sharpens
+        the train split, and tasks without a pass rate are kept as ``unprobed`` (counted in
+        the dataset's difficulty stats). The failed run stays recorded with its error and
+        cost, the failure is logged, and the next cycle probes those tasks again.
+        """
+        if cycle.champion_checkpoint_id is None or cycle.champion_uri is None:
+            return  # nothing to probe with; the cycle fails for the same reason after the snapshot
+        self._set_stage("probe", cycle=number)
+        await self._mark_stage(number, "probe")
+        try:
+            probed: ProbeResult = await workflow.execute_child_workflow(
+                ProbeWorkflow.run,
+                ProbeInput(
+                    loop=self.loop,
+                    cycle=number,
+                    environment=config.environment,
+                    champion_checkpoint_id=cycle.champion_checkpoint_id,
+                    champion_uri=cycle.champion_uri,
+                    attempts=config.probe_attempts,
+                    profile=config.training_profile,
+                ),
+                id=cycle_workflow_id(self.loop, number, "probe"),
+                search_attributes=self._search_attributes("probe", number),
+            )
+        except ChildWorkflowError as exc:
+            workflow.logger.warning(
+                "probe of cycle %s of %s failed (%s); the snapshot goes on without it",
+                number,
+                self.loop,
+                _root_cause(exc),
+            )
+            return
+        if probed.status not in ("succeeded", "skipped"):
+            workflow.logger.warning(
+                "probe run %s %s (%s); the snapshot goes on without it",
+                probed.run_id,
+                probed.status,
+                probed.error or "no reason given",
+            )
 
     async def _await_approval(self, gate: GateResult) -> tuple[str, str, str]:
         """Manual gate: wait for approve/reject; the gate's statistics are shown meanwhile."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from workflows.curate import CurateWorkflow
 from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
+from workflows.probe import ProbeWorkflow
 from workflows.promote import PromoteWorkflow
 from workflows.train import TrainWorkflow
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 WORKFLOWS: list[type] = [
     LoopWorkflow,
     CurateWorkflow,
+    ProbeWorkflow,
     TrainWorkflow,
     EvaluateWorkflow,
     PromoteWorkflow,
@@ -44,5 +46,8 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         curation.snapshot_dataset,
         curation.check_drift,
         curation.pending_work,
+        curation.export_probe_tasks,
+        curation.probe_pass_rates,
+        curation.record_probes,
     ]
     return [*curation_activities, *jobs.activities(), *loop.activities()]

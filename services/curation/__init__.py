@@ -11,6 +11,7 @@ One module per step, in the order a trace meets them:
 - ``splits``     train/eval/held-out by cluster, regression for successes and pinned tasks;
 - ``pipeline``   one batch in one transaction: the steps above plus the writes;
 - ``difficulty`` the probe-based filter (pure);
+- ``probe``      the probe run's task file and its results as pass rates of tasks;
 - ``snapshot``   immutable, content-addressed datasets and their JSONL files;
 - ``drift``      the served model's rolling failure rate, a trigger for the loop;
 - ``policy``     the ``loops.curation_policy`` keys and their defaults;

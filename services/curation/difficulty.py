@@ -3,15 +3,17 @@
 GRPO learns from the spread of rewards inside a group of rollouts of one task. A task the
 champion always solves (pass rate 1) or never solves (pass rate 0) gives every rollout the
 same reward, a zero advantage and no gradient, so it only costs compute. The loop runs the
-champion ``probe_attempts`` times per task (a ``probe`` job) and records the pass counts;
-this module decides from those counts alone. Tasks never probed are kept: no evidence is not
-evidence of zero variance.
+champion ``probe_attempts`` times per task (a ``probe`` run: an eval job with ``samples``
+set to the attempts) and records the pass rates; this module reads the job's per-task counts
+(:func:`probe_counts`) and decides from them alone. Tasks never probed are kept: no evidence
+is not evidence of zero variance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -84,3 +86,28 @@ def select_by_difficulty(probes: Mapping[int, ProbeCount | float | None]) -> Dif
 def pass_rates_from_counts(counts: Mapping[int, ProbeCount]) -> dict[int, float]:
     """Probe counts as the pass rates stored on tasks (``tasks.probe_pass_rate``)."""
     return {task_id: count.pass_rate for task_id, count in counts.items()}
+
+
+def probe_counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, ProbeCount]:
+    """Per-task counts from the rows of a probe's ``results.jsonl``, keyed by TaskSpec id.
+
+    Each row of the eval job names its task by ``task_id`` (the TaskSpec id) and reports
+    ``samples`` rollouts of which ``sample_passes`` passed. A row without them, or a task
+    named twice, raises ``ValueError`` naming the row.
+    """
+    counts: dict[str, ProbeCount] = {}
+    for number, row in enumerate(rows, start=1):
+        task_id, samples, passes = row.get("task_id"), row.get("samples"), row.get("sample_passes")
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError(f"result {number} has no task_id")
+        if (
+            not isinstance(samples, int)
+            or not isinstance(passes, int)
+            or isinstance(samples, bool)
+            or isinstance(passes, bool)
+        ):
+            raise ValueError(f"result {number} (task {task_id[:12]}) has no sample counts")
+        if task_id in counts:
+            raise ValueError(f"result {number}: task {task_id[:12]} is reported twice")
+        counts[task_id] = ProbeCount(passed=passes, attempts=samples)
+    return counts

@@ -45,8 +45,9 @@ class CurationPolicy:
     eval_fraction: float = 0.2
     heldout_fraction: float = 0.1
     heldout_max_tasks: int = 200
-    # Difficulty (probe runs of the champion; the loop runs them, curation filters).
-    difficulty_filter: bool = True
+    # Difficulty: opt-in, since it costs a probe job per cycle (the loop runs the champion
+    # ``probe_attempts`` times on each unprobed train task; the snapshot filters).
+    difficulty_filter: bool = False
     probe_attempts: int = 8
     # Snapshots.
     max_train_tasks: int = 20_000

@@ -66,6 +66,8 @@ class DatasetSnapshot:
     eval_uri: str
     regression_uri: str | None
     created: bool
+    # The difficulty filter's counts over train candidates: kept, too_easy, too_hard, unprobed.
+    difficulty: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,7 @@ def snapshot(
             eval_uri=uris["eval"],
             regression_uri=uris["regression"],
             created=True,
+            difficulty=dict(selection.difficulty),
         )
 
 
@@ -214,7 +217,7 @@ def _write_files(
         files: dict[str, dict[str, Any]] = {}
         for split, name in FILES.items():
             members = sorted(selection.members[split], key=lambda m: m.content_hash)
-            count = write_task_file(staging / name, _task_lines(session, members, split))
+            count = write_task_file(staging / name, task_lines(session, members, split))
             files[name] = {"count": count, "sha256": _sha256(staging / name)}
         manifest = {
             "schema": DATASET_SCHEMA,
@@ -238,10 +241,11 @@ def _write_files(
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _task_lines(
+def task_lines(
     session: Session, members: Sequence[q.SplitMember], split: str
 ) -> Iterator[TaskSpec]:
-    """Task file lines, fetched a chunk at a time so memory stays flat for large datasets."""
+    """Task file lines with their ``metadata.ratchet`` lineage, fetched a chunk at a time so
+    memory stays flat for large files (datasets and the probe's task file)."""
     for start in range(0, len(members), _CHUNK):
         chunk = members[start : start + _CHUNK]
         contents = q.task_contents(session, task_ids=[m.task_id for m in chunk])
@@ -300,4 +304,13 @@ def _as_snapshot(dataset: Dataset, *, created: bool) -> DatasetSnapshot:
         eval_uri=dataset.eval_uri,
         regression_uri=dataset.regression_uri,
         created=created,
+        difficulty=_difficulty_of(dataset),
     )
+
+
+def _difficulty_of(dataset: Dataset) -> dict[str, int]:
+    stats = dataset.stats if isinstance(dataset.stats, dict) else {}
+    counts = stats.get("difficulty")
+    if not isinstance(counts, dict):
+        return {}
+    return {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}

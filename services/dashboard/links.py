@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
 # Which cycle stage ran each kind of job, so a run links to the workflow that started it.
-RUN_KIND_STAGE = {"train": "train", "eval": "evaluate", "probe": "curate"}
+RUN_KIND_STAGE = {"train": "train", "eval": "evaluate", "probe": "probe"}
 
-# The cycle stages that run as child workflows (DESIGN §4).
-CHILD_WORKFLOW_STAGES = ("curate", "train", "evaluate", "promote")
+# The cycle stages that run as child workflows (DESIGN §4); probe only with the difficulty
+# filter on.
+CHILD_WORKFLOW_STAGES = ("curate", "probe", "train", "evaluate", "promote")
 
 
 @dataclass(frozen=True)

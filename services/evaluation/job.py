@@ -27,6 +27,7 @@ import torch
 from services.environments.base import TaskFileError, read_task_file
 from services.environments.registry import get_environment
 from services.evaluation.evaluator import evaluate
+from services.evaluation.results import RESULTS_FILE
 from services.training.checkpoint import CheckpointError
 from services.training.device import DeviceError
 from services.training.jobspec import (
@@ -127,8 +128,8 @@ def _run(spec: JobSpec) -> int:
     started = time.monotonic()
     result = evaluate(policy, env, tasks, seed=spec.seed, **options)
     spec.output_dir.mkdir(parents=True, exist_ok=True)
-    results_path = spec.output_dir / "results.jsonl"
-    tmp = results_path.with_name(".results.jsonl.tmp")
+    results_path = spec.output_dir / RESULTS_FILE
+    tmp = results_path.with_name(f".{RESULTS_FILE}.tmp")
     with tmp.open("w", encoding="utf-8") as fh:
         for row in result.results:
             fh.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")

@@ -3,13 +3,17 @@
 Runs the loop's scenarios against a fresh Temporal dev server (with the typed activity fakes
 of test_loop.py) and writes each workflow's history — the loop and its child workflows —
 under tests/workflows/histories/. Re-record only for a deliberate, versioned change; the
-committed files are what running workflows in production look like.
+committed files are what running workflows in production look like, so a new scenario is
+recorded on its own (``python -m tests.workflows.record_histories probed``) and the older
+files stay as the older code wrote them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from temporalio.client import Client
@@ -17,7 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from services.local.binaries import temporal_cli_path
 from services.temporal import SEARCH_ATTRIBUTES
-from tests.workflows.test_loop import LiveStats, World, make_worker, start_loop
+from tests.workflows.test_loop import BASE_CONFIG, LiveStats, World, make_worker, start_loop
 from workflows.shared import cycle_workflow_id
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -30,7 +34,7 @@ async def _record(client: Client, scenario: str, world: World) -> None:
         handle = await start_loop(client, task_queue, name, max_cycles=1)
         await handle.result()
     ids = [f"loop/{name}"] + [
-        cycle_workflow_id(name, 1, stage) for stage in ("train", "evaluate", "promote")
+        cycle_workflow_id(name, 1, stage) for stage in ("probe", "train", "evaluate", "promote")
     ]
     for workflow_id in ids:
         try:
@@ -99,7 +103,24 @@ async def _record_curate(client: Client) -> None:
         server.cleanup()
 
 
-async def main() -> None:
+SCENARIOS: dict[str, World | None] = {
+    "curate": None,  # a real CurateWorkflow run, see _record_curate
+    "promoted": World(new_tasks=12),
+    "rejected": World(new_tasks=12, gate_decision="reject"),
+    "rolled-back": World(
+        new_tasks=12,
+        candidate_live=LiveStats(40, 4, 0.1, 0.04, 0.23),
+        baseline_live=LiveStats(40, 32, 0.8, 0.65, 0.9),
+    ),
+    # A cycle with the difficulty probe (ProbeWorkflow; LoopWorkflow's probe patch).
+    "probed": World(new_tasks=12, config=replace(BASE_CONFIG, difficulty_filter=True)),
+}
+
+
+async def main(names: list[str]) -> None:
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {unknown}; known: {sorted(SCENARIOS)}")
     HISTORIES.mkdir(exist_ok=True)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(temporal_cli_path()),
@@ -107,21 +128,15 @@ async def main() -> None:
         ui=False,
     )
     try:
-        await _record_curate(env.client)
-        await _record(env.client, "promoted", World(new_tasks=12))
-        await _record(env.client, "rejected", World(new_tasks=12, gate_decision="reject"))
-        await _record(
-            env.client,
-            "rolled-back",
-            World(
-                new_tasks=12,
-                candidate_live=LiveStats(40, 4, 0.1, 0.04, 0.23),
-                baseline_live=LiveStats(40, 32, 0.8, 0.65, 0.9),
-            ),
-        )
+        for name in names or list(SCENARIOS):
+            world = SCENARIOS[name]
+            if world is None:
+                await _record_curate(env.client)
+            else:
+                await _record(env.client, name, world)
     finally:
         await env.shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(sys.argv[1:]))

@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 from tests.support import assert_eventually_async
 from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
+from workflows.probe import ProbeWorkflow
 from workflows.promote import PromoteWorkflow
 from workflows.shared import (
     ApprovalSignal,
@@ -33,6 +34,8 @@ from workflows.shared import (
     DriftInput,
     DriftResult,
     EvaluationSummary,
+    ExportProbeTasksInput,
+    ExportProbeTasksResult,
     GateInput,
     GateResult,
     LiveStats,
@@ -44,10 +47,14 @@ from workflows.shared import (
     PauseSignal,
     PendingWorkInput,
     PendingWorkResult,
+    ProbePassRatesInput,
+    ProbePassRatesResult,
     PromotionStatusInput,
     RecordDecisionInput,
     RecordDecisionResult,
     RecordEvaluationInput,
+    RecordProbesInput,
+    RecordProbesResult,
     RegisterCheckpointInput,
     RegisterCheckpointResult,
     ResumeSignal,
@@ -108,6 +115,12 @@ class World:
     outcomes: dict[int, str] = field(default_factory=dict)
     triggers: dict[int, str] = field(default_factory=dict)
     rollbacks: list[str] = field(default_factory=list)
+    # The difficulty probe: tasks without a pass rate, how its job ends, what it recorded.
+    unprobed: list[int] = field(default_factory=lambda: [11, 12, 13])
+    probe_status: str = "succeeded"
+    job_inputs: dict[str, RunJobInput] = field(default_factory=dict)
+    probes: list[dict[int, float]] = field(default_factory=list)
+    snapshots: int = 0
 
     @activity.defn(name="load_loop_config")
     def load_loop_config(self, input: LoopConfigInput) -> LoopConfig:
@@ -136,6 +149,7 @@ class World:
 
     @activity.defn(name="snapshot_dataset")
     def snapshot_dataset(self, input: SnapshotInput) -> SnapshotResult:
+        self.snapshots += 1
         count, self.new_tasks = self.new_tasks, 0
         return SnapshotResult(
             input.cycle, "hash", count, 20, 10, "file:///t", "file:///e", "file:///r"
@@ -144,9 +158,34 @@ class World:
     @activity.defn(name="run_job")
     def run_job(self, input: RunJobInput) -> RunJobResult:
         self.jobs.append(input.run_id)
+        self.job_inputs[input.run_id] = input
+        status = self.probe_status if input.kind == "probe" else "succeeded"
         return RunJobResult(
-            input.run_id, "succeeded", f"file:///runs/{input.run_id}", {}, 10.0, 0.01
+            input.run_id,
+            status,
+            f"file:///runs/{input.run_id}",
+            {},
+            10.0,
+            0.01,
+            None if status == "succeeded" else "exit code 1: probe crashed",
         )
+
+    @activity.defn(name="export_probe_tasks")
+    def export_probe_tasks(self, input: ExportProbeTasksInput) -> ExportProbeTasksResult:
+        assert self.snapshots == 0, "the probe runs before the snapshot"
+        uri = f"file:///runs/{input.run_id}/probe-tasks.jsonl" if self.unprobed else None
+        return ExportProbeTasksResult(uri, len(self.unprobed), list(self.unprobed))
+
+    @activity.defn(name="probe_pass_rates")
+    def probe_pass_rates(self, input: ProbePassRatesInput) -> ProbePassRatesResult:
+        rates = dict(zip(input.task_ids, [1.0, 0.0, 0.5], strict=False))
+        return ProbePassRatesResult(rates, too_easy=1, too_hard=1, kept=len(rates) - 2)
+
+    @activity.defn(name="record_probes")
+    def record_probes(self, input: RecordProbesInput) -> RecordProbesResult:
+        self.probes.append(dict(input.pass_rates))
+        self.unprobed = [t for t in self.unprobed if t not in input.pass_rates]
+        return RecordProbesResult(len(input.pass_rates))
 
     @activity.defn(name="register_checkpoint")
     def register_checkpoint(self, input: RegisterCheckpointInput) -> RegisterCheckpointResult:
@@ -208,6 +247,9 @@ class World:
                 "set_cycle_stage",
                 "snapshot_dataset",
                 "run_job",
+                "export_probe_tasks",
+                "probe_pass_rates",
+                "record_probes",
                 "register_checkpoint",
                 "record_evaluation",
                 "gate",
@@ -236,6 +278,7 @@ def make_worker(client: Client, task_queue: str, world: World) -> Worker:
         task_queue=task_queue,
         workflows=[
             LoopWorkflow,
+            ProbeWorkflow,
             TrainWorkflow,
             EvaluateWorkflow,
             PromoteWorkflow,
@@ -279,6 +322,57 @@ async def test_cycle_promotes_when_the_canary_holds(
         f"{name}-c1-eval-champion-regression",
         f"{name}-c1-train",
     ]
+
+
+PROBING = replace(BASE_CONFIG, difficulty_filter=True, probe_attempts=4)
+
+
+async def test_with_the_difficulty_filter_a_probe_job_runs_before_the_snapshot(
+    temporal_client: Client, task_queue: str
+) -> None:
+    world = World(new_tasks=12, config=PROBING)
+    async with make_worker(temporal_client, task_queue, world):
+        name = f"bot-{uuid.uuid4().hex[:8]}"
+        await (await start_loop(temporal_client, task_queue, name, max_cycles=1)).result()
+        probe = await temporal_client.get_workflow_handle(f"loop/{name}/cycle/1/probe").result()
+    assert world.outcomes == {1: "promoted"}
+    assert world.jobs[0] == f"{name}-c1-probe"
+    job = world.job_inputs[f"{name}-c1-probe"]
+    assert (job.kind, job.cycle, job.base_checkpoint_id) == ("probe", 1, "ckpt-0")
+    assert job.job_spec["kind"] == "eval"  # a probe run is an eval job
+    assert job.job_spec["samples"] == 4
+    assert job.job_spec["hyperparameters"] == {"temperature": 1.0}
+    assert job.job_spec["checkpoint"] == "/artifacts/ckpt-0"
+    assert job.job_spec["dataset"] == f"/runs/{name}-c1-probe/probe-tasks.jsonl"
+    assert world.probes == [{11: 1.0, 12: 0.0, 13: 0.5}]
+    assert probe["status"] == "succeeded"
+    assert (probe["probed"], probe["recorded"]) == (3, 3)
+    assert (probe["kept"], probe["too_easy"], probe["too_hard"]) == (1, 1, 1)
+    assert probe["cost_usd"] == 0.01
+
+
+async def test_with_nothing_unprobed_no_probe_job_runs(
+    temporal_client: Client, task_queue: str
+) -> None:
+    world = World(new_tasks=12, config=PROBING, unprobed=[])
+    async with make_worker(temporal_client, task_queue, world):
+        await (await start_loop(temporal_client, task_queue, max_cycles=1)).result()
+    assert world.outcomes == {1: "promoted"}
+    assert not any(job.endswith("-probe") for job in world.jobs)
+    assert world.probes == []
+
+
+async def test_a_failed_probe_job_does_not_stop_the_cycle(
+    temporal_client: Client, task_queue: str
+) -> None:
+    world = World(new_tasks=12, config=PROBING, probe_status="failed")
+    async with make_worker(temporal_client, task_queue, world):
+        name = f"bot-{uuid.uuid4().hex[:8]}"
+        await (await start_loop(temporal_client, task_queue, name, max_cycles=1)).result()
+    assert world.outcomes == {1: "promoted"}
+    assert f"{name}-c1-probe" in world.jobs and f"{name}-c1-train" in world.jobs
+    assert world.probes == []  # nothing recorded: the tasks stay unprobed, so they are kept
+    assert world.snapshots == 1
 
 
 async def test_rejected_candidate_leaves_the_champion(

@@ -1,4 +1,5 @@
-"""Activities of curation: a batch of traces, a dataset snapshot, the drift signal, pending work.
+"""Activities of curation: a batch of traces, a dataset snapshot, the drift signal, pending work,
+and the difficulty probe's ends (its task file, its results, the recorded pass rates).
 
 They are synchronous (SQLAlchemy) and run in the worker's thread pool. Each one is
 idempotent, and its docstring says why. Configuration errors that no retry can fix (an
@@ -18,8 +19,9 @@ from sqlalchemy.orm import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from services.artifacts import ArtifactStore
+from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.curation import pipeline
+from services.curation import probe as probes
 from services.curation.adapters import AdapterResolver, TraceAdapter, default_resolver
 from services.curation.drift import DriftPolicyError, read_drift
 from services.curation.policy import CurationPolicy, CurationPolicyError
@@ -27,6 +29,7 @@ from services.curation.snapshot import SnapshotError, snapshot
 from services.db.models import Loop
 from services.db.queries import curation as q
 from services.db.session import SessionFactory
+from services.evaluation.results import ResultsFileError, read_results
 from services.logs import log_context
 from services.metrics import (
     CURATION_REDACTIONS,
@@ -39,8 +42,14 @@ from workflows.shared import (
     CurateBatchResult,
     DriftInput,
     DriftResult,
+    ExportProbeTasksInput,
+    ExportProbeTasksResult,
     PendingWorkInput,
     PendingWorkResult,
+    ProbePassRatesInput,
+    ProbePassRatesResult,
+    RecordProbesInput,
+    RecordProbesResult,
     SnapshotInput,
     SnapshotResult,
 )
@@ -145,6 +154,7 @@ class CurationActivities:
             train_uri=result.train_uri,
             eval_uri=result.eval_uri,
             regression_uri=result.regression_uri,
+            difficulty=dict(result.difficulty),
         )
 
     @activity.defn(name="check_drift")
@@ -177,6 +187,90 @@ class CurationActivities:
                 ),
                 uncurated_traces=q.count_uncurated_traces(session, loop_id=loop.id),
             )
+
+    # Difficulty probe -----------------------------------------------------------------------
+
+    @activity.defn(name="export_probe_tasks")
+    def export_probe_tasks(self, input: ExportProbeTasksInput) -> ExportProbeTasksResult:
+        """Write the loop's unprobed train tasks to the probe run's task file.
+
+        The newest train tasks (not pinned) with no ``probe_pass_rate``, at most
+        ``max_tasks`` and the policy's ``max_train_tasks``, go to
+        ``<run dir>/probe-tasks.jsonl`` (``ratchet.task/v1``, ``metadata.ratchet`` lineage).
+        No task to probe: no file, ``task_uri`` is None. Idempotent: the file is the run's
+        input, written once (temporary file, then a link that never replaces); a retry, or a
+        later call for the same run, returns the tasks that file holds.
+        """
+        with log_context(loop=input.loop, run=input.run_id):
+            try:
+                export = probes.export_unprobed(
+                    self._sessions,
+                    self._artifacts,
+                    loop_name=input.loop,
+                    run_id=input.run_id,
+                    max_tasks=input.max_tasks,
+                )
+            except CurationPolicyError as exc:
+                raise ApplicationError(str(exc), type="InvalidPolicy", non_retryable=True) from exc
+            except probes.ProbeError as exc:
+                raise ApplicationError(str(exc), type="ProbeFailed", non_retryable=True) from exc
+        return ExportProbeTasksResult(
+            task_uri=path_to_uri(export.path) if export.path is not None else None,
+            count=len(export.task_ids),
+            task_ids=export.task_ids,
+        )
+
+    @activity.defn(name="probe_pass_rates")
+    def probe_pass_rates(self, input: ProbePassRatesInput) -> ProbePassRatesResult:
+        """A finished probe job's ``results.jsonl`` as pass rates of the exported tasks.
+
+        Rows name tasks by TaskSpec id and are mapped to task ids as recorded evaluations
+        are, among ``task_ids`` only; a row naming any other task, or malformed results, fail
+        non-retryably (``BadProbeOutput``). Read-only, so trivially idempotent.
+        """
+        with log_context(loop=input.loop):
+            try:
+                rows = read_results(uri_to_path(input.output_uri))
+            except ResultsFileError as exc:
+                raise ApplicationError(str(exc), type="BadProbeOutput", non_retryable=True) from exc
+            with self._transaction() as session:
+                loop = self._loop(session, input.loop)
+                try:
+                    rates = probes.pass_rates(
+                        session, loop_id=loop.id, rows=rows, task_ids=input.task_ids
+                    )
+                except probes.ProbeError as exc:
+                    raise ApplicationError(
+                        str(exc), type="BadProbeOutput", non_retryable=True
+                    ) from exc
+        counts = rates.selection.counts()
+        return ProbePassRatesResult(
+            pass_rates=rates.pass_rates,
+            too_easy=counts["too_easy"],
+            too_hard=counts["too_hard"],
+            kept=counts["kept"],
+        )
+
+    @activity.defn(name="record_probes")
+    def record_probes(self, input: RecordProbesInput) -> RecordProbesResult:
+        """Store probe pass rates on the loop's tasks (``tasks.probe_pass_rate``).
+
+        Idempotent: it sets absolute values, so a retry writes the same rates again. Rates
+        outside [0, 1] are refused (``InvalidInput``); ids of other loops' tasks are ignored.
+        """
+        bad = {task_id: rate for task_id, rate in input.pass_rates.items() if not 0 <= rate <= 1}
+        if bad:
+            task_id, rate = next(iter(bad.items()))
+            raise ApplicationError(
+                f"{len(bad)} pass rate(s) outside [0, 1], e.g. task {task_id}: {rate}",
+                type="InvalidInput",
+                non_retryable=True,
+            )
+        with log_context(loop=input.loop), self._transaction() as session:
+            loop = self._loop(session, input.loop)
+            updated = q.record_probe_results(session, loop_id=loop.id, pass_rates=input.pass_rates)
+        logger.info("recorded %d probe pass rates of %s", updated, input.loop)
+        return RecordProbesResult(updated=updated)
 
     # Helpers --------------------------------------------------------------------------------
 

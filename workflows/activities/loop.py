@@ -10,7 +10,6 @@ retry (an unknown loop, a bad policy) are raised as non-retryable ``ApplicationE
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,11 +22,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from services.artifacts import uri_to_path
+from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.db.models import Loop
 from services.db.queries import cycles as q
 from services.db.session import SessionFactory
 from services.evaluation.gate import GatePolicy as GateThresholds
 from services.evaluation.gate import decide
+from services.evaluation.results import ResultsFileError, read_results
 from services.evaluation.stats import wilson_interval
 from services.logs import log_context
 from services.loop.policies import parse_policies
@@ -112,7 +113,8 @@ class LoopActivities:
                     loop.training_profile,
                     loop.serving_target,
                 )
-            except ValidationError as exc:
+                curation = CurationPolicy.from_json(loop.curation_policy)
+            except (ValidationError, CurationPolicyError) as exc:
                 raise ApplicationError(
                     f"loop {input.loop!r} has an invalid policy: {exc}",
                     type="InvalidPolicy",
@@ -145,6 +147,8 @@ class LoopActivities:
                 eval_samples=gate.eval_samples,
                 budget_usd=float(loop.budget_usd) if loop.budget_usd is not None else None,
                 spent_usd=ledger.spent_usd,
+                difficulty_filter=curation.difficulty_filter,
+                probe_attempts=curation.probe_attempts,
             )
 
     # Cycle records -----------------------------------------------------------------------
@@ -188,16 +192,11 @@ class LoopActivities:
     @activity.defn(name="record_evaluation")
     def record_evaluation(self, input: RecordEvaluationInput) -> EvaluationSummary:
         """Unique per (cycle, checkpoint, task set): a retry returns the stored evaluation."""
-        results_path = uri_to_path(input.output_uri) / "results.jsonl"
         try:
-            rows = [
-                json.loads(line) for line in results_path.read_text().splitlines() if line.strip()
-            ]
-        except (OSError, json.JSONDecodeError) as exc:
+            rows = read_results(uri_to_path(input.output_uri))
+        except ResultsFileError as exc:
             raise ApplicationError(
-                f"cannot read evaluation results {results_path}: {exc}",
-                type="BadEvaluationOutput",
-                non_retryable=True,
+                str(exc), type="BadEvaluationOutput", non_retryable=True
             ) from exc
         passed = sum(1 for row in rows if row.get("passed"))
         ci = wilson_interval(passed, len(rows)) if rows else (0.0, 0.0)

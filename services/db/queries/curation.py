@@ -7,7 +7,7 @@ handful of round trips whatever its size.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -488,6 +488,51 @@ def split_members(session: Session, *, loop_id: int, split: str) -> list[SplitMe
     else:
         query = query.where(Task.split == split, Task.pinned.is_(False)).order_by(Task.id.desc())
     return [SplitMember(*row) for row in session.execute(query).all()]
+
+
+def unprobed_train_members(session: Session, *, loop_id: int, limit: int) -> list[SplitMember]:
+    """The newest ``limit`` train tasks (not pinned) that have no probe pass rate yet."""
+    query = (
+        select(Task.id, Task.content_hash, Task.weight, Task.probe_pass_rate, Task.pinned)
+        .where(
+            Task.loop_id == loop_id,
+            Task.split == "train",
+            Task.pinned.is_(False),
+            Task.probe_pass_rate.is_(None),
+        )
+        .order_by(Task.id.desc())
+        .limit(limit)
+    )
+    return [SplitMember(*row) for row in session.execute(query).all()]
+
+
+def task_ids_by_spec_id(
+    session: Session,
+    *,
+    loop_id: int,
+    spec_ids: Iterable[str],
+    dataset_id: int | None = None,
+    among: Sequence[int] | None = None,
+) -> dict[str, int]:
+    """Task ids of a loop's tasks named by their TaskSpec id, as job results name them.
+
+    Eval and probe results name a task by its TaskSpec id (``spec.task_id``, the hash of its
+    content), not by curation's normalized ``content_hash``, which differs from it. The
+    lookup is scoped to the tasks the job was given: a dataset's tasks (``dataset_id``) or
+    an explicit list (``among``). Spec ids not found are simply absent from the result.
+    """
+    wanted = sorted(set(spec_ids))
+    if not wanted:
+        return {}
+    spec_id = Task.spec["task_id"].as_string()
+    query = select(spec_id, Task.id).where(Task.loop_id == loop_id, spec_id.in_(wanted))
+    if dataset_id is not None:
+        query = query.join(DatasetTask, DatasetTask.task_id == Task.id).where(
+            DatasetTask.dataset_id == dataset_id
+        )
+    if among is not None:
+        query = query.where(Task.id == any_(_ids(among)))
+    return {row[0]: int(row[1]) for row in session.execute(query).all()}
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,14 @@ from sqlalchemy.orm import Session
 from services.db.models import (
     Checkpoint,
     Cycle,
-    DatasetTask,
     Evaluation,
     EvaluationResult,
     Loop,
     Promotion,
     Run,
-    Task,
     Trace,
 )
+from services.db.queries.curation import task_ids_by_spec_id
 
 
 class NotFound(LookupError):
@@ -219,20 +218,7 @@ def record_evaluation(
         return existing
     rows = list(results)
     hashes = {str(row["task_id"]) for row in rows}
-    # Results name tasks by their TaskSpec id (kept in the spec); content_hash is the
-    # curation's normalized hash and differs from it.
-    spec_id = Task.spec["task_id"].as_string()
-    task_ids: dict[str, int] = dict(
-        session.execute(
-            select(spec_id, Task.id)
-            .join(DatasetTask, DatasetTask.task_id == Task.id)
-            .where(
-                Task.loop_id == loop.id,
-                DatasetTask.dataset_id == dataset_id,
-                spec_id.in_(hashes),
-            )
-        ).all()
-    )
+    task_ids = task_ids_by_spec_id(session, loop_id=loop.id, spec_ids=hashes, dataset_id=dataset_id)
     missing = hashes - set(task_ids)
     if missing:
         raise NotFound(

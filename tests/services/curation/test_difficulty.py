@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.curation.difficulty import ProbeCount, pass_rates_from_counts, select_by_difficulty
+from services.curation.difficulty import (
+    ProbeCount,
+    pass_rates_from_counts,
+    probe_counts,
+    select_by_difficulty,
+)
 
 
 def test_zero_variance_tasks_are_dropped_and_counted() -> None:
@@ -51,3 +56,36 @@ def test_bad_counts_are_refused() -> None:
 
 def test_rates_from_counts() -> None:
     assert pass_rates_from_counts({1: ProbeCount(2, 8)}) == {1: 0.25}
+
+
+def test_probe_counts_read_the_eval_jobs_result_rows() -> None:
+    rows = [
+        {"task_id": "aaa", "passed": True, "samples": 8, "sample_passes": 8},
+        {"task_id": "bbb", "passed": False, "samples": 8, "sample_passes": 0},
+        {"task_id": "ccc", "passed": False, "samples": 8, "sample_passes": 3, "reward": 0.4},
+    ]
+    counts = probe_counts(rows)
+    assert counts == {"aaa": ProbeCount(8, 8), "bbb": ProbeCount(0, 8), "ccc": ProbeCount(3, 8)}
+    assert [count.pass_rate for count in counts.values()] == [1.0, 0.0, 0.375]
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"samples": 8, "sample_passes": 1}], "no task_id"),
+        ([{"task_id": "a", "passed": True}], "no sample counts"),
+        ([{"task_id": "a", "samples": True, "sample_passes": 1}], "no sample counts"),
+        ([{"task_id": "a", "samples": 8, "sample_passes": 9}], "passed must be between"),
+        ([{"task_id": "a", "samples": 0, "sample_passes": 0}], "at least one attempt"),
+        (
+            [
+                {"task_id": "a", "samples": 8, "sample_passes": 1},
+                {"task_id": "a", "samples": 8, "sample_passes": 2},
+            ],
+            "reported twice",
+        ),
+    ],
+)
+def test_probe_counts_refuse_malformed_rows(rows: list[dict[str, object]], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        probe_counts(rows)

@@ -18,6 +18,9 @@ def test_empty_policy_gives_documented_defaults() -> None:
     assert policy.cluster_threshold == 0.8
     assert policy.eval_fraction == 0.2
     assert policy.heldout_fraction == 0.1
+    # The probe costs a job per cycle, so the difficulty filter is opt-in.
+    assert policy.difficulty_filter is False
+    assert policy.probe_attempts == 8
 
 
 def test_round_trip_through_json() -> None:

@@ -146,7 +146,9 @@ def test_same_content_gives_the_same_dataset(
 def test_difficulty_filter_and_pending_work(
     session_factory: SessionFactory, store: ArtifactStore
 ) -> None:
-    loop_id = seeded_loop(session_factory, n=30, eval_fraction=0.0, heldout_fraction=0.0)
+    loop_id = seeded_loop(
+        session_factory, n=30, eval_fraction=0.0, heldout_fraction=0.0, difficulty_filter=True
+    )
     with session_factory.begin() as session:
         train = [m.task_id for m in q.split_members(session, loop_id=loop_id, split="train")]
         assert len(train) == 30
@@ -155,8 +157,13 @@ def test_difficulty_filter_and_pending_work(
             session, loop_id=loop_id, pass_rates={train[0]: 1.0, train[1]: 0.0, train[2]: 0.5}
         )
         assert q.count_new_train_tasks(session, loop_id=loop_id) == 28
-    result = snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
+    name = loop_name(session_factory, loop_id)
+    result = snapshot(session_factory, store, loop_name=name)
     assert result.train_count == 28
+    counts = {"kept": 28, "too_easy": 1, "too_hard": 1, "unprobed": 27}
+    assert result.difficulty == counts
+    # The same content again: the stored dataset, with the counts it recorded.
+    assert snapshot(session_factory, store, loop_name=name).difficulty == counts
     with session_factory() as session:
         dataset = session.get(Dataset, result.dataset_id)
         assert dataset is not None
@@ -167,6 +174,18 @@ def test_difficulty_filter_and_pending_work(
             "unprobed": 27,
         }
         assert q.count_new_train_tasks(session, loop_id=loop_id) == 0
+
+
+def test_without_the_difficulty_filter_probe_rates_are_ignored(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    loop_id = seeded_loop(session_factory, n=10, eval_fraction=0.0, heldout_fraction=0.0)
+    with session_factory.begin() as session:
+        train = [m.task_id for m in q.split_members(session, loop_id=loop_id, split="train")]
+        q.record_probe_results(session, loop_id=loop_id, pass_rates={train[0]: 1.0})
+    result = snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
+    assert result.train_count == len(train)
+    assert result.difficulty == {"kept": len(train), "too_easy": 0, "too_hard": 0, "unprobed": 0}
 
 
 def test_pinned_tasks_are_regression_only_and_heldout_cannot_be_pinned(
@@ -235,6 +254,7 @@ def test_heldout_never_enters_a_training_dataset(
             "heldout_max_tasks": heldout_max,
             "cluster_threshold": 0.5,
             "near_duplicate_threshold": 0.9,
+            "difficulty_filter": True,
         },
     )
     texts = questions(n, seed)

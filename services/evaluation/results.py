@@ -1,0 +1,31 @@
+"""The eval job's per-task results file: its name and how the worker reads it back.
+
+The eval job writes ``<output_dir>/results.jsonl``, one JSON object per task (``task_id``
+— the TaskSpec id —, ``passed``, ``reward``, ``samples``, ``sample_passes``, …). The loop
+reads it to record an evaluation, and to record a probe's pass rates. Standard library only:
+the job imports the name, the worker the reader.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS_FILE = "results.jsonl"
+
+
+class ResultsFileError(ValueError):
+    """The results file is missing or not JSON lines of objects."""
+
+
+def read_results(output_dir: Path) -> list[dict[str, Any]]:
+    """Every row of ``output_dir/results.jsonl``; raises :class:`ResultsFileError`."""
+    path = output_dir / RESULTS_FILE
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultsFileError(f"cannot read evaluation results {path}: {exc}") from exc
+    if not all(isinstance(row, dict) for row in rows):
+        raise ResultsFileError(f"evaluation results {path} hold a line that is not an object")
+    return rows

@@ -1,0 +1,142 @@
+"""ProbeWorkflow: the difficulty probe, the champion run K times on each unprobed train task.
+
+Id ``loop/<name>/cycle/<n>/probe``; the loop starts it before the snapshot when its curation
+policy has ``difficulty_filter`` on. Four steps, no data in the workflow but ids and URIs:
+
+1. ``export_probe_tasks`` writes the train tasks with no ``probe_pass_rate`` to the run's
+   task file; with none, the probe is ``skipped`` and no job runs;
+2. ``run_job`` runs the champion on it as a ``probe`` run (an eval job with
+   ``samples = attempts`` at temperature 1, so the attempts differ) on the loop's executor;
+   its run id derives from the cycle (``<loop>-c<n>-probe``), so the cost is the cycle's;
+3. ``probe_pass_rates`` reads the job's per-task results as pass rates of those tasks;
+4. ``record_probes`` stores them; the snapshot then keeps only tasks strictly between 0 and 1.
+
+A job that ends without success is a result (``status``), not an error: the loop goes on
+without the filter's new evidence. Errors that no retry fixes (a bad spec, unreadable
+results) fail this workflow, and the loop decides (it goes on too, see ``LoopWorkflow``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.shared import (
+        ExportProbeTasksInput,
+        ExportProbeTasksResult,
+        ProbeInput,
+        ProbePassRatesInput,
+        ProbePassRatesResult,
+        ProbeResult,
+        RecordProbesInput,
+        RecordProbesResult,
+        RunJobInput,
+        RunJobResult,
+        run_id_for,
+        uri_path,
+    )
+
+PROBE_TEMPERATURE = 1.0
+# The activities raise errors no retry can fix as non-retryable; the rest are retried.
+DB_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+)
+JOB_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=5,
+)
+
+
+def probe_job_spec(input: ProbeInput, task_uri: str, run_id: str) -> dict[str, object]:
+    """The eval job's spec for a probe: ``attempts`` samples per task, sampled at T=1."""
+    return {
+        "schema": "ratchet.job/v1",
+        "kind": "eval",
+        "run_id": run_id,
+        "environment": input.environment,
+        "checkpoint": uri_path(input.champion_uri),
+        "dataset": uri_path(task_uri),
+        "samples": input.attempts,
+        "seed": input.cycle,
+        "device": input.profile.get("device", "auto"),
+        "hyperparameters": {"temperature": PROBE_TEMPERATURE},
+    }
+
+
+@workflow.defn
+class ProbeWorkflow:
+    @workflow.run
+    async def run(self, input: ProbeInput) -> ProbeResult:
+        run_id = run_id_for(input.loop, input.cycle, "probe")
+        exported = await workflow.execute_activity(
+            "export_probe_tasks",
+            ExportProbeTasksInput(loop=input.loop, run_id=run_id),
+            result_type=ExportProbeTasksResult,
+            start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=DB_RETRY,
+        )
+        if exported.count == 0 or exported.task_uri is None:
+            workflow.logger.info("probe of %s skipped: every train task is probed", input.loop)
+            return ProbeResult(status="skipped")
+
+        job = await workflow.execute_activity(
+            "run_job",
+            RunJobInput(
+                run_id=run_id,
+                loop=input.loop,
+                kind="probe",
+                job_spec=probe_job_spec(input, exported.task_uri, run_id),
+                cycle=input.cycle,
+                base_checkpoint_id=input.champion_checkpoint_id,
+                accelerators=int(input.profile.get("eval_accelerators", 0)),
+            ),
+            result_type=RunJobResult,
+            # A cancelled cycle closes only after its job is really stopped.
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            start_to_close_timeout=timedelta(hours=6),
+            heartbeat_timeout=timedelta(seconds=60),
+            retry_policy=JOB_RETRY,
+        )
+        result = ProbeResult(
+            status=job.status,
+            run_id=run_id,
+            probed=exported.count,
+            compute_seconds=job.compute_seconds,
+            cost_usd=job.cost_usd,
+            error=job.error,
+        )
+        if job.status != "succeeded":
+            workflow.logger.warning("probe %s %s: %s", run_id, job.status, job.error or "")
+            return result
+
+        rates = await workflow.execute_activity(
+            "probe_pass_rates",
+            ProbePassRatesInput(
+                loop=input.loop, output_uri=job.output_uri, task_ids=exported.task_ids
+            ),
+            result_type=ProbePassRatesResult,
+            start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=DB_RETRY,
+        )
+        recorded = await workflow.execute_activity(
+            "record_probes",
+            RecordProbesInput(loop=input.loop, pass_rates=rates.pass_rates),
+            result_type=RecordProbesResult,
+            start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=DB_RETRY,
+        )
+        result.recorded = recorded.updated
+        result.too_easy, result.too_hard, result.kept = rates.too_easy, rates.too_hard, rates.kept
+        workflow.logger.info(
+            "probe %s: %d tasks, %d kept, %d too easy, %d too hard",
+            run_id,
+            exported.count,
+            rates.kept,
+            rates.too_easy,
+            rates.too_hard,
+        )
+        return result

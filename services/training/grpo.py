@@ -51,7 +51,7 @@ import torch
 from services.environments.base import Environment, TaskSpec
 from services.training.device import autocast
 from services.training.distributed import DistContext
-from services.training.optim import cosine_lr, make_optimizer, set_lr
+from services.training.optim import clip_and_check, cosine_lr, make_optimizer, set_lr
 from services.training.policy import GPT, Policy, token_logprobs
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
 from services.training.rng import derive_seed
@@ -412,7 +412,7 @@ def _grpo_step(
                 loss_sum += float(sft.detach())
             trained += sum(len(seq) for seq, _ in sequences) + sum(len(seq) for seq, _ in demos)
             ctx.all_reduce_grads(model)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            clip_and_check(model, max_norm=config.grad_clip, step=step, lr=config.lr)
             optimizer.step()
             loss_value = ctx.all_reduce_sum([loss_sum])[0]
     train_s = time.monotonic() - t1

@@ -44,6 +44,7 @@ from services.training.jobspec import (
     parse_args,
     write_json,
 )
+from services.training.optim import TrainingDiverged
 from services.training.policy import GPT, GPTConfig, Policy
 from services.training.sft import SFTConfig, demonstration_sequences, train_sft
 from services.training.tokenizer import ByteTokenizer
@@ -101,10 +102,13 @@ def _run(spec: JobSpec) -> int:
     except DeviceError as exc:
         raise JobError(str(exc)) from None
     started = time.monotonic()
-    if algorithm == "grpo":
-        metrics = _train_grpo(spec, env, tasks, model, parent, hyper, ctx)
-    else:
-        metrics = _train_sft(spec, env, tasks, model, hyper, ctx)
+    try:
+        if algorithm == "grpo":
+            metrics = _train_grpo(spec, env, tasks, model, parent, hyper, ctx)
+        else:
+            metrics = _train_sft(spec, env, tasks, model, hyper, ctx)
+    except TrainingDiverged as exc:
+        raise JobError(str(exc), exit_code=EXIT_FAILED) from None
     metrics["wall_s"] = round(time.monotonic() - started, 3)
     metrics.update(
         run_id=spec.run_id,

@@ -26,6 +26,26 @@ def cosine_lr(step: int, *, total: int, base: float, warmup: int, min_ratio: flo
     return base * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient became NaN or infinite: the weights can no longer be trusted."""
+
+
+def clip_and_check(model: torch.nn.Module, *, max_norm: float, step: int, lr: float) -> float:
+    """Clip the gradient norm and refuse to step on a non-finite one.
+
+    One NaN in an update poisons every weight, and a checkpoint full of NaN would still be
+    evaluated and compared. Stopping here turns a broken learning rate or loss into a failed
+    run with a reason, before the optimizer writes the damage into the weights.
+    """
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    if not math.isfinite(norm):
+        raise TrainingDiverged(
+            f"training diverged at step {step + 1}: gradient norm is {norm} "
+            f"(learning rate {lr:g}; lower it or check the data)"
+        )
+    return norm
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

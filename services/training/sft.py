@@ -21,7 +21,7 @@ from services.environments.base import Environment, Episode, TaskSpec
 from services.training.checkpoint import Manifest, read_manifest, save_checkpoint
 from services.training.device import autocast
 from services.training.distributed import DistContext, init_distributed
-from services.training.optim import cosine_lr, make_optimizer, set_lr
+from services.training.optim import clip_and_check, cosine_lr, make_optimizer, set_lr
 from services.training.policy import GPT, GPTConfig, token_logprobs
 from services.training.rng import derive_seed
 from services.training.rollout import collate, episode_tokens
@@ -122,7 +122,7 @@ def train_sft(
             local_loss = float(loss.detach())
             tokens += sum(len(seq_ids) for seq_ids, _ in local)
         ctx.all_reduce_grads(model)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        clip_and_check(model, max_norm=config.grad_clip, step=step, lr=config.lr)
         optimizer.step()
         loss_value = ctx.all_reduce_sum([local_loss])[0]
         if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:

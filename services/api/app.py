@@ -5,7 +5,8 @@ nothing is built at import time.
 
 Every module under ``services/api/routes`` exposes a ``router`` (an ``APIRouter``) and may
 expose ``async def startup(app)`` / ``async def shutdown(app)`` for resources it owns (the
-ingest writer, say). Adding a resource means adding a module there, nothing else.
+ingest writer, say), and ``plain_routes`` for hot paths served as plain ASGI ahead of every
+router (see services.api.asgi). Adding a resource means adding a module there, nothing else.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(HttpMetricsMiddleware)
+    plain_routes = [route for module in modules for route in getattr(module, "plain_routes", ())]
+    app.router.routes[:0] = plain_routes  # ahead of FastAPI's own routes and every router
     for module in modules:
         app.include_router(module.router)
     return app

@@ -69,7 +69,7 @@ async def _export(request: Request, service: IngestDep) -> Response:
     try:
         found = await service.token_loop(bearer_token(request.headers.get("authorization")))
         label = found.name
-        kind, _ = media_type(request)
+        kind, _ = media_type(request.headers)
         if kind not in (PROTOBUF, JSON):
             raise IngestError(
                 415,

@@ -6,16 +6,23 @@ reading, and after gzip), the signature over the body (401), then JSON (400, wit
 column) and the schema (422, with each field path). Only then are traces queued for the
 group-commit writer, and the answer waits for the commit.
 
+The route is served by ``WebhookEndpoint``, a plain ASGI app first in the routing table (see
+services.api.asgi); the FastAPI route ``post_traces`` documents it and does the same work.
+
 This module owns the ingest service (writer and credential cache) for the whole api: its
 ``startup``/``shutdown`` hooks build and stop it; the OTLP route uses the same one.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
 
+from services.api.asgi import PlainRoute, body_chunks, send_bytes
 from services.api.errors import ApiError
 from services.api.schemas.traces import IngestResult, ItemResult
 from services.api.state import AppState
@@ -55,13 +62,16 @@ async def shutdown(app: FastAPI) -> None:
         await service.stop()
 
 
-async def get_ingest(request: Request) -> IngestService:
-    """The ingest service (async, so the hot path takes no thread-pool hop to resolve it)."""
-    state: AppState = request.app.state.ratchet
+def ingest_service(state: AppState) -> IngestService:
     service = state.extras.get(EXTRAS_KEY)
     if not isinstance(service, IngestService):
         raise ApiError(503, "ingest_unavailable", "the ingest service is not running")
     return service
+
+
+async def get_ingest(request: Request) -> IngestService:
+    """The ingest service (async, so the hot path takes no thread-pool hop to resolve it)."""
+    return ingest_service(request.app.state.ratchet)
 
 
 IngestDep = Annotated[IngestService, Depends(get_ingest)]
@@ -75,9 +85,9 @@ def unavailable(exc: StorageUnavailable) -> ApiError:
     return ApiError(503, "unavailable", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
 
-def media_type(request: Request) -> tuple[str, str | None]:
+def media_type(headers: Mapping[str, str]) -> tuple[str, str | None]:
     """The content type without parameters, and its charset if one is given."""
-    raw = request.headers.get("content-type", "")
+    raw = headers.get("content-type", "")
     kind, _, params = raw.partition(";")
     charset = None
     for param in params.split(";"):
@@ -87,8 +97,8 @@ def media_type(request: Request) -> tuple[str, str | None]:
     return kind.strip().lower(), charset
 
 
-def check_json_content_type(request: Request) -> None:
-    kind, charset = media_type(request)
+def check_json_content_type(headers: Mapping[str, str]) -> None:
+    kind, charset = media_type(headers)
     if kind not in JSON_TYPES or charset not in (None, "utf-8", "utf8"):
         raise IngestError(
             415,
@@ -98,6 +108,7 @@ def check_json_content_type(request: Request) -> None:
 
 
 async def read_request_body(request: Request, limit: int) -> bytes:
+    """The body of a FastAPI request, within ``limit`` (see services.ingest.body)."""
     return await read_body(
         request.stream(),
         content_length=request.headers.get("content-length"),
@@ -157,13 +168,26 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 )
 async def post_traces(loop: str, request: Request, service: IngestDep) -> Response:
     """Store traces durably; the answer (per item: accepted, duplicate, rejected) follows COMMIT."""
+    answer = await ingest_webhook(service, loop, request.headers, request.stream())
+    return Response(answer, media_type="application/json")
+
+
+async def ingest_webhook(
+    service: IngestService, loop: str, headers: Mapping[str, str], chunks: AsyncIterator[bytes]
+) -> bytes:
+    """The webhook's work, in the order of the module docstring: the JSON answer, or ApiError."""
     label = UNKNOWN_LOOP
     try:
         keys = await service.webhook_loop(loop)
         label = keys.name
-        signed = service.signed_headers(request.headers)
-        check_json_content_type(request)
-        body = await read_request_body(request, service.settings.ingest_max_body_bytes)
+        signed = service.signed_headers(headers)
+        check_json_content_type(headers)
+        body = await read_body(
+            chunks,
+            content_length=headers.get("content-length"),
+            content_encoding=headers.get("content-encoding"),
+            limit=service.settings.ingest_max_body_bytes,
+        )
         service.count_bytes(SOURCE, len(body))
         await service.verify_signature(keys, signed, body)
         parsed = parse_native(body, max_batch=service.settings.ingest_max_batch)
@@ -180,4 +204,22 @@ async def post_traces(loop: str, request: Request, service: IngestDep) -> Respon
         raise api_error(exc) from None
     except StorageUnavailable as exc:
         raise unavailable(exc) from None
-    return Response(ingest_result(outcomes).model_dump_json(), media_type="application/json")
+    return ingest_result(outcomes).model_dump_json().encode()
+
+
+class WebhookEndpoint:
+    """``post_traces`` as a plain ASGI app (see services.api.asgi): same work, same answers."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        service = ingest_service(scope["app"].state.ratchet)
+        answer = await ingest_webhook(
+            service, scope["path_params"]["loop"], Headers(scope=scope), body_chunks(receive)
+        )
+        await send_bytes(send, answer, media_type="application/json")
+
+
+plain_routes = [
+    PlainRoute(
+        "/v1/loops/{loop}/traces", WebhookEndpoint(), methods=["POST"], include_in_schema=False
+    )
+]

@@ -7,9 +7,12 @@ import json
 import time
 from typing import Any
 
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from services.api.asgi import PlainRoute
+from services.api.routes import traces
 from services.db.models import Trace
 from services.db.session import SessionFactory
 from services.ingest.schema import TraceV1
@@ -43,6 +46,45 @@ def test_the_webhook_route_is_not_shadowed_by_another_route(client: TestClient) 
     """POST /v1/loops/{loop}/traces must reach the webhook, not a catch-all loop action."""
     response = client.post("/v1/loops/no-such-loop/traces", content=b"{}")
     assert error_of(response)["code"] == "loop_not_found", response.text
+
+
+def test_the_plain_route_and_the_documented_route_answer_alike(
+    client: TestClient, loop: dict[str, Any]
+) -> None:
+    """The webhook is served by a plain ASGI route; its FastAPI route (which documents it)
+    must give the same answers: status, headers and body."""
+    app: FastAPI = client.app  # type: ignore[assignment]
+    assert isinstance(app.router.routes[0], PlainRoute)
+    app.include_router(traces.router, prefix="/documented")  # the APIRoute, in the same app
+    secret = loop["signing_secret"]
+    cases: list[tuple[bytes, dict[str, str]]] = [
+        (body_of(make_trace("same-1")), {}),
+        (body_of(make_trace("same-1")), {}),  # a duplicate
+        (body_of({"traces": [make_trace("same-2"), {"schema": "nope"}]}), {}),
+        (body_of(make_trace(messages=[])), {}),
+        (b'{"broken": ', {}),
+        (b"", {}),
+        (body_of(make_trace()), {"content-type": "text/plain"}),
+        (body_of(make_trace()), {"webhook-signature": "v1,AAAA"}),
+        (gzip.compress(body_of(make_trace("same-3"))), {"content-encoding": "gzip"}),
+    ]
+    for body, extra in cases:
+        signed = gzip.decompress(body) if extra.get("content-encoding") else body
+        headers = {**signed_headers(secret, signed), **extra}
+        answers = []
+        for prefix in ("", "/documented"):
+            url = f"{prefix}/v1/loops/{loop['name']}/traces"
+            response = client.post(url, content=body, headers=headers)
+            answer = response.json()
+            for item in answer.get("results", []):
+                item.pop("trace_id", None)  # the first post stored it; the second is a duplicate
+                if item["status"] in ("accepted", "duplicate"):
+                    item["status"] = "stored"
+            for key in ("accepted", "duplicates"):
+                answer.pop(key, None)
+            headers_seen = {k: v for k, v in response.headers.items() if k != "content-length"}
+            answers.append((response.status_code, headers_seen, answer))
+        assert answers[0] == answers[1], body[:80]
 
 
 def test_a_signed_trace_is_stored_with_its_columns(

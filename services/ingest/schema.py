@@ -43,19 +43,22 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 def depth_exceeded(value: Any, limit: int = MAX_FREE_DEPTH) -> bool:
-    """Whether a decoded JSON value nests objects/arrays deeper than ``limit``."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
+    """Whether a decoded JSON value nests objects/arrays deeper than ``limit``.
+
+    A bare object or array is one level. Recursive, at most ``limit + 1`` frames deep, and
+    leaves cost only a type check: this runs on every free-form object of every trace.
+    """
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return False
+    if limit < 1:
+        return True
+    for child in children:
+        if isinstance(child, dict | list) and depth_exceeded(child, limit - 1):
             return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return False
 
 

@@ -16,7 +16,9 @@ from services.environments.base import Rejection, build_trace
 from services.environments.toolcalc.env import ToolcalcEnvironment
 from services.ingest.errors import IngestError
 from services.ingest.schema import (
+    MAX_FREE_DEPTH,
     TraceV1,
+    depth_exceeded,
     dumps_schema,
     json_schema,
     parse_native,
@@ -149,3 +151,24 @@ def test_the_parser_only_ever_raises_ingest_errors(value: Any) -> None:
     else:
         for _, stored in parsed.traces:
             assert json.loads(stored.body_json)["schema"] == "ratchet.trace/v1"
+
+
+def nested(levels: int, kind: type = dict) -> Any:
+    """A value with ``levels`` levels of objects (or arrays) around a string."""
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"k": value} if kind is dict else [value]
+    return value
+
+
+@pytest.mark.parametrize("kind", [dict, list])
+def test_free_objects_may_nest_exactly_to_the_limit(kind: type) -> None:
+    assert not depth_exceeded(nested(MAX_FREE_DEPTH, kind))
+    assert depth_exceeded(nested(MAX_FREE_DEPTH + 1, kind))
+    assert depth_exceeded({"wide": [1, {}, {"x": nested(MAX_FREE_DEPTH - 2, kind)}]})
+    assert not depth_exceeded({"wide": [1, {}, {"x": nested(MAX_FREE_DEPTH - 3, kind)}]})
+    assert not depth_exceeded("leaf") and not depth_exceeded({}) and depth_exceeded([], 0)
+    validate_trace(make_trace(metadata=nested(MAX_FREE_DEPTH)))
+    with pytest.raises(IngestError) as refused:
+        validate_trace(make_trace(metadata=nested(MAX_FREE_DEPTH + 1)))
+    assert refused.value.fields[0]["path"] == "metadata"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from services.ingest.credentials import CredentialCache, LoopKeys, TokenLoop
 from services.ingest.errors import IngestError
 from services.ingest.schema import Rejection, StoredTrace
 from services.ingest.signature import SignatureError, SignedHeaders, parse_headers, verify
-from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow, WriteOutcome
+from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow
 from services.metrics import (
     INGEST_ACCEPTED,
     INGEST_BYTES,
@@ -164,33 +165,24 @@ class IngestService:
             INGEST_REJECTED.labels(loop_name, source, "unavailable").inc(len(rows))
             raise
         results = [
-            self._record(index, trace.external_id, outcome, loop_name, source)
+            ItemOutcome(index, trace.external_id, outcome.status, outcome.trace_id, outcome.reason)
             for (index, trace), outcome in zip(traces, outcomes, strict=True)
         ]
-        for rejection in rejected:
-            INGEST_REJECTED.labels(loop_name, source, "invalid_trace").inc()
-            results.append(
-                ItemOutcome(
-                    rejection.index,
-                    rejection.external_id,
-                    "rejected",
-                    reason=rejection.reason,
-                    fields=rejection.fields,
-                )
+        counts = Counter(outcome.status for outcome in outcomes)  # one metric update per kind
+        if counts["accepted"]:
+            INGEST_ACCEPTED.labels(loop_name, source).inc(counts["accepted"])
+        if counts["duplicate"]:
+            INGEST_DUPLICATE.labels(loop_name, source).inc(counts["duplicate"])
+        if counts["rejected"]:
+            INGEST_REJECTED.labels(loop_name, source, "storage_rejected").inc(counts["rejected"])
+        if rejected:
+            INGEST_REJECTED.labels(loop_name, source, "invalid_trace").inc(len(rejected))
+            results.extend(
+                ItemOutcome(r.index, r.external_id, "rejected", reason=r.reason, fields=r.fields)
+                for r in rejected
             )
-        results.sort(key=lambda item: item.index)
+            results.sort(key=lambda item: item.index)
         return results
-
-    def _record(
-        self, index: int, external_id: str, outcome: WriteOutcome, loop: str, source: str
-    ) -> ItemOutcome:
-        if outcome.status == "accepted":
-            INGEST_ACCEPTED.labels(loop, source).inc()
-        elif outcome.status == "duplicate":
-            INGEST_DUPLICATE.labels(loop, source).inc()
-        else:
-            INGEST_REJECTED.labels(loop, source, "storage_rejected").inc()
-        return ItemOutcome(index, external_id, outcome.status, outcome.trace_id, outcome.reason)
 
     @staticmethod
     def count_request_rejected(loop: str, source: str, reason: str) -> None:

@@ -40,6 +40,7 @@ from services.db.queries.traces import (
     CREATE_STAGE_SQL,
     INSERT_FROM_STAGE_SQL,
     INSERT_TRACE_SQL,
+    STAGE_TYPES,
 )
 from services.ingest.schema import StoredTrace
 from services.metrics import INGEST_COMMIT_DURATION, INGEST_COMMIT_ROWS, INGEST_QUEUE_DEPTH
@@ -299,6 +300,7 @@ class GroupCommitWriter:
             async with connection.transaction():
                 cursor = connection.cursor()
                 async with cursor.copy(COPY_STAGE_SQL) as copy:
+                    copy.set_types(STAGE_TYPES)
                     for _, index in unique:
                         await copy.write_row(rows[index].values())
                 await cursor.execute(INSERT_FROM_STAGE_SQL)

@@ -39,7 +39,21 @@ CREATE_STAGE_SQL = (
     "score float8, error_kind text, body text, size_bytes integer, started_at timestamptz, "
     "ended_at timestamptz) ON COMMIT DELETE ROWS"
 )
-COPY_STAGE_SQL = f"COPY ingest_stage ({_COLUMNS}) FROM STDIN"
+COPY_STAGE_SQL = f"COPY ingest_stage ({_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+# The staging table's column types, in TRACE_COLUMNS order, for the binary COPY.
+STAGE_TYPES = (
+    "int8",
+    "text",
+    "text",
+    "text",
+    "bool",
+    "float8",
+    "text",
+    "text",
+    "int4",
+    "timestamptz",
+    "timestamptz",
+)
 INSERT_FROM_STAGE_SQL = (
     f"INSERT INTO traces ({_COLUMNS}) "
     f"SELECT {_COLUMNS.replace('body', 'body::jsonb')} FROM ingest_stage "

@@ -106,6 +106,10 @@ def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
         version="0.1.0",
         summary="Continuous post-training for AI agents.",
         lifespan=lifespan,
+        # Ratchet's metrics are Prometheus (services.metrics). FastAPI's native OpenTelemetry
+        # layer, on by default, looks for a configured provider on every request: three
+        # failed environment lookups, ~4.6 us of every request's CPU on the dev machine.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
     app.add_middleware(HttpMetricsMiddleware)

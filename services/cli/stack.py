@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 from typing import Any
 
 from services.cli.common import cli_settings
@@ -47,8 +48,10 @@ def _api(args: argparse.Namespace) -> int:
 
     settings = cli_settings(require_database=True)
     configure_logging(settings.log_level, settings.log_format, component="api")
+    app = create_app(settings)
+    freeze_startup_heap()
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.api_host,
         port=settings.api_port,
         log_level="warning",
@@ -56,6 +59,14 @@ def _api(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=10,
     )
     return 0
+
+
+def freeze_startup_heap() -> None:
+    """Keep the garbage collector off what imports and setup built: it lives as long as the
+    process, yet every full collection walked it (~150k objects, tens of ms per collection;
+    under batch ingest most of a second of CPU per 10 s, and pauses in the latency tail)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ The load generator is a minimal HTTP/1.1 client over asyncio streams in separate
 line on stdout is one JSON object. Everything runs on this one machine: client, api and
 Postgres share its CPUs, so the figures are a floor for a real deployment.
 
-Usage: .venv/bin/python benchmarks/ingest.py [--seconds 15] [--json-only]
+Usage: .venv/bin/python benchmarks/ingest.py [--seconds 15] [--api-workers 1]
 """
 
 from __future__ import annotations
@@ -321,9 +321,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_api(database_url: str, port: int) -> subprocess.Popen[bytes]:
+def start_api(database_url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
+        "RATCHET_API_WORKERS": str(workers),
         "RATCHET_DATABASE_URL": database_url,
         "RATCHET_API_HOST": "127.0.0.1",
         "RATCHET_API_PORT": str(port),
@@ -379,6 +380,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="duration of each load phase")
     parser.add_argument("--copy-rows", type=int, default=50_000)
     parser.add_argument("--client-processes", type=int, default=2)
+    parser.add_argument(
+        "--api-workers", type=int, default=1, help="RATCHET_API_WORKERS of the api under test"
+    )
     args = parser.parse_args()
 
     import pgserver
@@ -403,7 +407,7 @@ def main() -> None:
 
             port = free_port()
             log(f"starting the api on 127.0.0.1:{port}")
-            api = start_api(database_url, port)
+            api = start_api(database_url, port, args.api_workers)
             cpus = os.cpu_count() or 1
             postmaster = server.get_pid()
             log(f"(a) single signed traces, 32 clients, {args.seconds:.0f} s ({cpus} CPUs shared)")
@@ -448,6 +452,7 @@ def main() -> None:
         "batch_load_average_1m": round(batch["load_average_1m"], 2),
         "copy_per_s": round(copy_per_s, 1),
         "batch_vs_copy": round(batch["per_s"] / copy_per_s, 3) if copy_per_s else None,
+        "api_workers": args.api_workers,
         "seconds_per_phase": args.seconds,
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),

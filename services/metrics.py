@@ -3,12 +3,23 @@
 Names follow ``ratchet_<subsystem>_<name>_<unit>``; labels are low-cardinality (loop yes,
 run id never). The api and the worker both serve this registry at ``/metrics``; the worker
 also serves the Temporal SDK's own metrics.
+
+An api of several processes (``RATCHET_API_WORKERS`` > 1) uses prometheus_client's
+multi-process mode: ``ratchet api`` points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory
+before its workers start, each worker writes its values there, and ``/metrics``, whichever
+worker answers, sums them.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+# Read by prometheus_client when it is imported: set it before a worker process starts.
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -76,6 +87,7 @@ INGEST_COMMIT_ROWS = Histogram(
 INGEST_QUEUE_DEPTH = Gauge(
     "ratchet_ingest_queue_depth",
     "Traces waiting for the group-commit writer.",
+    multiprocess_mode="livesum",  # all api workers' queues together
     registry=REGISTRY,
 )
 
@@ -204,6 +216,23 @@ SERVING_SWAP_DURATION = Histogram(
 )
 
 
+def multiprocess() -> bool:
+    """Whether this process keeps its values for a multi-process api (see the docstring)."""
+    return bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
 def render_latest() -> tuple[bytes, str]:
-    """The registry in Prometheus text format, with its content type."""
+    """The registry in Prometheus text format, with its content type (all api workers'
+    values summed in multi-process mode)."""
+    if multiprocess():
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def forget_this_process() -> None:
+    """At a worker's exit: its live gauges (the queue depth) stop counting. Counters and
+    histograms keep what it counted."""
+    if multiprocess():
+        mark_process_dead(os.getpid())

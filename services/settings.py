@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     # HTTP.
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)
+    # Processes of `ratchet api` on one port, each with its own ingest writer (one Postgres
+    # connection) and credential cache; more than one uses the machine's other cores.
+    api_workers: int = Field(default=1, ge=1, le=64)
     worker_host: str = "127.0.0.1"
     worker_port: int = Field(default=8001, ge=1, le=65535)
     public_url: str | None = None

@@ -128,8 +128,11 @@ def test_only_settings_reads_the_environment() -> None:
         source = path.read_text()
         if "os.environ[" in source or "os.getenv(" in source or "os.environ.get(" in source:
             offenders.append(relative)
-    # The embedded stack hands its children an environment (it copies, never reads settings).
-    assert [o for o in offenders if o != "services/local/stack.py"] == []
+    # The embedded stack hands its children an environment (it copies, never reads settings);
+    # `ratchet api` with several workers sets PROMETHEUS_MULTIPROC_DIR for them (writes only).
+    assert [
+        o for o in offenders if o not in ("services/local/stack.py", "services/cli/stack.py")
+    ] == []
 
 
 def test_nothing_is_built_at_import_time() -> None:

@@ -25,7 +25,7 @@ import services.api.routes as routes_package
 from services.api.errors import install_error_handlers
 from services.api.state import AppState, TemporalConnection
 from services.db.session import engine_from_settings, make_session_factory
-from services.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
+from services.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS, forget_this_process
 from services.settings import Settings
 
 
@@ -100,6 +100,7 @@ def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
                     await shutdown(app)
             if owned_engine is not None:
                 owned_engine.dispose()
+            forget_this_process()
 
     app = FastAPI(
         title="Ratchet",

@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-from typing import Any
+import os
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any
 
 from services.cli.common import cli_settings
 from services.logs import configure_logging
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 def register(subparsers: Any) -> None:
@@ -45,20 +51,47 @@ def _api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from services.api.app import create_app
+    from services.metrics import MULTIPROCESS_DIR_ENV
+
+    settings = cli_settings(require_database=True)
+    configure_logging(settings.log_level, settings.log_format, component="api")
+    options: dict[str, Any] = {
+        "host": settings.api_host,
+        "port": settings.api_port,
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": 10,
+    }
+    if settings.api_workers == 1:
+        app = create_app(settings)
+        freeze_startup_heap()
+        uvicorn.run(app, **options)
+        return 0
+    # Several processes on one socket (uvicorn's supervisor), each building its app with
+    # api_worker_app(); their metrics meet in a fresh directory (see services.metrics).
+    metrics_dir = tempfile.mkdtemp(prefix="ratchet-api-metrics-")
+    os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir
+    try:
+        uvicorn.run(
+            "services.cli.stack:api_worker_app",
+            factory=True,
+            workers=settings.api_workers,
+            **options,
+        )
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
+
+
+def api_worker_app() -> FastAPI:
+    """The app of one process of a multi-process api (uvicorn calls it in each worker)."""
+    from services.api.app import create_app
 
     settings = cli_settings(require_database=True)
     configure_logging(settings.log_level, settings.log_format, component="api")
     app = create_app(settings)
     freeze_startup_heap()
-    uvicorn.run(
-        app,
-        host=settings.api_host,
-        port=settings.api_port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
-    return 0
+    return app
 
 
 def freeze_startup_heap() -> None:

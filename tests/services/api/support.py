@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +20,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from services.ingest.signature import sign
+from tests.support import assert_eventually
 
+REPO = Path(__file__).resolve().parents[3]
 ADMIN_TOKEN = "test-admin-token"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -117,3 +123,41 @@ def create_loop(
     assert response.status_code == 201, response.text
     created: dict[str, Any] = response.json()
     return created
+
+
+@contextmanager
+def api_process(
+    database_url: str, port: int, *, workers: int = 1
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`ratchet api` as a real process on 127.0.0.1:port; stopped with SIGTERM if still up."""
+    env = {
+        **os.environ,
+        "RATCHET_DATABASE_URL": database_url,
+        "RATCHET_API_HOST": "127.0.0.1",
+        "RATCHET_API_PORT": str(port),
+        "RATCHET_API_WORKERS": str(workers),
+        "RATCHET_ADMIN_TOKEN": ADMIN_TOKEN,
+        "RATCHET_LOG_LEVEL": "WARNING",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services", "api"], cwd=REPO, env=env, stdin=subprocess.DEVNULL
+    )
+    try:
+
+        def healthy() -> None:
+            assert process.poll() is None, f"the api exited with {process.returncode}"
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+            except httpx.TransportError as exc:
+                raise AssertionError(str(exc)) from exc
+
+        assert_eventually(healthy, timeout=60, interval=0.2)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()  # the supervisor of several workers stops them too
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        process.wait(timeout=30)

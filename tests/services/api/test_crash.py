@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,43 +12,11 @@ from services.db.queries.loops import LoopFields
 from services.db.queries.traces import existing_external_ids
 from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
-from tests.services.api.support import ADMIN_TOKEN, body_of, free_port, make_trace, signed_headers
+from tests.services.api.support import api_process, body_of, free_port, make_trace, signed_headers
 from tests.support import assert_eventually
 
-REPO = Path(__file__).resolve().parents[3]
 CLIENTS = 8
 ACKS_BEFORE_KILL = 300
-
-
-@contextmanager
-def api_process(database_url: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """`ratchet api` as a real process on 127.0.0.1:port."""
-    env = {
-        **os.environ,
-        "RATCHET_DATABASE_URL": database_url,
-        "RATCHET_API_HOST": "127.0.0.1",
-        "RATCHET_API_PORT": str(port),
-        "RATCHET_ADMIN_TOKEN": ADMIN_TOKEN,
-        "RATCHET_LOG_LEVEL": "WARNING",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "services", "api"], cwd=REPO, env=env, stdin=subprocess.DEVNULL
-    )
-    try:
-
-        def healthy() -> None:
-            assert process.poll() is None, f"the api exited with {process.returncode}"
-            try:
-                assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-            except httpx.TransportError as exc:
-                raise AssertionError(str(exc)) from exc
-
-        assert_eventually(healthy, timeout=60, interval=0.2)
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
 
 
 @pytest.mark.slow

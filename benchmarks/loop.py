@@ -5,7 +5,10 @@ the drifted API before and after the promotion, the demo's wall time and the orc
 overhead (cycle wall time minus job time minus the deliberate canary window, over the cycle
 wall time; the worst cycle).
 
-    python benchmarks/loop.py [--cycles 1] [--drift-at 45] [--traffic 4]
+    python benchmarks/loop.py [--cycles 1] [--drift-at 45] [--traffic 4] [--champion-cache DIR]
+
+``--champion-cache`` reuses a champion an earlier run made there (the SFT takes minutes and
+is the same for the same settings); without it the wall time includes making the champion.
 """
 
 from __future__ import annotations
@@ -26,10 +29,15 @@ def main() -> int:
     parser.add_argument("--drift-at", type=float, default=45.0)
     parser.add_argument("--traffic", type=float, default=4.0)
     parser.add_argument("--state-dir", type=Path, default=None)
+    parser.add_argument("--champion-cache", type=Path, default=None)
     args = parser.parse_args()
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="ratchet-loop-bench-"))
     options = DemoOptions(
-        cycles=args.cycles, drift_at=args.drift_at, traffic=args.traffic, state_dir=state_dir
+        cycles=args.cycles,
+        drift_at=args.drift_at,
+        traffic=args.traffic,
+        state_dir=state_dir,
+        champion_cache=args.champion_cache,
     )
     report = run_demo(options, load_settings(), out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)

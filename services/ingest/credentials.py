@@ -4,6 +4,8 @@ Every webhook request needs its loop's active secrets and every OTLP request the
 token; reading them from Postgres each time would cost a query per request. They are cached
 for ``ttl_s`` and re-read early when a signature fails to verify (at most once per
 ``min_refresh_s``), so a secret created by a rotation in another api replica works at once.
+Requests that find the same entry stale at the same time share one read (under load, every
+request in flight would otherwise queue its own query on the thread pool when it expires).
 Expiry is checked on every request from the cached ``expires_at``, so a rotated-out secret
 stops working on time, cache or not. Unknown names and tokens are cached briefly too, so a
 flood of bad requests does not become a flood of queries.
@@ -101,6 +103,7 @@ class CredentialCache:
         self._retry_after_s = retry_after_s
         self._loops: dict[str, _Entry[LoopKeys]] = {}
         self._tokens: dict[str, _Entry[TokenLoop]] = {}
+        self._reading: dict[tuple[str, str], asyncio.Future[Any]] = {}
 
     def _fresh(self, entry: _Entry[Any] | None) -> bool:
         if entry is None:
@@ -125,10 +128,9 @@ class CredentialCache:
     async def token_loop(self, token: str) -> TokenLoop | None:
         digest = hash_token(token)
         entry = self._tokens.get(digest)
-        if entry is None or not self._fresh(entry):
-            value = await self._query(self._read_token, digest)
-            entry = self._remember(self._tokens, digest, value)
-        return entry.value
+        if entry is not None and self._fresh(entry):
+            return entry.value
+        return await self._shared_read("token", digest, self._read_token, self._tokens)
 
     def invalidate(self, name: str) -> None:
         """Forget a loop's cached keys and tokens (after a rotation in this process)."""
@@ -138,8 +140,34 @@ class CredentialCache:
         }
 
     async def _load_loop(self, name: str) -> LoopKeys | None:
-        value = await self._query(self._read_loop, name)
-        return self._remember(self._loops, name, value).value
+        return await self._shared_read("loop", name, self._read_loop, self._loops)
+
+    async def _shared_read(
+        self,
+        kind: str,
+        key: str,
+        read: Callable[[str], T | None],
+        table: dict[str, _Entry[T]],
+    ) -> T | None:
+        """Read ``key`` and remember it; callers that come while a read is in flight wait
+        for that one. The read runs in its own task, so a caller that is cancelled (its
+        client hung up) does not cancel it for the others."""
+
+        async def read_and_remember() -> T | None:
+            try:
+                value = await self._query(read, key)
+                return self._remember(table, key, value).value
+            finally:
+                self._reading.pop((kind, key), None)
+
+        pending = self._reading.get((kind, key))
+        if pending is None:
+            pending = asyncio.ensure_future(read_and_remember())
+            # Its failure reaches every caller; retrieve it here too, in case all hung up.
+            pending.add_done_callback(lambda task: task.cancelled() or task.exception())
+            self._reading[(kind, key)] = pending
+        result: T | None = await asyncio.shield(pending)
+        return result
 
     def _remember(self, table: dict[str, _Entry[T]], key: str, value: T | None) -> _Entry[T]:
         if len(table) >= _MAX_ENTRIES:

@@ -1,0 +1,81 @@
+"""The credential cache: requests that find an entry stale at once share one read."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from services.ingest.credentials import CredentialCache, LoopKeys, TokenLoop
+from services.ingest.writer import StorageUnavailable
+
+
+class CountingReads:
+    """Stands in for the Postgres reads: counts them, takes a while, may fail."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = False
+        self.lock = threading.Lock()
+
+    def loop(self, name: str) -> LoopKeys | None:
+        with self.lock:
+            self.calls += 1
+        time.sleep(0.05)
+        if self.fail:
+            raise OperationalError("SELECT", {}, Exception("connection refused"))
+        return LoopKeys(1, name, "active", ())
+
+    def token(self, digest: str) -> TokenLoop | None:
+        with self.lock:
+            self.calls += 1
+        time.sleep(0.05)
+        return TokenLoop(1, "l", "active", None)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> CountingReads:
+    fake = CountingReads()
+    monkeypatch.setattr(CredentialCache, "_read_loop", lambda self, name: fake.loop(name))
+    monkeypatch.setattr(CredentialCache, "_read_token", lambda self, digest: fake.token(digest))
+    return fake
+
+
+async def test_concurrent_misses_share_one_read(reads: CountingReads) -> None:
+    cache = CredentialCache(None, ttl_s=30)  # type: ignore[arg-type]
+    found = await asyncio.gather(*(cache.loop_keys("a") for _ in range(20)))
+    assert reads.calls == 1 and {keys.name for keys in found if keys} == {"a"}
+    await cache.loop_keys("a")  # fresh: no read
+    await asyncio.gather(cache.loop_keys("b"), cache.loop_keys("c"))  # other names: their own
+    assert reads.calls == 3
+    tokens = await asyncio.gather(*(cache.token_loop("rit_x") for _ in range(5)))
+    assert reads.calls == 4 and all(t == tokens[0] for t in tokens)
+
+
+async def test_a_caller_that_hangs_up_does_not_cancel_the_read_for_others(
+    reads: CountingReads,
+) -> None:
+    cache = CredentialCache(None)  # type: ignore[arg-type]
+    first = asyncio.create_task(cache.loop_keys("a"))
+    second = asyncio.create_task(cache.loop_keys("a"))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    keys = await second
+    assert keys is not None and keys.name == "a" and reads.calls == 1
+
+
+async def test_a_failed_read_reaches_every_caller_and_the_next_one_reads_again(
+    reads: CountingReads,
+) -> None:
+    cache = CredentialCache(None)  # type: ignore[arg-type]
+    reads.fail = True
+    results = await asyncio.gather(
+        *(cache.loop_keys("a") for _ in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, StorageUnavailable) for r in results) and reads.calls == 1
+    reads.fail = False
+    keys = await cache.loop_keys("a")
+    assert keys is not None and reads.calls == 2

@@ -5,12 +5,16 @@ subprocess), creates a loop, then measures, each for a fixed time:
 
   (a) single signed traces from 32 concurrent clients (keep-alive connections);
   (b) signed batches of 100 traces from 8 concurrent clients;
-  (c) a plain psycopg COPY of the same rows into the same table: the ceiling.
+  (c) a plain psycopg COPY of the same rows into the same table: the ceiling (the median of
+      --copy-runs runs; one run varies by +-30% even on a quiet machine).
 
 The load generator is a minimal HTTP/1.1 client over asyncio streams in separate processes
 (httpx would cost more CPU than the server it measures). Progress goes to stderr; the last
 line on stdout is one JSON object. Everything runs on this one machine: client, api and
-Postgres share its CPUs, so the figures are a floor for a real deployment.
+Postgres share its CPUs, so the figures are a floor for a real deployment. Each phase also
+reports the CPU time per trace of the api, Postgres and the clients, and the share of the
+machine that other processes used meanwhile (on a shared machine, figures taken while it is
+high measure the neighbours, not Ratchet).
 
 Usage: .venv/bin/python benchmarks/ingest.py [--seconds 15] [--api-workers 1]
 """
@@ -347,13 +351,13 @@ def start_api(database_url: str, port: int, workers: int) -> subprocess.Popen[by
     raise RuntimeError("the api did not start within 60 s")
 
 
-def copy_ceiling(database_url: str, loop_id: int, rows: int) -> float:
+def copy_ceiling(database_url: str, loop_id: int, rows: int, run: int = 0) -> float:
     """Rows per second of a plain COPY of the same traces into the same table."""
     stored = validate_trace(trace_document("template"))
     values = [
         (
             loop_id,
-            f"copy-{n}",
+            f"copy-{run}-{n}",
             "webhook",
             stored.model_version,
             stored.success,
@@ -379,6 +383,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="duration of each load phase")
     parser.add_argument("--copy-rows", type=int, default=50_000)
+    parser.add_argument(
+        "--copy-runs", type=int, default=3, help="COPY runs; the ceiling is their median"
+    )
     parser.add_argument("--client-processes", type=int, default=2)
     parser.add_argument(
         "--api-workers", type=int, default=1, help="RATCHET_API_WORKERS of the api under test"
@@ -423,9 +430,13 @@ def main() -> None:
             api.terminate()
             api.wait(timeout=30)
             api = None
-            log(f"(c) plain COPY of {args.copy_rows} rows")
-            copy_per_s = copy_ceiling(database_url, loop_id, args.copy_rows)
-            log(f"    {copy_per_s:.0f} rows/s")
+            log(f"(c) plain COPY of {args.copy_rows} rows, {args.copy_runs} times")
+            copy_runs = [
+                copy_ceiling(database_url, loop_id, args.copy_rows, run)
+                for run in range(args.copy_runs)
+            ]
+            copy_per_s = statistics.median(copy_runs)
+            log(f"    {', '.join(f'{r:.0f}' for r in copy_runs)} rows/s")
         finally:
             if api is not None:
                 api.kill()
@@ -451,6 +462,7 @@ def main() -> None:
         "batch_other_cpu_share": round(batch["other_cpu_share"], 2),
         "batch_load_average_1m": round(batch["load_average_1m"], 2),
         "copy_per_s": round(copy_per_s, 1),
+        "copy_runs_per_s": [round(r) for r in copy_runs],
         "batch_vs_copy": round(batch["per_s"] / copy_per_s, 3) if copy_per_s else None,
         "api_workers": args.api_workers,
         "seconds_per_phase": args.seconds,

@@ -13,7 +13,9 @@ string lengths of indexed columns, NUL characters that Postgres cannot store).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -26,7 +28,6 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
@@ -69,19 +70,23 @@ def _bounded_depth(value: Any) -> Any:
 
 
 def _object_or_string(value: Any) -> Any:
-    if not isinstance(value, dict | str):
+    """A JSON object (nested at most MAX_FREE_DEPTH levels) or a string; one callback."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, dict):
         raise ValueError("must be a JSON object or a string")
+    if depth_exceeded(value):
+        raise ValueError(f"nested deeper than {MAX_FREE_DEPTH} levels")
     return value
 
 
-def _is_none(value: Any) -> bool:
-    return value is None
+# ``value is None`` without a Python frame: the serializer calls it for five keys of every
+# message (~0.9 µs per trace less than a def, measured in-process).
+_is_none = functools.partial(operator.is_, None)
 
 
 FreeObject = Annotated[dict[str, Any], BeforeValidator(_bounded_depth)]
-Arguments = Annotated[
-    dict[str, Any] | str, BeforeValidator(_bounded_depth), BeforeValidator(_object_or_string)
-]
+Arguments = Annotated[dict[str, Any] | str, BeforeValidator(_object_or_string)]
 
 
 class _Strict(BaseModel):
@@ -170,17 +175,16 @@ class TraceV1(_Strict):
     reference_answer: str | None = None
     metadata: FreeObject = Field(default_factory=dict)
 
-    @field_validator("started_at", "ended_at", mode="after")
-    @classmethod
-    def _utc(cls, value: dt.datetime | None) -> dt.datetime | None:
-        """A timestamp without an offset is taken as UTC."""
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=dt.UTC)
-        return value
-
     @model_validator(mode="after")
-    def _ordered(self) -> TraceV1:
-        if self.started_at and self.ended_at and self.ended_at < self.started_at:
+    def _timestamps(self) -> TraceV1:
+        """A timestamp without an offset is taken as UTC; ``ended_at`` may not precede
+        ``started_at``. (One model-level callback, not one per field: this runs per trace.)"""
+        started, ended = self.started_at, self.ended_at
+        if started is not None and started.tzinfo is None:
+            self.started_at = started = started.replace(tzinfo=dt.UTC)
+        if ended is not None and ended.tzinfo is None:
+            self.ended_at = ended = ended.replace(tzinfo=dt.UTC)
+        if started and ended and ended < started:
             raise ValueError("ended_at is before started_at")
         return self
 
@@ -234,7 +238,9 @@ def inlined_schema() -> dict[str, Any]:
 # Parsing ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ costs ~3x (object.__setattr__ per field), and
+# one of these is built per trace on the ingest hot path. Treat instances as read-only.
+@dataclass(slots=True)
 class StoredTrace:
     """A validated trace as the writer stores it: the body JSON plus the indexed columns."""
 
@@ -314,7 +320,10 @@ def _has_escaped_nul(text: str) -> bool:
 
 def to_stored(trace: TraceV1, prefix: tuple[str | int, ...] = ()) -> StoredTrace:
     """Serialize a validated trace for storage; refuse what Postgres cannot hold (NUL)."""
-    body_json = trace.model_dump_json(by_alias=True)
+    # Bytes straight from the Rust serializer (model_dump_json would decode them to str, and
+    # the size would need an encode back).
+    body_bytes = trace.__pydantic_serializer__.to_json(trace, by_alias=True)
+    body_json = body_bytes.decode("utf-8")
     if _has_escaped_nul(body_json):
         paths = _nul_paths(trace.model_dump(by_alias=True, mode="json"))
         raise IngestError(
@@ -330,7 +339,7 @@ def to_stored(trace: TraceV1, prefix: tuple[str | int, ...] = ()) -> StoredTrace
     return StoredTrace(
         external_id=trace.external_id,
         body_json=body_json,
-        size_bytes=len(body_json.encode("utf-8")),
+        size_bytes=len(body_bytes),
         model_version=trace.model_version,
         success=trace.outcome.success,
         score=trace.outcome.score,
@@ -343,7 +352,8 @@ def to_stored(trace: TraceV1, prefix: tuple[str | int, ...] = ()) -> StoredTrace
 def validate_trace(item: Any, prefix: tuple[str | int, ...] = ()) -> StoredTrace:
     """Validate one decoded trace; raise :class:`IngestError` (422) listing each bad field."""
     try:
-        trace = TraceV1.model_validate(item)
+        # The validator itself: model_validate's wrapper costs ~0.3 µs per trace.
+        trace: TraceV1 = TraceV1.__pydantic_validator__.validate_python(item)
     except ValidationError as exc:
         raise IngestError(
             422,

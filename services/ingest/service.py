@@ -36,7 +36,9 @@ EXTRAS_KEY = "ingest"  # where the api keeps the service (AppState.extras)
 UNKNOWN_LOOP = "-"  # metric label for requests whose loop is not known
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ costs ~3x (object.__setattr__ per field), and
+# one of these is built per trace on the ingest hot path. Treat instances as read-only.
+@dataclass(slots=True)
 class ItemOutcome:
     """The answer for one item of a request."""
 

@@ -58,7 +58,9 @@ class StorageUnavailable(Exception):
         self.retry_after_s = retry_after_s
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ costs ~3x (object.__setattr__ per field), and
+# one of these is built per trace on the ingest hot path. Treat instances as read-only.
+@dataclass(slots=True)
 class TraceRow:
     """One trace to store, with its loop and the door it came through."""
 
@@ -83,7 +85,9 @@ class TraceRow:
         )
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ costs ~3x (object.__setattr__ per field), and
+# one of these is built per trace on the ingest hot path. Treat instances as read-only.
+@dataclass(slots=True)
 class WriteOutcome:
     """What happened to one trace: stored (with its row id), already there, or refused."""
 

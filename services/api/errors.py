@@ -13,25 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.errors import RequestError
 
-class ApiError(Exception):
+
+class ApiError(RequestError):
     """An error with an HTTP status, a machine-readable code and a human message."""
-
-    def __init__(
-        self,
-        status_code: int,
-        code: str,
-        message: str,
-        *,
-        fields: list[dict[str, Any]] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.code = code
-        self.message = message
-        self.fields = fields or []
-        self.headers = headers or {}
 
 
 def error_body(
@@ -55,8 +41,8 @@ def field_errors_from_validation(errors: list[Any]) -> list[dict[str, Any]]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    @app.exception_handler(RequestError)
+    async def _api_error(_: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(
             error_body(exc.code, exc.message, exc.fields),
             status_code=exc.status_code,

@@ -17,7 +17,6 @@ from fastapi import APIRouter, Request, Response
 from services.api.deps import bearer_token
 from services.api.routes.traces import (
     IngestDep,
-    api_error,
     media_type,
     read_request_body,
     unavailable,
@@ -90,7 +89,7 @@ async def _export(request: Request, service: IngestDep) -> Response:
         )
     except IngestError as exc:
         service.count_request_rejected(label, SOURCE, exc.code)
-        raise api_error(exc) from None
+        raise exc from None
     except StorageUnavailable as exc:
         raise unavailable(exc) from None
     rejected_spans = mapped.rejected_spans

@@ -78,10 +78,6 @@ async def get_ingest(request: Request) -> IngestService:
 IngestDep = Annotated[IngestService, Depends(get_ingest)]
 
 
-def api_error(exc: IngestError) -> ApiError:
-    return ApiError(exc.status_code, exc.code, exc.message, fields=exc.fields, headers=exc.headers)
-
-
 def unavailable(exc: StorageUnavailable) -> ApiError:
     return ApiError(503, "unavailable", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
@@ -207,7 +203,7 @@ async def ingest_webhook(
         )
     except IngestError as exc:
         service.count_request_rejected(label, SOURCE, exc.code)
-        raise api_error(exc) from None
+        raise exc from None
     except StorageUnavailable as exc:
         raise unavailable(exc) from None
     return answer_json(outcomes)

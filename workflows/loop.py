@@ -53,7 +53,6 @@ with workflow.unsafe.imports_passed_through():
         PendingWorkInput,
         PendingWorkResult,
         ProbeInput,
-        ProbeResult,
         PromoteInput,
         RecordDecisionInput,
         RecordDecisionResult,
@@ -482,7 +481,7 @@ class LoopWorkflow:
         self._set_stage("probe", cycle=number)
         await self._mark_stage(number, "probe")
         try:
-            probed: ProbeResult = await workflow.execute_child_workflow(
+            probed = await self._child(
                 ProbeWorkflow.run,
                 ProbeInput(
                     loop=self.loop,
@@ -493,15 +492,12 @@ class LoopWorkflow:
                     attempts=config.probe_attempts,
                     profile=config.training_profile,
                 ),
-                id=cycle_workflow_id(self.loop, number, "probe"),
-                search_attributes=self._search_attributes("probe", number),
-            )
-        except ChildWorkflowError as exc:
-            workflow.logger.warning(
-                "probe of cycle %s of %s failed (%s); the snapshot goes on without it",
+                "probe",
                 number,
-                self.loop,
-                _root_cause(exc),
+            )
+        except CycleAborted as exc:
+            workflow.logger.warning(
+                "%s of %s; the snapshot goes on without it", exc.detail, self.loop
             )
             return
         if probed.status not in ("succeeded", "skipped"):

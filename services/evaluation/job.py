@@ -19,7 +19,6 @@ import json
 import logging
 import sys
 import time
-import traceback
 from typing import Any
 
 import torch
@@ -31,13 +30,9 @@ from services.evaluation.results import RESULTS_FILE
 from services.training.checkpoint import CheckpointError
 from services.training.device import DeviceError
 from services.training.jobspec import (
-    EXIT_FAILED,
     JobError,
     JobSpec,
-    fail,
-    job_environment,
-    load_spec,
-    parse_args,
+    run_job_main,
     write_json,
 )
 from services.training.policy import Policy
@@ -56,22 +51,7 @@ _HYPER = {
 
 def eval_job_main(argv: list[str]) -> int:
     """Run an eval job; returns the process exit code."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO,
-            stream=sys.stdout,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
-    try:
-        spec = load_spec(parse_args(argv, "ratchet job eval"), job_environment(), kind="eval")
-        return _run(spec)
-    except JobError as exc:
-        fail(exc.reason)
-        return exc.exit_code
-    except Exception as exc:  # an unexpected bug: keep the traceback, end with the contract line
-        traceback.print_exc(file=sys.stderr)
-        fail(f"internal error: {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
+    return run_job_main(argv, kind="eval", run=_run)
 
 
 def _options(spec: JobSpec) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import logging
 import shutil
 import sys
 import time
-import traceback
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -38,10 +37,8 @@ from services.training.jobspec import (
     EXIT_FAILED,
     JobError,
     JobSpec,
-    fail,
     job_environment,
-    load_spec,
-    parse_args,
+    run_job_main,
     write_json,
 )
 from services.training.optim import TrainingDiverged
@@ -57,19 +54,7 @@ _EXTRA_KEYS = {"threads", "model", "augment_fraction"}
 
 def train_job_main(argv: list[str]) -> int:
     """Run a train job; returns the process exit code."""
-    _setup_logging()
-    try:
-        spec = load_spec(parse_args(argv, "ratchet job train"), job_environment(), kind="train")
-        return _run(spec)
-    except JobError as exc:
-        fail(exc.reason)
-        return exc.exit_code
-    except Exception as exc:  # an unexpected bug: keep the traceback, end with the contract line
-        traceback.print_exc(file=sys.stderr)
-        fail(f"internal error: {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
-    finally:
-        shutdown_distributed()
+    return run_job_main(argv, kind="train", run=_run, finally_=shutdown_distributed)
 
 
 def _run(spec: JobSpec) -> int:
@@ -267,15 +252,6 @@ def _train_sft(
 def _remove_partial(checkpoint_dir: Path) -> None:
     """A checkpoint dir left by a killed run (no metrics.json yet) is rewritten from scratch."""
     shutil.rmtree(checkpoint_dir)
-
-
-def _setup_logging() -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO,
-            stream=sys.stdout,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
 
 
 def main() -> None:

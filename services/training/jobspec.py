@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
-from collections.abc import Mapping
+import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,3 +196,36 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n")
     tmp.replace(path)
+
+
+def run_job_main(
+    argv: list[str],
+    *,
+    kind: str,
+    run: Callable[[JobSpec], int],
+    finally_: Callable[[], None] | None = None,
+) -> int:
+    """The entry point every job shares: log to stdout, load the spec, run, keep the contract.
+
+    A :class:`JobError` becomes its one stderr line and exit code; an unexpected exception
+    keeps its traceback (a bug to report) and still ends with the contract line.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stdout,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    try:
+        spec = load_spec(parse_args(argv, f"ratchet job {kind}"), job_environment(), kind=kind)
+        return run(spec)
+    except JobError as exc:
+        fail(exc.reason)
+        return exc.exit_code
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        fail(f"internal error: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    finally:
+        if finally_ is not None:
+            finally_()

@@ -103,6 +103,15 @@ class Settings(BaseSettings):
     ingest_queue_max: int = Field(default=20_000, ge=1)
     ingest_commit_max_rows: int = Field(default=1_000, ge=1)
     ingest_commit_max_wait_ms: float = Field(default=2.0, ge=0)
+    # OTLP: spans of an unfinished episode wait in Postgres until the episode's span arrives
+    # or the trace has been quiet this long; then whatever arrived becomes one trace.
+    otlp_episode_quiet_s: float = Field(default=30.0, gt=0, le=86_400)
+    # How long assembled spans keep their ids, so a late or re-exported span is recognised.
+    otlp_span_retention_s: int = Field(default=86_400, ge=60)
+    # Per export: spans and log records (413 over it), and bytes of one attribute value or
+    # log body (the trace or record holding it is rejected).
+    otlp_max_spans_per_export: int = Field(default=10_000, ge=1)
+    otlp_max_attribute_bytes: int = Field(default=1024 * 1024, ge=1024)
 
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"

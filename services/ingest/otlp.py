@@ -1,10 +1,13 @@
-"""OTLP/HTTP traces → ``ratchet.trace/v1``: OpenTelemetry GenAI spans assembled per trace.
+"""OTLP/HTTP → ``ratchet.trace/v1``: decoding exports within limits, and mapping GenAI episodes.
 
 An agent instrumented with the OpenTelemetry GenAI semantic conventions emits, per episode,
 an ``invoke_agent`` span, ``chat`` spans (one per model call, with ``gen_ai.input.messages``
 and ``gen_ai.output.messages``), ``execute_tool`` spans, and ``gen_ai.evaluation.result``
-events when something scored the answer. Spans are grouped by trace id; each trace becomes
-one Ratchet trace:
+events when something scored the answer. Several instrumentations send the message content
+as OTLP log records instead (``gen_ai.user.message``, ``gen_ai.choice``, …, or
+``gen_ai.client.inference.operation.details``), joined to their span by trace and span id.
+Which spans form one episode, and when it is complete, is services.ingest.episodes' job; this
+module turns one episode's spans (content from logs applied) into one Ratchet trace:
 
 - messages: ``gen_ai.system_instructions`` as a system message, then the input and output
   messages of the last model call (the input of a call is the whole conversation so far);
@@ -12,41 +15,78 @@ one Ratchet trace:
   spans;
 - tools: ``gen_ai.tool.definitions``, plus any tool seen in an ``execute_tool`` span;
 - outcome: the last ``gen_ai.evaluation.result`` event (score value, and success from its
-  label), an error status on the root or agent span (``error.type`` as the kind);
+  label), an error status on the episode's span (``error.type`` as the kind);
   ``ratchet.outcome.success`` / ``ratchet.outcome.score`` attributes override;
-- external id: the ``ratchet.external_id`` attribute, else the trace id in hex;
+- external id: the ``ratchet.external_id`` attribute, else the trace id in hex when the
+  episode's span is the trace's root, else ``<trace id>:<span id>`` (so two agents in one
+  upstream request are two traces, and the same episode always gets the same id);
 - model version: ``ratchet.model_version``, else the response (or request) model of the
   first model call.
 
-A trace is assembled only when its root span (no parent) is in the request: exporters send a
-trace's spans together unless it outlives the batch delay, and a partial trace stored now
-would turn the rest into a duplicate later. Spans of traces without their root are reported
-back as rejected (OTLP partial success), never silently dropped.
+Decoding is bounded, because it runs on bodies from the internet before anything is stored:
+the structured attributes (message JSON) are parsed once, here, by the same bounded parser as
+the webhook's bodies, so nesting past its recursion limit or a number past Python's
+4300-digit limit is a 400 naming the span and attribute, never a 500; an export with more
+traces than ``RATCHET_INGEST_MAX_BATCH`` or more spans than ``RATCHET_OTLP_MAX_SPANS_PER_EXPORT``
+is a 413; a trace holding an attribute value over ``RATCHET_OTLP_MAX_ATTRIBUTE_BYTES``, more
+than ``MAX_ATTRIBUTES`` attributes or ``MAX_EVENTS`` events on a span, or a ``service.name``
+over ``MAX_SERVICE_NAME`` characters is rejected alone (OTLP partial success). Of the
+resource, only ``service.name`` is kept per span.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic_core
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from services.ingest.episodes import Node, plan_trace
 from services.ingest.errors import IngestError
 from services.ingest.schema import StoredTrace, decode_json, validate_trace
 
 CHAT_OPERATIONS = {"chat", "text_completion", "generate_content"}
+AGENT_OPERATION = "invoke_agent"
+TOOL_OPERATION = "execute_tool"
 STATUS_ERROR = 2
 EVALUATION_EVENT = "gen_ai.evaluation.result"
+DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+MESSAGE_EVENTS = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
+CHOICE_EVENT = "gen_ai.choice"
+CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages")
+# Attributes holding JSON documents (as strings on spans): parsed once, at decode time.
+STRUCTURED_KEYS = frozenset(
+    {*CONTENT_KEYS, "gen_ai.system_instructions", "gen_ai.tool.definitions"}
+)
+ARGUMENTS_KEY = "gen_ai.tool.call.arguments"
+MAX_ATTRIBUTES = 512  # per span, event or log record (the SDKs' default limit is 128)
+MAX_EVENTS = 512  # per span
+MAX_SERVICE_NAME = 256
+# OTLP span flags: whether the exporter says if the parent is remote, and whether it is.
+_FLAG_HAS_IS_REMOTE = 0x100
+_FLAG_IS_REMOTE = 0x200
+
 _PASS_LABELS = {"pass", "passed", "success", "succeeded", "true", "correct", "good", "yes"}
 _FAIL_LABELS = {"fail", "failed", "failure", "false", "incorrect", "wrong", "bad", "no"}
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -57,16 +97,41 @@ class MappingError(Exception):
     """A trace whose spans cannot be turned into a Ratchet trace; the message says why."""
 
 
+class ItemRejected(Exception):
+    """One trace (or log record) of an export breaks a limit; the rest of the export goes on."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The caps of one export (from the settings; see the module docstring)."""
+
+    max_traces: int
+    max_spans: int
+    max_attribute_bytes: int
+
+
 # Decoding -----------------------------------------------------------------------------------
 
 
-def decode_protobuf(body: bytes) -> ExportTraceServiceRequest:
+def _decode_protobuf(body: bytes, message: Message, what: str) -> None:
     try:
-        return ExportTraceServiceRequest.FromString(body)
+        message.ParseFromString(body)
     except (DecodeError, RecursionError, ValueError) as exc:
         raise IngestError(
-            400, "invalid_protobuf", f"the body is not an OTLP ExportTraceServiceRequest: {exc}"
+            400, "invalid_protobuf", f"the body is not an OTLP {what}: {exc}"
         ) from None
+
+
+def decode_protobuf(body: bytes) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    _decode_protobuf(body, request, "ExportTraceServiceRequest")
+    return request
+
+
+def decode_logs_protobuf(body: bytes) -> ExportLogsServiceRequest:
+    request = ExportLogsServiceRequest()
+    _decode_protobuf(body, request, "ExportLogsServiceRequest")
+    return request
 
 
 def _hex_to_b64(value: Any, where: str) -> Any:
@@ -78,22 +143,27 @@ def _hex_to_b64(value: Any, where: str) -> Any:
         raise IngestError(400, "invalid_otlp", f"{where} is not a hex id: {value[:64]!r}") from None
 
 
+def _fix_ids(item: Any, keys: tuple[str, ...], where: str) -> None:
+    if isinstance(item, dict):
+        for key in keys:
+            if key in item:
+                item[key] = _hex_to_b64(item[key], f"{where}.{key}")
+
+
 def _ids_to_base64(data: dict[str, Any]) -> None:
     """OTLP/JSON writes trace and span ids in hex; protobuf's JSON mapping expects base64."""
     for r, resource_spans in enumerate(_list(data.get("resourceSpans"))):
         for s, scope_spans in enumerate(_list(_dict(resource_spans).get("scopeSpans"))):
             for n, span in enumerate(_list(_dict(scope_spans).get("spans"))):
-                if not isinstance(span, dict):
-                    continue
                 where = f"resourceSpans.{r}.scopeSpans.{s}.spans.{n}"
-                for key in ("traceId", "spanId", "parentSpanId"):
-                    if key in span:
-                        span[key] = _hex_to_b64(span[key], f"{where}.{key}")
-                for k, link in enumerate(_list(span.get("links"))):
-                    if isinstance(link, dict):
-                        for key in ("traceId", "spanId"):
-                            if key in link:
-                                link[key] = _hex_to_b64(link[key], f"{where}.links.{k}.{key}")
+                _fix_ids(span, ("traceId", "spanId", "parentSpanId"), where)
+                for k, link in enumerate(_list(_dict(span).get("links"))):
+                    _fix_ids(link, ("traceId", "spanId"), f"{where}.links.{k}")
+    for r, resource_logs in enumerate(_list(data.get("resourceLogs"))):
+        for s, scope_logs in enumerate(_list(_dict(resource_logs).get("scopeLogs"))):
+            for n, record in enumerate(_list(_dict(scope_logs).get("logRecords"))):
+                where = f"resourceLogs.{r}.scopeLogs.{s}.logRecords.{n}"
+                _fix_ids(record, ("traceId", "spanId"), where)
 
 
 def _list(value: Any) -> list[Any]:
@@ -104,17 +174,35 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
+def _decode_json_message(body: bytes, message: Message, what: str) -> None:
     data = decode_json(body)
     if not isinstance(data, dict):
         raise IngestError(400, "invalid_otlp", "an OTLP/JSON body must be a JSON object")
     _ids_to_base64(data)
     try:
-        return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+        json_format.ParseDict(data, message, ignore_unknown_fields=True)
     except (json_format.ParseError, RecursionError, ValueError, TypeError) as exc:
         raise IngestError(
-            400, "invalid_otlp", f"the body is not an OTLP/JSON ExportTraceServiceRequest: {exc}"
+            400, "invalid_otlp", f"the body is not an OTLP/JSON {what}: {exc}"
         ) from None
+
+
+def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    _decode_json_message(body, request, "ExportTraceServiceRequest")
+    return request
+
+
+def decode_logs_json_request(body: bytes) -> ExportLogsServiceRequest:
+    request = ExportLogsServiceRequest()
+    _decode_json_message(body, request, "ExportLogsServiceRequest")
+    return request
+
+
+def _encode(response: Message, *, as_json: bool) -> bytes:
+    if as_json:
+        return json_format.MessageToJson(response, indent=None).encode("utf-8")
+    return response.SerializeToString()
 
 
 def encode_response(rejected_spans: int, message: str, *, as_json: bool) -> bytes:
@@ -123,40 +211,100 @@ def encode_response(rejected_spans: int, message: str, *, as_json: bool) -> byte
     if rejected_spans:
         response.partial_success.rejected_spans = rejected_spans
         response.partial_success.error_message = message
-    if as_json:
-        return json_format.MessageToJson(response, indent=None).encode("utf-8")
-    return response.SerializeToString()
+    return _encode(response, as_json=as_json)
 
 
-# Spans --------------------------------------------------------------------------------------
+def encode_logs_response(rejected_records: int, message: str, *, as_json: bool) -> bytes:
+    """An ExportLogsServiceResponse, with partial success when records were rejected."""
+    response = ExportLogsServiceResponse()
+    if rejected_records:
+        response.partial_success.rejected_log_records = rejected_records
+        response.partial_success.error_message = message
+    return _encode(response, as_json=as_json)
 
 
-def any_value(value: AnyValue) -> Any:
-    """An OTLP AnyValue as plain JSON-able Python."""
-    kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "bool_value":
-        return value.bool_value
-    if kind == "int_value":
-        return value.int_value
-    if kind == "double_value":
-        return value.double_value
-    if kind == "array_value":
-        return [any_value(item) for item in value.array_value.values]
-    if kind == "kvlist_value":
-        return attributes(value.kvlist_value.values)
-    if kind == "bytes_value":
-        return base64.b64encode(value.bytes_value).decode("ascii")
-    return None
+# Values -------------------------------------------------------------------------------------
 
 
-def attributes(items: Any) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    item: KeyValue
-    for item in items:
-        result[item.key] = any_value(item.value)
-    return result
+class _Reader:
+    """Turns OTLP values into plain JSON-able Python, checking the limits on the way."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+
+    def value(self, value: AnyValue, where: str) -> Any:
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            text = value.string_value
+            # A character is at most 4 bytes: only long strings pay for the encode.
+            if len(text) * 4 > self.limits.max_attribute_bytes:
+                size = len(text.encode("utf-8", "surrogatepass"))
+                if size > self.limits.max_attribute_bytes:
+                    raise ItemRejected(
+                        f"{where} is {size} bytes, over the limit of "
+                        f"{self.limits.max_attribute_bytes}"
+                    )
+            return text
+        if kind == "bool_value":
+            return value.bool_value
+        if kind == "int_value":
+            return value.int_value
+        if kind == "double_value":
+            return value.double_value
+        if kind == "array_value":
+            return [self.value(item, where) for item in value.array_value.values]
+        if kind == "kvlist_value":
+            return self.attributes(value.kvlist_value.values, where)
+        if kind == "bytes_value":
+            if len(value.bytes_value) > self.limits.max_attribute_bytes:
+                raise ItemRejected(
+                    f"{where} is {len(value.bytes_value)} bytes, over the limit of "
+                    f"{self.limits.max_attribute_bytes}"
+                )
+            return base64.b64encode(value.bytes_value).decode("ascii")
+        return None
+
+    def attributes(self, items: Any, where: str) -> dict[str, Any]:
+        if len(items) > MAX_ATTRIBUTES:
+            raise ItemRejected(f"{where} has {len(items)} attributes; at most {MAX_ATTRIBUTES}")
+        result: dict[str, Any] = {}
+        item: KeyValue
+        for item in items:
+            result[item.key[:256]] = self.value(item.value, f"{where} attribute {item.key[:64]!r}")
+        return result
+
+
+def parse_structured(value: Any, where: str) -> Any:
+    """A JSON document held in a string attribute, parsed with the bounded parser.
+
+    Hostile structure (nesting past the parser's recursion limit, a number past Python's
+    4300-digit limit) is a 400 for the request; text that is simply not JSON is kept as it is
+    (the episode is rejected with a clear reason when it is mapped).
+    """
+    if not isinstance(value, str):
+        return value
+    try:
+        return pydantic_core.from_json(value, allow_inf_nan=False)
+    except ValueError as exc:
+        detail = str(exc)
+        if "recursion limit" in detail or "number out of range" in detail:
+            raise IngestError(
+                400, "invalid_otlp", f"{where} is not acceptable JSON: {detail}"
+            ) from None
+        return value
+
+
+def _parse_known(attributes: dict[str, Any], where: str) -> None:
+    for key in STRUCTURED_KEYS & attributes.keys():
+        attributes[key] = parse_structured(attributes[key], f"{where} attribute {key!r}")
+    arguments = attributes.get(ARGUMENTS_KEY)
+    if isinstance(arguments, str):
+        parsed = parse_structured(arguments, f"{where} attribute {ARGUMENTS_KEY!r}")
+        if isinstance(parsed, dict):
+            attributes[ARGUMENTS_KEY] = parsed
+
+
+# Spans and log records ----------------------------------------------------------------------
 
 
 @dataclass
@@ -180,7 +328,9 @@ class SpanView:
     events: list[SpanEvent]
     status_code: int
     status_message: str
-    resource: dict[str, Any]
+    service_name: str | None = None
+    # Whether the parent is in another process, as the exporter said; None when it did not.
+    remote_parent: bool | None = None
 
     @property
     def operation(self) -> str | None:
@@ -189,36 +339,327 @@ class SpanView:
             return value
         # Some instrumentations only name the span "<operation> <target>".
         head = self.name.split(" ", 1)[0]
-        return head if head in CHAT_OPERATIONS | {"invoke_agent", "execute_tool"} else None
+        return head if head in CHAT_OPERATIONS | {AGENT_OPERATION, TOOL_OPERATION} else None
+
+    @property
+    def kind(self) -> str:
+        """``agent`` (an episode's span), ``genai`` (part of one) or ``other`` (context)."""
+        operation = self.operation
+        if operation == AGENT_OPERATION:
+            return "agent"
+        if operation is not None or any(
+            key.startswith(("gen_ai.", "ratchet.")) for key in self.attributes
+        ):
+            return "genai"
+        return "other"
+
+    @property
+    def has_content(self) -> bool:
+        return any(key in self.attributes for key in CONTENT_KEYS)
+
+    def to_payload(self) -> str:
+        """The span as stored while its episode is unfinished (see services.ingest.episodes)."""
+        return json.dumps(
+            {
+                "name": self.name,
+                "start": self.start_ns,
+                "end": self.end_ns,
+                "attributes": self.attributes,
+                "events": [[e.name, e.time_ns, e.attributes] for e in self.events],
+                "status": [self.status_code, self.status_message],
+                "service": self.service_name,
+            },
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_payload(
+        cls, trace_id: str, span_id: str, parent_span_id: str, payload: str
+    ) -> SpanView:
+        data = json.loads(payload)
+        return cls(
+            trace_id=trace_id,
+            span_id=span_id,
+            parent_span_id=parent_span_id,
+            name=data["name"],
+            start_ns=data["start"],
+            end_ns=data["end"],
+            attributes=data["attributes"],
+            events=[SpanEvent(name, time_ns, attrs) for name, time_ns, attrs in data["events"]],
+            status_code=data["status"][0],
+            status_message=data["status"][1],
+            service_name=data["service"],
+        )
 
 
-def group_spans(request: ExportTraceServiceRequest) -> tuple[dict[str, list[SpanView]], int]:
-    """Spans by trace id (hex), and the number of spans in the request."""
-    traces: dict[str, list[SpanView]] = defaultdict(list)
-    total = 0
-    for resource_spans in request.resource_spans:
-        resource = attributes(resource_spans.resource.attributes)
+@dataclass
+class LogView:
+    """A GenAI event sent as an OTLP log record, joined to its span by trace and span id."""
+
+    trace_id: str
+    span_id: str
+    event_name: str
+    time_ns: int
+    attributes: dict[str, Any]
+    body: Any
+
+    @property
+    def record_id(self) -> str:
+        """Stable per record, so the same record exported twice is stored once."""
+        digest = hashlib.sha256(self.to_payload().encode("utf-8", "surrogatepass")).hexdigest()
+        return f"{self.span_id}:{digest[:40]}"
+
+    @property
+    def has_content(self) -> bool:
+        return (
+            self.event_name in MESSAGE_EVENTS
+            or self.event_name == CHOICE_EVENT
+            or any(key in self.attributes for key in CONTENT_KEYS)
+        )
+
+    def to_payload(self) -> str:
+        return json.dumps(
+            {
+                "event": self.event_name,
+                "time": self.time_ns,
+                "attributes": self.attributes,
+                "body": self.body,
+            },
+            ensure_ascii=False,
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_payload(cls, trace_id: str, span_id: str, payload: str) -> LogView:
+        data = json.loads(payload)
+        return cls(trace_id, span_id, data["event"], data["time"], data["attributes"], data["body"])
+
+
+@dataclass
+class DecodedExport:
+    """What an export held: views by trace id, and the traces (or records) it rejects."""
+
+    spans: dict[str, list[SpanView]] = field(default_factory=dict)
+    logs: dict[str, list[LogView]] = field(default_factory=dict)
+    rejected: int = 0  # spans or log records
+    errors: list[str] = field(default_factory=list)
+    total: int = 0
+
+
+def _service_name(resource: Any, reader: _Reader, where: str) -> str | None:
+    for item in resource.attributes:
+        if item.key == "service.name":
+            value = reader.value(item.value, f"{where} attribute 'service.name'")
+            if not isinstance(value, str):
+                return None
+            if len(value) > MAX_SERVICE_NAME:
+                raise ItemRejected(
+                    f"{where} attribute 'service.name' is {len(value)} characters; "
+                    f"at most {MAX_SERVICE_NAME}"
+                )
+            return value
+    return None
+
+
+def _too_many(count: int, limit: int, what: str, setting: str) -> IngestError:
+    return IngestError(
+        413,
+        "batch_too_large",
+        f"the export has {count} {what}; at most {limit} are accepted per request ({setting})",
+    )
+
+
+def read_spans(request: ExportTraceServiceRequest, limits: Limits) -> DecodedExport:
+    """Spans by trace id (hex), within the limits; see the module docstring for which."""
+    total = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+    if total > limits.max_spans:
+        raise _too_many(total, limits.max_spans, "spans", "RATCHET_OTLP_MAX_SPANS_PER_EXPORT")
+    trace_ids = {
+        span.trace_id for r in request.resource_spans for s in r.scope_spans for span in s.spans
+    }
+    if len(trace_ids) > limits.max_traces:
+        raise _too_many(len(trace_ids), limits.max_traces, "traces", "RATCHET_INGEST_MAX_BATCH")
+    reader = _Reader(limits)
+    grouped: dict[str, list[SpanView]] = defaultdict(list)
+    refused: dict[str, str] = {}
+    counts: dict[str, int] = defaultdict(int)
+    for r, resource_spans in enumerate(request.resource_spans):
+        try:
+            service: str | None = _service_name(
+                resource_spans.resource, reader, f"resourceSpans.{r}.resource"
+            )
+            service_error = None
+        except ItemRejected as exc:
+            service, service_error = None, str(exc)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                total += 1
-                view = SpanView(
-                    trace_id=span.trace_id.hex(),
-                    span_id=span.span_id.hex(),
-                    parent_span_id=span.parent_span_id.hex(),
-                    name=span.name,
-                    start_ns=span.start_time_unix_nano,
-                    end_ns=span.end_time_unix_nano,
-                    attributes=attributes(span.attributes),
-                    events=[
-                        SpanEvent(e.name, e.time_unix_nano, attributes(e.attributes))
-                        for e in span.events
-                    ],
-                    status_code=span.status.code,
-                    status_message=span.status.message,
-                    resource=resource,
+                trace_id = span.trace_id.hex()
+                counts[trace_id] += 1
+                if trace_id in refused:
+                    continue
+                if service_error is not None:
+                    refused[trace_id] = service_error
+                    continue
+                try:
+                    grouped[trace_id].append(_span_view(span, trace_id, service, reader))
+                except ItemRejected as exc:
+                    refused[trace_id] = str(exc)
+    decoded = DecodedExport(total=total)
+    for trace_id, reason in refused.items():
+        grouped.pop(trace_id, None)
+        decoded.rejected += counts[trace_id]
+        decoded.errors.append(f"trace {trace_id}: {reason}")
+    decoded.spans = dict(grouped)
+    return decoded
+
+
+def _span_view(span: Any, trace_id: str, service: str | None, reader: _Reader) -> SpanView:
+    span_id = span.span_id.hex()
+    where = f"span {span_id}"
+    if len(span.trace_id) != 16 or len(span.span_id) != 8:
+        raise ItemRejected(f"{where} has no valid trace id (16 bytes) and span id (8 bytes)")
+    if len(span.events) > MAX_EVENTS:
+        raise ItemRejected(f"{where} has {len(span.events)} events; at most {MAX_EVENTS}")
+    attributes = reader.attributes(span.attributes, where)
+    _parse_known(attributes, where)
+    flags = span.flags
+    remote = bool(flags & _FLAG_IS_REMOTE) if flags & _FLAG_HAS_IS_REMOTE else None
+    parent = span.parent_span_id.hex() if len(span.parent_span_id) == 8 else ""
+    return SpanView(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent,
+        name=span.name[:1024],
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano,
+        attributes=attributes,
+        events=[
+            SpanEvent(
+                e.name[:256],
+                e.time_unix_nano,
+                reader.attributes(e.attributes, f"{where} event {e.name[:64]!r}"),
+            )
+            for e in span.events
+        ],
+        status_code=span.status.code,
+        status_message=span.status.message[:4096],
+        service_name=service,
+        remote_parent=remote if parent else None,
+    )
+
+
+def read_logs(request: ExportLogsServiceRequest, limits: Limits) -> DecodedExport:
+    """GenAI events among the log records, by trace id; the others are rejected (counted)."""
+    total = sum(len(s.log_records) for r in request.resource_logs for s in r.scope_logs)
+    if total > limits.max_spans:
+        raise _too_many(total, limits.max_spans, "log records", "RATCHET_OTLP_MAX_SPANS_PER_EXPORT")
+    reader = _Reader(limits)
+    grouped: dict[str, list[LogView]] = defaultdict(list)
+    decoded = DecodedExport(total=total)
+    reasons: dict[str, int] = defaultdict(int)
+    for resource_logs in request.resource_logs:
+        for scope_logs in resource_logs.scope_logs:
+            for number, record in enumerate(scope_logs.log_records):
+                try:
+                    view = _log_view(record, reader, f"log record {number}")
+                except ItemRejected as exc:
+                    reasons[str(exc)] += 1
+                    continue
+                grouped[view.trace_id].append(view)
+    if len(grouped) > limits.max_traces:
+        raise _too_many(len(grouped), limits.max_traces, "traces", "RATCHET_INGEST_MAX_BATCH")
+    for reason, count in reasons.items():
+        decoded.rejected += count
+        decoded.errors.append(f"{count} log record(s): {reason}" if count > 1 else reason)
+    decoded.logs = dict(grouped)
+    return decoded
+
+
+def _log_view(record: Any, reader: _Reader, where: str) -> LogView:
+    attributes = reader.attributes(record.attributes, where)
+    name = record.event_name or attributes.get("event.name")
+    if not isinstance(name, str) or not name.startswith("gen_ai."):
+        raise ItemRejected(
+            "not a GenAI event (event name gen_ai.*): only message content and evaluation "
+            "events are taken"
+        )
+    if len(record.trace_id) != 16 or len(record.span_id) != 8:
+        raise ItemRejected(f"{name} has no trace and span id, so it joins no span")
+    _parse_known(attributes, f"{where} ({name})")
+    body = reader.value(record.body, f"{where} ({name}) body")
+    return LogView(
+        trace_id=record.trace_id.hex(),
+        span_id=record.span_id.hex(),
+        event_name=name[:256],
+        time_ns=record.time_unix_nano or record.observed_time_unix_nano,
+        attributes=attributes,
+        body=body,
+    )
+
+
+# Content from log records -------------------------------------------------------------------
+
+
+def _legacy_message(role: str, body: Any) -> dict[str, Any]:
+    """A pre-1.37 message event body (``content``, ``tool_calls``, ``id``) as a semconv message."""
+    body = body if isinstance(body, dict) else {"content": body}
+    content = body.get("content")
+    if role == "tool":
+        part: dict[str, Any] = {"type": "tool_call_response", "response": content}
+        if isinstance(body.get("id"), str):
+            part["id"] = body["id"]
+        return {"role": "tool", "parts": [part]}
+    parts: list[dict[str, Any]] = []
+    if content is not None:
+        parts.append({"type": "text", "content": content})
+    for call in _list(body.get("tool_calls")):
+        function = _dict(_dict(call).get("function"))
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            parsed = parse_structured(arguments, "tool_calls.function.arguments")
+            arguments = parsed if isinstance(parsed, dict) else arguments
+        parts.append(
+            {
+                "type": "tool_call",
+                "id": _dict(call).get("id"),
+                "name": function.get("name"),
+                "arguments": arguments,
+            }
+        )
+    return {"role": role, "parts": parts}
+
+
+def apply_logs(spans: list[SpanView], logs: list[LogView]) -> None:
+    """Give each span the content its log records carry (the span's own attributes win)."""
+    by_span: dict[str, list[LogView]] = defaultdict(list)
+    for log in logs:
+        by_span[log.span_id].append(log)
+    for span in spans:
+        records = sorted(by_span.get(span.span_id, ()), key=lambda r: r.time_ns)
+        if not records:
+            continue
+        inputs: list[dict[str, Any]] = []
+        outputs: list[dict[str, Any]] = []
+        for record in records:
+            if record.event_name == EVALUATION_EVENT:
+                span.events.append(SpanEvent(record.event_name, record.time_ns, record.attributes))
+            elif record.event_name in MESSAGE_EVENTS:
+                inputs.append(_legacy_message(MESSAGE_EVENTS[record.event_name], record.body))
+            elif record.event_name == CHOICE_EVENT:
+                message = _dict(_dict(record.body).get("message"))
+                role = message.get("role")
+                outputs.append(
+                    _legacy_message(role if isinstance(role, str) else "assistant", message)
                 )
-                traces[view.trace_id].append(view)
-    return dict(traces), total
+            for key in (*STRUCTURED_KEYS, "gen_ai.request.model", "gen_ai.response.model"):
+                if key in record.attributes:
+                    span.attributes.setdefault(key, record.attributes[key])
+        if inputs:
+            span.attributes.setdefault("gen_ai.input.messages", inputs)
+        if outputs:
+            span.attributes.setdefault("gen_ai.output.messages", outputs)
 
 
 # Mapping ------------------------------------------------------------------------------------
@@ -237,9 +678,9 @@ def _structured(value: Any, what: str) -> Any:
     """A structured attribute: a JSON string (the usual encoding on spans) or a value."""
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise MappingError(f"{what} is not valid JSON: {exc.msg}") from None
+            return pydantic_core.from_json(value, allow_inf_nan=False)
+        except ValueError as exc:
+            raise MappingError(f"{what} is not valid JSON: {exc}") from None
     return value
 
 
@@ -354,7 +795,7 @@ def _conversation(
 def _tool_messages(spans: list[SpanView]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for span in sorted(spans, key=lambda s: s.start_ns):
-        if span.operation != "execute_tool":
+        if span.operation != TOOL_OPERATION:
             continue
         name = span.attributes.get("gen_ai.tool.name")
         if not isinstance(name, str) or not name:
@@ -364,9 +805,9 @@ def _tool_messages(spans: list[SpanView]) -> list[dict[str, Any]]:
         arguments = span.attributes.get("gen_ai.tool.call.arguments", {})
         if isinstance(arguments, str):
             try:
-                parsed = json.loads(arguments)
+                parsed = pydantic_core.from_json(arguments, allow_inf_nan=False)
                 arguments = parsed if isinstance(parsed, dict) else arguments
-            except json.JSONDecodeError:
+            except ValueError:
                 pass
         elif not isinstance(arguments, dict):
             arguments = _text_of(arguments)
@@ -416,7 +857,7 @@ def _tools(spans: list[SpanView]) -> list[dict[str, Any]]:
         break
     for span in sorted(spans, key=lambda s: s.start_ns):
         name = span.attributes.get("gen_ai.tool.name")
-        if span.operation == "execute_tool" and isinstance(name, str) and name and name not in seen:
+        if span.operation == TOOL_OPERATION and isinstance(name, str) and name and name not in seen:
             seen.add(name)
             description = span.attributes.get("gen_ai.tool.description")
             tools.append(
@@ -454,9 +895,7 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _outcome(
-    spans: list[SpanView], root: SpanView, agent: SpanView
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def _outcome(spans: list[SpanView], anchor: SpanView) -> tuple[dict[str, Any], dict[str, Any]]:
     """The outcome and what metadata says about the evaluation."""
     success: bool | None = None
     score: float | None = None
@@ -473,23 +912,17 @@ def _outcome(
             if f"gen_ai.evaluation.{key}" in last.attributes
         }
     error: dict[str, Any] | None = None
-    for span in (root, agent):
-        if span.status_code == STATUS_ERROR:
-            kind = span.attributes.get("error.type")
-            error = {
-                "kind": str(kind)[:128] if kind else "span_error",
-                "message": span.status_message or f"span {span.name!r} ended with an error",
-            }
-            break
-    for span in (agent, root):
-        if isinstance(span.attributes.get("ratchet.outcome.success"), bool):
-            success = span.attributes["ratchet.outcome.success"]
-            break
-    for span in (agent, root):
-        value = _number(span.attributes.get("ratchet.outcome.score"))
-        if value is not None:
-            score = value
-            break
+    if anchor.status_code == STATUS_ERROR:
+        kind = anchor.attributes.get("error.type")
+        error = {
+            "kind": str(kind)[:128] if kind else "span_error",
+            "message": anchor.status_message or f"span {anchor.name!r} ended with an error",
+        }
+    if isinstance(anchor.attributes.get("ratchet.outcome.success"), bool):
+        success = anchor.attributes["ratchet.outcome.success"]
+    value = _number(anchor.attributes.get("ratchet.outcome.score"))
+    if value is not None:
+        score = value
     if success is None and error is not None:
         success = False
     return {"success": success, "score": score, "error": error}, evaluation
@@ -502,27 +935,31 @@ def _attribute(spans: list[SpanView], key: str) -> Any:
     return None
 
 
-def map_trace(trace_id: str, spans: list[SpanView]) -> dict[str, Any]:
-    """One trace's spans as a ratchet.trace/v1 document (not yet validated)."""
-    roots = sorted((s for s in spans if not s.parent_span_id), key=lambda s: s.start_ns)
-    if not roots:
-        raise MappingError(f"trace {trace_id}: its root span was not in this export")
-    root = roots[0]
+def external_id_of(trace_id: str, anchor_span_id: str, anchor_parent_span_id: str) -> str:
+    """The external id of an episode without ``ratchet.external_id`` (module docstring)."""
+    return trace_id if not anchor_parent_span_id else f"{trace_id}:{anchor_span_id}"
+
+
+def map_episode(trace_id: str, anchor: SpanView, spans: list[SpanView]) -> dict[str, Any]:
+    """One episode's spans (its ``anchor`` among them) as a ratchet.trace/v1 document (not yet
+    validated)."""
     ordered = sorted(spans, key=lambda s: s.start_ns)
-    agents = [s for s in ordered if s.operation == "invoke_agent"]
-    agent = agents[0] if agents else root
+    agent = anchor
     chats = [s for s in ordered if s.operation in CHAT_OPERATIONS]
-    preferred = [agent, root, *ordered]
+    preferred = [anchor, *ordered]
     messages = _system_messages([*chats, agent]) + _conversation(ordered, chats, agent)
     if not messages:
-        raise MappingError(f"trace {trace_id}: no gen_ai messages or tool calls in its spans")
+        raise MappingError(
+            f"trace {trace_id}: no gen_ai messages or tool calls in its spans (is content "
+            "capture on? see docs/ingest.md)"
+        )
     external_id = _attribute(preferred, "ratchet.external_id")
     model_version = _attribute(preferred, "ratchet.model_version")
     if model_version is None:
         model_version = _attribute(chats, "gen_ai.response.model") or _attribute(
             [*chats, agent], "gen_ai.request.model"
         )
-    outcome, evaluation = _outcome(ordered, root, agent)
+    outcome, evaluation = _outcome(ordered, anchor)
     usage = {
         key: sum(
             int(s.attributes[f"gen_ai.usage.{key}"])
@@ -534,8 +971,9 @@ def map_trace(trace_id: str, spans: list[SpanView]) -> dict[str, Any]:
     metadata = {
         "source": "otlp",
         "trace_id": trace_id,
-        "root_span": root.name,
-        "service_name": root.resource.get("service.name"),
+        "span_id": anchor.span_id,
+        "root_span": anchor.name,
+        "service_name": anchor.service_name,
         "agent_name": _attribute(preferred, "gen_ai.agent.name"),
         "conversation_id": _attribute(preferred, "gen_ai.conversation.id"),
         "provider": _attribute([*chats, agent], "gen_ai.provider.name")
@@ -546,10 +984,12 @@ def map_trace(trace_id: str, spans: list[SpanView]) -> dict[str, Any]:
     reference = _attribute(preferred, "ratchet.reference_answer")
     return {
         "schema": "ratchet.trace/v1",
-        "external_id": external_id if isinstance(external_id, str) and external_id else trace_id,
+        "external_id": external_id
+        if isinstance(external_id, str) and external_id
+        else external_id_of(trace_id, anchor.span_id, anchor.parent_span_id),
         "model_version": model_version if isinstance(model_version, str) else None,
-        "started_at": _timestamp(root.start_ns),
-        "ended_at": _timestamp(root.end_ns),
+        "started_at": _timestamp(anchor.start_ns),
+        "ended_at": _timestamp(anchor.end_ns),
         "tools": _tools([*chats, agent, *ordered]),
         "messages": messages,
         "outcome": outcome,
@@ -558,31 +998,64 @@ def map_trace(trace_id: str, spans: list[SpanView]) -> dict[str, Any]:
     }
 
 
+def validate_episode(trace_id: str, anchor: SpanView, spans: list[SpanView]) -> StoredTrace:
+    """Map and validate one episode; :class:`MappingError` says why it cannot be stored."""
+    try:
+        return validate_trace(map_episode(trace_id, anchor, spans))
+    except IngestError as exc:
+        detail = "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields[:5])
+        raise MappingError(f"trace {trace_id}: {exc.message} ({detail})") from None
+    except (RecursionError, ValueError, TypeError) as exc:  # defence in depth: never a 500
+        raise MappingError(f"trace {trace_id}: its content cannot be mapped: {exc}") from None
+
+
 @dataclass
 class MappedExport:
-    """The traces of one export request, and what was rejected (spans, with reasons)."""
+    """An export taken as complete: its traces (span count, trace) and what was rejected."""
 
-    traces: list[tuple[int, StoredTrace]] = field(default_factory=list)  # (span count, trace)
+    traces: list[tuple[int, StoredTrace]] = field(default_factory=list)
     rejected_spans: int = 0
     errors: list[str] = field(default_factory=list)
     total_spans: int = 0
 
 
-def map_export(request: ExportTraceServiceRequest) -> MappedExport:
-    """Assemble and validate every trace of an export; failures are counted, never raised."""
-    grouped, total = group_spans(request)
-    mapped = MappedExport(total_spans=total)
-    for trace_id, spans in grouped.items():
-        try:
-            document = map_trace(trace_id, spans)
-            stored = validate_trace(document)
-        except MappingError as exc:
-            mapped.rejected_spans += len(spans)
-            mapped.errors.append(str(exc))
-        except IngestError as exc:
-            mapped.rejected_spans += len(spans)
-            detail = "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields[:5])
-            mapped.errors.append(f"trace {trace_id}: {exc.message} ({detail})")
-        else:
-            mapped.traces.append((len(spans), stored))
+DEFAULT_LIMITS = Limits(max_traces=10_000, max_spans=100_000, max_attribute_bytes=16 << 20)
+
+
+def map_export(request: ExportTraceServiceRequest, limits: Limits = DEFAULT_LIMITS) -> MappedExport:
+    """Every episode of an export, as if nothing more would come (the sweeper's view of a
+    quiet trace); failures are counted, never raised. For tools and tests: the api assembles
+    through services.ingest.span_store."""
+    decoded = read_spans(request, limits)
+    mapped = MappedExport(
+        rejected_spans=decoded.rejected, errors=list(decoded.errors), total_spans=decoded.total
+    )
+    for trace_id, spans in decoded.spans.items():
+        by_id = {span.span_id: span for span in spans}
+        nodes = [
+            Node(
+                n,
+                s.span_id,
+                s.span_id,
+                s.parent_span_id,
+                s.kind,
+                s.remote_parent,
+                s.has_content,
+                False,
+            )
+            for n, s in enumerate(by_id.values())
+        ]
+        plan = plan_trace(nodes, flush=True)
+        for members in plan.unmapped:
+            mapped.rejected_spans += len(members)
+            mapped.errors.append(f"trace {trace_id}: no gen_ai spans (nothing to learn from)")
+        for episode in plan.episodes:
+            views = [by_id[n.span_id] for n in episode.spans]
+            try:
+                stored = validate_episode(trace_id, by_id[episode.anchor.span_id], views)
+            except MappingError as exc:
+                mapped.rejected_spans += len(views)
+                mapped.errors.append(str(exc))
+            else:
+                mapped.traces.append((len(views), stored))
     return mapped

@@ -1,18 +1,24 @@
-"""OTLP/HTTP traces: ``POST /otlp/v1/traces`` (and ``/v1/otlp/v1/traces``), protobuf or JSON.
+"""OTLP/HTTP: ``POST /otlp/v1/traces`` and ``/otlp/v1/logs`` (also under ``/v1``), protobuf or JSON.
 
 OpenTelemetry exporters cannot sign bodies, so this door takes ``Authorization: Bearer <ingest
 token>`` and the loop comes from the token. It follows OTLP/HTTP's rules: gzip accepted, the
-size limit applies after decompression (413), malformed data is a 400, spans that cannot be
-mapped are a partial success (200 with ``rejected_spans`` and a message), and 503 with
-``Retry-After`` only when retrying can succeed (Postgres down, queue full). The response
-body is an ``ExportTraceServiceResponse`` in the request's encoding.
+size limit applies after decompression (413), malformed data is a 400, an export over the
+trace or span limits is a 413, and items that cannot be taken are a partial success (200 with
+``rejected_spans`` / ``rejected_log_records`` and a message). A 200 means the spans and log
+records are stored in Postgres: episodes complete now become traces before the answer, the
+rest when they complete or go quiet (services.ingest.span_store, whose sweeper this module
+starts). 503 with ``Retry-After`` only when retrying can succeed (Postgres down). The response
+body is an ``ExportTraceServiceResponse`` / ``ExportLogsServiceResponse`` in the request's
+encoding.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 
 from services.api.deps import bearer_token
 from services.api.routes.traces import (
@@ -21,17 +27,64 @@ from services.api.routes.traces import (
     read_request_body,
     unavailable,
 )
+from services.api.state import AppState
 from services.ingest.errors import IngestError
-from services.ingest.otlp import decode_json_request, decode_protobuf, encode_response, map_export
-from services.ingest.service import UNKNOWN_LOOP
+from services.ingest.otlp import (
+    DecodedExport,
+    Limits,
+    decode_json_request,
+    decode_logs_json_request,
+    decode_logs_protobuf,
+    decode_protobuf,
+    encode_logs_response,
+    encode_response,
+    read_logs,
+    read_spans,
+)
+from services.ingest.service import EXTRAS_KEY, UNKNOWN_LOOP, IngestService
+from services.ingest.span_store import EpisodeAssembler
 from services.ingest.writer import StorageUnavailable
 
 SOURCE = "otlp"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 MAX_ERRORS_REPORTED = 5
+ASSEMBLER_KEY = "otlp_assembler"
+SWEEPER_KEY = "otlp_sweeper"
 
 router = APIRouter(tags=["ingest"])
+
+
+async def startup(app: FastAPI) -> None:
+    state: AppState = app.state.ratchet
+    assembler = EpisodeAssembler(settings=state.settings, session_factory=state.session_factory)
+    state.extras[ASSEMBLER_KEY] = assembler
+
+    def current_service() -> IngestService | None:
+        service = state.extras.get(EXTRAS_KEY)
+        return service if isinstance(service, IngestService) else None
+
+    state.extras[SWEEPER_KEY] = asyncio.create_task(
+        assembler.run_sweeper(current_service), name="otlp-sweeper"
+    )
+
+
+async def shutdown(app: FastAPI) -> None:
+    state: AppState = app.state.ratchet
+    state.extras.pop(ASSEMBLER_KEY, None)
+    task = state.extras.pop(SWEEPER_KEY, None)
+    if isinstance(task, asyncio.Task):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _assembler(request: Request) -> EpisodeAssembler:
+    assembler = request.app.state.ratchet.extras.get(ASSEMBLER_KEY)
+    if not isinstance(assembler, EpisodeAssembler):
+        raise IngestError(503, "ingest_unavailable", "the OTLP assembler is not running")
+    return assembler
+
 
 _OPENAPI: dict[str, Any] = {
     "requestBody": {
@@ -57,13 +110,46 @@ _OPENAPI: dict[str, Any] = {
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "Malformed protobuf, JSON or gzip"},
     401: {"description": "Missing, unknown or expired ingest token"},
-    413: {"description": "Body over the size limit after decompression"},
+    413: {
+        "description": "Body over the size limit after decompression, or more traces or spans "
+        "than an export may hold"
+    },
     415: {"description": "Neither application/x-protobuf nor application/json"},
-    503: {"description": "Postgres down or write queue full; retry after Retry-After seconds"},
+    503: {"description": "Postgres down; retry after Retry-After seconds"},
 }
 
 
-async def _export(request: Request, service: IngestDep) -> Response:
+_LOGS_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+            JSON: {
+                "schema": {"type": "object", "description": "OTLP/JSON ExportLogsServiceRequest"}
+            },
+        },
+    },
+    "responses": {
+        "200": {
+            "description": "ExportLogsServiceResponse, with partial_success when records were "
+            "rejected",
+            "content": {
+                PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+                JSON: {"schema": {"type": "object"}},
+            },
+        }
+    },
+}
+
+
+def _summary(errors: list[str]) -> str:
+    message = "; ".join(errors[:MAX_ERRORS_REPORTED])
+    if len(errors) > MAX_ERRORS_REPORTED:
+        message += f"; and {len(errors) - MAX_ERRORS_REPORTED} more"
+    return message
+
+
+async def _export(request: Request, service: IngestService, *, logs: bool) -> Response:
     label = UNKNOWN_LOOP
     try:
         found = await service.token_loop(bearer_token(request.headers.get("authorization")))
@@ -77,36 +163,35 @@ async def _export(request: Request, service: IngestDep) -> Response:
             )
         body = await read_request_body(request, service.settings.ingest_max_body_bytes)
         service.count_bytes(SOURCE, len(body))
-        export = decode_protobuf(body) if kind == PROTOBUF else decode_json_request(body)
-        mapped = map_export(export)
-        outcomes = await service.store(
-            loop_id=found.loop_id,
-            loop_name=found.name,
-            source=SOURCE,
-            traces=list(enumerate(trace for _, trace in mapped.traces)),
-            rejected=[],
-            total=len(mapped.traces),
+        settings = service.settings
+        limits = Limits(
+            max_traces=settings.ingest_max_batch,
+            max_spans=settings.otlp_max_spans_per_export,
+            max_attribute_bytes=settings.otlp_max_attribute_bytes,
+        )
+        decoded = _decode(body, kind, limits, logs=logs)
+        report = await _assembler(request).ingest(
+            service, loop_id=found.loop_id, loop_name=found.name, decoded=decoded
         )
     except IngestError as exc:
         service.count_request_rejected(label, SOURCE, exc.code)
         raise exc from None
     except StorageUnavailable as exc:
         raise unavailable(exc) from None
-    rejected_spans = mapped.rejected_spans
-    errors = list(mapped.errors)
-    for outcome, (span_count, _) in zip(outcomes, mapped.traces, strict=True):
-        if outcome.status == "rejected":
-            rejected_spans += span_count
-            errors.append(f"trace {outcome.external_id}: {outcome.reason}")
+    rejected = decoded.rejected + report.rejected
+    errors = [*decoded.errors, *report.errors]
     if errors:
         service.count_request_rejected(label, SOURCE, "unmapped_spans")
-    message = "; ".join(errors[:MAX_ERRORS_REPORTED])
-    if len(errors) > MAX_ERRORS_REPORTED:
-        message += f"; and {len(errors) - MAX_ERRORS_REPORTED} more"
-    return Response(
-        encode_response(rejected_spans, message, as_json=kind == JSON),
-        media_type=kind,
-    )
+    encode = encode_logs_response if logs else encode_response
+    return Response(encode(rejected, _summary(errors), as_json=kind == JSON), media_type=kind)
+
+
+def _decode(body: bytes, kind: str, limits: Limits, *, logs: bool) -> DecodedExport:
+    if logs:
+        request = decode_logs_protobuf(body) if kind == PROTOBUF else decode_logs_json_request(body)
+        return read_logs(request, limits)
+    export = decode_protobuf(body) if kind == PROTOBUF else decode_json_request(body)
+    return read_spans(export, limits)
 
 
 @router.post(
@@ -117,7 +202,7 @@ async def _export(request: Request, service: IngestDep) -> Response:
     response_class=Response,
 )
 async def export_traces(request: Request, service: IngestDep) -> Response:
-    return await _export(request, service)
+    return await _export(request, service, logs=False)
 
 
 @router.post(
@@ -128,4 +213,26 @@ async def export_traces(request: Request, service: IngestDep) -> Response:
     response_class=Response,
 )
 async def export_traces_v1(request: Request, service: IngestDep) -> Response:
-    return await _export(request, service)
+    return await _export(request, service, logs=False)
+
+
+@router.post(
+    "/otlp/v1/logs",
+    summary="OTLP/HTTP log export: GenAI message content as log records, joined to spans",
+    openapi_extra=_LOGS_OPENAPI,
+    responses=_ERRORS,
+    response_class=Response,
+)
+async def export_logs(request: Request, service: IngestDep) -> Response:
+    return await _export(request, service, logs=True)
+
+
+@router.post(
+    "/v1/otlp/v1/logs",
+    summary="OTLP/HTTP log export under the versioned prefix (same as /otlp/v1/logs)",
+    openapi_extra=_LOGS_OPENAPI,
+    responses=_ERRORS,
+    response_class=Response,
+)
+async def export_logs_v1(request: Request, service: IngestDep) -> Response:
+    return await _export(request, service, logs=True)

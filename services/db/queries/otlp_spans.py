@@ -1,0 +1,157 @@
+"""Waiting OTLP spans and log records (``otlp_spans``) and the sweeper's queue of traces.
+
+See services.ingest.span_store for how they are used and why the locking is what it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import and_, delete, exists, func, select, text, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from services.db.models import Loop, OtlpPendingTrace, OtlpSpan
+
+STRUCTURE_COLUMNS = (
+    OtlpSpan.trace_id,
+    OtlpSpan.id,
+    OtlpSpan.record_id,
+    OtlpSpan.span_id,
+    OtlpSpan.parent_span_id,
+    OtlpSpan.kind,
+    OtlpSpan.remote_parent,
+    OtlpSpan.has_content,
+    OtlpSpan.assembled_at.is_not(None),
+)
+
+
+def touch_pending_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) -> None:
+    """Mark traces as having new rows (now), creating their queue entries.
+
+    Taken in trace id order, the row locks serialize concurrent exports of one trace (another
+    api replica's rows are committed before this export reads the trace), without deadlocks.
+    """
+    ordered = sorted(set(trace_ids))
+    if not ordered:
+        return
+    statement = insert(OtlpPendingTrace).values(
+        [{"loop_id": loop_id, "trace_id": trace_id} for trace_id in ordered]
+    )
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[OtlpPendingTrace.loop_id, OtlpPendingTrace.trace_id],
+            set_={"last_received_at": statement.excluded.last_received_at},
+        )
+    )
+
+
+def insert_rows(session: Session, *, rows: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
+    """Insert span/log rows; the (trace id, record id) of those that were new."""
+    if not rows:
+        return set()
+    statement = (
+        insert(OtlpSpan)
+        .values(list(rows))
+        .on_conflict_do_nothing(
+            index_elements=[OtlpSpan.loop_id, OtlpSpan.trace_id, OtlpSpan.record_id]
+        )
+        .returning(OtlpSpan.trace_id, OtlpSpan.record_id)
+    )
+    return {(trace_id, record_id) for trace_id, record_id in session.execute(statement)}
+
+
+def trace_structure(
+    session: Session, *, loop_id: int, trace_ids: Iterable[str]
+) -> list[tuple[Any, ...]]:
+    """Every row of the traces, without payloads: STRUCTURE_COLUMNS per row."""
+    ids = sorted(set(trace_ids))
+    if not ids:
+        return []
+    return [
+        tuple(row)
+        for row in session.execute(
+            select(*STRUCTURE_COLUMNS)
+            .where(OtlpSpan.loop_id == loop_id, OtlpSpan.trace_id.in_(ids))
+            .order_by(OtlpSpan.id)
+        )
+    ]
+
+
+def payloads(session: Session, *, row_ids: Iterable[int]) -> dict[int, str | None]:
+    ids = sorted(set(row_ids))
+    if not ids:
+        return {}
+    found = session.execute(select(OtlpSpan.id, OtlpSpan.payload).where(OtlpSpan.id.in_(ids)))
+    return {int(row_id): payload for row_id, payload in found}
+
+
+def mark_assembled(session: Session, *, row_ids: Iterable[int]) -> None:
+    """Rows whose episode is done: keep the ids (late spans are recognised), drop the payload."""
+    ids = sorted(set(row_ids))
+    if ids:
+        session.execute(
+            update(OtlpSpan)
+            .where(OtlpSpan.id.in_(ids), OtlpSpan.assembled_at.is_(None))
+            .values(assembled_at=func.now(), payload=None)
+        )
+
+
+def release_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) -> None:
+    """Drop the queue entries of traces with nothing left waiting; unclaim the others."""
+    ids = sorted(set(trace_ids))
+    if not ids:
+        return
+    waiting = exists().where(
+        OtlpSpan.loop_id == OtlpPendingTrace.loop_id,
+        OtlpSpan.trace_id == OtlpPendingTrace.trace_id,
+        OtlpSpan.assembled_at.is_(None),
+    )
+    selected = and_(OtlpPendingTrace.loop_id == loop_id, OtlpPendingTrace.trace_id.in_(ids))
+    session.execute(delete(OtlpPendingTrace).where(selected, ~waiting))
+    session.execute(update(OtlpPendingTrace).where(selected).values(claimed_until=None))
+
+
+_CLAIM_SQL = text(
+    "UPDATE otlp_pending_traces AS p SET claimed_until = now() + make_interval(secs => :lease_s) "
+    "FROM (SELECT loop_id, trace_id FROM otlp_pending_traces "
+    "      WHERE last_received_at < now() - make_interval(secs => :quiet_s) "
+    "        AND (claimed_until IS NULL OR claimed_until < now()) "
+    "      ORDER BY last_received_at LIMIT :limit FOR UPDATE SKIP LOCKED) AS c "
+    "WHERE p.loop_id = c.loop_id AND p.trace_id = c.trace_id "
+    "RETURNING p.loop_id, p.trace_id"
+)
+
+
+def claim_quiet_traces(
+    session: Session, *, quiet_s: float, lease_s: float, limit: int
+) -> list[tuple[int, str, str]]:
+    """Claim up to ``limit`` traces that received nothing for ``quiet_s`` and that no one else
+    holds (``FOR UPDATE SKIP LOCKED``, then a lease of ``lease_s``, so a claimer that dies
+    leaves them to the next): (loop id, loop name, trace id), times from Postgres's clock."""
+    claimed = [
+        (int(loop_id), str(trace_id))
+        for loop_id, trace_id in session.execute(
+            _CLAIM_SQL, {"quiet_s": quiet_s, "lease_s": lease_s, "limit": limit}
+        )
+    ]
+    if not claimed:
+        return []
+    loops = select(Loop.id, Loop.name).where(Loop.id.in_({loop_id for loop_id, _ in claimed}))
+    names = {int(loop_id): str(name) for loop_id, name in session.execute(loops)}
+    return [(loop_id, names.get(loop_id, "-"), trace_id) for loop_id, trace_id in claimed]
+
+
+def purge_assembled(session: Session, *, retention_s: float, limit: int) -> int:
+    """Forget assembled rows older than the retention period (at most ``limit`` per call)."""
+    oldest = (
+        select(OtlpSpan.id)
+        .where(
+            OtlpSpan.assembled_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, retention_s)
+        )
+        .limit(limit)
+        .scalar_subquery()
+    )
+    result = session.execute(delete(OtlpSpan).where(OtlpSpan.id.in_(oldest)))
+    return int(getattr(result, "rowcount", 0) or 0)

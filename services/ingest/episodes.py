@@ -1,0 +1,223 @@
+"""Which OTLP spans make one episode, and when an episode is complete: pure rules.
+
+Exporters do not send an episode in one piece. A ``SimpleSpanProcessor`` exports every span
+alone, children before their parent; a ``BatchSpanProcessor`` cuts a long episode across
+batches; a Collector's batch processor splits and merges exports; and the agent often runs
+inside a request whose root span lives upstream (a gateway's ``traceparent``), so the trace's
+root never reaches Ratchet at all. So spans wait (durably, see services.ingest.span_store),
+and these rules, run over everything stored for a trace, say what can be assembled now:
+
+- **Episode.** The outermost ``invoke_agent`` span and its descendants; in a tree without
+  one, each outermost GenAI span (any ``gen_ai.*`` attribute) and its descendants. Spans of
+  the tree outside every episode (an HTTP server span around the agent, say) are context:
+  kept for the structure, never stored as traces.
+- **Tree.** Waiting spans are linked by parent id; the top of a tree is a span whose parent
+  has not arrived. A tree is complete when its top is a local root: no parent, or a parent
+  the exporter flags as remote (OTLP span flags: the agent runs under an upstream
+  ``traceparent``), or, when the exporter does not say (older SDKs, hand-written OTLP/JSON),
+  an ``invoke_agent`` span whose parent has not arrived. A local root ends after its
+  descendants in any sane instrumentation, and every span processor exports spans in the
+  order they end, so when it arrives its process's part of the tree is there.
+- **Content.** A complete tree whose spans carry no messages (``gen_ai.input.messages`` /
+  ``gen_ai.output.messages``) and no content log records yet waits anyway: the content may
+  come as log records, which are exported on their own schedule.
+- **Quiet period.** A trace that received nothing for ``RATCHET_OTLP_EPISODE_QUIET_S`` is
+  flushed: every waiting tree counts as complete (a crashed process never sends its root).
+- **Late and repeated spans.** Assembled spans keep their ids for a retention period; a span
+  that descends from one, or a log record of one, arrived after its episode was stored and
+  is dropped (reported), so it never becomes a second, partial trace. The same span exported
+  twice is stored once.
+
+A trace may hold several episodes (two agents under one upstream request); an episode is
+identified by its span, which is what makes its external id stable however it was exported.
+Nested agents in one process become one episode when their spans reach Ratchet together or
+the outer agent's span arrives first; under a ``SimpleSpanProcessor`` without remote-parent
+flags, an inner agent's span arrives first and becomes its own episode. An episode spread
+over several processes (an agent calling a tool service that exports separately) is
+assembled from what arrived when its local root did; put the Collector's ``groupbytrace``
+processor in front of Ratchet for those (docs/ingest.md).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+AGENT = "agent"
+GENAI = "genai"
+OTHER = "other"
+LOG = "log"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A stored span or log record as the rules see it: ids, kind and flags, no payload."""
+
+    row_id: int
+    record_id: str
+    span_id: str
+    parent_span_id: str
+    kind: str
+    remote_parent: bool | None
+    has_content: bool
+    assembled: bool
+
+
+@dataclass
+class Episode:
+    """One episode to assemble now: its span, all its spans (anchor first) and log records."""
+
+    anchor: Node
+    spans: list[Node]
+    logs: list[Node]
+
+    @property
+    def rows(self) -> list[Node]:
+        return [*self.spans, *self.logs]
+
+
+@dataclass
+class Plan:
+    """What to do with a trace's waiting rows now; rows in no list keep waiting."""
+
+    episodes: list[Episode] = field(default_factory=list)
+    # Complete trees without a single GenAI span: rejected.
+    unmapped: list[list[Node]] = field(default_factory=list)
+    # Spans of complete trees outside every episode, and log records joined to nothing when
+    # the trace is flushed: done, silently.
+    context: list[Node] = field(default_factory=list)
+    # Rows whose episode was assembled before they arrived: dropped, reported.
+    late: list[Node] = field(default_factory=list)
+
+
+def _chain_reaches_assembled(node: Node, spans: dict[str, Node]) -> bool:
+    seen: set[str] = set()
+    current = node
+    while current.parent_span_id and current.parent_span_id not in seen:
+        seen.add(current.span_id)
+        parent = spans.get(current.parent_span_id)
+        if parent is None:
+            return False
+        if parent.assembled:
+            return True
+        current = parent
+    return False
+
+
+def _top(node: Node, waiting: dict[str, Node]) -> Node:
+    seen = {node.span_id}
+    current = node
+    while current.parent_span_id in waiting and current.parent_span_id not in seen:
+        current = waiting[current.parent_span_id]
+        seen.add(current.span_id)
+    return current
+
+
+def _is_local_root(top: Node, spans: dict[str, Node]) -> bool:
+    if not top.parent_span_id or top.remote_parent is True:
+        return True
+    return top.kind == AGENT and top.remote_parent is None and top.parent_span_id not in spans
+
+
+def _outermost(top: Node, children: dict[str, list[Node]], kinds: set[str]) -> list[Node]:
+    """The first nodes of ``kinds`` on every path down from ``top`` (breadth first)."""
+    found: list[Node] = []
+    queue = [top]
+    seen: set[str] = set()
+    while queue:
+        node = queue.pop(0)
+        if node.span_id in seen:
+            continue
+        seen.add(node.span_id)
+        if node.kind in kinds:
+            found.append(node)
+            continue
+        queue.extend(children.get(node.span_id, ()))
+    return found
+
+
+def _subtree(anchor: Node, children: dict[str, list[Node]]) -> list[Node]:
+    nodes: list[Node] = []
+    stack = [anchor]
+    seen: set[str] = set()
+    while stack:
+        node = stack.pop()
+        if node.span_id in seen:
+            continue
+        seen.add(node.span_id)
+        nodes.append(node)
+        stack.extend(children.get(node.span_id, ()))
+    return nodes
+
+
+def plan_trace(nodes: list[Node], *, flush: bool) -> Plan:
+    """Apply the module's rules to everything stored for one trace."""
+    spans: dict[str, Node] = {}
+    for node in nodes:
+        if node.kind != LOG:
+            spans.setdefault(node.span_id, node)
+    plan = Plan()
+    waiting: dict[str, Node] = {}
+    for node in spans.values():
+        if node.assembled:
+            continue
+        if _chain_reaches_assembled(node, spans):
+            plan.late.append(node)
+        else:
+            waiting[node.span_id] = node
+    logs_by_span: dict[str, list[Node]] = defaultdict(list)
+    for node in nodes:
+        if node.kind != LOG or node.assembled:
+            continue
+        owner = spans.get(node.span_id)
+        if owner is not None and (owner.assembled or owner.span_id not in waiting):
+            plan.late.append(node)
+        else:
+            logs_by_span[node.span_id].append(node)
+
+    trees: dict[str, list[Node]] = defaultdict(list)
+    tops: dict[str, Node] = {}
+    for node in waiting.values():
+        top = _top(node, waiting)
+        tops[top.span_id] = top
+        trees[top.span_id].append(node)
+    claimed_logs: set[str] = set()
+    for top_id, members in trees.items():
+        top = tops[top_id]
+        if not flush and not _is_local_root(top, spans):
+            continue
+        genai = [n for n in members if n.kind in (AGENT, GENAI)]
+        if not genai:
+            plan.unmapped.append(members)
+            continue
+        if not flush and not any(
+            n.has_content or any(log.has_content for log in logs_by_span.get(n.span_id, ()))
+            for n in members
+        ):
+            continue
+        children: dict[str, list[Node]] = defaultdict(list)
+        for node in members:
+            if node is not top:
+                children[node.parent_span_id].append(node)
+        anchors = _outermost(top, children, {AGENT}) or _outermost(top, children, {AGENT, GENAI})
+        in_episodes: set[str] = set()
+        for anchor in anchors:
+            episode_spans = _subtree(anchor, children)
+            in_episodes.update(n.span_id for n in episode_spans)
+            logs = [log for n in episode_spans for log in logs_by_span.get(n.span_id, ())]
+            claimed_logs.update(log.record_id for log in logs)
+            plan.episodes.append(Episode(anchor, episode_spans, logs))
+        for node in members:
+            if node.span_id not in in_episodes:
+                plan.context.append(node)
+                for log in logs_by_span.get(node.span_id, ()):
+                    claimed_logs.add(log.record_id)
+                    plan.context.append(log)
+    if flush:
+        plan.context.extend(
+            log
+            for logs in logs_by_span.values()
+            for log in logs
+            if log.record_id not in claimed_logs
+        )
+    return plan

@@ -1,0 +1,378 @@
+"""OTLP episodes assembled from spans that wait durably in Postgres, and the quiet-period sweeper.
+
+Every export is stored before it is acknowledged: its spans and GenAI log records go into
+``otlp_spans`` (re-exported ones are no-ops by key), and its traces into the sweeper's queue
+``otlp_pending_traces``, in one transaction. Then the rules of services.ingest.episodes run
+over everything stored for those traces; the episodes they call complete are mapped
+(services.ingest.otlp) and written through the ingest writer like webhook traces, and their
+rows are marked assembled. Whatever is not complete waits for more spans or the quiet period.
+
+Why this order is safe:
+
+- A 2xx means the spans are in Postgres. If the api dies after that, or the writer is full
+  or down, the spans are still there and the sweeper assembles them after the quiet period.
+- An episode's external id comes from its span, so assembling it twice (a retry, a race
+  between replicas, a crash between writing the trace and marking its rows) stores it once:
+  the second write is a duplicate.
+- Concurrent exports of one trace (SimpleSpanProcessor through a load balancer) take the
+  trace's queue row lock first, in trace id order, so the second reads the first's spans.
+
+The sweeper runs in every api process, not as a Temporal activity: the api owns the ingest
+writer and this module already, ingest must keep working while Temporal is down (a webhook
+that needs the workflow engine to store traces couples two outages), and a quiet period of
+seconds is a poor fit for a schedule. Replicas share the work through the queue: each claims
+quiet traces with ``FOR UPDATE SKIP LOCKED`` and a lease, so no two assemble the same trace at
+once, and a replica that dies mid-way leaves its claims to the others when the lease ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from services.db.queries import otlp_spans as queries
+from services.db.session import SessionFactory
+from services.ingest.episodes import LOG, OTHER, Episode, Node, Plan, plan_trace
+from services.ingest.errors import IngestError
+from services.ingest.otlp import (
+    DecodedExport,
+    LogView,
+    MappingError,
+    SpanView,
+    apply_logs,
+    validate_episode,
+)
+from services.ingest.schema import StoredTrace
+from services.ingest.service import IngestService
+from services.ingest.writer import StorageUnavailable
+from services.metrics import INGEST_REJECTED
+from services.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SOURCE = "otlp"
+INSERT_CHUNK = 1_000  # rows per INSERT (Postgres takes at most 65,535 parameters)
+WRITE_CHUNK = 100  # traces per call to the writer, so one call always fits its queue
+SWEEP_CLAIM = 200  # traces claimed per sweep round
+PURGE_EVERY_S = 60.0
+PURGE_LIMIT = 10_000
+
+T = TypeVar("T")
+
+
+@dataclass
+class AssemblyReport:
+    """What became of an export's new rows: how many were rejected, and why."""
+
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+    stored_traces: int = 0
+
+
+@dataclass
+class _Outcome:
+    done: list[int] = field(default_factory=list)  # row ids to mark assembled
+    rejected: list[tuple[str, list[Node], str]] = field(default_factory=list)  # trace, rows, why
+    stored: int = 0
+
+
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _node(row: tuple[Any, ...]) -> tuple[str, Node]:
+    trace_id, row_id, record_id, span_id, parent, kind, remote, has_content, assembled = row
+    return trace_id, Node(
+        row_id, record_id, span_id, parent, kind, remote, bool(has_content), bool(assembled)
+    )
+
+
+class EpisodeAssembler:
+    """See the module docstring."""
+
+    def __init__(
+        self, *, settings: Settings, session_factory: SessionFactory, retry_after_s: int = 1
+    ) -> None:
+        self.settings = settings
+        self._session_factory = session_factory
+        self._retry_after_s = retry_after_s
+        self._last_purge = 0.0
+
+    @property
+    def sweep_interval_s(self) -> float:
+        return max(0.05, min(5.0, self.settings.otlp_episode_quiet_s / 4))
+
+    # Postgres, in a worker thread ---------------------------------------------------------
+
+    async def _db(self, work: Callable[..., T], *args: Any) -> T:
+        try:
+            return await asyncio.to_thread(work, *args)
+        except (OperationalError, InterfaceError, PoolTimeout) as exc:
+            raise StorageUnavailable(
+                f"Postgres is unavailable ({type(exc).__name__}); nothing was acknowledged",
+                self._retry_after_s,
+            ) from exc
+        except IntegrityError:
+            raise IngestError(
+                409, "loop_gone", "the loop was deleted while its spans were being stored"
+            ) from None
+
+    def _store_and_read(
+        self, loop_id: int, rows: list[dict[str, Any]], trace_ids: set[str]
+    ) -> tuple[set[tuple[str, str]], list[tuple[Any, ...]]]:
+        with self._session_factory.begin() as session:
+            queries.touch_pending_traces(session, loop_id=loop_id, trace_ids=trace_ids)
+            new: set[tuple[str, str]] = set()
+            for chunk in _chunks(rows, INSERT_CHUNK):
+                new |= queries.insert_rows(session, rows=chunk)
+            structure = queries.trace_structure(session, loop_id=loop_id, trace_ids=trace_ids)
+        return new, structure
+
+    def _read(self, loop_id: int, trace_ids: set[str]) -> list[tuple[Any, ...]]:
+        with self._session_factory() as session:
+            return queries.trace_structure(session, loop_id=loop_id, trace_ids=trace_ids)
+
+    def _payloads(self, row_ids: list[int]) -> dict[int, str | None]:
+        with self._session_factory() as session:
+            return queries.payloads(session, row_ids=row_ids)
+
+    def _finish(self, loop_id: int, row_ids: list[int], trace_ids: set[str]) -> None:
+        with self._session_factory.begin() as session:
+            queries.mark_assembled(session, row_ids=row_ids)
+            queries.release_traces(session, loop_id=loop_id, trace_ids=trace_ids)
+
+    # The request path ---------------------------------------------------------------------
+
+    async def ingest(
+        self, service: IngestService, *, loop_id: int, loop_name: str, decoded: DecodedExport
+    ) -> AssemblyReport:
+        """Store an export's spans and log records, then assemble what is complete.
+
+        Raises :class:`StorageUnavailable` only when nothing was stored (then nothing may be
+        acknowledged); once the rows are in, every later failure leaves them to the sweeper.
+        """
+        rows = _rows(loop_id, decoded)
+        trace_ids = {row["trace_id"] for row in rows}
+        if not rows:
+            return AssemblyReport()
+        new, structure = await self._db(self._store_and_read, loop_id, rows, trace_ids)
+        plans = _plans(structure, flush=False)
+        report = AssemblyReport()
+        await self._assemble(service, loop_id, loop_name, plans, new, report)
+        return report
+
+    # The sweeper --------------------------------------------------------------------------
+
+    async def sweep_once(self, service: IngestService) -> int:
+        """Assemble traces that have been quiet for the quiet period; how many were claimed."""
+        settings = self.settings
+        lease_s = max(60.0, 4 * settings.otlp_episode_quiet_s)
+
+        def claim() -> list[tuple[int, str, str]]:
+            with self._session_factory.begin() as session:
+                return queries.claim_quiet_traces(
+                    session,
+                    quiet_s=settings.otlp_episode_quiet_s,
+                    lease_s=lease_s,
+                    limit=SWEEP_CLAIM,
+                )
+
+        claims = await self._db(claim)
+        by_loop: dict[tuple[int, str], set[str]] = defaultdict(set)
+        for loop_id, loop_name, trace_id in claims:
+            by_loop[(loop_id, loop_name)].add(trace_id)
+        for (loop_id, loop_name), trace_ids in by_loop.items():
+            structure = await self._db(self._read, loop_id, trace_ids)
+            plans = _plans(structure, flush=True)
+            for trace_id in trace_ids:
+                plans.setdefault(trace_id, Plan())
+            report = AssemblyReport()
+            await self._assemble(service, loop_id, loop_name, plans, None, report)
+            if report.errors:
+                log.warning(
+                    "otlp: %d episode(s) of loop %s could not be stored after the quiet period: %s",
+                    len(report.errors),
+                    loop_name,
+                    "; ".join(report.errors[:5]),
+                )
+        await self._purge()
+        return len(claims)
+
+    async def _purge(self) -> None:
+        if time.monotonic() - self._last_purge < PURGE_EVERY_S:
+            return
+        self._last_purge = time.monotonic()
+        retention = float(self.settings.otlp_span_retention_s)
+
+        def purge() -> int:
+            with self._session_factory.begin() as session:
+                return queries.purge_assembled(session, retention_s=retention, limit=PURGE_LIMIT)
+
+        await self._db(purge)
+
+    async def run_sweeper(self, current_service: Callable[[], IngestService | None]) -> None:
+        """Sweep forever (until cancelled); errors are logged and the next round retries."""
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            service = current_service()
+            if service is None or not service.writer.running:
+                continue
+            try:
+                while await self.sweep_once(service) >= SWEEP_CLAIM:
+                    pass
+            except StorageUnavailable as exc:
+                log.warning("otlp sweeper: %s; retrying in %.1fs", exc, self.sweep_interval_s)
+            except Exception:  # keep sweeping whatever one round hit
+                log.exception("otlp sweeper: unexpected error; retrying")
+
+    # Assembly, shared by both paths -------------------------------------------------------
+
+    async def _assemble(
+        self,
+        service: IngestService,
+        loop_id: int,
+        loop_name: str,
+        plans: dict[str, Plan],
+        new: set[tuple[str, str]] | None,
+        report: AssemblyReport,
+    ) -> None:
+        outcome = _Outcome()
+        episodes: list[tuple[str, Episode]] = []
+        for trace_id, plan in plans.items():
+            episodes.extend((trace_id, episode) for episode in plan.episodes)
+            outcome.done.extend(n.row_id for n in plan.context)
+            for members in plan.unmapped:
+                outcome.done.extend(n.row_id for n in members)
+                outcome.rejected.append(
+                    (
+                        trace_id,
+                        members,
+                        f"trace {trace_id}: no gen_ai spans (nothing to learn from)",
+                    )
+                )
+            if plan.late:
+                outcome.done.extend(n.row_id for n in plan.late)
+                outcome.rejected.append(
+                    (trace_id, plan.late, f"trace {trace_id}: arrived after its episode was stored")
+                )
+        stored = await self._map(episodes, outcome)
+        try:
+            # Never more than the queue holds: an export bigger than the queue still fits.
+            size = max(1, min(WRITE_CHUNK, self.settings.ingest_queue_max))
+            for chunk in _chunks(stored, size):
+                results = await service.store(
+                    loop_id=loop_id,
+                    loop_name=loop_name,
+                    source=SOURCE,
+                    traces=[(index, trace) for index, (_, _, trace) in enumerate(chunk)],
+                    rejected=[],
+                    total=len(chunk),
+                )
+                for (trace_id, episode, _), result in zip(chunk, results, strict=True):
+                    outcome.done.extend(n.row_id for n in episode.rows)
+                    if result.status == "rejected":
+                        outcome.rejected.append(
+                            (trace_id, episode.rows, f"trace {result.external_id}: {result.reason}")
+                        )
+                    else:
+                        outcome.stored += 1
+        except StorageUnavailable as exc:
+            # The rows are stored: the sweeper assembles these episodes when the writer is back.
+            log.warning("otlp: episodes left for the sweeper: %s", exc)
+        try:
+            await self._db(self._finish, loop_id, outcome.done, set(plans))
+        except StorageUnavailable as exc:
+            log.warning("otlp: assembled rows not marked (the sweeper will redo them): %s", exc)
+        report.stored_traces += outcome.stored
+        for trace_id, nodes, reason in outcome.rejected:
+            # A request reports only its own rows; the sweeper counts everything it drops.
+            counted = [n for n in nodes if new is None or (trace_id, n.record_id) in new]
+            if counted:
+                report.rejected += len(counted)
+                report.errors.append(reason)
+                INGEST_REJECTED.labels(loop_name, SOURCE, "unassembled_spans").inc(len(counted))
+
+    async def _map(
+        self, episodes: list[tuple[str, Episode]], outcome: _Outcome
+    ) -> list[tuple[str, Episode, StoredTrace]]:
+        if not episodes:
+            return []
+        payloads = await self._db(
+            lambda: self._payloads([n.row_id for _, e in episodes for n in e.rows])
+        )
+        stored: list[tuple[str, Episode, StoredTrace]] = []
+        for trace_id, episode in episodes:
+            spans = [
+                SpanView.from_payload(trace_id, n.span_id, n.parent_span_id, text)
+                for n in episode.spans
+                if (text := payloads.get(n.row_id)) is not None
+            ]
+            logs = [
+                LogView.from_payload(trace_id, n.span_id, text)
+                for n in episode.logs
+                if (text := payloads.get(n.row_id)) is not None
+            ]
+            anchor = next((s for s in spans if s.span_id == episode.anchor.span_id), None)
+            if anchor is None:  # assembled meanwhile by another replica: nothing left to do
+                continue
+            apply_logs(spans, logs)
+            try:
+                stored.append((trace_id, episode, validate_episode(trace_id, anchor, spans)))
+            except MappingError as exc:
+                outcome.done.extend(n.row_id for n in episode.rows)
+                outcome.rejected.append((trace_id, episode.rows, str(exc)))
+        return stored
+
+
+def _plans(structure: list[tuple[Any, ...]], *, flush: bool) -> dict[str, Plan]:
+    nodes: dict[str, list[Node]] = defaultdict(list)
+    for row in structure:
+        trace_id, node = _node(row)
+        nodes[trace_id].append(node)
+    return {trace_id: plan_trace(items, flush=flush) for trace_id, items in nodes.items()}
+
+
+def _rows(loop_id: int, decoded: DecodedExport) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for trace_id, spans in decoded.spans.items():
+        for span in spans:
+            kind = span.kind
+            rows.append(
+                {
+                    "loop_id": loop_id,
+                    "trace_id": trace_id,
+                    "record_id": span.span_id,
+                    "span_id": span.span_id,
+                    "parent_span_id": span.parent_span_id,
+                    "kind": kind,
+                    "remote_parent": span.remote_parent,
+                    "has_content": span.has_content,
+                    # Context spans only matter for the structure.
+                    "payload": None if kind == OTHER else span.to_payload(),
+                }
+            )
+    for trace_id, logs in decoded.logs.items():
+        for record in logs:
+            rows.append(
+                {
+                    "loop_id": loop_id,
+                    "trace_id": trace_id,
+                    "record_id": record.record_id,
+                    "span_id": record.span_id,
+                    "parent_span_id": "",
+                    "kind": LOG,
+                    "remote_parent": None,
+                    "has_content": record.has_content,
+                    "payload": record.to_payload(),
+                }
+            )
+    return rows

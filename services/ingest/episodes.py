@@ -7,17 +7,19 @@ inside a request whose root span lives upstream (a gateway's ``traceparent``), s
 root never reaches Ratchet at all. So spans wait (durably, see services.ingest.span_store),
 and these rules, run over everything stored for a trace, say what can be assembled now:
 
-- **Episode.** The outermost ``invoke_agent`` span and its descendants; in a tree without
-  one, each outermost GenAI span (any ``gen_ai.*`` attribute) and its descendants. Spans of
-  the tree outside every episode (an HTTP server span around the agent, say) are context:
-  kept for the structure, never stored as traces.
+- **Episode.** The outermost ``invoke_agent`` span and its descendants. A tree without one
+  is one episode: its GenAI spans (any ``gen_ai.*`` attribute), known by the tree's top (or,
+  when the top's parent never arrived, by that parent, so sibling calls under one upstream
+  span stay together). Spans outside every episode (an HTTP server span around the agent,
+  say) are context: kept for the structure, never stored as traces.
 - **Tree.** Waiting spans are linked by parent id; the top of a tree is a span whose parent
-  has not arrived. A tree is complete when its top is a local root: no parent, or a parent
-  the exporter flags as remote (OTLP span flags: the agent runs under an upstream
-  ``traceparent``), or, when the exporter does not say (older SDKs, hand-written OTLP/JSON),
-  an ``invoke_agent`` span whose parent has not arrived. A local root ends after its
-  descendants in any sane instrumentation, and every span processor exports spans in the
-  order they end, so when it arrives its process's part of the tree is there.
+  has not arrived. A tree is complete when its top is the trace's root (no parent); or a local
+  root holding an agent span: its parent flagged remote by the exporter (OTLP span flags: the
+  agent runs under an upstream ``traceparent``), or, when the exporter does not say (older
+  SDKs, hand-written OTLP/JSON), an ``invoke_agent`` top whose parent has not arrived. A
+  local root ends after its descendants, and span processors export spans in the order they
+  end, so when it arrives its process's part of the tree is there. Without an agent span,
+  calls under an upstream parent wait for the quiet period: more of them may follow.
 - **Content.** A complete tree whose spans carry no messages (``gen_ai.input.messages`` /
   ``gen_ai.output.messages``) and no content log records yet waits anyway: the content may
   come as log records, which are exported on their own schedule.
@@ -65,11 +67,19 @@ class Node:
 
 @dataclass
 class Episode:
-    """One episode to assemble now: its span, all its spans (anchor first) and log records."""
+    """One episode to assemble now: its spans and log records, and the span it is known by.
 
-    anchor: Node
+    ``agent`` is the ``invoke_agent`` span when there is one. ``key_span_id`` names the
+    episode (its external id): the agent span, else the top of its tree, else (when the top's
+    parent never arrived) that missing parent, which its sibling spans share. ``key_is_root``:
+    the key span is the trace's root, so the trace id alone names the episode.
+    """
+
+    agent: Node | None
     spans: list[Node]
     logs: list[Node]
+    key_span_id: str
+    key_is_root: bool
 
     @property
     def rows(self) -> list[Node]:
@@ -113,10 +123,17 @@ def _top(node: Node, waiting: dict[str, Node]) -> Node:
     return current
 
 
-def _is_local_root(top: Node, spans: dict[str, Node]) -> bool:
-    if not top.parent_span_id or top.remote_parent is True:
+def _is_complete(top: Node, members: list[Node], spans: dict[str, Node]) -> bool:
+    """Whether a tree can be assembled before the quiet period (see the module docstring)."""
+    if not top.parent_span_id:
         return True
-    return top.kind == AGENT and top.remote_parent is None and top.parent_span_id not in spans
+    if top.kind == AGENT and top.remote_parent is None and top.parent_span_id not in spans:
+        return True  # the exporter does not say; the agent span closes its episode
+    if top.remote_parent is True:
+        # A local root: complete if an agent span is in it. Without one, more calls of the
+        # same episode may still come under the same upstream parent: wait for quiet.
+        return any(n.kind == AGENT for n in members)
+    return False
 
 
 def _outermost(top: Node, children: dict[str, list[Node]], kinds: set[str]) -> list[Node]:
@@ -181,32 +198,47 @@ def plan_trace(nodes: list[Node], *, flush: bool) -> Plan:
         top = _top(node, waiting)
         tops[top.span_id] = top
         trees[top.span_id].append(node)
-    claimed_logs: set[str] = set()
+    # Units: a tree, or (when flushing) the trees whose tops share a parent that never came.
+    units: dict[tuple[str, bool], list[tuple[Node, list[Node]]]] = defaultdict(list)
     for top_id, members in trees.items():
         top = tops[top_id]
-        if not flush and not _is_local_root(top, spans):
+        if not flush and not _is_complete(top, members, spans):
             continue
-        genai = [n for n in members if n.kind in (AGENT, GENAI)]
-        if not genai:
+        if flush and top.parent_span_id and top.parent_span_id not in spans:
+            units[(top.parent_span_id, False)].append((top, members))
+        else:
+            units[(top.span_id, not top.parent_span_id)].append((top, members))
+    claimed_logs: set[str] = set()
+    for (key, key_is_root), unit in units.items():
+        members = [n for _, tree in unit for n in tree]
+        if not any(n.kind in (AGENT, GENAI) for n in members):
             plan.unmapped.append(members)
             continue
         if not flush and not any(
             n.has_content or any(log.has_content for log in logs_by_span.get(n.span_id, ()))
             for n in members
         ):
-            continue
+            continue  # the content may still come as log records
         children: dict[str, list[Node]] = defaultdict(list)
         for node in members:
-            if node is not top:
-                children[node.parent_span_id].append(node)
-        anchors = _outermost(top, children, {AGENT}) or _outermost(top, children, {AGENT, GENAI})
-        in_episodes: set[str] = set()
-        for anchor in anchors:
-            episode_spans = _subtree(anchor, children)
-            in_episodes.update(n.span_id for n in episode_spans)
+            children[node.parent_span_id].append(node)
+        unit_tops = [top for top, _ in unit]
+        agents = [a for top in unit_tops for a in _outermost(top, children, {AGENT})]
+        found: list[Episode] = []
+        if agents:
+            for agent in agents:
+                episode_spans = _subtree(agent, children)
+                logs = [log for n in episode_spans for log in logs_by_span.get(n.span_id, ())]
+                found.append(
+                    Episode(agent, episode_spans, logs, agent.span_id, not agent.parent_span_id)
+                )
+        else:
+            episode_spans = [n for n in members if n.kind == GENAI]
             logs = [log for n in episode_spans for log in logs_by_span.get(n.span_id, ())]
-            claimed_logs.update(log.record_id for log in logs)
-            plan.episodes.append(Episode(anchor, episode_spans, logs))
+            found.append(Episode(None, episode_spans, logs, key, key_is_root))
+        in_episodes = {n.span_id for episode in found for n in episode.spans}
+        claimed_logs.update(log.record_id for episode in found for log in episode.logs)
+        plan.episodes.extend(found)
         for node in members:
             if node.span_id not in in_episodes:
                 plan.context.append(node)

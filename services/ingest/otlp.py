@@ -935,15 +935,29 @@ def _attribute(spans: list[SpanView], key: str) -> Any:
     return None
 
 
-def external_id_of(trace_id: str, anchor_span_id: str, anchor_parent_span_id: str) -> str:
+def external_id_of(trace_id: str, key_span_id: str, *, key_is_root: bool) -> str:
     """The external id of an episode without ``ratchet.external_id`` (module docstring)."""
-    return trace_id if not anchor_parent_span_id else f"{trace_id}:{anchor_span_id}"
+    return trace_id if key_is_root else f"{trace_id}:{key_span_id}"
 
 
-def map_episode(trace_id: str, anchor: SpanView, spans: list[SpanView]) -> dict[str, Any]:
-    """One episode's spans (its ``anchor`` among them) as a ratchet.trace/v1 document (not yet
-    validated)."""
+def _outermost(spans: list[SpanView]) -> SpanView:
+    """The earliest span whose parent is not in the episode."""
+    ids = {span.span_id for span in spans}
+    tops = [span for span in spans if span.parent_span_id not in ids] or spans
+    return min(tops, key=lambda s: s.start_ns)
+
+
+def map_episode(
+    trace_id: str, agent: SpanView | None, spans: list[SpanView], *, external_id: str
+) -> dict[str, Any]:
+    """One episode's spans as a ratchet.trace/v1 document (not yet validated). ``agent`` is its
+    ``invoke_agent`` span (among ``spans``), if it has one; ``external_id`` the default id."""
+    if not spans:
+        raise MappingError(f"trace {trace_id}: the episode has no GenAI spans")
     ordered = sorted(spans, key=lambda s: s.start_ns)
+    anchor = agent if agent is not None else _outermost(ordered)
+    started = anchor.start_ns if agent is not None else min(s.start_ns for s in ordered)
+    ended = anchor.end_ns if agent is not None else max(s.end_ns for s in ordered)
     agent = anchor
     chats = [s for s in ordered if s.operation in CHAT_OPERATIONS]
     preferred = [anchor, *ordered]
@@ -953,7 +967,7 @@ def map_episode(trace_id: str, anchor: SpanView, spans: list[SpanView]) -> dict[
             f"trace {trace_id}: no gen_ai messages or tool calls in its spans (is content "
             "capture on? see docs/ingest.md)"
         )
-    external_id = _attribute(preferred, "ratchet.external_id")
+    given_id = _attribute(preferred, "ratchet.external_id")
     model_version = _attribute(preferred, "ratchet.model_version")
     if model_version is None:
         model_version = _attribute(chats, "gen_ai.response.model") or _attribute(
@@ -984,12 +998,10 @@ def map_episode(trace_id: str, anchor: SpanView, spans: list[SpanView]) -> dict[
     reference = _attribute(preferred, "ratchet.reference_answer")
     return {
         "schema": "ratchet.trace/v1",
-        "external_id": external_id
-        if isinstance(external_id, str) and external_id
-        else external_id_of(trace_id, anchor.span_id, anchor.parent_span_id),
+        "external_id": given_id if isinstance(given_id, str) and given_id else external_id,
         "model_version": model_version if isinstance(model_version, str) else None,
-        "started_at": _timestamp(anchor.start_ns),
-        "ended_at": _timestamp(anchor.end_ns),
+        "started_at": _timestamp(started),
+        "ended_at": _timestamp(ended),
         "tools": _tools([*chats, agent, *ordered]),
         "messages": messages,
         "outcome": outcome,
@@ -998,10 +1010,12 @@ def map_episode(trace_id: str, anchor: SpanView, spans: list[SpanView]) -> dict[
     }
 
 
-def validate_episode(trace_id: str, anchor: SpanView, spans: list[SpanView]) -> StoredTrace:
+def validate_episode(
+    trace_id: str, agent: SpanView | None, spans: list[SpanView], *, external_id: str
+) -> StoredTrace:
     """Map and validate one episode; :class:`MappingError` says why it cannot be stored."""
     try:
-        return validate_trace(map_episode(trace_id, anchor, spans))
+        return validate_trace(map_episode(trace_id, agent, spans, external_id=external_id))
     except IngestError as exc:
         detail = "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields[:5])
         raise MappingError(f"trace {trace_id}: {exc.message} ({detail})") from None
@@ -1051,8 +1065,12 @@ def map_export(request: ExportTraceServiceRequest, limits: Limits = DEFAULT_LIMI
             mapped.errors.append(f"trace {trace_id}: no gen_ai spans (nothing to learn from)")
         for episode in plan.episodes:
             views = [by_id[n.span_id] for n in episode.spans]
+            agent = by_id[episode.agent.span_id] if episode.agent is not None else None
+            external_id = external_id_of(
+                trace_id, episode.key_span_id, key_is_root=episode.key_is_root
+            )
             try:
-                stored = validate_episode(trace_id, by_id[episode.anchor.span_id], views)
+                stored = validate_episode(trace_id, agent, views, external_id=external_id)
             except MappingError as exc:
                 mapped.rejected_spans += len(views)
                 mapped.errors.append(str(exc))

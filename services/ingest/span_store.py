@@ -48,6 +48,7 @@ from services.ingest.otlp import (
     MappingError,
     SpanView,
     apply_logs,
+    external_id_of,
     validate_episode,
 )
 from services.ingest.schema import StoredTrace
@@ -321,12 +322,18 @@ class EpisodeAssembler:
                 for n in episode.logs
                 if (text := payloads.get(n.row_id)) is not None
             ]
-            anchor = next((s for s in spans if s.span_id == episode.anchor.span_id), None)
-            if anchor is None:  # assembled meanwhile by another replica: nothing left to do
-                continue
+            agent = None
+            if episode.agent is not None:
+                agent = next((s for s in spans if s.span_id == episode.agent.span_id), None)
+                if agent is None:  # assembled meanwhile by another replica: nothing left
+                    continue
             apply_logs(spans, logs)
+            external_id = external_id_of(
+                trace_id, episode.key_span_id, key_is_root=episode.key_is_root
+            )
             try:
-                stored.append((trace_id, episode, validate_episode(trace_id, anchor, spans)))
+                trace = validate_episode(trace_id, agent, spans, external_id=external_id)
+                stored.append((trace_id, episode, trace))
             except MappingError as exc:
                 outcome.done.extend(n.row_id for n in episode.rows)
                 outcome.rejected.append((trace_id, episode.rows, str(exc)))

@@ -168,7 +168,9 @@ class EpisodeAssembler:
         new, structure = await self._db(self._store_and_read, loop_id, rows, trace_ids)
         plans = _plans(structure, flush=False)
         report = AssemblyReport()
-        await self._assemble(service, loop_id, loop_name, plans, new, report)
+        # This export's own rows need not be read back.
+        known = {(row["trace_id"], row["record_id"]): row["payload"] for row in rows}
+        await self._assemble(service, loop_id, loop_name, plans, new, report, known)
         return report
 
     # The sweeper --------------------------------------------------------------------------
@@ -197,7 +199,7 @@ class EpisodeAssembler:
             for trace_id in trace_ids:
                 plans.setdefault(trace_id, Plan())
             report = AssemblyReport()
-            await self._assemble(service, loop_id, loop_name, plans, None, report)
+            await self._assemble(service, loop_id, loop_name, plans, None, report, {})
             if report.errors:
                 log.warning(
                     "otlp: %d episode(s) of loop %s could not be stored after the quiet period: %s",
@@ -245,6 +247,7 @@ class EpisodeAssembler:
         plans: dict[str, Plan],
         new: set[tuple[str, str]] | None,
         report: AssemblyReport,
+        known: dict[tuple[str, str], str | None],
     ) -> None:
         outcome = _Outcome()
         episodes: list[tuple[str, Episode]] = []
@@ -265,7 +268,7 @@ class EpisodeAssembler:
                 outcome.rejected.append(
                     (trace_id, plan.late, f"trace {trace_id}: arrived after its episode was stored")
                 )
-        stored = await self._map(episodes, outcome)
+        stored = await self._map(episodes, outcome, known)
         try:
             # Never more than the queue holds: an export bigger than the queue still fits.
             size = max(1, min(WRITE_CHUNK, self.settings.ingest_queue_max))
@@ -303,24 +306,35 @@ class EpisodeAssembler:
                 INGEST_REJECTED.labels(loop_name, SOURCE, "unassembled_spans").inc(len(counted))
 
     async def _map(
-        self, episodes: list[tuple[str, Episode]], outcome: _Outcome
+        self,
+        episodes: list[tuple[str, Episode]],
+        outcome: _Outcome,
+        known: dict[tuple[str, str], str | None],
     ) -> list[tuple[str, Episode, StoredTrace]]:
         if not episodes:
             return []
-        payloads = await self._db(
-            lambda: self._payloads([n.row_id for _, e in episodes for n in e.rows])
-        )
+        unread = [
+            n.row_id
+            for trace_id, episode in episodes
+            for n in episode.rows
+            if known.get((trace_id, n.record_id)) is None
+        ]
+        read = await self._db(self._payloads, unread) if unread else {}
+
+        def payload(trace_id: str, node: Node) -> str | None:
+            return known.get((trace_id, node.record_id)) or read.get(node.row_id)
+
         stored: list[tuple[str, Episode, StoredTrace]] = []
         for trace_id, episode in episodes:
             spans = [
                 SpanView.from_payload(trace_id, n.span_id, n.parent_span_id, text)
                 for n in episode.spans
-                if (text := payloads.get(n.row_id)) is not None
+                if (text := payload(trace_id, n)) is not None
             ]
             logs = [
                 LogView.from_payload(trace_id, n.span_id, text)
                 for n in episode.logs
-                if (text := payloads.get(n.row_id)) is not None
+                if (text := payload(trace_id, n)) is not None
             ]
             agent = None
             if episode.agent is not None:

@@ -9,7 +9,15 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from services.ingest.otlp import MappingError, convert_messages, map_export
+from services.ingest.otlp import (
+    LogView,
+    MappingError,
+    SpanView,
+    apply_logs,
+    convert_messages,
+    map_export,
+    validate_episode,
+)
 
 TRACE = bytes(range(16))
 
@@ -137,3 +145,68 @@ def test_message_parts() -> None:
         convert_messages([{"role": "narrator", "content": "x"}], "input")
     with pytest.raises(MappingError, match="JSON array"):
         convert_messages({"role": "user"}, "input")
+
+
+def chat_span(**attributes: Any) -> SpanView:
+    return SpanView(
+        trace_id="ab" * 16,
+        span_id="01" * 8,
+        parent_span_id="",
+        name="chat m",
+        start_ns=1_700_000_000_000_000_000,
+        end_ns=1_700_000_001_000_000_000,
+        attributes={"gen_ai.operation.name": "chat", **attributes},
+        events=[],
+        status_code=0,
+        status_message="",
+    )
+
+
+def event(name: str, body: Any = None, **attributes: Any) -> LogView:
+    return LogView("ab" * 16, "01" * 8, name, 1, attributes, body)
+
+
+def test_the_inference_details_event_carries_the_content_and_the_span_wins() -> None:
+    span = chat_span(**{"gen_ai.output.messages": '[{"role": "assistant", "content": "on span"}]'})
+    details = event(
+        "gen_ai.client.inference.operation.details",
+        **{
+            "gen_ai.input.messages": [
+                {"role": "user", "parts": [{"type": "text", "content": "q"}]}
+            ],
+            "gen_ai.output.messages": [{"role": "assistant", "content": "from the event"}],
+            "gen_ai.system_instructions": [{"type": "text", "content": "be brief"}],
+        },
+    )
+    apply_logs([span], [details])
+    stored = validate_episode(span.trace_id, None, [span], external_id=span.trace_id)
+    body = json.loads(stored.body_json)
+    assert [(m["role"], m["content"]) for m in body["messages"]] == [
+        ("system", "be brief"),
+        ("user", "q"),
+        ("assistant", "on span"),
+    ]
+
+
+def test_legacy_message_events_in_time_order_and_an_evaluation_record() -> None:
+    span = chat_span()
+    records = [
+        event("gen_ai.choice", {"index": 0, "message": {"content": "4"}}),
+        event("gen_ai.user.message", {"content": "2+2?"}),
+        event("gen_ai.evaluation.result", None, **{"gen_ai.evaluation.score.label": "pass"}),
+    ]
+    records[0].time_ns, records[1].time_ns, records[2].time_ns = 3, 1, 4
+    apply_logs([span], records)
+    stored = validate_episode(span.trace_id, None, [span], external_id="ep")
+    body = json.loads(stored.body_json)
+    assert [(m["role"], m["content"]) for m in body["messages"]] == [
+        ("user", "2+2?"),
+        ("assistant", "4"),
+    ]
+    assert (stored.external_id, stored.success) == ("ep", True)
+
+
+def test_mapping_never_raises_anything_but_a_mapping_error() -> None:
+    hostile = chat_span(**{"gen_ai.input.messages": "[" * 3000 + "]" * 3000})
+    with pytest.raises(MappingError, match="not valid JSON"):
+        validate_episode(hostile.trace_id, None, [hostile], external_id="x")

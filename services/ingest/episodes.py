@@ -42,7 +42,7 @@ processor in front of Ratchet for those (docs/ingest.md).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 AGENT = "agent"
@@ -100,27 +100,55 @@ class Plan:
     late: list[Node] = field(default_factory=list)
 
 
-def _chain_reaches_assembled(node: Node, spans: dict[str, Node]) -> bool:
-    seen: set[str] = set()
-    current = node
-    while current.parent_span_id and current.parent_span_id not in seen:
-        seen.add(current.span_id)
-        parent = spans.get(current.parent_span_id)
-        if parent is None:
-            return False
-        if parent.assembled:
-            return True
-        current = parent
-    return False
+def _late_spans(spans: dict[str, Node]) -> set[str]:
+    """Waiting spans with an assembled ancestor. Memoized along each walk, so a long chain
+    of spans costs linear time, and a parent cycle ends the walk."""
+    tainted: dict[str, bool] = {}  # assembled, or below an assembled span
+    for start in spans.values():
+        path: list[str] = []
+        on_path: set[str] = set()
+        current: Node | None = start
+        result = False
+        while current is not None:
+            if current.span_id in tainted:
+                result = tainted[current.span_id]
+                break
+            if current.assembled:
+                tainted[current.span_id] = result = True
+                break
+            if current.span_id in on_path:
+                break  # a cycle with nothing assembled on it
+            path.append(current.span_id)
+            on_path.add(current.span_id)
+            current = spans.get(current.parent_span_id) if current.parent_span_id else None
+        for span_id in path:
+            tainted[span_id] = result
+    return {span_id for span_id, bad in tainted.items() if bad and not spans[span_id].assembled}
 
 
-def _top(node: Node, waiting: dict[str, Node]) -> Node:
-    seen = {node.span_id}
-    current = node
-    while current.parent_span_id in waiting and current.parent_span_id not in seen:
-        current = waiting[current.parent_span_id]
-        seen.add(current.span_id)
-    return current
+def _tops(waiting: dict[str, Node]) -> dict[str, Node]:
+    """Each waiting span's top: the first ancestor whose parent is not waiting. Memoized like
+    _late_spans, so a long chain costs linear time."""
+    top_of: dict[str, Node] = {}
+    for start in waiting.values():
+        path: list[Node] = []
+        seen: set[str] = set()
+        current = start
+        top: Node | None = None
+        while True:
+            if current.span_id in top_of:
+                top = top_of[current.span_id]
+                break
+            path.append(current)
+            seen.add(current.span_id)
+            parent = waiting.get(current.parent_span_id)
+            if parent is None or parent.span_id in seen:
+                top = current
+                break
+            current = parent
+        for node in path:
+            top_of[node.span_id] = top
+    return top_of
 
 
 def _is_complete(top: Node, members: list[Node], spans: dict[str, Node]) -> bool:
@@ -139,10 +167,10 @@ def _is_complete(top: Node, members: list[Node], spans: dict[str, Node]) -> bool
 def _outermost(top: Node, children: dict[str, list[Node]], kinds: set[str]) -> list[Node]:
     """The first nodes of ``kinds`` on every path down from ``top`` (breadth first)."""
     found: list[Node] = []
-    queue = [top]
+    queue = deque([top])
     seen: set[str] = set()
     while queue:
-        node = queue.pop(0)
+        node = queue.popleft()
         if node.span_id in seen:
             continue
         seen.add(node.span_id)
@@ -174,11 +202,12 @@ def plan_trace(nodes: list[Node], *, flush: bool) -> Plan:
         if node.kind != LOG:
             spans.setdefault(node.span_id, node)
     plan = Plan()
+    late = _late_spans(spans)
     waiting: dict[str, Node] = {}
     for node in spans.values():
         if node.assembled:
             continue
-        if _chain_reaches_assembled(node, spans):
+        if node.span_id in late:
             plan.late.append(node)
         else:
             waiting[node.span_id] = node
@@ -194,10 +223,9 @@ def plan_trace(nodes: list[Node], *, flush: bool) -> Plan:
 
     trees: dict[str, list[Node]] = defaultdict(list)
     tops: dict[str, Node] = {}
-    for node in waiting.values():
-        top = _top(node, waiting)
+    for span_id, top in _tops(waiting).items():
         tops[top.span_id] = top
-        trees[top.span_id].append(node)
+        trees[top.span_id].append(waiting[span_id])
     # Units: a tree, or (when flushing) the trees whose tops share a parent that never came.
     units: dict[tuple[str, bool], list[tuple[Node, list[Node]]]] = defaultdict(list)
     for top_id, members in trees.items():

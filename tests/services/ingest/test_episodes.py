@@ -132,3 +132,12 @@ def test_a_parent_cycle_does_not_hang() -> None:
     flushed = plan_trace(rows, flush=True)
     in_episodes = [n.record_id for episode in flushed.episodes for n in episode.rows]
     assert sorted(in_episodes) == ["a", "b"]  # each row in one episode, none lost
+
+
+def test_a_long_chain_of_spans_is_planned_whole() -> None:
+    """10,000 spans each the parent of the next (the most a single export may hold)."""
+    chain = [node("s0", "", AGENT)] + [node(f"s{n}", f"s{n - 1}") for n in range(1, 10_000)]
+    [episode] = plan_trace(chain[::-1], flush=False).episodes
+    assert len(episode.spans) == 10_000
+    done = [node("s0", "", AGENT, assembled=True), *chain[1:]]
+    assert len(plan_trace(done, flush=False).late) == 9_999

@@ -81,6 +81,7 @@ class AssemblyReport:
 @dataclass
 class _Outcome:
     done: list[int] = field(default_factory=list)  # row ids to mark assembled
+    dropped: list[int] = field(default_factory=list)  # row ids to delete
     rejected: list[tuple[str, list[Node], str]] = field(default_factory=list)  # trace, rows, why
     stored: int = 0
 
@@ -146,9 +147,12 @@ class EpisodeAssembler:
         with self._session_factory() as session:
             return queries.payloads(session, row_ids=row_ids)
 
-    def _finish(self, loop_id: int, row_ids: list[int], trace_ids: set[str]) -> None:
+    def _finish(
+        self, loop_id: int, row_ids: list[int], dropped: list[int], trace_ids: set[str]
+    ) -> None:
         with self._session_factory.begin() as session:
             queries.mark_assembled(session, row_ids=row_ids)
+            queries.delete_rows(session, row_ids=dropped)
             queries.release_traces(session, loop_id=loop_id, trace_ids=trace_ids)
 
     # The request path ---------------------------------------------------------------------
@@ -255,7 +259,8 @@ class EpisodeAssembler:
             episodes.extend((trace_id, episode) for episode in plan.episodes)
             outcome.done.extend(n.row_id for n in plan.context)
             for members in plan.unmapped:
-                outcome.done.extend(n.row_id for n in members)
+                # Plain application traces: kept no longer than it takes to say so.
+                outcome.dropped.extend(n.row_id for n in members)
                 outcome.rejected.append(
                     (
                         trace_id,
@@ -293,7 +298,7 @@ class EpisodeAssembler:
             # The rows are stored: the sweeper assembles these episodes when the writer is back.
             log.warning("otlp: episodes left for the sweeper: %s", exc)
         try:
-            await self._db(self._finish, loop_id, outcome.done, set(plans))
+            await self._db(self._finish, loop_id, outcome.done, outcome.dropped, set(plans))
         except StorageUnavailable as exc:
             log.warning("otlp: assembled rows not marked (the sweeper will redo them): %s", exc)
         report.stored_traces += outcome.stored

@@ -98,6 +98,13 @@ def mark_assembled(session: Session, *, row_ids: Iterable[int]) -> None:
         )
 
 
+def delete_rows(session: Session, *, row_ids: Iterable[int]) -> None:
+    """Forget rows outright (trees without GenAI spans: nothing to recognise them by later)."""
+    ids = sorted(set(row_ids))
+    if ids:
+        session.execute(delete(OtlpSpan).where(OtlpSpan.id.in_(ids)))
+
+
 def release_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) -> None:
     """Drop the queue entries of traces with nothing left waiting; unclaim the others."""
     ids = sorted(set(trace_ids))

@@ -28,6 +28,8 @@ OPERATIONS = {
     ("POST", "/v1/loops/{loop}/traces"),
     ("POST", "/otlp/v1/traces"),
     ("POST", "/v1/otlp/v1/traces"),
+    ("POST", "/otlp/v1/logs"),
+    ("POST", "/v1/otlp/v1/logs"),
     ("GET", "/healthz"),
 }
 FUZZ = settings(
@@ -72,7 +74,7 @@ def test_fuzzing_the_openapi_finds_no_server_error(app_state: AppState) -> None:
         }
 
         for operation in operations:
-            is_otlp = operation.path.endswith("/otlp/v1/traces")
+            is_otlp = "/otlp/v1/" in operation.path
             auth = {"Authorization": f"Bearer {loop['ingest_token']}"} if is_otlp else headers
             fuzz_operation(operation, url, auth, server_errors)
 

@@ -106,6 +106,8 @@ class Settings(BaseSettings):
     # OTLP: spans of an unfinished episode wait in Postgres until the episode's span arrives
     # or the trace has been quiet this long; then whatever arrived becomes one trace.
     otlp_episode_quiet_s: float = Field(default=30.0, gt=0, le=86_400)
+    # ... and a trace that never goes quiet is assembled this long after its first span.
+    otlp_episode_max_wait_s: float = Field(default=3_600.0, gt=0)
     # How long assembled spans keep their ids, so a late or re-exported span is recognised.
     otlp_span_retention_s: int = Field(default=86_400, ge=60)
     # Per export: spans and log records (413 over it), and bytes of one attribute value or

@@ -41,15 +41,18 @@ def upgrade() -> None:
         'otlp_pending_traces',
         sa.Column('loop_id', sa.BigInteger(), nullable=False),
         sa.Column('trace_id', sa.String(length=32), nullable=False),
+        sa.Column('first_received_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
         sa.Column('last_received_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
         sa.Column('claimed_until', sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(['loop_id'], ['loops.id'], name=op.f('fk_otlp_pending_traces_loop_id_loops'), ondelete='CASCADE'),
         sa.PrimaryKeyConstraint('loop_id', 'trace_id', name=op.f('pk_otlp_pending_traces')),
     )
     op.create_index('ix_otlp_pending_traces_last', 'otlp_pending_traces', ['last_received_at'], unique=False)
+    op.create_index('ix_otlp_pending_traces_first', 'otlp_pending_traces', ['first_received_at'], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index('ix_otlp_pending_traces_first', table_name='otlp_pending_traces')
     op.drop_index('ix_otlp_pending_traces_last', table_name='otlp_pending_traces')
     op.drop_table('otlp_pending_traces')
     op.drop_index('ix_otlp_spans_assembled', table_name='otlp_spans', postgresql_where=sa.text('assembled_at IS NOT NULL'))

@@ -431,16 +431,22 @@ class OtlpPendingTrace(Base):
 
     One row per (loop, trace): requests upsert it (its row lock orders concurrent exports of
     one trace), and the quiet-period sweeper claims rows with ``FOR UPDATE SKIP LOCKED`` and a
-    lease, so several api replicas never assemble the same trace at the same time.
+    lease, so several api replicas never assemble the same trace at the same time. A trace
+    that never goes quiet is flushed anyway ``RATCHET_OTLP_EPISODE_MAX_WAIT_S`` after its
+    first row.
     """
 
     __tablename__ = "otlp_pending_traces"
-    __table_args__ = (Index("ix_otlp_pending_traces_last", "last_received_at"),)
+    __table_args__ = (
+        Index("ix_otlp_pending_traces_last", "last_received_at"),
+        Index("ix_otlp_pending_traces_first", "first_received_at"),
+    )
 
     loop_id: Mapped[int] = mapped_column(
         ForeignKey("loops.id", ondelete="CASCADE"), primary_key=True
     )
     trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    first_received_at: Mapped[dt.datetime] = _now_column()
     last_received_at: Mapped[dt.datetime] = _now_column()
     claimed_until: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 

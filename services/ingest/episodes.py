@@ -25,6 +25,8 @@ and these rules, run over everything stored for a trace, say what can be assembl
   come as log records, which are exported on their own schedule.
 - **Quiet period.** A trace that received nothing for ``RATCHET_OTLP_EPISODE_QUIET_S`` is
   flushed: every waiting tree counts as complete (a crashed process never sends its root).
+  So is a trace that never goes quiet, ``RATCHET_OTLP_EPISODE_MAX_WAIT_S`` after its first
+  waiting span (a session that reuses one trace id for hours).
 - **Late and repeated spans.** Assembled spans keep their ids for a retention period; a span
   that descends from one, or a log record of one, arrived after its episode was stored and
   is dropped (reported), so it never becomes a second, partial trace. The same span exported

@@ -189,6 +189,7 @@ class EpisodeAssembler:
                 return queries.claim_quiet_traces(
                     session,
                     quiet_s=settings.otlp_episode_quiet_s,
+                    max_wait_s=settings.otlp_episode_max_wait_s,
                     lease_s=lease_s,
                     limit=SWEEP_CLAIM,
                 )

@@ -123,7 +123,8 @@ def release_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) 
 _CLAIM_SQL = text(
     "UPDATE otlp_pending_traces AS p SET claimed_until = now() + make_interval(secs => :lease_s) "
     "FROM (SELECT loop_id, trace_id FROM otlp_pending_traces "
-    "      WHERE last_received_at < now() - make_interval(secs => :quiet_s) "
+    "      WHERE (last_received_at < now() - make_interval(secs => :quiet_s) "
+    "             OR first_received_at < now() - make_interval(secs => :max_wait_s)) "
     "        AND (claimed_until IS NULL OR claimed_until < now()) "
     "      ORDER BY last_received_at LIMIT :limit FOR UPDATE SKIP LOCKED) AS c "
     "WHERE p.loop_id = c.loop_id AND p.trace_id = c.trace_id "
@@ -132,15 +133,17 @@ _CLAIM_SQL = text(
 
 
 def claim_quiet_traces(
-    session: Session, *, quiet_s: float, lease_s: float, limit: int
+    session: Session, *, quiet_s: float, max_wait_s: float, lease_s: float, limit: int
 ) -> list[tuple[int, str, str]]:
-    """Claim up to ``limit`` traces that received nothing for ``quiet_s`` and that no one else
+    """Claim up to ``limit`` traces that received nothing for ``quiet_s`` (or have waited
+    ``max_wait_s`` since their first row, quiet or not) and that no one else
     holds (``FOR UPDATE SKIP LOCKED``, then a lease of ``lease_s``, so a claimer that dies
     leaves them to the next): (loop id, loop name, trace id), times from Postgres's clock."""
     claimed = [
         (int(loop_id), str(trace_id))
         for loop_id, trace_id in session.execute(
-            _CLAIM_SQL, {"quiet_s": quiet_s, "lease_s": lease_s, "limit": limit}
+            _CLAIM_SQL,
+            {"quiet_s": quiet_s, "max_wait_s": max_wait_s, "lease_s": lease_s, "limit": limit},
         )
     ]
     if not claimed:

@@ -114,3 +114,30 @@ async def test_concurrent_exports_of_one_trace_to_two_replicas_make_one_trace(
         assert late in (0, 2)
     assert count(session_factory, Trace) == 5
     assert count(session_factory, OtlpSpan, OtlpSpan.assembled_at.is_(None)) == 0
+
+
+async def test_a_trace_that_never_goes_quiet_is_assembled_after_the_max_wait(
+    database_url: str, engine: Engine, session_factory: SessionFactory, loop_id: int
+) -> None:
+    settings = Settings(
+        database_url=database_url, otlp_episode_quiet_s=3600, otlp_episode_max_wait_s=0.2
+    )
+    service = IngestService(
+        settings=settings, session_factory=session_factory, conninfo=conninfo_from_engine(engine)
+    )
+    await service.start()
+    try:
+        assembler = EpisodeAssembler(settings=settings, session_factory=session_factory)
+        spans = [s for s in spans_of_one_episode() if s.parent is not None]
+        await assembler.ingest(
+            service, loop_id=loop_id, loop_name="otlp-replicas", decoded=decoded(spans[:1])
+        )
+        await asyncio.sleep(0.3)
+        # Still receiving: not quiet, but waiting longer than the max wait.
+        await assembler.ingest(
+            service, loop_id=loop_id, loop_name="otlp-replicas", decoded=decoded(spans[1:])
+        )
+        assert await assembler.sweep_once(service) == 1
+        assert count(session_factory, Trace) == 1
+    finally:
+        await service.stop()

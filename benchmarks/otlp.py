@@ -17,7 +17,7 @@ Progress goes to stderr; the last line on stdout is one JSON object. Client, api
 share this machine's CPUs, so on a shared machine the figures measure the neighbours too
 (``load_average_1m`` is printed with them).
 
-Usage: .venv/bin/python benchmarks/otlp.py [--seconds 10]
+Usage: .venv/bin/python benchmarks/otlp.py [--seconds 10] [--api-repo PATH]
 """
 
 from __future__ import annotations
@@ -121,9 +121,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_api(database_url: str, port: int) -> subprocess.Popen[bytes]:
+def start_api(database_url: str, port: int, repo: Path) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
+        "PYTHONPATH": str(repo),
         "RATCHET_DATABASE_URL": database_url,
         "RATCHET_API_HOST": "127.0.0.1",
         "RATCHET_API_PORT": str(port),
@@ -131,7 +132,7 @@ def start_api(database_url: str, port: int) -> subprocess.Popen[bytes]:
         "RATCHET_LOG_LEVEL": "WARNING",
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "services", "api"], cwd=REPO, env=env, stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "services", "api"], cwd=repo, env=env, stdin=subprocess.DEVNULL
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -226,6 +227,12 @@ def hostile_body(size: int) -> bytes:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each phase")
+    parser.add_argument(
+        "--api-repo",
+        type=Path,
+        default=REPO,
+        help="run the api from this checkout (to compare commits; migrations are this one's)",
+    )
     args = parser.parse_args()
 
     import pgserver
@@ -255,7 +262,7 @@ def main() -> None:
                 ).ingest_token
             engine.dispose()
             port = free_port()
-            api = start_api(database_url, port)
+            api = start_api(database_url, port, args.api_repo.resolve())
             url = f"http://127.0.0.1:{port}"
 
             log(f"(a) batches of 25 episodes, 4 clients, {args.seconds:.0f} s")

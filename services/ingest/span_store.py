@@ -148,12 +148,17 @@ class EpisodeAssembler:
             return queries.payloads(session, row_ids=row_ids)
 
     def _finish(
-        self, loop_id: int, row_ids: list[int], dropped: list[int], trace_ids: set[str]
+        self,
+        loop_id: int,
+        row_ids: list[int],
+        dropped: list[int],
+        trace_ids: set[str],
+        unclaim: bool,
     ) -> None:
         with self._session_factory.begin() as session:
             queries.mark_assembled(session, row_ids=row_ids)
             queries.delete_rows(session, row_ids=dropped)
-            queries.release_traces(session, loop_id=loop_id, trace_ids=trace_ids)
+            queries.release_traces(session, loop_id=loop_id, trace_ids=trace_ids, unclaim=unclaim)
 
     # The request path ---------------------------------------------------------------------
 
@@ -180,7 +185,8 @@ class EpisodeAssembler:
     # The sweeper --------------------------------------------------------------------------
 
     async def sweep_once(self, service: IngestService) -> int:
-        """Assemble traces that have been quiet for the quiet period; how many were claimed."""
+        """Assemble traces that have been quiet for the quiet period; how many were claimed
+        and handled (0 when the writer refused some: they wait for their lease to end)."""
         settings = self.settings
         lease_s = max(60.0, 4 * settings.otlp_episode_quiet_s)
 
@@ -195,6 +201,7 @@ class EpisodeAssembler:
                 )
 
         claims = await self._db(claim)
+        written = True
         by_loop: dict[tuple[int, str], set[str]] = defaultdict(set)
         for loop_id, loop_name, trace_id in claims:
             by_loop[(loop_id, loop_name)].add(trace_id)
@@ -204,7 +211,7 @@ class EpisodeAssembler:
             for trace_id in trace_ids:
                 plans.setdefault(trace_id, Plan())
             report = AssemblyReport()
-            await self._assemble(service, loop_id, loop_name, plans, None, report, {})
+            written &= await self._assemble(service, loop_id, loop_name, plans, None, report, {})
             if report.errors:
                 log.warning(
                     "otlp: %d episode(s) of loop %s could not be stored after the quiet period: %s",
@@ -213,7 +220,9 @@ class EpisodeAssembler:
                     "; ".join(report.errors[:5]),
                 )
         await self._purge()
-        return len(claims)
+        # When the writer refused, the claims stay leased (retried when the lease ends), and
+        # the caller must not sweep again at once.
+        return len(claims) if written else 0
 
     async def _purge(self) -> None:
         if time.monotonic() - self._last_purge < PURGE_EVERY_S:
@@ -253,8 +262,11 @@ class EpisodeAssembler:
         new: set[tuple[str, str]] | None,
         report: AssemblyReport,
         known: dict[tuple[str, str], str | None],
-    ) -> None:
+    ) -> bool:
+        """Assemble what ``plans`` call complete; False when the writer refused (the
+        episodes keep waiting)."""
         outcome = _Outcome()
+        written = True
         episodes: list[tuple[str, Episode]] = []
         for trace_id, plan in plans.items():
             episodes.extend((trace_id, episode) for episode in plan.episodes)
@@ -298,8 +310,11 @@ class EpisodeAssembler:
         except StorageUnavailable as exc:
             # The rows are stored: the sweeper assembles these episodes when the writer is back.
             log.warning("otlp: episodes left for the sweeper: %s", exc)
+            written = False
         try:
-            await self._db(self._finish, loop_id, outcome.done, outcome.dropped, set(plans))
+            await self._db(
+                self._finish, loop_id, outcome.done, outcome.dropped, set(plans), written
+            )
         except StorageUnavailable as exc:
             log.warning("otlp: assembled rows not marked (the sweeper will redo them): %s", exc)
         report.stored_traces += outcome.stored
@@ -310,6 +325,7 @@ class EpisodeAssembler:
                 report.rejected += len(counted)
                 report.errors.append(reason)
                 INGEST_REJECTED.labels(loop_name, SOURCE, "unassembled_spans").inc(len(counted))
+        return written
 
     async def _map(
         self,

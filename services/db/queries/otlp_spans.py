@@ -105,8 +105,11 @@ def delete_rows(session: Session, *, row_ids: Iterable[int]) -> None:
         session.execute(delete(OtlpSpan).where(OtlpSpan.id.in_(ids)))
 
 
-def release_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) -> None:
-    """Drop the queue entries of traces with nothing left waiting; unclaim the others."""
+def release_traces(
+    session: Session, *, loop_id: int, trace_ids: Iterable[str], unclaim: bool = True
+) -> None:
+    """Drop the queue entries of traces with nothing left waiting; unclaim the others (unless
+    they should stay leased: the writer refused them, retry when the lease ends)."""
     ids = sorted(set(trace_ids))
     if not ids:
         return
@@ -117,7 +120,8 @@ def release_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) 
     )
     selected = and_(OtlpPendingTrace.loop_id == loop_id, OtlpPendingTrace.trace_id.in_(ids))
     session.execute(delete(OtlpPendingTrace).where(selected, ~waiting))
-    session.execute(update(OtlpPendingTrace).where(selected).values(claimed_until=None))
+    if unclaim:
+        session.execute(update(OtlpPendingTrace).where(selected).values(claimed_until=None))
 
 
 _CLAIM_SQL = text(

@@ -141,3 +141,24 @@ async def test_a_trace_that_never_goes_quiet_is_assembled_after_the_max_wait(
         assert count(session_factory, Trace) == 1
     finally:
         await service.stop()
+
+
+async def test_a_sweep_the_writer_refuses_keeps_its_claims_and_loses_nothing(
+    replicas: list[Replica], loop_id: int, session_factory: SessionFactory
+) -> None:
+    (assembler, service), (_, other_service) = replicas
+    children = [s for s in spans_of_one_episode() if s.parent is not None]
+    await assembler.ingest(
+        service, loop_id=loop_id, loop_name="otlp-replicas", decoded=decoded(children)
+    )
+    await asyncio.sleep(0.3)
+    await service.stop()  # the writer refuses from now on
+
+    assert await assembler.sweep_once(service) == 0  # nothing handled: do not sweep again now
+    assert count(session_factory, Trace) == 0
+    assert count(session_factory, OtlpSpan, OtlpSpan.assembled_at.is_(None)) == len(children)
+    # Still leased to this replica: another one does not take it before the lease ends.
+    assert await assembler.sweep_once(other_service) == 0
+    assert (
+        count(session_factory, OtlpPendingTrace, OtlpPendingTrace.claimed_until.is_not(None)) == 1
+    )

@@ -28,15 +28,17 @@ once, and a replica that dies mid-way leaves its claims to the others when the l
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.orm import Session
 
 from services.db.queries import otlp_spans as queries
 from services.db.session import SessionFactory
@@ -128,16 +130,40 @@ class EpisodeAssembler:
                 409, "loop_gone", "the loop was deleted while its spans were being stored"
             ) from None
 
-    def _store_and_read(
-        self, loop_id: int, rows: list[dict[str, Any]], trace_ids: set[str]
-    ) -> tuple[set[tuple[str, str]], list[tuple[Any, ...]]]:
-        with self._session_factory.begin() as session:
-            queries.touch_pending_traces(session, loop_id=loop_id, trace_ids=trace_ids)
-            new: set[tuple[str, str]] = set()
-            for chunk in _chunks(rows, INSERT_CHUNK):
-                new |= queries.insert_rows(session, rows=chunk)
-            structure = queries.trace_structure(session, loop_id=loop_id, trace_ids=trace_ids)
-        return new, structure
+    def _lock_and_read(
+        self, session: Session, loop_id: int, trace_ids: set[str]
+    ) -> list[tuple[Any, ...]]:
+        """Open the request's transaction: lock the traces' queue rows, read what is stored."""
+        queries.touch_pending_traces(session, loop_id=loop_id, trace_ids=trace_ids)
+        return queries.trace_structure(session, loop_id=loop_id, trace_ids=trace_ids)
+
+    def _store_and_finish(
+        self,
+        session: Session,
+        loop_id: int,
+        fresh: list[dict[str, Any]],
+        outcome: _Outcome,
+        trace_ids: set[str],
+    ) -> None:
+        """Close the request's transaction: store its new rows (as waiting, or already
+        assembled without their payload), mark and drop the stored ones, commit."""
+        done, dropped = set(outcome.done), set(outcome.dropped)
+        now = dt.datetime.now(dt.UTC)
+        inserts: list[dict[str, Any]] = []
+        for number, row in enumerate(fresh):
+            row_id = _fresh_id(number)
+            if row_id in dropped:
+                continue
+            if row_id in done:
+                inserts.append({**row, "payload": None, "assembled_at": now})
+            else:
+                inserts.append({**row, "assembled_at": None})
+        for chunk in _chunks(inserts, INSERT_CHUNK):
+            queries.insert_rows(session, rows=chunk)
+        queries.mark_assembled(session, row_ids=[i for i in done if i > 0])
+        queries.delete_rows(session, row_ids=[i for i in dropped if i > 0])
+        queries.release_traces(session, loop_id=loop_id, trace_ids=trace_ids)
+        session.commit()
 
     def _read(self, loop_id: int, trace_ids: set[str]) -> list[tuple[Any, ...]]:
         with self._session_factory() as session:
@@ -156,6 +182,8 @@ class EpisodeAssembler:
         unclaim: bool,
     ) -> None:
         with self._session_factory.begin() as session:
+            # The queue rows first, as the request path takes them: no deadlock between them.
+            queries.lock_pending_traces(session, loop_id=loop_id, trace_ids=trace_ids)
             queries.mark_assembled(session, row_ids=row_ids)
             queries.delete_rows(session, row_ids=dropped)
             queries.release_traces(session, loop_id=loop_id, trace_ids=trace_ids, unclaim=unclaim)
@@ -165,22 +193,34 @@ class EpisodeAssembler:
     async def ingest(
         self, service: IngestService, *, loop_id: int, loop_name: str, decoded: DecodedExport
     ) -> AssemblyReport:
-        """Store an export's spans and log records, then assemble what is complete.
+        """Assemble what this export completes and store the rest of it, in one transaction
+        that holds the traces' queue rows from the first read to the commit.
 
-        Raises :class:`StorageUnavailable` only when nothing was stored (then nothing may be
-        acknowledged); once the rows are in, every later failure leaves them to the sweeper.
+        Raises :class:`StorageUnavailable` unless the export's rows were committed (then
+        nothing may be acknowledged; traces already written come back as duplicates on the
+        retry).
         """
         rows = _rows(loop_id, decoded)
-        trace_ids = {row["trace_id"] for row in rows}
         if not rows:
             return AssemblyReport()
-        new, structure = await self._db(self._store_and_read, loop_id, rows, trace_ids)
-        plans = _plans(structure, flush=False)
-        report = AssemblyReport()
-        # This export's own rows need not be read back.
-        known = {(row["trace_id"], row["record_id"]): row["payload"] for row in rows}
-        await self._assemble(service, loop_id, loop_name, plans, new, report, known)
-        return report
+        trace_ids = {row["trace_id"] for row in rows}
+        session = self._session_factory()
+        try:
+            structure = await self._db(self._lock_and_read, session, loop_id, trace_ids)
+            stored = {(row[0], row[2]) for row in structure}
+            fresh = [r for r in rows if (r["trace_id"], r["record_id"]) not in stored]
+            plans = _plans([*structure, *(_fresh_row(n, r) for n, r in enumerate(fresh))])
+            known = {(r["trace_id"], r["record_id"]): r["payload"] for r in rows}
+
+            async def finish(outcome: _Outcome, written: bool) -> None:
+                await self._db(self._store_and_finish, session, loop_id, fresh, outcome, trace_ids)
+
+            report = AssemblyReport()
+            new = {(r["trace_id"], r["record_id"]) for r in fresh}
+            await self._assemble(service, loop_id, loop_name, plans, new, report, known, finish)
+            return report
+        finally:
+            await asyncio.to_thread(session.close)  # rolls back unless committed
 
     # The sweeper --------------------------------------------------------------------------
 
@@ -210,8 +250,24 @@ class EpisodeAssembler:
             plans = _plans(structure, flush=True)
             for trace_id in trace_ids:
                 plans.setdefault(trace_id, Plan())
+
+            async def finish(
+                outcome: _Outcome,
+                written: bool,
+                loop_id: int = loop_id,
+                traces: set[str] = trace_ids,
+            ) -> None:
+                try:
+                    await self._db(
+                        self._finish, loop_id, outcome.done, outcome.dropped, traces, written
+                    )
+                except StorageUnavailable as exc:  # the lease ends; the next sweep redoes them
+                    log.warning("otlp sweeper: assembled rows not marked: %s", exc)
+
             report = AssemblyReport()
-            written &= await self._assemble(service, loop_id, loop_name, plans, None, report, {})
+            written &= await self._assemble(
+                service, loop_id, loop_name, plans, None, report, {}, finish
+            )
             if report.errors:
                 log.warning(
                     "otlp: %d episode(s) of loop %s could not be stored after the quiet period: %s",
@@ -262,6 +318,7 @@ class EpisodeAssembler:
         new: set[tuple[str, str]] | None,
         report: AssemblyReport,
         known: dict[tuple[str, str], str | None],
+        finish: Callable[[_Outcome, bool], Awaitable[None]],
     ) -> bool:
         """Assemble what ``plans`` call complete; False when the writer refused (the
         episodes keep waiting)."""
@@ -308,15 +365,11 @@ class EpisodeAssembler:
                     else:
                         outcome.stored += 1
         except StorageUnavailable as exc:
-            # The rows are stored: the sweeper assembles these episodes when the writer is back.
+            # The rows are (or are about to be) stored: the sweeper assembles these episodes
+            # when the writer is back.
             log.warning("otlp: episodes left for the sweeper: %s", exc)
             written = False
-        try:
-            await self._db(
-                self._finish, loop_id, outcome.done, outcome.dropped, set(plans), written
-            )
-        except StorageUnavailable as exc:
-            log.warning("otlp: assembled rows not marked (the sweeper will redo them): %s", exc)
+        await finish(outcome, written)
         report.stored_traces += outcome.stored
         for trace_id, nodes, reason in outcome.rejected:
             # A request reports only its own rows; the sweeper counts everything it drops.
@@ -339,7 +392,7 @@ class EpisodeAssembler:
             n.row_id
             for trace_id, episode in episodes
             for n in episode.rows
-            if known.get((trace_id, n.record_id)) is None
+            if n.row_id > 0 and known.get((trace_id, n.record_id)) is None
         ]
         read = await self._db(self._payloads, unread) if unread else {}
 
@@ -376,7 +429,27 @@ class EpisodeAssembler:
         return stored
 
 
-def _plans(structure: list[tuple[Any, ...]], *, flush: bool) -> dict[str, Plan]:
+def _fresh_id(number: int) -> int:
+    """The stand-in row id of an export's ``number``-th new row (not yet in Postgres)."""
+    return -(number + 1)
+
+
+def _fresh_row(number: int, row: dict[str, Any]) -> tuple[Any, ...]:
+    """A new row as ``trace_structure`` would return it."""
+    return (
+        row["trace_id"],
+        _fresh_id(number),
+        row["record_id"],
+        row["span_id"],
+        row["parent_span_id"],
+        row["kind"],
+        row["remote_parent"],
+        row["has_content"],
+        False,
+    )
+
+
+def _plans(structure: list[tuple[Any, ...]], *, flush: bool = False) -> dict[str, Plan]:
     nodes: dict[str, list[Node]] = defaultdict(list)
     for row in structure:
         trace_id, node = _node(row)
@@ -385,6 +458,7 @@ def _plans(structure: list[tuple[Any, ...]], *, flush: bool) -> dict[str, Plan]:
 
 
 def _rows(loop_id: int, decoded: DecodedExport) -> list[dict[str, Any]]:
+    """The export's rows, once each (an export may hold the same span twice)."""
     rows: list[dict[str, Any]] = []
     for trace_id, spans in decoded.spans.items():
         for span in spans:
@@ -418,4 +492,5 @@ def _rows(loop_id: int, decoded: DecodedExport) -> list[dict[str, Any]]:
                     "payload": record.to_payload(),
                 }
             )
-    return rows
+    unique = {(row["trace_id"], row["record_id"]): row for row in rows}
+    return list(unique.values())

@@ -27,6 +27,22 @@ STRUCTURE_COLUMNS = (
 )
 
 
+_TOUCH = insert(OtlpPendingTrace)
+_TOUCH = _TOUCH.on_conflict_do_update(
+    index_elements=[OtlpPendingTrace.loop_id, OtlpPendingTrace.trace_id],
+    set_={"last_received_at": func.now()},
+)
+# Core statements executed with many parameter sets: compiled once (a multi-row VALUES
+# built per call costs SQLAlchemy ~2 ms per 100 rows to compile, more than Postgres's work).
+_INSERT = (
+    insert(OtlpSpan)
+    .on_conflict_do_nothing(
+        index_elements=[OtlpSpan.loop_id, OtlpSpan.trace_id, OtlpSpan.record_id]
+    )
+    .returning(OtlpSpan.trace_id, OtlpSpan.record_id)
+)
+
+
 def touch_pending_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) -> None:
     """Mark traces as having new rows (now), creating their queue entries.
 
@@ -34,32 +50,31 @@ def touch_pending_traces(session: Session, *, loop_id: int, trace_ids: Iterable[
     api replica's rows are committed before this export reads the trace), without deadlocks.
     """
     ordered = sorted(set(trace_ids))
-    if not ordered:
-        return
-    statement = insert(OtlpPendingTrace).values(
-        [{"loop_id": loop_id, "trace_id": trace_id} for trace_id in ordered]
-    )
-    session.execute(
-        statement.on_conflict_do_update(
-            index_elements=[OtlpPendingTrace.loop_id, OtlpPendingTrace.trace_id],
-            set_={"last_received_at": statement.excluded.last_received_at},
+    if ordered:
+        session.connection().execute(
+            _TOUCH, [{"loop_id": loop_id, "trace_id": trace_id} for trace_id in ordered]
         )
-    )
 
 
 def insert_rows(session: Session, *, rows: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
-    """Insert span/log rows; the (trace id, record id) of those that were new."""
+    """Insert span/log rows (a row already there is left as it is); the (trace id, record id)
+    of those that were new."""
     if not rows:
         return set()
-    statement = (
-        insert(OtlpSpan)
-        .values(list(rows))
-        .on_conflict_do_nothing(
-            index_elements=[OtlpSpan.loop_id, OtlpSpan.trace_id, OtlpSpan.record_id]
-        )
-        .returning(OtlpSpan.trace_id, OtlpSpan.record_id)
-    )
-    return {(trace_id, record_id) for trace_id, record_id in session.execute(statement)}
+    result = session.connection().execute(_INSERT, list(rows))
+    return {(trace_id, record_id) for trace_id, record_id in result}
+
+
+def lock_pending_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) -> None:
+    """Lock the traces' queue rows, in trace id order (the order every writer takes them)."""
+    ids = sorted(set(trace_ids))
+    if ids:
+        session.execute(
+            select(OtlpPendingTrace.trace_id)
+            .where(OtlpPendingTrace.loop_id == loop_id, OtlpPendingTrace.trace_id.in_(ids))
+            .order_by(OtlpPendingTrace.trace_id)
+            .with_for_update()
+        ).all()
 
 
 def trace_structure(

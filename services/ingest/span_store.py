@@ -1,21 +1,26 @@
 """OTLP episodes assembled from spans that wait durably in Postgres, and the quiet-period sweeper.
 
-Every export is stored before it is acknowledged: its spans and GenAI log records go into
-``otlp_spans`` (re-exported ones are no-ops by key), and its traces into the sweeper's queue
-``otlp_pending_traces``, in one transaction. Then the rules of services.ingest.episodes run
-over everything stored for those traces; the episodes they call complete are mapped
-(services.ingest.otlp) and written through the ingest writer like webhook traces, and their
-rows are marked assembled. Whatever is not complete waits for more spans or the quiet period.
+An export is handled in one transaction. It first locks the queue rows of its traces in
+``otlp_pending_traces`` (creating them) and reads what is stored for those traces in
+``otlp_spans``; the rules of services.ingest.episodes then run over the stored rows plus the
+export's; the episodes they call complete are mapped (services.ingest.otlp) and written
+through the ingest writer like webhook traces; finally the export's rows are inserted (those
+of the episodes just written already marked assembled, without their payload; the rest
+waiting, with it), the stored rows that were used are marked assembled, and the transaction
+commits. Only then is the export answered.
 
-Why this order is safe:
+Why this is safe:
 
-- A 2xx means the spans are in Postgres. If the api dies after that, or the writer is full
-  or down, the spans are still there and the sweeper assembles them after the quiet period.
-- An episode's external id comes from its span, so assembling it twice (a retry, a race
-  between replicas, a crash between writing the trace and marking its rows) stores it once:
-  the second write is a duplicate.
-- Concurrent exports of one trace (SimpleSpanProcessor through a load balancer) take the
-  trace's queue row lock first, in trace id order, so the second reads the first's spans.
+- A 2xx means the export's spans are in Postgres. If the writer is full or down, the
+  episodes' rows are stored as waiting and the sweeper assembles them after the quiet
+  period; if the commit fails, the export is answered 503 and retried.
+- An episode's external id comes from its span, so assembling it twice (a retry after a
+  failed commit, a crash between writing the trace and committing) stores it once: the
+  second write is a duplicate.
+- Concurrent exports of one trace (a Collector's consumers, replicas behind a load
+  balancer) queue on the trace's row lock, held from the first read to the commit, so the
+  second sees everything the first stored. Every writer takes the queue rows first and in
+  trace id order, so the two paths cannot deadlock.
 
 The sweeper runs in every api process, not as a Temporal activity: the api owns the ingest
 writer and this module already, ingest must keep working while Temporal is down (a webhook

@@ -203,8 +203,16 @@ class EpisodeAssembler:
 
         Raises :class:`StorageUnavailable` unless the export's rows were committed (then
         nothing may be acknowledged; traces already written come back as duplicates on the
-        retry).
+        retry). Shielded: a client that hangs up does not cut the transaction short (its
+        session is in use in a worker thread).
         """
+        task = asyncio.ensure_future(self._ingest(service, loop_id, loop_name, decoded))
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return await asyncio.shield(task)
+
+    async def _ingest(
+        self, service: IngestService, loop_id: int, loop_name: str, decoded: DecodedExport
+    ) -> AssemblyReport:
         rows = _rows(loop_id, decoded)
         if not rows:
             return AssemblyReport()

@@ -201,3 +201,31 @@ def test_log_records_that_join_nothing_are_rejected_by_count(
         )
         no_token = httpx.post(f"{url}/otlp/v1/logs", content=b"", headers={})
         assert no_token.status_code == 401
+        # Hostile message JSON in a log record's attributes is a 400, as on spans.
+        hostile = {
+            "resourceLogs": [
+                {
+                    "scopeLogs": [
+                        {
+                            "logRecords": [
+                                {
+                                    "traceId": "0" * 31 + "1",
+                                    "spanId": "0" * 15 + "1",
+                                    "eventName": "gen_ai.client.inference.operation.details",
+                                    "attributes": [
+                                        {
+                                            "key": "gen_ai.input.messages",
+                                            "value": {"stringValue": "[" * 5000 + "]" * 5000},
+                                        }
+                                    ],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            ]
+        }
+        response = httpx.post(
+            f"{url}/otlp/v1/logs", json=hostile, headers={"authorization": f"Bearer {token}"}
+        )
+        assert (response.status_code, error_code(response)) == (400, "invalid_otlp")

@@ -115,6 +115,10 @@ class EpisodeAssembler:
         self._session_factory = session_factory
         self._retry_after_s = retry_after_s
         self._last_purge = 0.0
+        # Each export holds a pooled connection from its first read to its commit (across the
+        # trace write): at most half the pool at once, so OTLP floods cannot starve the rest of
+        # the api (credentials, admin API) of connections.
+        self._transactions = asyncio.Semaphore(max(1, settings.database_pool_size // 2))
 
     @property
     def sweep_interval_s(self) -> float:
@@ -217,6 +221,17 @@ class EpisodeAssembler:
         if not rows:
             return AssemblyReport()
         trace_ids = {row["trace_id"] for row in rows}
+        async with self._transactions:
+            return await self._ingest_rows(service, loop_id, loop_name, rows, trace_ids)
+
+    async def _ingest_rows(
+        self,
+        service: IngestService,
+        loop_id: int,
+        loop_name: str,
+        rows: list[dict[str, Any]],
+        trace_ids: set[str],
+    ) -> AssemblyReport:
         session = self._session_factory()
         try:
             structure = await self._db(self._lock_and_read, session, loop_id, trace_ids)

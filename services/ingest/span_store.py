@@ -3,7 +3,7 @@
 An export is handled in one transaction. It first locks the queue rows of its traces in
 ``otlp_pending_traces`` (creating them) and reads what is stored for those traces in
 ``otlp_spans``; the rules of services.ingest.episodes then run over the stored rows plus the
-export's; the episodes they call complete are mapped (services.ingest.otlp) and written
+export's; the episodes they call complete are mapped (services.ingest.otlp_mapping) and written
 through the ingest writer like webhook traces; finally the export's rows are inserted (those
 of the episodes just written already marked assembled, without their payload; the rest
 waiting, with it), the stored rows that were used are marked assembled, and the transaction
@@ -49,11 +49,9 @@ from services.db.queries import otlp_spans as queries
 from services.db.session import SessionFactory
 from services.ingest.episodes import LOG, OTHER, Episode, Node, Plan, plan_trace
 from services.ingest.errors import IngestError
-from services.ingest.otlp import (
-    DecodedExport,
-    LogView,
+from services.ingest.otlp import DecodedExport, LogView, SpanView
+from services.ingest.otlp_mapping import (
     MappingError,
-    SpanView,
     apply_logs,
     external_id_of,
     validate_episode,

@@ -9,10 +9,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from services.ingest.otlp import (
-    LogView,
+from services.ingest.otlp import LogView, SpanView
+from services.ingest.otlp_mapping import (
     MappingError,
-    SpanView,
     apply_logs,
     convert_messages,
     map_export,

@@ -53,8 +53,6 @@ def replacement_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) ->
             nested = replacement_patch(before, value)
             if nested:
                 patch[key] = nested
-            elif not value and before:
-                patch[key] = None
         elif before is _MISSING or before != value:
             patch[key] = value
     return patch

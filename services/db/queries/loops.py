@@ -161,6 +161,11 @@ def update_loop_config(
     changes = diff(before, after)
     if not changes:
         return ConfigUpdate(loop=loop, changes=[], version=None)
+    if not config_versions(session, loop_id=loop.id, limit=1):
+        # A loop written by other means (SQL, an old release): keep where it started from.
+        record_config_version(
+            session, loop=loop, changes=[], changed_by="unknown", reason="before the first change"
+        )
     loop.executor = str(after["executor"])
     budget = after["budget_usd"]
     loop.budget_usd = Decimal(str(budget)) if budget is not None else None

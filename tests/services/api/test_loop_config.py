@@ -61,7 +61,10 @@ def test_a_change_is_merged_versioned_and_listed(
 
     versions = client.get("/v1/loops/support/config/versions", headers=ADMIN).json()
     assert [v["version"] for v in versions] == [2, 1]
-    assert (versions[0]["changed_by"], versions[0]["reason"]) == ("ana@example.com", "stricter gate")
+    assert (versions[0]["changed_by"], versions[0]["reason"]) == (
+        "ana@example.com",
+        "stricter gate",
+    )
     assert versions[1]["changed_by"] == "admin-api" and versions[1]["reason"] == "created"
     assert versions[1]["config"]["gate_policy"] == {"mode": "manual", "confidence": 0.9}
     assert versions[0]["created_at"] >= versions[1]["created_at"]
@@ -78,9 +81,7 @@ def test_dry_run_shows_the_diff_and_changes_nothing(
     assert response.status_code == 200, response.text
     change = response.json()
     assert (change["dry_run"], change["changed"], change["version"]) == (True, True, 1)
-    assert change["changes"] == [
-        {"path": "trigger_policy.min_new_tasks", "before": 8, "after": 64}
-    ]
+    assert change["changes"] == [{"path": "trigger_policy.min_new_tasks", "before": 8, "after": 64}]
     with session_factory() as session:
         assert session.scalars(select(Loop)).one().trigger_policy == {"min_new_tasks": 8}
         assert len(session.scalars(select(LoopConfigVersion)).all()) == 1

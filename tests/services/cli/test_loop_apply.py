@@ -70,7 +70,7 @@ def test_apply_round_trip(
 
     code, out, _ = run(capsys, "loop", "apply", "-f", str(path), "--dry-run")
     assert code == 0, out
-    assert "+ gate_policy.mode: \"manual\"" in out and "would be created" in out
+    assert '+ gate_policy.mode: "manual"' in out and "would be created" in out
     with session_factory() as session:
         assert session.scalars(select(Loop)).all() == []
 

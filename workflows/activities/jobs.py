@@ -191,6 +191,8 @@ class JobActivities:
                 base_checkpoint=base,
                 accelerators=input.accelerators,
                 nodes=_nodes(input.job_spec),
+                image=input.job_image,
+                command=tuple(input.job_command) if input.job_command else None,
             )
         except JobSpecError as exc:
             self._fail_before_submit(input.run_id, str(exc))

@@ -150,8 +150,18 @@ def _client() -> Any:
     from services.client import RatchetClient
 
     settings = cli_settings()
-    token = settings.admin_token.get_secret_value() if settings.admin_token else None
-    return RatchetClient(settings.api_base_url, token)
+    return RatchetClient(settings.api_base_url, admin_token_for_cli(settings))
+
+
+def admin_token_for_cli(settings: Any) -> str | None:
+    """RATCHET_ADMIN_TOKEN, else the local stack's (`ratchet up`) for an api on this machine."""
+    if settings.admin_token is not None:
+        return str(settings.admin_token.get_secret_value())
+    from services.local.admin_token import is_loopback_url, read_local_admin_token
+
+    if is_loopback_url(settings.api_base_url):
+        return read_local_admin_token(settings.state_dir)
+    return None
 
 
 def _call(args: argparse.Namespace, action: Any) -> Any:
@@ -171,7 +181,10 @@ def _call(args: argparse.Namespace, action: Any) -> Any:
 
 def _explain(exc: Any, name: str | None) -> str:
     if exc.status_code == 401:
-        return "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin token"
+        return (
+            "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin token "
+            "(a local `ratchet up` prints it and keeps it in <state dir>/admin-token)"
+        )
     if exc.status_code == 403:
         return exc.message
     if exc.status_code == 404:

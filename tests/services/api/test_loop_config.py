@@ -131,3 +131,46 @@ def test_invalid_changes_are_422_per_field_and_lose_nothing(
     assert client.patch("/v1/loops/strict", json={}).status_code == 401
     unknown = client.get("/v1/loops/absent/config/versions", headers=ADMIN)
     assert unknown.status_code == 404
+
+
+def test_the_loop_page_shows_the_history_and_an_operator_champion(
+    client: TestClient, session_factory: SessionFactory
+) -> None:
+    from services.db.models import Checkpoint, Promotion
+
+    create_loop(client, "paged", gate_policy={"confidence": 0.9})
+    patch(client, "paged", {"gate_policy": {"confidence": 0.97}, "changed_by": "ana"})
+    with session_factory.begin() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == "paged")).one()
+        session.add(
+            Checkpoint(
+                id="c" * 64,
+                loop_id=loop.id,
+                uri="file:///tmp/base",
+                format="safetensors",
+                size_bytes=1,
+                sha256="c" * 64,
+                manifest={},
+            )
+        )
+        session.flush()
+        loop.champion_checkpoint_id = "c" * 64
+        session.add(
+            Promotion(
+                loop_id=loop.id,
+                cycle_id=None,
+                decision="promote",
+                status="held",
+                reason="the first champion",
+                candidate_checkpoint_id="c" * 64,
+                decided_by="operator",
+            )
+        )
+    page = client.get("/loops/paged")
+    assert page.status_code == 200
+    html = page.text
+    assert "Configuration history" in html
+    assert "v2" in html and "v1" in html and "ana" in html
+    assert "gate_policy.confidence" in html and "0.97" in html
+    assert "cycle #None" not in html
+    assert "registered by the operator" in html

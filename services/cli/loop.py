@@ -209,7 +209,11 @@ def _create(args: argparse.Namespace) -> int:
     created = _call(
         args,
         lambda client: client.create_loop(
-            args.name, args.environment, executor=args.executor, budget_usd=args.budget_usd
+            args.name,
+            args.environment,
+            executor=args.executor,
+            budget_usd=args.budget_usd,
+            changed_by=_actor(None),
         ),
     )
     if args.json:

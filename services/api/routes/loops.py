@@ -39,6 +39,7 @@ from services.db.queries.loops import (
     config_document,
     config_versions,
     get_loop,
+    get_loop_for_update,
     list_loops,
     trace_stats,
     update_loop_config,
@@ -289,7 +290,9 @@ def patch_loop(
     dry_run: bool = Query(default=False, description="validate and show the diff, change nothing"),
 ) -> LoopConfigChange:
     with state.session_factory() as session:
-        row = _loop_or_404(session, loop)
+        row = get_loop_for_update(session, name=loop)
+        if row is None:
+            raise ApiError(404, "loop_not_found", f"there is no loop named {loop[:64]!r}")
         current = config_document(row)
         config = _patched_config(current, body)
         if dry_run:

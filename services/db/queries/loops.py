@@ -72,6 +72,12 @@ def get_loop(session: Session, *, name: str) -> Loop | None:
     return session.scalar(select(Loop).where(Loop.name == name))
 
 
+def get_loop_for_update(session: Session, *, name: str) -> Loop | None:
+    """The loop, its row locked until the transaction ends: concurrent configuration changes
+    apply one after the other, each to what the previous one left."""
+    return session.scalar(select(Loop).where(Loop.name == name).with_for_update())
+
+
 def list_loops(session: Session) -> Sequence[Loop]:
     return session.scalars(select(Loop).order_by(Loop.name)).all()
 

@@ -174,3 +174,27 @@ def test_the_loop_page_shows_the_history_and_an_operator_champion(
     assert "gate_policy.confidence" in html and "0.97" in html
     assert "cycle #None" not in html
     assert "registered by the operator" in html
+
+
+def test_concurrent_changes_apply_one_after_the_other(
+    client: TestClient, session_factory: SessionFactory
+) -> None:
+    """Each change merges into what the previous one left: none is lost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    create_loop(client, "busy")
+    keys = [f"k{i}" for i in range(8)]
+
+    def change(key: str) -> int:
+        body = {"training_profile": {"hyperparameters": {key: 1}}, "changed_by": key}
+        return int(patch(client, "busy", body).status_code)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(change, keys)) == [200] * len(keys)
+    with session_factory() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == "busy")).one()
+        assert set(loop.training_profile["hyperparameters"]) == set(keys)
+        versions = session.scalars(
+            select(LoopConfigVersion.version).where(LoopConfigVersion.loop_id == loop.id)
+        ).all()
+    assert sorted(versions) == list(range(1, len(keys) + 2))

@@ -187,6 +187,17 @@ def update_loop_config(
     return ConfigUpdate(loop=loop, changes=changes, version=version)
 
 
+def config_at(session: Session, *, loop_id: int, at: dt.datetime) -> dict[str, Any] | None:
+    """The loop's configuration as it was at ``at`` (None before its first version)."""
+    config = session.scalar(
+        select(LoopConfigVersion.config)
+        .where(LoopConfigVersion.loop_id == loop_id, LoopConfigVersion.created_at <= at)
+        .order_by(LoopConfigVersion.version.desc())
+        .limit(1)
+    )
+    return dict(config) if config is not None else None
+
+
 def config_versions(
     session: Session, *, loop_id: int, limit: int = 50
 ) -> Sequence[LoopConfigVersion]:

@@ -106,9 +106,27 @@ def test_an_installed_package_registers_its_environment(arith: Path) -> None:
     assert getattr(rejected, "reason", None) == "no_arithmetic"
 
 
-def test_unknown_and_broken_environments_are_clear_errors(arith: Path) -> None:
+def test_unknown_and_broken_environments_are_clear_errors(
+    arith: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ValueError, match=r"unknown environment 'chess' \(known: .*arith"):
         get_environment("chess")
+    # Two broken packages: one whose module is missing, one whose object is no environment.
+    site = tmp_path / "broken-site"
+    info = site / "broken_envs-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-envs\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[ratchet.environments]\nghost = no_such_module:Env\nplain = json:JSONDecoder\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    refresh_installed()
+    assert {"arith", "ghost", "plain", "toolcalc"} <= set(environment_names())
+    with pytest.raises(ValueError, match=r"'ghost' .* cannot be loaded: ModuleNotFoundError"):
+        get_environment("ghost")
+    with pytest.raises(ValueError, match="does not implement the Environment interface"):
+        get_environment("plain")
+    assert get_environment("arith").name == "arith"  # the others still work
 
 
 def arith_traces(n: int, seed: int) -> list[dict[str, object]]:

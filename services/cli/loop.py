@@ -257,6 +257,7 @@ def _show(args: argparse.Namespace) -> int:
     print(f"  executor     {loop.executor}")
     print(f"  budget       {budget}")
     print(f"  champion     {loop.champion_checkpoint_id or 'none yet'}")
+    print(f"  config       version {loop.config_version} (`ratchet loop history {loop.name}`)")
     print(f"  traces       {loop.trace_count} (last {loop.last_trace_at or 'never'})")
     print(f"  webhook      {loop.webhook_url}")
     print(f"  otlp         {loop.otlp_traces_url}")

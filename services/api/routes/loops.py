@@ -179,6 +179,7 @@ def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
             CredentialPublic(kind=c.kind, created_at=c.created_at, expires_at=c.expires_at)
             for c in credentials
         ],
+        config_version=_current_version(session, row),
     )
 
 

@@ -119,6 +119,9 @@ class LoopDetail(LoopPublic):
     trace_count: int
     last_trace_at: dt.datetime | None
     credentials: list[CredentialPublic]
+    config_version: int = Field(
+        default=0, description="The current configuration version (see /config/versions)"
+    )
 
 
 class LoopCreated(LoopPublic):

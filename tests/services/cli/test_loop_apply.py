@@ -131,6 +131,8 @@ def test_apply_round_trip(
     }
     code, out, _ = run(capsys, "loop", "history", "support-bot")
     assert "version 2" in out and "by bo (fewer false wins)" in out
+    code, out, _ = run(capsys, "loop", "show", "support-bot")
+    assert "config       version 2" in out
 
     # Export gives a file that applies as a no-op.
     code, out, _ = run(capsys, "loop", "export", "support-bot")

@@ -31,6 +31,7 @@ class Progress:
         self.total = total
         self.unit = unit
         self.completed = 0.0
+        self.failed = False  # set when the work ended badly: the last line says so
         self._stream = stream if stream is not None else sys.stderr
         self._interval_s = interval_s
         self._last_line = 0.0
@@ -71,10 +72,12 @@ class Progress:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if exc_type is not None:
+            self.failed = True
         if self._bar is not None:
             self._bar.stop()
-        elif exc_type is None:
-            self._line(done=True)
+        else:
+            self._line(done=not self.failed)
 
     def advance(self, amount: float = 1) -> None:
         self.update(self.completed + amount)
@@ -97,7 +100,7 @@ class Progress:
         if self.total:
             share = f" ({100 * self.completed / self.total:.0f}%)"
             amount = f"{amount}/{_format(self.total, self.unit)}{share}"
-        state = "done" if done else "..."
+        state = "done" if done else "failed" if self.failed else "..."
         print(f"{self.description}: {amount} {state}", file=self._stream, flush=True)
 
 

@@ -186,6 +186,7 @@ def follow_job_progress(process: subprocess.Popen[bytes], log_path: Path, label:
                 if match is not None:
                     progress.update(int(match.group(1)), total=int(match.group(2)))
             if done:
+                progress.failed = process.returncode != 0
                 return
             time.sleep(0.5)
 

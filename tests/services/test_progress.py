@@ -62,3 +62,18 @@ def test_the_demo_follows_a_jobs_step_lines(tmp_path: Path) -> None:
             sys.stderr = real_stderr
     assert process.returncode == 0
     assert stream.getvalue().splitlines()[-1] == "[demo] train job: 3 steps/3 steps (100%) done"
+
+
+def test_a_failed_job_ends_with_failed_not_done(tmp_path: Path) -> None:
+    log_path = tmp_path / "job.log"
+    job = 'import sys\nprint("sft step 1/4 loss 2.0", flush=True)\nsys.exit(1)\n'
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", job], stdout=log)
+        stream = io.StringIO()
+        real_stderr, sys.stderr = sys.stderr, stream
+        try:
+            follow_job_progress(process, log_path, "[demo] train job")
+        finally:
+            sys.stderr = real_stderr
+    assert process.returncode == 1
+    assert stream.getvalue().splitlines()[-1] == "[demo] train job: 1 steps/4 steps (25%) failed"

@@ -389,9 +389,9 @@ def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
 
 def run_up(settings: Settings) -> int:
     """Start everything, print where it is, and supervise until Ctrl-C or a child dies."""
-    settings, generated = with_local_admin_token(settings)
-    stack = Stack(settings, generated_admin_token=generated)
-    stack.preflight()
+    stack = Stack(settings)
+    stack.preflight()  # first: a state dir that cannot hold the token is named as such
+    stack.settings, stack.generated_admin_token = with_local_admin_token(settings)
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:

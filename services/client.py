@@ -108,7 +108,7 @@ class RatchetClient:
         name: str,
         environment: str,
         *,
-        executor: str = "local",
+        executor: str | None = "local",
         budget_usd: Decimal | float | None = None,
         training_profile: Mapping[str, Any] | None = None,
         serving_target: Mapping[str, Any] | None = None,
@@ -118,7 +118,9 @@ class RatchetClient:
         changed_by: str | None = None,
     ) -> LoopCreated:
         """Create a loop; the answer holds its signing secret and ingest token (shown once)."""
-        body: dict[str, Any] = {"name": name, "environment": environment, "executor": executor}
+        body: dict[str, Any] = {"name": name, "environment": environment}
+        if executor is not None:  # None: the server's RATCHET_EXECUTOR
+            body["executor"] = executor
         if changed_by:
             body["changed_by"] = changed_by
         if budget_usd is not None:

@@ -424,7 +424,10 @@ def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:
     created = _call(
         args,
         lambda client: client.create_loop(
-            manifest.name, manifest.environment, changed_by=by, **manifest.create_arguments()
+            manifest.name,
+            manifest.environment,
+            changed_by=by,
+            **{"executor": None, **manifest.create_arguments()},
         ),
     )
     if args.json:

@@ -19,7 +19,14 @@ import httpx
 from pydantic import BaseModel
 from standardwebhooks.webhooks import Webhook
 
-from services.api.schemas.loops import LoopCreated, LoopDetail, LoopPublic, RotateResult
+from services.api.schemas.loops import (
+    LoopConfigChange,
+    LoopConfigVersionPublic,
+    LoopCreated,
+    LoopDetail,
+    LoopPublic,
+    RotateResult,
+)
 from services.api.schemas.traces import IngestResult
 
 T = TypeVar("T", bound=BaseModel)
@@ -79,9 +86,15 @@ class RatchetClient:
     def close(self) -> None:
         self._http.close()
 
-    def _request(self, method: str, path: str, json_body: Any = None) -> httpx.Response:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        json_body: Any = None,
+        params: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         try:
-            response = self._http.request(method, path, json=json_body)
+            response = self._http.request(method, path, json=json_body, params=params)
         except httpx.TransportError as exc:
             raise ApiUnreachable(f"cannot reach the Ratchet api at {self.base_url}: {exc}") from exc
         _raise_for_error(response)
@@ -95,16 +108,21 @@ class RatchetClient:
         name: str,
         environment: str,
         *,
-        executor: str = "local",
+        executor: str | None = "local",
         budget_usd: Decimal | float | None = None,
         training_profile: Mapping[str, Any] | None = None,
         serving_target: Mapping[str, Any] | None = None,
         gate_policy: Mapping[str, Any] | None = None,
         trigger_policy: Mapping[str, Any] | None = None,
         curation_policy: Mapping[str, Any] | None = None,
+        changed_by: str | None = None,
     ) -> LoopCreated:
         """Create a loop; the answer holds its signing secret and ingest token (shown once)."""
-        body: dict[str, Any] = {"name": name, "environment": environment, "executor": executor}
+        body: dict[str, Any] = {"name": name, "environment": environment}
+        if executor is not None:  # None: the server's RATCHET_EXECUTOR
+            body["executor"] = executor
+        if changed_by:
+            body["changed_by"] = changed_by
         if budget_usd is not None:
             body["budget_usd"] = str(budget_usd)
         for key, value in (
@@ -125,6 +143,21 @@ class RatchetClient:
 
     def get_loop(self, name: str) -> LoopDetail:
         return self._model(LoopDetail, "GET", f"/v1/loops/{name}")
+
+    def patch_loop(
+        self, name: str, patch: Mapping[str, Any], *, dry_run: bool = False
+    ) -> LoopConfigChange:
+        """Change a loop's configuration (a merge patch per policy); see ``PATCH /v1/loops``."""
+        params = {"dry_run": "true"} if dry_run else None
+        response = self._request("PATCH", f"/v1/loops/{name}", dict(patch), params=params)
+        return LoopConfigChange.model_validate(response.json())
+
+    def config_versions(self, name: str, *, limit: int = 50) -> list[LoopConfigVersionPublic]:
+        """The loop's configuration history, newest first."""
+        response = self._request(
+            "GET", f"/v1/loops/{name}/config/versions", params={"limit": str(limit)}
+        )
+        return [LoopConfigVersionPublic.model_validate(item) for item in response.json()]
 
     def rotate_secret(
         self, name: str, *, grace_seconds: int = 86400, kind: str = "signing_secret"

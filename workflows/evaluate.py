@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
         RecordEvaluationInput,
         RunJobInput,
         RunJobResult,
+        job_override,
         run_id_for,
         uri_path,
     )
@@ -72,6 +73,7 @@ class EvaluateWorkflow:
         self, input: EvaluateInput, target: EvalTarget, task_set: str, task_uri: str
     ) -> tuple[RunJobResult, EvaluationSummary | None]:
         run_id = run_id_for(input.loop, input.cycle, "eval", f"{target.role}-{task_set}")
+        image, command = job_override(input.profile, "eval_job")
         job = await workflow.execute_activity(
             "run_job",
             RunJobInput(
@@ -83,6 +85,8 @@ class EvaluateWorkflow:
                 dataset_id=input.dataset_id,
                 base_checkpoint_id=target.checkpoint_id,
                 accelerators=int(input.profile.get("eval_accelerators", 0)),
+                job_image=image,
+                job_command=command,
             ),
             result_type=RunJobResult,
             # A cancelled cycle closes only after its job is really stopped.

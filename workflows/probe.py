@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         RecordProbesResult,
         RunJobInput,
         RunJobResult,
+        job_override,
         run_id_for,
         uri_path,
     )
@@ -93,6 +94,8 @@ class ProbeWorkflow:
                 cycle=input.cycle,
                 base_checkpoint_id=input.champion_checkpoint_id,
                 accelerators=int(input.profile.get("eval_accelerators", 0)),
+                job_image=job_override(input.profile, "eval_job")[0],
+                job_command=job_override(input.profile, "eval_job")[1],
             ),
             result_type=RunJobResult,
             # A cancelled cycle closes only after its job is really stopped.

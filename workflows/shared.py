@@ -207,6 +207,16 @@ class RunJobInput:
     base_checkpoint_id: str | None = None
     accelerators: int = 0
     poll_interval_s: float = 1.0
+    # The loop's own job image and command (training_profile.train_job / eval_job), if any.
+    job_image: str | None = None
+    job_command: list[str] | None = None
+
+
+def job_override(profile: dict[str, Any], key: str) -> tuple[str | None, list[str] | None]:
+    """The image and command of ``profile[key]`` (``train_job`` or ``eval_job``), if set."""
+    override = profile.get(key) or {}
+    command = override.get("command")
+    return override.get("image"), list(command) if command else None
 
 
 @dataclass

@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         RunJobResult,
         TrainInput,
         TrainResult,
+        job_override,
         run_id_for,
         uri_path,
     )
@@ -54,6 +55,7 @@ class TrainWorkflow:
     async def run(self, input: TrainInput) -> TrainResult:
         run_id = run_id_for(input.loop, input.cycle, "train")
         timeout_s = float(input.profile.get("timeout_s", 6 * 3600))
+        image, command = job_override(input.profile, "train_job")
         job = await workflow.execute_activity(
             "run_job",
             RunJobInput(
@@ -65,6 +67,8 @@ class TrainWorkflow:
                 dataset_id=input.dataset_id,
                 base_checkpoint_id=input.base_checkpoint_id,
                 accelerators=int(input.profile.get("accelerators", 0)),
+                job_image=image,
+                job_command=command,
             ),
             result_type=RunJobResult,
             # A cancelled cycle closes only after its job is really stopped.

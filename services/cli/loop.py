@@ -71,6 +71,37 @@ def register(subparsers: Any) -> None:
     champion.add_argument("--reason", default=None)
     champion.set_defaults(func=_set_champion)
 
+    apply = commands.add_parser(
+        "apply",
+        help="create or update a loop from a loop file (like kubectl apply); --dry-run shows "
+        "the diff",
+        description="Create the loop the file declares, or change the existing one to match "
+        "it: a policy the file leaves out returns to its defaults. Each change is a new "
+        "version in the loop's history and applies from its next cycle.",
+    )
+    apply.add_argument("-f", "--file", required=True, help="loop file (YAML or JSON)")
+    apply.add_argument(
+        "--dry-run", action="store_true", help="validate and print the diff, change nothing"
+    )
+    apply.add_argument("--by", default=None, help="who makes the change (default: user@host)")
+    apply.add_argument("--reason", default=None, help="why, kept in the loop's history")
+    apply.add_argument("--json", action="store_true", help="print one JSON object")
+    apply.set_defaults(func=_apply)
+
+    history = commands.add_parser(
+        "history", help="the loop's configuration versions: who changed what, when"
+    )
+    history.add_argument("name")
+    history.add_argument("--limit", type=int, default=20)
+    history.add_argument("--json", action="store_true", help="print a JSON array")
+    history.set_defaults(func=_history)
+
+    export = commands.add_parser(
+        "export", help="print the loop's configuration as a loop file for `ratchet loop apply`"
+    )
+    export.add_argument("name")
+    export.set_defaults(func=_export)
+
     start = commands.add_parser("start", help="start the loop's workflow (idempotent)")
     start.add_argument("name")
     start.set_defaults(func=_start)
@@ -119,8 +150,18 @@ def _client() -> Any:
     from services.client import RatchetClient
 
     settings = cli_settings()
-    token = settings.admin_token.get_secret_value() if settings.admin_token else None
-    return RatchetClient(settings.api_base_url, token)
+    return RatchetClient(settings.api_base_url, admin_token_for_cli(settings))
+
+
+def admin_token_for_cli(settings: Any) -> str | None:
+    """RATCHET_ADMIN_TOKEN, else the local stack's (`ratchet up`) for an api on this machine."""
+    if settings.admin_token is not None:
+        return str(settings.admin_token.get_secret_value())
+    from services.local.admin_token import is_loopback_url, read_local_admin_token
+
+    if is_loopback_url(settings.api_base_url):
+        return read_local_admin_token(settings.state_dir)
+    return None
 
 
 def _call(args: argparse.Namespace, action: Any) -> Any:
@@ -140,7 +181,10 @@ def _call(args: argparse.Namespace, action: Any) -> Any:
 
 def _explain(exc: Any, name: str | None) -> str:
     if exc.status_code == 401:
-        return "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin token"
+        return (
+            "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin token "
+            "(a local `ratchet up` prints it and keeps it in <state dir>/admin-token)"
+        )
     if exc.status_code == 403:
         return exc.message
     if exc.status_code == 404:
@@ -149,6 +193,8 @@ def _explain(exc: Any, name: str | None) -> str:
         return f"a loop named {name!r} already exists; choose another name"
     if exc.status_code == 422 and exc.fields:
         return "invalid loop: " + "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
+    if exc.status_code == 422:
+        return f"invalid loop: {exc.message}"
     return f"the api answered {exc.status_code} {exc.code}: {exc.message}"
 
 
@@ -163,7 +209,11 @@ def _create(args: argparse.Namespace) -> int:
     created = _call(
         args,
         lambda client: client.create_loop(
-            args.name, args.environment, executor=args.executor, budget_usd=args.budget_usd
+            args.name,
+            args.environment,
+            executor=args.executor,
+            budget_usd=args.budget_usd,
+            changed_by=_actor(None),
         ),
     )
     if args.json:
@@ -207,6 +257,7 @@ def _show(args: argparse.Namespace) -> int:
     print(f"  executor     {loop.executor}")
     print(f"  budget       {budget}")
     print(f"  champion     {loop.champion_checkpoint_id or 'none yet'}")
+    print(f"  config       version {loop.config_version} (`ratchet loop history {loop.name}`)")
     print(f"  traces       {loop.trace_count} (last {loop.last_trace_at or 'never'})")
     print(f"  webhook      {loop.webhook_url}")
     print(f"  otlp         {loop.otlp_traces_url}")
@@ -276,4 +327,145 @@ def _action(args: argparse.Namespace) -> int:
         ),
     )
     print(f"{args.action}: {result['status']} ({result['workflow_id']})")
+    return 0
+
+
+def _actor(given: str | None) -> str:
+    if given:
+        return given
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from services.cli import CliError
+    from services.loop.manifest import LoopFileError, read_loop_file
+
+    try:
+        manifest = read_loop_file(args.file)
+    except LoopFileError as exc:
+        raise CliError(str(exc)) from None
+    args.name = manifest.name
+    by = _actor(args.by)
+    existing = _call(args, lambda client: _find_loop(client, manifest.name))
+    if existing is None:
+        return _apply_create(args, manifest, by)
+    current = _document(existing)
+    patch = {**manifest.patch_for(current), "changed_by": by}
+    if args.reason:
+        patch["reason"] = args.reason
+    change = _call(
+        args, lambda client: client.patch_loop(manifest.name, patch, dry_run=args.dry_run)
+    )
+    if args.json:
+        _print_json(change)
+        return 0
+    _print_changes(change.changes)
+    if not change.changed:
+        print(f"loop {manifest.name} unchanged (version {change.version})")
+    elif args.dry_run:
+        print(f"loop {manifest.name} would change (dry run; still version {change.version})")
+    else:
+        print(
+            f"loop {manifest.name} configured: version {change.version} "
+            "(applies from the next cycle; a running cycle keeps its settings)"
+        )
+    return 0
+
+
+def _find_loop(client: Any, name: str) -> Any:
+    from services.client import ApiRequestError
+
+    try:
+        return client.get_loop(name)
+    except ApiRequestError as exc:
+        if exc.status_code == 404:
+            return None
+        raise
+
+
+def _document(loop: Any) -> dict[str, Any]:
+    from services.loop.config import CONFIG_KEYS
+
+    return {key: getattr(loop, key) for key in CONFIG_KEYS}
+
+
+def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:
+    from services.cli import CliError
+    from services.loop.config import diff
+
+    if args.dry_run:
+        from pydantic import ValidationError
+
+        from services.api.schemas.loops import LoopCreate
+
+        try:
+            LoopCreate.model_validate(
+                {"name": manifest.name, "environment": manifest.environment, **manifest.settings}
+            )
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise CliError(f"invalid loop: {problems}", exit_code=1) from None
+        document = {"environment": manifest.environment, **manifest.create_arguments()}
+        if args.json:
+            print(json.dumps({"loop": manifest.name, "dry_run": True, "create": document}))
+            return 0
+        _print_changes(diff({}, document))
+        print(f"loop {manifest.name} would be created (dry run)")
+        return 0
+    created = _call(
+        args,
+        lambda client: client.create_loop(
+            manifest.name,
+            manifest.environment,
+            changed_by=by,
+            **{"executor": None, **manifest.create_arguments()},
+        ),
+    )
+    if args.json:
+        _print_json(created)
+        return 0
+    print(f"loop {created.name} created from {args.file} (version 1)")
+    print(f"webhook:        POST {created.webhook_url}")
+    print(f"signing secret: {created.signing_secret}")
+    print(f"otlp endpoint:  POST {created.otlp_traces_url}")
+    print(f"ingest token:   {created.ingest_token}")
+    print("store both now: they are not shown again (rotate with `ratchet loop rotate-secret`)")
+    return 0
+
+
+def _print_changes(changes: Any) -> None:
+    from services.loop.config import Change, render_diff
+
+    items = [c if isinstance(c, Change) else Change(c.path, c.before, c.after) for c in changes]
+    for line in render_diff(items):
+        print(line)
+
+
+def _history(args: argparse.Namespace) -> int:
+    versions = _call(args, lambda client: client.config_versions(args.name, limit=args.limit))
+    if args.json:
+        _print_json(versions)
+        return 0
+    for version in versions:
+        when = version.created_at.isoformat(timespec="seconds")
+        why = f" ({version.reason})" if version.reason else ""
+        print(f"version {version.version}  {when}  by {version.changed_by}{why}")
+        _print_changes(version.changes)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from services.loop.manifest import to_loop_file
+
+    loop = _call(args, lambda client: client.get_loop(args.name))
+    print(to_loop_file(loop.name, _document(loop)), end="")
     return 0

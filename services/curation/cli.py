@@ -25,6 +25,7 @@ from services.cli.db import database_url
 from services.db.models import Dataset, Loop, Task
 from services.db.queries import curation as q
 from services.db.session import create_db_engine, make_session_factory
+from services.progress import Progress
 
 SPLITS = ("train", "eval", "heldout", "regression")
 
@@ -233,6 +234,15 @@ def _datasets_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _copy_with_progress(source: Path, target: Path, progress: Progress) -> None:
+    """Copy in chunks, reporting each (a dataset's task files can be gigabytes)."""
+    with source.open("rb") as reader, target.open("wb") as writer:
+        for chunk in iter(lambda: reader.read(1 << 20), b""):
+            writer.write(chunk)
+            progress.advance(len(chunk))
+    shutil.copystat(source, target)
+
+
 def _datasets_export(args: argparse.Namespace) -> int:
     with _session() as session:
         dataset = _dataset(session, args.dataset_id)
@@ -243,7 +253,10 @@ def _datasets_export(args: argparse.Namespace) -> int:
     if missing:
         raise CliError(f"dataset files are missing: {', '.join(missing)}", exit_code=1)
     args.out.mkdir(parents=True, exist_ok=True)
-    for path in [*sources, manifest]:
-        shutil.copy2(path, args.out / path.name)
+    files = [*sources, manifest]
+    total = sum(path.stat().st_size for path in files)
+    with Progress(f"exporting dataset {dataset.id}", total=total, unit="B") as progress:
+        for path in files:
+            _copy_with_progress(path, args.out / path.name, progress)
     print(f"exported dataset {dataset.id} ({dataset.content_hash[:12]}) to {args.out}")
     return 0

@@ -36,6 +36,7 @@ from services.dashboard.render import pct, usd, when
 from services.dashboard.stats import wilson_interval
 from services.dashboard.timeline import Step, cycle_steps
 from services.db.models import Loop
+from services.db.queries.loops import config_versions
 
 
 def _percent(value: float) -> str:
@@ -311,6 +312,7 @@ def loop_context(session: Session, *, loop: Loop, links: TemporalLinks) -> dict[
         "actions": loop_actions(loop, has_open_cycle=bool(current and current.is_open)),
         "loop_url": links.loop(loop.name),
         "loop_search_url": links.loop_search(loop.name),
+        "config_versions": config_versions(session, loop_id=loop.id, limit=20),
     }
 
 

@@ -451,6 +451,27 @@ class OtlpPendingTrace(Base):
     claimed_until: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class LoopConfigVersion(Base):
+    """One version of a loop's configuration: what it was set to, by whom, when.
+
+    Every create, ``PATCH /v1/loops/{loop}`` and ``ratchet loop apply`` that changes
+    something adds a row, so a loop's policies have a history like code has; the loop row
+    holds the newest version, which the next cycle picks up.
+    """
+
+    __tablename__ = "loop_config_versions"
+    __table_args__ = (UniqueConstraint("loop_id", "version"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    changes: Mapped[list[Any]] = mapped_column(JSON, server_default="[]")
+    changed_by: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = _now_column()
+
+
 __all__ = [
     "Base",
     "Checkpoint",
@@ -461,6 +482,7 @@ __all__ = [
     "Evaluation",
     "EvaluationResult",
     "Loop",
+    "LoopConfigVersion",
     "LshBucket",
     "OtlpPendingTrace",
     "OtlpSpan",

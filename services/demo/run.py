@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -155,18 +156,39 @@ def _run_job(kind: str, spec: dict[str, Any], work_dir: Path, out: Printer) -> P
     spec_path = work_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "RATCHET_OUTPUT_DIR": str(work_dir / "output")}
-    with (work_dir / "job.log").open("wb") as log:
-        result = subprocess.run(
+    log_path = work_dir / "job.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
             [sys.executable, "-m", "services", "job", kind, "--spec", str(spec_path)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            check=False,
         )
-    if result.returncode != 0:
+        follow_job_progress(process, log_path, f"[demo] {kind} job")
+    if process.returncode != 0:
         tail = (work_dir / "job.log").read_text()[-2000:]
-        raise StackError(f"the {kind} job in {work_dir} failed ({result.returncode}): {tail}")
+        raise StackError(f"the {kind} job in {work_dir} failed ({process.returncode}): {tail}")
     return work_dir / "output"
+
+
+_STEP = re.compile(rb"(?:sft|grpo) step (\d+)/(\d+)")
+
+
+def follow_job_progress(process: subprocess.Popen[bytes], log_path: Path, label: str) -> None:
+    """Wait for a job, showing its ``step N/M`` log lines as progress (a bar on a terminal)."""
+    from services.progress import Progress
+
+    with Progress(label, total=None, unit="steps") as progress, log_path.open("rb") as log:
+        while True:
+            done = process.poll() is not None
+            for line in log.readlines():
+                match = _STEP.search(line)
+                if match is not None:
+                    progress.update(int(match.group(1)), total=int(match.group(2)))
+            if done:
+                progress.failed = process.returncode != 0
+                return
+            time.sleep(0.5)
 
 
 def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:

@@ -88,7 +88,9 @@ class JobSpec:
     ``document`` is the ``ratchet.job/v1`` spec the job reads; ``run_dir`` holds the spec
     file and the executor's own state, ``output_dir`` the job's checkpoint and metrics,
     ``logs_dir`` its logs. ``accelerators`` is per node; ``nodes`` > 1 asks for a
-    multi-node (torchrun) job where the executor supports it.
+    multi-node (torchrun) job where the executor supports it. ``image`` and ``command``
+    replace the executor's (a loop's ``training_profile.train_job``/``eval_job``); the job
+    kind and ``--spec <path>`` are appended to ``command`` as to the default one.
     """
 
     run_id: str
@@ -104,6 +106,9 @@ class JobSpec:
     accelerators: int = 0
     nodes: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
+    # The loop's own job image and command (bring your own trainer); None: the executor's.
+    image: str | None = None
+    command: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not _RUN_ID.match(self.run_id):
@@ -139,6 +144,12 @@ class JobSpec:
         for path_name in ("run_dir", "output_dir", "logs_dir"):
             if not Path(getattr(self, path_name)).is_absolute():
                 raise JobSpecError(f"{path_name} must be an absolute path")
+        if self.command is not None and (
+            not self.command or not all(isinstance(part, str) and part for part in self.command)
+        ):
+            raise JobSpecError("a job command must be a non-empty list of non-empty strings")
+        if self.image is not None and not self.image.strip():
+            raise JobSpecError("a job image must not be empty")
         for name in self.env:
             if not _ENV_NAME.match(name):
                 raise JobSpecError(f"environment variable name {name!r} is not valid")

@@ -92,6 +92,17 @@ class LocalExecutor:
     # Submit ------------------------------------------------------------------------------
 
     def job_command(self, spec: JobSpec) -> list[str]:
+        """The loop's own command, else this executor's, else Ratchet's job module.
+
+        A job image has no meaning here (jobs run on this machine, not in a container): it
+        is logged and ignored, and the command runs as it is.
+        """
+        if spec.image:
+            logger.info(
+                "run %s: the local executor ignores the job image %s", spec.run_id, spec.image
+            )
+        if spec.command:
+            return [*spec.command, spec.job_kind, "--spec", str(spec.spec_path)]
         if self._command is not None:
             return [*self._command, spec.job_kind, "--spec", str(spec.spec_path)]
         module = JOB_MODULES[spec.job_kind]

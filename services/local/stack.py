@@ -222,6 +222,8 @@ class Stack:
     database_url: str | None = None
     # Extra variables for the api and worker processes (e.g. the demo's admin token).
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The local admin token `ratchet up` generated or reused (shown in the banner), if any.
+    generated_admin_token: str | None = None
 
     def preflight(self) -> None:
         settings = self.settings
@@ -359,14 +361,37 @@ class Stack:
         )
         lines.append(f"  Postgres          {postgres}")
         lines.append(f"  State             {settings.state_dir}")
+        if self.generated_admin_token:
+            from services.local.admin_token import token_path
+
+            lines.append(
+                f"  Admin token       {self.generated_admin_token}  "
+                f"(kept in {token_path(settings.state_dir)}; the CLI here finds it)"
+            )
         lines.append("Press Ctrl-C to stop.")
         return "\n".join(lines)
+
+
+def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
+    """The settings with an admin token: the one set, else the state dir's (made if needed)."""
+    if settings.admin_token is not None:
+        return settings, None
+    from pydantic import SecretStr
+
+    from services.local.admin_token import AdminTokenError, ensure_local_admin_token
+
+    try:
+        token = ensure_local_admin_token(settings.state_dir)
+    except (AdminTokenError, OSError) as exc:
+        raise StackError(f"cannot set up the local admin token: {exc}") from exc
+    return settings.model_copy(update={"admin_token": SecretStr(token)}), token
 
 
 def run_up(settings: Settings) -> int:
     """Start everything, print where it is, and supervise until Ctrl-C or a child dies."""
     stack = Stack(settings)
-    stack.preflight()
+    stack.preflight()  # first: a state dir that cannot hold the token is named as such
+    stack.settings, stack.generated_admin_token = with_local_admin_token(settings)
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:

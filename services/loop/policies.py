@@ -51,6 +51,23 @@ class GatePolicy(_Policy):
     eval_samples: int = Field(default=1, ge=1, le=64)
 
 
+class JobOverride(_Policy):
+    """This loop's own job image and command, in place of the deployment's job template.
+
+    ``command`` is the entry point; the executor appends ``train|eval --spec <path>`` to it,
+    as it does to the template's. ``image`` applies where jobs run in containers (the
+    kubernetes executor); the local executor runs ``command`` on the worker's machine.
+    """
+
+    image: Text | None = Field(default=None, description="container image of the job")
+    command: list[Text] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="entry point; `train|eval --spec <path>` is appended",
+    )
+
+
 class TrainingProfile(_Policy):
     """What a training job gets: algorithm, hyper-parameters, accelerators, limits."""
 
@@ -64,6 +81,12 @@ class TrainingProfile(_Policy):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = Field(default=6 * 3600, gt=0)
     seed: int = 0
+    train_job: JobOverride | None = Field(
+        default=None, description="bring your own trainer: its image and command"
+    )
+    eval_job: JobOverride | None = Field(
+        default=None, description="the evaluator's image and command (default: Ratchet's)"
+    )
 
 
 class ServingTarget(_Policy):

@@ -511,3 +511,37 @@ async def test_an_unregistered_parent_is_refused(
     with pytest.raises(ApplicationError) as raised:
         await register(activity_env, world, "r1", source)
     assert raised.value.type == "UnknownParentCheckpoint"
+
+
+async def test_a_job_runs_on_the_executor_its_cycle_started_with(
+    temporal_client: Client, task_queue: str, world: World
+) -> None:
+    """An executor change made while the cycle runs applies from the next cycle only."""
+    from services.db.models import Cycle
+    from services.db.queries.loops import (
+        config_document,
+        get_loop,
+        record_config_version,
+        update_loop_config,
+    )
+
+    with world.sessions.begin() as session:
+        loop = get_loop(session, name=world.loop)
+        assert loop is not None
+        record_config_version(session, loop=loop, changes=[], changed_by="test")
+    with world.sessions.begin() as session:
+        loop = get_loop(session, name=world.loop)
+        assert loop is not None
+        session.add(Cycle(loop_id=loop.id, number=1, trigger="operator"))
+    with world.sessions.begin() as session:
+        loop = get_loop(session, name=world.loop)
+        assert loop is not None
+        config = {**config_document(loop), "executor": "kubernetes"}
+        update_loop_config(session, loop=loop, config=config, changed_by="test")
+
+    input = world.job_input()
+    async with worker(temporal_client, task_queue, world.activities(SUCCEED)):
+        result = await run_job(temporal_client, task_queue, input)
+    # Only "local" is configured here: the job ran on the executor of the cycle's version.
+    assert result.status == "succeeded"
+    assert world.run_row(input.run_id).executor == "local"

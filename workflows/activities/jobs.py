@@ -41,8 +41,9 @@ from temporalio.exceptions import ApplicationError
 
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.checkpoints import InstalledCheckpoint, install_checkpoint, record_checkpoint
-from services.db.models import Checkpoint, Dataset, Loop, Run
+from services.db.models import Checkpoint, Cycle, Dataset, Loop, Run
 from services.db.queries import runs as q
+from services.db.queries.loops import config_at
 from services.db.session import SessionFactory
 from services.executors.base import (
     METRICS_FILE,
@@ -159,14 +160,15 @@ class JobActivities:
                 raise ApplicationError(
                     f"loop {input.loop!r} does not exist", type="UnknownLoop", non_retryable=True
                 )
+            cycle_id = q.cycle_id_for(session=session, loop_id=loop.id, number=input.cycle)
             run = q.upsert_run(
                 session=session,
                 run_id=input.run_id,
                 loop_id=loop.id,
                 kind=input.kind,
-                executor=loop.executor,
+                executor=_cycle_executor(session, loop, cycle_id),
                 spec=input.job_spec,
-                cycle_id=q.cycle_id_for(session=session, loop_id=loop.id, number=input.cycle),
+                cycle_id=cycle_id,
                 dataset_id=input.dataset_id,
                 base_checkpoint_id=input.base_checkpoint_id,
                 accelerators=input.accelerators,
@@ -191,6 +193,8 @@ class JobActivities:
                 base_checkpoint=base,
                 accelerators=input.accelerators,
                 nodes=_nodes(input.job_spec),
+                image=input.job_image,
+                command=tuple(input.job_command) if input.job_command else None,
             )
         except JobSpecError as exc:
             self._fail_before_submit(input.run_id, str(exc))
@@ -495,6 +499,19 @@ class JobActivities:
                 non_retryable=True,
             )
         return from_manifest or from_input
+
+
+def _cycle_executor(session: Any, loop: Loop, cycle_id: int | None) -> str:
+    """The executor of the loop's configuration when the cycle started, so a change made
+    while a cycle runs moves only later cycles (``PATCH /v1/loops``); the loop's current
+    executor for a job outside a cycle, or a cycle older than the loop's history."""
+    cycle = session.get(Cycle, cycle_id) if cycle_id is not None else None
+    if cycle is None:
+        return str(loop.executor)
+    config = config_at(session, loop_id=loop.id, at=cycle.started_at)
+    if config is None or not config.get("executor"):
+        return str(loop.executor)
+    return str(config["executor"])
 
 
 def _nodes(job_spec: Mapping[str, Any]) -> int:

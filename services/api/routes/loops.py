@@ -11,26 +11,43 @@ import datetime as dt
 import logging
 from typing import Any
 
-from fastapi import APIRouter
-from pydantic import BaseModel
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.orm import Session
 
 from services.api.deps import AdminDep, SessionDep, StateDep
-from services.api.errors import ApiError
+from services.api.errors import ApiError, field_errors_from_validation
 from services.api.loop_control import start_loop_workflow
 from services.api.schemas.loops import (
+    ConfigChangePublic,
     CredentialPublic,
+    LoopConfigChange,
+    LoopConfigVersionPublic,
     LoopCreate,
     LoopCreated,
     LoopDetail,
+    LoopPatch,
     LoopPublic,
     RotateRequest,
     RotateResult,
 )
 from services.db.models import Loop
 from services.db.queries.credentials import active_credentials
-from services.db.queries.loops import LoopFields, LoopNameTaken, get_loop, list_loops, trace_stats
+from services.db.queries.loops import (
+    LoopFields,
+    LoopNameTaken,
+    config_document,
+    config_versions,
+    get_loop,
+    get_loop_for_update,
+    list_loops,
+    trace_stats,
+    update_loop_config,
+)
 from services.ingest.provisioning import provision_loop, rotate_credential
 from services.ingest.service import EXTRAS_KEY, IngestService
+from services.loop.config import POLICY_KEYS, Change, diff, merge_patch
+from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
 from services.settings import Settings
 from workflows.shared import loop_workflow_id
 
@@ -114,6 +131,7 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         trigger_policy=_given(body.trigger_policy),
         curation_policy=body.curation_policy,
         budget_usd=body.budget_usd,
+        changed_by=body.changed_by or "admin-api",
     )
 
     def provision() -> tuple[dict[str, object], str, str]:
@@ -161,6 +179,7 @@ def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
             CredentialPublic(kind=c.kind, created_at=c.created_at, expires_at=c.expires_at)
             for c in credentials
         ],
+        config_version=_current_version(session, row),
     )
 
 
@@ -188,3 +207,152 @@ def rotate(
         secret=rotated.value,
         previous_expires_at=rotated.previous_expires_at,
     )
+
+
+# The typed policies (the curation policy has its own parser); unknown keys are refused.
+_POLICY_MODELS: dict[str, type[BaseModel]] = {
+    "training_profile": TrainingProfile,
+    "gate_policy": GatePolicy,
+    "trigger_policy": TriggerPolicy,
+    "serving_target": ServingTarget,
+}
+
+
+def _patched_config(current: dict[str, Any], body: LoopPatch) -> dict[str, Any]:
+    """The loop's configuration after ``body``, validated as a whole; 422 naming each field."""
+    given = body.model_fields_set
+    config = dict(current)
+    errors: list[dict[str, str]] = []
+    if "environment" in given and body.environment != current["environment"]:
+        errors.append(
+            {
+                "path": "environment",
+                "message": f"a loop's environment cannot change (it is "
+                f"{current['environment']!r}: its tasks belong to it); create a new loop",
+            }
+        )
+    if "executor" in given:
+        if body.executor is None:
+            errors.append({"path": "executor", "message": "must be local or kubernetes"})
+        else:
+            config["executor"] = body.executor
+    if "budget_usd" in given:
+        config["budget_usd"] = float(body.budget_usd) if body.budget_usd is not None else None
+    for key in POLICY_KEYS:
+        if key not in given:
+            continue
+        patch = getattr(body, key)
+        config[key] = merge_patch(current.get(key) or {}, patch) if patch is not None else {}
+        errors.extend(_policy_errors(key, config[key]))
+    if errors:
+        raise ApiError(422, "invalid_loop_config", "the change is not a valid loop", fields=errors)
+    return config
+
+
+def _policy_errors(key: str, policy: dict[str, Any]) -> list[dict[str, str]]:
+    if key == "curation_policy":
+        from services.curation.policy import CurationPolicy, CurationPolicyError
+
+        try:
+            CurationPolicy.from_json(policy)
+        except CurationPolicyError as exc:
+            return [{"path": key, "message": str(exc)}]
+        return []
+    try:
+        _POLICY_MODELS[key].model_validate(policy)
+    except ValidationError as exc:
+        return [
+            {
+                "path": key if field["path"] == "(root)" else f"{key}.{field['path']}",
+                "message": str(field["message"]),
+            }
+            for field in field_errors_from_validation(list(exc.errors()))
+        ]
+    return []
+
+
+def _current_version(session: Session, loop: Loop) -> int:
+    latest = config_versions(session, loop_id=loop.id, limit=1)
+    return latest[0].version if latest else 0
+
+
+def _change_public(changes: list[Change]) -> list[ConfigChangePublic]:
+    return [ConfigChangePublic(path=c.path, before=c.before, after=c.after) for c in changes]
+
+
+@router.patch(
+    "/{loop}",
+    summary="Change a loop's policies, executor or budget (versioned; from the next cycle on)",
+)
+def patch_loop(
+    loop: str,
+    body: LoopPatch,
+    state: StateDep,
+    dry_run: bool = Query(default=False, description="validate and show the diff, change nothing"),
+) -> LoopConfigChange:
+    with state.session_factory() as session:
+        row = get_loop_for_update(session, name=loop)
+        if row is None:
+            raise ApiError(404, "loop_not_found", f"there is no loop named {loop[:64]!r}")
+        current = config_document(row)
+        config = _patched_config(current, body)
+        if dry_run:
+            changes = diff(current, config)
+            session.rollback()
+            return LoopConfigChange(
+                loop=loop,
+                dry_run=True,
+                changed=bool(changes),
+                version=_current_version(session, row),
+                changes=_change_public(changes),
+                config=config,
+            )
+        update = update_loop_config(
+            session,
+            loop=row,
+            config=config,
+            changed_by=body.changed_by or "admin-api",
+            reason=body.reason,
+        )
+        result = LoopConfigChange(
+            loop=loop,
+            dry_run=False,
+            changed=update.version is not None,
+            version=(
+                update.version.version
+                if update.version is not None
+                else _current_version(session, row)
+            ),
+            changes=_change_public(update.changes),
+            config=config_document(row),
+        )
+        session.commit()
+    if result.changed:
+        logger.info(
+            "loop %s: configuration version %s by %s (%s)",
+            loop,
+            result.version,
+            body.changed_by or "admin-api",
+            ", ".join(c.path for c in result.changes),
+        )
+    return result
+
+
+@router.get("/{loop}/config/versions", summary="The loop's configuration history, newest first")
+def list_config_versions(
+    loop: str,
+    session: SessionDep,
+    limit: int = Query(default=50, ge=1, le=500),
+) -> list[LoopConfigVersionPublic]:
+    row = _loop_or_404(session, loop)
+    return [
+        LoopConfigVersionPublic(
+            version=v.version,
+            config=dict(v.config),
+            changes=[ConfigChangePublic(**c) for c in v.changes or []],
+            changed_by=v.changed_by,
+            reason=v.reason,
+            created_at=v.created_at,
+        )
+        for v in config_versions(session, loop_id=row.id, limit=limit)
+    ]

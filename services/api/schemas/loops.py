@@ -57,6 +57,10 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_storable)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00]*$")]
 
 
+Actor = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00]*$")]
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=2000, pattern=r"^[^\x00]*$")]
+
+
 class LoopCreate(BaseModel):
     """A new loop: one served model to improve."""
 
@@ -74,6 +78,9 @@ class LoopCreate(BaseModel):
     curation_policy: JsonObject = Field(default_factory=dict)
     budget_usd: Decimal | None = Field(
         default=None, ge=0, lt=Decimal("1e10"), decimal_places=4, description="Spend cap, USD"
+    )
+    changed_by: Actor | None = Field(
+        default=None, description="Who creates it, recorded as version 1 (default: admin-api)"
     )
 
 
@@ -112,6 +119,9 @@ class LoopDetail(LoopPublic):
     trace_count: int
     last_trace_at: dt.datetime | None
     credentials: list[CredentialPublic]
+    config_version: int = Field(
+        default=0, description="The current configuration version (see /config/versions)"
+    )
 
 
 class LoopCreated(LoopPublic):
@@ -141,3 +151,66 @@ class RotateResult(BaseModel):
     previous_expires_at: dt.datetime | None = Field(
         description="Until when the previous one is still accepted (null if there was none)"
     )
+
+
+class LoopPatch(BaseModel):
+    """A change to a loop's configuration, as a JSON merge patch (RFC 7386) per setting.
+
+    Each policy given is merged into the stored one: keys given replace, keys set to ``null``
+    return to their defaults, a policy set to ``null`` returns to all defaults. The result is
+    validated as a whole, so a change can never leave a loop with an invalid policy. The
+    change applies from the loop's next cycle; a cycle already running keeps its settings.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    environment: Text | None = Field(
+        default=None, description="Must equal the loop's environment (it cannot change)"
+    )
+    executor: Literal["local", "kubernetes"] | None = None
+    budget_usd: Decimal | None = Field(
+        default=None,
+        ge=0,
+        lt=Decimal("1e10"),
+        decimal_places=4,
+        description="Spend cap, USD; null removes the cap",
+    )
+    training_profile: JsonObject | None = None
+    gate_policy: JsonObject | None = None
+    trigger_policy: JsonObject | None = None
+    curation_policy: JsonObject | None = None
+    serving_target: JsonObject | None = None
+    changed_by: Actor | None = Field(
+        default=None, description="Who makes the change, kept in the loop's history"
+    )
+    reason: Reason | None = Field(default=None, description="Why, kept in the loop's history")
+
+
+class ConfigChangePublic(BaseModel):
+    """One setting that changed (null on a side: not set there, i.e. the default)."""
+
+    path: str = Field(examples=["gate_policy.confidence"])
+    before: Any
+    after: Any
+
+
+class LoopConfigChange(BaseModel):
+    """What a configuration change did (or, with ``dry_run``, would do)."""
+
+    loop: str
+    dry_run: bool
+    changed: bool
+    version: int = Field(description="The version now current (the new one when changed)")
+    changes: list[ConfigChangePublic]
+    config: dict[str, Any] = Field(description="The loop's configuration after the change")
+
+
+class LoopConfigVersionPublic(BaseModel):
+    """One version of a loop's configuration: what, who, when, and what changed."""
+
+    version: int
+    config: dict[str, Any]
+    changes: list[ConfigChangePublic]
+    changed_by: str
+    reason: str | None
+    created_at: dt.datetime

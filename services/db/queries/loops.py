@@ -1,4 +1,7 @@
-"""Loop rows: create (name unique), look up, list. The caller owns the transaction."""
+"""Loop rows: create (name unique), look up, list, change their configuration with a history.
+
+The caller owns the transaction.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from services.db.models import Loop, Trace
+from services.db.models import Loop, LoopConfigVersion, Trace
+from services.loop.config import CONFIG_KEYS, Change, diff
 
 
 class LoopNameTaken(Exception):
@@ -32,6 +36,7 @@ class LoopFields:
     trigger_policy: dict[str, Any] | None = None
     curation_policy: dict[str, Any] | None = None
     budget_usd: Decimal | None = None
+    changed_by: str = "admin-api"
 
 
 def create_loop(session: Session, *, fields: LoopFields) -> Loop:
@@ -57,11 +62,20 @@ def create_loop(session: Session, *, fields: LoopFields) -> Loop:
             raise LoopNameTaken(fields.name) from None
         raise
     session.refresh(loop)
+    record_config_version(
+        session, loop=loop, changes=[], changed_by=fields.changed_by, reason="created"
+    )
     return loop
 
 
 def get_loop(session: Session, *, name: str) -> Loop | None:
     return session.scalar(select(Loop).where(Loop.name == name))
+
+
+def get_loop_for_update(session: Session, *, name: str) -> Loop | None:
+    """The loop, its row locked until the transaction ends: concurrent configuration changes
+    apply one after the other, each to what the previous one left."""
+    return session.scalar(select(Loop).where(Loop.name == name).with_for_update())
 
 
 def list_loops(session: Session) -> Sequence[Loop]:
@@ -80,3 +94,117 @@ def trace_stats(session: Session, *, loop_id: int) -> TraceStats:
         select(func.count(), func.max(Trace.received_at)).where(Trace.loop_id == loop_id)
     ).one()
     return TraceStats(count=int(row[0]), last_received_at=row[1])
+
+
+def config_document(loop: Loop) -> dict[str, Any]:
+    """The loop's configuration as one JSON document (what a version stores)."""
+    return {
+        "environment": loop.environment,
+        "executor": loop.executor,
+        "budget_usd": float(loop.budget_usd) if loop.budget_usd is not None else None,
+        "training_profile": dict(loop.training_profile or {}),
+        "gate_policy": dict(loop.gate_policy or {}),
+        "trigger_policy": dict(loop.trigger_policy or {}),
+        "curation_policy": dict(loop.curation_policy or {}),
+        "serving_target": dict(loop.serving_target or {}),
+    }
+
+
+def record_config_version(
+    session: Session,
+    *,
+    loop: Loop,
+    changes: list[Change],
+    changed_by: str,
+    reason: str | None = None,
+) -> LoopConfigVersion:
+    """Append the loop's current configuration as its next version.
+
+    The loop row is locked first, so two concurrent changes get versions n and n+1, never
+    the same number.
+    """
+    session.execute(select(Loop.id).where(Loop.id == loop.id).with_for_update())
+    latest = session.scalar(
+        select(func.max(LoopConfigVersion.version)).where(LoopConfigVersion.loop_id == loop.id)
+    )
+    row = LoopConfigVersion(
+        loop_id=loop.id,
+        version=int(latest or 0) + 1,
+        config=config_document(loop),
+        changes=[change.to_dict() for change in changes],
+        changed_by=changed_by[:200],
+        reason=reason,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+@dataclass(frozen=True)
+class ConfigUpdate:
+    """What a configuration change did: the changes, and the new version (None: no change)."""
+
+    loop: Loop
+    changes: list[Change]
+    version: LoopConfigVersion | None
+
+
+def update_loop_config(
+    session: Session,
+    *,
+    loop: Loop,
+    config: dict[str, Any],
+    changed_by: str,
+    reason: str | None = None,
+) -> ConfigUpdate:
+    """Set the loop's configuration to ``config`` (a full, validated document) and record it.
+
+    A document equal to the current one changes nothing and records no version, so applying
+    the same file twice is a no-op.
+    """
+    before = config_document(loop)
+    after = {key: config.get(key, before.get(key)) for key in CONFIG_KEYS}
+    changes = diff(before, after)
+    if not changes:
+        return ConfigUpdate(loop=loop, changes=[], version=None)
+    if not config_versions(session, loop_id=loop.id, limit=1):
+        # A loop written by other means (SQL, an old release): keep where it started from.
+        record_config_version(
+            session, loop=loop, changes=[], changed_by="unknown", reason="before the first change"
+        )
+    loop.executor = str(after["executor"])
+    budget = after["budget_usd"]
+    loop.budget_usd = Decimal(str(budget)) if budget is not None else None
+    loop.training_profile = dict(after["training_profile"] or {})
+    loop.gate_policy = dict(after["gate_policy"] or {})
+    loop.trigger_policy = dict(after["trigger_policy"] or {})
+    loop.curation_policy = dict(after["curation_policy"] or {})
+    loop.serving_target = dict(after["serving_target"] or {})
+    session.flush()
+    version = record_config_version(
+        session, loop=loop, changes=changes, changed_by=changed_by, reason=reason
+    )
+    return ConfigUpdate(loop=loop, changes=changes, version=version)
+
+
+def config_at(session: Session, *, loop_id: int, at: dt.datetime) -> dict[str, Any] | None:
+    """The loop's configuration as it was at ``at`` (None before its first version)."""
+    config = session.scalar(
+        select(LoopConfigVersion.config)
+        .where(LoopConfigVersion.loop_id == loop_id, LoopConfigVersion.created_at <= at)
+        .order_by(LoopConfigVersion.version.desc())
+        .limit(1)
+    )
+    return dict(config) if config is not None else None
+
+
+def config_versions(
+    session: Session, *, loop_id: int, limit: int = 50
+) -> Sequence[LoopConfigVersion]:
+    """The loop's configuration versions, newest first."""
+    return session.scalars(
+        select(LoopConfigVersion)
+        .where(LoopConfigVersion.loop_id == loop_id)
+        .order_by(LoopConfigVersion.version.desc())
+        .limit(limit)
+    ).all()

@@ -187,9 +187,14 @@ JOB_UID = 10001  # the user of docker/Dockerfile.job
 def _pod_spec(spec: JobSpec, template: JobTemplate, name: str) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": template.image,
+        "image": spec.image or template.image,
         "imagePullPolicy": template.image_pull_policy,
-        "command": [*template.command, spec.job_kind, "--spec", str(spec.spec_path)],
+        "command": [
+            *(spec.command or template.command),
+            spec.job_kind,
+            "--spec",
+            str(spec.spec_path),
+        ],
         "env": _env(spec, template, name),
         "volumeMounts": [{"name": ARTIFACTS_VOLUME, "mountPath": template.artifacts.mount_path}],
         "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -25,6 +25,8 @@ OPERATIONS = {
     ("POST", "/v1/loops"),
     ("GET", "/v1/loops/{loop}"),
     ("POST", "/v1/loops/{loop}/secrets/rotate"),
+    ("PATCH", "/v1/loops/{loop}"),
+    ("GET", "/v1/loops/{loop}/config/versions"),
     ("POST", "/v1/loops/{loop}/traces"),
     ("POST", "/otlp/v1/traces"),
     ("POST", "/v1/otlp/v1/traces"),
@@ -96,4 +98,24 @@ def test_fuzzing_the_openapi_finds_no_server_error(app_state: AppState) -> None:
             assert response.status_code in (200, 400, 413, 422), response.text
 
         fuzz_signed()
+
+        # Configuration changes on a loop that exists, so bodies reach the merge and the
+        # policy validation (a random name is only ever a 404).
+        patch = next(op for op in operations if op.method.upper() == "PATCH")
+
+        @FUZZ
+        @given(case=patch.as_strategy())
+        def fuzz_patch(case: Case) -> None:
+            response = http.patch(
+                f"/v1/loops/{loop['name']}",
+                json=case.body,
+                # Half dry runs, half real changes (versions are written too).
+                params={"dry_run": "true"} if len(repr(case.body)) % 2 else None,
+                headers=headers,
+            )
+            if response.status_code >= 500:
+                server_errors.append(f"PATCH {case.body!r:.200}: {response.text[:300]}")
+            assert response.status_code in (200, 422), response.text
+
+        fuzz_patch()
         assert server_errors == []

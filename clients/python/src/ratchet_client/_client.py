@@ -1,0 +1,278 @@
+"""Trace posting clients, sync and async, sharing one retry policy and one result type."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ratchet_client._signing import _key, signed_headers
+
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+DEFAULT_BATCH_SIZE = 500  # the api's RATCHET_INGEST_MAX_BATCH default
+
+
+class RatchetError(Exception):
+    """The api refused a request: its status, error code, message and the fields at fault."""
+
+    def __init__(
+        self, status_code: int, code: str, message: str, fields: list[dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(f"{status_code} {code}: {message}")
+        self.status_code = status_code
+        self.code = code
+        self.message = message
+        self.fields = fields or []
+
+
+class RatchetUnreachable(Exception):
+    """The api did not answer, and the retries ran out."""
+
+
+@dataclass
+class IngestResult:
+    """The api's answer, added up over the batches of one ``post``."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, answer: Mapping[str, Any], offset: int) -> None:
+        self.accepted += int(answer.get("accepted", 0))
+        self.duplicates += int(answer.get("duplicates", 0))
+        self.rejected += int(answer.get("rejected", 0))
+        for item in answer.get("results", []):
+            self.results.append({**item, "index": int(item.get("index", 0)) + offset})
+
+
+def _error(response: httpx.Response) -> RatchetError:
+    try:
+        error = response.json()["error"]
+        return RatchetError(
+            response.status_code, error["code"], error["message"], error.get("fields", [])
+        )
+    except (ValueError, KeyError, TypeError):
+        text = response.text[:500] or response.reason_phrase
+        return RatchetError(response.status_code, "http_error", text)
+
+
+def retry_after_seconds(response: httpx.Response | None, attempt: int, backoff_s: float) -> float:
+    """How long to wait before the next attempt: the api's Retry-After, else backoff."""
+    header = response.headers.get("retry-after") if response is not None else None
+    if header:
+        try:
+            return max(0.0, float(header))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(header)
+            if when is not None:
+                return max(0.0, when.timestamp() - time.time())
+    return backoff_s * (2**attempt)
+
+
+@dataclass(frozen=True)
+class _Options:
+    url: str
+    secret: str
+    batch_size: int
+    max_retries: int
+    backoff_s: float
+    max_retry_after_s: float
+
+    @classmethod
+    def build(
+        cls,
+        base_url: str,
+        loop: str,
+        signing_secret: str,
+        batch_size: int,
+        max_retries: int,
+        backoff_s: float,
+        max_retry_after_s: float,
+    ) -> _Options:
+        _key(signing_secret)  # a malformed secret fails here, not on the first post
+        if not 1 <= batch_size <= 10_000:
+            raise ValueError("batch_size must be between 1 and 10000")
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        url = f"{base_url.rstrip('/')}/v1/loops/{loop}/traces"
+        return cls(url, signing_secret, batch_size, max_retries, backoff_s, max_retry_after_s)
+
+    def batches(self, traces: Sequence[Mapping[str, Any]]) -> list[tuple[int, bytes]]:
+        out = []
+        for start in range(0, len(traces), self.batch_size):
+            document = {"traces": [dict(t) for t in traces[start : start + self.batch_size]]}
+            body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+            out.append((start, body))
+        return out
+
+    def wait(self, response: httpx.Response | None, attempt: int) -> float:
+        return min(retry_after_seconds(response, attempt, self.backoff_s), self.max_retry_after_s)
+
+
+class TraceClient:
+    """Posts signed traces to one loop's webhook. Use as a context manager (flushes on exit).
+
+    ``post`` sends now (one request per ``batch_size`` traces); ``add`` buffers and sends
+    whenever ``batch_size`` traces are waiting, and ``flush`` sends the rest.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        loop: str,
+        signing_secret: str,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_retries: int = 5,
+        backoff_s: float = 0.5,
+        max_retry_after_s: float = 60.0,
+        timeout_s: float = 30.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self._options = _Options.build(
+            base_url, loop, signing_secret, batch_size, max_retries, backoff_s, max_retry_after_s
+        )
+        self._owned = http is None
+        self._http = http or httpx.Client(timeout=timeout_s)
+        self._buffer: list[Mapping[str, Any]] = []
+
+    def __enter__(self) -> TraceClient:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            if exc_type is None:
+                self.flush()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._owned:
+            self._http.close()
+
+    def post(self, traces: Iterable[Mapping[str, Any]]) -> IngestResult:
+        """Send ``traces`` now, in batches; the result adds the batches' answers up."""
+        result = IngestResult()
+        for offset, body in self._options.batches(list(traces)):
+            result.add(self._send(body), offset)
+        return result
+
+    def add(self, trace: Mapping[str, Any]) -> IngestResult | None:
+        """Buffer one trace; sends the buffer (and returns its result) once it is full."""
+        self._buffer.append(trace)
+        if len(self._buffer) >= self._options.batch_size:
+            return self.flush()
+        return None
+
+    def flush(self) -> IngestResult:
+        """Send whatever is buffered (nothing to send: an empty result)."""
+        pending, self._buffer = self._buffer, []
+        return self.post(pending) if pending else IngestResult()
+
+    def _send(self, body: bytes) -> dict[str, Any]:
+        msg_id = f"msg_{uuid.uuid4().hex}"
+        attempt = 0
+        while True:
+            response: httpx.Response | None = None
+            try:
+                headers = signed_headers(self._options.secret, body, msg_id=msg_id)
+                response = self._http.post(self._options.url, content=body, headers=headers)
+            except httpx.TransportError as exc:
+                if attempt >= self._options.max_retries:
+                    raise RatchetUnreachable(f"cannot reach {self._options.url}: {exc}") from exc
+            else:
+                if response.is_success:
+                    answer: dict[str, Any] = response.json()
+                    return answer
+                if (
+                    response.status_code not in RETRYABLE_STATUS
+                    or attempt >= self._options.max_retries
+                ):
+                    raise _error(response)
+            time.sleep(self._options.wait(response, attempt))
+            attempt += 1
+
+
+class AsyncTraceClient:
+    """:class:`TraceClient` for asyncio code (same batching, retries and results)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        loop: str,
+        signing_secret: str,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_retries: int = 5,
+        backoff_s: float = 0.5,
+        max_retry_after_s: float = 60.0,
+        timeout_s: float = 30.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._options = _Options.build(
+            base_url, loop, signing_secret, batch_size, max_retries, backoff_s, max_retry_after_s
+        )
+        self._owned = http is None
+        self._http = http or httpx.AsyncClient(timeout=timeout_s)
+        self._buffer: list[Mapping[str, Any]] = []
+
+    async def __aenter__(self) -> AsyncTraceClient:
+        return self
+
+    async def __aexit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            if exc_type is None:
+                await self.flush()
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owned:
+            await self._http.aclose()
+
+    async def post(self, traces: Iterable[Mapping[str, Any]]) -> IngestResult:
+        result = IngestResult()
+        for offset, body in self._options.batches(list(traces)):
+            result.add(await self._send(body), offset)
+        return result
+
+    async def add(self, trace: Mapping[str, Any]) -> IngestResult | None:
+        self._buffer.append(trace)
+        if len(self._buffer) >= self._options.batch_size:
+            return await self.flush()
+        return None
+
+    async def flush(self) -> IngestResult:
+        pending, self._buffer = self._buffer, []
+        return await self.post(pending) if pending else IngestResult()
+
+    async def _send(self, body: bytes) -> dict[str, Any]:
+        msg_id = f"msg_{uuid.uuid4().hex}"
+        attempt = 0
+        while True:
+            response: httpx.Response | None = None
+            try:
+                headers = signed_headers(self._options.secret, body, msg_id=msg_id)
+                response = await self._http.post(self._options.url, content=body, headers=headers)
+            except httpx.TransportError as exc:
+                if attempt >= self._options.max_retries:
+                    raise RatchetUnreachable(f"cannot reach {self._options.url}: {exc}") from exc
+            else:
+                if response.is_success:
+                    answer: dict[str, Any] = response.json()
+                    return answer
+                if (
+                    response.status_code not in RETRYABLE_STATUS
+                    or attempt >= self._options.max_retries
+                ):
+                    raise _error(response)
+            await asyncio.sleep(self._options.wait(response, attempt))
+            attempt += 1

@@ -7,8 +7,13 @@ for ``ttl_s`` and re-read early when a signature fails to verify (at most once p
 Requests that find the same entry stale at the same time share one read (under load, every
 request in flight would otherwise queue its own query on the thread pool when it expires).
 Expiry is checked on every request from the cached ``expires_at``, so a rotated-out secret
-stops working on time, cache or not. Unknown names and tokens are cached briefly too, so a
-flood of bad requests does not become a flood of queries.
+stops working on time, cache or not.
+
+A flood of made-up loop names or tokens must neither cost a query each nor push the real
+entries out: the tables are bounded LRUs (10k entries each, the least recently used go
+first), unknown tokens live in a table of their own, so they can only evict each other, and
+a loop is looked up only if its name is among the loops' names, a list read at most once per
+``negative_ttl_s`` however many names are asked for.
 """
 
 from __future__ import annotations
@@ -18,19 +23,20 @@ import datetime as dt
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from services.db.queries.credentials import loop_for_token, signing_secrets_for
+from services.db.queries.credentials import loop_for_token, loop_names, signing_secrets_for
 from services.db.session import SessionFactory
 from services.ingest.signature import secret_key
 from services.ingest.writer import StorageUnavailable
 
 TOKEN_PREFIX = "rit_"
-_MAX_ENTRIES = 10_000
+MAX_ENTRIES = 10_000
 
 
 def generate_ingest_token() -> str:
@@ -84,6 +90,39 @@ class _Entry(Generic[T]):
     fetched_at: float
 
 
+class LruTable(Generic[T]):
+    """At most ``capacity`` entries; adding one more drops the least recently used."""
+
+    def __init__(self, capacity: int = MAX_ENTRIES) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[str, _Entry[T]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def get(self, key: str) -> _Entry[T] | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, entry: _Entry[T]) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def pop(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def drop_where(self, doomed: Callable[[T | None], bool]) -> None:
+        for key in [k for k, entry in self._entries.items() if doomed(entry.value)]:
+            del self._entries[key]
+
+
 class CredentialCache:
     """See the module docstring."""
 
@@ -95,14 +134,18 @@ class CredentialCache:
         negative_ttl_s: float = 1.0,
         min_refresh_s: float = 1.0,
         retry_after_s: int = 1,
+        capacity: int = MAX_ENTRIES,
     ) -> None:
         self._session_factory = session_factory
         self._ttl_s = ttl_s
         self._negative_ttl_s = negative_ttl_s
         self._min_refresh_s = min_refresh_s
         self._retry_after_s = retry_after_s
-        self._loops: dict[str, _Entry[LoopKeys]] = {}
-        self._tokens: dict[str, _Entry[TokenLoop]] = {}
+        self._loops: LruTable[LoopKeys] = LruTable(capacity)
+        self._tokens: LruTable[TokenLoop] = LruTable(capacity)
+        self._unknown_tokens: LruTable[TokenLoop] = LruTable(capacity)
+        self._names: frozenset[str] = frozenset()
+        self._names_read_at = -float("inf")
         self._reading: dict[tuple[str, str], asyncio.Future[Any]] = {}
 
     def _fresh(self, entry: _Entry[Any] | None) -> bool:
@@ -127,27 +170,38 @@ class CredentialCache:
 
     async def token_loop(self, token: str) -> TokenLoop | None:
         digest = hash_token(token)
-        entry = self._tokens.get(digest)
+        entry = self._tokens.get(digest) or self._unknown_tokens.get(digest)
         if entry is not None and self._fresh(entry):
             return entry.value
-        return await self._shared_read("token", digest, self._read_token, self._tokens)
+        return await self._shared_read("token", digest, self._read_token, self._remember_token)
 
     def invalidate(self, name: str) -> None:
         """Forget a loop's cached keys and tokens (after a rotation in this process)."""
-        self._loops.pop(name, None)
-        self._tokens = {
-            k: v for k, v in self._tokens.items() if v.value is None or v.value.name != name
-        }
+        self._loops.pop(name)
+        self._tokens.drop_where(lambda value: value is not None and value.name == name)
+        self._unknown_tokens = LruTable(self._unknown_tokens.capacity)
+        self._names_read_at = -float("inf")
 
     async def _load_loop(self, name: str) -> LoopKeys | None:
-        return await self._shared_read("loop", name, self._read_loop, self._loops)
+        if not await self._may_exist(name):
+            return None
+        return await self._shared_read("loop", name, self._read_loop, self._remember_loop)
+
+    async def _may_exist(self, name: str) -> bool:
+        """Whether a loop of this name exists, by the list of names (read at most once per
+        ``negative_ttl_s``, shared by every caller), so made-up names cost no query each."""
+        if name in self._names or name in self._loops:
+            return True
+        if time.monotonic() - self._names_read_at >= self._negative_ttl_s:
+            await self._shared_read("names", "", self._read_names, self._remember_names)
+        return name in self._names
 
     async def _shared_read(
         self,
         kind: str,
         key: str,
         read: Callable[[str], T | None],
-        table: dict[str, _Entry[T]],
+        remember: Callable[[str, T | None], None],
     ) -> T | None:
         """Read ``key`` and remember it; callers that come while a read is in flight wait
         for that one. The read runs in its own task, so a caller that is cancelled (its
@@ -156,7 +210,8 @@ class CredentialCache:
         async def read_and_remember() -> T | None:
             try:
                 value = await self._query(read, key)
-                return self._remember(table, key, value).value
+                remember(key, value)
+                return value
             finally:
                 self._reading.pop((kind, key), None)
 
@@ -169,12 +224,25 @@ class CredentialCache:
         result: T | None = await asyncio.shield(pending)
         return result
 
-    def _remember(self, table: dict[str, _Entry[T]], key: str, value: T | None) -> _Entry[T]:
-        if len(table) >= _MAX_ENTRIES:
-            table.clear()
+    def _remember_loop(self, name: str, value: LoopKeys | None) -> None:
+        if value is None:
+            self._loops.pop(name)
+            self._names = self._names - {name}
+        else:
+            self._loops.put(name, _Entry(value, time.monotonic()))
+
+    def _remember_token(self, digest: str, value: TokenLoop | None) -> None:
         entry = _Entry(value, time.monotonic())
-        table[key] = entry
-        return entry
+        if value is None:
+            self._tokens.pop(digest)
+            self._unknown_tokens.put(digest, entry)
+        else:
+            self._unknown_tokens.pop(digest)
+            self._tokens.put(digest, entry)
+
+    def _remember_names(self, _: str, names: frozenset[str] | None) -> None:
+        self._names = names or frozenset()
+        self._names_read_at = time.monotonic()
 
     async def _query(self, read: Callable[[A], T | None], argument: A) -> T | None:
         try:
@@ -196,6 +264,10 @@ class CredentialCache:
                 SigningKey(secret_key(c.secret), c.expires_at) for c in credentials if c.secret
             )
             return LoopKeys(loop.id, loop.name, loop.status, keys)
+
+    def _read_names(self, _: str) -> frozenset[str]:
+        with self._session_factory() as session:
+            return frozenset(loop_names(session))
 
     def _read_token(self, digest: str) -> TokenLoop | None:
         now = dt.datetime.now(dt.UTC)

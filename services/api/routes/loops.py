@@ -127,6 +127,9 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         public, signing_secret, ingest_token = await asyncio.to_thread(provision)
     except LoopNameTaken:
         raise ApiError(409, "loop_exists", f"a loop named {body.name!r} already exists") from None
+    service = state.extras.get(EXTRAS_KEY)
+    if isinstance(service, IngestService):
+        service.credentials.invalidate(body.name)  # its webhook works at once in this process
     started = True
     try:
         client = await state.temporal.get()

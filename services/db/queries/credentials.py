@@ -84,6 +84,11 @@ def signing_secrets_for(
     return loop, active_credentials(session, loop_id=loop.id, now=now, kind=SIGNING_SECRET)
 
 
+def loop_names(session: Session) -> Sequence[str]:
+    """Every loop's name (the webhook's cache checks a path against them before a lookup)."""
+    return session.scalars(select(Loop.name)).all()
+
+
 def loop_for_token(
     session: Session, *, token_sha256: str, now: dt.datetime
 ) -> tuple[Loop, Credential] | None:

@@ -72,6 +72,13 @@ class Settings(BaseSettings):
     # Processes of `ratchet api` on one port, each with its own ingest writer (one Postgres
     # connection) and credential cache; more than one uses the machine's other cores.
     api_workers: int = Field(default=1, ge=1, le=64)
+    # Bodies outside the ingest doors (admin API, dashboard) are refused past this size
+    # before they are parsed or authenticated; ingest has its own limit below.
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Connections served at once per api process (more get a 503 from uvicorn), and how
+    # long an idle keep-alive connection is held open.
+    api_limit_concurrency: int = Field(default=2048, ge=1)
+    api_timeout_keep_alive_s: int = Field(default=5, ge=1, le=600)
     worker_host: str = "127.0.0.1"
     worker_port: int = Field(default=8001, ge=1, le=65535)
     public_url: str | None = None

@@ -16,6 +16,8 @@ from services.logs import configure_logging
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from services.settings import Settings
+
 
 def register(subparsers: Any) -> None:
     up = subparsers.add_parser(
@@ -55,13 +57,7 @@ def _api(args: argparse.Namespace) -> int:
 
     settings = cli_settings(require_database=True)
     configure_logging(settings.log_level, settings.log_format, component="api")
-    options: dict[str, Any] = {
-        "host": settings.api_host,
-        "port": settings.api_port,
-        "log_level": "warning",
-        "access_log": False,
-        "timeout_graceful_shutdown": 10,
-    }
+    options = uvicorn_options(settings)
     if settings.api_workers == 1:
         app = create_app(settings)
         freeze_startup_heap()
@@ -81,6 +77,20 @@ def _api(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """How uvicorn serves the api: bounded connections (past the limit a client gets a 503,
+    not a process that runs out of memory) and idle connections closed after a few seconds."""
+    return {
+        "host": settings.api_host,
+        "port": settings.api_port,
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": 10,
+        "limit_concurrency": settings.api_limit_concurrency,
+        "timeout_keep_alive": settings.api_timeout_keep_alive_s,
+    }
 
 
 def api_worker_app() -> FastAPI:

@@ -86,6 +86,9 @@ class Settings(BaseSettings):
 
     # Security.
     admin_token: SecretStr | None = None
+    # Fernet keys (comma-separated, newest first) that encrypt stored signing secrets; unset
+    # means a generated key in <state_dir>/secret.key (the embedded stack). See services.secrets.
+    secret_key: SecretStr | None = None
 
     # Artifacts (datasets, checkpoints, job outputs). Unset means <state_dir>/artifacts.
     artifact_root: Path | None = None
@@ -143,6 +146,16 @@ class Settings(BaseSettings):
         scheme = value.split("://", 1)[0] if "://" in value else ""
         if scheme not in {"postgres", "postgresql", "postgresql+psycopg"}:
             raise ValueError("must be a Postgres URL such as postgresql://user:pass@host:5432/db")
+        return value
+
+    @field_validator("secret_key", mode="after")
+    @classmethod
+    def _check_secret_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        from services.secrets import parse_keys  # it imports this module
+
+        parse_keys(value.get_secret_value())
         return value
 
     @field_validator("temporal_address", mode="after")
@@ -233,13 +246,24 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(f"cannot read settings: {exc}") from None
 
 
+def _secret_fields() -> frozenset[str]:
+    """Settings whose values must never appear in a message: every SecretStr, and the
+    database URL (it usually holds a password)."""
+    secret = {
+        name for name, info in Settings.model_fields.items() if "SecretStr" in str(info.annotation)
+    }
+    return frozenset(secret | {"database_url"})
+
+
 def _describe_validation_error(exc: ValidationError) -> str:
     parts = []
+    hidden = _secret_fields()
     for error in exc.errors():
         field = ".".join(str(item) for item in error["loc"])
         variable = f"{ENV_PREFIX}{field.upper()}"
         message = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{variable}: {message} (got {error.get('input')!r})")
+        shown = "value hidden" if field in hidden else f"got {error.get('input')!r}"
+        parts.append(f"{variable}: {message} ({shown})")
     return "invalid setting " + "; ".join(parts)
 
 

@@ -34,6 +34,7 @@ from services.db.queries.credentials import loop_for_token, loop_names, signing_
 from services.db.session import SessionFactory
 from services.ingest.signature import secret_key
 from services.ingest.writer import StorageUnavailable
+from services.secrets import SecretBox
 
 TOKEN_PREFIX = "rit_"
 MAX_ENTRIES = 10_000
@@ -130,6 +131,7 @@ class CredentialCache:
         self,
         session_factory: SessionFactory,
         *,
+        box: SecretBox | None = None,
         ttl_s: float = 30.0,
         negative_ttl_s: float = 1.0,
         min_refresh_s: float = 1.0,
@@ -137,6 +139,7 @@ class CredentialCache:
         capacity: int = MAX_ENTRIES,
     ) -> None:
         self._session_factory = session_factory
+        self._box = box
         self._ttl_s = ttl_s
         self._negative_ttl_s = negative_ttl_s
         self._min_refresh_s = min_refresh_s
@@ -261,9 +264,16 @@ class CredentialCache:
                 return None
             loop, credentials = found
             keys = tuple(
-                SigningKey(secret_key(c.secret), c.expires_at) for c in credentials if c.secret
+                SigningKey(secret_key(self._decrypt(c.secret)), c.expires_at)
+                for c in credentials
+                if c.secret
             )
             return LoopKeys(loop.id, loop.name, loop.status, keys)
+
+    def _decrypt(self, stored: str) -> str:
+        if self._box is None:
+            raise RuntimeError("this credential cache was built without a SecretBox")
+        return self._box.decrypt(stored)
 
     def _read_names(self, _: str) -> frozenset[str]:
         with self._session_factory() as session:

@@ -29,6 +29,7 @@ from services.metrics import (
     INGEST_RECEIVED,
     INGEST_REJECTED,
 )
+from services.secrets import SecretBox
 from services.settings import Settings
 
 LOOP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
@@ -73,7 +74,7 @@ class IngestService:
             max_rows=settings.ingest_commit_max_rows,
             max_wait_s=settings.ingest_commit_max_wait_ms / 1000.0,
         )
-        self.credentials = CredentialCache(session_factory)
+        self.credentials = CredentialCache(session_factory, box=SecretBox.from_settings(settings))
 
     async def start(self) -> None:
         await self.writer.start()

@@ -119,7 +119,7 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
     def provision() -> tuple[dict[str, object], str, str]:
         # Its own transaction: the workflow starts only once the loop is committed.
         with state.session_factory.begin() as session:
-            created = provision_loop(session, fields=fields)
+            created = provision_loop(session, fields=fields, box=state.secret_box)
             public = _public_fields(created.loop, state.settings)
             return public, created.signing_secret, created.ingest_token
 
@@ -180,7 +180,11 @@ def rotate(
     body = body or RotateRequest()
     row = _loop_or_404(session, loop)
     rotated = rotate_credential(
-        session, loop=row, kind=body.kind, grace=dt.timedelta(seconds=body.grace_seconds)
+        session,
+        loop=row,
+        kind=body.kind,
+        grace=dt.timedelta(seconds=body.grace_seconds),
+        box=state.secret_box,
     )
     service = state.extras.get(EXTRAS_KEY)
     if isinstance(service, IngestService):

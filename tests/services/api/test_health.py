@@ -42,8 +42,10 @@ def test_the_webhook_answers_503_with_retry_after_while_postgres_is_down(
     )
     with TestClient(create_app(broken, state=state)) as client:
         assert client.get("/readyz").status_code == 200
-        assert client.get("/health/dependencies").json()["checks"]["postgres"].startswith(
-            "unreachable"
+        assert (
+            client.get("/health/dependencies")
+            .json()["checks"]["postgres"]
+            .startswith("unreachable")
         )
         body = body_of(make_trace())
         response = client.post(

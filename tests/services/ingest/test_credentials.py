@@ -12,7 +12,6 @@ from sqlalchemy.exc import OperationalError
 from services.ingest.credentials import CredentialCache, LoopKeys, LruTable, TokenLoop, hash_token
 from services.ingest.writer import StorageUnavailable
 
-
 MADE_UP_TOKENS = {hash_token(f"rit_made_up_{number}") for number in range(10)}
 
 

@@ -15,13 +15,18 @@ from services.ingest.schema import validate_trace
 from services.ingest.service import conninfo_from_engine
 from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow
 from services.metrics import REGISTRY
-from tests.services.api.support import make_trace
+from services.secrets import SecretBox
+from tests.services.api.support import SECRET_KEY, make_trace
 
 
 @pytest.fixture
 def loop_id(session_factory: SessionFactory) -> int:
     with session_factory.begin() as session:
-        return provision_loop(session, fields=LoopFields(name="w", environment="toolcalc")).loop.id
+        return provision_loop(
+            session,
+            fields=LoopFields(name="w", environment="toolcalc"),
+            box=SecretBox.from_keys(SECRET_KEY),
+        ).loop.id
 
 
 def row(loop_id: int, external_id: str) -> TraceRow:

@@ -119,7 +119,7 @@ def test_concurrent_rotations_leave_at_most_two_active_secrets(
                     grace=dt.timedelta(hours=1),
                     box=box,
                 )
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=rotate) for _ in range(4)]

@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     # Connections served at once per api process (more get a 503 from uvicorn), and how
     # long an idle keep-alive connection is held open.
+    # /metrics on a port of its own (the chart sets one); unset serves it on the api port.
+    api_metrics_port: int | None = Field(default=None, ge=1, le=65535)
     api_limit_concurrency: int = Field(default=2048, ge=1)
     api_timeout_keep_alive_s: int = Field(default=5, ge=1, le=600)
     worker_host: str = "127.0.0.1"

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.cli.common import cli_settings
@@ -61,22 +64,40 @@ def _api(args: argparse.Namespace) -> int:
     if settings.api_workers == 1:
         app = create_app(settings)
         freeze_startup_heap()
-        uvicorn.run(app, **options)
+        with metrics_server(settings, None):
+            uvicorn.run(app, **options)
         return 0
     # Several processes on one socket (uvicorn's supervisor), each building its app with
     # api_worker_app(); their metrics meet in a fresh directory (see services.metrics).
     metrics_dir = tempfile.mkdtemp(prefix="ratchet-api-metrics-")
     os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir
     try:
-        uvicorn.run(
-            "services.cli.stack:api_worker_app",
-            factory=True,
-            workers=settings.api_workers,
-            **options,
-        )
+        with metrics_server(settings, Path(metrics_dir)):
+            uvicorn.run(
+                "services.cli.stack:api_worker_app",
+                factory=True,
+                workers=settings.api_workers,
+                **options,
+            )
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+@contextlib.contextmanager
+def metrics_server(settings: Settings, multiprocess_dir: Path | None) -> Iterator[None]:
+    """``/metrics`` on RATCHET_API_METRICS_PORT while the api runs (when that is set)."""
+    from services.api.metrics_server import MetricsServer
+
+    if settings.api_metrics_port is None:
+        yield
+        return
+    server = MetricsServer(settings.api_host, settings.api_metrics_port, multiprocess_dir)
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop()
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from services.api.deps import StateDep
+from services.api.errors import ApiError
 from services.api.state import AppState
 from services.db.session import ping
 from services.ingest.service import EXTRAS_KEY, IngestService
@@ -69,6 +70,9 @@ async def dependencies(state: StateDep) -> JSONResponse:
 
 
 @router.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
-async def metrics() -> Response:
+async def metrics(state: StateDep) -> Response:
+    if state.settings.api_metrics_port is not None:
+        # Served on its own port (services.api.metrics_server), never next to the webhook.
+        raise ApiError(404, "not_found", "metrics are served on RATCHET_API_METRICS_PORT")
     body, content_type = render_latest()
     return Response(body, media_type=content_type)

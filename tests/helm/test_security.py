@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 
 from tests.helm.chart import (
     CI_FILES,
@@ -162,13 +163,18 @@ def test_secrets_never_land_in_a_config_map(case: Case) -> None:
 
 def test_chart_secret_holds_exactly_the_given_secrets() -> None:
     minimal = render_ci("minimal-values.yaml")
-    assert minimal.secret_data("rel-ratchet-secrets") == {
-        "RATCHET_DATABASE_URL": "postgresql://ratchet:ratchet@postgres.databases:5432/ratchet"
-    }
+    data = minimal.secret_data("rel-ratchet-secrets")
+    assert data.pop("RATCHET_DATABASE_URL") == (
+        "postgresql://ratchet:ratchet@postgres.databases:5432/ratchet"
+    )
+    # A Fernet key made for the release when none is given (services.secrets).
+    assert set(data) == {"RATCHET_SECRET_KEY"}
+    Fernet(data["RATCHET_SECRET_KEY"])
     gpu = render_ci("gpu-kueue-values.yaml")
     assert set(gpu.secret_data("rel-ratchet-secrets")) == {
         "RATCHET_DATABASE_URL",
         "RATCHET_ADMIN_TOKEN",
+        "RATCHET_SECRET_KEY",
     }
 
 

@@ -116,6 +116,10 @@ class Settings(BaseSettings):
     ingest_commit_max_rows: int = Field(default=1_000, ge=1)
     ingest_commit_max_wait_ms: float = Field(default=2.0, ge=0)
 
+    # Raw trace bodies are purged this many days after they arrive (tasks keep their redacted
+    # copies, rows keep their ids and outcomes); 0 keeps them for ever.
+    trace_retention_days: int = Field(default=30, ge=0)
+
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(default=8100, ge=1, le=65535)

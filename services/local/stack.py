@@ -418,27 +418,42 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def stop_children_on_signals() -> Iterator[None]:
+def stop_children_on_signals(redeliver_s: float = 1.0) -> Iterator[None]:
     """For processes that start children (``ratchet demo``, ``benchmarks/loop.py``): SIGTERM,
     which ``timeout``, CI runners and container runtimes send, and SIGINT both unwind the
     main thread like Ctrl-C, so the cleanup in ``finally`` stops api, worker, Temporal,
     model server, jobs and Postgres. The default SIGTERM action would end the process at once
-    and leave all of them running. Signals that come while the cleanup runs are ignored, so
-    a second Ctrl-C cannot cut it short."""
-    stopping = False
+    and leave all of them running.
+
+    An exception raised from a signal handler can be swallowed (it may land in a weakref
+    callback or a ``__del__``, where Python only prints it), so until the unwinding is seen
+    the interrupt is raised again every ``redeliver_s`` (SIGALRM). Signals that come while the
+    cleanup runs are ignored, so a second Ctrl-C cannot cut it short.
+    """
+    received: list[int] = []
+
+    def unwinding() -> bool:
+        error: BaseException | None = sys.exc_info()[1]
+        while error is not None:
+            if isinstance(error, KeyboardInterrupt):
+                return True
+            error = error.__context__
+        return False
 
     def interrupt(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        if stopping:
+        if signum != signal.SIGALRM and not received:
+            received.append(signum)
+        if not received or unwinding():
             return
-        stopping = True
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        signal.setitimer(signal.ITIMER_REAL, redeliver_s)
+        raise Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
     try:
         yield
     finally:
-        stopping = True
+        signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

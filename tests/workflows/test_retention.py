@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime as dt
 
 from sqlalchemy import select, update
@@ -95,7 +96,5 @@ async def test_the_schedule_follows_the_setting(temporal_client: Client, task_qu
             pass
         await ensure_retention_schedule(temporal_client, 0, task_queue)  # and idempotent
     finally:
-        try:
+        with contextlib.suppress(RPCError):
             await handle.delete()
-        except RPCError:
-            pass

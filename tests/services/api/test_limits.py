@@ -49,3 +49,18 @@ def test_the_ingest_doors_keep_their_own_larger_limit(
 def test_uvicorn_bounds_connections_and_idle_time() -> None:
     options = uvicorn_options(Settings(api_limit_concurrency=50, api_timeout_keep_alive_s=3))
     assert options["limit_concurrency"] == 50 and options["timeout_keep_alive"] == 3
+
+
+def test_a_webhook_body_of_many_gzip_members_is_refused_without_inflating_them(
+    client: TestClient, loop: dict[str, Any]
+) -> None:
+    """200k empty gzip members with a made-up signature: refused at the 65th member (400),
+    where the api used to inflate all of them (36 s of event loop) before answering 401."""
+    import gzip
+
+    body = gzip.compress(b"") * 200_000
+    headers = signed_headers("whsec_" + "C" * 43, b"made up")
+    headers["content-encoding"] = "gzip"
+    response = client.post(f"/v1/loops/{loop['name']}/traces", content=body, headers=headers)
+    assert response.status_code == 400, response.text
+    assert "more than 64 members" in response.json()["error"]["message"]

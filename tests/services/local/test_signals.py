@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,20 @@ def test_an_interrupt_swallowed_by_a_weakref_callback_is_raised_again() -> None:
         del thing
         assert reference() is None
         time.sleep(5)
+
+
+def test_a_killed_processes_handle_on_the_embedded_postgres_is_dropped(tmp_path: Path) -> None:
+    """pgserver stops the server when the last listed process lets go; a `ratchet up` killed
+    with -9 never does, so its pid must not keep the next one from stopping the server."""
+    import json
+    import subprocess
+    import sys
+
+    from services.local.stack import forget_dead_handles
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    handles = tmp_path / ".handle_pids.json"
+    handles.write_text(json.dumps([dead.pid, os.getpid()]))
+    forget_dead_handles(tmp_path)
+    assert json.loads(handles.read_text()) == [os.getpid()]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.ingest.body import gunzip_limited  # noqa: E402
-from services.ingest.errors import IngestError  # noqa: E402
+from services.ingest.body import gunzip_limited
+from services.ingest.errors import IngestError
 
 LIMIT = 5 * 1024 * 1024
 

@@ -269,3 +269,31 @@ def test_network_policies_fence_every_component() -> None:
         port["port"] for rule in policies["migrate"]["egress"] for port in rule.get("ports", [])
     }
     assert migrate_ports == {53, 5432}
+
+
+def test_the_public_ingress_routes_only_the_ingest_doors() -> None:
+    """Not the dashboard, /docs, /openapi.json, the admin API or /metrics."""
+    rendered = render_ci("ingress-networkpolicy-values.yaml")
+    (ingress,) = rendered.of_kind("Ingress")
+    paths = {
+        (path["path"], path["pathType"])
+        for rule in ingress["spec"]["rules"]
+        for path in rule["http"]["paths"]
+    }
+    assert paths == {
+        ("/otlp/v1/traces", "Exact"),
+        ("/v1/otlp/v1/traces", "Exact"),
+        ("/v1/loops/support-agent/traces", "Exact"),
+    }
+
+
+def test_metrics_have_their_own_port_and_network_policies_are_on_by_default() -> None:
+    rendered = render_ci("minimal-values.yaml")
+    container = rendered.named("Deployment", "api")["spec"]["template"]["spec"]["containers"][0]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert set(ports) == {"http", "metrics"} and ports["http"] != ports["metrics"]
+    api_policy = rendered.named("NetworkPolicy", "api")["spec"]
+    assert {rule["ports"][0]["port"] for rule in api_policy["ingress"]} == {"http", "metrics"}
+    scraped = render({**ci_values("minimal-values.yaml"), "serviceMonitor": {"enabled": True}})
+    monitor = scraped.named("ServiceMonitor", "api")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"

@@ -73,17 +73,21 @@ def hostile_json_bodies() -> Iterator[tuple[str, bytes]]:
     yield "deep arrays", b"[" * 100_000 + b"]" * 100_000
     yield "deep objects", b'{"a":' * 50_000 + b"1" + b"}" * 50_000
     yield "huge integer", b'{"traces": [' + b"9" * 10_000 + b"]}"
-    yield "huge exponent", json.dumps({**trace, "outcome": {"success": False}}).encode().replace(
-        b'"success": false', b'"success": false, "score": 1e999999'
+    yield (
+        "huge exponent",
+        json.dumps({**trace, "outcome": {"success": False}})
+        .encode()
+        .replace(b'"success": false', b'"success": false, "score": 1e999999'),
     )
     yield "nan and infinity", b'{"schema": "ratchet.trace/v1", "x": NaN, "y": -Infinity}'
     yield "not utf-8", b'{"external_id": "\xff\xfe\xfa"}'
     yield "lone surrogate", json.dumps({**trace, "external_id": "\ud800x"}).encode()
     yield "nul bytes", json.dumps({**trace, "external_id": "a\u0000b"}).encode()
     yield "very long id", json.dumps({**trace, "external_id": "x" * 100_000}).encode()
-    yield "deep metadata", json.dumps(
-        {**trace, "metadata": {"m": json.loads("[" * 900 + "]" * 900)}}
-    ).encode()
+    yield (
+        "deep metadata",
+        json.dumps({**trace, "metadata": {"m": json.loads("[" * 900 + "]" * 900)}}).encode(),
+    )
     yield "wrong types", json.dumps({**trace, "messages": "none", "tools": {"a": 1}}).encode()
     yield "null", b"null"
     yield "a string", b'"trace"'
@@ -101,9 +105,7 @@ def post(http: httpx.Client, path: str, body: bytes, headers: dict[str, str]) ->
     return http.post(path, content=body, headers=headers, timeout=120)
 
 
-def hostile_requests(
-    http: httpx.Client, loop: dict[str, Any], server_errors: list[str]
-) -> None:
+def hostile_requests(http: httpx.Client, loop: dict[str, Any], server_errors: list[str]) -> None:
     webhook = f"/v1/loops/{loop['name']}/traces"
     otlp_auth = {"authorization": f"Bearer {loop['ingest_token']}"}
     sent: list[tuple[str, httpx.Response]] = []

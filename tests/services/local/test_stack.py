@@ -178,7 +178,11 @@ def test_up_serves_survives_kill9_and_keeps_data(up: UpProcess) -> None:
     assert "Traceback" not in up.log.read_text()
     # ... and stops it with everything else when that one is stopped.
     postmaster = up.state_dir / "postgres" / "postmaster.pid"
-    assert_eventually(lambda: not postmaster.exists(), timeout=30, interval=0.5)
+
+    def postgres_stopped() -> None:
+        assert not postmaster.exists(), "the adopted Postgres is still running"
+
+    assert_eventually(postgres_stopped, timeout=30, interval=0.5)
 
 
 def _answers_200(url: str) -> None:

@@ -90,12 +90,15 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            status, code = (413, "body_too_large") if declared.isdigit() else (400, "bad_header")
-            await self._refuse(send, status, code, declared.isdigit())
+        if declared is not None and not declared.isdigit():
+            await _refuse(send, 400, "invalid_header", "Content-Length is not a number")
+            return
+        if declared is not None and int(declared) > self.limit:
+            await _refuse(send, 413, "body_too_large", self._too_large())
             return
         received = 0
         refused = False
+        started = False
 
         async def receive_within_limit() -> Message:
             # Past the limit the 413 goes out from here, and the app is told the client left
@@ -109,24 +112,27 @@ class BodyLimitMiddleware:
                 received += len(message.get("body", b""))
                 if received > self.limit:
                     refused = True
-                    await self._refuse(send, 413, "body_too_large", True)
+                    if not started:
+                        await _refuse(send, 413, "body_too_large", self._too_large())
                     return {"type": "http.disconnect"}
             return message
 
         async def send_unless_refused(message: Message) -> None:
-            if not refused:
-                await send(message)
+            nonlocal started
+            if refused:
+                return
+            started = True
+            await send(message)
 
         await self.app(scope, receive_within_limit, send_unless_refused)
 
     def _too_large(self) -> str:
         return f"the request body is over the limit of {self.limit} bytes"
 
-    async def _refuse(self, send: Send, status: int, code: str, too_large: bool) -> None:
-        message = self._too_large() if too_large else "Content-Length is not a number"
-        await JSONResponse(error_body(code, message), status_code=status)(
-            {"type": "http"}, _no_body, send
-        )
+
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    response = JSONResponse(error_body(code, message), status_code=status)
+    await response({"type": "http"}, _no_body, send)
 
 
 async def _no_body() -> Message:

@@ -12,8 +12,9 @@ stops working on time, cache or not.
 A flood of made-up loop names or tokens must neither cost a query each nor push the real
 entries out: the tables are bounded LRUs (10k entries each, the least recently used go
 first), unknown tokens live in a table of their own, so they can only evict each other, and
-a loop is looked up only if its name is among the loops' names, a list read at most once per
-``negative_ttl_s`` however many names are asked for.
+a loop (a token) is looked up only if its name (its digest) is among those that exist: one
+list of loop names and active token digests, read at most once per ``negative_ttl_s``
+however many made-up ones are asked for.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from services.db.queries.credentials import loop_for_token, loop_names, signing_secrets_for
+from services.db.queries.credentials import (
+    active_token_digests,
+    loop_for_token,
+    loop_names,
+    signing_secrets_for,
+)
 from services.db.session import SessionFactory
 from services.ingest.signature import secret_key
 from services.ingest.writer import StorageUnavailable
@@ -148,6 +154,7 @@ class CredentialCache:
         self._tokens: LruTable[TokenLoop] = LruTable(capacity)
         self._unknown_tokens: LruTable[TokenLoop] = LruTable(capacity)
         self._names: frozenset[str] = frozenset()
+        self._token_digests: frozenset[str] = frozenset()
         self._names_read_at = -float("inf")
         self._reading: dict[tuple[str, str], asyncio.Future[Any]] = {}
 
@@ -176,6 +183,8 @@ class CredentialCache:
         entry = self._tokens.get(digest) or self._unknown_tokens.get(digest)
         if entry is not None and self._fresh(entry):
             return entry.value
+        if not await self._known(digest, lambda: self._token_digests, self._tokens):
+            return None
         return await self._shared_read("token", digest, self._read_token, self._remember_token)
 
     def invalidate(self, name: str) -> None:
@@ -186,18 +195,21 @@ class CredentialCache:
         self._names_read_at = -float("inf")
 
     async def _load_loop(self, name: str) -> LoopKeys | None:
-        if not await self._may_exist(name):
+        if not await self._known(name, lambda: self._names, self._loops):
             return None
         return await self._shared_read("loop", name, self._read_loop, self._remember_loop)
 
-    async def _may_exist(self, name: str) -> bool:
-        """Whether a loop of this name exists, by the list of names (read at most once per
-        ``negative_ttl_s``, shared by every caller), so made-up names cost no query each."""
-        if name in self._names or name in self._loops:
+    async def _known(
+        self, key: str, existing: Callable[[], frozenset[str]], cached: LruTable[Any]
+    ) -> bool:
+        """Whether ``key`` (a loop name, a token digest) exists, by the list of those that do
+        (read at most once per ``negative_ttl_s``, shared by every caller), so made-up ones
+        cost no query each."""
+        if key in existing() or key in cached:
             return True
         if time.monotonic() - self._names_read_at >= self._negative_ttl_s:
             await self._shared_read("names", "", self._read_names, self._remember_names)
-        return name in self._names
+        return key in existing()
 
     async def _shared_read(
         self,
@@ -243,8 +255,8 @@ class CredentialCache:
             self._unknown_tokens.pop(digest)
             self._tokens.put(digest, entry)
 
-    def _remember_names(self, _: str, names: frozenset[str] | None) -> None:
-        self._names = names or frozenset()
+    def _remember_names(self, _: str, known: tuple[frozenset[str], frozenset[str]] | None) -> None:
+        self._names, self._token_digests = known or (frozenset(), frozenset())
         self._names_read_at = time.monotonic()
 
     async def _query(self, read: Callable[[A], T | None], argument: A) -> T | None:
@@ -275,9 +287,11 @@ class CredentialCache:
             raise RuntimeError("this credential cache was built without a SecretBox")
         return self._box.decrypt(stored)
 
-    def _read_names(self, _: str) -> frozenset[str]:
+    def _read_names(self, _: str) -> tuple[frozenset[str], frozenset[str]]:
+        now = dt.datetime.now(dt.UTC)
         with self._session_factory() as session:
-            return frozenset(loop_names(session))
+            names = frozenset(loop_names(session))
+            return names, frozenset(active_token_digests(session, now=now))
 
     def _read_token(self, digest: str) -> TokenLoop | None:
         now = dt.datetime.now(dt.UTC)

@@ -103,6 +103,16 @@ def loop_names(session: Session) -> Sequence[str]:
     return session.scalars(select(Loop.name)).all()
 
 
+def active_token_digests(session: Session, *, now: dt.datetime) -> Sequence[str]:
+    """The sha256 of every active ingest token (the OTLP door's cache checks a token against
+    them before a lookup)."""
+    return session.scalars(
+        select(Credential.token_sha256).where(
+            Credential.kind == INGEST_TOKEN, Credential.token_sha256.is_not(None), _active(now)
+        )
+    ).all()  # type: ignore[return-value]
+
+
 def loop_for_token(
     session: Session, *, token_sha256: str, now: dt.datetime
 ) -> tuple[Loop, Credential] | None:

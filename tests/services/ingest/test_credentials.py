@@ -23,12 +23,13 @@ class CountingReads:
         self.name_reads = 0
         self.fail = False
         self.names = frozenset({"a", "b", "c"})
+        self.token_digests = frozenset(hash_token(t) for t in ("rit_x", "rit_good"))
         self.lock = threading.Lock()
 
-    def loop_names(self) -> frozenset[str]:
+    def loop_names(self) -> tuple[frozenset[str], frozenset[str]]:
         with self.lock:
             self.name_reads += 1
-        return self.names
+        return self.names, self.token_digests
 
     def loop(self, name: str) -> LoopKeys | None:
         with self.lock:
@@ -104,14 +105,22 @@ async def test_made_up_loop_names_cost_no_query_each_and_evict_nothing(
     assert await cache.loop_keys("a") is not None and reads.calls == 1  # still cached
 
 
-async def test_made_up_tokens_do_not_push_out_valid_ones(reads: CountingReads) -> None:
+async def test_made_up_tokens_cost_no_query_each_and_do_not_push_out_valid_ones(
+    reads: CountingReads,
+) -> None:
     cache = CredentialCache(None, capacity=3)  # type: ignore[arg-type]
     assert await cache.token_loop("rit_good") is not None
     reads.calls = 0
     for number in range(10):
         assert await cache.token_loop(f"rit_made_up_{number}") is None
+    assert reads.calls == 0 and reads.name_reads <= 2  # the list of digests answered
+    # A token that exists but is not cached yet is looked up; the cached one still is.
+    reads.token_digests = reads.token_digests | MADE_UP_TOKENS
+    cache.invalidate("l")  # (what a rotation in this process does)
+    for number in range(5):
+        assert await cache.token_loop(f"rit_made_up_{number}") is None
+    assert reads.calls == 5
     assert await cache.token_loop("rit_good") is not None
-    assert reads.calls == 10  # the valid token was still cached
 
 
 def test_the_lru_drops_the_least_recently_used() -> None:

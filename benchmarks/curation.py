@@ -252,4 +252,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from services.local.stack import stop_children_on_signals
+
+    with stop_children_on_signals():  # SIGTERM (timeout, CI) stops its Postgres and api too
+        main()

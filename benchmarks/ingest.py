@@ -52,6 +52,7 @@ from services.db.session import create_db_engine, make_session_factory  # noqa: 
 from services.ingest.provisioning import provision_loop  # noqa: E402
 from services.ingest.schema import validate_trace  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
+from services.secrets import SecretBox, generate_key  # noqa: E402
 
 LOOP = "bench"
 
@@ -325,6 +326,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+BENCH_SECRET_KEY = generate_key()  # encrypts the loop's signing secret (services.secrets)
+
+
 def start_api(database_url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -333,6 +337,7 @@ def start_api(database_url: str, port: int, workers: int) -> subprocess.Popen[by
         "RATCHET_API_HOST": "127.0.0.1",
         "RATCHET_API_PORT": str(port),
         "RATCHET_ADMIN_TOKEN": "bench",
+        "RATCHET_SECRET_KEY": BENCH_SECRET_KEY,
         "RATCHET_LOG_LEVEL": "WARNING",
     }
     process = subprocess.Popen(
@@ -407,7 +412,9 @@ def main() -> None:
             engine = create_db_engine(database_url, pool_size=1)
             with make_session_factory(engine).begin() as session:
                 created = provision_loop(
-                    session, fields=LoopFields(name=LOOP, environment="toolcalc")
+                    session,
+                    fields=LoopFields(name=LOOP, environment="toolcalc"),
+                    box=SecretBox.from_keys(BENCH_SECRET_KEY),
                 )
                 loop_id, secret = created.loop.id, created.signing_secret
             engine.dispose()
@@ -473,4 +480,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from services.local.stack import stop_children_on_signals
+
+    with stop_children_on_signals():  # SIGTERM (timeout, CI) stops its Postgres and api too
+        main()

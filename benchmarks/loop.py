@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from services.demo.run import DemoOptions, format_report, run_demo
+from services.local.stack import stop_children_on_signals
 from services.settings import load_settings
 
 
@@ -39,7 +40,9 @@ def main() -> int:
         state_dir=state_dir,
         champion_cache=args.champion_cache,
     )
-    report = run_demo(options, load_settings(), out=lambda line: print(line, flush=True))
+    # SIGTERM (timeout, CI) and Ctrl-C stop the whole stack the run started.
+    with stop_children_on_signals():
+        report = run_demo(options, load_settings(), out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)
     figures = {
         "promotions": report.promotions,

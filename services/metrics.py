@@ -91,6 +91,13 @@ INGEST_QUEUE_DEPTH = Gauge(
     registry=REGISTRY,
 )
 
+# Retention ----------------------------------------------------------------------------------
+TRACE_BODIES_PURGED = Counter(
+    "ratchet_retention_trace_bodies_purged_total",
+    "Raw trace bodies replaced after RATCHET_TRACE_RETENTION_DAYS (the rows stay).",
+    registry=REGISTRY,
+)
+
 # Curation -----------------------------------------------------------------------------------
 CURATION_TRACES = Counter(
     "ratchet_curation_traces_total",

@@ -72,6 +72,15 @@ class Settings(BaseSettings):
     # Processes of `ratchet api` on one port, each with its own ingest writer (one Postgres
     # connection) and credential cache; more than one uses the machine's other cores.
     api_workers: int = Field(default=1, ge=1, le=64)
+    # Bodies outside the ingest doors (admin API, dashboard) are refused past this size
+    # before they are parsed or authenticated; ingest has its own limit below.
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Connections served at once per api process (more get a 503 from uvicorn), and how
+    # long an idle keep-alive connection is held open.
+    # /metrics on a port of its own (the chart sets one); unset serves it on the api port.
+    api_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    api_limit_concurrency: int = Field(default=2048, ge=1)
+    api_timeout_keep_alive_s: int = Field(default=5, ge=1, le=600)
     worker_host: str = "127.0.0.1"
     worker_port: int = Field(default=8001, ge=1, le=65535)
     public_url: str | None = None
@@ -79,6 +88,9 @@ class Settings(BaseSettings):
 
     # Security.
     admin_token: SecretStr | None = None
+    # Fernet keys (comma-separated, newest first) that encrypt stored signing secrets; unset
+    # means a generated key in <state_dir>/secret.key (the embedded stack). See services.secrets.
+    secret_key: SecretStr | None = None
 
     # Artifacts (datasets, checkpoints, job outputs). Unset means <state_dir>/artifacts.
     artifact_root: Path | None = None
@@ -115,6 +127,10 @@ class Settings(BaseSettings):
     otlp_max_spans_per_export: int = Field(default=10_000, ge=1)
     otlp_max_attribute_bytes: int = Field(default=1024 * 1024, ge=1024)
 
+    # Raw trace bodies are purged this many days after they arrive (tasks keep their redacted
+    # copies, rows keep their ids and outcomes); 0 keeps them for ever.
+    trace_retention_days: int = Field(default=30, ge=0)
+
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(default=8100, ge=1, le=65535)
@@ -147,6 +163,16 @@ class Settings(BaseSettings):
         scheme = value.split("://", 1)[0] if "://" in value else ""
         if scheme not in {"postgres", "postgresql", "postgresql+psycopg"}:
             raise ValueError("must be a Postgres URL such as postgresql://user:pass@host:5432/db")
+        return value
+
+    @field_validator("secret_key", mode="after")
+    @classmethod
+    def _check_secret_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        from services.secrets import parse_keys  # it imports this module
+
+        parse_keys(value.get_secret_value())
         return value
 
     @field_validator("temporal_address", mode="after")
@@ -237,13 +263,24 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(f"cannot read settings: {exc}") from None
 
 
+def _secret_fields() -> frozenset[str]:
+    """Settings whose values must never appear in a message: every SecretStr, and the
+    database URL (it usually holds a password)."""
+    secret = {
+        name for name, info in Settings.model_fields.items() if "SecretStr" in str(info.annotation)
+    }
+    return frozenset(secret | {"database_url"})
+
+
 def _describe_validation_error(exc: ValidationError) -> str:
     parts = []
+    hidden = _secret_fields()
     for error in exc.errors():
         field = ".".join(str(item) for item in error["loc"])
         variable = f"{ENV_PREFIX}{field.upper()}"
         message = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{variable}: {message} (got {error.get('input')!r})")
+        shown = "value hidden" if field in hidden else f"got {error.get('input')!r}"
+        parts.append(f"{variable}: {message} ({shown})")
     return "invalid setting " + "; ".join(parts)
 
 

@@ -10,6 +10,7 @@ from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
 from workflows.probe import ProbeWorkflow
 from workflows.promote import PromoteWorkflow
+from workflows.retention import RetentionWorkflow
 from workflows.train import TrainWorkflow
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ WORKFLOWS: list[type] = [
     TrainWorkflow,
     EvaluateWorkflow,
     PromoteWorkflow,
+    RetentionWorkflow,
 ]
 
 
@@ -32,6 +34,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     from workflows.activities.curation import CurationActivities
     from workflows.activities.jobs import JobActivities
     from workflows.activities.loop import LoopActivities
+    from workflows.activities.retention import RetentionActivities
 
     jobs = JobActivities(
         session_factory=deps.session_factory,
@@ -50,4 +53,10 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         curation.probe_pass_rates,
         curation.record_probes,
     ]
-    return [*curation_activities, *jobs.activities(), *loop.activities()]
+    retention = RetentionActivities(deps.session_factory)
+    return [
+        *curation_activities,
+        *jobs.activities(),
+        *loop.activities(),
+        retention.purge_trace_bodies,
+    ]

@@ -142,6 +142,16 @@ async def run_worker(settings: Settings) -> None:
     engine = engine_from_settings(settings, application="ratchet-worker")
     deps = build_dependencies(settings, engine)
     worker = build_worker(client, deps)
+    from temporalio.service import RPCError
+
+    from workflows.schedules import ensure_retention_schedule
+
+    try:
+        await ensure_retention_schedule(
+            client, settings.trace_retention_days, settings.temporal_task_queue
+        )
+    except RPCError as exc:  # the loops still run; only the purge is not scheduled
+        logger.error("cannot set up the trace retention schedule: %s", exc)
     server = uvicorn.Server(
         uvicorn.Config(
             health_app(engine, client, f"http://127.0.0.1:{sdk_metrics_port}/metrics"),

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import ModuleType
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import services.api.routes as routes_package
-from services.api.errors import install_error_handlers
+from services.api.errors import error_body, install_error_handlers
 from services.api.state import AppState, TemporalConnection
 from services.db.session import engine_from_settings, make_session_factory
 from services.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS, forget_this_process
@@ -66,6 +69,74 @@ class HttpMetricsMiddleware:
             elapsed = time.perf_counter() - started
             HTTP_REQUEST_DURATION.labels(str(template), method).observe(elapsed)
             HTTP_REQUESTS.labels(str(template), method, str(status)).inc()
+
+
+# The doors that take traces read their bodies under RATCHET_INGEST_MAX_BODY_BYTES instead.
+INGEST_PATHS = re.compile(r"^(/v1/loops/[^/]+/traces|(/v1)?/otlp/v1/[a-z]+)$")
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over ``limit`` bytes outside the ingest doors, before any route,
+    authentication or parsing sees them: from ``Content-Length`` at once, and while the body
+    streams in for chunked requests (an unauthenticated client cannot make the api buffer
+    more than the limit)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or INGEST_PATHS.match(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and not declared.isdigit():
+            await _refuse(send, 400, "invalid_header", "Content-Length is not a number")
+            return
+        if declared is not None and int(declared) > self.limit:
+            await _refuse(send, 413, "body_too_large", self._too_large())
+            return
+        received = 0
+        refused = False
+        started = False
+
+        async def receive_within_limit() -> Message:
+            # Past the limit the 413 goes out from here, and the app is told the client left
+            # (its own answer to that is dropped): no handler's error path can turn it into
+            # another status.
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    refused = True
+                    if not started:
+                        await _refuse(send, 413, "body_too_large", self._too_large())
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def send_unless_refused(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return
+            started = True
+            await send(message)
+
+        await self.app(scope, receive_within_limit, send_unless_refused)
+
+    def _too_large(self) -> str:
+        return f"the request body is over the limit of {self.limit} bytes"
+
+
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    response = JSONResponse(error_body(code, message), status_code=status)
+    await response({"type": "http"}, _no_body, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
@@ -113,6 +184,7 @@ def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.api_max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware)
     plain_routes = [route for module in modules for route in getattr(module, "plain_routes", ())]
     app.router.routes[:0] = plain_routes  # ahead of FastAPI's own routes and every router

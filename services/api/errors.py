@@ -10,10 +10,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from services.errors import RequestError
+
+CLIENT_CLOSED_REQUEST = 499
 
 
 class ApiError(RequestError):
@@ -56,6 +59,12 @@ def install_error_handlers(app: FastAPI) -> None:
             error_body("invalid_request", "the request does not match the schema", fields),
             status_code=422,
         )
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(_: Request, exc: ClientDisconnect) -> Response:
+        # The client hung up before its body arrived: nobody to answer, and not a server error.
+        # 499 (as nginx logs it) is what the HTTP metrics record; the send goes nowhere.
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from services.db.session import SessionFactory
+from services.secrets import SecretBox
 from services.settings import Settings
 from services.temporal import connect_temporal
 
@@ -36,3 +37,12 @@ class AppState:
     session_factory: SessionFactory
     temporal: TemporalConnection
     extras: dict[str, object] = field(default_factory=dict)
+    _secret_box: SecretBox | None = None
+
+    @property
+    def secret_box(self) -> SecretBox:
+        """Encrypts signing secrets for storage (built on first use: it may create the
+        embedded stack's key file)."""
+        if self._secret_box is None:
+            self._secret_box = SecretBox.from_settings(self.settings)
+        return self._secret_box

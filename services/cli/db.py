@@ -21,6 +21,19 @@ def register(subparsers: Any) -> None:
     downgrade.set_defaults(func=_downgrade)
     current = db_commands.add_parser("current", help="print the revision the database is at")
     current.set_defaults(func=_current)
+    generate_key = db_commands.add_parser(
+        "generate-key", help="print a new key for RATCHET_SECRET_KEY (encrypts signing secrets)"
+    )
+    generate_key.set_defaults(func=_generate_key)
+    reencrypt = db_commands.add_parser(
+        "reencrypt-secrets",
+        help="re-encrypt stored signing secrets under the first key of RATCHET_SECRET_KEY",
+        description=(
+            "After putting a new key in front of RATCHET_SECRET_KEY (new,old) and restarting, "
+            "run this; then the old key can be removed."
+        ),
+    )
+    reencrypt.set_defaults(func=_reencrypt)
 
 
 @contextmanager
@@ -69,4 +82,34 @@ def _current(args: argparse.Namespace) -> int:
 
     with database_url() as url:
         print(", ".join(current_heads(url)) or "base (no migrations applied)")
+    return 0
+
+
+def _generate_key(args: argparse.Namespace) -> int:
+    from services.secrets import generate_key
+
+    print(generate_key())
+    return 0
+
+
+def _reencrypt(args: argparse.Namespace) -> int:
+    from services.db.queries.credentials import signing_secrets
+    from services.db.session import create_db_engine, make_session_factory
+    from services.secrets import SecretBox
+
+    settings = cli_settings()
+    box = SecretBox.from_settings(settings)
+    with database_url() as url:
+        engine = create_db_engine(url, pool_size=1)
+        try:
+            with make_session_factory(engine).begin() as session:
+                stale = [
+                    c for c in signing_secrets(session) if c.secret and not box.is_current(c.secret)
+                ]
+                for credential in stale:
+                    assert credential.secret is not None
+                    credential.secret = box.reencrypt(credential.secret)
+        finally:
+            engine.dispose()
+    print(f"re-encrypted {len(stale)} signing secret(s) under the newest key")
     return 0

@@ -19,7 +19,8 @@ def register(subparsers: Any) -> None:
             "Start the embedded stack in a fresh state dir on free ports, make a toolcalc "
             "champion, serve it, post simulated production traffic as signed traces, drift "
             "the tool API, and let the loop recover. Prints progress, then a table per cycle "
-            "and the live success rate over time. Exits 0 when done."
+            "and the live success rate over time. Exits 0 when done; Ctrl-C or SIGTERM stops "
+            "everything it started."
         ),
     )
     demo.add_argument("--cycles", type=int, default=1, help="cycles to complete (default 1)")
@@ -49,7 +50,7 @@ def register(subparsers: Any) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from services.cli import CliError
     from services.demo.run import DemoOptions, format_report, run_demo
-    from services.local.stack import StackError
+    from services.local.stack import StackError, Terminated, stop_children_on_signals
 
     if args.cycles < 1:
         raise CliError("--cycles must be at least 1")
@@ -68,9 +69,12 @@ def _demo(args: argparse.Namespace) -> int:
         champion_cache=settings.state_dir / "demo",
     )
     try:
-        report = run_demo(options, settings)
+        with stop_children_on_signals():
+            report = run_demo(options, settings)
     except StackError as exc:
         raise CliError(str(exc), exit_code=1) from None
+    except Terminated:
+        return 143  # 128 + SIGTERM, as a shell reports it; everything it started is stopped
     print(format_report(report), flush=True)
     if args.json:
         print(json.dumps(report.to_json()))

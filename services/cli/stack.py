@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.cli.common import cli_settings
@@ -15,6 +18,8 @@ from services.logs import configure_logging
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+    from services.settings import Settings
 
 
 def register(subparsers: Any) -> None:
@@ -55,32 +60,58 @@ def _api(args: argparse.Namespace) -> int:
 
     settings = cli_settings(require_database=True)
     configure_logging(settings.log_level, settings.log_format, component="api")
-    options: dict[str, Any] = {
-        "host": settings.api_host,
-        "port": settings.api_port,
-        "log_level": "warning",
-        "access_log": False,
-        "timeout_graceful_shutdown": 10,
-    }
+    options = uvicorn_options(settings)
     if settings.api_workers == 1:
         app = create_app(settings)
         freeze_startup_heap()
-        uvicorn.run(app, **options)
+        with metrics_server(settings, None):
+            uvicorn.run(app, **options)
         return 0
     # Several processes on one socket (uvicorn's supervisor), each building its app with
     # api_worker_app(); their metrics meet in a fresh directory (see services.metrics).
     metrics_dir = tempfile.mkdtemp(prefix="ratchet-api-metrics-")
     os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir
     try:
-        uvicorn.run(
-            "services.cli.stack:api_worker_app",
-            factory=True,
-            workers=settings.api_workers,
-            **options,
-        )
+        with metrics_server(settings, Path(metrics_dir)):
+            uvicorn.run(
+                "services.cli.stack:api_worker_app",
+                factory=True,
+                workers=settings.api_workers,
+                **options,
+            )
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+@contextlib.contextmanager
+def metrics_server(settings: Settings, multiprocess_dir: Path | None) -> Iterator[None]:
+    """``/metrics`` on RATCHET_API_METRICS_PORT while the api runs (when that is set)."""
+    from services.api.metrics_server import MetricsServer
+
+    if settings.api_metrics_port is None:
+        yield
+        return
+    server = MetricsServer(settings.api_host, settings.api_metrics_port, multiprocess_dir)
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop()
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """How uvicorn serves the api: bounded connections (past the limit a client gets a 503,
+    not a process that runs out of memory) and idle connections closed after a few seconds."""
+    return {
+        "host": settings.api_host,
+        "port": settings.api_port,
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": 10,
+        "limit_concurrency": settings.api_limit_concurrency,
+        "timeout_keep_alive": settings.api_timeout_keep_alive_s,
+    }
 
 
 def api_worker_app() -> FastAPI:

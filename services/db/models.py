@@ -132,6 +132,9 @@ class Trace(Base):
     curated_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     curation_outcome: Mapped[str | None] = mapped_column(String(32))
     curation_detail: Mapped[str | None] = mapped_column(Text)
+    # Set when retention replaced the raw body (RATCHET_TRACE_RETENTION_DAYS); the row stays
+    # for lineage and counts, its tasks keep their redacted copies.
+    body_purged_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Task(Base):

@@ -7,8 +7,14 @@ for ``ttl_s`` and re-read early when a signature fails to verify (at most once p
 Requests that find the same entry stale at the same time share one read (under load, every
 request in flight would otherwise queue its own query on the thread pool when it expires).
 Expiry is checked on every request from the cached ``expires_at``, so a rotated-out secret
-stops working on time, cache or not. Unknown names and tokens are cached briefly too, so a
-flood of bad requests does not become a flood of queries.
+stops working on time, cache or not.
+
+A flood of made-up loop names or tokens must neither cost a query each nor push the real
+entries out: the tables are bounded LRUs (10k entries each, the least recently used go
+first), unknown tokens live in a table of their own, so they can only evict each other, and
+a loop (a token) is looked up only if its name (its digest) is among those that exist: one
+list of loop names and active token digests, read at most once per ``negative_ttl_s``
+however many made-up ones are asked for.
 """
 
 from __future__ import annotations
@@ -18,19 +24,26 @@ import datetime as dt
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from services.db.queries.credentials import loop_for_token, signing_secrets_for
+from services.db.queries.credentials import (
+    active_token_digests,
+    loop_for_token,
+    loop_names,
+    signing_secrets_for,
+)
 from services.db.session import SessionFactory
 from services.ingest.signature import secret_key
 from services.ingest.writer import StorageUnavailable
+from services.secrets import SecretBox
 
 TOKEN_PREFIX = "rit_"
-_MAX_ENTRIES = 10_000
+MAX_ENTRIES = 10_000
 
 
 def generate_ingest_token() -> str:
@@ -84,6 +97,39 @@ class _Entry(Generic[T]):
     fetched_at: float
 
 
+class LruTable(Generic[T]):
+    """At most ``capacity`` entries; adding one more drops the least recently used."""
+
+    def __init__(self, capacity: int = MAX_ENTRIES) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[str, _Entry[T]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def get(self, key: str) -> _Entry[T] | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, entry: _Entry[T]) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def pop(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def drop_where(self, doomed: Callable[[T | None], bool]) -> None:
+        for key in [k for k, entry in self._entries.items() if doomed(entry.value)]:
+            del self._entries[key]
+
+
 class CredentialCache:
     """See the module docstring."""
 
@@ -91,18 +137,25 @@ class CredentialCache:
         self,
         session_factory: SessionFactory,
         *,
+        box: SecretBox | None = None,
         ttl_s: float = 30.0,
         negative_ttl_s: float = 1.0,
         min_refresh_s: float = 1.0,
         retry_after_s: int = 1,
+        capacity: int = MAX_ENTRIES,
     ) -> None:
         self._session_factory = session_factory
+        self._box = box
         self._ttl_s = ttl_s
         self._negative_ttl_s = negative_ttl_s
         self._min_refresh_s = min_refresh_s
         self._retry_after_s = retry_after_s
-        self._loops: dict[str, _Entry[LoopKeys]] = {}
-        self._tokens: dict[str, _Entry[TokenLoop]] = {}
+        self._loops: LruTable[LoopKeys] = LruTable(capacity)
+        self._tokens: LruTable[TokenLoop] = LruTable(capacity)
+        self._unknown_tokens: LruTable[TokenLoop] = LruTable(capacity)
+        self._names: frozenset[str] = frozenset()
+        self._token_digests: frozenset[str] = frozenset()
+        self._names_read_at = -float("inf")
         self._reading: dict[tuple[str, str], asyncio.Future[Any]] = {}
 
     def _fresh(self, entry: _Entry[Any] | None) -> bool:
@@ -127,27 +180,43 @@ class CredentialCache:
 
     async def token_loop(self, token: str) -> TokenLoop | None:
         digest = hash_token(token)
-        entry = self._tokens.get(digest)
+        entry = self._tokens.get(digest) or self._unknown_tokens.get(digest)
         if entry is not None and self._fresh(entry):
             return entry.value
-        return await self._shared_read("token", digest, self._read_token, self._tokens)
+        if not await self._known(digest, lambda: self._token_digests, self._tokens):
+            return None
+        return await self._shared_read("token", digest, self._read_token, self._remember_token)
 
     def invalidate(self, name: str) -> None:
         """Forget a loop's cached keys and tokens (after a rotation in this process)."""
-        self._loops.pop(name, None)
-        self._tokens = {
-            k: v for k, v in self._tokens.items() if v.value is None or v.value.name != name
-        }
+        self._loops.pop(name)
+        self._tokens.drop_where(lambda value: value is not None and value.name == name)
+        self._unknown_tokens = LruTable(self._unknown_tokens.capacity)
+        self._names_read_at = -float("inf")
 
     async def _load_loop(self, name: str) -> LoopKeys | None:
-        return await self._shared_read("loop", name, self._read_loop, self._loops)
+        if not await self._known(name, lambda: self._names, self._loops):
+            return None
+        return await self._shared_read("loop", name, self._read_loop, self._remember_loop)
+
+    async def _known(
+        self, key: str, existing: Callable[[], frozenset[str]], cached: LruTable[Any]
+    ) -> bool:
+        """Whether ``key`` (a loop name, a token digest) exists, by the list of those that do
+        (read at most once per ``negative_ttl_s``, shared by every caller), so made-up ones
+        cost no query each."""
+        if key in existing() or key in cached:
+            return True
+        if time.monotonic() - self._names_read_at >= self._negative_ttl_s:
+            await self._shared_read("names", "", self._read_names, self._remember_names)
+        return key in existing()
 
     async def _shared_read(
         self,
         kind: str,
         key: str,
         read: Callable[[str], T | None],
-        table: dict[str, _Entry[T]],
+        remember: Callable[[str, T | None], None],
     ) -> T | None:
         """Read ``key`` and remember it; callers that come while a read is in flight wait
         for that one. The read runs in its own task, so a caller that is cancelled (its
@@ -156,7 +225,8 @@ class CredentialCache:
         async def read_and_remember() -> T | None:
             try:
                 value = await self._query(read, key)
-                return self._remember(table, key, value).value
+                remember(key, value)
+                return value
             finally:
                 self._reading.pop((kind, key), None)
 
@@ -169,12 +239,25 @@ class CredentialCache:
         result: T | None = await asyncio.shield(pending)
         return result
 
-    def _remember(self, table: dict[str, _Entry[T]], key: str, value: T | None) -> _Entry[T]:
-        if len(table) >= _MAX_ENTRIES:
-            table.clear()
+    def _remember_loop(self, name: str, value: LoopKeys | None) -> None:
+        if value is None:
+            self._loops.pop(name)
+            self._names = self._names - {name}
+        else:
+            self._loops.put(name, _Entry(value, time.monotonic()))
+
+    def _remember_token(self, digest: str, value: TokenLoop | None) -> None:
         entry = _Entry(value, time.monotonic())
-        table[key] = entry
-        return entry
+        if value is None:
+            self._tokens.pop(digest)
+            self._unknown_tokens.put(digest, entry)
+        else:
+            self._unknown_tokens.pop(digest)
+            self._tokens.put(digest, entry)
+
+    def _remember_names(self, _: str, known: tuple[frozenset[str], frozenset[str]] | None) -> None:
+        self._names, self._token_digests = known or (frozenset(), frozenset())
+        self._names_read_at = time.monotonic()
 
     async def _query(self, read: Callable[[A], T | None], argument: A) -> T | None:
         try:
@@ -193,9 +276,22 @@ class CredentialCache:
                 return None
             loop, credentials = found
             keys = tuple(
-                SigningKey(secret_key(c.secret), c.expires_at) for c in credentials if c.secret
+                SigningKey(secret_key(self._decrypt(c.secret)), c.expires_at)
+                for c in credentials
+                if c.secret
             )
             return LoopKeys(loop.id, loop.name, loop.status, keys)
+
+    def _decrypt(self, stored: str) -> str:
+        if self._box is None:
+            raise RuntimeError("this credential cache was built without a SecretBox")
+        return self._box.decrypt(stored)
+
+    def _read_names(self, _: str) -> tuple[frozenset[str], frozenset[str]]:
+        now = dt.datetime.now(dt.UTC)
+        with self._session_factory() as session:
+            names = frozenset(loop_names(session))
+            return names, frozenset(active_token_digests(session, now=now))
 
     def _read_token(self, digest: str) -> TokenLoop | None:
         now = dt.datetime.now(dt.UTC)

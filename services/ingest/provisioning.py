@@ -3,8 +3,9 @@
 Kept out of the route so that other callers (the lead's loop actions, which also start the
 loop's Temporal workflow on creation) reuse one function: :func:`provision_loop` does
 everything that belongs in the loop's creating transaction and returns the secrets, which
-are shown once and never again (the signing secret is stored because HMAC needs it; the
-ingest token only as its sha256).
+are shown once and never again (the signing secret is stored because HMAC needs it,
+encrypted under ``RATCHET_SECRET_KEY`` (services.secrets); the ingest token only as its
+sha256).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from services.db.queries.credentials import (
     add_ingest_token,
     add_signing_secret,
     expire_credentials,
+    lock_loop,
 )
 from services.db.queries.loops import LoopFields, create_loop
 from services.ingest.credentials import generate_ingest_token, hash_token
 from services.ingest.signature import generate_secret
+from services.secrets import SecretBox
 
 CredentialKind = Literal["signing_secret", "ingest_token"]
 
@@ -40,7 +43,7 @@ class ProvisionedLoop:
     ingest_token: str
 
 
-def provision_loop(session: Session, *, fields: LoopFields) -> ProvisionedLoop:
+def provision_loop(session: Session, *, fields: LoopFields, box: SecretBox) -> ProvisionedLoop:
     """Create a loop with one signing secret and one ingest token, in the caller's transaction.
 
     Raises :class:`services.db.queries.loops.LoopNameTaken` when the name is in use.
@@ -48,7 +51,7 @@ def provision_loop(session: Session, *, fields: LoopFields) -> ProvisionedLoop:
     loop = create_loop(session, fields=fields)
     signing_secret = generate_secret()
     ingest_token = generate_ingest_token()
-    add_signing_secret(session, loop_id=loop.id, secret=signing_secret)
+    add_signing_secret(session, loop_id=loop.id, secret=box.encrypt(signing_secret))
     add_ingest_token(session, loop_id=loop.id, token_sha256=hash_token(ingest_token))
     return ProvisionedLoop(loop=loop, signing_secret=signing_secret, ingest_token=ingest_token)
 
@@ -68,19 +71,23 @@ def rotate_credential(
     loop: Loop,
     kind: CredentialKind,
     grace: dt.timedelta,
+    box: SecretBox,
     now: dt.datetime | None = None,
 ) -> RotatedCredential:
     """Issue a new credential; the current one stays valid for ``grace``, then expires.
 
-    At most two are active at once: one still in an earlier grace period expires now.
+    At most two are active at once: one still in an earlier grace period expires now. The
+    loop's row is locked first, so concurrent rotations run one after the other (two that
+    interleaved could each keep the other's new credential active forever).
     """
     now = now or dt.datetime.now(dt.UTC)
+    lock_loop(session, loop_id=loop.id)
     had_active = bool(active_credentials(session, loop_id=loop.id, now=now, kind=kind))
     expires_at = now + grace
     expire_credentials(session, loop_id=loop.id, kind=kind, now=now, at=expires_at)
     if kind == SIGNING_SECRET:
         value = generate_secret()
-        add_signing_secret(session, loop_id=loop.id, secret=value)
+        add_signing_secret(session, loop_id=loop.id, secret=box.encrypt(value))
     elif kind == INGEST_TOKEN:
         value = generate_ingest_token()
         add_ingest_token(session, loop_id=loop.id, token_sha256=hash_token(value))

@@ -29,11 +29,13 @@ from services.metrics import (
     INGEST_RECEIVED,
     INGEST_REJECTED,
 )
+from services.secrets import SecretBox
 from services.settings import Settings
 
 LOOP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 EXTRAS_KEY = "ingest"  # where the api keeps the service (AppState.extras)
 UNKNOWN_LOOP = "-"  # metric label for requests whose loop is not known
+_DECOY_KEY = b"\0" * 32  # verified against for an unknown loop, so it costs the same HMAC
 
 
 # Not frozen: a frozen dataclass's __init__ costs ~3x (object.__setattr__ per field), and
@@ -72,7 +74,7 @@ class IngestService:
             max_rows=settings.ingest_commit_max_rows,
             max_wait_s=settings.ingest_commit_max_wait_ms / 1000.0,
         )
-        self.credentials = CredentialCache(session_factory)
+        self.credentials = CredentialCache(session_factory, box=SecretBox.from_settings(settings))
 
     async def start(self) -> None:
         await self.writer.start()
@@ -82,16 +84,21 @@ class IngestService:
 
     # Authentication -----------------------------------------------------------------------
 
-    async def webhook_loop(self, name: str) -> LoopKeys:
-        """The loop a webhook path names (404 when there is none)."""
-        keys = await self.credentials.loop_keys(name) if LOOP_NAME.match(name) else None
-        if keys is None:
-            raise IngestError(404, "loop_not_found", f"there is no loop named {name[:64]!r}")
+    async def webhook_loop(self, name: str) -> LoopKeys | None:
+        """The loop a webhook path names, None when there is none.
+
+        No answer says which: an unknown loop fails the signature check like a wrong secret
+        (401), so the webhook cannot be used to find out which loop names exist.
+        """
+        return await self.credentials.loop_keys(name) if LOOP_NAME.match(name) else None
+
+    @staticmethod
+    def check_accepts_traces(keys: LoopKeys) -> None:
+        """409 for an archived loop (told only to a sender that proved it holds a secret)."""
         if keys.status == "archived":
             raise IngestError(
-                409, "loop_archived", f"loop {name!r} is archived and takes no traces"
+                409, "loop_archived", f"loop {keys.name!r} is archived and takes no traces"
             )
-        return keys
 
     def signed_headers(self, headers: Mapping[str, str]) -> SignedHeaders:
         """The signature headers, checked for form and freshness before the body is read."""
@@ -104,25 +111,31 @@ class IngestService:
         except SignatureError as exc:
             raise _unauthorized(str(exc), "Webhook-Signature") from None
 
-    async def verify_signature(self, keys: LoopKeys, signed: SignedHeaders, body: bytes) -> None:
-        """401 unless a signature matches under one of the loop's active secrets.
+    async def verify_signature(
+        self, keys: LoopKeys | None, signed: SignedHeaders, body: bytes
+    ) -> LoopKeys:
+        """The loop, or 401 unless a signature matches under one of its active secrets.
 
         On a miss the loop's secrets are re-read once (a rotation may have happened in another
-        api process) before the request is refused.
+        api process) before the request is refused. An unknown loop (``None``) is refused with
+        the same answer after the same work, so the two cannot be told apart.
         """
         now = dt.datetime.now(dt.UTC)
-        if verify(signed, body, keys.active(now)):
-            return
-        fresh = await self.credentials.refresh_loop_keys(keys.name)
-        if (
-            fresh is not None
-            and fresh.loop_id == keys.loop_id
-            and verify(signed, body, fresh.active(now))
-        ):
-            return
+        if keys is not None:
+            if verify(signed, body, keys.active(now)):
+                return keys
+            fresh = await self.credentials.refresh_loop_keys(keys.name)
+            if (
+                fresh is not None
+                and fresh.loop_id == keys.loop_id
+                and verify(signed, body, fresh.active(now))
+            ):
+                return fresh
+        else:
+            verify(signed, body, [_DECOY_KEY])
         raise _unauthorized(
             "no webhook-signature matches this body under the loop's active signing secrets "
-            "(wrong or expired secret, or the body changed after signing)",
+            "(unknown loop, wrong or expired secret, or the body changed after signing)",
             "Webhook-Signature",
         )
 

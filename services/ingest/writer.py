@@ -42,12 +42,30 @@ from services.db.queries.traces import (
     INSERT_TRACE_SQL,
     STAGE_TYPES,
 )
+from services.ingest.errors import IngestError
 from services.ingest.schema import StoredTrace
 from services.metrics import INGEST_COMMIT_DURATION, INGEST_COMMIT_ROWS, INGEST_QUEUE_DEPTH
 
 log = logging.getLogger(__name__)
 
 Status = Literal["accepted", "duplicate", "rejected"]
+
+
+class StorageRefused(IngestError):
+    """Postgres refused the write for a reason a retry cannot fix (a missing table or
+    privilege, a schema that does not match the code): a 500 that says so, never a 503 whose
+    ``Retry-After`` would have senders retry for ever."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(500, "storage_error", message)
+
+
+def retryable(exc: psycopg.Error) -> bool:
+    """Whether a Postgres error may go away on its own: connection trouble, serialization
+    failures and deadlocks, lack of resources, an operator shutting the server down, a lock
+    or statement timeout (SQLSTATE classes 08, 40, 53, 57, 58 and 55P03)."""
+    state = exc.sqlstate or ""
+    return state[:2] in {"08", "40", "53", "57", "58"} or state == "55P03"
 
 
 class StorageUnavailable(Exception):
@@ -240,10 +258,20 @@ class GroupCommitWriter:
         except psycopg.Error as exc:
             log.error("ingest writer: database error %s; %d traces refused", exc, len(rows))
             await self._close_connection()
-            self._resolve_error(
-                batch,
-                StorageUnavailable(f"the database refused the write: {exc}", self._retry_after_s),
-            )
+            failure: Exception
+            if retryable(exc):
+                failure = StorageUnavailable(
+                    f"the database could not take the write now ({type(exc).__name__}); "
+                    "nothing was acknowledged",
+                    self._retry_after_s,
+                )
+            else:
+                failure = StorageRefused(
+                    f"the database refused the write ({type(exc).__name__}: "
+                    f"{exc.diag.message_primary or 'no detail'}); nothing was stored. This is "
+                    "a server problem (is `ratchet db upgrade` done?), not one of the request"
+                )
+            self._resolve_error(batch, failure)
             return
         finally:
             self._depth -= len(rows)

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,19 +84,37 @@ def check_postgres_reachable(database_url: str) -> None:
 
 
 def check_temporal_reachable(settings: Settings, timeout: float = 5.0) -> None:
+    """Poll Temporal's health until it is SERVING or ``timeout`` passes.
+
+    A dev server (or a frontend that just restarted) accepts connections a while before its
+    health check answers SERVING ("Frontend is not healthy yet"), longer on a loaded machine;
+    one check right after the port opens is a race, so this asks again until the deadline.
+    """
     from services.temporal import connect_temporal
 
-    async def probe() -> None:
-        client = await asyncio.wait_for(connect_temporal(settings), timeout)
-        await asyncio.wait_for(client.service_client.check_health(), timeout)
+    deadline = time.monotonic() + timeout
+
+    async def poll() -> None:
+        client = None
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if client is None:
+                    client = await asyncio.wait_for(connect_temporal(settings), max(left, 0.1))
+                await asyncio.wait_for(client.service_client.check_health(), max(left, 0.1))
+                return
+            except Exception:
+                if time.monotonic() + 0.5 >= deadline:
+                    raise
+            await asyncio.sleep(0.5)
 
     try:
-        asyncio.run(probe())
+        asyncio.run(poll())
     except Exception as exc:
         raise StackError(
             f"RATCHET_TEMPORAL_ADDRESS={settings.effective_temporal_address}: Temporal is not "
-            f"reachable ({type(exc).__name__}: {exc}); check the address, or unset it to use "
-            "the embedded dev server"
+            f"reachable within {timeout:.0f}s ({type(exc).__name__}: {exc}); check the "
+            "address, or unset it to use the embedded dev server"
         ) from None
 
 
@@ -113,6 +132,7 @@ class EmbeddedPostgres:
         import pgserver
 
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        forget_dead_handles(self.data_dir)
         try:
             self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
         except Exception as exc:
@@ -129,6 +149,33 @@ class EmbeddedPostgres:
         with contextlib.suppress(Exception):
             self._server.cleanup()
         self._server = None
+
+
+def forget_dead_handles(data_dir: Path) -> None:
+    """Adopt a Postgres left running by a ``ratchet up`` that was killed (-9).
+
+    pgserver counts the processes using a data dir in ``.handle_pids.json`` and stops the
+    server when the last one lets go. A killed process never lets go, so its pid stays listed
+    and no later ``ratchet up`` would ever stop the server. Pids of processes that are gone
+    are dropped first; the server is then this process's to stop (or to share with a live
+    ``ratchet db`` command, which keeps its own entry).
+    """
+    import json
+
+    import psutil
+    from pgserver.postgres_server import PostgresServer
+
+    handles = data_dir / ".handle_pids.json"
+    if not handles.exists():
+        return
+    with PostgresServer._lock:
+        try:
+            pids = json.loads(handles.read_text())
+        except (OSError, ValueError):
+            return
+        alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+        if alive != pids:
+            handles.write_text(json.dumps(alive))
 
 
 # Embedded Temporal -----------------------------------------------------------------------
@@ -253,7 +300,10 @@ class Stack:
             )
             self.temporal.start()
             self.temporal.wait_ready()
-        check_temporal_reachable(self.settings, timeout=30.0)
+        # A dev server just started may take a while to be healthy on a loaded machine; an
+        # external address that does not answer within 15 s is most likely wrong.
+        timeout = 60.0 if settings.uses_embedded_temporal else 15.0
+        check_temporal_reachable(self.settings, timeout=timeout)
 
     def child_environment(self) -> dict[str, str]:
         """The api's and worker's environment: this stack's settings, spelled out."""
@@ -385,6 +435,51 @@ def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
     except (AdminTokenError, OSError) as exc:
         raise StackError(f"cannot set up the local admin token: {exc}") from exc
     return settings.model_copy(update={"admin_token": SecretStr(token)}), token
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived; raised like Ctrl-C so every ``finally`` that stops children runs."""
+
+
+@contextlib.contextmanager
+def stop_children_on_signals(redeliver_s: float = 1.0) -> Iterator[None]:
+    """For processes that start children (``ratchet demo``, ``benchmarks/loop.py``): SIGTERM,
+    which ``timeout``, CI runners and container runtimes send, and SIGINT both unwind the
+    main thread like Ctrl-C, so the cleanup in ``finally`` stops api, worker, Temporal,
+    model server, jobs and Postgres. The default SIGTERM action would end the process at once
+    and leave all of them running.
+
+    An exception raised from a signal handler can be swallowed (it may land in a weakref
+    callback or a ``__del__``, where Python only prints it), so until the unwinding is seen
+    the interrupt is raised again every ``redeliver_s`` (SIGALRM). Signals that come while the
+    cleanup runs are ignored, so a second Ctrl-C cannot cut it short.
+    """
+    received: list[int] = []
+
+    def unwinding() -> bool:
+        error: BaseException | None = sys.exc_info()[1]
+        while error is not None:
+            if isinstance(error, KeyboardInterrupt):
+                return True
+            error = error.__context__
+        return False
+
+    def interrupt(signum: int, _frame: object) -> None:
+        if signum != signal.SIGALRM and not received:
+            received.append(signum)
+        if not received or unwinding():
+            return
+        signal.setitimer(signal.ITIMER_REAL, redeliver_s)
+        raise Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
+
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_up(settings: Settings) -> int:

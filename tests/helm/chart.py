@@ -35,6 +35,7 @@ EXTERNAL_SECRET_DATA = {
     "database-url": "postgresql://ratchet:from-vault@pg.databases:5432/ratchet",
     "admin-token": "token-from-vault",
     "temporal-api-key": "temporal-cloud-key-from-vault",
+    "secret-key": "dmF1bHQtc2VjcmV0LWtleS1yYXRjaGV0LTMyLWJ5dGU=",
 }
 
 Manifest = dict[str, Any]

@@ -108,7 +108,8 @@ def test_service_monitors_scrape_named_ports_of_the_services() -> None:
 def test_optional_objects_follow_their_switches() -> None:
     minimal = render_ci("minimal-values.yaml")
     assert minimal.of_kind("Ingress") == []
-    assert minimal.of_kind("NetworkPolicy") == []
+    # NetworkPolicies are on by default: api, worker, jobs and migrations.
+    assert len(minimal.of_kind("NetworkPolicy")) == 4
     assert minimal.of_kind("ServiceMonitor") == []
     assert minimal.of_kind("HorizontalPodAutoscaler") == []
     assert len(minimal.of_kind("PodDisruptionBudget")) == 2

@@ -142,8 +142,13 @@ def test_jobs_use_the_release_account_and_the_workers_artifact_volume(ci_file: s
     (worker_mount,) = [
         m for m in worker["containers"][0]["volumeMounts"] if m["name"] == "artifacts"
     ]
-    (job_mount,) = pod["containers"][0]["volumeMounts"]
-    assert job_mount["mountPath"] == worker_mount["mountPath"]
+    # Each of the job's mounts is its own run's path, at the path the worker uses for it.
+    root = PurePosixPath(worker_mount["mountPath"])
+    for job_mount in pod["containers"][0]["volumeMounts"]:
+        assert job_mount["name"] == job_volume["name"]
+        assert PurePosixPath(job_mount["mountPath"]) == root / job_mount["subPath"]
+    read_only = {m["subPath"] for m in pod["containers"][0]["volumeMounts"] if m.get("readOnly")}
+    assert read_only == {"datasets/d1.jsonl", "checkpoints/c0"}
 
 
 def test_job_network_policy_selects_the_pods_the_executor_labels() -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 
 from tests.helm.chart import (
     CI_FILES,
@@ -162,13 +163,18 @@ def test_secrets_never_land_in_a_config_map(case: Case) -> None:
 
 def test_chart_secret_holds_exactly_the_given_secrets() -> None:
     minimal = render_ci("minimal-values.yaml")
-    assert minimal.secret_data("rel-ratchet-secrets") == {
-        "RATCHET_DATABASE_URL": "postgresql://ratchet:ratchet@postgres.databases:5432/ratchet"
-    }
+    data = minimal.secret_data("rel-ratchet-secrets")
+    assert data.pop("RATCHET_DATABASE_URL") == (
+        "postgresql://ratchet:ratchet@postgres.databases:5432/ratchet"
+    )
+    # A Fernet key made for the release when none is given (services.secrets).
+    assert set(data) == {"RATCHET_SECRET_KEY"}
+    Fernet(data["RATCHET_SECRET_KEY"])
     gpu = render_ci("gpu-kueue-values.yaml")
     assert set(gpu.secret_data("rel-ratchet-secrets")) == {
         "RATCHET_DATABASE_URL",
         "RATCHET_ADMIN_TOKEN",
+        "RATCHET_SECRET_KEY",
     }
 
 
@@ -263,3 +269,31 @@ def test_network_policies_fence_every_component() -> None:
         port["port"] for rule in policies["migrate"]["egress"] for port in rule.get("ports", [])
     }
     assert migrate_ports == {53, 5432}
+
+
+def test_the_public_ingress_routes_only_the_ingest_doors() -> None:
+    """Not the dashboard, /docs, /openapi.json, the admin API or /metrics."""
+    rendered = render_ci("ingress-networkpolicy-values.yaml")
+    (ingress,) = rendered.of_kind("Ingress")
+    paths = {
+        (path["path"], path["pathType"])
+        for rule in ingress["spec"]["rules"]
+        for path in rule["http"]["paths"]
+    }
+    assert paths == {
+        ("/otlp/v1/traces", "Exact"),
+        ("/v1/otlp/v1/traces", "Exact"),
+        ("/v1/loops/support-agent/traces", "Exact"),
+    }
+
+
+def test_metrics_have_their_own_port_and_network_policies_are_on_by_default() -> None:
+    rendered = render_ci("minimal-values.yaml")
+    container = rendered.named("Deployment", "api")["spec"]["template"]["spec"]["containers"][0]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert set(ports) == {"http", "metrics"} and ports["http"] != ports["metrics"]
+    api_policy = rendered.named("NetworkPolicy", "api")["spec"]
+    assert {rule["ports"][0]["port"] for rule in api_policy["ingress"]} == {"http", "metrics"}
+    scraped = render({**ci_values("minimal-values.yaml"), "serviceMonitor": {"enabled": True}})
+    monitor = scraped.named("ServiceMonitor", "api")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"

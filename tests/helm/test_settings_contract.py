@@ -116,11 +116,28 @@ def test_optional_secret_keys_may_be_absent_from_the_users_secret(
 ) -> None:
     rendered = render_ci("external-secrets-values.yaml")
     (name,) = rendered.external_secrets
-    rendered.external_secrets[name] = {"database-url": EXTERNAL_SECRET_DATA["database-url"]}
+    rendered.external_secrets[name] = {
+        key: EXTERNAL_SECRET_DATA[key] for key in ("database-url", "secret-key")
+    }
     settings = _settings(monkeypatch, rendered.container_env(_container(rendered, "worker")))
     assert settings.database_url == EXTERNAL_SECRET_DATA["database-url"]
     assert settings.admin_token is None
     assert settings.temporal_api_key is None
+
+
+@pytest.mark.parametrize("ci_file", CI_FILES)
+def test_every_pod_that_touches_signing_secrets_gets_the_same_key(
+    ci_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """api, worker and the migration (which encrypts secrets stored in clear) share one key."""
+    rendered = render_ci(ci_file)
+    keys = {
+        component: _settings(monkeypatch, rendered.container_env(_container(rendered, component)))
+        for component in ("api", "worker", "migrate")
+    }
+    values = {name: s.secret_key for name, s in keys.items()}
+    assert all(value is not None for value in values.values())
+    assert len({value.get_secret_value() for value in values.values() if value}) == 1
 
 
 @pytest.mark.parametrize("ci_file", CI_FILES)
@@ -212,8 +229,11 @@ def test_ports_and_probes_match_the_settings(ci_file: str, monkeypatch: pytest.M
     for component, port_field in (("api", "api_port"), ("worker", "worker_port")):
         container = _container(rendered, component)
         settings = _settings(monkeypatch, rendered.container_env(container))
-        (port,) = container["ports"]
+        port = container["ports"][0]
         assert port["containerPort"] == getattr(settings, port_field)
+        if component == "api":  # /metrics on a port of its own
+            (metrics,) = [p for p in container["ports"] if p["name"] == "metrics"]
+            assert metrics["containerPort"] == settings.api_metrics_port != settings.api_port
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
         assert container["args"] == [component]

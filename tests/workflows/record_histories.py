@@ -16,13 +16,20 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+from temporalio import activity
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from services.local.binaries import temporal_cli_path
 from services.temporal import SEARCH_ATTRIBUTES
 from tests.workflows.test_loop import BASE_CONFIG, LiveStats, World, make_worker, start_loop
-from workflows.shared import cycle_workflow_id
+from workflows.retention import RetentionWorkflow
+from workflows.shared import (
+    PurgeTraceBodiesInput,
+    PurgeTraceBodiesResult,
+    RetentionInput,
+    cycle_workflow_id,
+)
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -103,8 +110,41 @@ async def _record_curate(client: Client) -> None:
         server.cleanup()
 
 
+@activity.defn(name="purge_trace_bodies")
+def _fake_purge(input: PurgeTraceBodiesInput) -> PurgeTraceBodiesResult:
+    return PurgeTraceBodiesResult(purged=3, cutoff=input.now)
+
+
+async def _record_retention(client: Client) -> None:
+    """A RetentionWorkflow run with a typed fake of its activity (the real one is tested in
+    test_retention.py against Postgres)."""
+    import concurrent.futures
+
+    from temporalio.worker import Worker
+
+    task_queue = f"record-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[RetentionWorkflow],
+        activities=[_fake_purge],
+        activity_executor=concurrent.futures.ThreadPoolExecutor(1),
+    ):
+        handle = await client.start_workflow(
+            RetentionWorkflow.run,
+            RetentionInput(retention_days=30),
+            id="retention/purge",
+            task_queue=task_queue,
+        )
+        await handle.result()
+    path = HISTORIES / "retention-purged.json"
+    path.write_text((await handle.fetch_history()).to_json())
+    print(f"wrote {path}")
+
+
 SCENARIOS: dict[str, World | None] = {
     "curate": None,  # a real CurateWorkflow run, see _record_curate
+    "retention": None,  # see _record_retention
     "promoted": World(new_tasks=12),
     "rejected": World(new_tasks=12, gate_decision="reject"),
     "rolled-back": World(
@@ -130,7 +170,9 @@ async def main(names: list[str]) -> None:
     try:
         for name in names or list(SCENARIOS):
             world = SCENARIOS[name]
-            if world is None:
+            if name == "retention":
+                await _record_retention(env.client)
+            elif world is None:
                 await _record_curate(env.client)
             else:
                 await _record(env.client, name, world)

@@ -170,6 +170,11 @@ database, no Temporal, or secrets given twice.
     secretKeyRef:
       name: {{ $secret }}
       key: {{ ternary $keys.databaseUrl "RATCHET_DATABASE_URL" (not (empty $external)) }}
+- name: RATCHET_SECRET_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ ternary $keys.secretKey "RATCHET_SECRET_KEY" (not (empty $external)) }}
 {{- if or $external .Values.secrets.adminToken }}
 - name: RATCHET_ADMIN_TOKEN
   valueFrom:
@@ -239,4 +244,26 @@ TLS with the system roots and no client certificate (Temporal Cloud with an API 
 {{- define "ratchet.configChecksums" -}}
 checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
 checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
+{{- end }}
+
+{{/*
+The key that encrypts stored signing secrets (RATCHET_SECRET_KEY): secrets.secretKey, else
+the one already in the release's Secret (so upgrades keep it), else a new Fernet key. Worked
+out once per render and remembered in .Values, so the Secret and the migration hook's copy
+hold the same key.
+*/}}
+{{- define "ratchet.secretKey" -}}
+{{- if not (hasKey .Values.secrets "_resolvedSecretKey") }}
+{{- $key := .Values.secrets.secretKey }}
+{{- if not $key }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "ratchet.secretName" .) }}
+{{- if and $existing $existing.data (hasKey $existing.data "RATCHET_SECRET_KEY") }}
+{{- $key = index $existing.data "RATCHET_SECRET_KEY" | b64dec }}
+{{- else }}
+{{- $key = randBytes 32 | replace "+" "-" | replace "/" "_" }}
+{{- end }}
+{{- end }}
+{{- $_ := set .Values.secrets "_resolvedSecretKey" $key }}
+{{- end }}
+{{- .Values.secrets._resolvedSecretKey }}
 {{- end }}

@@ -137,7 +137,7 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
     def provision() -> tuple[dict[str, object], str, str]:
         # Its own transaction: the workflow starts only once the loop is committed.
         with state.session_factory.begin() as session:
-            created = provision_loop(session, fields=fields)
+            created = provision_loop(session, fields=fields, box=state.secret_box)
             public = _public_fields(created.loop, state.settings)
             return public, created.signing_secret, created.ingest_token
 
@@ -145,6 +145,9 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         public, signing_secret, ingest_token = await asyncio.to_thread(provision)
     except LoopNameTaken:
         raise ApiError(409, "loop_exists", f"a loop named {body.name!r} already exists") from None
+    service = state.extras.get(EXTRAS_KEY)
+    if isinstance(service, IngestService):
+        service.credentials.invalidate(body.name)  # its webhook works at once in this process
     started = True
     try:
         client = await state.temporal.get()
@@ -196,7 +199,11 @@ def rotate(
     body = body or RotateRequest()
     row = _loop_or_404(session, loop)
     rotated = rotate_credential(
-        session, loop=row, kind=body.kind, grace=dt.timedelta(seconds=body.grace_seconds)
+        session,
+        loop=row,
+        kind=body.kind,
+        grace=dt.timedelta(seconds=body.grace_seconds),
+        box=state.secret_box,
     )
     service = state.extras.get(EXTRAS_KEY)
     if isinstance(service, IngestService):

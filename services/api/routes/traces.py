@@ -1,10 +1,11 @@
 """The webhook: ``POST /v1/loops/{loop}/traces``, signed native ``ratchet.trace/v1`` JSON.
 
-Order of checks, cheapest and least trusting first: the loop exists (404), the signature
-headers are present and fresh (401), the content type (415), the size (413, before and while
-reading, and after gzip), the signature over the body (401), then JSON (400, with line and
-column) and the schema (422, with each field path). Only then are traces queued for the
-group-commit writer, and the answer waits for the commit.
+Order of checks, cheapest and least trusting first: the signature headers are present and
+fresh (401), the content type (415), the size (413, before and while reading, and after
+gzip), the signature over the body under the loop's secrets (401; an unknown loop gets the
+same 401 as a wrong secret, so loop names cannot be probed), the loop takes traces (409),
+then JSON (400, with line and column) and the schema (422, with each field path). Only then
+are traces queued for the group-commit writer, and the answer waits for the commit.
 
 The route is served by ``WebhookEndpoint``, a plain ASGI app first in the routing table (see
 services.api.asgi); the FastAPI route ``post_traces`` documents it and does the same work.
@@ -143,8 +144,11 @@ def answer_json(outcomes: list[ItemOutcome]) -> bytes:
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "Empty body, invalid JSON (says where), bad gzip"},
-    401: {"description": "Missing, malformed, stale or wrong Standard Webhooks signature"},
-    404: {"description": "No such loop"},
+    401: {
+        "description": "Missing, malformed, stale or wrong Standard Webhooks signature, or no "
+        "such loop (the two are not told apart)"
+    },
+    409: {"description": "The loop is archived"},
     413: {"description": "Body over the size limit (after decompression) or too many traces"},
     415: {"description": "Not application/json, or an unsupported Content-Encoding"},
     422: {"description": "The trace does not match ratchet.trace/v1; lists each field path"},
@@ -180,10 +184,10 @@ async def ingest_webhook(
     """The webhook's work, in the order of the module docstring: the JSON answer, or ApiError."""
     label = UNKNOWN_LOOP
     try:
-        keys = await service.webhook_loop(loop)
-        label = keys.name
         signed = service.signed_headers(headers)
         check_json_content_type(headers)
+        found = await service.webhook_loop(loop)
+        label = found.name if found is not None else UNKNOWN_LOOP
         body = await read_body(
             chunks,
             content_length=headers.get("content-length"),
@@ -191,7 +195,8 @@ async def ingest_webhook(
             limit=service.settings.ingest_max_body_bytes,
         )
         service.count_bytes(SOURCE, len(body))
-        await service.verify_signature(keys, signed, body)
+        keys = await service.verify_signature(found, signed, body)
+        service.check_accepts_traces(keys)
         parsed = parse_native(body, max_batch=service.settings.ingest_max_batch)
         outcomes = await service.store(
             loop_id=keys.loop_id,

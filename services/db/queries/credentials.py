@@ -22,7 +22,14 @@ def _active(now: dt.datetime) -> ColumnElement[bool]:
     return or_(Credential.expires_at.is_(None), Credential.expires_at > now)
 
 
+def lock_loop(session: Session, *, loop_id: int) -> None:
+    """Hold the loop's row (``FOR UPDATE``) until the caller's transaction ends, so changes to
+    its credentials happen one transaction at a time."""
+    session.execute(select(Loop.id).where(Loop.id == loop_id).with_for_update())
+
+
 def add_signing_secret(session: Session, *, loop_id: int, secret: str) -> Credential:
+    """``secret`` is stored as given: the caller passes it encrypted (services.secrets)."""
     credential = Credential(loop_id=loop_id, kind=SIGNING_SECRET, secret=secret)
     session.add(credential)
     session.flush()
@@ -82,6 +89,28 @@ def signing_secrets_for(
     if loop is None:
         return None
     return loop, active_credentials(session, loop_id=loop.id, now=now, kind=SIGNING_SECRET)
+
+
+def signing_secrets(session: Session) -> Sequence[Credential]:
+    """Every stored signing secret, expired ones too (for re-encryption under a new key)."""
+    return session.scalars(
+        select(Credential).where(Credential.kind == SIGNING_SECRET, Credential.secret.is_not(None))
+    ).all()
+
+
+def loop_names(session: Session) -> Sequence[str]:
+    """Every loop's name (the webhook's cache checks a path against them before a lookup)."""
+    return session.scalars(select(Loop.name)).all()
+
+
+def active_token_digests(session: Session, *, now: dt.datetime) -> Sequence[str]:
+    """The sha256 of every active ingest token (the OTLP door's cache checks a token against
+    them before a lookup)."""
+    return session.scalars(
+        select(Credential.token_sha256).where(
+            Credential.kind == INGEST_TOKEN, Credential.token_sha256.is_not(None), _active(now)
+        )
+    ).all()  # type: ignore[return-value]
 
 
 def loop_for_token(

@@ -140,6 +140,40 @@ def _check_paths(spec: JobSpec, template: JobTemplate) -> None:
             )
 
 
+def _volume_mounts(spec: JobSpec, template: JobTemplate) -> list[dict[str, Any]]:
+    """Only this run's own paths of the artifact volume, each at the path the worker uses.
+
+    A job image is code the loop's owner brought; with the whole volume mounted it could read
+    every loop's datasets and checkpoints and overwrite any of them. So it gets its run,
+    output and logs directories writable, its dataset and base checkpoint read-only (the
+    parent's weights cannot be changed under the lineage that records their hash), through
+    ``subPath`` mounts, and nothing else.
+    """
+    mount = PurePosixPath(template.artifacts.mount_path)
+    writable = _outermost({str(spec.run_dir), str(spec.output_dir), str(spec.logs_dir)})
+    read_only = sorted({p for p in (spec.dataset, spec.base_checkpoint) if p} - set(writable))
+    mounts = []
+    for path, read_only_flag in [(p, False) for p in writable] + [(p, True) for p in read_only]:
+        entry: dict[str, Any] = {
+            "name": ARTIFACTS_VOLUME,
+            "mountPath": path,
+            "subPath": str(PurePosixPath(path).relative_to(mount)),
+        }
+        if read_only_flag:
+            entry["readOnly"] = True
+        mounts.append(entry)
+    return mounts
+
+
+def _outermost(paths: set[str]) -> list[str]:
+    """The paths not inside another of them (a mount of the parent already holds them)."""
+    return sorted(
+        path
+        for path in paths
+        if not any(other != path and PurePosixPath(path).is_relative_to(other) for other in paths)
+    )
+
+
 def _resources(spec: JobSpec, template: JobTemplate) -> dict[str, Any]:
     requests = {key: str(value) for key, value in template.resources.requests.items()}
     limits = {key: str(value) for key, value in template.resources.limits.items()}
@@ -196,7 +230,7 @@ def _pod_spec(spec: JobSpec, template: JobTemplate, name: str) -> dict[str, Any]
             str(spec.spec_path),
         ],
         "env": _env(spec, template, name),
-        "volumeMounts": [{"name": ARTIFACTS_VOLUME, "mountPath": template.artifacts.mount_path}],
+        "volumeMounts": _volume_mounts(spec, template),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,

@@ -13,12 +13,12 @@ from services.api.app import create_app
 from services.api.state import AppState, TemporalConnection
 from services.db.session import SessionFactory
 from services.settings import Settings
-from tests.services.api.support import ADMIN_TOKEN, create_loop
+from tests.services.api.support import ADMIN_TOKEN, SECRET_KEY, create_loop
 
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, admin_token=ADMIN_TOKEN)
+    return Settings(database_url=database_url, admin_token=ADMIN_TOKEN, secret_key=SECRET_KEY)
 
 
 @pytest.fixture

@@ -24,6 +24,8 @@ from tests.support import assert_eventually
 
 REPO = Path(__file__).resolve().parents[3]
 ADMIN_TOKEN = "test-admin-token"
+# A fixed Fernet key, so the test process and the api processes it starts agree on it.
+SECRET_KEY = "dGVzdC1zZWNyZXQta2V5LXJhdGNoZXQtMzItYnl0ZXM="
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
@@ -137,6 +139,7 @@ def api_process(
         "RATCHET_API_PORT": str(port),
         "RATCHET_API_WORKERS": str(workers),
         "RATCHET_ADMIN_TOKEN": ADMIN_TOKEN,
+        "RATCHET_SECRET_KEY": SECRET_KEY,
         "RATCHET_LOG_LEVEL": "WARNING",
     }
     process = subprocess.Popen(

@@ -12,7 +12,15 @@ from services.db.queries.loops import LoopFields
 from services.db.queries.traces import existing_external_ids
 from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
-from tests.services.api.support import api_process, body_of, free_port, make_trace, signed_headers
+from services.secrets import SecretBox
+from tests.services.api.support import (
+    SECRET_KEY,
+    api_process,
+    body_of,
+    free_port,
+    make_trace,
+    signed_headers,
+)
 from tests.support import assert_eventually
 
 CLIENTS = 8
@@ -24,7 +32,11 @@ def test_every_acknowledged_trace_survives_kill_9(
     database_url: str, session_factory: SessionFactory
 ) -> None:
     with session_factory.begin() as session:
-        created = provision_loop(session, fields=LoopFields(name="crash", environment="toolcalc"))
+        created = provision_loop(
+            session,
+            fields=LoopFields(name="crash", environment="toolcalc"),
+            box=SecretBox.from_keys(SECRET_KEY),
+        )
         loop_id, secret = created.loop.id, created.signing_secret
     port = free_port()
     acknowledged: list[str] = []

@@ -15,8 +15,9 @@ from services.api.state import AppState
 from services.db.models import Credential, Loop
 from services.db.session import SessionFactory
 from services.ingest.credentials import hash_token
+from services.secrets import SecretBox
 from services.settings import Settings
-from tests.services.api.support import ADMIN, create_loop
+from tests.services.api.support import ADMIN, SECRET_KEY, create_loop
 
 
 def test_create_returns_the_credentials_once(
@@ -45,7 +46,10 @@ def test_create_returns_the_credentials_once(
         loop = session.scalars(select(Loop)).one()
         assert (loop.executor, loop.gate_policy["mode"]) == ("kubernetes", "manual")
         kinds = {c.kind: c for c in session.scalars(select(Credential))}
-        assert kinds["signing_secret"].secret == created["signing_secret"]
+        # The signing secret is stored encrypted (services.secrets), never in clear.
+        stored = kinds["signing_secret"].secret
+        assert stored is not None and created["signing_secret"] not in stored
+        assert SecretBox.from_keys(SECRET_KEY).decrypt(stored) == created["signing_secret"]
         # The ingest token is stored as its digest only.
         assert kinds["ingest_token"].secret is None
         assert kinds["ingest_token"].token_sha256 == hash_token(created["ingest_token"])

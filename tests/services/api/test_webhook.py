@@ -45,7 +45,8 @@ def stored(session_factory: SessionFactory) -> list[Trace]:
 def test_the_webhook_route_is_not_shadowed_by_another_route(client: TestClient) -> None:
     """POST /v1/loops/{loop}/traces must reach the webhook, not a catch-all loop action."""
     response = client.post("/v1/loops/no-such-loop/traces", content=b"{}")
-    assert error_of(response)["code"] == "loop_not_found", response.text
+    assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"] == "Webhook-Signature"
 
 
 def test_the_plain_route_and_the_documented_route_answer_alike(
@@ -242,11 +243,20 @@ def error_of(response: Any) -> dict[str, Any]:
     return error
 
 
-def test_unknown_loop_is_404(client: TestClient, loop: dict[str, Any]) -> None:
+def test_an_unknown_loop_is_answered_like_a_wrong_secret(
+    client: TestClient, loop: dict[str, Any]
+) -> None:
+    """Loop names cannot be probed: an unknown loop and a bad signature get the same 401."""
+    body = body_of(make_trace())
+    wrong_secret = signed_headers("whsec_" + "B" * 43, body)
+    known = client.post(f"/v1/loops/{loop['name']}/traces", content=body, headers=wrong_secret)
+    assert known.status_code == 401
     for name in ("no-such-loop", "Not_A_Valid_Name", "x" * 300):
-        response = post(client, loop, make_trace(), path_loop=name)
-        assert response.status_code == 404, name
-        assert error_of(response)["code"] == "loop_not_found"
+        headers = signed_headers(loop["signing_secret"], body)
+        response = client.post(f"/v1/loops/{name}/traces", content=body, headers=headers)
+        assert response.status_code == 401, name
+        assert response.json() == known.json()
+        assert response.headers["www-authenticate"] == known.headers["www-authenticate"]
 
 
 def test_missing_signature_headers_are_401_before_the_body_is_read(

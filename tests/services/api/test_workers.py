@@ -12,7 +12,15 @@ from services.db.queries.loops import LoopFields
 from services.db.queries.traces import count_traces
 from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
-from tests.services.api.support import api_process, body_of, free_port, make_trace, signed_headers
+from services.secrets import SecretBox
+from tests.services.api.support import (
+    SECRET_KEY,
+    api_process,
+    body_of,
+    free_port,
+    make_trace,
+    signed_headers,
+)
 
 WORKERS = 2
 
@@ -43,7 +51,11 @@ def test_several_workers_store_every_trace_and_sum_their_metrics(
     database_url: str, session_factory: SessionFactory
 ) -> None:
     with session_factory.begin() as session:
-        created = provision_loop(session, fields=LoopFields(name="multi", environment="toolcalc"))
+        created = provision_loop(
+            session,
+            fields=LoopFields(name="multi", environment="toolcalc"),
+            box=SecretBox.from_keys(SECRET_KEY),
+        )
         loop_id, secret = created.loop.id, created.signing_secret
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1/loops/multi/traces"

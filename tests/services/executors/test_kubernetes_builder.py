@@ -83,7 +83,21 @@ def test_single_node_job_carries_command_env_volume_and_labels(
     main = container(job)
     assert main["image"] == "ghcr.io/acme/trainer:1.0"
     assert main["command"] == ["ratchet", "job", "train", "--spec", str(spec.spec_path)]
-    assert main["volumeMounts"] == [{"name": "artifacts", "mountPath": str(tmp_path / "artifacts")}]
+    # Only the run's own paths: its run dir writable (output and logs are inside it), its
+    # dataset read-only; never the whole artifact volume with every loop's files.
+    assert main["volumeMounts"] == [
+        {
+            "name": "artifacts",
+            "mountPath": str(spec.run_dir),
+            "subPath": "loops/demo/runs/demo-c1-train",
+        },
+        {
+            "name": "artifacts",
+            "mountPath": str(tmp_path / "artifacts" / "ds" / "train.jsonl"),
+            "subPath": "ds/train.jsonl",
+            "readOnly": True,
+        },
+    ]
     assert main["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert "resources" not in main
     env = env_of(job)
@@ -317,3 +331,23 @@ def test_unreadable_templates_say_what_to_do(tmp_path: Path) -> None:
     scalar.write_text("just a string\n")
     with pytest.raises(JobTemplateError, match="must be a mapping"):
         load_template(scalar)
+
+
+def test_outputs_outside_the_run_dir_and_the_base_checkpoint_get_their_own_mounts(
+    tmp_path: Path, make_spec: Callable[..., JobSpec]
+) -> None:
+    root = tmp_path / "artifacts"
+    spec = make_spec(
+        output_dir=root / "checkpoints" / "new",
+        base_checkpoint=str(root / "checkpoints" / "champion"),
+    )
+    mounts = container(build_job(spec, template(tmp_path), namespace="ml"))["volumeMounts"]
+    by_path = {m["mountPath"]: m for m in mounts}
+    assert set(by_path) == {
+        str(spec.run_dir),
+        str(root / "checkpoints" / "new"),
+        str(root / "checkpoints" / "champion"),
+    }
+    assert by_path[str(root / "checkpoints" / "champion")]["readOnly"] is True
+    assert "readOnly" not in by_path[str(root / "checkpoints" / "new")]
+    assert all(m["subPath"] and not m["subPath"].startswith("/") for m in mounts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -54,3 +55,39 @@ def test_inflating_stops_at_the_limit_and_handles_several_members() -> None:
         gunzip_limited(gzip.compress(b"\0" * 50_000_000), 1000)
     with pytest.raises(IngestError, match="truncated"):
         gunzip_limited(gzip.compress(b"abcdef" * 100)[:-10], 10_000)
+
+
+def test_a_body_of_many_gzip_members_is_refused_before_inflating_them() -> None:
+    # 5 MiB of empty members (~262k): today's inflater spent tens of seconds of event loop on
+    # these before the signature was checked. Now the 65th member ends the work with a 400.
+    empty_member = gzip.compress(b"")
+    body = empty_member * (5 * 1024 * 1024 // len(empty_member))
+    with pytest.raises(IngestError, match="more than 64 members") as caught:
+        gunzip_limited(body, 5 * 1024 * 1024)
+    assert caught.value.status_code == 400
+    assert gunzip_limited(gzip.compress(b"ab") * 64, 1000) == b"ab" * 64
+
+
+def test_members_that_straddle_the_inflater_chunks_are_read_whole() -> None:
+    # Incompressible members larger than the 64 KiB feed, back to back with small ones.
+    big = bytes(range(256)) * 1000
+    members = [gzip.compress(big, compresslevel=0), gzip.compress(b"tail"), gzip.compress(big)]
+    assert gunzip_limited(b"".join(members), 10 * len(big)) == big + b"tail" + big
+
+
+async def test_a_big_gzip_body_is_inflated_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads: list[threading.Thread] = []
+
+    def recording_gunzip(data: bytes, limit: int) -> bytes:
+        threads.append(threading.current_thread())
+        return gunzip_limited(data, limit)
+
+    monkeypatch.setattr("services.ingest.body.gunzip_limited", recording_gunzip)
+    packed = gzip.compress(bytes(range(256)) * 2000, compresslevel=0)
+    body = await read_body(
+        chunks(packed), content_length=None, content_encoding="gzip", limit=1 << 20
+    )
+    assert len(body) == 512_000
+    assert threads and threads[0] is not threading.main_thread()

@@ -15,13 +15,18 @@ from services.ingest.schema import validate_trace
 from services.ingest.service import conninfo_from_engine
 from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow
 from services.metrics import REGISTRY
-from tests.services.api.support import make_trace
+from services.secrets import SecretBox
+from tests.services.api.support import SECRET_KEY, make_trace
 
 
 @pytest.fixture
 def loop_id(session_factory: SessionFactory) -> int:
     with session_factory.begin() as session:
-        return provision_loop(session, fields=LoopFields(name="w", environment="toolcalc")).loop.id
+        return provision_loop(
+            session,
+            fields=LoopFields(name="w", environment="toolcalc"),
+            box=SecretBox.from_keys(SECRET_KEY),
+        ).loop.id
 
 
 def row(loop_id: int, external_id: str) -> TraceRow:
@@ -129,3 +134,41 @@ async def test_a_full_queue_refuses_the_whole_request(engine: Engine, loop_id: i
         "accepted",
     ]
     await writer.stop()
+
+
+async def test_an_error_a_retry_cannot_fix_is_not_a_503(
+    engine: Engine, session_factory: SessionFactory, loop_id: int
+) -> None:
+    """A missing table (say, migrations not run) refuses the write for good: StorageRefused
+    (500, no Retry-After), not StorageUnavailable, which tells senders to retry for ever."""
+    from sqlalchemy import text
+
+    from services.ingest.writer import StorageRefused
+
+    with engine.begin() as connection:
+        connection.execute(text("ALTER TABLE traces RENAME TO traces_elsewhere"))
+    writer = writer_for(engine)
+    await writer.start()
+    try:
+        with pytest.raises(StorageRefused) as caught:
+            await writer.write([row(loop_id, "x")])
+    finally:
+        await writer.stop()
+        with engine.begin() as connection:
+            connection.execute(text("ALTER TABLE traces_elsewhere RENAME TO traces"))
+    assert caught.value.status_code == 500 and not caught.value.headers
+
+
+def test_transient_postgres_errors_are_retryable() -> None:
+    import psycopg
+    from psycopg import errors as pg_errors
+
+    from services.ingest.writer import retryable
+
+    assert retryable(pg_errors.SerializationFailure())
+    assert retryable(pg_errors.DeadlockDetected())
+    assert retryable(pg_errors.LockNotAvailable())
+    assert retryable(pg_errors.AdminShutdown())
+    assert not retryable(pg_errors.UndefinedTable())
+    assert not retryable(pg_errors.InsufficientPrivilege())
+    assert not retryable(psycopg.ProgrammingError())

@@ -164,6 +164,10 @@ def test_up_serves_survives_kill9_and_keeps_data(up: UpProcess) -> None:
         conn.execute("INSERT INTO loops (name, environment) VALUES ('survivor', 'toolcalc')")
 
     up.kill_group()
+    # Killed with -9, `ratchet up` could not stop its Postgres: it keeps running (its data
+    # safe) until the next `ratchet up` adopts it...
+    with psycopg.connect(up.database_url(), connect_timeout=5) as conn:
+        conn.execute("SELECT 1")
     up.start()
     up.wait_ready(timeout=90)
     with psycopg.connect(up.database_url()) as conn:
@@ -172,6 +176,13 @@ def test_up_serves_survives_kill9_and_keeps_data(up: UpProcess) -> None:
 
     assert up.stop() == 0
     assert "Traceback" not in up.log.read_text()
+    # ... and stops it with everything else when that one is stopped.
+    postmaster = up.state_dir / "postgres" / "postmaster.pid"
+
+    def postgres_stopped() -> None:
+        assert not postmaster.exists(), "the adopted Postgres is still running"
+
+    assert_eventually(postgres_stopped, timeout=30, interval=0.5)
 
 
 def _answers_200(url: str) -> None:

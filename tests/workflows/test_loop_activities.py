@@ -266,7 +266,9 @@ def test_a_promotion_never_deploys_an_old_cycles_candidate(
 
     def deploy(checkpoint: str, cycle: int, purpose: str = "candidate") -> None:
         activities.deploy_checkpoint(
-            DeployInput(name, {"kind": "local"}, checkpoint, f"file:///{checkpoint}", cycle, purpose)
+            DeployInput(
+                name, {"kind": "local"}, checkpoint, f"file:///{checkpoint}", cycle, purpose
+            )
         )
 
     for checkpoint, cycle, why in [

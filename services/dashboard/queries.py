@@ -237,7 +237,8 @@ class CycleRow:
         ):
             if value is None:
                 continue
-            interval = detail.get(key) if isinstance(detail.get(key), dict) else {}
+            found = detail.get(key)
+            interval: dict[str, Any] = found if isinstance(found, dict) else {}
             low, high = interval.get("ci_low_points"), interval.get("ci_high_points")
             out.append(
                 CycleNumber(

@@ -456,6 +456,8 @@ async def test_rejected_candidate_leaves_the_champion(
     assert world.outcomes == {1: "rejected"}
     assert world.champion == "ckpt-0"
     assert world.deployed == []
+    # A rejected cycle gains no points but records the gate's.
+    assert (world.closes[1].points_gained, world.closes[1].gate_points) == (None, 70.0)
 
 
 async def test_live_regression_rolls_back(temporal_client: Client, task_queue: str) -> None:
@@ -469,6 +471,10 @@ async def test_live_regression_rolls_back(temporal_client: Client, task_queue: s
     assert world.outcomes == {1: "rolled_back"}
     assert len(world.deployed) == 2 and world.deployed[1] == "ckpt-0"
     assert world.champion == "ckpt-0"
+    # The rollback's live samples reach the ledger; the restore names its cycle.
+    closed = world.closes[1]
+    assert (closed.points_gained, closed.live_canary) == (0.0, world.candidate_live)
+    assert [(d.cycle, d.purpose) for d in world.deploys] == [(1, "candidate"), (1, "restore")]
 
 
 async def test_manual_gate_waits_for_approval(temporal_client: Client, task_queue: str) -> None:

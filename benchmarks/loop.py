@@ -1,9 +1,17 @@
 """The loop end to end, measured: `ratchet demo` run programmatically.
 
 Prints the demo's progress and table, then ONE JSON line with promotions, live success on
-the drifted API before and after the promotion, the demo's wall time and the orchestration
-overhead (cycle wall time minus job time minus the deliberate canary window, over the cycle
-wall time; the worst cycle).
+the drifted API before and after the promotion (traces in Postgres, the canary's query), the
+demo's wall time, the orchestration overhead (DESIGN: cycle wall time minus job time, over
+the cycle wall time; the worst cycle; the canary window is part of it and reported on its
+own as ``canary_window_s``), and the three numbers: ``heldout_points_gained`` (the frozen
+held-out set, the headline), ``gate_points`` (the eval-set delta the gate decided on, biased
+toward the candidate by construction) and ``live_points_gained`` (the canary's live delta),
+with ``usd_per_heldout_point``. ``points_gained`` is kept and equals the held-out points.
+
+The toy champion is pre-exposed to v2's names (``champion_note`` in the JSON says how); a
+figure from this benchmark is a measurement of the loop on that champion, not of learning a
+drift from nothing.
 
     python benchmarks/loop.py [--cycles 1] [--drift-at 45] [--traffic 4] [--champion-cache DIR]
 
@@ -54,6 +62,12 @@ def main() -> int:
         "traces_posted": report.traces_posted,
         "cost_usd": sum(row.cost_usd for row in report.cycles),
         "points_gained": sum(row.points for row in report.cycles),
+        "heldout_points_gained": report.heldout_points_gained,
+        "gate_points": report.gate_points,
+        "live_points_gained": report.live_points_gained,
+        "usd_per_heldout_point": report.usd_per_heldout_point,
+        "canary_window_s": round(report.canary_window_s, 1),
+        "champion_note": report.champion_note,
     }
     print(json.dumps(figures))
     return 0 if report.cycles else 1

@@ -1,7 +1,11 @@
 """EvaluateWorkflow: every target checkpoint on every task set, as parallel eval jobs.
 
 Champion and candidate run on the same task files, and per-task results are stored, so the
-gate compares them pairwise. Id ``loop/<name>/cycle/<n>/evaluate``.
+gate compares them pairwise. Every task is sampled ``samples`` times at the policy's
+temperature (pass@1 is estimated from the samples), and both checkpoints get the same seed:
+common random numbers, so two identical checkpoints produce identical results and a
+candidate equal to the champion can never look better by luck of the draw.
+Id ``loop/<name>/cycle/<n>/evaluate``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ RETRY = RetryPolicy(
 def eval_job_spec(
     input: EvaluateInput, target: EvalTarget, task_set: str, task_uri: str, run_id: str
 ) -> dict[str, object]:
-    return {
+    spec: dict[str, object] = {
         "schema": "ratchet.job/v1",
         "kind": "eval",
         "run_id": run_id,
@@ -47,6 +51,9 @@ def eval_job_spec(
         "seed": input.cycle,
         "device": input.profile.get("device", "auto"),
     }
+    if input.temperature > 0:
+        spec["hyperparameters"] = {"temperature": input.temperature}
+    return spec
 
 
 @workflow.defn

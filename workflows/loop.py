@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -43,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         EvaluateInput,
         GateInput,
         GateResult,
+        LiveStats,
         LoopConfig,
         LoopConfigInput,
         LoopInput,
@@ -77,6 +79,10 @@ ResultT = TypeVar("ResultT")
 SHORT = timedelta(seconds=60)
 # workflow.patched id of the difficulty probe stage (histories before it have no such stage).
 PROBE_PATCH = "difficulty-probe-stage"
+# workflow.patched id of honest points: cycle numbers continue after Postgres's last cycle,
+# the frozen held-out set is evaluated, points gained are held-out points, and the cycle
+# records the gate's points and the live delta too. Histories before it do none of this.
+HONEST_POINTS_PATCH = "honest-points"
 DB_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
 )
@@ -85,10 +91,24 @@ DB_RETRY = RetryPolicy(
 class CycleAborted(Exception):
     """A stage ended the cycle early with a business outcome (no data, rejected, failed)."""
 
-    def __init__(self, outcome: str, detail: str) -> None:
+    def __init__(self, outcome: str, detail: str, *, gate_points: float | None = None) -> None:
         super().__init__(detail)
         self.outcome = outcome
         self.detail = detail
+        self.gate_points = gate_points
+
+
+@dataclass
+class CycleEnd:
+    """How a cycle ended and its numbers: held-out points, gate points, the canary's samples."""
+
+    outcome: str
+    reason: str
+    points: float | None = None
+    candidate_id: str | None = None
+    gate_points: float | None = None
+    live_baseline: LiveStats | None = None
+    live_canary: LiveStats | None = None
 
 
 @workflow.defn
@@ -262,7 +282,11 @@ class LoopWorkflow:
     # Cycle -------------------------------------------------------------------------------
 
     async def _run_cycle(self, config: LoopConfig, trigger: str, detail: dict[str, object]) -> None:
-        number = self.state.cycle_number + 1
+        honest = workflow.patched(HONEST_POINTS_PATCH)
+        # A restarted loop (its workflow chain broken, Temporal's data lost while Postgres
+        # kept its rows) continues after the last cycle Postgres knows, never replaying one.
+        last = max(self.state.cycle_number, config.last_cycle_number if honest else 0)
+        number = last + 1
         self.state.cycle_number = number
         self.current_cycle = number
         self.approval = None
@@ -279,12 +303,12 @@ class LoopWorkflow:
             start_to_close_timeout=SHORT,
             retry_policy=DB_RETRY,
         )
-        points: float | None = None
-        candidate_id: str | None = None
+        ended = CycleEnd("failed", "")
         try:
-            outcome, reason, points, candidate_id = await self._cycle_stages(config, number, cycle)
+            ended = await self._cycle_stages(config, number, cycle, honest=honest)
         except CycleAborted as aborted:
-            outcome, reason = aborted.outcome, aborted.detail
+            ended = CycleEnd(aborted.outcome, aborted.detail, gate_points=aborted.gate_points)
+        outcome, reason = ended.outcome, ended.reason
         self._set_stage("account")
         closed = await workflow.execute_activity(
             "close_cycle",
@@ -293,8 +317,11 @@ class LoopWorkflow:
                 cycle=number,
                 outcome=outcome,
                 detail=reason,
-                points_gained=points,
-                candidate_checkpoint_id=candidate_id,
+                points_gained=ended.points,
+                candidate_checkpoint_id=ended.candidate_id,
+                gate_points=ended.gate_points,
+                live_baseline=ended.live_baseline,
+                live_canary=ended.live_canary,
             ),
             result_type=CloseCycleResult,
             start_to_close_timeout=SHORT,
@@ -320,8 +347,8 @@ class LoopWorkflow:
             )
 
     async def _cycle_stages(
-        self, config: LoopConfig, number: int, cycle: StartCycleResult
-    ) -> tuple[str, str, float | None, str | None]:
+        self, config: LoopConfig, number: int, cycle: StartCycleResult, *, honest: bool
+    ) -> CycleEnd:
         self._set_stage("curate", cycle=number)
         await workflow.execute_child_workflow(
             "CurateWorkflow",
@@ -380,6 +407,8 @@ class LoopWorkflow:
         task_sets = {"eval": dataset.eval_uri}
         if dataset.regression_uri and dataset.regression_count > 0:
             task_sets["regression"] = dataset.regression_uri
+        if honest and dataset.heldout_uri and dataset.heldout_count > 0:
+            task_sets["heldout"] = dataset.heldout_uri
         evaluated = await self._child(
             EvaluateWorkflow.run,
             EvaluateInput(
@@ -394,6 +423,7 @@ class LoopWorkflow:
                 ],
                 samples=config.eval_samples,
                 profile=config.training_profile,
+                temperature=config.eval_temperature,
             ),
             "evaluate",
             number,
@@ -413,6 +443,7 @@ class LoopWorkflow:
                 confidence=config.confidence,
                 min_improvement_points=config.min_improvement_points,
                 regression_tolerance_points=config.regression_tolerance_points,
+                min_discordant_pairs=config.min_discordant_pairs,
             ),
             result_type=GateResult,
             start_to_close_timeout=SHORT,
@@ -437,8 +468,9 @@ class LoopWorkflow:
             start_to_close_timeout=SHORT,
             retry_policy=DB_RETRY,
         )
+        gate_points = _number(gate.statistics.get("delta_points")) if honest else None
         if recorded.decision != "promote":
-            raise CycleAborted("rejected", reason)
+            raise CycleAborted("rejected", reason, gate_points=gate_points)
 
         self._set_stage("promote", cycle=number)
         await self._mark_stage(number, "promote")
@@ -461,11 +493,19 @@ class LoopWorkflow:
             "promote",
             number,
         )
+        live = {"live_baseline": promoted.live_baseline, "live_canary": promoted.live_canary}
         if promoted.status != "held":
             outcome = "rolled_back" if promoted.status == "rolled_back" else "failed"
-            return outcome, promoted.reason, 0.0, trained.checkpoint_id
-        points = float(gate.statistics.get("delta_points", 0.0))
-        return "promoted", reason, points, trained.checkpoint_id
+            return CycleEnd(
+                outcome, promoted.reason, 0.0, trained.checkpoint_id, gate_points, **live
+            )
+        if not honest:
+            points = float(gate.statistics.get("delta_points", 0.0))
+            return CycleEnd("promoted", reason, points, trained.checkpoint_id)
+        # Points gained are the held-out set's: the gate's eval set is new failures, on
+        # which the champion scores ~0 by construction. No held-out set, no points claimed.
+        heldout = _number(gate.statistics.get("heldout_points"))
+        return CycleEnd("promoted", reason, heldout, trained.checkpoint_id, gate_points, **live)
 
     async def _probe(self, config: LoopConfig, number: int, cycle: StartCycleResult) -> None:
         """Probe the champion on unprobed train tasks so the snapshot can filter them.
@@ -606,6 +646,10 @@ class LoopWorkflow:
         if outcome is not None:
             updates.append(RATCHET_OUTCOME.value_set(outcome))
         workflow.upsert_search_attributes(updates)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _parse_time(value: str) -> datetime:

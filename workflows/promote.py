@@ -51,7 +51,9 @@ class PromoteWorkflow:
     async def run(self, input: PromoteInput) -> PromoteResult:
         await self._set_status(input, "deploying")
         try:
-            deployed = await self._deploy(input, input.candidate_checkpoint_id, input.candidate_uri)
+            deployed = await self._deploy(
+                input, input.candidate_checkpoint_id, input.candidate_uri, purpose="candidate"
+            )
         except ActivityError as exc:
             reason = f"deploy of the candidate failed: {exc.cause or exc}"
             await self._restore_previous(input)
@@ -90,6 +92,8 @@ class PromoteWorkflow:
             reason=reason,
             live_before=baseline.success_rate,
             live_after=latest.success_rate,
+            live_baseline=baseline,
+            live_canary=latest,
         )
 
     def _regressed(self, input: PromoteInput, baseline: LiveStats, latest: LiveStats) -> bool:
@@ -119,16 +123,30 @@ class PromoteWorkflow:
             reason=reason,
             live_before=baseline.success_rate,
             live_after=latest.success_rate,
+            live_baseline=baseline,
+            live_canary=latest,
         )
 
     async def _restore_previous(self, input: PromoteInput) -> None:
         if input.previous_checkpoint_id and input.previous_uri:
-            await self._deploy(input, input.previous_checkpoint_id, input.previous_uri)
+            await self._deploy(
+                input, input.previous_checkpoint_id, input.previous_uri, purpose="restore"
+            )
 
-    async def _deploy(self, input: PromoteInput, checkpoint_id: str, uri: str) -> DeployResult:
+    async def _deploy(
+        self, input: PromoteInput, checkpoint_id: str, uri: str, *, purpose: str
+    ) -> DeployResult:
+        """Deploy, naming the cycle so the activity can refuse a deploy that slips back."""
         return await workflow.execute_activity(
             "deploy_checkpoint",
-            DeployInput(input.loop, input.serving_target, checkpoint_id, uri),
+            DeployInput(
+                input.loop,
+                input.serving_target,
+                checkpoint_id,
+                uri,
+                cycle=input.cycle,
+                purpose=purpose,
+            ),
             result_type=DeployResult,
             start_to_close_timeout=timedelta(minutes=30),
             heartbeat_timeout=timedelta(minutes=2),

@@ -84,6 +84,9 @@ class SnapshotResult:
     regression_uri: str | None = None
     # The difficulty filter's counts over train candidates (``datasets.stats.difficulty``).
     difficulty: dict[str, int] = field(default_factory=dict)
+    # The frozen held-out set (all curated traffic, never trained on): points gained.
+    heldout_count: int = 0
+    heldout_uri: str | None = None
 
 
 @dataclass
@@ -367,6 +370,11 @@ class LoopConfig:
     # curation policy: the difficulty probe (opt-in; a probe job per cycle when on)
     difficulty_filter: bool = False
     probe_attempts: int = 8
+    # gate policy: how eval samples are drawn, and how many tasks must tell models apart
+    eval_temperature: float = 0.0
+    min_discordant_pairs: int = 0
+    # The loop's highest cycle number in Postgres: a restarted workflow continues after it.
+    last_cycle_number: int = 0
 
 
 @dataclass
@@ -453,6 +461,8 @@ class EvaluateInput:
     targets: list[EvalTarget]
     samples: int = 1
     profile: dict[str, Any] = field(default_factory=dict)
+    # Sampling temperature of the eval rollouts (0: greedy, and then one sample says it all).
+    temperature: float = 0.0
 
 
 @dataclass
@@ -497,6 +507,7 @@ class GateInput:
     confidence: float
     min_improvement_points: float
     regression_tolerance_points: float
+    min_discordant_pairs: int = 0
 
 
 @dataclass
@@ -546,6 +557,10 @@ class PromoteResult:
     reason: str
     live_before: float | None = None
     live_after: float | None = None
+    # The canary's two samples as counted (the previous champion's traces up to the deploy,
+    # the candidate's since): the live delta and its interval are computed from them.
+    live_baseline: LiveStats | None = None
+    live_canary: LiveStats | None = None
 
 
 @dataclass
@@ -554,6 +569,11 @@ class DeployInput:
     serving_target: dict[str, Any]
     checkpoint_id: str
     checkpoint_uri: str
+    # Set by PromoteWorkflow: the cycle whose candidate this is ("candidate"), or whose
+    # champion is restored ("restore"). The activity refuses a checkpoint that would let the
+    # serving model slip back (not the cycle's own candidate, or older than the champion).
+    cycle: int | None = None
+    purpose: str = "candidate"
 
 
 @dataclass
@@ -611,6 +631,12 @@ class CloseCycleInput:
     detail: str
     points_gained: float | None = None
     candidate_checkpoint_id: str | None = None
+    # ``points_gained`` is held-out points (the headline). The gate's points on the eval
+    # set (new failures) and the canary's two live samples, from which the activity records
+    # the live delta; every interval is computed there.
+    gate_points: float | None = None
+    live_baseline: LiveStats | None = None
+    live_canary: LiveStats | None = None
 
 
 @dataclass

@@ -19,8 +19,10 @@ def register(subparsers: Any) -> None:
             "Start the embedded stack in a fresh state dir on free ports, make a toolcalc "
             "champion, serve it, post simulated production traffic as signed traces, drift "
             "the tool API, and let the loop recover. Prints progress, then a table per cycle "
-            "and the live success rate over time. Exits 0 when done; Ctrl-C or SIGTERM stops "
-            "everything it started."
+            "(held-out points gained, the gate's points, the live delta, $ per held-out "
+            "point) and the live success rate over time, read from the traces in Postgres. "
+            "The toy champion is pre-exposed to v2's names (the report says how). "
+            "Exits 0 when done; Ctrl-C or SIGTERM stops everything it started."
         ),
     )
     demo.add_argument("--cycles", type=int, default=1, help="cycles to complete (default 1)")

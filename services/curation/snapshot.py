@@ -3,14 +3,20 @@
 :func:`snapshot` picks
 
 - **train**: the loop's train tasks (never pinned, never eval or held-out), after the
-  difficulty filter, newest first up to ``max_train_tasks``;
+  difficulty filter; when more than ``max_train_tasks`` remain, a weighted sample of that
+  many without replacement, a task's weight being the traces folded into it by dedup (so a
+  failure seen twenty times is likelier in than one seen once, as in production);
 - **eval**: the loop's eval tasks, newest first up to ``max_eval_tasks``;
 - **regression**: every pinned task, then the newest sampled successes, up to
   ``max_regression_tasks`` (pinned ones are always included);
+- **heldout**: the loop's whole frozen held-out set (capped at curation by
+  ``heldout_max_tasks``), sampled from all curated traffic; evaluated for points gained,
+  never trained on;
 
 hashes the selection (sha256 over the sorted ``split, task content hash, weight`` lines),
 and either returns the dataset that already has that hash or writes the JSONL task files
-(``train.jsonl``, ``eval.jsonl``, ``regression.jsonl``, ``ratchet.task/v1``) plus a
+(``train.jsonl``, ``eval.jsonl``, ``regression.jsonl``, ``heldout.jsonl``, ``ratchet.task/v1``)
+plus a
 ``manifest.json`` under ``ArtifactStore.dataset_dir(loop, hash)`` and records the
 ``datasets`` and ``dataset_tasks`` rows. Same content, same dataset: calling it twice, or
 from a retried activity, never makes a second row or different files.
@@ -25,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
@@ -45,7 +52,12 @@ from services.environments.base import TaskSpec, write_task_file
 logger = logging.getLogger(__name__)
 
 DATASET_SCHEMA = "ratchet.dataset/v1"
-FILES = {"train": "train.jsonl", "eval": "eval.jsonl", "regression": "regression.jsonl"}
+FILES = {
+    "train": "train.jsonl",
+    "eval": "eval.jsonl",
+    "regression": "regression.jsonl",
+    "heldout": "heldout.jsonl",
+}
 _CHUNK = 1_000
 
 
@@ -68,6 +80,8 @@ class DatasetSnapshot:
     created: bool
     # The difficulty filter's counts over train candidates: kept, too_easy, too_hard, unprobed.
     difficulty: dict[str, int] = dataclasses.field(default_factory=dict)
+    heldout_count: int = 0
+    heldout_uri: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +148,8 @@ def snapshot(
                 "train_uri": uris["train"],
                 "eval_uri": uris["eval"],
                 "regression_uri": uris["regression"],
+                "heldout_count": counts["heldout"],
+                "heldout_uri": uris["heldout"],
                 "stats": json.dumps(stats),
             },
         )
@@ -150,12 +166,13 @@ def snapshot(
             ],
         )
         logger.info(
-            "dataset %s of loop %s: %d train, %d eval, %d regression",
+            "dataset %s of loop %s: %d train, %d eval, %d regression, %d held-out",
             content_hash[:12],
             loop.name,
             counts["train"],
             counts["eval"],
             counts["regression"],
+            counts["heldout"],
         )
         return DatasetSnapshot(
             dataset_id=dataset_id,
@@ -168,6 +185,8 @@ def snapshot(
             regression_uri=uris["regression"],
             created=True,
             difficulty=dict(selection.difficulty),
+            heldout_count=counts["heldout"],
+            heldout_uri=uris["heldout"],
         )
 
 
@@ -179,12 +198,13 @@ def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selecti
         train = [m for m in train if m.task_id in chosen.kept]
     else:
         difficulty = {"kept": len(train), "too_easy": 0, "too_hard": 0, "unprobed": 0}
-    train = train[: policy.max_train_tasks]
+    train = weighted_sample(train, policy.max_train_tasks)
     evaluation = q.split_members(session, loop_id=loop.id, split="eval")[: policy.max_eval_tasks]
     regression_all = q.split_members(session, loop_id=loop.id, split="regression")
     pinned = [m for m in regression_all if m.pinned]
     room = max(policy.max_regression_tasks - len(pinned), 0)
     regression = pinned + [m for m in regression_all if not m.pinned][:room]
+    heldout = q.split_members(session, loop_id=loop.id, split="heldout")
     crossing = q.clusters_crossing_train_line(
         session, loop_id=loop.id, train_ids=[m.task_id for m in train]
     )
@@ -194,9 +214,34 @@ def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selecti
             "train and in eval/held-out; refusing to write a leaking dataset"
         )
     return _Selection(
-        members={"train": train, "eval": evaluation, "regression": regression},
+        members={
+            "train": train,
+            "eval": evaluation,
+            "regression": regression,
+            "heldout": heldout,
+        },
         difficulty=difficulty,
     )
+
+
+def weighted_sample(members: Sequence[q.SplitMember], k: int) -> list[q.SplitMember]:
+    """``k`` members drawn without replacement with probability proportional to weight.
+
+    Efraimidis-Spirakis: each member gets the key ``-ln(u) / weight`` and the ``k`` smallest
+    keys win. ``u`` comes from the task's content hash, so the draw is a pure function of the
+    tasks (a snapshot stays content-addressed and a retry draws the same) and a task keeps
+    its key from one cycle to the next. All members are kept, in their order, when they fit.
+    """
+    if len(members) <= k:
+        return list(members)
+
+    def key(member: q.SplitMember) -> float:
+        digest = hashlib.sha256(b"ratchet/sample/" + member.content_hash.encode()).digest()
+        u = (int.from_bytes(digest[:8], "big") + 1) / (2**64 + 1)  # in (0, 1)
+        return -math.log(u) / max(member.weight, 1)
+
+    chosen = {m.task_id for m in sorted(members, key=key)[:k]}
+    return [m for m in members if m.task_id in chosen]
 
 
 def _write_files(
@@ -284,7 +329,12 @@ def _manifest_hash(directory: Path) -> str | None:
 
 
 def _check_files(dataset: Dataset) -> None:
-    uris: Sequence[str | None] = (dataset.train_uri, dataset.eval_uri, dataset.regression_uri)
+    uris: Sequence[str | None] = (
+        dataset.train_uri,
+        dataset.eval_uri,
+        dataset.regression_uri,
+        dataset.heldout_uri,
+    )
     missing = [u for u in uris if u is not None and not uri_to_path(u).is_file()]
     if missing:
         raise SnapshotError(
@@ -305,6 +355,8 @@ def _as_snapshot(dataset: Dataset, *, created: bool) -> DatasetSnapshot:
         regression_uri=dataset.regression_uri,
         created=created,
         difficulty=_difficulty_of(dataset),
+        heldout_count=dataset.heldout_count,
+        heldout_uri=dataset.heldout_uri,
     )
 
 

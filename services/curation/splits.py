@@ -6,11 +6,15 @@
   ``eval`` below ``heldout_fraction + eval_fraction``, else ``train``), the same on every
   run and every machine.
 - The **held-out** set is per loop and frozen: once it holds ``heldout_max_tasks`` tasks
-  nothing enters it, and later tasks of held-out clusters go to ``eval`` (never ``train``).
-  It is never part of a dataset, so it is never trained on.
-- A sampled **success** becomes a ``regression`` task: the champion handled it, and the gate
-  checks that a candidate still does. Pinned tasks are regression tasks too. Neither is ever
-  trained on.
+  nothing enters it, and later tasks of held-out clusters go to ``eval`` (failures) or
+  ``regression`` (successes), never ``train``. It is drawn from *all* curated traffic —
+  failures and sampled successes alike, by the same cluster hash — so its pass rate is the
+  served distribution's, not the champion's failures' (on which the champion scores ~0 by
+  construction). Datasets carry it as their ``heldout`` file, which is evaluated for points
+  gained and never trained on.
+- Any other sampled **success** becomes a ``regression`` task: the champion handled it, and
+  the gate checks that a candidate still does. Pinned tasks are regression tasks too.
+  Neither is ever trained on.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class SplitAssigner:
 
     def assign(self, cluster_id: str, origin: Origin) -> Split:
         if origin == "success":
-            return "regression"
+            return self._assign_success(cluster_id)
         split = self._clusters.get(cluster_id)
         if split is None:
             split = split_for_cluster(
@@ -80,3 +84,25 @@ class SplitAssigner:
                 return "eval"
             self._heldout += 1
         return split
+
+    def _assign_success(self, cluster_id: str) -> Split:
+        """Held-out when the cluster is (or hashes to) held-out and the set has room.
+
+        A success never decides a cluster's train/eval split: only a held-out cluster takes
+        its successes, so the held-out set samples successes and failures at the same rate.
+        """
+        split = self._clusters.get(cluster_id)
+        if split is None:
+            hashed = split_for_cluster(
+                cluster_id,
+                eval_fraction=self._eval_fraction,
+                heldout_fraction=self._heldout_fraction,
+            )
+            if hashed != "heldout":
+                return "regression"
+            split = hashed
+        if split != "heldout" or self._heldout >= self._heldout_max:
+            return "regression"
+        self._clusters[cluster_id] = "heldout"
+        self._heldout += 1
+        return "heldout"

@@ -184,6 +184,17 @@ class EvalSummary:
 
 
 @dataclass(frozen=True)
+class CycleNumber:
+    """One of a cycle's numbers, in pass-rate points, with its interval when known."""
+
+    key: str  # "heldout" | "gate" | "live"
+    label: str
+    points: float
+    ci_low: float | None
+    ci_high: float | None
+
+
+@dataclass(frozen=True)
 class CycleRow:
     """One cycle as the cycles table and the per-cycle charts show it."""
 
@@ -210,6 +221,35 @@ class CycleRow:
     runs_cost_usd: Decimal
     compute_seconds: float
     points_gained: float | None
+    gate_points: float | None = None
+    live_points: float | None = None
+    points_detail: dict[str, Any] | None = None
+
+    @property
+    def numbers(self) -> list[CycleNumber]:
+        """The cycle's three numbers (DESIGN §8), each on its own set, with intervals."""
+        detail = self.points_detail or {}
+        out = []
+        for key, label, value in (
+            ("heldout", "held-out", self.points_gained),
+            ("gate", "gate", self.gate_points),
+            ("live", "live", self.live_points),
+        ):
+            if value is None:
+                continue
+            found = detail.get(key)
+            interval: dict[str, Any] = found if isinstance(found, dict) else {}
+            low, high = interval.get("ci_low_points"), interval.get("ci_high_points")
+            out.append(
+                CycleNumber(
+                    key,
+                    label,
+                    float(value),
+                    float(low) if isinstance(low, int | float) else None,
+                    float(high) if isinstance(high, int | float) else None,
+                )
+            )
+        return out
 
     @property
     def is_open(self) -> bool:
@@ -319,6 +359,9 @@ def loop_cycles(session: Session, *, loop_id: int, limit: int = 50) -> list[Cycl
                 runs_cost_usd=Decimal(row.runs_cost or 0),
                 compute_seconds=float(cycle.compute_seconds or 0),
                 points_gained=cycle.points_gained,
+                gate_points=cycle.gate_points,
+                live_points=cycle.live_points,
+                points_detail=dict(cycle.points_detail or {}),
             )
         )
     return rows

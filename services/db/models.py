@@ -209,6 +209,9 @@ class Dataset(Base):
     train_uri: Mapped[str] = mapped_column(Text)
     eval_uri: Mapped[str] = mapped_column(Text)
     regression_uri: Mapped[str | None] = mapped_column(Text)
+    # The frozen held-out set as of this snapshot: evaluated for points gained, never trained.
+    heldout_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    heldout_uri: Mapped[str | None] = mapped_column(Text)
     stats: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     created_at: Mapped[dt.datetime] = _now_column()
 
@@ -217,7 +220,9 @@ class DatasetTask(Base):
     """Membership of a task in a dataset, with the split it has there."""
 
     __tablename__ = "dataset_tasks"
-    __table_args__ = (CheckConstraint("split IN ('train', 'eval', 'regression')", name="split"),)
+    __table_args__ = (
+        CheckConstraint("split IN ('train', 'eval', 'heldout', 'regression')", name="split"),
+    )
 
     dataset_id: Mapped[int] = mapped_column(
         ForeignKey("datasets.id", ondelete="CASCADE"), primary_key=True
@@ -261,7 +266,12 @@ class Cycle(Base):
     stage_timings: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     compute_seconds: Mapped[float] = mapped_column(Float, server_default="0")
     cost_usd: Mapped[Decimal] = mapped_column(Numeric(14, 6), server_default="0")
+    # Held-out points gained (the headline; the ledger's $ per point), the gate's points on
+    # new failures and the live delta after the canary; intervals and counts in points_detail.
     points_gained: Mapped[float | None] = mapped_column(Float)
+    gate_points: Mapped[float | None] = mapped_column(Float)
+    live_points: Mapped[float | None] = mapped_column(Float)
+    points_detail: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     started_at: Mapped[dt.datetime] = _now_column()
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 

@@ -8,14 +8,23 @@
 5. Simulated production traffic posts signed traces; at ``drift_at`` seconds the tool API
    drifts (v1 → v2) and the champion starts failing.
 6. The loop curates the failures, trains a candidate from the champion (GRPO), evaluates both
-   on the same held-out tasks and the regression suite, promotes on a significant win,
-   watches the canary, and the live success rate recovers.
-7. Print a table per cycle and the live success rate over time.
+   on the same eval tasks (new failures), the regression suite and the frozen held-out set,
+   promotes on a significant win, watches the canary, and the live success rate recovers.
+7. Print a table per cycle — the three numbers: held-out points gained (the headline, and
+   the $ per point), the gate's points on new failures, the live delta after the canary —
+   and the live success rate over time, read from the traces in Postgres with the query
+   the canary uses.
+
+The toy champion is pre-exposed to v2's names: ``augment_fraction`` of its SFT
+demonstrations show v2's deprecation window (old names mostly, some new), and v1 accepts
+v2's names as aliases, so GRPO only has to amplify what sampling already finds. Every
+report says so; it is not a measurement of learning a drift from nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import os
@@ -36,7 +45,8 @@ from sqlalchemy import select
 
 from services.client import RatchetClient
 from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Run
-from services.db.session import create_db_engine, make_session_factory
+from services.db.queries.cycles import live_counts
+from services.db.session import SessionFactory, create_db_engine, make_session_factory
 from services.demo.traffic import TrafficSimulator
 from services.executors.local import kill_local_jobs
 from services.local.stack import Stack, StackError
@@ -101,11 +111,15 @@ class CycleRow:
     outcome: str
     reason: str
     cost_usd: float
-    points: float
+    points: float  # held-out points gained (0 unless the candidate serves now)
     points_per_dollar: float | None
     wall_s: float
     job_s: float
-    waiting_s: float
+    waiting_s: float  # the canary window: reported, not counted as overhead
+    gate_points: float | None = None
+    live_points: float | None = None
+    heldout_champion_pass: tuple[float, float, float] | None = None
+    heldout_candidate_pass: tuple[float, float, float] | None = None
 
 
 @dataclass
@@ -120,6 +134,12 @@ class DemoReport:
     drift_at_s: float | None
     traces_posted: int
     state_dir: str
+    heldout_points_gained: float = 0.0
+    gate_points: float | None = None
+    live_points_gained: float | None = None
+    usd_per_heldout_point: float | None = None
+    canary_window_s: float = 0.0
+    champion_note: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,6 +253,18 @@ def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
     return checkpoint
 
 
+def champion_note(options: DemoOptions) -> str:
+    """What every report using the toy champion must say about it."""
+    share = float(options.sft_hyperparameters.get("augment_fraction", 0.0))
+    if share <= 0:
+        return "champion: SFT on toolcalc v1 demonstrations only (not exposed to v2's names)"
+    return (
+        f"champion pre-exposed to v2's names: {share:.0%} of its SFT demonstrations show v2's "
+        "deprecation window, and v1 accepts v2's names as aliases; the recovery measures "
+        "amplifying a habit the champion has, not learning a drift from nothing"
+    )
+
+
 def start_model_server(settings: Settings, checkpoint: Path, token: str) -> subprocess.Popen[bytes]:
     log = (settings.logs_dir / "serve.log").open("ab")
     env = {**os.environ, "RATCHET_ADMIN_TOKEN": token}
@@ -329,6 +361,7 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
         out(f"[demo] production traffic: {options.traffic:g} traces/s on tool API v1")
         report = _watch(options, settings, client, traffic, api_version, out)
         report.demo_wall_s = time.monotonic() - wall_started
+        report.champion_note = champion_note(options)
         return report
     finally:
         if traffic is not None:
@@ -352,6 +385,7 @@ def _watch(
     engine = create_db_engine(stack_database_url(settings), pool_size=2, application="ratchet-demo")
     sessions = make_session_factory(engine)
     drift_at: float | None = None
+    drift_wall: dt.datetime | None = None
     live: list[tuple[float, float | None, int, str]] = []
     deadline = time.monotonic() + options.timeout_s
     held_at: float | None = None
@@ -362,8 +396,9 @@ def _watch(
             if drift_at is None and now >= options.drift_at:
                 api_version[0] = options.drift_to
                 drift_at = now
+                drift_wall = dt.datetime.now(dt.UTC)
                 out(f"[demo] t={now:.0f}s the tool API drifted: {options.drift_to} is live")
-            rate, n = traffic.stats.success_rate(since=max(0.0, now - 20))
+            rate, n = recent_live_success(sessions, seconds=20)
             live.append((round(now, 1), rate, n, api_version[0]))
             with sessions() as session:
                 cycles = session.scalars(
@@ -384,9 +419,69 @@ def _watch(
                 # After a promotion, watch a while so the live rate on the new model shows.
                 if now - held_at >= 30:
                     break
-        return _report(sessions, traffic, live, drift_at, settings)
+        return _report(sessions, traffic, live, drift_at, drift_wall, settings)
     finally:
         engine.dispose()
+
+
+def recent_live_success(sessions: SessionFactory, *, seconds: float) -> tuple[float | None, int]:
+    """Success rate of the loop's traces received in the last ``seconds``, from Postgres."""
+    with sessions() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == LOOP_NAME)).one()
+        counts = live_counts(
+            session=session,
+            loop=loop,
+            model_version=None,
+            since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds),
+            until=None,
+            limit=100_000,
+        )
+    return (counts.successes / counts.n if counts.n else None), counts.n
+
+
+@dataclass(frozen=True)
+class LiveBeforeAfter:
+    """Live success on the drifted API before and after the promotions, from Postgres."""
+
+    before: float | None
+    after: float | None
+
+
+def live_before_after(
+    session: Any, loop: Loop, promotions: list[Promotion], drift_wall: dt.datetime | None
+) -> LiveBeforeAfter:
+    """The canary's query (:func:`live_counts`) over the traces in Postgres.
+
+    Before: traces of a version that was later replaced, from the drift until its
+    replacement was deployed. After: traces of every promoted version since it was deployed.
+    """
+    limit = 1_000_000
+    before_n = before_ok = after_n = after_ok = 0
+    for promotion in promotions:
+        if promotion.deployed_at is None:
+            continue
+        old = live_counts(
+            session=session,
+            loop=loop,
+            model_version=promotion.previous_checkpoint_id,
+            since=drift_wall,
+            until=promotion.deployed_at,
+            limit=limit,
+        )
+        new = live_counts(
+            session=session,
+            loop=loop,
+            model_version=promotion.candidate_checkpoint_id,
+            since=promotion.deployed_at,
+            until=None,
+            limit=limit,
+        )
+        if drift_wall is not None:
+            before_n, before_ok = before_n + old.n, before_ok + old.successes
+        after_n, after_ok = after_n + new.n, after_ok + new.successes
+    return LiveBeforeAfter(
+        before_ok / before_n if before_n else None, after_ok / after_n if after_n else None
+    )
 
 
 def stack_database_url(settings: Settings) -> str:
@@ -402,6 +497,7 @@ def _report(
     traffic: TrafficSimulator,
     live: list[tuple[float, float | None, int, str]],
     drift_at: float | None,
+    drift_wall: dt.datetime | None,
     settings: Settings,
 ) -> DemoReport:
     rows: list[CycleRow] = []
@@ -420,7 +516,9 @@ def _report(
             cumulative_cost += rows[-1].cost_usd
             cumulative_points += rows[-1].points
             if rows[-1].wall_s > 0:
-                overhead = rows[-1].wall_s - rows[-1].job_s - rows[-1].waiting_s
+                # DESIGN's definition: cycle wall time minus job time (the canary window is
+                # part of the overhead, and reported on its own as ``canary_window_s``).
+                overhead = rows[-1].wall_s - rows[-1].job_s
                 overheads.append(max(0.0, overhead) / rows[-1].wall_s)
         promotions = session.scalars(
             select(Promotion).where(
@@ -429,30 +527,27 @@ def _report(
                 Promotion.cycle_id.is_not(None),  # not the operator's first champion
             )
         ).all()
-        new_versions = {p.candidate_checkpoint_id for p in promotions}
-    before = None
-    if drift_at is not None:
-        old = [
-            o
-            for o in traffic.stats.outcomes
-            if o.at >= drift_at and o.model_version not in new_versions
-        ]
-        before = sum(o.success for o in old) / len(old) if old else None
-    after = None
-    if new_versions:
-        fresh = [o for o in traffic.stats.outcomes if o.model_version in new_versions]
-        after = sum(o.success for o in fresh) / len(fresh) if fresh else None
+        measured = live_before_after(session, loop, list(promotions), drift_wall)
+    heldout_points = sum(row.points for row in rows)
+    total_cost = sum(row.cost_usd for row in rows)
+    gate = [row.gate_points for row in rows if row.gate_points is not None]
+    live_points = [row.live_points for row in rows if row.live_points is not None]
     return DemoReport(
         cycles=rows,
         live=live,
         promotions=len(promotions),
-        live_success_before=before,
-        live_success_after=after,
+        live_success_before=measured.before,
+        live_success_after=measured.after,
         demo_wall_s=0.0,
         orchestration_overhead_frac=max(overheads) if overheads else None,
         drift_at_s=drift_at,
         traces_posted=traffic.stats.posted,
         state_dir=str(settings.state_dir),
+        heldout_points_gained=heldout_points,
+        gate_points=sum(gate) if gate else None,
+        live_points_gained=sum(live_points) if live_points else None,
+        usd_per_heldout_point=total_cost / heldout_points if heldout_points > 0 else None,
+        canary_window_s=sum(row.waiting_s for row in rows),
     )
 
 
@@ -465,9 +560,20 @@ def _cycle_row(session: Any, cycle: Cycle) -> CycleRow:
         else 0.0
     )
     evaluations = session.scalars(
-        select(Evaluation).where(Evaluation.cycle_id == cycle.id, Evaluation.task_set == "eval")
+        select(Evaluation).where(
+            Evaluation.cycle_id == cycle.id, Evaluation.task_set.in_(("eval", "heldout"))
+        )
     ).all()
-    by_checkpoint = {e.checkpoint_id: (e.pass_rate, e.ci_low, e.ci_high) for e in evaluations}
+    by_checkpoint = {
+        e.checkpoint_id: (e.pass_rate, e.ci_low, e.ci_high)
+        for e in evaluations
+        if e.task_set == "eval"
+    }
+    heldout = {
+        e.checkpoint_id: (e.pass_rate, e.ci_low, e.ci_high)
+        for e in evaluations
+        if e.task_set == "heldout"
+    }
     promotion = session.scalars(
         select(Promotion).where(Promotion.cycle_id == cycle.id)
     ).one_or_none()
@@ -498,6 +604,10 @@ def _cycle_row(session: Any, cycle: Cycle) -> CycleRow:
         wall_s=wall,
         job_s=_job_seconds(runs),
         waiting_s=waiting,
+        gate_points=cycle.gate_points,
+        live_points=cycle.live_points,
+        heldout_champion_pass=heldout.get(cycle.champion_checkpoint_id or ""),
+        heldout_candidate_pass=heldout.get(cycle.candidate_checkpoint_id or ""),
     )
 
 
@@ -525,8 +635,8 @@ def format_report(report: DemoReport) -> str:
     lines = ["", "Cycles", ""]
     header = (
         f"{'#':>2}  {'trigger':<13} {'tasks':>9}  {'train':>6}  {'champion':>17}  "
-        f"{'candidate':>17}  {'decision':<8} {'outcome':<11} {'cost':>8}  {'points':>6}  "
-        f"{'pts/$':>8}"
+        f"{'candidate':>17}  {'decision':<8} {'outcome':<11} {'cost':>8}  {'held-out':>8}  "
+        f"{'gate':>6}  {'live':>6}  {'pts/$':>8}"
     )
     lines += [header, "-" * len(header)]
     for row in report.cycles:
@@ -534,12 +644,26 @@ def format_report(report: DemoReport) -> str:
             f"{row.number:>2}  {row.trigger:<13} {row.train_tasks:>4}/{row.eval_tasks:<4}  "
             f"{row.train_s:>5.0f}s  {_interval(row.champion_pass):>17}  "
             f"{_interval(row.candidate_pass):>17}  {row.decision:<8} {row.outcome:<11} "
-            f"${row.cost_usd:>7.4f}  {row.points:>+6.1f}  "
+            f"${row.cost_usd:>7.4f}  {row.points:>+8.1f}  {_signed(row.gate_points):>6}  "
+            f"{_signed(row.live_points):>6}  "
             f"{(f'{row.points_per_dollar:,.0f}' if row.points_per_dollar else '-'):>8}"
         )
+        if row.heldout_champion_pass or row.heldout_candidate_pass:
+            lines.append(
+                f"    held-out pass@1: champion {_interval(row.heldout_champion_pass)}, "
+                f"candidate {_interval(row.heldout_candidate_pass)}"
+            )
         if row.reason:
             lines.append(f"    {row.reason}")
-    lines += ["", "Live success rate (20 s window)", ""]
+    lines += [
+        "",
+        "champion, eval and candidate columns: pass@1 on the eval set (new failures); held-out:",
+        "points gained on the frozen held-out set (the $ per point); gate: the eval-set delta",
+        "the gate decided on; live: the canary's delta on traces in Postgres.",
+    ]
+    if report.champion_note:
+        lines += [f"NOTE: {report.champion_note}"]
+    lines += ["", "Live success rate (20 s window, traces in Postgres)", ""]
     for at, rate, n, version in report.live:
         bar = "#" * round((rate or 0) * 40)
         lines.append(f"  t={at:5.0f}s {version}  {_pct(rate)} of {n:3d}  {bar}")
@@ -548,8 +672,18 @@ def format_report(report: DemoReport) -> str:
         f"promotions: {report.promotions}   live success after drift: "
         f"{_pct(report.live_success_before)} -> {_pct(report.live_success_after)}   "
         f"traces posted: {report.traces_posted}   wall: {report.demo_wall_s:.0f}s",
+        f"held-out points gained: {report.heldout_points_gained:+.1f}   $ per held-out point: "
+        f"{_usd(report.usd_per_heldout_point)}   canary windows: {report.canary_window_s:.0f}s",
     ]
     return "\n".join(lines)
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}"
+
+
+def _usd(value: float | None) -> str:
+    return "n/a" if value is None else f"${value:.4f}"
 
 
 def _interval(value: tuple[float, float, float] | None) -> str:

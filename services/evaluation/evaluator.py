@@ -3,7 +3,11 @@
 Every task is rolled out ``samples`` times (greedy when ``temperature`` is 0, the default,
 which makes one sample the whole story). A task *passes* when a majority of its samples
 pass (with one sample: when it passes); the pass rate is passed tasks / tasks with a
-Wilson interval. The mean over all samples is reported too as ``sample_pass_rate``.
+Wilson interval. The mean over all samples is reported too as ``sample_pass_rate``. Each
+row keeps ``samples`` and ``sample_passes``, from which the loop estimates every task's
+pass@1 (``services.evaluation.results.pass_at_1``): the number the gate and the held-out
+points use, since a majority vote over samples is not what one request to the served model
+gets.
 """
 
 from __future__ import annotations

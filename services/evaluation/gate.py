@@ -1,15 +1,20 @@
 """The promotion gate: promote only on a significant paired win with no regression.
 
 Candidate and champion are evaluated on the same eval tasks and the same pinned regression
-suite. The gate promotes when
+suite; each task's score is its pass@1 estimated from the eval samples. The gate promotes
+when
 
-1. on the eval set the candidate beats the champion at the policy's confidence level (exact
-   one-sided McNemar on the discordant pairs) by at least ``min_improvement_points``, and
+1. on the eval set at least ``min_discordant_pairs`` tasks tell the two apart, and among
+   them the candidate wins significantly at the policy's confidence level (exact one-sided
+   sign test; McNemar's with one sample) by at least ``min_improvement_points``, and
 2. on the regression suite the candidate's pass rate drops by no more than
    ``regression_tolerance_points`` (point estimate; a suite too small to say is not a
    reason to promote or refuse).
 
-Every decision carries its statistics and a reason a person can read.
+The eval set is the loop's new failures, on which the champion scores near zero by
+construction: its delta decides, but it is never reported as points gained (the frozen
+held-out set measures those, outside the gate). Every decision carries its statistics and a
+reason a person can read.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ class GatePolicy:
     confidence: float = 0.95
     min_improvement_points: float = 0.0
     regression_tolerance_points: float = 2.0
+    min_discordant_pairs: int = 0
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.confidence < 1.0:
             raise ValueError("confidence must be in [0.5, 1)")
         if self.regression_tolerance_points < 0:
             raise ValueError("regression_tolerance_points must be >= 0")
+        if self.min_discordant_pairs < 0:
+            raise ValueError("min_discordant_pairs must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -42,15 +50,15 @@ class GateDecision:
 
 
 def decide(
-    eval_champion: Sequence[bool],
-    eval_candidate: Sequence[bool],
-    regression_champion: Sequence[bool],
-    regression_candidate: Sequence[bool],
+    eval_champion: Sequence[float],
+    eval_candidate: Sequence[float],
+    regression_champion: Sequence[float],
+    regression_candidate: Sequence[float],
     policy: GatePolicy,
     *,
     seed: int = 0,
 ) -> GateDecision:
-    """The decision for one cycle, from per-task results paired by task."""
+    """The decision for one cycle, from per-task scores (pass/fail or pass@1) paired by task."""
     if not eval_champion:
         return GateDecision("reject", "no paired eval results to compare", {"n": 0})
     main = compare_paired(eval_champion, eval_candidate, confidence=policy.confidence, seed=seed)
@@ -65,14 +73,21 @@ def decide(
     alpha = 1.0 - policy.confidence
     summary = (
         f"candidate {main.candidate_rate * 100:.1f}% vs champion {main.champion_rate * 100:.1f}% "
-        f"on {main.n} eval tasks ({main.delta_points:+.1f} points, one-sided p="
-        f"{main.p_value_improvement:.3g})"
+        f"on {main.n} eval tasks ({main.delta_points:+.1f} points, {main.only_candidate} "
+        f"better / {main.only_champion} worse, one-sided p={main.p_value_improvement:.3g})"
     )
     if regression is not None and -regression.delta_points > policy.regression_tolerance_points:
         return GateDecision(
             "reject",
             f"regression suite dropped {-regression.delta_points:.1f} points "
             f"(tolerance {policy.regression_tolerance_points:g}); {summary}",
+            statistics,
+        )
+    if main.discordant < policy.min_discordant_pairs:
+        return GateDecision(
+            "reject",
+            f"only {main.discordant} eval tasks tell the models apart (the policy needs "
+            f"{policy.min_discordant_pairs}): {summary}",
             statistics,
         )
     if main.p_value_improvement >= alpha:

@@ -29,3 +29,23 @@ def read_results(output_dir: Path) -> list[dict[str, Any]]:
     if not all(isinstance(row, dict) for row in rows):
         raise ResultsFileError(f"evaluation results {path} hold a line that is not an object")
     return rows
+
+
+def pass_at_1(row: dict[str, Any]) -> float:
+    """A task's pass@1 estimated from its samples (passes / samples), else its pass/fail.
+
+    The evaluator rolls every task out ``samples`` times; the unbiased estimate of the
+    probability that one rollout passes is the share of samples that passed.
+    """
+    samples = row.get("samples")
+    passes = row.get("sample_passes")
+    if (
+        isinstance(samples, int)
+        and not isinstance(samples, bool)
+        and samples > 0
+        and isinstance(passes, int)
+        and not isinstance(passes, bool)
+        and 0 <= passes <= samples
+    ):
+        return passes / samples
+    return 1.0 if row.get("passed") else 0.0

@@ -1,10 +1,17 @@
 """Statistics for pass/fail evaluations: Wilson intervals and paired comparisons.
 
 Champion and candidate are evaluated on the *same* tasks, so the right comparison is
-paired: only the discordant tasks (one passes, the other fails) carry information about
-which model is better. :func:`mcnemar_exact` tests them with the exact binomial test, and
+paired: only the discordant tasks (one does better than the other) carry information about
+which model is better. A task's score is its pass@1 estimated from its samples (passes /
+samples; with one sample, pass or fail). :func:`mcnemar_exact` tests the discordant tasks
+with the exact binomial (sign) test — McNemar's test when every task has one sample — and
 :func:`paired_bootstrap` gives a confidence interval for the pass-rate difference by
 resampling tasks. :func:`compare_paired` bundles both for the promotion gate.
+
+The sign test ignores how *much* better a discordant task is; it stays exact whatever the
+number of samples, which a gate deciding on a few dozen tasks needs more than power.
+Live success rates of two model versions are independent samples, not pairs:
+:func:`newcombe_interval` gives the interval of their difference.
 """
 
 from __future__ import annotations
@@ -41,6 +48,45 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Interval for the mean of per-task scores in [0, 1] (pass@1 estimates).
+
+    The Wilson interval at the mean with n = tasks. A variable in [0, 1] with mean p has a
+    variance of at most p(1 - p), so this is the binomial interval when every task has one
+    sample and conservative when tasks average several samples.
+    """
+    n = len(values)
+    if n == 0:
+        return 0.0, 1.0
+    if any(not 0.0 <= v <= 1.0 for v in values):
+        raise ValueError("task scores must be in [0, 1]")
+    z = _z(confidence)
+    p = sum(values) / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe_interval(
+    k_before: int, n_before: int, k_after: int, n_after: int, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Interval of ``k_after/n_after - k_before/n_before`` for two independent proportions.
+
+    Newcombe's hybrid score interval (his method 10): it combines the two Wilson intervals,
+    so it behaves at 0 % and 100 % as they do. Either side empty gives the vacuous (-1, 1).
+    """
+    if n_before == 0 or n_after == 0:
+        return -1.0, 1.0
+    p1, p2 = k_before / n_before, k_after / n_after
+    l1, u1 = wilson_interval(k_before, n_before, confidence)
+    l2, u2 = wilson_interval(k_after, n_after, confidence)
+    delta = p2 - p1
+    low = delta - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2)
+    high = delta + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
+    return max(-1.0, low), min(1.0, high)
+
+
 def _binom_cdf_half(k: int, n: int) -> float:
     """P(X <= k) for X ~ Binomial(n, 1/2), exactly (integer arithmetic, then one division)."""
     return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
@@ -71,8 +117,8 @@ def mcnemar_exact_one_sided(b: int, c: int) -> float:
 
 
 def paired_bootstrap(
-    champion: Sequence[bool],
-    candidate: Sequence[bool],
+    champion: Sequence[float],
+    candidate: Sequence[float],
     *,
     n_resamples: int = 2000,
     confidence: float = 0.95,
@@ -87,7 +133,7 @@ def paired_bootstrap(
     if n_resamples < 1:
         raise ValueError("n_resamples must be >= 1")
     n = len(champion)
-    diffs = [int(bool(c)) - int(bool(a)) for a, c in zip(champion, candidate, strict=True)]
+    diffs = [float(c) - float(a) for a, c in zip(champion, candidate, strict=True)]
     delta = sum(diffs) / n
     rng = random.Random(seed)
     stats = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(n_resamples))
@@ -99,49 +145,60 @@ def paired_bootstrap(
 
 @dataclass(frozen=True)
 class PairedComparison:
-    """Champion vs candidate on the same tasks: rates, discordant counts, tests, interval."""
+    """Champion vs candidate on the same tasks: rates, discordant counts, tests, interval.
+
+    With one sample per task the counts are McNemar's table; with several, a task is
+    discordant when its pass@1 estimates differ, and "passed" counts are sums of pass@1.
+    """
 
     n: int
-    champion_passed: int
-    candidate_passed: int
+    champion_passed: float
+    candidate_passed: float
     champion_rate: float
     candidate_rate: float
     delta: float  # candidate_rate - champion_rate
     delta_points: float  # the same, in percentage points
-    both_passed: int
-    neither_passed: int
-    only_champion: int  # b: champion passed, candidate failed (regressions)
-    only_candidate: int  # c: candidate passed, champion failed (improvements)
+    both_passed: int  # ties at pass@1 = 1
+    neither_passed: int  # ties at pass@1 = 0
+    only_champion: int  # b: the champion did better on the task (regressions)
+    only_candidate: int  # c: the candidate did better on the task (improvements)
     p_value: float  # exact McNemar, two-sided
     p_value_improvement: float  # exact, one-sided: candidate better
     ci_low: float  # paired bootstrap interval of delta
     ci_high: float
     confidence: float
 
+    @property
+    def discordant(self) -> int:
+        return self.only_champion + self.only_candidate
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "discordant": self.discordant}
 
 
 def compare_paired(
-    champion: Sequence[bool],
-    candidate: Sequence[bool],
+    champion: Sequence[float],
+    candidate: Sequence[float],
     *,
     confidence: float = 0.95,
     seed: int = 0,
     n_resamples: int = 2000,
 ) -> PairedComparison:
-    """Compare two models' per-task pass/fail on the same tasks (same order)."""
+    """Compare two models' per-task scores (pass/fail or pass@1) on the same tasks."""
     _check_pairs(champion, candidate)
-    pairs = [(bool(a), bool(c)) for a, c in zip(champion, candidate, strict=True)]
+    pairs = [(float(a), float(c)) for a, c in zip(champion, candidate, strict=True)]
+    if any(not (0.0 <= a <= 1.0 and 0.0 <= c <= 1.0) for a, c in pairs):
+        raise ValueError("task scores must be in [0, 1]")
     n = len(pairs)
-    both = sum(a and c for a, c in pairs)
-    neither = sum(not a and not c for a, c in pairs)
-    only_champion = sum(a and not c for a, c in pairs)
-    only_candidate = sum(c and not a for a, c in pairs)
+    both = sum(a == c == 1.0 for a, c in pairs)
+    neither = sum(a == c == 0.0 for a, c in pairs)
+    only_champion = sum(a > c for a, c in pairs)
+    only_candidate = sum(c > a for a, c in pairs)
     delta, low, high = paired_bootstrap(
         champion, candidate, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
-    champion_passed, candidate_passed = both + only_champion, both + only_candidate
+    champion_passed = sum(a for a, _ in pairs)
+    candidate_passed = sum(c for _, c in pairs)
     return PairedComparison(
         n=n,
         champion_passed=champion_passed,
@@ -162,7 +219,7 @@ def compare_paired(
     )
 
 
-def _check_pairs(champion: Sequence[bool], candidate: Sequence[bool]) -> None:
+def _check_pairs(champion: Sequence[float], candidate: Sequence[float]) -> None:
     if len(champion) != len(candidate):
         raise ValueError(
             "paired comparison needs equal-length results, "

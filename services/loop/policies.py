@@ -48,7 +48,26 @@ class GatePolicy(_Policy):
     canary_check_interval_s: float = Field(default=10, gt=0)
     canary_min_traces: int = Field(default=30, ge=1)
     canary_max_drop_points: float = Field(default=10, ge=0)
-    eval_samples: int = Field(default=1, ge=1, le=64)
+    eval_samples: int = Field(
+        default=4, ge=1, le=64, description="samples per task; pass@1 is estimated from them"
+    )
+    eval_temperature: float = Field(
+        default=0.7, ge=0, le=2, description="sampling temperature of the eval rollouts"
+    )
+    min_discordant_pairs: int = Field(
+        default=5,
+        ge=0,
+        le=10_000,
+        description="eval tasks on which the two models must differ before a win counts",
+    )
+
+    @model_validator(mode="after")
+    def _check_sampling(self) -> GatePolicy:
+        if self.eval_samples > 1 and self.eval_temperature == 0:
+            raise ValueError(
+                "eval_samples > 1 needs eval_temperature > 0: greedy samples are all the same"
+            )
+        return self
 
 
 class JobOverride(_Policy):

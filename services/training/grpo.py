@@ -30,6 +30,11 @@ Deviations, each on purpose:
    first epoch; with ``ppo_epochs = 1`` clipping is therefore inactive and the update is
    the plain policy gradient, as in TRL's default ``num_iterations = 1``.
 
+Task sampling: a dataset task carries its dedup weight (``metadata.ratchet.weight``, the
+traces folded into it). With equal weights every task is seen once per epoch (seeded
+shuffles); with unequal ones each step draws its tasks with replacement in proportion to
+weight, so a failure production hit twenty times is trained on as often as production saw it.
+
 Determinism: the task order is a pure function of (seed, step), episode ``g`` of task ``j``
 at step ``s`` samples with seed ``derive_seed(seed, s, j, g)`` (counter-based noise, see
 :mod:`services.training.rng`), and a resume point stores weights, optimizer and counters.
@@ -192,8 +197,33 @@ class GRPOResult:
         return sum(h["pass_rate"] for h in tail) / len(tail) if tail else 0.0
 
 
-def task_order(step: int, batch: int, n_tasks: int, seed: int) -> list[int]:
-    """Dataset indices of step ``step``'s global batch: epoch-wise shuffles, seeded per epoch."""
+def task_weights(tasks: Sequence[TaskSpec]) -> list[float] | None:
+    """Each task's dedup weight from its lineage metadata; None when all weigh the same."""
+    weights = []
+    for task in tasks:
+        lineage = task.metadata.get("ratchet") if isinstance(task.metadata, dict) else None
+        weight = lineage.get("weight", 1) if isinstance(lineage, dict) else 1
+        valid = isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0
+        weights.append(float(weight) if valid else 1.0)
+    return None if len(set(weights)) <= 1 else weights
+
+
+def task_order(
+    step: int, batch: int, n_tasks: int, seed: int, weights: Sequence[float] | None = None
+) -> list[int]:
+    """Dataset indices of step ``step``'s global batch.
+
+    Without ``weights``: epoch-wise shuffles, seeded per epoch. With them: a draw with
+    replacement proportional to weight, seeded per step.
+    """
+    if weights is not None:
+        if len(weights) != n_tasks:
+            raise ValueError("need one weight per task")
+        generator = torch.Generator().manual_seed(derive_seed(seed, 0xE90C, 0x5EED, step))
+        drawn = torch.multinomial(
+            torch.tensor(weights, dtype=torch.float64), batch, replacement=True, generator=generator
+        )
+        return [int(i) for i in drawn.tolist()]
     indices = []
     for position in range(step * batch, (step + 1) * batch):
         epoch, offset = divmod(position, n_tasks)
@@ -308,7 +338,9 @@ def _grpo_step(
     counters: GRPOCounters,
 ) -> dict[str, float]:
     device, G = ctx.device, config.group_size  # noqa: N806 - the paper's name
-    order = task_order(step, config.tasks_per_step, len(tasks), config.seed)
+    order = task_order(
+        step, config.tasks_per_step, len(tasks), config.seed, weights=task_weights(tasks)
+    )
     local = ctx.shard(config.tasks_per_step)
 
     # 1. Rollouts: G episodes per local task, each with its own (step, task, sample) seed.

@@ -154,6 +154,19 @@ SCENARIOS: dict[str, World | None] = {
     ),
     # A cycle with the difficulty probe (ProbeWorkflow; LoopWorkflow's probe patch).
     "probed": World(new_tasks=12, config=replace(BASE_CONFIG, difficulty_filter=True)),
+    # Honest points (LoopWorkflow's honest-points patch): the held-out set evaluated with
+    # sampled evals, points from it, the deploy naming its cycle, the cycle number from Postgres.
+    "honest": World(
+        new_tasks=12,
+        heldout_count=40,
+        config=replace(
+            BASE_CONFIG,
+            eval_samples=4,
+            eval_temperature=0.7,
+            min_discordant_pairs=5,
+            last_cycle_number=0,
+        ),
+    ),
 }
 
 

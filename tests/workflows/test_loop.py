@@ -2,7 +2,8 @@
 
 The fakes keep a tiny in-memory world (champion, deployments, decisions) and use the real
 Input/Result dataclasses, so a contract change breaks these tests. The real activities are
-tested against Postgres in tests/workflows/activities and end to end in tests/e2e.
+tested against Postgres in tests/workflows/test_loop_activities.py (and the curation and job
+activities in test_curate.py and test_jobs_activity.py), and end to end in tests/e2e.
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ class World:
     job_inputs: dict[str, RunJobInput] = field(default_factory=dict)
     probes: list[dict[int, float]] = field(default_factory=list)
     snapshots: int = 0
+    heldout_count: int = 0
+    closes: dict[int, CloseCycleInput] = field(default_factory=dict)
+    deploys: list[DeployInput] = field(default_factory=list)
 
     @activity.defn(name="load_loop_config")
     def load_loop_config(self, input: LoopConfigInput) -> LoopConfig:
@@ -152,7 +156,16 @@ class World:
         self.snapshots += 1
         count, self.new_tasks = self.new_tasks, 0
         return SnapshotResult(
-            input.cycle, "hash", count, 20, 10, "file:///t", "file:///e", "file:///r"
+            input.cycle,
+            "hash",
+            count,
+            20,
+            10,
+            "file:///t",
+            "file:///e",
+            "file:///r",
+            heldout_count=self.heldout_count,
+            heldout_uri="file:///h" if self.heldout_count else None,
         )
 
     @activity.defn(name="run_job")
@@ -200,9 +213,10 @@ class World:
 
     @activity.defn(name="gate")
     def gate(self, input: GateInput) -> GateResult:
-        return GateResult(
-            self.gate_decision, f"fake gate says {self.gate_decision}", {"delta_points": 70.0}
-        )
+        statistics: dict[str, Any] = {"delta_points": 70.0}
+        if self.heldout_count:
+            statistics["heldout_points"] = 12.5
+        return GateResult(self.gate_decision, f"fake gate says {self.gate_decision}", statistics)
 
     @activity.defn(name="record_decision")
     def record_decision(self, input: RecordDecisionInput) -> RecordDecisionResult:
@@ -212,6 +226,7 @@ class World:
     @activity.defn(name="deploy_checkpoint")
     def deploy_checkpoint(self, input: DeployInput) -> DeployResult:
         self.deployed.append(input.checkpoint_id)
+        self.deploys.append(input)
         return DeployResult(input.checkpoint_id, "2026-01-01T00:00:00+00:00")
 
     @activity.defn(name="live_stats")
@@ -231,6 +246,7 @@ class World:
     @activity.defn(name="close_cycle")
     def close_cycle(self, input: CloseCycleInput) -> CloseCycleResult:
         self.outcomes[input.cycle] = input.outcome
+        self.closes[input.cycle] = input
         return CloseCycleResult(
             0.05, 40, 0.05, input.points_gained or 0, None, self.budget_exhausted
         )
@@ -324,6 +340,62 @@ async def test_cycle_promotes_when_the_canary_holds(
     ]
 
 
+async def test_points_gained_are_the_heldout_sets_and_the_three_numbers_reach_the_ledger(
+    temporal_client: Client, task_queue: str
+) -> None:
+    world = World(
+        new_tasks=12,
+        heldout_count=40,
+        config=replace(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+    )
+    async with make_worker(temporal_client, task_queue, world):
+        name = f"bot-{uuid.uuid4().hex[:8]}"
+        await (await start_loop(temporal_client, task_queue, name, max_cycles=1)).result()
+    assert world.outcomes == {1: "promoted"}
+    # The frozen held-out set is evaluated for both models, sampled at the policy's
+    # temperature with the same seed for both.
+    heldout_jobs = [f"{name}-c1-eval-{role}-heldout" for role in ("champion", "candidate")]
+    assert set(heldout_jobs) <= set(world.jobs)
+    specs = [world.job_inputs[job].job_spec for job in heldout_jobs]
+    assert [spec["dataset"] for spec in specs] == ["/h", "/h"]
+    assert {spec["samples"] for spec in specs} == {4}
+    assert all(spec["hyperparameters"] == {"temperature": 0.7} for spec in specs)
+    assert specs[0]["seed"] == specs[1]["seed"]
+    closed = world.closes[1]
+    # Points gained: the held-out delta, not the gate's eval-set delta (70).
+    assert (closed.points_gained, closed.gate_points) == (12.5, 70.0)
+    assert closed.live_canary == world.candidate_live
+    assert closed.live_baseline == world.baseline_live
+    # Every deploy of the promotion names its cycle, so the activity can refuse to slip back.
+    assert [(d.cycle, d.purpose) for d in world.deploys] == [(1, "candidate")]
+
+
+async def test_without_a_heldout_set_no_points_are_claimed(
+    temporal_client: Client, task_queue: str
+) -> None:
+    world = World(new_tasks=12)
+    async with make_worker(temporal_client, task_queue, world):
+        await (await start_loop(temporal_client, task_queue, max_cycles=1)).result()
+    assert world.outcomes == {1: "promoted"}
+    assert (world.closes[1].points_gained, world.closes[1].gate_points) == (None, 70.0)
+
+
+async def test_a_restarted_loop_continues_after_the_last_cycle_in_postgres(
+    temporal_client: Client, task_queue: str
+) -> None:
+    """A new workflow chain (fresh state) for a loop whose Postgres rows reach cycle 3 runs
+    cycle 4, never cycle 1 again (issue 15, item 3)."""
+    world = World(new_tasks=12, config=replace(BASE_CONFIG, last_cycle_number=3))
+    async with make_worker(temporal_client, task_queue, world):
+        name = f"bot-{uuid.uuid4().hex[:8]}"
+        await (await start_loop(temporal_client, task_queue, name, max_cycles=1)).result()
+    assert world.outcomes == {4: "promoted"}
+    assert world.triggers == {4: "min_new_tasks"}
+    assert f"{name}-c4-train" in world.jobs
+    assert not any("-c1-" in job for job in world.jobs)
+    assert [d.cycle for d in world.deploys] == [4]
+
+
 PROBING = replace(BASE_CONFIG, difficulty_filter=True, probe_attempts=4)
 
 
@@ -384,6 +456,8 @@ async def test_rejected_candidate_leaves_the_champion(
     assert world.outcomes == {1: "rejected"}
     assert world.champion == "ckpt-0"
     assert world.deployed == []
+    # A rejected cycle gains no points but records the gate's.
+    assert (world.closes[1].points_gained, world.closes[1].gate_points) == (None, 70.0)
 
 
 async def test_live_regression_rolls_back(temporal_client: Client, task_queue: str) -> None:
@@ -397,6 +471,10 @@ async def test_live_regression_rolls_back(temporal_client: Client, task_queue: s
     assert world.outcomes == {1: "rolled_back"}
     assert len(world.deployed) == 2 and world.deployed[1] == "ckpt-0"
     assert world.champion == "ckpt-0"
+    # The rollback's live samples reach the ledger; the restore names its cycle.
+    closed = world.closes[1]
+    assert (closed.points_gained, closed.live_canary) == (0.0, world.candidate_live)
+    assert [(d.cycle, d.purpose) for d in world.deploys] == [(1, "candidate"), (1, "restore")]
 
 
 async def test_manual_gate_waits_for_approval(temporal_client: Client, task_queue: str) -> None:

@@ -155,6 +155,8 @@ class CurationActivities:
             eval_uri=result.eval_uri,
             regression_uri=result.regression_uri,
             difficulty=dict(result.difficulty),
+            heldout_count=result.heldout_count,
+            heldout_uri=result.heldout_uri,
         )
 
     @activity.defn(name="check_drift")

@@ -28,8 +28,13 @@ from services.db.queries import cycles as q
 from services.db.session import SessionFactory
 from services.evaluation.gate import GatePolicy as GateThresholds
 from services.evaluation.gate import decide
-from services.evaluation.results import ResultsFileError, read_results
-from services.evaluation.stats import wilson_interval
+from services.evaluation.results import ResultsFileError, pass_at_1, read_results
+from services.evaluation.stats import (
+    compare_paired,
+    mean_interval,
+    newcombe_interval,
+    wilson_interval,
+)
 from services.logs import log_context
 from services.loop.policies import parse_policies
 from services.metrics import (
@@ -145,6 +150,9 @@ class LoopActivities:
                 canary_min_traces=gate.canary_min_traces,
                 canary_max_drop_points=gate.canary_max_drop_points,
                 eval_samples=gate.eval_samples,
+                eval_temperature=gate.eval_temperature,
+                min_discordant_pairs=gate.min_discordant_pairs,
+                last_cycle_number=q.last_cycle_number(session=session, loop=loop),
                 budget_usd=float(loop.budget_usd) if loop.budget_usd is not None else None,
                 spent_usd=ledger.spent_usd,
                 difficulty_filter=curation.difficulty_filter,
@@ -198,8 +206,7 @@ class LoopActivities:
             raise ApplicationError(
                 str(exc), type="BadEvaluationOutput", non_retryable=True
             ) from exc
-        passed = sum(1 for row in rows if row.get("passed"))
-        ci = wilson_interval(passed, len(rows)) if rows else (0.0, 0.0)
+        ci = mean_interval([pass_at_1(row) for row in rows]) if rows else (0.0, 0.0)
         with self._transaction() as session:
             loop = q.get_loop(session=session, name=input.loop)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
@@ -232,7 +239,13 @@ class LoopActivities:
 
     @activity.defn(name="gate")
     def gate(self, input: GateInput) -> GateResult:
-        """A pure function of stored per-task results: the same inputs, the same decision."""
+        """A pure function of stored per-task results: the same inputs, the same decision.
+
+        The decision reads the eval set and the regression suite only. The held-out
+        comparison (when the cycle evaluated one) rides along in the statistics as
+        ``heldout`` and ``heldout_points``: the points a promotion would gain, measured on
+        tasks the gate never saw and training never touched.
+        """
         with self._transaction() as session:
             loop = q.get_loop(session=session, name=input.loop)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
@@ -250,13 +263,26 @@ class LoopActivities:
                 candidate_id=input.candidate_checkpoint_id,
                 task_set="regression",
             )
+            heldout_pairs = q.paired_results(
+                session=session,
+                cycle=cycle,
+                champion_id=input.champion_checkpoint_id,
+                candidate_id=input.candidate_checkpoint_id,
+                task_set="heldout",
+            )
         policy = GateThresholds(
             confidence=input.confidence,
             min_improvement_points=input.min_improvement_points,
             regression_tolerance_points=input.regression_tolerance_points,
+            min_discordant_pairs=input.min_discordant_pairs,
         )
         decision = decide(*eval_pairs, *regression_pairs, policy, seed=input.cycle)
-        return GateResult(decision.decision, decision.reason, decision.statistics)
+        statistics = dict(decision.statistics)
+        if heldout_pairs[0]:
+            heldout = compare_paired(*heldout_pairs, confidence=input.confidence, seed=input.cycle)
+            statistics["heldout"] = heldout.to_dict()
+            statistics["heldout_points"] = heldout.delta_points
+        return GateResult(decision.decision, decision.reason, statistics)
 
     @activity.defn(name="record_decision")
     def record_decision(self, input: RecordDecisionInput) -> RecordDecisionResult:
@@ -284,7 +310,14 @@ class LoopActivities:
 
     @activity.defn(name="deploy_checkpoint")
     def deploy_checkpoint(self, input: DeployInput) -> DeployResult:
-        """Deploying the version already served is a no-op for every serving target."""
+        """Deploying the version already served is a no-op for every serving target.
+
+        A promotion's deploy names its cycle, and is refused (non-retryable) when it would
+        let serving slip back: see :meth:`_refuse_slipping_back`.
+        """
+        if input.cycle is not None:
+            with self._transaction() as session:
+                _refuse_slipping_back(session, input)
         with log_context(loop=input.loop):
             served = self._deploy_verified(
                 input.serving_target, input.checkpoint_id, input.checkpoint_uri
@@ -368,11 +401,16 @@ class LoopActivities:
 
     @activity.defn(name="close_cycle")
     def close_cycle(self, input: CloseCycleInput) -> CloseCycleResult:
-        """Sets absolute values from the runs of the cycle; the budget check reads totals."""
+        """Sets absolute values from the runs of the cycle; the budget check reads totals.
+
+        Records the cycle's three numbers with their intervals: held-out points (the
+        ledger's), the gate's eval-set points, and the live delta of the canary's samples.
+        """
         with log_context(loop=input.loop, cycle=input.cycle), self._transaction() as session:
             loop = q.get_loop(session=session, name=input.loop, for_update=True)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
             first_close = cycle.ended_at is None
+            live_points, detail = _points_detail(session, cycle, input)
             q.close_cycle(
                 session=session,
                 cycle=cycle,
@@ -380,6 +418,9 @@ class LoopActivities:
                 detail=input.detail,
                 points_gained=input.points_gained,
                 candidate_checkpoint_id=input.candidate_checkpoint_id,
+                gate_points=input.gate_points,
+                live_points=live_points,
+                points_detail=detail,
             )
             session.flush()
             ledger = q.loop_ledger(session=session, loop=loop)
@@ -420,6 +461,82 @@ class LoopActivities:
             self.rollback_champion,
             self.close_cycle,
         ]
+
+
+def _refuse_slipping_back(session: Session, input: DeployInput) -> None:
+    """Refuse a promotion's deploy that would move serving backwards (issue: a restarted
+    loop replaying an old cycle's records).
+
+    A candidate deploy must be the cycle's own candidate, from the loop's newest cycle,
+    trained from the champion serving now and not older than it; a restore must put back
+    the champion itself.
+    """
+    loop = q.get_loop(session=session, name=input.loop)
+    assert input.cycle is not None
+    cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+    champion_id = loop.champion_checkpoint_id
+    problem: str | None = None
+    if input.purpose == "restore":
+        if champion_id is not None and input.checkpoint_id != champion_id:
+            problem = f"restoring {input.checkpoint_id!r}, but the champion is {champion_id!r}"
+    elif cycle.candidate_checkpoint_id != input.checkpoint_id:
+        problem = (
+            f"{input.checkpoint_id!r} is not cycle {cycle.number}'s candidate "
+            f"({cycle.candidate_checkpoint_id!r})"
+        )
+    elif (latest := q.last_cycle_number(session=session, loop=loop)) > cycle.number:
+        problem = f"cycle {cycle.number} is not the loop's newest cycle ({latest} is)"
+    elif champion_id is not None and cycle.champion_checkpoint_id != champion_id:
+        problem = (
+            f"cycle {cycle.number} trained from {cycle.champion_checkpoint_id!r}, but the "
+            f"champion is now {champion_id!r}"
+        )
+    elif champion_id is not None:
+        candidate = q.get_checkpoint(session=session, checkpoint_id=input.checkpoint_id)
+        champion = q.get_checkpoint(session=session, checkpoint_id=champion_id)
+        if candidate.id != champion.id and candidate.created_at < champion.created_at:
+            problem = f"{candidate.id!r} is older than the champion {champion.id!r}"
+    if problem is not None:
+        raise ApplicationError(
+            f"refusing to deploy for loop {input.loop!r}: {problem}",
+            type="StaleCheckpoint",
+            non_retryable=True,
+        )
+
+
+def _points_detail(
+    session: Session, cycle: Any, input: CloseCycleInput
+) -> tuple[float | None, dict[str, Any]]:
+    """The live delta (points) and every number's interval, for ``cycles.points_detail``."""
+    detail: dict[str, Any] = {}
+    promotion = q.cycle_promotion(session=session, cycle=cycle)
+    statistics = promotion.statistics if promotion is not None else {}
+    for name, key in (("gate", "eval"), ("heldout", "heldout")):
+        comparison = statistics.get(key)
+        if isinstance(comparison, dict):
+            detail[name] = {
+                "points": 100.0 * float(comparison.get("delta", 0.0)),
+                "ci_low_points": 100.0 * float(comparison.get("ci_low", 0.0)),
+                "ci_high_points": 100.0 * float(comparison.get("ci_high", 0.0)),
+                "n": int(comparison.get("n", 0)),
+                "champion_rate": comparison.get("champion_rate"),
+                "candidate_rate": comparison.get("candidate_rate"),
+            }
+    live_points: float | None = None
+    before, after = input.live_baseline, input.live_canary
+    if before is not None and after is not None and before.n > 0 and after.n > 0:
+        live_points = 100.0 * (after.successes / after.n - before.successes / before.n)
+        low, high = newcombe_interval(before.successes, before.n, after.successes, after.n)
+        detail["live"] = {
+            "points": live_points,
+            "ci_low_points": 100.0 * low,
+            "ci_high_points": 100.0 * high,
+            "n_before": before.n,
+            "successes_before": before.successes,
+            "n_after": after.n,
+            "successes_after": after.successes,
+        }
+    return live_points, detail
 
 
 def _rollback_record(

@@ -596,9 +596,11 @@ def insert_dataset(session: Session, *, values: Mapping[str, Any]) -> int | None
         text(
             """
             INSERT INTO datasets (loop_id, content_hash, train_count, eval_count,
-                                  regression_count, train_uri, eval_uri, regression_uri, stats)
+                                  regression_count, train_uri, eval_uri, regression_uri,
+                                  heldout_count, heldout_uri, stats)
             VALUES (:loop_id, :content_hash, :train_count, :eval_count, :regression_count,
-                    :train_uri, :eval_uri, :regression_uri, CAST(:stats AS jsonb))
+                    :train_uri, :eval_uri, :regression_uri,
+                    :heldout_count, :heldout_uri, CAST(:stats AS jsonb))
             ON CONFLICT (loop_id, content_hash) DO NOTHING
             RETURNING id
             """

@@ -23,6 +23,7 @@ from services.db.models import (
     Trace,
 )
 from services.db.queries.curation import task_ids_by_spec_id
+from services.evaluation.results import pass_at_1
 
 
 class NotFound(LookupError):
@@ -85,6 +86,12 @@ def open_cycle(
     return cycle
 
 
+def last_cycle_number(*, session: Session, loop: Loop) -> int:
+    """The loop's highest cycle number (0 before its first cycle), open or closed."""
+    number = session.scalar(select(func.max(Cycle.number)).where(Cycle.loop_id == loop.id))
+    return int(number or 0)
+
+
 def get_cycle(*, session: Session, loop: Loop, number: int) -> Cycle:
     cycle = session.scalars(
         select(Cycle).where(Cycle.loop_id == loop.id, Cycle.number == number)
@@ -141,8 +148,16 @@ def close_cycle(
     detail: str,
     points_gained: float | None,
     candidate_checkpoint_id: str | None,
+    gate_points: float | None = None,
+    live_points: float | None = None,
+    points_detail: dict[str, Any] | None = None,
 ) -> Cycle:
-    """Close the cycle with its outcome and the cost of its runs (idempotent)."""
+    """Close the cycle with its outcome, its three numbers and the cost of its runs.
+
+    Idempotent: every value is set absolutely. ``points_gained`` is held-out points (what
+    the ledger divides by dollars); ``gate_points`` the eval-set delta the gate decided on;
+    ``live_points`` the canary's live delta; ``points_detail`` their intervals and counts.
+    """
     cost = cycle_cost(session=session, cycle=cycle)
     if cycle.ended_at is None:
         cycle.ended_at = dt.datetime.now(dt.UTC)
@@ -158,6 +173,9 @@ def close_cycle(
     cycle.compute_seconds = cost.compute_seconds
     cycle.cost_usd = cost.cost_usd
     cycle.points_gained = points_gained
+    cycle.gate_points = gate_points
+    cycle.live_points = live_points
+    cycle.points_detail = dict(points_detail or {})
     if candidate_checkpoint_id is not None:
         cycle.candidate_checkpoint_id = candidate_checkpoint_id
     return cycle
@@ -176,7 +194,7 @@ class LoopLedger:
 
 
 def loop_ledger(*, session: Session, loop: Loop) -> LoopLedger:
-    """Cumulative cost (every run of the loop, cycles or not) and points gained."""
+    """Cumulative cost (every run of the loop, cycles or not) and held-out points gained."""
     spent, seconds = session.execute(
         select(
             func.coalesce(func.sum(Run.cost_usd), Decimal(0)),
@@ -226,6 +244,8 @@ def record_evaluation(
             f"e.g. {sorted(missing)[0]}"
         )
     passed = sum(1 for row in rows if row.get("passed"))
+    # pass@1 estimated from each task's samples; ``passed`` counts tasks passed by majority.
+    pass_rate = sum(pass_at_1(row) for row in rows) / len(rows) if rows else 0.0
     evaluation = Evaluation(
         loop_id=loop.id,
         cycle_id=cycle.id,
@@ -235,7 +255,7 @@ def record_evaluation(
         task_set=task_set,
         n=len(rows),
         passed=passed,
-        pass_rate=passed / len(rows) if rows else 0.0,
+        pass_rate=pass_rate,
         ci_low=ci[0],
         ci_high=ci[1],
     )
@@ -263,8 +283,8 @@ def record_evaluation(
 
 def paired_results(
     *, session: Session, cycle: Cycle, champion_id: str, candidate_id: str, task_set: str
-) -> tuple[list[bool], list[bool]]:
-    """Per-task pass/fail of both checkpoints on the tasks both were evaluated on."""
+) -> tuple[list[float], list[float]]:
+    """Per-task pass@1 of both checkpoints on the tasks both were evaluated on (task order)."""
     champion = _results_by_task(session, cycle, champion_id, task_set)
     candidate = _results_by_task(session, cycle, candidate_id, task_set)
     shared = sorted(set(champion) & set(candidate))
@@ -273,9 +293,9 @@ def paired_results(
 
 def _results_by_task(
     session: Session, cycle: Cycle, checkpoint_id: str, task_set: str
-) -> dict[int, bool]:
+) -> dict[int, float]:
     rows = session.execute(
-        select(EvaluationResult.task_id, EvaluationResult.passed)
+        select(EvaluationResult.task_id, EvaluationResult.passed, EvaluationResult.details)
         .join(Evaluation, Evaluation.id == EvaluationResult.evaluation_id)
         .where(
             Evaluation.cycle_id == cycle.id,
@@ -283,7 +303,10 @@ def _results_by_task(
             Evaluation.task_set == task_set,
         )
     ).all()
-    return {task_id: passed for task_id, passed in rows}
+    return {
+        task_id: pass_at_1({**(details or {}), "passed": passed})
+        for task_id, passed, details in rows
+    }
 
 
 # Promotions ---------------------------------------------------------------------------------
@@ -319,6 +342,11 @@ def record_decision(
         .on_conflict_do_nothing(index_elements=[Promotion.cycle_id])
     )
     return session.scalars(select(Promotion).where(Promotion.cycle_id == cycle.id)).one()
+
+
+def cycle_promotion(*, session: Session, cycle: Cycle) -> Promotion | None:
+    """The cycle's decision (at most one), if the gate got that far."""
+    return session.scalars(select(Promotion).where(Promotion.cycle_id == cycle.id)).one_or_none()
 
 
 PROMOTION_TIMESTAMPS = {"deployed_at", "canary_ended_at", "rolled_back_at"}

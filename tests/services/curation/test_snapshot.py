@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from services.artifacts import ArtifactStore, uri_to_path
 from services.curation.pipeline import curate_batch
 from services.curation.policy import CurationPolicy
-from services.curation.snapshot import SnapshotError, snapshot
+from services.curation.snapshot import SnapshotError, snapshot, weighted_sample
 from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource
 from services.db.queries import curation as q
 from services.db.session import SessionFactory
@@ -87,18 +87,27 @@ def test_snapshot_writes_files_rows_and_lineage(
     name = loop_name(session_factory, loop_id)
     result = snapshot(session_factory, store, loop_name=name, cycle=1)
     assert result.created
-    assert result.train_count + result.eval_count == 40 - heldout(session_factory, loop_id)
-    assert result.regression_count == 3
+    # 40 failures and 3 successes, every one in exactly one split; the held-out set is in
+    # the dataset (evaluated, never trained on).
+    assert result.heldout_count == heldout(session_factory, loop_id) > 0
+    assert (
+        result.train_count + result.eval_count + result.regression_count + result.heldout_count
+        == 43
+    )
     directory = store.dataset_dir(name, result.content_hash)
     assert uri_to_path(result.train_uri) == directory / "train.jsonl"
     train = read_task_file(uri_to_path(result.train_uri))
     evaluation = read_task_file(uri_to_path(result.eval_uri))
     regression = read_task_file(uri_to_path(result.regression_uri or ""))
-    assert (len(train), len(evaluation), len(regression)) == (
+    held = read_task_file(uri_to_path(result.heldout_uri or ""))
+    assert (len(train), len(evaluation), len(regression), len(held)) == (
         result.train_count,
         result.eval_count,
         result.regression_count,
+        result.heldout_count,
     )
+    assert {t.metadata["ratchet"]["split"] for t in held} == {"heldout"}
+    assert not {t.task_id for t in held} & {t.task_id for t in train}
     assert (directory / "manifest.json").is_file()
     with session_factory() as session:
         members = session.execute(
@@ -108,7 +117,7 @@ def test_snapshot_writes_files_rows_and_lineage(
         ).all()
         sources = dict(session.execute(select(TaskSource.task_id, TaskSource.trace_id)).all())
         splits = dict(session.execute(select(Task.id, Task.split)).all())
-    assert len(members) == result.train_count + result.eval_count + result.regression_count
+    assert len(members) == 43
     for task in train:
         lineage = task.metadata["ratchet"]
         assert lineage["split"] == "train" == splits[lineage["task_id"]]
@@ -285,3 +294,18 @@ def test_heldout_never_enters_a_training_dataset(
         assert split_of[task_id] == "train"
         assert task.metadata["ratchet"]["cluster_id"] not in held_clusters
     assert sum(1 for s in split_of.values() if s == "heldout") <= heldout_max
+
+
+def test_train_sampling_follows_the_dedup_weights() -> None:
+    """Over the cap, a task folded from many traces is likelier in: weights drive the draw."""
+    heavy = [q.SplitMember(i, f"heavy-{i}", 20, None, False) for i in range(100)]
+    light = [q.SplitMember(100 + i, f"light-{i}", 1, None, False) for i in range(100)]
+    members = heavy + light
+    chosen = weighted_sample(members, 50)
+    assert len(chosen) == 50 == len({m.task_id for m in chosen})
+    assert sum(m.weight == 20 for m in chosen) >= 40
+    # A pure function of the tasks: the same draw again, whatever the order given.
+    assert {m.task_id for m in weighted_sample(list(reversed(members)), 50)} == {
+        m.task_id for m in chosen
+    }
+    assert weighted_sample(members[:10], 50) == members[:10]

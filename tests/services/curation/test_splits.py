@@ -1,4 +1,4 @@
-"""Splits: by cluster, stable, a frozen held-out set, successes to regression."""
+"""Splits: by cluster, stable, a frozen held-out set of all traffic, successes to regression."""
 
 from __future__ import annotations
 
@@ -94,7 +94,44 @@ def test_a_cluster_never_spans_train_and_eval(
         seen[cluster].add(split)
         heldout += split == "heldout"
         if origin == "success":
-            assert split == "regression"
+            assert split in ("regression", "heldout")
     for splits in seen.values():
         assert not ("train" in splits and splits & {"eval", "heldout"})
     assert heldout <= max(heldout_max, heldout_count)
+
+
+def test_heldout_samples_successes_and_failures_alike() -> None:
+    """The held-out set is the served distribution: both outcomes, by the same cluster hash."""
+    assigner = SplitAssigner(
+        cluster_splits={},
+        heldout_count=0,
+        heldout_max_tasks=10_000,
+        eval_fraction=0.2,
+        heldout_fraction=0.1,
+    )
+    clusters = [f"c{i}" for i in range(4000)]
+    failures = [assigner.assign(c, "failure") for c in clusters[:2000]]
+    successes = [assigner.assign(c, "success") for c in clusters[2000:]]
+    assert 0.06 < failures.count("heldout") / 2000 < 0.14
+    assert 0.06 < successes.count("heldout") / 2000 < 0.14
+    assert set(successes) == {"heldout", "regression"}
+    # A failure arriving later in a held-out success's cluster stays held out.
+    heldout_success = clusters[2000 + successes.index("heldout")]
+    assert assigner.assign(heldout_success, "failure") == "heldout"
+
+
+def test_a_success_never_enters_a_full_heldout_set_or_a_train_cluster() -> None:
+    heldout_cluster = next(
+        c
+        for c in (f"c{i}" for i in range(500))
+        if split_for_cluster(c, eval_fraction=0.2, heldout_fraction=0.1) == "heldout"
+    )
+    full = SplitAssigner(
+        cluster_splits={"t": "train"},
+        heldout_count=3,
+        heldout_max_tasks=3,
+        eval_fraction=0.2,
+        heldout_fraction=0.1,
+    )
+    assert full.assign(heldout_cluster, "success") == "regression"
+    assert full.assign("t", "success") == "regression"

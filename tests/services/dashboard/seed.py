@@ -429,6 +429,13 @@ def seed_story(session: Session, *, now: dt.datetime, logs_dir: Path, name: str 
         compute_seconds=8.4 * 3600,
         cost_usd=Decimal("2.10"),
         points_gained=58.3,
+        gate_points=91.7,
+        live_points=41.0,
+        points_detail={
+            "heldout": {"points": 58.3, "ci_low_points": 40.1, "ci_high_points": 72.4},
+            "gate": {"points": 91.7, "ci_low_points": 75.0, "ci_high_points": 100.0},
+            "live": {"points": 41.0, "ci_low_points": 22.5, "ci_high_points": 55.2},
+        },
         started_at=at(34),
         ended_at=at(46.1),
     )

@@ -101,6 +101,13 @@ def test_loop_page_shows_the_whole_loop(seeded: Seeded, browser_page: BrowserPag
     cycle2 = page.locator("#cycles-table tr[data-cycle='2']").inner_text()
     for expected in ("drift", "25.0%", "83.3%", "promote", "58.3", "$2.10"):
         assert expected in cycle2
+    # The three numbers, each on its own set, with intervals (DESIGN §8).
+    numbers = page.locator("#cycles-table tr[data-cycle='2'] span.number")
+    assert [numbers.nth(i).inner_text() for i in range(numbers.count())] == [
+        "held-out +58.3 [40.1, 72.4]",
+        "gate +91.7 [75.0, 100.0]",
+        "live +41.0 [22.5, 55.2]",
+    ]
     assert page.locator("#cost svg rect.bar").count() == 3
     assert "16.66" in page.locator("#ppd-total").inner_text()
 

@@ -11,7 +11,14 @@ import torch
 from services.environments.base import Episode, Reward, TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.training.distributed import init_distributed
-from services.training.grpo import GRPOConfig, group_advantages, policy_loss, task_order, train_grpo
+from services.training.grpo import (
+    GRPOConfig,
+    group_advantages,
+    policy_loss,
+    task_order,
+    task_weights,
+    train_grpo,
+)
 from services.training.policy import GPT, GPTConfig
 
 TINY = GPTConfig(max_seq_len=160, n_layer=1, n_head=2, d_model=16)
@@ -86,6 +93,24 @@ def test_task_order_is_a_pure_function_covering_the_dataset() -> None:
     flat = [i for step in first for i in step]
     assert sorted(flat[:10]) == list(range(10))  # epoch 0 is a permutation
     assert sorted(flat[10:20]) == list(range(10))
+
+
+def test_dedup_weights_drive_the_task_draw() -> None:
+    """A task folded from 9 traces is drawn about 9 times as often as one seen once."""
+    tasks = ToolcalcEnvironment().generate_tasks(3, seed=5, api_version="v2")
+    weighted = [
+        TaskSpec.from_json({**t.to_dict(), "metadata": {"ratchet": {"weight": w}}})
+        for t, w in zip(tasks, [9, 1, 1], strict=True)
+    ]
+    weights = task_weights(weighted)
+    assert weights == [9.0, 1.0, 1.0]
+    assert task_weights(tasks) is None  # no lineage: every task weighs the same
+    draws = [i for s in range(400) for i in task_order(s, 4, 3, seed=2, weights=weights)]
+    assert draws == [i for s in range(400) for i in task_order(s, 4, 3, seed=2, weights=weights)]
+    share = draws.count(0) / len(draws)
+    assert 0.75 < share < 0.88  # 9 / 11 = 0.82
+    with pytest.raises(ValueError, match="one weight per task"):
+        task_order(0, 4, 3, seed=2, weights=[1.0])
 
 
 class VariedRewardEnv(ToolcalcEnvironment):

@@ -1,0 +1,375 @@
+"""The closed loop, end to end (issue 16): every part real.
+
+The embedded Postgres and Temporal dev server, ``ratchet api``, ``ratchet worker``, the local
+executor's jobs and ``ratchet serve`` all run as processes. Production is the demo's traffic
+simulator: an agent asks the served model through the model server, runs the tools and posts
+each episode to the signed webhook.
+
+1. The champion serves toolcalc v1 traffic; its traces land in Postgres.
+2. The tool API drifts to v2: the champion fails, the failures are ingested.
+3. Cycle 1 curates, snapshots (train / eval / regression / held-out), trains a candidate from
+   the champion (SFT on the curated train tasks) and evaluates both with sampled evals on
+   every set. The gate's verdict is whatever the evaluations say; the loop runs with the
+   manual gate and an operator approves, as an operator overriding the gate would.
+4. The model server answers with the candidate's version; the canary reads its new traces
+   from Postgres.
+5. A live regression makes the canary roll back: the candidate the operator forced through
+   fails live, and the API drifting again (to v3, which neither model has seen) forces the
+   drop should it not; the server answers with the previous champion again, and the loop's
+   champion never moved.
+
+The assertions read Postgres rows and what the model server answers, never logs.
+
+Why an approval and not the auto gate: a candidate that wins the gate needs a champion that
+can learn the drift from a few dozen curated failures in seconds. The committed champion
+(``tests/e2e/fixtures/toolcalc-champion``, made by ``python -m tests.e2e.champion_fixture``:
+a tiny GPT SFT'd on v1 demonstrations only, *not* pre-exposed to v2's names) cannot: SFT
+on the curated v2 tasks for 40 steps at lr 3e-4 left it at 0 % on the v2 eval tasks and
+cost it 84 points on the v1 regression suite, which the gate refused (measured in this
+test's first run). The gate's own decisions are tested on real evaluator output in
+tests/services/evaluation/test_no_false_promotion.py, and its promote path in
+tests/workflows/test_loop.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from services.client import ApiRequestError, ApiUnreachable
+from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Task, Trace
+from services.demo.run import start_model_server
+from services.demo.traffic import TrafficSimulator
+from tests.e2e.champion_fixture import FIXTURE
+from tests.e2e.support import LiveStack
+from tests.support import assert_eventually
+
+pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
+
+LOOP = "closed"
+MIN_NEW_TASKS = 12
+
+TRAINING_PROFILE: dict[str, Any] = {
+    "algorithm": "sft",
+    "device": "cpu",
+    "hyperparameters": {"steps": 40, "batch_size": 16, "lr": 3e-4, "warmup": 5, "threads": 1},
+}
+GATE_POLICY: dict[str, Any] = {
+    "mode": "manual",
+    "confidence": 0.9,
+    "eval_samples": 4,
+    "eval_temperature": 0.7,
+    "min_discordant_pairs": 4,
+    # The regression suite is a dozen sampled v1 successes: one task is ~8 points.
+    "regression_tolerance_points": 20,
+    "canary_seconds": 240,
+    "canary_check_interval_s": 1,
+    "canary_min_traces": 10,
+    "canary_max_drop_points": 10,
+}
+TRIGGER_POLICY: dict[str, Any] = {
+    "min_new_tasks": MIN_NEW_TASKS,
+    "check_interval_s": 1,
+    "drift_enabled": False,
+}
+CURATION_POLICY: dict[str, Any] = {
+    "success_sample_rate": 1.0,
+    "eval_fraction": 0.3,
+    "heldout_fraction": 0.15,
+    "heldout_max_tasks": 16,
+    "max_eval_tasks": 24,
+    "max_regression_tasks": 16,
+}
+
+
+@pytest.fixture
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveStack]:
+    for key in [key for key in os.environ if key.startswith("RATCHET_")]:
+        monkeypatch.delenv(key)
+    stack = LiveStack.in_dir(tmp_path / "state")
+    try:
+        with stack.diagnostics():
+            stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def model_server(live: LiveStack) -> Iterator[str]:
+    """``ratchet serve`` with the champion, on the stack's serve port; its URL."""
+    process = start_model_server(live.settings, FIXTURE, live.token)
+    try:
+        yield f"http://{live.settings.serve_host}:{live.settings.serve_port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def wait_for(check: Callable[[], T], *, timeout: float, what: str) -> T:
+    try:
+        return assert_eventually(check, timeout=timeout, interval=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"waiting for {what}: {exc}") from exc
+
+
+def test_the_closed_loop_promotes_serves_watches_and_rolls_back(
+    live: LiveStack, model_server: str
+) -> None:
+    with live.diagnostics(), live.client() as client:
+        created = client.create_loop(
+            LOOP,
+            "toolcalc",
+            serving_target={"kind": "local", "url": model_server},
+            training_profile=TRAINING_PROFILE,
+            gate_policy=GATE_POLICY,
+            trigger_policy=TRIGGER_POLICY,
+            curation_policy=CURATION_POLICY,
+        )
+        client.set_champion(LOOP, str(FIXTURE))
+        champion = _loop(live).champion_checkpoint_id
+        assert champion is not None
+        assert _served_version(model_server) == champion
+
+        api = ["v1"]
+
+        def production() -> TrafficSimulator:
+            """Production traffic from now on (a simulator runs once: start, then stop)."""
+            return TrafficSimulator(
+                serve_url=model_server,
+                api_url=live.api_url,
+                loop=LOOP,
+                signing_secret=created.signing_secret,
+                api_version=lambda: api[0],
+                rate_per_s=6,
+                workers=2,
+                batch_size=2,
+            )
+
+        running: list[TrafficSimulator] = []
+
+        def start_production() -> TrafficSimulator:
+            traffic = production()
+            running.append(traffic)
+            traffic.start()
+            return traffic
+
+        try:
+            _run_the_story(live, client, start_production, api, champion, model_server)
+        finally:
+            for traffic in running:
+                traffic.stop()
+
+
+def _run_the_story(
+    live: LiveStack,
+    client: Any,
+    start_production: Callable[[], TrafficSimulator],
+    api: list[str],
+    champion: str,
+    model_server: str,
+) -> None:
+    traffic = start_production()
+    # 1. The champion serves v1 traffic; its traces are stored with its version.
+    wait_for(
+        lambda: _assert_at_least(_trace_count(live, champion, success=True), 20),
+        timeout=240,
+        what="successful v1 traces of the champion",
+    )
+    # 2. Drift: v2 goes live and the champion fails on it.
+    api[0] = "v2"
+    wait_for(
+        lambda: _assert_at_least(_trace_count(live, champion, success=False), 40),
+        timeout=240,
+        what="failing v2 traces of the champion",
+    )
+    # Production pauses while the cycle runs, so the canary's baseline — the champion's
+    # newest traces before the deploy — is a mix of v1 and v2, as after any drift.
+    traffic.stop()
+    client.start_loop(LOOP)
+
+    # 3. Cycle 1 curates, trains, evaluates; the gate's verdict waits for the operator.
+    recommendation = wait_for(
+        _awaiting_approval(live, client), timeout=600, what="the manual gate of cycle 1"
+    )
+    client.action(LOOP, "approve", by="e2e-operator")
+    promotion = wait_for(_promotion_in_canary(live), timeout=180, what="a promotion in canary")
+    cycle = _cycle(live)
+    candidate = cycle.candidate_checkpoint_id
+    assert candidate is not None and candidate != champion
+    assert (promotion.decision, promotion.decided_by) == ("promote", "e2e-operator")
+    assert "gate said:" in promotion.reason and recommendation in promotion.reason
+    assert promotion.candidate_checkpoint_id == candidate
+    assert promotion.previous_checkpoint_id == champion
+    _assert_every_set_was_evaluated(live, cycle, champion, candidate, promotion)
+
+    # 4. The served version changed; the canary reads the candidate's new traces.
+    assert _served_version(model_server) == candidate
+    assert _loop(live).champion_checkpoint_id == champion  # moves only when the canary holds
+    traffic = start_production()
+    wait_for(
+        lambda: _assert_at_least(_trace_count(live, candidate), 4),
+        timeout=120,
+        what="live traces of the candidate",
+    )
+
+    # 5. A forced live regression: v3 goes live; the canary rolls back to the champion.
+    api[0] = "v3"
+    closed = wait_for(_cycle_closed(live), timeout=300, what="cycle 1 to close")
+    traffic.stop()
+    assert closed.outcome == "rolled_back", (closed.outcome, closed.outcome_detail)
+    with live.sessions()() as session:
+        final = session.get(Promotion, promotion.id)
+        assert final is not None
+        assert final.status == "rolled_back" and final.rolled_back_at is not None
+        assert final.deployed_at is not None
+        after_deploy = session.scalar(
+            select(func.count())
+            .select_from(Trace)
+            .where(Trace.model_version == candidate, Trace.received_at >= final.deployed_at)
+        )
+    assert after_deploy and after_deploy >= GATE_POLICY["canary_min_traces"]
+    assert _loop(live).champion_checkpoint_id == champion
+    assert _served_version(model_server) == champion
+
+    # The cycle's three numbers: the gate's eval-set delta as measured, no held-out points
+    # (serving did not keep the candidate), and the measured live drop with its interval.
+    assert closed.gate_points == pytest.approx(promotion.statistics["delta_points"])
+    assert closed.points_gained == 0.0
+    assert closed.live_points is not None and closed.live_points < 0
+    detail = closed.points_detail
+    assert {"gate", "heldout", "live"} <= set(detail)
+    live_detail = detail["live"]
+    assert live_detail["ci_low_points"] < closed.live_points < live_detail["ci_high_points"]
+    assert live_detail["n_after"] >= GATE_POLICY["canary_min_traces"]
+
+
+# Verdicts ---------------------------------------------------------------------------------
+
+
+def _assert_every_set_was_evaluated(
+    live: LiveStack, cycle: Cycle, champion: str, candidate: str, promotion: Promotion
+) -> None:
+    with live.sessions()() as session:
+        dataset = session.get(Dataset, cycle.dataset_id)
+        assert dataset is not None
+        # The frozen held-out set is sampled from all traffic and evaluated, never trained.
+        assert dataset.heldout_count > 0 and dataset.heldout_uri is not None
+        origins = set(
+            session.scalars(
+                select(Task.origin).where(Task.loop_id == cycle.loop_id, Task.split == "heldout")
+            ).all()
+        )
+        evaluations = session.scalars(
+            select(Evaluation).where(Evaluation.cycle_id == cycle.id)
+        ).all()
+    assert origins, "no held-out tasks"
+    by_set = {(e.checkpoint_id, e.task_set): e for e in evaluations}
+    for checkpoint in (champion, candidate):
+        for task_set in ("eval", "regression", "heldout"):
+            assert (checkpoint, task_set) in by_set, (checkpoint, task_set, sorted(by_set))
+    eval_champion, eval_candidate = by_set[champion, "eval"], by_set[candidate, "eval"]
+    assert eval_champion.n == eval_candidate.n == dataset.eval_count
+    assert by_set[champion, "heldout"].n == dataset.heldout_count
+    # The gate's statistics hold both comparisons, each with its interval.
+    statistics = promotion.statistics
+    assert statistics["eval"]["n"] == dataset.eval_count
+    assert statistics["heldout"]["n"] == dataset.heldout_count
+    assert statistics["heldout_points"] == pytest.approx(100 * statistics["heldout"]["delta"])
+    expected = 100 * (eval_candidate.pass_rate - eval_champion.pass_rate)
+    assert statistics["delta_points"] == pytest.approx(expected)
+
+
+# Reading the world ------------------------------------------------------------------------
+
+
+def _assert_at_least(value: int, minimum: int) -> None:
+    assert value >= minimum, f"{value} < {minimum}"
+
+
+def _served_version(model_server: str) -> str:
+    version: str = httpx.get(f"{model_server}/v1/model", timeout=30).json()["model_version"]
+    return version
+
+
+def _loop(live: LiveStack) -> Loop:
+    with live.sessions()() as session:
+        return session.scalars(select(Loop).where(Loop.name == LOOP)).one()
+
+
+def _trace_count(live: LiveStack, version: str, *, success: bool | None = None) -> int:
+    with live.sessions()() as session:
+        query = (
+            select(func.count())
+            .select_from(Trace)
+            .join(Loop)
+            .where(Loop.name == LOOP, Trace.model_version == version)
+        )
+        if success is not None:
+            query = query.where(Trace.success.is_(success))
+        return int(session.scalar(query) or 0)
+
+
+def _cycle(live: LiveStack, number: int = 1) -> Cycle:
+    with live.sessions()() as session:
+        cycle = session.scalars(
+            select(Cycle).join(Loop).where(Loop.name == LOOP, Cycle.number == number)
+        ).one_or_none()
+    assert cycle is not None, f"cycle {number} has not started"
+    return cycle
+
+
+def _awaiting_approval(live: LiveStack, client: Any) -> Callable[[], str]:
+    """The loop waits at the manual gate; returns the gate's recommendation."""
+
+    def check() -> str:
+        cycle = _cycle(live)
+        if cycle.ended_at is not None:
+            pytest.fail(f"cycle 1 ended before its gate: {cycle.outcome}: {cycle.outcome_detail}")
+        try:
+            status = client.status(LOOP)
+        except (ApiRequestError, ApiUnreachable) as exc:  # the query needs a polling worker
+            raise AssertionError(f"status not available: {exc}") from exc
+        assert status.get("stage") == "awaiting_approval", status
+        waiting = str(status.get("waiting_for") or "")
+        assert "gate recommends" in waiting, waiting
+        return waiting.split(": ", 1)[1].rstrip(")") if ": " in waiting else waiting
+
+    return check
+
+
+def _promotion_in_canary(live: LiveStack) -> Callable[[], Promotion]:
+    def check() -> Promotion:
+        cycle = _cycle(live)
+        if cycle.ended_at is not None:
+            pytest.fail(f"cycle 1 ended before its canary: {cycle.outcome}: {cycle.outcome_detail}")
+        with live.sessions()() as session:
+            promotion = session.scalars(
+                select(Promotion).where(Promotion.cycle_id == cycle.id)
+            ).one_or_none()
+        assert promotion is not None, f"stage is {cycle.stage}"
+        assert promotion.status == "canary", promotion.status
+        return promotion
+
+    return check
+
+
+def _cycle_closed(live: LiveStack) -> Callable[[], Cycle]:
+    def check() -> Cycle:
+        cycle = _cycle(live)
+        assert cycle.ended_at is not None, f"stage is {cycle.stage}"
+        return cycle
+
+    return check

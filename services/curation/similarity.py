@@ -107,8 +107,9 @@ def signature_from_bytes(raw: bytes) -> Signature:
 
 def band_keys(sig: Signature) -> list[tuple[int, bytes]]:
     """The LSH bands of a signature: ``(band number, 16-byte bucket key)``."""
-    head = sig[: BANDS * ROWS].astype("<u4")
-    return [(band, head[band * ROWS : (band + 1) * ROWS].tobytes()) for band in range(BANDS)]
+    head = sig[: BANDS * ROWS].astype("<u4").tobytes()
+    width = ROWS * 4
+    return [(band, head[band * width : (band + 1) * width]) for band in range(BANDS)]
 
 
 def jaccard(a: Signature, b: Signature) -> float:

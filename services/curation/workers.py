@@ -1,0 +1,266 @@
+"""The per-trace half of a curation batch, on every core: screen, adapt, redact, hash, MinHash.
+
+What a batch does to one trace depends on that trace alone (and the loop's policy and
+adapter), so it can run anywhere and in any order; deduplication, clustering and the writes
+depend on the whole batch and on what is stored, so they stay in the activity's process,
+serial. :class:`PreparePool` splits a batch's traces into contiguous chunks, computes some
+chunks in the calling process and the rest in worker processes, and concatenates the results
+in trace order: the batch sees exactly the list a serial run would have built, which is why
+a pool of any size decides exactly what one process does (tests/services/curation/
+test_equivalence.py holds that to a recorded digest).
+
+Profiling (docs/curation.md) put the per-trace work at about half of a batch's time before
+this split; the other half is Postgres and the batch-wide steps. Bodies cross the process
+boundary as the JSON text Postgres sends, decoded once in the worker; results come back
+with the task spec already encoded for ``COPY``, so the activity's process neither decodes
+nor encodes a body.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+
+from services.curation.adapters import TraceAdapter, adapt, similarity_text
+from services.curation.policy import CurationPolicy
+from services.curation.redaction import Redactor
+from services.curation.selection import (
+    Outcome,
+    classify,
+    failure_signature,
+    sampled,
+    screen_trace,
+)
+from services.curation.similarity import Signature, content_hash, signature, verifier_key
+from services.curation.splits import Origin
+from services.db.queries.curation import TraceRow, Verdict
+from services.environments.base import Rejection, TaskSpec
+
+# Traces per chunk: small enough that the activity heartbeats often and chunks balance
+# across processes, large enough that pickling a chunk costs little next to computing it.
+CHUNK_SIZE = 128
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A trace that yielded a redacted task, ready for deduplication.
+
+    ``spec_json`` is the task's ``ratchet.task/v1`` object, encoded once where it was built.
+    """
+
+    trace_id: int
+    origin: Origin
+    environment: str
+    spec_json: str
+    key: str
+    verifier: str
+    signature: Signature
+    redactions: dict[str, int]
+    failure_signature: str | None
+
+
+@dataclass(frozen=True)
+class PrepareJob:
+    """Everything the per-trace work needs: picklable, so it can travel to a worker."""
+
+    loop_id: int
+    environment: str
+    policy: CurationPolicy
+    adapter: TraceAdapter
+    traces: Sequence[TraceRow]
+
+
+def prepare_traces(job: PrepareJob) -> list[Prepared | Verdict]:
+    """One result per trace of ``job``, in the same order: a task ready for dedup, or why not."""
+    redactor = _redactor(job.policy)
+    return [_prepare(trace, job=job, redactor=redactor) for trace in job.traces]
+
+
+_REDACTORS: dict[tuple[Any, ...], Redactor] = {}
+
+
+def _redactor(policy: CurationPolicy) -> Redactor:
+    """One redactor per policy per process, so its caches stay warm from batch to batch."""
+    key = (tuple((p.name, p.pattern) for p in policy.redact_patterns), policy.redact_high_entropy)
+    redactor = _REDACTORS.get(key)
+    if redactor is None:
+        if len(_REDACTORS) >= 32:
+            _REDACTORS.clear()
+        redactor = Redactor(policy.redact_patterns, high_entropy=policy.redact_high_entropy)
+        _REDACTORS[key] = redactor
+    return redactor
+
+
+def _prepare(trace: TraceRow, *, job: PrepareJob, redactor: Redactor) -> Prepared | Verdict:
+    policy = job.policy
+    outcome = Outcome(trace.success, trace.score, trace.error_kind)
+    verdict = classify(outcome, failure_score_threshold=policy.failure_score_threshold)
+    if verdict == "unknown":
+        return Verdict(trace.id, "skipped", "no outcome reported")
+    if verdict == "success" and not sampled(
+        job.loop_id, trace.external_id, policy.success_sample_rate
+    ):
+        return Verdict(trace.id, "skipped", "success outside the regression sample")
+    body = json.loads(trace.body_json)
+    rejection = screen_trace(
+        body, size_bytes=trace.size_bytes, max_trace_bytes=policy.max_trace_bytes
+    )
+    task = rejection or adapt(job.adapter, body)
+    if isinstance(task, Rejection):
+        return rejected(trace.id, task, redactor)
+    if task.environment != job.environment:
+        return rejected(
+            trace.id,
+            Rejection("wrong_environment", f"adapter built a {task.environment!r} task"),
+            redactor,
+        )
+    redacted = _redact_task(task, redactor)
+    if isinstance(redacted, Rejection):
+        return rejected(trace.id, redacted, redactor)
+    clean, counts = redacted
+    origin: Origin = "failure" if verdict == "failure" else "success"
+    return Prepared(
+        trace_id=trace.id,
+        origin=origin,
+        environment=clean.environment,
+        spec_json=json.dumps(clean.to_dict(), ensure_ascii=False, separators=(",", ":")),
+        key=content_hash(
+            environment=clean.environment,
+            prompt=clean.prompt,
+            tools=clean.tools,
+            verifier=clean.verifier,
+            reference_answer=clean.reference_answer,
+        ),
+        verifier=verifier_key(clean.verifier),
+        signature=signature(similarity_text(job.adapter, clean)),
+        redactions=counts,
+        failure_signature=(
+            redactor.redact_text(failure_signature(body, trace.error_kind), Counter())
+            if origin == "failure"
+            else None
+        ),
+    )
+
+
+def rejected(trace_id: int, rejection: Rejection, redactor: Redactor) -> Verdict:
+    """The verdict of a refused trace; the message is redacted, as everything stored is."""
+    message = redactor.redact_text(rejection.message, Counter())
+    return Verdict(trace_id, "rejected", f"{rejection.reason}: {message}"[:1000])
+
+
+def _redact_task(task: TaskSpec, redactor: Redactor) -> tuple[TaskSpec, dict[str, int]] | Rejection:
+    """The task with sensitive values replaced, or a rejection if its answer held any."""
+    checked: Counter[str] = Counter()
+    verifier = redactor.redact_value(task.verifier, checked)
+    reference = (
+        redactor.redact_text(task.reference_answer, checked)
+        if task.reference_answer is not None
+        else None
+    )
+    if checked:
+        kinds = ", ".join(sorted(checked))
+        return Rejection(
+            "sensitive_answer",
+            f"the verifier or reference answer holds sensitive data ({kinds}); "
+            "the task cannot be checked without it",
+        )
+    counts: Counter[str] = Counter()
+    prompt = redactor.redact_text(task.prompt, counts)
+    tools = redactor.redact_shared(task.tools, counts)
+    metadata = redactor.redact_value(task.metadata, counts)
+    if not counts:
+        return task, {}
+    clean = TaskSpec.create(
+        environment=task.environment,
+        prompt=prompt,
+        tools=tools,
+        verifier=verifier,
+        reference_answer=reference,
+        metadata=metadata,
+    )
+    return clean, dict(counts)
+
+
+class PreparePool:
+    """Runs :func:`prepare_traces` on ``processes`` cores: this one plus ``processes - 1``
+    worker processes (started on first use, with ``spawn``: the worker process runs threads,
+    which ``fork`` would copy mid-flight).
+
+    With ``processes=1`` nothing is started and every chunk runs in the calling process.
+    A worker that dies (killed for memory) fails the batch; the next batch starts a new pool.
+    """
+
+    def __init__(self, processes: int) -> None:
+        if processes < 1:
+            raise ValueError("processes must be at least 1")
+        self.processes = processes
+        self._executor: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> PreparePool:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def prepare(
+        self, job: PrepareJob, *, heartbeat: Callable[[], None] = lambda: None
+    ) -> list[Prepared | Verdict]:
+        """:func:`prepare_traces` of ``job``, computed in chunks on every process."""
+        traces = list(job.traces)
+        count = max(1, math.ceil(len(traces) / CHUNK_SIZE))
+        chunks = [
+            replace(job, traces=traces[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) for i in range(count)
+        ]
+        remote: dict[int, Future[list[Prepared | Verdict]]] = {}
+        if self.processes > 1 and count > 1:
+            executor = self._pool()
+            remote = {
+                index: executor.submit(prepare_traces, chunk)
+                for index, chunk in enumerate(chunks)
+                if index % self.processes != 0
+            }
+        results: list[Prepared | Verdict] = []
+        try:
+            local: dict[int, list[Prepared | Verdict]] = {}
+            for index, chunk in enumerate(chunks):
+                if index not in remote:
+                    heartbeat()
+                    local[index] = prepare_traces(chunk)
+            for index in range(count):
+                if index in local:
+                    results.extend(local[index])
+                else:
+                    results.extend(remote[index].result())
+                    heartbeat()
+        except BrokenProcessPool:
+            self.close()
+            raise
+        finally:
+            for future in remote.values():
+                future.cancel()
+        return results
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(
+                max_workers=self.processes - 1, mp_context=multiprocessing.get_context("spawn")
+            )
+        return self._executor

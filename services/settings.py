@@ -25,6 +25,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from services.cores import usable_cores
+
 ENV_PREFIX = "RATCHET_"
 
 
@@ -71,7 +73,8 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, ge=1, le=65535)
     # Processes of `ratchet api` on one port, each with its own ingest writer (one Postgres
     # connection) and credential cache; more than one uses the machine's other cores.
-    api_workers: int = Field(default=1, ge=1, le=64)
+    # Default: the cores this process may use (affinity and cgroup CPU quota), at most 64.
+    api_workers: int = Field(default_factory=lambda: min(usable_cores(), 64), ge=1, le=64)
     worker_host: str = "127.0.0.1"
     worker_port: int = Field(default=8001, ge=1, le=65535)
     public_url: str | None = None
@@ -103,6 +106,10 @@ class Settings(BaseSettings):
     ingest_queue_max: int = Field(default=20_000, ge=1)
     ingest_commit_max_rows: int = Field(default=1_000, ge=1)
     ingest_commit_max_wait_ms: float = Field(default=2.0, ge=0)
+
+    # Curation: processes that share a batch's per-trace work (this one included).
+    # Default: the cores this process may use (affinity and cgroup CPU quota), at most 64.
+    curation_processes: int = Field(default_factory=lambda: min(usable_cores(), 64), ge=1, le=64)
 
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"

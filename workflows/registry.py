@@ -27,6 +27,7 @@ WORKFLOWS: list[type] = [
 
 def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Instantiate every activity class with its dependencies and return the bound methods."""
+    from services.curation.workers import PreparePool
     from services.executors import build_executor
     from services.serving.targets import ServingTargets
     from workflows.activities.curation import CurationActivities
@@ -39,7 +40,11 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         artifacts=deps.artifacts,
         settings=deps.settings,
     )
-    curation = CurationActivities(deps.session_factory, deps.artifacts)
+    curation = CurationActivities(
+        deps.session_factory,
+        deps.artifacts,
+        pool=PreparePool(deps.settings.curation_processes),
+    )
     loop = LoopActivities(deps.session_factory, ServingTargets(deps.settings))
     curation_activities: list[Callable[..., Any]] = [
         curation.curate_batch,

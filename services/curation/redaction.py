@@ -282,10 +282,12 @@ class Redactor:
             return self.redact_text(value, counts)
         return value
 
-    def redact_shared(self, value: Any, counts: Counter[str]) -> Any:
+    def redact_shared(self, value: Any, counts: Counter[str], *, key: str | None = None) -> Any:
         """:meth:`redact_value` for values that repeat across traces (a loop's tool specs),
-        cached by their canonical JSON. The result must not be mutated."""
-        key = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+        cached by their canonical JSON (``key``, when the caller has already encoded it).
+        The result must not be mutated."""
+        if key is None:
+            key = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
         cached = self._shared.get(key)
         if cached is None:
             found: Counter[str] = Counter()

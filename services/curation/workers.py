@@ -39,7 +39,13 @@ from services.curation.selection import (
     sampled,
     screen_trace,
 )
-from services.curation.similarity import Signature, content_hash, signature, verifier_key
+from services.curation.similarity import (
+    Signature,
+    canonical_json,
+    content_hash,
+    signature,
+    verifier_key,
+)
 from services.curation.splits import Origin
 from services.db.queries.curation import TraceRow, Verdict
 from services.environments.base import Rejection, TaskSpec
@@ -125,19 +131,20 @@ def _prepare(trace: TraceRow, *, job: PrepareJob, redactor: Redactor) -> Prepare
     redacted = _redact_task(task, redactor)
     if isinstance(redacted, Rejection):
         return rejected(trace.id, redacted, redactor)
-    clean, counts = redacted
+    clean, counts, tools_json = redacted
     origin: Origin = "failure" if verdict == "failure" else "success"
     return Prepared(
         trace_id=trace.id,
         origin=origin,
         environment=clean.environment,
-        spec_json=json.dumps(clean.to_dict(), ensure_ascii=False, separators=(",", ":")),
+        spec_json=_spec_json(clean, tools_json),
         key=content_hash(
             environment=clean.environment,
             prompt=clean.prompt,
             tools=clean.tools,
             verifier=clean.verifier,
             reference_answer=clean.reference_answer,
+            tools_json=tools_json,
         ),
         verifier=verifier_key(clean.verifier),
         signature=signature(similarity_text(job.adapter, clean)),
@@ -156,8 +163,19 @@ def rejected(trace_id: int, rejection: Rejection, redactor: Redactor) -> Verdict
     return Verdict(trace_id, "rejected", f"{rejection.reason}: {message}"[:1000])
 
 
-def _redact_task(task: TaskSpec, redactor: Redactor) -> tuple[TaskSpec, dict[str, int]] | Rejection:
-    """The task with sensitive values replaced, or a rejection if its answer held any."""
+def _spec_json(task: TaskSpec, tools_json: str) -> str:
+    """``task.to_dict()`` as JSON for a ``jsonb`` column, reusing the tools' encoding."""
+    spec = task.to_dict()
+    del spec["tools"]
+    head = json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
+    return f'{head[:-1]},"tools":{tools_json}}}'
+
+
+def _redact_task(
+    task: TaskSpec, redactor: Redactor
+) -> tuple[TaskSpec, dict[str, int], str] | Rejection:
+    """The task with sensitive values replaced and its tools' canonical JSON, or a rejection
+    if its answer held any."""
     checked: Counter[str] = Counter()
     verifier = redactor.redact_value(task.verifier, checked)
     reference = (
@@ -174,10 +192,15 @@ def _redact_task(task: TaskSpec, redactor: Redactor) -> tuple[TaskSpec, dict[str
         )
     counts: Counter[str] = Counter()
     prompt = redactor.redact_text(task.prompt, counts)
-    tools = redactor.redact_shared(task.tools, counts)
+    tools_json = canonical_json(task.tools)
+    tool_counts: Counter[str] = Counter()
+    tools = redactor.redact_shared(task.tools, tool_counts, key=tools_json)
+    if tool_counts:
+        counts.update(tool_counts)
+        tools_json = canonical_json(tools)
     metadata = redactor.redact_value(task.metadata, counts)
     if not counts:
-        return task, {}
+        return task, {}, tools_json
     clean = TaskSpec.create(
         environment=task.environment,
         prompt=prompt,
@@ -186,7 +209,7 @@ def _redact_task(task: TaskSpec, redactor: Redactor) -> tuple[TaskSpec, dict[str
         reference_answer=reference,
         metadata=metadata,
     )
-    return clean, dict(counts)
+    return clean, dict(counts), tools_json
 
 
 class PreparePool:

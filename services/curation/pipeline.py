@@ -185,7 +185,7 @@ def _store(
             dedup.StoredTask(
                 n.task_id,
                 n.content_hash,
-                verifier_key(n.verifier),
+                _stored_verifier_key(n),
                 signature_from_bytes(n.minhash),
                 n.cluster_id,
             )
@@ -258,6 +258,25 @@ def _store(
             rows=[(band, bucket, ids[key]) for key in kept for band, bucket in bands[key]],
         )
         q.insert_task_sources(session, rows=sources)
+
+
+_VERIFIER_KEYS: dict[str, str] = {}
+_VERIFIER_KEYS_MAX = 65_536
+
+
+def _stored_verifier_key(neighbour: q.NeighbourRow) -> str:
+    """The verifier key of a stored task, remembered by its content hash.
+
+    The same popular neighbours come back batch after batch, and the content hash covers
+    the verifier, so equal hashes have equal verifier keys (in any loop or database).
+    """
+    key = _VERIFIER_KEYS.get(neighbour.content_hash)
+    if key is None:
+        if len(_VERIFIER_KEYS) >= _VERIFIER_KEYS_MAX:
+            _VERIFIER_KEYS.clear()
+        key = verifier_key(neighbour.verifier)
+        _VERIFIER_KEYS[neighbour.content_hash] = key
+    return key
 
 
 def _task_rows(

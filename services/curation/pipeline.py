@@ -26,7 +26,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.orm import Session
 
@@ -110,6 +110,14 @@ def curate_batch(
     job = PrepareJob(loop.id, loop.environment, policy, adapter, traces)
     with report.timed("prepare"):
         results = (pool or _SERIAL).prepare(job, heartbeat=heartbeat)
+    if pool is not None and pool.processes > 1 and report.more:
+        # The workers prepare the likely next batch while this one is deduplicated and
+        # written here (see PreparePool.prefetch); the next batch checks every row.
+        with report.timed("lock"):
+            upcoming = q.peek_uncurated_traces(
+                session, loop_id=loop.id, after_id=traces[-1].id, limit=limit
+            )
+        pool.prefetch(replace(job, traces=upcoming))
     verdicts: dict[int, q.Verdict] = {}
     prepared: list[Prepared] = []
     for result in results:

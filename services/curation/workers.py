@@ -19,8 +19,13 @@ nor encodes a body.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import multiprocessing
+import os
+import pickle
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -49,6 +54,11 @@ from services.curation.similarity import (
 from services.curation.splits import Origin
 from services.db.queries.curation import TraceRow, Verdict
 from services.environments.base import Rejection, TaskSpec
+
+logger = logging.getLogger(__name__)
+
+# Loops whose next batch may be prefetched at once (each holds one batch's results).
+MAX_LOOPS_AHEAD = 8
 
 # Traces per chunk: small enough that the activity heartbeats often and chunks balance
 # across processes, large enough that pickling a chunk costs little next to computing it.
@@ -212,13 +222,54 @@ def _redact_task(
     return clean, dict(counts), tools_json
 
 
+def _ready(linger_s: float) -> int:
+    """A worker's first task: its imports are done by the time it runs; it lingers so that
+    each of the pool's processes gets one."""
+    time.sleep(linger_s)
+    return os.getpid()
+
+
+@dataclass
+class _Ahead:
+    """Chunks of a loop's next batch, submitted while its current batch is being written."""
+
+    context: tuple[Any, ...]
+    rows: dict[int, tuple[TraceRow, Future[list[Prepared | Verdict]], int]]
+
+    def cancel(self) -> None:
+        for _, future, _ in self.rows.values():
+            future.cancel()
+
+
+def _context(job: PrepareJob) -> tuple[Any, ...] | None:
+    """What a prepared result depends on besides the trace; None if the adapter cannot
+    travel to another process (then everything runs here)."""
+    try:
+        adapter = pickle.dumps(job.adapter)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+    return (job.loop_id, job.environment, job.policy, type(job.adapter), adapter)
+
+
 class PreparePool:
     """Runs :func:`prepare_traces` on ``processes`` cores: this one plus ``processes - 1``
-    worker processes (started on first use, with ``spawn``: the worker process runs threads,
-    which ``fork`` would copy mid-flight).
+    worker processes (started on first use, or by :meth:`start`, with ``spawn``: the worker
+    process runs threads, which ``fork`` would copy mid-flight).
 
-    With ``processes=1`` nothing is started and every chunk runs in the calling process.
-    A worker that dies (killed for memory) fails the batch; the next batch starts a new pool.
+    Two ways to use the other cores, both giving exactly the serial result:
+
+    - :meth:`prepare` splits a batch into chunks, computes some here and the rest in the
+      workers, and concatenates them in trace order;
+    - :meth:`prefetch` hands a loop's *next* batch to the workers while the current one is
+      being deduplicated and written (which needs this process and Postgres, not the
+      workers). The next :meth:`prepare` of that loop takes those results for every trace
+      whose row is still exactly the one prefetched, under the same loop, environment,
+      policy and adapter, and computes any other trace afresh. A prepared result depends on
+      nothing else, so taking it is the same as computing it again.
+
+    With ``processes=1`` nothing is started and everything runs in the calling process.
+    A worker that dies (killed for memory) fails the batch that was waiting on it; the next
+    batch starts a new pool. A prefetched chunk that failed is simply computed here.
     """
 
     def __init__(self, processes: int) -> None:
@@ -226,6 +277,8 @@ class PreparePool:
             raise ValueError("processes must be at least 1")
         self.processes = processes
         self._executor: ProcessPoolExecutor | None = None
+        self._ahead: dict[int, _Ahead] = {}
+        self._lock = threading.Lock()
 
     def __enter__(self) -> PreparePool:
         return self
@@ -238,22 +291,91 @@ class PreparePool:
     ) -> None:
         self.close()
 
+    def start(self) -> list[int]:
+        """Start the worker processes now (they import curation's modules, about a second
+        of CPU each) instead of in the first batch; returns their process ids."""
+        if self.processes == 1:
+            return []
+        executor = self._pool()
+        barrier = [executor.submit(_ready, 0.2) for _ in range(self.processes - 1)]
+        return sorted({future.result() for future in barrier})
+
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        with self._lock:
+            ahead, self._ahead = self._ahead, {}
+            executor, self._executor = self._executor, None
+        for item in ahead.values():
+            item.cancel()
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def prefetch(self, job: PrepareJob) -> None:
+        """Start preparing ``job`` (a loop's likely next batch) on the worker processes."""
+        context = _context(job)
+        if self.processes == 1 or not job.traces or context is None:
+            return
+        executor = self._pool()
+        rows: dict[int, tuple[TraceRow, Future[list[Prepared | Verdict]], int]] = {}
+        for chunk in _chunks(job):
+            future = executor.submit(prepare_traces, chunk)
+            for position, trace in enumerate(chunk.traces):
+                rows[trace.id] = (trace, future, position)
+        with self._lock:
+            replaced = self._ahead.pop(job.loop_id, None)
+            self._ahead[job.loop_id] = _Ahead(context, rows)
+            evicted = []
+            while len(self._ahead) > MAX_LOOPS_AHEAD:
+                evicted.append(self._ahead.pop(next(iter(self._ahead))))
+        for item in [replaced, *evicted]:
+            if item is not None:
+                item.cancel()
 
     def prepare(
         self, job: PrepareJob, *, heartbeat: Callable[[], None] = lambda: None
     ) -> list[Prepared | Verdict]:
-        """:func:`prepare_traces` of ``job``, computed in chunks on every process."""
-        traces = list(job.traces)
-        count = max(1, math.ceil(len(traces) / CHUNK_SIZE))
-        chunks = [
-            replace(job, traces=traces[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) for i in range(count)
-        ]
+        """:func:`prepare_traces` of ``job``: prefetched results where they apply, the rest
+        computed in chunks on every process."""
+        with self._lock:
+            ahead = self._ahead.pop(job.loop_id, None)
+        hits: dict[int, tuple[Future[list[Prepared | Verdict]], int]] = {}
+        if ahead is not None and ahead.context == _context(job):
+            for trace in job.traces:
+                entry = ahead.rows.get(trace.id)
+                if entry is not None and entry[0] == trace:
+                    hits[trace.id] = (entry[1], entry[2])
+        misses = [trace for trace in job.traces if trace.id not in hits]
+        fresh = self._compute(replace(job, traces=misses), heartbeat) if misses else []
+        computed = {trace.id: result for trace, result in zip(misses, fresh, strict=True)}
+        results: list[Prepared | Verdict] = []
+        waited: set[int] = set()
+        for trace in job.traces:
+            if trace.id in computed:
+                results.append(computed[trace.id])
+                continue
+            future, position = hits[trace.id]
+            if id(future) not in waited:
+                waited.add(id(future))
+                heartbeat()
+            results.append(self._prefetched(future, position, replace(job, traces=[trace])))
+        if ahead is not None:
+            ahead.cancel()
+        return results
+
+    def _prefetched(
+        self, future: Future[list[Prepared | Verdict]], position: int, alone: PrepareJob
+    ) -> Prepared | Verdict:
+        try:
+            return future.result()[position]
+        except BrokenProcessPool:
+            self.close()
+        except Exception:  # the chunk failed in the worker: compute the trace here
+            logger.warning("a prefetched curation chunk failed; computing it again", exc_info=True)
+        return prepare_traces(alone)[0]
+
+    def _compute(self, job: PrepareJob, heartbeat: Callable[[], None]) -> list[Prepared | Verdict]:
+        chunks = _chunks(job)
         remote: dict[int, Future[list[Prepared | Verdict]]] = {}
-        if self.processes > 1 and count > 1:
+        if self.processes > 1 and len(chunks) > 1 and _context(job) is not None:
             executor = self._pool()
             remote = {
                 index: executor.submit(prepare_traces, chunk)
@@ -267,7 +389,7 @@ class PreparePool:
                 if index not in remote:
                     heartbeat()
                     local[index] = prepare_traces(chunk)
-            for index in range(count):
+            for index in range(len(chunks)):
                 if index in local:
                     results.extend(local[index])
                 else:
@@ -282,8 +404,18 @@ class PreparePool:
         return results
 
     def _pool(self) -> ProcessPoolExecutor:
-        if self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.processes - 1, mp_context=multiprocessing.get_context("spawn")
-            )
-        return self._executor
+        with self._lock:
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(
+                    max_workers=self.processes - 1,
+                    mp_context=multiprocessing.get_context("spawn"),
+                )
+            return self._executor
+
+
+def _chunks(job: PrepareJob) -> list[PrepareJob]:
+    traces = list(job.traces)
+    count = max(1, math.ceil(len(traces) / CHUNK_SIZE))
+    return [
+        replace(job, traces=traces[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) for i in range(count)
+    ]

@@ -115,23 +115,41 @@ def try_lock_loop_curation(session: Session, *, loop_id: int) -> bool:
 # Trace selection -----------------------------------------------------------------------------
 
 
+_TRACE_ROW_COLUMNS = (
+    Trace.id,
+    Trace.external_id,
+    Trace.model_version,
+    Trace.success,
+    Trace.score,
+    Trace.error_kind,
+    cast(Trace.body, Text),
+    Trace.size_bytes,
+)
+
+
 def lock_uncurated_traces(session: Session, *, loop_id: int, limit: int) -> list[TraceRow]:
     """The oldest uncurated traces of a loop, locked; rows another batch holds are skipped."""
     rows = session.execute(
-        select(
-            Trace.id,
-            Trace.external_id,
-            Trace.model_version,
-            Trace.success,
-            Trace.score,
-            Trace.error_kind,
-            cast(Trace.body, Text),
-            Trace.size_bytes,
-        )
+        select(*_TRACE_ROW_COLUMNS)
         .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
         .order_by(Trace.id)
         .limit(limit)
         .with_for_update(skip_locked=True)
+    ).all()
+    return [TraceRow(*row) for row in rows]
+
+
+def peek_uncurated_traces(
+    session: Session, *, loop_id: int, after_id: int, limit: int
+) -> list[TraceRow]:
+    """The next uncurated traces after ``after_id``, read without locking them: what the
+    loop's next batch will most likely lock (curation prepares them ahead of time and
+    checks each row again when the batch really has it)."""
+    rows = session.execute(
+        select(*_TRACE_ROW_COLUMNS)
+        .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None), Trace.id > after_id)
+        .order_by(Trace.id)
+        .limit(limit)
     ).all()
     return [TraceRow(*row) for row in rows]
 

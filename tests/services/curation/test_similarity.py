@@ -29,7 +29,15 @@ def datasketch_signature(prompt: str) -> np.ndarray:
 def prompts() -> list[str]:
     rng = random.Random(7)
     alphabet = string.ascii_letters + string.digits + " \n\t.,:;!?éßΩ漢字"
-    out = ["", "a", "abcde", "abcdef", "  Hello   World  ", "ＦＵＬＬ width", "x" * 40]
+    out = [
+        "",
+        "a",
+        "abcde",
+        "abcdef",
+        "  Hello   World  ",
+        "\uff26\uff35\uff2c\uff2c width",
+        "x" * 40,
+    ]
     out += ["".join(rng.choices(alphabet, k=rng.randint(6, 400))) for _ in range(60)]
     out.append("".join(rng.choices(alphabet, k=MAX_SHINGLED_CHARS + 1234)))
     return out

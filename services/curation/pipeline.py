@@ -21,6 +21,7 @@ retry curates the same traces once; a trace is never curated twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter, defaultdict
@@ -282,7 +283,7 @@ def _stored_verifier_key(neighbour: q.NeighbourRow) -> str:
     if key is None:
         if len(_VERIFIER_KEYS) >= _VERIFIER_KEYS_MAX:
             _VERIFIER_KEYS.clear()
-        key = verifier_key(neighbour.verifier)
+        key = verifier_key(json.loads(neighbour.verifier_json) or {})
         _VERIFIER_KEYS[neighbour.content_hash] = key
     return key
 

@@ -62,7 +62,7 @@ class NeighbourRow:
     content_hash: str
     cluster_id: str
     minhash: bytes
-    verifier: dict[str, Any]
+    verifier_json: str  # the verifier as jsonb text: decoded only when its key is not known
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,8 @@ def lsh_neighbours(
                        LIMIT :per_bucket
                   ) AS b
             )
-            SELECT t.id, t.content_hash, t.cluster_id, t.minhash, t.spec -> 'verifier'
+            SELECT t.id, t.content_hash, t.cluster_id, t.minhash,
+                   coalesce(CAST(t.spec -> 'verifier' AS text), '{}')
               FROM hit JOIN tasks AS t ON t.id = hit.task_id
              WHERE t.minhash IS NOT NULL
             """
@@ -241,7 +242,7 @@ def lsh_neighbours(
             "per_bucket": per_bucket,
         },
     ).all()
-    return [NeighbourRow(row[0], row[1], row[2], bytes(row[3]), row[4] or {}) for row in rows]
+    return [NeighbourRow(row[0], row[1], row[2], bytes(row[3]), row[4]) for row in rows]
 
 
 def cluster_splits(session: Session, *, loop_id: int, cluster_ids: Sequence[str]) -> dict[str, str]:

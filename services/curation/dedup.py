@@ -97,8 +97,12 @@ class _Link:
     similarity: float
 
 
-def _links(new: Sequence[NewTask], stored: Sequence[StoredTask]) -> list[_Link]:
-    """Every pair (new-new and new-stored) that shares at least one LSH band.
+def _links(
+    new: Sequence[NewTask], stored: Sequence[StoredTask], *, min_similarity: float = 0.0
+) -> list[_Link]:
+    """Every pair (new-new and new-stored) that shares at least one LSH band and is at least
+    ``min_similarity`` alike (:func:`plan` asks for its cluster threshold: no decision
+    looks at a less similar pair, and a batch of a large loop meets tens of thousands).
 
     A batch meets thousands of stored neighbours, so bands are not compared as Python
     objects: every band of every signature is folded into one 64-bit number (numpy, all at
@@ -128,18 +132,18 @@ def _links(new: Sequence[NewTask], stored: Sequence[StoredTask]) -> list[_Link]:
                 known[index].add(int(stored_index))
     links: list[_Link] = []
     for index, task in enumerate(new):
-        for i, sim in _sharing(task.signature, new_sigs, peers[index]):
+        for i, sim in _sharing(task.signature, new_sigs, peers[index], min_similarity):
             links.append(_Link(task.key, new[i].key, None, sim))
-        for i, sim in _sharing(task.signature, stored_sigs, known[index]):
+        for i, sim in _sharing(task.signature, stored_sigs, known[index], min_similarity):
             links.append(_Link(task.key, None, stored[i], sim))
     return links
 
 
 def _sharing(
-    sig: Signature, others: npt.NDArray[np.uint32], candidates: set[int]
+    sig: Signature, others: npt.NDArray[np.uint32], candidates: set[int], min_similarity: float
 ) -> list[tuple[int, float]]:
-    """``(index, similarity)`` of the candidates that really share a band with ``sig``, in
-    index order."""
+    """``(index, similarity)`` of the candidates that really share a band with ``sig`` and
+    are at least ``min_similarity`` alike, in index order."""
     if not candidates:
         return []
     order = sorted(candidates)
@@ -147,7 +151,8 @@ def _sharing(
     bands = rows[:, : BANDS * ROWS].reshape(-1, BANDS, ROWS)
     shared = (bands == sig[: BANDS * ROWS].reshape(BANDS, ROWS)).all(axis=2).any(axis=1)
     sims = jaccard_many(sig, rows)
-    return [(i, float(s)) for i, s, ok in zip(order, sims, shared.tolist(), strict=True) if ok]
+    keep = (shared & (sims >= min_similarity)).tolist()
+    return [(i, s) for i, s, ok in zip(order, sims.tolist(), keep, strict=True) if ok]
 
 
 # Odd 64-bit multipliers: a band's four rows and its number fold into one word (mod 2**64).
@@ -188,7 +193,7 @@ def plan(
     if len(set(keys)) != len(keys):
         raise ValueError("new tasks must have distinct content hashes (collapse exact duplicates)")
     by_key = {t.key: t for t in new}
-    links = _links(new, stored)
+    links = _links(new, stored, min_similarity=cluster_threshold)
 
     def is_duplicate(link: _Link) -> bool:
         other = link.stored.verifier if link.stored is not None else by_key[link.b or ""].verifier

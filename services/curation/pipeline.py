@@ -17,6 +17,11 @@ then
 
 Because step 7 commits with the task rows, a crash anywhere rolls the whole batch back and a
 retry curates the same traces once; a trace is never curated twice.
+
+Steps 2-4 depend on one trace each and run in :mod:`services.curation.workers` (on a
+process pool when one is given, which also prepares the loop's next batch while this one is
+written); steps 5-7 depend on the whole batch and run here, serially. Each step's time is
+reported per phase (``BatchReport.seconds``).
 """
 
 from __future__ import annotations

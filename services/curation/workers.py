@@ -108,7 +108,7 @@ def _redactor(policy: CurationPolicy) -> Redactor:
     key = (tuple((p.name, p.pattern) for p in policy.redact_patterns), policy.redact_high_entropy)
     redactor = _REDACTORS.get(key)
     if redactor is None:
-        if len(_REDACTORS) >= 32:
+        if len(_REDACTORS) >= 8:  # each caches up to 16k short strings (~10 MB)
             _REDACTORS.clear()
         redactor = Redactor(policy.redact_patterns, high_entropy=policy.redact_high_entropy)
         _REDACTORS[key] = redactor

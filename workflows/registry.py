@@ -27,7 +27,7 @@ WORKFLOWS: list[type] = [
 
 def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Instantiate every activity class with its dependencies and return the bound methods."""
-    from services.curation.workers import PreparePool
+    from services.curation.workers import shared_pool
     from services.executors import build_executor
     from services.serving.targets import ServingTargets
     from workflows.activities.curation import CurationActivities
@@ -43,7 +43,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     curation = CurationActivities(
         deps.session_factory,
         deps.artifacts,
-        pool=PreparePool(deps.settings.curation_processes),
+        pool=shared_pool(deps.settings.curation_processes),
     )
     loop = LoopActivities(deps.session_factory, ServingTargets(deps.settings))
     curation_activities: list[Callable[..., Any]] = [

@@ -419,3 +419,18 @@ def _chunks(job: PrepareJob) -> list[PrepareJob]:
     return [
         replace(job, traces=traces[i * CHUNK_SIZE : (i + 1) * CHUNK_SIZE]) for i in range(count)
     ]
+
+
+_SHARED: dict[int, PreparePool] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool(processes: int) -> PreparePool:
+    """The process-wide pool of ``processes``: every activity object built in one process
+    (a worker, or a test session building many) shares one set of worker processes, which
+    ``concurrent.futures`` stops when the process exits."""
+    with _SHARED_LOCK:
+        pool = _SHARED.get(processes)
+        if pool is None:
+            pool = _SHARED[processes] = PreparePool(processes)
+        return pool

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from services.curation.policy import CurationPolicy
-from services.curation.workers import Prepared, PrepareJob, PreparePool, prepare_traces
+from services.curation.workers import (
+    Prepared,
+    PrepareJob,
+    PreparePool,
+    prepare_traces,
+    shared_pool,
+)
 from services.db.queries.curation import TraceRow
 from services.environments.base import Rejection, TaskSpec
 from tests.services.curation.support import QaAdapter, trace_body
@@ -113,3 +119,17 @@ def test_one_process_starts_nothing() -> None:
 def test_processes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         PreparePool(0)
+
+
+def test_closing_the_pool_stops_its_processes() -> None:
+    pool = PreparePool(2)
+    (pid,) = pool.start()
+    assert pid != os.getpid()
+    pool.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_one_shared_pool_per_size() -> None:
+    assert shared_pool(3) is shared_pool(3)
+    assert shared_pool(3) is not shared_pool(1)

@@ -396,20 +396,23 @@ def _redact_ibans(text: str, counts: Counter[str]) -> str:
 
     The pattern is greedy (an IBAN printed in groups may be followed by more capitals and
     digits), so a candidate that fails the check is shortened one group at a time, from the
-    right, until one passes or it is too short to be an IBAN.
+    right, until one passes or it is too short to be an IBAN; a candidate that never passes
+    is searched again from its second character (an IBAN may start inside it).
     """
     pieces: list[str] = []
     last = 0
-    for match in _IBAN.finditer(text):
+    position = 0
+    while (match := _IBAN.search(text, position)) is not None:
         candidate = match.group(0)
         while len(candidate.replace(" ", "")) >= 15 and not iban_valid(candidate):
             cut = candidate.rfind(" ")
             candidate = candidate[:cut] if cut > 4 else ""
         if len(candidate.replace(" ", "")) < 15:
+            position = match.start() + 1
             continue
         pieces += [text[last : match.start()], placeholder("iban")]
         counts["iban"] += 1
-        last = match.start() + len(candidate)
+        last = position = match.start() + len(candidate)
     if not pieces:
         return text
     pieces.append(text[last:])

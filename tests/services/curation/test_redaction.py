@@ -321,3 +321,10 @@ def test_iban_check() -> None:
     assert iban_valid("GB82WEST12345698765432")
     assert not iban_valid("GB82WEST12345698765433")
     assert not iban_valid("DE89 3704")
+
+
+def test_an_iban_right_after_capitals_and_digits_is_found() -> None:
+    counts: Counter[str] = Counter()
+    text = "ref AA00A DE89 3704 0044 0532 0130 00 paid"
+    assert REDACTOR.redact_text(text, counts) == "ref AA00A [REDACTED_IBAN] paid"
+    assert counts == {"iban": 1}

@@ -222,6 +222,22 @@ def _redact_task(
     return clean, dict(counts), tools_json
 
 
+def _watch_parent(parent: int, poll_s: float = 1.0) -> None:
+    """Initializer of every worker process: exit when the process that started it is gone.
+
+    A worker killed with ``kill -9`` cannot stop its pool, and a pool worker holds both ends
+    of its task queue, so it would wait for work forever; this thread notices it has been
+    re-parented and ends the process.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _ready(linger_s: float) -> int:
     """A worker's first task: its imports are done by the time it runs; it lingers so that
     each of the pool's processes gets one."""
@@ -409,6 +425,8 @@ class PreparePool:
                 self._executor = ProcessPoolExecutor(
                     max_workers=self.processes - 1,
                     mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_watch_parent,
+                    initargs=(os.getpid(),),
                 )
             return self._executor
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,3 +137,37 @@ def test_closing_the_pool_stops_its_processes() -> None:
 def test_one_shared_pool_per_size() -> None:
     assert shared_pool(3) is shared_pool(3)
     assert shared_pool(3) is not shared_pool(1)
+
+
+def test_pool_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """``kill -9`` of a worker process must not leave its pool's processes behind."""
+    pids = tmp_path / "pids"
+    script = (
+        "import sys, time\n"
+        "from services.curation.workers import PreparePool\n"
+        "pool = PreparePool(2)\n"
+        f"open({str(pids)!r}, 'w').write(' '.join(map(str, pool.start())))\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (child,) = [int(p) for p in pids.read_text().split()]
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.2)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"

@@ -13,17 +13,30 @@ environment, in a production-like mix:
 Then it times the ``curate_batch`` activity (the real activity code, run through Temporal's
 ``ActivityEnvironment``; each batch is one transaction: lock, adapt, redact, MinHash-LSH
 dedup against all earlier tasks, cluster, split, write, stamp) in batches of 500 until no
-trace is left, and one dataset snapshot. The machine is shared by Postgres and the curation
-process, so the figures are a floor.
+trace is left, and one dataset snapshot. The per-trace work runs on a ``PreparePool`` of
+``--processes`` processes (default: ``RATCHET_CURATION_PROCESSES``, i.e. the usable cores),
+as the worker runs it. The machine is shared by Postgres and the curation processes, so the
+figures are a floor.
 
 Figures (JSON, last line of stdout): ``per_s_10k``, ``per_s_100k`` (traces/s),
-``time_ratio_100k_10k`` (near-linear scaling is 10; the target is <= 12), ``peak_rss_mb``
-(of the curation process), plus ``seconds_*``, ``tasks_*``, ``snapshot_s_*``.
+``time_ratio_100k_10k`` (near-linear scaling is 10; the target is <= 11), ``peak_rss_mb``
+(the largest of the curation process and its pool workers), plus ``seconds_*``,
+``tasks_*``, ``snapshot_s_*``, and:
+
+- ``compute_only_per_s``: the same per-trace work (screen, adapt, redact, normalise, hash,
+  MinHash: ``services.curation.workers.prepare_traces``) on the same mix, in one process
+  with no database: the ceiling of one core on this machine;
+- ``db_share``: the share of curation time spent on Postgres (the ``lock``, ``lookup`` and
+  ``write`` phases of ``ratchet_curation_phase_seconds_total``), at the largest size;
+- ``cpu_ms_per_trace``: CPU time of the curation process and its pool per trace (Postgres
+  not included), at the largest size: a figure that holds on a busy machine too;
+- ``loadavg``: the 1-minute load average before and after, to judge the others.
 
 Each size gets a fresh database and a fresh curation process (traces are loaded by the
 parent), so the two runs start from the same state and the ratio shows the scaling alone.
 
-Usage: ``.venv/bin/python benchmarks/curation.py [--sizes 10000,100000] [--batch-size 500]``.
+Usage: ``.venv/bin/python benchmarks/curation.py [--sizes 10000,100000] [--batch-size 500]
+[--processes N] [--compute-only-traces 5000]``.
 """
 
 from __future__ import annotations
@@ -31,12 +44,14 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import random
 import resource
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -157,18 +172,27 @@ def fresh_database(server_url: str, name: str) -> str:
     return url
 
 
-def curate(database_url: str, artifacts: Path, loop: str, batch_size: int) -> dict[str, Any]:
+def curate(
+    database_url: str, artifacts: Path, loop: str, batch_size: int, processes: int
+) -> dict[str, Any]:
     """Run in a fresh process: curate every trace of ``loop``, then snapshot it."""
     from temporalio.testing import ActivityEnvironment
 
+    from services.curation.pipeline import DATABASE_PHASES, PHASES
+    from services.curation.workers import PreparePool
+    from services.metrics import REGISTRY
     from workflows.activities.curation import CurationActivities
     from workflows.shared import CurateBatchInput
 
     engine = create_db_engine(database_url, pool_size=2, application="bench-curation")
     sessions = make_session_factory(engine)
-    activities = CurationActivities(sessions, ArtifactStore(artifacts))
+    pool = PreparePool(processes)
+    workers = pool.start()  # as in a running worker, where the pool outlives the batches
+    warmup_cpu = sum(_process_cpu_seconds(pid) for pid in workers)
+    activities = CurationActivities(sessions, ArtifactStore(artifacts), pool=pool)
     env = ActivityEnvironment()
     totals = {"traces": 0, "tasks": 0, "duplicates": 0, "rejected": 0, "skipped": 0}
+    cpu_started = _cpu_seconds()
     started = time.perf_counter()
     while True:
         result = env.run(activities.curate_batch, CurateBatchInput(loop, batch_size=batch_size))
@@ -183,6 +207,15 @@ def curate(database_url: str, artifacts: Path, loop: str, batch_size: int) -> di
         if not result.more:
             break
     seconds = time.perf_counter() - started
+    pool.close()  # its workers' CPU time and peak memory count once they are reaped
+    cpu_seconds = _cpu_seconds() - cpu_started - warmup_cpu
+    phases = {
+        phase: REGISTRY.get_sample_value(
+            "ratchet_curation_phase_seconds_total", {"loop": loop, "phase": phase}
+        )
+        or 0.0
+        for phase in PHASES
+    }
     snap_started = time.perf_counter()
     dataset = snapshot(sessions, ArtifactStore(artifacts), loop_name=loop, cycle=1)
     snapshot_s = time.perf_counter() - snap_started
@@ -192,12 +225,65 @@ def curate(database_url: str, artifacts: Path, loop: str, batch_size: int) -> di
         "snapshot_s": snapshot_s,
         "train": dataset.train_count,
         "eval": dataset.eval_count,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": max(
+            resource.getrusage(who).ru_maxrss / 1024
+            for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        ),
+        "cpu_seconds": cpu_seconds,
+        "db_seconds": sum(phases[p] for p in DATABASE_PHASES),
+        "phases": phases,
         **totals,
     }
 
 
-def measure(server_url: str, artifacts: Path, n: int, batch_size: int) -> dict[str, Any]:
+def _cpu_seconds() -> float:
+    """User + system time of this process and of its reaped children (the pool workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _process_cpu_seconds(pid: int) -> float:
+    """User + system time of a running process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def compute_only(n: int) -> float:
+    """Run in a fresh process: traces/s of the per-trace work alone, one process, no database.
+
+    The bodies are the JSON text Postgres would send, so decoding is part of the work, as it
+    is in a batch.
+    """
+    from services.curation.policy import CurationPolicy
+    from services.curation.workers import PrepareJob, prepare_traces
+    from services.db.queries.curation import TraceRow
+
+    rows = []
+    for index, body in enumerate(traces(n, seed=n + 1), start=1):
+        text = json.dumps(body)
+        outcome = body["outcome"]
+        rows.append(
+            TraceRow(
+                index,
+                body["external_id"],
+                body["model_version"],
+                outcome["success"],
+                outcome["score"],
+                (outcome.get("error") or {}).get("kind"),
+                text,
+                len(text),
+            )
+        )
+    job = PrepareJob(1, "toolcalc", CurationPolicy.from_json({}), ToolcalcEnvironment(), rows)
+    started = time.perf_counter()
+    prepare_traces(job)
+    return n / (time.perf_counter() - started)
+
+
+def measure(
+    server_url: str, artifacts: Path, n: int, batch_size: int, processes: int
+) -> dict[str, Any]:
     """Load ``n`` traces into a fresh database, then time curation in a child process."""
     url = fresh_database(server_url, f"bench_{n}")
     name = f"bench-{n}"
@@ -205,8 +291,10 @@ def measure(server_url: str, artifacts: Path, n: int, batch_size: int) -> dict[s
     started = time.perf_counter()
     load_traces(url, loop_id, n, seed=n)
     log(f"{n}: loaded traces in {time.perf_counter() - started:.1f}s")
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        figures: dict[str, Any] = pool.apply(curate, (url, artifacts, name, batch_size))
+    with _fresh_process() as child:
+        figures: dict[str, Any] = child.submit(
+            curate, url, artifacts, name, batch_size, processes
+        ).result()
     if figures["traces"] != n:
         raise SystemExit(f"curated {figures['traces']} traces, expected {n}")
     figures["per_s"] = n / figures["seconds"]
@@ -214,27 +302,52 @@ def measure(server_url: str, artifacts: Path, n: int, batch_size: int) -> dict[s
         f"{n}: {figures['seconds']:.1f}s, {figures['per_s']:.0f} traces/s, "
         f"{figures['tasks']} tasks, {figures['duplicates']} duplicates, "
         f"{figures['rejected']} rejected; snapshot {figures['snapshot_s']:.1f}s "
-        f"({figures['train']} train, {figures['eval']} eval)"
+        f"({figures['train']} train, {figures['eval']} eval); "
+        f"phases {', '.join(f'{k} {v:.1f}s' for k, v in figures['phases'].items())}"
     )
     return figures
+
+
+def _fresh_process() -> ProcessPoolExecutor:
+    """One spawned, non-daemonic process (curation starts its own pool workers in it)."""
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--sizes", default="10000,100000", help="comma-separated trace counts")
     parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="curation processes (default: RATCHET_CURATION_PROCESSES, i.e. the usable cores)",
+    )
+    parser.add_argument(
+        "--compute-only-traces", type=int, default=5000, help="traces for compute_only_per_s"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    from services.settings import load_settings
+
+    processes = args.processes or load_settings().curation_processes
+    load_before = os.getloadavg()[0]
     import pgserver
 
+    with _fresh_process() as child:
+        compute_only_per_s = child.submit(compute_only, args.compute_only_traces).result()
+    log(f"compute only: {compute_only_per_s:.0f} traces/s in one process")
     with tempfile.TemporaryDirectory(prefix="ratchet-bench-curation-") as tmp:
         server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
         try:
             url = server.get_uri("postgres")
-            results = {n: measure(url, Path(tmp) / "artifacts", n, args.batch_size) for n in sizes}
+            results = {
+                n: measure(url, Path(tmp) / "artifacts", n, args.batch_size, processes)
+                for n in sizes
+            }
         finally:
             server.cleanup()
-    out: dict[str, Any] = {"batch_size": args.batch_size}
+    out: dict[str, Any] = {"batch_size": args.batch_size, "processes": processes}
     for n, figures in results.items():
         label = f"{n // 1000}k" if n % 1000 == 0 else str(n)
         out[f"per_s_{label}"] = round(figures["per_s"], 1)
@@ -248,6 +361,12 @@ def main() -> None:
             results[10 * BASELINE]["seconds"] / results[BASELINE]["seconds"], 2
         )
     out["peak_rss_mb"] = round(max(f["peak_rss_mb"] for f in results.values()), 1)
+    largest = results[max(results)]
+    out["compute_only_per_s"] = round(compute_only_per_s, 1)
+    out["per_s_vs_compute_only"] = round(largest["per_s"] / compute_only_per_s, 3)
+    out["db_share"] = round(largest["db_seconds"] / largest["seconds"], 3)
+    out["cpu_ms_per_trace"] = round(1000 * largest["cpu_seconds"] / max(results), 3)
+    out["loadavg"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     print(json.dumps(out))
 
 

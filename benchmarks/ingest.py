@@ -16,7 +16,11 @@ reports the CPU time per trace of the api, Postgres and the clients, and the sha
 machine that other processes used meanwhile (on a shared machine, figures taken while it is
 high measure the neighbours, not Ratchet).
 
-Usage: .venv/bin/python benchmarks/ingest.py [--seconds 15] [--api-workers 1]
+With no flags it measures what a user runs: the api with its default ``RATCHET_API_WORKERS``
+(the usable cores of this machine, affinity and cgroup quota respected; the JSON's
+``api_workers`` says how many that was). ``--api-workers N`` pins the count instead.
+
+Usage: .venv/bin/python benchmarks/ingest.py [--seconds 15] [--api-workers N]
 """
 
 from __future__ import annotations
@@ -320,6 +324,13 @@ def measure_phase(
     return result
 
 
+def default_api_workers() -> int:
+    """What the api's ``RATCHET_API_WORKERS`` defaults to on this machine."""
+    from services.settings import Settings
+
+    return Settings.model_fields["api_workers"].get_default(call_default_factory=True)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -329,10 +340,12 @@ def free_port() -> int:
 BENCH_SECRET_KEY = generate_key()  # encrypts the loop's signing secret (services.secrets)
 
 
-def start_api(database_url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "RATCHET_API_WORKERS": str(workers),
+def start_api(database_url: str, port: int, workers: int | None) -> subprocess.Popen[bytes]:
+    """The api as ``ratchet api`` starts it; ``workers`` None leaves its default alone."""
+    env = {key: value for key, value in os.environ.items() if key != "RATCHET_API_WORKERS"}
+    if workers is not None:
+        env["RATCHET_API_WORKERS"] = str(workers)
+    env |= {
         "RATCHET_DATABASE_URL": database_url,
         "RATCHET_API_HOST": "127.0.0.1",
         "RATCHET_API_PORT": str(port),
@@ -393,7 +406,11 @@ def main() -> None:
     )
     parser.add_argument("--client-processes", type=int, default=2)
     parser.add_argument(
-        "--api-workers", type=int, default=1, help="RATCHET_API_WORKERS of the api under test"
+        "--api-workers",
+        type=int,
+        default=None,
+        help="RATCHET_API_WORKERS of the api under test (default: the api's own default, "
+        "the usable cores)",
     )
     args = parser.parse_args()
 
@@ -471,7 +488,7 @@ def main() -> None:
         "copy_per_s": round(copy_per_s, 1),
         "copy_runs_per_s": [round(r) for r in copy_runs],
         "batch_vs_copy": round(batch["per_s"] / copy_per_s, 3) if copy_per_s else None,
-        "api_workers": args.api_workers,
+        "api_workers": args.api_workers or default_api_workers(),
         "seconds_per_phase": args.seconds,
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),

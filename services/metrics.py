@@ -117,6 +117,13 @@ CURATION_REDACTIONS = Counter(
     ["loop", "kind"],
     registry=REGISTRY,
 )
+CURATION_PHASE_SECONDS = Counter(
+    "ratchet_curation_phase_seconds_total",
+    "Seconds curation batches spent per phase (lock, prepare, lookup, dedup, write); "
+    "lock, lookup and write are time on Postgres.",
+    ["loop", "phase"],
+    registry=REGISTRY,
+)
 LOOP_FAILURE_RATE = Gauge(
     "ratchet_loop_live_failure_rate",
     "Rolling failure rate of the served model from ingested traces.",

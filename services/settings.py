@@ -25,6 +25,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from services.cores import usable_cores
+
 ENV_PREFIX = "RATCHET_"
 
 
@@ -71,16 +73,17 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, ge=1, le=65535)
     # Processes of `ratchet api` on one port, each with its own ingest writer (one Postgres
     # connection) and credential cache; more than one uses the machine's other cores.
-    api_workers: int = Field(default=1, ge=1, le=64)
+    # Default: the cores this process may use (affinity and cgroup CPU quota), at most 64.
+    api_workers: int = Field(default_factory=lambda: min(usable_cores(), 64), ge=1, le=64)
     # Bodies outside the ingest doors (admin API, dashboard) are refused past this size
     # before they are parsed or authenticated; ingest has its own limit below.
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     # Connections served at once per api process (more get a 503 from uvicorn), and how
     # long an idle keep-alive connection is held open.
-    # /metrics on a port of its own (the chart sets one); unset serves it on the api port.
-    api_metrics_port: int | None = Field(default=None, ge=1, le=65535)
     api_limit_concurrency: int = Field(default=2048, ge=1)
     api_timeout_keep_alive_s: int = Field(default=5, ge=1, le=600)
+    # /metrics on a port of its own (the chart sets one); unset serves it on the api port.
+    api_metrics_port: int | None = Field(default=None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"
     worker_port: int = Field(default=8001, ge=1, le=65535)
     public_url: str | None = None
@@ -130,6 +133,10 @@ class Settings(BaseSettings):
     # Raw trace bodies are purged this many days after they arrive (tasks keep their redacted
     # copies, rows keep their ids and outcomes); 0 keeps them for ever.
     trace_retention_days: int = Field(default=30, ge=0)
+
+    # Curation: processes that share a batch's per-trace work (this one included).
+    # Default: the cores this process may use (affinity and cgroup CPU quota), at most 64.
+    curation_processes: int = Field(default_factory=lambda: min(usable_cores(), 64), ge=1, le=64)
 
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"

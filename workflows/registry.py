@@ -29,6 +29,7 @@ WORKFLOWS: list[type] = [
 
 def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Instantiate every activity class with its dependencies and return the bound methods."""
+    from services.curation.workers import shared_pool
     from services.executors import build_executor
     from services.serving.targets import ServingTargets
     from workflows.activities.curation import CurationActivities
@@ -42,7 +43,11 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         artifacts=deps.artifacts,
         settings=deps.settings,
     )
-    curation = CurationActivities(deps.session_factory, deps.artifacts)
+    curation = CurationActivities(
+        deps.session_factory,
+        deps.artifacts,
+        pool=shared_pool(deps.settings.curation_processes),
+    )
     loop = LoopActivities(deps.session_factory, ServingTargets(deps.settings))
     curation_activities: list[Callable[..., Any]] = [
         curation.curate_batch,

@@ -20,7 +20,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from services.curation.similarity import Signature, band_keys, jaccard_many, stack
+import numpy as np
+import numpy.typing as npt
+
+from services.curation.similarity import BANDS, ROWS, Signature, jaccard_many, stack
 
 
 @dataclass(frozen=True)
@@ -94,40 +97,77 @@ class _Link:
     similarity: float
 
 
-def _links(new: Sequence[NewTask], stored: Sequence[StoredTask]) -> list[_Link]:
-    """Every pair (new-new and new-stored) that shares at least one LSH band."""
-    new_bands = [band_keys(task.signature) for task in new]
-    buckets: dict[tuple[int, bytes], list[int]] = defaultdict(list)
-    for index, bands in enumerate(new_bands):
-        for band in bands:
-            buckets[band].append(index)
-    stored_buckets: dict[tuple[int, bytes], list[int]] = defaultdict(list)
-    for index, item in enumerate(stored):
-        for band in band_keys(item.signature):
-            stored_buckets[band].append(index)
-    links: list[_Link] = []
+def _links(
+    new: Sequence[NewTask], stored: Sequence[StoredTask], *, min_similarity: float = 0.0
+) -> list[_Link]:
+    """Every pair (new-new and new-stored) that shares at least one LSH band and is at least
+    ``min_similarity`` alike (:func:`plan` asks for its cluster threshold: no decision
+    looks at a less similar pair, and a batch of a large loop meets tens of thousands).
+
+    A batch meets thousands of stored neighbours, so bands are not compared as Python
+    objects: every band of every signature is folded into one 64-bit number (numpy, all at
+    once), ``np.isin`` finds the stored bands that any new band may equal, and only those
+    candidates are checked exactly, band bytes against band bytes. Equal bands always fold
+    to equal numbers, so no pair is missed; the exact check drops fold collisions, so no
+    pair is invented: the pairs are exactly those that share a band.
+    """
     new_sigs = stack(t.signature for t in new)
     stored_sigs = stack(t.signature for t in stored)
+    new_folds = _band_folds(new_sigs)
+    buckets: dict[int, list[int]] = defaultdict(list)
+    for index, row in enumerate(new_folds.tolist()):
+        for fold in row:
+            buckets[fold].append(index)
+    peers: list[set[int]] = [set() for _ in new]
+    for members in buckets.values():
+        if len(members) > 1:
+            for position, index in enumerate(members):
+                peers[index].update(members[position + 1 :])
+    known: list[set[int]] = [set() for _ in new]
+    if len(stored):
+        stored_folds = _band_folds(stored_sigs)
+        hits = np.isin(stored_folds, new_folds)
+        for stored_index, band in zip(*np.nonzero(hits), strict=True):
+            for index in buckets[int(stored_folds[stored_index, band])]:
+                known[index].add(int(stored_index))
+    links: list[_Link] = []
     for index, task in enumerate(new):
-        peers: set[int] = set()
-        known: set[int] = set()
-        for band in new_bands[index]:
-            peers.update(i for i in buckets.get(band, ()) if i > index)
-            known.update(stored_buckets.get(band, ()))
-        if peers:
-            order = sorted(peers)
-            sims = jaccard_many(task.signature, new_sigs[order])
-            links += [
-                _Link(task.key, new[i].key, None, float(s))
-                for i, s in zip(order, sims, strict=True)
-            ]
-        if known:
-            order = sorted(known)
-            sims = jaccard_many(task.signature, stored_sigs[order])
-            links += [
-                _Link(task.key, None, stored[i], float(s)) for i, s in zip(order, sims, strict=True)
-            ]
+        for i, sim in _sharing(task.signature, new_sigs, peers[index], min_similarity):
+            links.append(_Link(task.key, new[i].key, None, sim))
+        for i, sim in _sharing(task.signature, stored_sigs, known[index], min_similarity):
+            links.append(_Link(task.key, None, stored[i], sim))
     return links
+
+
+def _sharing(
+    sig: Signature, others: npt.NDArray[np.uint32], candidates: set[int], min_similarity: float
+) -> list[tuple[int, float]]:
+    """``(index, similarity)`` of the candidates that really share a band with ``sig`` and
+    are at least ``min_similarity`` alike, in index order."""
+    if not candidates:
+        return []
+    order = sorted(candidates)
+    rows = others[order]
+    bands = rows[:, : BANDS * ROWS].reshape(-1, BANDS, ROWS)
+    shared = (bands == sig[: BANDS * ROWS].reshape(BANDS, ROWS)).all(axis=2).any(axis=1)
+    sims = jaccard_many(sig, rows)
+    keep = (shared & (sims >= min_similarity)).tolist()
+    return [(i, s) for i, s, ok in zip(order, sims.tolist(), keep, strict=True) if ok]
+
+
+# Odd 64-bit multipliers: a band's four rows and its number fold into one word (mod 2**64).
+_FOLD = np.array(
+    [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5],
+    dtype=np.uint64,
+)
+_BAND_SALT = (np.arange(BANDS, dtype=np.uint64) + np.uint64(1)) * np.uint64(0xFF51AFD7ED558CCD)
+
+
+def _band_folds(signatures: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint64]:
+    """``(n, BANDS)``: each band of each signature folded into one 64-bit number."""
+    head = signatures[:, : BANDS * ROWS].reshape(-1, BANDS, ROWS).astype(np.uint64)
+    folded: npt.NDArray[np.uint64] = (head * _FOLD).sum(axis=2, dtype=np.uint64) ^ _BAND_SALT
+    return folded
 
 
 def _best_stored(links: Iterable[_Link]) -> _Link | None:
@@ -153,7 +193,7 @@ def plan(
     if len(set(keys)) != len(keys):
         raise ValueError("new tasks must have distinct content hashes (collapse exact duplicates)")
     by_key = {t.key: t for t in new}
-    links = _links(new, stored)
+    links = _links(new, stored, min_similarity=cluster_threshold)
 
     def is_duplicate(link: _Link) -> bool:
         other = link.stored.verifier if link.stored is not None else by_key[link.b or ""].verifier

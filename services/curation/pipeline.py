@@ -17,62 +17,51 @@ then
 
 Because step 7 commits with the task rows, a crash anywhere rolls the whole batch back and a
 retry curates the same traces once; a trace is never curated twice.
+
+Steps 2-4 depend on one trace each and run in :mod:`services.curation.workers` (on a
+process pool when one is given, which also prepares the loop's next batch while this one is
+written); steps 5-7 depend on the whole batch and run here, serially. Each step's time is
+reported per phase (``BatchReport.seconds``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.orm import Session
 
 from services.curation import dedup
-from services.curation.adapters import TraceAdapter, adapt, similarity_text
+from services.curation.adapters import TraceAdapter
 from services.curation.policy import CurationPolicy
-from services.curation.redaction import Redactor
-from services.curation.selection import (
-    Outcome,
-    classify,
-    failure_signature,
-    sampled,
-    screen_trace,
-)
 from services.curation.similarity import (
-    Signature,
     band_keys,
-    content_hash,
-    signature,
     signature_from_bytes,
     signature_to_bytes,
     verifier_key,
 )
-from services.curation.splits import ClusterSplit, Origin, SplitAssigner
+from services.curation.splits import ClusterSplit, SplitAssigner
+from services.curation.workers import Prepared, PrepareJob, PreparePool
 from services.db.models import Loop
 from services.db.queries import curation as q
-from services.environments.base import Rejection, TaskSpec
 
 logger = logging.getLogger(__name__)
 
 # Newest stored tasks consulted per LSH bucket (see q.lsh_neighbours).
 NEIGHBOURS_PER_BUCKET = 64
-_HEARTBEAT_EVERY = 50
 
+# The steps of a batch whose durations are reported (``BatchReport.seconds``): reading and
+# locking traces, the per-trace work, the lookups of stored tasks, the batch-wide decisions,
+# and the writes. Everything but ``prepare`` and ``dedup`` is time spent on Postgres.
+PHASES = ("lock", "prepare", "lookup", "dedup", "write")
+DATABASE_PHASES = frozenset({"lock", "lookup", "write"})
 
-@dataclass(frozen=True)
-class _Prepared:
-    """A trace that yielded a redacted task, ready for deduplication."""
-
-    trace_id: int
-    origin: Origin
-    task: TaskSpec
-    key: str
-    verifier: str
-    signature: Signature
-    redactions: dict[str, int]
-    failure_signature: str | None
+_SERIAL = PreparePool(1)
 
 
 @dataclass
@@ -88,6 +77,15 @@ class BatchReport:
     more: bool = False
     rejections: Counter[str] = field(default_factory=Counter)
     redactions: Counter[str] = field(default_factory=Counter)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - started
 
 
 def curate_batch(
@@ -98,24 +96,39 @@ def curate_batch(
     adapter: TraceAdapter,
     limit: int,
     heartbeat: Callable[[], None] = lambda: None,
+    pool: PreparePool | None = None,
 ) -> BatchReport:
-    """Curate up to ``limit`` uncurated traces of ``loop`` (see the module docstring)."""
+    """Curate up to ``limit`` uncurated traces of ``loop`` (see the module docstring).
+
+    ``pool`` runs the per-trace work on several processes (see :mod:`.workers`); without
+    one it runs here. The result is the same either way.
+    """
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    traces = q.lock_uncurated_traces(session, loop_id=loop.id, limit=limit)
-    report = BatchReport(traces_seen=len(traces), more=len(traces) == limit)
+    report = BatchReport()
+    with report.timed("lock"):
+        traces = q.lock_uncurated_traces(session, loop_id=loop.id, limit=limit)
+    report.traces_seen = len(traces)
+    report.more = len(traces) == limit
     if not traces:
         return report
     heartbeat()
-    redactor = Redactor(policy.redact_patterns, high_entropy=policy.redact_high_entropy)
+    job = PrepareJob(loop.id, loop.environment, policy, adapter, traces)
+    with report.timed("prepare"):
+        results = (pool or _SERIAL).prepare(job, heartbeat=heartbeat)
+    if pool is not None and pool.processes > 1 and report.more:
+        # The workers prepare the likely next batch while this one is deduplicated and
+        # written here (see PreparePool.prefetch); the next batch checks every row.
+        with report.timed("lock"):
+            upcoming = q.peek_uncurated_traces(
+                session, loop_id=loop.id, after_id=traces[-1].id, limit=limit
+            )
+        pool.prefetch(replace(job, traces=upcoming))
     verdicts: dict[int, q.Verdict] = {}
-    prepared: list[_Prepared] = []
-    for index, trace in enumerate(traces):
-        if index % _HEARTBEAT_EVERY == 0:
-            heartbeat()
-        result = _prepare(trace, loop=loop, policy=policy, adapter=adapter, redactor=redactor)
+    prepared: list[Prepared] = []
+    for result in results:
         if isinstance(result, q.Verdict):
-            verdicts[trace.id] = result
+            verdicts[result.trace_id] = result
             if result.outcome == "rejected":
                 report.rejected += 1
                 report.rejections[result.detail.split(":", 1)[0]] += 1
@@ -134,100 +147,9 @@ def curate_batch(
         heartbeat=heartbeat,
     )
     heartbeat()
-    q.mark_traces_curated(session, verdicts=[verdicts[t.id] for t in traces])
+    with report.timed("write"):
+        q.mark_traces_curated(session, verdicts=[verdicts[t.id] for t in traces])
     return report
-
-
-def _prepare(
-    trace: q.TraceRow,
-    *,
-    loop: Loop,
-    policy: CurationPolicy,
-    adapter: TraceAdapter,
-    redactor: Redactor,
-) -> _Prepared | q.Verdict:
-    outcome = Outcome(trace.success, trace.score, trace.error_kind)
-    verdict = classify(outcome, failure_score_threshold=policy.failure_score_threshold)
-    if verdict == "unknown":
-        return q.Verdict(trace.id, "skipped", "no outcome reported")
-    if verdict == "success" and not sampled(loop.id, trace.external_id, policy.success_sample_rate):
-        return q.Verdict(trace.id, "skipped", "success outside the regression sample")
-    rejection = screen_trace(
-        trace.body, size_bytes=trace.size_bytes, max_trace_bytes=policy.max_trace_bytes
-    )
-    task = rejection or adapt(adapter, trace.body)
-    if isinstance(task, Rejection):
-        return _rejected(trace.id, task, redactor)
-    if task.environment != loop.environment:
-        return _rejected(
-            trace.id,
-            Rejection("wrong_environment", f"adapter built a {task.environment!r} task"),
-            redactor,
-        )
-    redacted = _redact_task(task, redactor)
-    if isinstance(redacted, Rejection):
-        return _rejected(trace.id, redacted, redactor)
-    clean, counts = redacted
-    signature_text = similarity_text(adapter, clean)
-    origin: Origin = "failure" if verdict == "failure" else "success"
-    return _Prepared(
-        trace_id=trace.id,
-        origin=origin,
-        task=clean,
-        key=content_hash(
-            environment=clean.environment,
-            prompt=clean.prompt,
-            tools=clean.tools,
-            verifier=clean.verifier,
-            reference_answer=clean.reference_answer,
-        ),
-        verifier=verifier_key(clean.verifier),
-        signature=signature(signature_text),
-        redactions=counts,
-        failure_signature=(
-            redactor.redact_text(failure_signature(trace.body, trace.error_kind), Counter())
-            if origin == "failure"
-            else None
-        ),
-    )
-
-
-def _rejected(trace_id: int, rejection: Rejection, redactor: Redactor) -> q.Verdict:
-    message = redactor.redact_text(rejection.message, Counter())
-    return q.Verdict(trace_id, "rejected", f"{rejection.reason}: {message}"[:1000])
-
-
-def _redact_task(task: TaskSpec, redactor: Redactor) -> tuple[TaskSpec, dict[str, int]] | Rejection:
-    """The task with sensitive values replaced, or a rejection if its answer held any."""
-    checked: Counter[str] = Counter()
-    verifier = redactor.redact_value(task.verifier, checked)
-    reference = (
-        redactor.redact_text(task.reference_answer, checked)
-        if task.reference_answer is not None
-        else None
-    )
-    if checked:
-        kinds = ", ".join(sorted(checked))
-        return Rejection(
-            "sensitive_answer",
-            f"the verifier or reference answer holds sensitive data ({kinds}); "
-            "the task cannot be checked without it",
-        )
-    counts: Counter[str] = Counter()
-    prompt = redactor.redact_text(task.prompt, counts)
-    tools = redactor.redact_shared(task.tools, counts)
-    metadata = redactor.redact_value(task.metadata, counts)
-    if not counts:
-        return task, {}
-    clean = TaskSpec.create(
-        environment=task.environment,
-        prompt=prompt,
-        tools=tools,
-        verifier=verifier,
-        reference_answer=reference,
-        metadata=metadata,
-    )
-    return clean, dict(counts)
 
 
 def _store(
@@ -235,16 +157,17 @@ def _store(
     *,
     loop: Loop,
     policy: CurationPolicy,
-    prepared: list[_Prepared],
+    prepared: list[Prepared],
     verdicts: dict[int, q.Verdict],
     report: BatchReport,
     heartbeat: Callable[[], None],
 ) -> None:
     """Deduplicate, cluster, split and write the batch's tasks; fill in trace verdicts."""
-    groups: dict[str, list[_Prepared]] = defaultdict(list)
+    groups: dict[str, list[Prepared]] = defaultdict(list)
     for item in prepared:
         groups[item.key].append(item)
-    existing = q.tasks_by_content_hash(session, loop_id=loop.id, hashes=list(groups))
+    with report.timed("lookup"):
+        existing = q.tasks_by_content_hash(session, loop_id=loop.id, hashes=list(groups))
     increments: Counter[int] = Counter()
     sources: list[tuple[int, int, str]] = []
     for key, items in groups.items():
@@ -262,34 +185,37 @@ def _store(
         dedup.NewTask(key, items[0].verifier, items[0].signature, weight=len(items))
         for key, items in fresh.items()
     ]
-    neighbours = q.lsh_neighbours(
-        session,
-        loop_id=loop.id,
-        bands=[band for task in new_tasks for band in band_keys(task.signature)],
-        per_bucket=NEIGHBOURS_PER_BUCKET,
-    )
-    stored = [
-        dedup.StoredTask(
-            n.task_id,
-            n.content_hash,
-            verifier_key(n.verifier),
-            signature_from_bytes(n.minhash),
-            n.cluster_id,
+    bands = {task.key: band_keys(task.signature) for task in new_tasks}
+    with report.timed("lookup"):
+        neighbours = q.lsh_neighbours(
+            session,
+            loop_id=loop.id,
+            bands=[band for task_bands in bands.values() for band in task_bands],
+            per_bucket=NEIGHBOURS_PER_BUCKET,
         )
-        for n in neighbours
-    ]
     heartbeat()
-    decisions = dedup.plan(
-        new_tasks,
-        stored,
-        near_duplicate_threshold=policy.near_duplicate_threshold,
-        cluster_threshold=policy.cluster_threshold,
-    )
-    kept = sorted(key for key, d in decisions.items() if d.kind == "new")
-    weights = {key: len(fresh[key]) for key in kept}
-    for key, decision in decisions.items():
-        if decision.kind == "duplicate" and decision.target_key is not None:
-            weights[decision.target_key] += len(fresh[key])
+    with report.timed("dedup"):
+        stored = [
+            dedup.StoredTask(
+                n.task_id,
+                n.content_hash,
+                _stored_verifier_key(n),
+                signature_from_bytes(n.minhash),
+                n.cluster_id,
+            )
+            for n in neighbours
+        ]
+        decisions = dedup.plan(
+            new_tasks,
+            stored,
+            near_duplicate_threshold=policy.near_duplicate_threshold,
+            cluster_threshold=policy.cluster_threshold,
+        )
+        kept = sorted(key for key, d in decisions.items() if d.kind == "new")
+        weights = {key: len(fresh[key]) for key in kept}
+        for key, decision in decisions.items():
+            if decision.kind == "duplicate" and decision.target_key is not None:
+                weights[decision.target_key] += len(fresh[key])
     rows = _task_rows(
         session,
         loop=loop,
@@ -298,15 +224,17 @@ def _store(
         fresh=fresh,
         decisions=decisions,
         weights=weights,
+        report=report,
     )
     heartbeat()
-    ids = q.insert_tasks(session, rows=rows)
+    with report.timed("write"):
+        ids = q.insert_tasks(session, rows=rows)
     report.tasks_created = len(kept)
-    report.new_train_tasks = sum(1 for row in rows if row["split"] == "train")
+    report.new_train_tasks = sum(1 for row in rows if row.split == "train")
     for row in rows:
-        for kind, n in row["redactions"].items():
+        for kind, n in row.redactions.items():
             report.redactions[kind] += n
-    splits = {row["content_hash"]: row["split"] for row in rows}
+    splits = {row.content_hash: row.split for row in rows}
     for key in kept:
         task_id = ids[key]
         first = _origin_item(fresh[key])
@@ -336,17 +264,33 @@ def _store(
             )
         report.duplicates += len(fresh[key])
     heartbeat()
-    q.add_task_weights(session, increments=increments)
-    q.insert_lsh_buckets(
-        session,
-        loop_id=loop.id,
-        rows=[
-            (band, bucket, ids[key])
-            for key in kept
-            for band, bucket in band_keys(fresh[key][0].signature)
-        ],
-    )
-    q.insert_task_sources(session, rows=sources)
+    with report.timed("write"):
+        q.add_task_weights(session, increments=increments)
+        q.insert_lsh_buckets(
+            session,
+            loop_id=loop.id,
+            rows=[(band, bucket, ids[key]) for key in kept for band, bucket in bands[key]],
+        )
+        q.insert_task_sources(session, rows=sources)
+
+
+_VERIFIER_KEYS: dict[str, str] = {}
+_VERIFIER_KEYS_MAX = 65_536
+
+
+def _stored_verifier_key(neighbour: q.NeighbourRow) -> str:
+    """The verifier key of a stored task, remembered by its content hash.
+
+    The same popular neighbours come back batch after batch, and the content hash covers
+    the verifier, so equal hashes have equal verifier keys (in any loop or database).
+    """
+    key = _VERIFIER_KEYS.get(neighbour.content_hash)
+    if key is None:
+        if len(_VERIFIER_KEYS) >= _VERIFIER_KEYS_MAX:
+            _VERIFIER_KEYS.clear()
+        key = verifier_key(json.loads(neighbour.verifier_json) or {})
+        _VERIFIER_KEYS[neighbour.content_hash] = key
+    return key
 
 
 def _task_rows(
@@ -355,44 +299,46 @@ def _task_rows(
     loop: Loop,
     policy: CurationPolicy,
     kept: list[str],
-    fresh: Mapping[str, list[_Prepared]],
+    fresh: Mapping[str, list[Prepared]],
     decisions: Mapping[str, dedup.Decision],
     weights: Mapping[str, int],
-) -> list[dict[str, Any]]:
+    report: BatchReport,
+) -> list[q.NewTaskRow]:
     clusters = sorted({decisions[key].cluster_id for key in kept})
-    stored_splits = q.cluster_splits(session, loop_id=loop.id, cluster_ids=clusters)
+    with report.timed("lookup"):
+        stored_splits = q.cluster_splits(session, loop_id=loop.id, cluster_ids=clusters)
+        heldout = q.heldout_count(session, loop_id=loop.id)
     assigner = SplitAssigner(
         cluster_splits={c: _cluster_split(s) for c, s in stored_splits.items()},
-        heldout_count=q.heldout_count(session, loop_id=loop.id),
+        heldout_count=heldout,
         heldout_max_tasks=policy.heldout_max_tasks,
         eval_fraction=policy.eval_fraction,
         heldout_fraction=policy.heldout_fraction,
     )
-    rows: list[dict[str, Any]] = []
+    rows: list[q.NewTaskRow] = []
     for key in kept:
         first = _origin_item(fresh[key])
         origin = first.origin
         cluster = decisions[key].cluster_id
         rows.append(
-            {
-                "loop_id": loop.id,
-                "content_hash": key,
-                "environment": first.task.environment,
-                "spec": first.task.to_dict(),
-                "origin": origin,
-                "cluster_id": cluster,
-                "split": assigner.assign(cluster, origin),
-                "weight": weights[key],
-                "pinned": False,
-                "failure_signature": first.failure_signature,
-                "redactions": first.redactions,
-                "minhash": signature_to_bytes(first.signature),
-            }
+            q.NewTaskRow(
+                loop_id=loop.id,
+                content_hash=key,
+                environment=first.environment,
+                spec_json=first.spec_json,
+                origin=origin,
+                cluster_id=cluster,
+                split=assigner.assign(cluster, origin),
+                weight=weights[key],
+                failure_signature=first.failure_signature,
+                redactions=first.redactions,
+                minhash=signature_to_bytes(first.signature),
+            )
         )
     return rows
 
 
-def _origin_item(items: list[_Prepared]) -> _Prepared:
+def _origin_item(items: list[Prepared]) -> Prepared:
     """The trace a new task is credited to: the first failure, else the first success."""
     return next((i for i in items if i.origin == "failure"), items[0])
 

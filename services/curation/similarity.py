@@ -39,6 +39,8 @@ Signature = npt.NDArray[np.uint32]
 
 _WHITESPACE = re.compile(r"\s+")
 _PERMUTATIONS = MinHash(num_perm=NUM_PERM, seed=SEED, scheme=SCHEME).permutations
+_PERM_A = np.asarray(_PERMUTATIONS[0], dtype=np.uint32)
+_PERM_B = np.asarray(_PERMUTATIONS[1], dtype=np.uint32)
 
 
 def normalize_prompt(prompt: str) -> str:
@@ -50,6 +52,11 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces, UTF-8 as is: the text every content hash is taken of."""
+    return _canonical(value)
+
+
 def content_hash(
     *,
     environment: str,
@@ -57,16 +64,23 @@ def content_hash(
     tools: Sequence[Mapping[str, Any]],
     verifier: Mapping[str, Any],
     reference_answer: str | None,
+    tools_json: str | None = None,
 ) -> str:
-    """sha256 of the normalized task content; equal hashes are exact duplicates."""
-    content = {
-        "environment": environment,
-        "prompt": normalize_prompt(prompt),
-        "tools": list(tools),
-        "verifier": dict(verifier),
-        "reference_answer": reference_answer,
-    }
-    return hashlib.sha256(_canonical(content).encode("utf-8")).hexdigest()
+    """sha256 of the normalized task content; equal hashes are exact duplicates.
+
+    ``tools_json``, when the caller has it, is ``canonical_json(tools)``: the tool specs are
+    most of a task's bytes, and the canonical text of the whole content is assembled from
+    its sorted keys' canonical values, so they need not be encoded again.
+    """
+    tools_text = tools_json if tools_json is not None else _canonical(list(tools))
+    text = (
+        f'{{"environment":{_canonical(environment)},'
+        f'"prompt":{_canonical(normalize_prompt(prompt))},'
+        f'"reference_answer":{_canonical(reference_answer)},'
+        f'"tools":{tools_text},'
+        f'"verifier":{_canonical(dict(verifier))}}}'
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def verifier_key(verifier: Mapping[str, Any]) -> str:
@@ -76,21 +90,43 @@ def verifier_key(verifier: Mapping[str, Any]) -> str:
 
 def shingles(prompt: str) -> list[bytes]:
     """Character 5-grams of the normalized, case-folded prompt (as UTF-8 bytes)."""
+    return [g.encode("utf-8") for g in sorted(_gram_set(prompt))]
+
+
+def signature(prompt: str) -> Signature:
+    """The prompt's MinHash signature: 128 unsigned 32-bit values.
+
+    Bit for bit what ``datasketch.MinHash(num_perm=128, seed=1, scheme="affine32")`` gives
+    after ``update_batch(shingles(prompt))`` (a test holds the two equal), computed as one
+    (shingles x permutations) array: the per-shingle SHA-1 is the only Python loop left,
+    and no MinHash object is built per prompt.
+    """
+    grams = _gram_set(prompt)
+    digests = b"".join([hashlib.sha1(g.encode("utf-8")).digest()[:4] for g in grams])
+    hashed = _fmix32(np.frombuffer(digests, dtype="<u4").astype(np.uint32))
+    permuted = hashed[:, np.newaxis] * _PERM_A + _PERM_B  # (shingles, NUM_PERM), mod 2**32
+    result: Signature = permuted.min(axis=0)
+    return result
+
+
+def _gram_set(prompt: str) -> set[str] | list[str]:
     text = normalize_prompt(prompt).casefold()
     if len(text) > MAX_SHINGLED_CHARS:
         half = MAX_SHINGLED_CHARS // 2
         text = text[:half] + "\x00" + text[-half:]
     if len(text) <= SHINGLE:
-        return [text.encode("utf-8")]
-    grams = {text[i : i + SHINGLE] for i in range(len(text) - SHINGLE + 1)}
-    return [g.encode("utf-8") for g in sorted(grams)]
+        return [text]
+    return {text[i : i + SHINGLE] for i in range(len(text) - SHINGLE + 1)}
 
 
-def signature(prompt: str) -> Signature:
-    """The prompt's MinHash signature: 128 unsigned 32-bit values."""
-    minhash = MinHash(num_perm=NUM_PERM, seed=SEED, scheme=SCHEME, permutations=_PERMUTATIONS)
-    minhash.update_batch(shingles(prompt))
-    return np.asarray(minhash.hashvalues, dtype=np.uint32)
+def _fmix32(values: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+    """MurmurHash3's 32-bit finalizer, as datasketch's affine32 scheme pre-mixes inputs."""
+    values = values ^ (values >> np.uint32(16))
+    values = values * np.uint32(0x85EBCA6B)
+    values = values ^ (values >> np.uint32(13))
+    values = values * np.uint32(0xC2B2AE35)
+    result: npt.NDArray[np.uint32] = values ^ (values >> np.uint32(16))
+    return result
 
 
 def signature_to_bytes(sig: Signature) -> bytes:
@@ -107,8 +143,9 @@ def signature_from_bytes(raw: bytes) -> Signature:
 
 def band_keys(sig: Signature) -> list[tuple[int, bytes]]:
     """The LSH bands of a signature: ``(band number, 16-byte bucket key)``."""
-    head = sig[: BANDS * ROWS].astype("<u4")
-    return [(band, head[band * ROWS : (band + 1) * ROWS].tobytes()) for band in range(BANDS)]
+    head = sig[: BANDS * ROWS].astype("<u4").tobytes()
+    width = ROWS * 4
+    return [(band, head[band * width : (band + 1) * width]) for band in range(BANDS)]
 
 
 def jaccard(a: Signature, b: Signature) -> float:

@@ -120,6 +120,9 @@ class Rendered:
                 env[var["name"]] = var["value"]
                 continue
             ref = var["valueFrom"]
+            if "resourceFieldRef" in ref:
+                env[var["name"]] = _resource_field(container, ref["resourceFieldRef"])
+                continue
             if "secretKeyRef" in ref:
                 selector = ref["secretKeyRef"]
                 data = self.secret_data(selector["name"])
@@ -133,6 +136,18 @@ class Rendered:
                     f"{var['name']} needs key {selector['key']} of {selector['name']}, absent"
                 )
         return env
+
+
+def _resource_field(container: Manifest, selector: Mapping[str, Any]) -> str:
+    """A Downward API resource value as the kubelet renders it: CPU in whole ``divisor``
+    units, rounded up (``500m`` with divisor 1 is ``1``)."""
+    kind, _, name = selector["resource"].partition(".")
+    raw = str(container["resources"][kind][name])
+    assert name == "cpu", f"only CPU resource fields are resolved here, not {name}"
+    millicores = int(raw[:-1]) if raw.endswith("m") else int(float(raw) * 1000)
+    divisor = str(selector.get("divisor", "1"))
+    per_unit = int(divisor[:-1]) if divisor.endswith("m") else int(float(divisor) * 1000)
+    return str(-(-millicores // per_unit))
 
 
 def render(

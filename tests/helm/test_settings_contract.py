@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.cores import usable_cores
 from services.settings import ENV_PREFIX, Settings
 from tests.helm.chart import (
     CI_FILES,
@@ -259,3 +260,25 @@ def test_numbers_render_as_plain_numbers(monkeypatch: pytest.MonkeyPatch) -> Non
         rendered.get("ConfigMap", "rel-ratchet-job-template")["data"]["job-template.yaml"]
     )
     assert template["activeDeadlineSeconds"] == 86400
+
+
+@pytest.mark.parametrize(("limit", "workers"), [("2", 2), ("1500m", 2), ("500m", 1), (4, 4)])
+def test_api_workers_follow_the_containers_cpu_limit(
+    limit: str | int, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = {
+        **ci_values("minimal-values.yaml"),
+        "api": {"resources": {"limits": {"cpu": limit, "memory": "1Gi"}}},
+    }
+    rendered = render(values)
+    settings = _settings(monkeypatch, rendered.container_env(_container(rendered, "api")))
+    assert settings.api_workers == workers
+
+
+def test_without_a_cpu_limit_the_api_counts_its_usable_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rendered = render_ci("minimal-values.yaml")
+    env = rendered.container_env(_container(rendered, "api"))
+    assert "RATCHET_API_WORKERS" not in env
+    assert _settings(monkeypatch, env).api_workers == min(usable_cores(), 64)

@@ -298,3 +298,32 @@ async def test_worker_killed_mid_batch_curates_each_trace_exactly_once(
 
 def _check(condition: bool, log: str) -> None:
     assert condition, f"the worker never reached the commit; its log:\n{log}"
+
+
+def test_batches_on_a_process_pool_match_one_process_and_time_their_phases(
+    make_database: Callable[[], str], tmp_path: Path
+) -> None:
+    from services.curation.workers import PreparePool
+    from services.db.session import create_db_engine, make_session_factory
+    from tests.services.curation.test_equivalence import outcome
+
+    digests = []
+    for processes in (1, 2):
+        engine = create_db_engine(make_database(), pool_size=2)
+        sessions = make_session_factory(engine)
+        seed(sessions, 400)
+        with PreparePool(processes) as pool:
+            acts = CurationActivities(
+                sessions, ArtifactStore(tmp_path / f"a{processes}"), adapters=qa_resolver, pool=pool
+            )
+            env = ActivityEnvironment()
+            while env.run(acts.curate_batch, CurateBatchInput("support", batch_size=150)).more:
+                pass
+        digests.append(outcome(sessions))
+        engine.dispose()
+    assert digests[0] == digests[1]
+    for phase in ("lock", "prepare", "lookup", "dedup", "write"):
+        seconds = REGISTRY.get_sample_value(
+            "ratchet_curation_phase_seconds_total", {"loop": "support", "phase": phase}
+        )
+        assert seconds is not None and seconds > 0, phase

@@ -26,12 +26,14 @@ from services.curation.adapters import AdapterResolver, TraceAdapter, default_re
 from services.curation.drift import DriftPolicyError, read_drift
 from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.curation.snapshot import SnapshotError, snapshot
+from services.curation.workers import PreparePool
 from services.db.models import Loop
 from services.db.queries import curation as q
 from services.db.session import SessionFactory
 from services.evaluation.results import ResultsFileError, read_results
 from services.logs import log_context
 from services.metrics import (
+    CURATION_PHASE_SECONDS,
     CURATION_REDACTIONS,
     CURATION_REJECTED,
     CURATION_TRACES,
@@ -63,8 +65,10 @@ class CurationActivities:
     """Curation's activities, bound to a session factory, an artifact store and adapters.
 
     ``adapters`` resolves a loop's ``environment`` to its trace adapter (default: the
-    environment registry); ``lock_poll_s`` is how often a batch retries the loop's
-    curation lock while another batch of the same loop holds it.
+    environment registry); ``pool`` runs the per-trace work of a batch on several processes
+    (``RATCHET_CURATION_PROCESSES``; default: this process alone); ``lock_poll_s`` is how
+    often a batch retries the loop's curation lock while another batch of the same loop
+    holds it.
     """
 
     def __init__(
@@ -73,11 +77,13 @@ class CurationActivities:
         artifacts: ArtifactStore,
         *,
         adapters: AdapterResolver = default_resolver,
+        pool: PreparePool | None = None,
         lock_poll_s: float = 0.2,
     ) -> None:
         self._sessions = session_factory
         self._artifacts = artifacts
         self._adapters = adapters
+        self._pool = pool
         self._lock_poll_s = lock_poll_s
 
     @activity.defn(name="curate_batch")
@@ -107,6 +113,7 @@ class CurationActivities:
                 adapter=adapter,
                 limit=input.batch_size,
                 heartbeat=activity.heartbeat,
+                pool=self._pool,
             )
         _record_metrics(input.loop, report)
         if report.traces_seen:
@@ -328,3 +335,5 @@ def _record_metrics(loop: str, report: pipeline.BatchReport) -> None:
         CURATION_REJECTED.labels(loop, reason).inc(n)
     for kind, n in report.redactions.items():
         CURATION_REDACTIONS.labels(loop, kind).inc(n)
+    for phase, seconds in report.seconds.items():
+        CURATION_PHASE_SECONDS.labels(loop, phase).inc(seconds)

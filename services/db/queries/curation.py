@@ -1,24 +1,30 @@
 """Queries of curation: trace selection, tasks, LSH buckets, datasets, drift and pending work.
 
-Every function takes the session keyword-only and never commits. Bulk writes go through
-``unnest`` of arrays, one statement per table per batch, so a batch of 500 traces costs a
-handful of round trips whatever its size.
+Every function takes the session keyword-only and never commits. Bulk writes of a
+curation batch are one statement per table: ``COPY`` for the rows it creates (tasks, their
+sources and LSH bands: psycopg formats ``COPY`` rows in C, where an ``unnest`` of arrays
+formats each element in Python) and ``unnest`` of arrays for the updates, so a batch of 500
+traces costs a handful of round trips whatever its size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from sqlalchemy import (
     BigInteger,
     BindParameter,
     String,
+    Text,
     any_,
     bindparam,
+    cast,
     func,
-    insert,
     select,
     text,
     update,
@@ -30,6 +36,8 @@ from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource, Tra
 
 # Namespace of curation's advisory locks (the other key is the loop id).
 _LOCK_NAMESPACE = 0x52434C  # "RCL"
+# Length of an LSH bucket key (services.curation.similarity.band_keys: 4 uint32 rows).
+_BUCKET_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class TraceRow:
     success: bool | None
     score: float | None
     error_kind: str | None
-    body: Any
+    body_json: str  # the body as Postgres sends it; decoded once, where it is curated
     size_bytes: int
 
 
@@ -54,7 +62,7 @@ class NeighbourRow:
     content_hash: str
     cluster_id: str
     minhash: bytes
-    verifier: dict[str, Any]
+    verifier_json: str  # the verifier as jsonb text: decoded only when its key is not known
 
 
 @dataclass(frozen=True)
@@ -107,23 +115,41 @@ def try_lock_loop_curation(session: Session, *, loop_id: int) -> bool:
 # Trace selection -----------------------------------------------------------------------------
 
 
+_TRACE_ROW_COLUMNS = (
+    Trace.id,
+    Trace.external_id,
+    Trace.model_version,
+    Trace.success,
+    Trace.score,
+    Trace.error_kind,
+    cast(Trace.body, Text),
+    Trace.size_bytes,
+)
+
+
 def lock_uncurated_traces(session: Session, *, loop_id: int, limit: int) -> list[TraceRow]:
     """The oldest uncurated traces of a loop, locked; rows another batch holds are skipped."""
     rows = session.execute(
-        select(
-            Trace.id,
-            Trace.external_id,
-            Trace.model_version,
-            Trace.success,
-            Trace.score,
-            Trace.error_kind,
-            Trace.body,
-            Trace.size_bytes,
-        )
+        select(*_TRACE_ROW_COLUMNS)
         .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
         .order_by(Trace.id)
         .limit(limit)
         .with_for_update(skip_locked=True)
+    ).all()
+    return [TraceRow(*row) for row in rows]
+
+
+def peek_uncurated_traces(
+    session: Session, *, loop_id: int, after_id: int, limit: int
+) -> list[TraceRow]:
+    """The next uncurated traces after ``after_id``, read without locking them: what the
+    loop's next batch will most likely lock (curation prepares them ahead of time and
+    checks each row again when the batch really has it)."""
+    rows = session.execute(
+        select(*_TRACE_ROW_COLUMNS)
+        .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None), Trace.id > after_id)
+        .order_by(Trace.id)
+        .limit(limit)
     ).all()
     return [TraceRow(*row) for row in rows]
 
@@ -177,17 +203,22 @@ def lsh_neighbours(
 
     The cap bounds the work when one bucket grows very large (a boilerplate-heavy loop):
     such a bucket says little about similarity anyway, and the other bands still match.
+    The buckets travel as one ``bytea`` (16 bytes each) and the bands as one ``int2``
+    array's text, so the parameters cost the same to send whatever the batch size.
     """
     if not bands:
         return []
     distinct = sorted(set(bands))
+    if any(len(bucket) != _BUCKET_BYTES for _, bucket in distinct):
+        raise ValueError(f"LSH bucket keys must be {_BUCKET_BYTES} bytes")
     rows = session.execute(
         text(
             """
             WITH q AS (
-                SELECT band, bucket
-                  FROM unnest(CAST(:bands AS integer[]), CAST(:buckets AS bytea[]))
-                       AS q(band, bucket)
+                SELECT b.band,
+                       substring(CAST(:buckets AS bytea)
+                                 FROM CAST(b.n * 16 - 15 AS integer) FOR 16) AS bucket
+                  FROM unnest(CAST(:bands AS integer[])) WITH ORDINALITY AS b(band, n)
             ), hit AS (
                 SELECT DISTINCT b.task_id
                   FROM q
@@ -198,19 +229,20 @@ def lsh_neighbours(
                        LIMIT :per_bucket
                   ) AS b
             )
-            SELECT t.id, t.content_hash, t.cluster_id, t.minhash, t.spec -> 'verifier'
+            SELECT t.id, t.content_hash, t.cluster_id, t.minhash,
+                   coalesce(CAST(t.spec -> 'verifier' AS text), '{}')
               FROM hit JOIN tasks AS t ON t.id = hit.task_id
              WHERE t.minhash IS NOT NULL
             """
         ),
         {
             "loop_id": loop_id,
-            "bands": [band for band, _ in distinct],
-            "buckets": [bucket for _, bucket in distinct],
+            "bands": "{" + ",".join(str(band) for band, _ in distinct) + "}",
+            "buckets": b"".join(bucket for _, bucket in distinct),
             "per_bucket": per_bucket,
         },
     ).all()
-    return [NeighbourRow(row[0], row[1], row[2], bytes(row[3]), row[4] or {}) for row in rows]
+    return [NeighbourRow(row[0], row[1], row[2], bytes(row[3]), row[4]) for row in rows]
 
 
 def cluster_splits(session: Session, *, loop_id: int, cluster_ids: Sequence[str]) -> dict[str, str]:
@@ -252,12 +284,74 @@ def heldout_count(session: Session, *, loop_id: int) -> int:
     )
 
 
-def insert_tasks(session: Session, *, rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Insert task rows; returns ``{content hash: task id}``."""
+@dataclass(frozen=True)
+class NewTaskRow:
+    """A task a curation batch creates; ``spec_json`` is its spec, already encoded."""
+
+    loop_id: int
+    content_hash: str
+    environment: str
+    spec_json: str
+    origin: str
+    cluster_id: str
+    split: str
+    weight: int
+    failure_signature: str | None
+    redactions: Mapping[str, int]
+    minhash: bytes | None
+
+
+_TASK_COLUMNS = (
+    "id, loop_id, content_hash, environment, spec, origin, cluster_id, split, weight,"
+    " failure_signature, redactions, minhash"
+)
+
+
+def insert_tasks(session: Session, *, rows: Sequence[NewTaskRow]) -> dict[str, int]:
+    """Insert task rows with ``COPY``; returns ``{content hash: task id}``.
+
+    Ids are drawn from the table's sequence first, one per row in row order, so they are
+    the ids a multi-row ``INSERT`` would have given.
+    """
     if not rows:
         return {}
-    result = session.execute(insert(Task).returning(Task.content_hash, Task.id), list(rows))
-    return {row[0]: row[1] for row in result.all()}
+    ids = sorted(
+        session.execute(
+            text(
+                "SELECT nextval(pg_get_serial_sequence('tasks', 'id')) FROM generate_series(1, :n)"
+            ),
+            {"n": len(rows)},
+        ).scalars()
+    )
+    with _copy(session, f"COPY tasks ({_TASK_COLUMNS}) FROM STDIN") as copy:
+        for task_id, row in zip(ids, rows, strict=True):
+            copy.write_row(
+                (
+                    task_id,
+                    row.loop_id,
+                    row.content_hash,
+                    row.environment,
+                    row.spec_json,
+                    row.origin,
+                    row.cluster_id,
+                    row.split,
+                    row.weight,
+                    row.failure_signature,
+                    json.dumps(dict(row.redactions), separators=(",", ":")),
+                    row.minhash,
+                )
+            )
+    return {row.content_hash: int(task_id) for task_id, row in zip(ids, rows, strict=True)}
+
+
+@contextmanager
+def _copy(session: Session, statement: str) -> Iterator[psycopg.Copy]:
+    """``COPY ... FROM STDIN`` on the session's own connection, inside its transaction."""
+    driver = session.connection().connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        raise TypeError("curation's bulk writes need the psycopg driver")
+    with driver.cursor() as cursor, cursor.copy(statement) as copy:
+        yield copy
 
 
 def add_task_weights(session: Session, *, increments: Mapping[int, int]) -> None:
@@ -277,48 +371,29 @@ def add_task_weights(session: Session, *, increments: Mapping[int, int]) -> None
 
 
 def insert_task_sources(session: Session, *, rows: Sequence[tuple[int, int, str]]) -> None:
-    """Link tasks to the traces they came from: ``(task_id, trace_id, relation)``."""
+    """Link tasks to the traces they came from: ``(task_id, trace_id, relation)``.
+
+    The traces are this batch's own (locked, uncurated), so no row can exist already.
+    """
     if not rows:
         return
-    session.execute(
-        text(
-            """
-            INSERT INTO task_sources (task_id, trace_id, relation)
-            SELECT * FROM unnest(CAST(:tasks AS bigint[]), CAST(:traces AS bigint[]),
-                                 CAST(:relations AS text[]))
-            ON CONFLICT DO NOTHING
-            """
-        ),
-        {
-            "tasks": [r[0] for r in rows],
-            "traces": [r[1] for r in rows],
-            "relations": [r[2] for r in rows],
-        },
-    )
+    with _copy(session, "COPY task_sources (task_id, trace_id, relation) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 def insert_lsh_buckets(
     session: Session, *, loop_id: int, rows: Sequence[tuple[int, bytes, int]]
 ) -> None:
-    """Persist LSH bands: ``(band, bucket, task_id)`` for tasks of ``loop_id``."""
+    """Persist LSH bands: ``(band, bucket, task_id)`` for tasks of ``loop_id``.
+
+    The tasks are this batch's new ones, so no row can exist already.
+    """
     if not rows:
         return
-    session.execute(
-        text(
-            """
-            INSERT INTO lsh_buckets (loop_id, band, bucket, task_id)
-            SELECT :loop_id, * FROM unnest(CAST(:bands AS integer[]), CAST(:buckets AS bytea[]),
-                                           CAST(:tasks AS bigint[]))
-            ON CONFLICT DO NOTHING
-            """
-        ),
-        {
-            "loop_id": loop_id,
-            "bands": [r[0] for r in rows],
-            "buckets": [r[1] for r in rows],
-            "tasks": [r[2] for r in rows],
-        },
-    )
+    with _copy(session, "COPY lsh_buckets (loop_id, band, bucket, task_id) FROM STDIN") as copy:
+        for band, bucket, task_id in rows:
+            copy.write_row((loop_id, band, bucket, task_id))
 
 
 def record_probe_results(session: Session, *, loop_id: int, pass_rates: Mapping[int, float]) -> int:

@@ -129,3 +129,41 @@ def test_similarity_tracks_jaccard() -> None:
     far = similarity.jaccard(similarity.signature(BASES[0]), similarity.signature(BASES[2]))
     assert same == 1.0
     assert close > 0.85 > 0.2 > far
+
+
+def _reference_pairs(
+    new: list[NewTask], stored: list[StoredTask]
+) -> set[tuple[str, str | int, float]]:
+    """Band sharing by the definition: some band's bytes equal, compared pair by pair."""
+    pairs: set[tuple[str, str | int, float]] = set()
+    for i, a in enumerate(new):
+        bands = set(similarity.band_keys(a.signature))
+        for b in new[i + 1 :]:
+            if bands & set(similarity.band_keys(b.signature)):
+                pairs.add((a.key, b.key, similarity.jaccard(a.signature, b.signature)))
+        for s in stored:
+            if bands & set(similarity.band_keys(s.signature)):
+                pairs.add((a.key, s.task_id, similarity.jaccard(a.signature, s.signature)))
+    return pairs
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    picks=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), min_size=1, max_size=25),
+    stored_picks=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), max_size=25),
+)
+def test_links_are_exactly_the_pairs_that_share_a_band(
+    picks: list[tuple[int, int]], stored_picks: list[tuple[int, int]]
+) -> None:
+    from services.curation.dedup import _links
+
+    new = list({t.key: t for t in (task(BASES[b] + EDITS[e]) for b, e in picks)}.values())
+    stored = [
+        StoredTask(100 + n, f"s{n}", "v", similarity.signature(BASES[b] + EDITS[e] + " x"), "c")
+        for n, (b, e) in enumerate(stored_picks)
+    ]
+    found = {
+        (link.a, link.b if link.stored is None else link.stored.task_id, link.similarity)
+        for link in _links(new, stored)
+    }
+    assert found == _reference_pairs(new, stored)

@@ -1,7 +1,7 @@
 """loop config versions
 
 Revision ID: 0005
-Revises: 0001
+Revises: 0004
 Create Date: 2026-12-01 09:00:00
 
 Every loop gets its current configuration as version 1 (changed by "migration"), so the
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0005'
-down_revision: str | None = '0001'
+down_revision: str | None = '0004'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -8,7 +8,7 @@ on a busy 2-core machine: writing the bands took 7.3 s with it and 4.0 s without
 curation: 39.4 s and 34.4 s).
 
 Revision ID: 0008
-Revises: 0001
+Revises: 0005
 Create Date: 2026-12-01 09:30:00
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0008"
-down_revision: str | None = "0001"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

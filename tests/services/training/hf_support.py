@@ -38,7 +38,10 @@ def build_tokenizer() -> object:
     corpus.append(tools_system_prompt(env.chat_start(task, max_turns=1).tools))
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(
-        corpus, vocab_size=700, min_frequency=2, special_tokens=["<|im_start|>", "<|im_end|>", "<pad>"]
+        corpus,
+        vocab_size=700,
+        min_frequency=2,
+        special_tokens=["<|im_start|>", "<|im_end|>", "<pad>"],
     )
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,

@@ -56,6 +56,8 @@ def hf_config(cls: type, hyper: dict[str, Any], seed: int) -> Any:
     values = dict(hyper)
     targets = values.get("lora_target_modules")
     if targets is not None:
+        if isinstance(targets, str):  # a loop's training profile holds scalars: "q_proj,v_proj"
+            targets = [t.strip() for t in targets.split(",") if t.strip()]
         if not isinstance(targets, list):
             raise JobError("hyperparameters.lora_target_modules must be a list of module names")
         values["lora_target_modules"] = tuple(targets)
@@ -89,6 +91,9 @@ def run_hf_train(
         raise JobError(str(exc)) from None
     if spec.base_checkpoint is None:
         raise JobError("hf training needs a base checkpoint (the champion)")
+    declared = spec.raw.get("family", "hf")
+    if declared != "hf":
+        raise JobError(f"spec 'family' is {declared!r} but the base checkpoint is an hf model")
     config_cls = HFGRPOConfig if algorithm == "grpo" else HFSFTConfig
     config = hf_config(config_cls, hyper, spec.seed)
     job_env = job_environment()

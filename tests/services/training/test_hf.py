@@ -292,7 +292,7 @@ def test_an_adapter_without_its_base_in_the_store_is_not_installed(
     [
         ({"steps": 2, "bogus": 1}, "unknown hyperparameter.*bogus"),
         ({"lora_r": 0}, "lora_r and lora_alpha"),
-        ({"lora_target_modules": "q_proj"}, "lora_target_modules must be a list"),
+        ({"lora_target_modules": 3}, "lora_target_modules must be a list"),
         ({"lora_target_modules": ["no_such_module"]}, "cannot attach LoRA"),
         ({"lr": "fast"}, "hyperparameters.lr must be a float"),
         ({"steps": 1.5}, "hyperparameters.steps must be a int"),
@@ -343,3 +343,28 @@ def test_grpo_group_of_one_is_refused(
     )
     assert train_job_main(["--spec", str(spec)]) == 2
     assert "group_size must be >= 2" in capsys.readouterr().err
+
+
+def test_profile_key_lists_match_the_trainers() -> None:
+    from dataclasses import fields
+
+    from services.training.hf.train import HFGRPOConfig, HFSFTConfig
+    from services.training.hyperparameters import HF_GRPO_KEYS, HF_SFT_KEYS
+
+    assert {f.name for f in fields(HFSFTConfig)} - {"seed"} == HF_SFT_KEYS - {"threads"}
+    assert {f.name for f in fields(HFGRPOConfig)} - {"seed"} == HF_GRPO_KEYS - {"threads"}
+
+
+def test_a_training_profile_for_hf_refuses_unknown_hyperparameters() -> None:
+    from pydantic import ValidationError
+
+    from services.loop.policies import TrainingProfile
+
+    profile = TrainingProfile.model_validate(
+        {"family": "hf", "algorithm": "grpo", "hyperparameters": {"lora_r": 8, "group_size": 4}}
+    )
+    assert profile.family == "hf"
+    with pytest.raises(ValidationError, match=r"unknown hyperparameter.*augment_fraction"):
+        TrainingProfile.model_validate(
+            {"family": "hf", "algorithm": "sft", "hyperparameters": {"augment_fraction": 0.5}}
+        )

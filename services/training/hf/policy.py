@@ -83,11 +83,17 @@ class HFPolicy:
         return cls(loaded.model, loaded.tokenizer, device=device, manifest=loaded.manifest)
 
     @property
-    def stop_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id}
+    def end_of_turn_id(self) -> int:
+        """The token that closes an assistant turn: ChatML's ``<|im_end|>`` if the vocabulary
+        has it (Qwen, SmolLM2), else end-of-sequence."""
         end_of_turn = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
-            ids.add(end_of_turn)
+            return end_of_turn
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id, self.end_of_turn_id}
         return sorted(i for i in ids if isinstance(i, int))
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> str:

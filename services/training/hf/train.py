@@ -244,7 +244,7 @@ def demonstration_sequences(
     env: ChatEnvironment, tasks: Sequence[TaskSpec], policy: HFPolicy
 ) -> Sequences:
     """Token sequences of the solved conversations, assistant turns (and end-of-turn) targets."""
-    end_of_turn = policy.stop_ids[-1] if policy.stop_ids else policy.tokenizer.eos_token_id
+    end_of_turn = policy.end_of_turn_id
     sequences: Sequences = []
     for task in tasks:
         pairs = env.chat_demonstration(task)

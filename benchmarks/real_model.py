@@ -67,19 +67,19 @@ FULL = {
     },
     "eval_tasks": 40,
 }
-QUICK = {
-    "sft_tasks": 16,
-    "sft": {"steps": 6, "batch_size": 4, "micro_batch": 4, "lr": 1e-3, "log_every": 2},
-    "grpo_tasks": 8,
+QUICK = {  # every step once, sized for a shared 2-core machine
+    "sft_tasks": 8,
+    "sft": {"steps": 4, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "log_every": 1},
+    "grpo_tasks": 4,
     "grpo": {
-        "steps": 2,
-        "tasks_per_step": 2,
+        "steps": 1,
+        "tasks_per_step": 1,
         "group_size": 4,
         "max_turns": 3,
         "max_new_tokens": 40,
         "lr": 2e-4,
     },
-    "eval_tasks": 6,
+    "eval_tasks": 4,
 }
 EVAL = {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32}
 

@@ -229,11 +229,27 @@ def _collate(
     return ids_t.to(device), attn.to(device), target[:, 1:].to(device)
 
 
-def sequence_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each next token: (N, T-1) for ids (N, T)."""
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (N, T-1, V)
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
-    return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (N, T-1)
+def sequence_logprobs(
+    model: Any, ids: torch.Tensor, attention: torch.Tensor, target: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Log-probability of each next token: (N, T-1) for ids (N, T).
+
+    With ``target`` (N, T-1), only the positions some row trains on are projected through
+    the output head (``logits_to_keep``): chat prompts are mostly system text and tools, so
+    this skips most of the (positions x vocabulary) logits; other positions come back 0.
+    """
+    n, width = ids.shape
+    if target is None or not bool(target.any()):
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (N, T-1, V)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
+        return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (N, T-1)
+    keep = target.any(dim=0).nonzero().squeeze(-1)  # (K,) positions p predicting token p+1
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits  # (N, K, V)
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (N, K, V)
+    picked = logp.gather(-1, ids[:, keep + 1, None]).squeeze(-1)  # (N, K)
+    out = torch.zeros((n, width - 1), dtype=picked.dtype, device=ids.device)  # (N, T-1)
+    out[:, keep] = picked
+    return out
 
 
 def make_optimizer(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -> Any:
@@ -294,7 +310,7 @@ def train_sft_hf(
             chunk = local[begin : begin + config.micro_batch]
             ids, attention, target = _collate(chunk, pad_id, device)
             with autocast(device):
-                logp = sequence_logprobs(model, ids, attention)  # (n, T-1)
+                logp = sequence_logprobs(model, ids, attention, target)  # (n, T-1)
             loss = -(logp * target).sum() / normalizer
             loss.backward()
             local_loss += float(loss.detach())
@@ -444,9 +460,9 @@ def _grpo_step(
         ids, attention, target = _collate(chunk, pad_id, device)
         ref_logp = None
         if reference is not None:
-            ref_logp = _reference_logprobs(model, params, reference, ids, attention, device)
+            ref_logp = _reference_logprobs(model, params, reference, ids, attention, target, device)
         with autocast(device):
-            logp = sequence_logprobs(model, ids, attention)  # (n, T-1)
+            logp = sequence_logprobs(model, ids, attention, target)  # (n, T-1)
         loss, info = policy_loss(
             logp,
             logp.detach(),
@@ -494,6 +510,7 @@ def _reference_logprobs(
     reference: list[torch.Tensor],
     ids: torch.Tensor,
     attention: torch.Tensor,
+    target: torch.Tensor,
     device: torch.device,
 ) -> torch.Tensor:
     """Log-probs under the starting weights, swapped in and out (no second model)."""
@@ -502,7 +519,7 @@ def _reference_logprobs(
         param.copy_(ref)
     try:
         with autocast(device):
-            return sequence_logprobs(model, ids, attention)
+            return sequence_logprobs(model, ids, attention, target)
     finally:
         for param, value in zip(params, current, strict=True):
             param.copy_(value)

@@ -368,3 +368,19 @@ def test_a_training_profile_for_hf_refuses_unknown_hyperparameters() -> None:
         TrainingProfile.model_validate(
             {"family": "hf", "algorithm": "sft", "hyperparameters": {"augment_fraction": 0.5}}
         )
+
+
+def test_logprobs_of_kept_positions_equal_the_full_computation(tiny_llama: Path) -> None:
+    from services.training.hf.train import sequence_logprobs
+
+    model = load_hf_checkpoint(tiny_llama).model
+    ids = torch.tensor([[0, 5, 9, 17, 33, 64, 3], [0, 7, 7, 8, 2, 2, 2]])
+    attention = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    target = torch.zeros((2, 6), dtype=torch.bool)
+    target[0, 4:] = True
+    target[1, 1:3] = True
+    with torch.no_grad():
+        full = sequence_logprobs(model, ids, attention)
+        kept = sequence_logprobs(model, ids, attention, target)
+    torch.testing.assert_close(kept[target], full[target], atol=1e-5, rtol=1e-5)
+    assert torch.all(kept[~target.any(dim=0).expand_as(target)] == 0)

@@ -384,3 +384,53 @@ def test_logprobs_of_kept_positions_equal_the_full_computation(tiny_llama: Path)
         kept = sequence_logprobs(model, ids, attention, target)
     torch.testing.assert_close(kept[target], full[target], atol=1e-5, rtol=1e-5)
     assert torch.all(kept[~target.any(dim=0).expand_as(target)] == 0)
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_match_one_process(
+    tiny_llama: Path, chat_tasks: dict[str, Path], tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    repo = Path(__file__).resolve().parents[3]
+    hyper = {**SFT_HYPER, "steps": 2, "batch_size": 4, "micro_batch": 2, "threads": 1}
+    commands = {
+        "single": [sys.executable, "-m", "services.training.job"],
+        "ddp": [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "services.training.job",
+        ],
+    }
+    for name, command in commands.items():
+        (tmp_path / name).mkdir()
+        spec = write_spec(
+            tmp_path / name / "spec.json",
+            kind="train",
+            algorithm="sft",
+            dataset=str(chat_tasks["v1"]),
+            base_checkpoint=str(tiny_llama),
+            output_dir=str(tmp_path / name / "out"),
+            hyperparameters=hyper,
+        )
+        proc = subprocess.run(
+            [*command, "--spec", str(spec)], cwd=repo, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    one = json.loads((tmp_path / "single" / "out" / "metrics.json").read_text())
+    two = json.loads((tmp_path / "ddp" / "out" / "metrics.json").read_text())
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["train_tokens"] == two["train_tokens"]
+    a = load_file(str(tmp_path / "single" / "out" / "checkpoint" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "ddp" / "out" / "checkpoint" / "adapter_model.safetensors"))
+    assert set(a) == set(b)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)

@@ -79,8 +79,13 @@ class HFPolicy:
 
     @classmethod
     def from_loaded(cls, loaded: LoadedHF, device: torch.device) -> HFPolicy:
-        loaded.model.eval()
-        return cls(loaded.model, loaded.tokenizer, device=device, manifest=loaded.manifest)
+        """For inference an adapter is folded into (a copy of) its base's weights: the same
+        outputs as the unmerged peft model without its per-layer extra matmuls."""
+        model = loaded.model
+        if hasattr(model, "merge_and_unload"):
+            model = model.merge_and_unload()
+        model.eval()
+        return cls(model, loaded.tokenizer, device=device, manifest=loaded.manifest)
 
     @property
     def end_of_turn_id(self) -> int:

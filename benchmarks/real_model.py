@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -38,6 +39,7 @@ from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
 from services.evaluation.stats import compare_paired
+from services.training.checkpoint import verify_checkpoint
 from services.training.distributed import init_distributed
 from services.training.hf.checkpoint import load_hf_checkpoint, save_lora_adapter
 from services.training.hf.policy import HFPolicy, model_dtype
@@ -45,6 +47,7 @@ from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
 from services.training.hf.train import (
     HFGRPOConfig,
     HFSFTConfig,
+    HFTrainResult,
     demonstration_sequences,
     prepare_trainable,
     train_grpo_hf,
@@ -112,25 +115,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     eval_v1 = held_out(env, "v1", settings["eval_tasks"], args.seed + 3, train_ids)
     eval_v2 = held_out(env, "v2", settings["eval_tasks"], args.seed + 4, train_ids)
 
-    # 2. SFT-LoRA champion on v1
+    # 2. SFT-LoRA champion on v1 (or a champion made by an earlier run, --champion)
     sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed)
     loaded = load_hf_checkpoint(base_dir, device="cpu", dtype=model_dtype(device))
     params_m = sum(p.numel() for p in loaded.model.parameters()) / 1e6
-    model = prepare_trainable(loaded, sft_cfg).to(device)
-    t1 = time.monotonic()
-    sequences = demonstration_sequences(
-        env, sft_tasks, HFPolicy(model, loaded.tokenizer, device=device)
-    )
-    sft = train_sft_hf(
-        model, sequences, sft_cfg, pad_id=int(loaded.tokenizer.pad_token_id), ctx=ctx
-    )
-    sft_wall = time.monotonic() - t1
-    champion_manifest = save_lora_adapter(
-        model.cpu(), store / "champion.tmp", base=base_manifest, parent=base_manifest.checkpoint_id
-    )
-    champion_dir = store / champion_manifest.checkpoint_id
-    (store / "champion.tmp").rename(champion_dir)
-    del model, loaded
+    sft: HFTrainResult | None = None
+    sft_wall = None
+    if args.champion is not None:
+        champion_dir = args.champion
+        champion_manifest = verify_checkpoint(champion_dir)
+        logger.info("champion %s from an earlier run", champion_manifest.checkpoint_id[:12])
+    else:
+        model = prepare_trainable(loaded, sft_cfg).to(device)
+        t1 = time.monotonic()
+        sequences = demonstration_sequences(
+            env, sft_tasks, HFPolicy(model, loaded.tokenizer, device=device)
+        )
+        sft = train_sft_hf(
+            model, sequences, sft_cfg, pad_id=int(loaded.tokenizer.pad_token_id), ctx=ctx
+        )
+        sft_wall = time.monotonic() - t1
+        champion_manifest = save_lora_adapter(
+            model.cpu(),
+            store / "champion.tmp",
+            base=base_manifest,
+            parent=base_manifest.checkpoint_id,
+        )
+        champion_dir = _into_store(store, "champion.tmp", champion_manifest.checkpoint_id)
+        del model
+    del loaded
     champion = HFPolicy.load(champion_dir, device=args.device, base_dir=base_dir)
     v1_before = _evaluate(champion, env, eval_v1, args)
     v2_before = _evaluate(champion, env, eval_v2, args)
@@ -139,8 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         champion_manifest.checkpoint_id[:12],
         v1_before.pass_rate,
         v2_before.pass_rate,
-        sft_wall,
-        sft.final_loss or float("nan"),
+        sft_wall or 0.0,
+        sft.final_loss if sft and sft.final_loss is not None else float("nan"),
     )
     del champion
 
@@ -163,8 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base=base_manifest,
         parent=champion_manifest.checkpoint_id,
     )
-    candidate_dir = store / candidate_manifest.checkpoint_id
-    (store / "candidate.tmp").rename(candidate_dir)
+    candidate_dir = _into_store(store, "candidate.tmp", candidate_manifest.checkpoint_id)
     del model, loaded
     candidate = HFPolicy.load(candidate_dir, device=args.device, base_dir=base_dir)
     v2_after = _evaluate(candidate, env, eval_v2, args)
@@ -198,9 +210,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "v2_gain_points": round(100.0 * (v2_after.pass_rate - v2_before.pass_rate), 2),
         "v2_mcnemar_p_improvement": paired.p_value_improvement,
         "gate_significant": paired.p_value_improvement < 0.05,
-        "sft_wall_s": round(sft_wall, 1),
-        "sft_final_loss": sft.final_loss,
-        "sft_train_tokens_per_s": round(sft.train_tokens / sft.train_s, 1) if sft.train_s else 0.0,
+        "sft_wall_s": round(sft_wall, 1) if sft_wall is not None else None,
+        "sft_final_loss": sft.final_loss if sft else None,
+        "sft_train_tokens_per_s": round(sft.train_tokens / sft.train_s, 1)
+        if sft and sft.train_s
+        else None,
         "grpo_wall_s": round(grpo_wall, 1),
         "grpo_steps": grpo.steps,
         "grpo_episodes": grpo.episodes,
@@ -223,6 +237,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _into_store(store: Path, tmp_name: str, checkpoint_id: str) -> Path:
+    """Move a freshly written checkpoint to ``store/<id>``; equal content is already there
+    (e.g. a GRPO step whose groups all had zero variance left the weights unchanged)."""
+    target = store / checkpoint_id
+    if target.exists():
+        shutil.rmtree(store / tmp_name)
+    else:
+        (store / tmp_name).rename(target)
+    return target
+
+
 def _evaluate(
     policy: HFPolicy, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
 ) -> EvaluationResult:
@@ -236,6 +261,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument(
+        "--champion", type=Path, default=None, help="skip SFT: an adapter made by an earlier run"
+    )
     parser.add_argument(
         "--model-dir",
         type=Path,

@@ -69,6 +69,7 @@ FULL = {
         "lr": 2e-4,
     },
     "eval_tasks": 40,
+    "eval": {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32},
 }
 QUICK = {  # every step once, sized for a shared 2-core machine
     "sft_tasks": 8,
@@ -82,9 +83,9 @@ QUICK = {  # every step once, sized for a shared 2-core machine
         "max_new_tokens": 40,
         "lr": 2e-4,
     },
-    "eval_tasks": 4,
+    "eval_tasks": 3,
+    "eval": {"max_turns": 2, "max_new_tokens": 40, "batch_size": 32},
 }
-EVAL = {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32}
 
 
 def held_out(
@@ -101,6 +102,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = ToolcalcEnvironment()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-real-model-"))
     store = work / "checkpoints"
+    for stale in ("champion.tmp", "candidate.tmp"):  # left by an interrupted run
+        shutil.rmtree(store / stale, ignore_errors=True)
     ctx = init_distributed(args.device)
     device = ctx.device
 
@@ -251,7 +254,8 @@ def _into_store(store: Path, tmp_name: str, checkpoint_id: str) -> Path:
 def _evaluate(
     policy: HFPolicy, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
 ) -> EvaluationResult:
-    return evaluate(policy, env, tasks, seed=args.seed, **EVAL)
+    settings = QUICK if args.quick else FULL
+    return evaluate(policy, env, tasks, seed=args.seed, **settings["eval"])
 
 
 def main() -> None:

@@ -96,6 +96,7 @@ class DemoOptions:
     )
     sft_tasks: int = 4000
     champion_cache: Path | None = None
+    model: str = "tiny"  # or "smollm2": the real LM (services/demo/smollm2.py)
 
 
 @dataclass
@@ -211,6 +212,12 @@ def follow_job_progress(process: subprocess.Popen[bytes], log_path: Path, label:
             time.sleep(0.5)
 
 
+def _smollm2_profile() -> dict[str, Any]:
+    from services.demo import smollm2
+
+    return smollm2.training_profile()
+
+
 def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
     """The first champion: SFT on toolcalc v1 demonstrations.
 
@@ -318,7 +325,14 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
             f"[demo] Ratchet is up: dashboard {settings.api_base_url}/  Temporal UI "
             f"{settings.effective_temporal_ui_url}  logs {settings.logs_dir}"
         )
-        champion = make_champion(settings.state_dir, options, out)
+        if options.model == "smollm2":
+            from services.demo import smollm2
+
+            champion = smollm2.make_champion(
+                options.champion_cache or settings.state_dir, settings.artifacts_dir, _run_job, out
+            )
+        else:
+            champion = make_champion(settings.state_dir, options, out)
         server = start_model_server(settings, champion, token)
         serve_url = f"http://{settings.serve_host}:{settings.serve_port}"
         client = RatchetClient(settings.api_base_url, token)
@@ -340,7 +354,9 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
                 # candidate that misses a single one.
                 "regression_tolerance_points": 5,
             },
-            training_profile={
+            training_profile=_smollm2_profile()
+            if options.model == "smollm2"
+            else {
                 "algorithm": "grpo",
                 "hyperparameters": options.grpo_hyperparameters,
             },

@@ -9,7 +9,6 @@ pass@1 (``services.evaluation.results.pass_at_1``): the number the gate and the 
 points use, since a majority vote over samples is not what one request to the served model
 gets.
 
-
 Both model families go through the same function and give the same per-task results: a
 tiny :class:`Policy` rolls out text transcripts (:func:`run_episodes`), an
 :class:`HFPolicy` rolls out chat conversations with tools (:func:`run_chat_episodes`),

@@ -208,6 +208,12 @@ SERVING_SWAPS = Counter(
     ["result"],
     registry=REGISTRY,
 )
+SERVING_TOKENS = Counter(
+    "ratchet_serving_tokens_total",
+    "Tokens the model server read (prompt) and generated (completion).",
+    ["kind"],
+    registry=REGISTRY,
+)
 SERVING_SWAP_DURATION = Histogram(
     "ratchet_serving_swap_duration_seconds",
     "Time from a deploy request to the new version being served.",

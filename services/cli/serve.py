@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     token = settings.admin_token.get_secret_value() if settings.admin_token else None
     try:
         serve(
-            args.checkpoint.resolve(),
+            args.checkpoint.absolute(),
             host=args.host or settings.serve_host,
             port=args.port or settings.serve_port,
             model_name=args.served_model_name,

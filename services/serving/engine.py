@@ -101,7 +101,10 @@ class Engine(Protocol):
 
 
 def sample_next(
-    logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor, seeds: torch.Tensor,
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_ps: torch.Tensor,
+    seeds: torch.Tensor,
     counter: int,
 ) -> torch.Tensor:
     """Next token ids (B,) for logits (B, V): greedy where temperature is 0, else Gumbel-max
@@ -163,8 +166,9 @@ def decode_batch(
                 finish[b] = "stop"
                 continue
             generated[b].append(token)
-            if rows[b].on_token is not None:
-                rows[b].on_token(token)
+            callback = rows[b].on_token
+            if callback is not None:
+                callback(token)
             if _hit_stop_string(engine, generated[b], rows[b].sampling.stop):
                 finish[b] = "stop"
             elif len(generated[b]) >= budgets[b]:

@@ -128,7 +128,8 @@ class ChatCompletionRequest(_Body):
                 raise OpenAIError(400, str(exc), param=_param_of(str(exc), where)) from exc
             if len(message.content or "") > MAX_CONTENT_CHARS:
                 raise OpenAIError(
-                    400, f"{where}.content is longer than {MAX_CONTENT_CHARS} characters",
+                    400,
+                    f"{where}.content is longer than {MAX_CONTENT_CHARS} characters",
                     param=f"{where}.content",
                 )
             out.append(message)

@@ -229,8 +229,9 @@ def create_serving_app(
         for served in registry.names():
             if served.name == name:
                 return _model_card(served)
-        raise OpenAIError(404, f"the model {name!r} does not exist", param="model",
-                          code="model_not_found")
+        raise OpenAIError(
+            404, f"the model {name!r} does not exist", param="model", code="model_not_found"
+        )
 
     @app.post("/v1/load_lora_adapter", response_model=None)
     async def load_adapter(body: LoadAdapterRequest, request: Request) -> Response:
@@ -260,7 +261,9 @@ def create_serving_app(
             registry.unload(body.lora_name)
         except ModelNotFound:
             raise OpenAIError(
-                404, f"no model named {body.lora_name!r} is loaded", param="lora_name",
+                404,
+                f"no model named {body.lora_name!r} is loaded",
+                param="lora_name",
                 code="model_not_found",
             ) from None
         except LoadRefused as exc:
@@ -349,17 +352,25 @@ class _Completion:
                 stop=self.stops,
             )
             row = GenerationRequest(
-                list(self.prompt), sampling, adapter=self.served.adapter,
+                list(self.prompt),
+                sampling,
+                adapter=self.served.adapter,
                 on_token=self._token_callback(index, loop),
             )
             future = self.scheduler.submit(self.engine, row)
             if self.stream_queue is not None:
-                queue = self.stream_queue
-                future.add_done_callback(
-                    lambda _f, i=index: loop.call_soon_threadsafe(queue.put_nowait, (i, _DONE))
-                )
+                future.add_done_callback(self._done_callback(index, loop, self.stream_queue))
             futures.append(future)
         return futures
+
+    @staticmethod
+    def _done_callback(
+        index: int, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[int, int]]
+    ) -> Callable[[Future[GenerationResult]], None]:
+        def done(_future: Future[GenerationResult]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (index, _DONE))
+
+        return done
 
     def _token_callback(
         self, index: int, loop: asyncio.AbstractEventLoop
@@ -458,10 +469,9 @@ class _Completion:
             result = futures[index].result()  # raises the decode error, ending the stream
             message, finish = self.message(result)
             if message.tool_calls:
+                calls = enumerate(message.tool_calls)
                 delta: dict[str, Any] = {
-                    "tool_calls": [
-                        {"index": i, **call.to_openai()} for i, call in enumerate(message.tool_calls)
-                    ]
+                    "tool_calls": [{"index": i, **call.to_openai()} for i, call in calls]
                 }
                 if message.content:
                     delta["content"] = message.content
@@ -474,8 +484,11 @@ class _Completion:
             self.results[index] = result
         options = self.body.stream_options
         if options is not None and options.include_usage:
-            usage = {**self._envelope("chat.completion.chunk"), "choices": [],
-                     "usage": self.usage([r for r in self.results.values()])}
+            usage = {
+                **self._envelope("chat.completion.chunk"),
+                "choices": [],
+                "usage": self.usage([r for r in self.results.values()]),
+            }
             yield f"data: {json.dumps(usage)}\n\n"
         yield "data: [DONE]\n\n"
 
@@ -531,7 +544,9 @@ def _check_admin(request: Request, admin_token: str | None) -> None:
             token.strip().encode(), admin_token.encode()
         ):
             raise OpenAIError(
-                401, "missing or wrong admin token", kind="authentication_error",
+                401,
+                "missing or wrong admin token",
+                kind="authentication_error",
                 code="invalid_api_key",
             )
         return

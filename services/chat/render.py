@@ -12,6 +12,7 @@ it must see the same bytes at serving time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -37,14 +38,46 @@ def tools_system_prompt(tools: Sequence[dict[str, Any]]) -> str:
     return TOOLS_PREAMBLE + "\n".join(lines) + TOOLS_INSTRUCTIONS
 
 
+def tool_call_text(name: str, arguments: Any) -> str:
+    """One call as the fallback convention writes it (a ``<tool_call>`` block, compact JSON)."""
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments)
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def plain_template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages a template without tool support can render: an assistant's ``tool_calls``
+    become ``<tool_call>`` blocks in its content, tool results stay ``tool`` messages."""
+    out = []
+    for message in messages:
+        message = dict(message)
+        calls = message.pop("tool_calls", None) or []
+        if message.get("role") == "assistant" and calls:
+            blocks = [
+                tool_call_text(c["function"]["name"], c["function"].get("arguments", {}))
+                for c in calls
+            ]
+            text = message.get("content") or ""
+            message["content"] = "\n".join([text, *blocks] if text else blocks)
+        if message.get("content") is None:
+            message["content"] = ""
+        message.pop("tool_call_id", None)
+        message.pop("name", None)
+        out.append(message)
+    return out
+
+
 def messages_with_tools_prompt(
     messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """OpenAI messages with the tools rendered into the system message (added if missing)."""
+    """OpenAI messages with the tools rendered into the system message (added if missing),
+    in the form :func:`plain_template_messages` gives."""
+    out = plain_template_messages(messages)
     if not tools:
-        return [dict(m) for m in messages]
+        return out
     rendered = tools_system_prompt(tools)
-    out = [dict(m) for m in messages]
     if out and out[0].get("role") == "system":
         out[0]["content"] = f"{out[0].get('content') or ''}\n\n{rendered}".lstrip()
     else:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from services.settings import SettingsError
 
 # The command groups, in the order `ratchet --help` lists them.
-COMMAND_MODULES = ("stack", "db", "loop", "tasks", "datasets", "job", "serve", "demo")
+COMMAND_MODULES = ("stack", "db", "loop", "tasks", "datasets", "job", "serve", "demo", "models")
 
 
 class CliError(Exception):

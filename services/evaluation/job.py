@@ -27,7 +27,7 @@ from services.environments.base import TaskFileError, read_task_file
 from services.environments.registry import get_environment
 from services.evaluation.evaluator import evaluate
 from services.evaluation.results import RESULTS_FILE
-from services.training.checkpoint import CheckpointError
+from services.training.checkpoint import CheckpointError, read_manifest
 from services.training.device import DeviceError
 from services.training.jobspec import (
     JobError,
@@ -39,6 +39,8 @@ from services.training.policy import Policy
 
 logger = logging.getLogger("services.evaluation.job")
 
+HF_MAX_NEW_TOKENS = 48
+HF_BATCH_SIZE = 32
 _HYPER = {
     "temperature": float,
     "max_turns": int,
@@ -100,13 +102,19 @@ def _run(spec: JobSpec) -> int:
     if threads:
         torch.set_num_threads(threads)
     try:
-        policy = Policy.load(spec.checkpoint, device=spec.device)
+        policy = _load_policy(spec)
     except CheckpointError as exc:
         raise JobError(f"checkpoint rejected: {exc}") from None
     except DeviceError as exc:
         raise JobError(str(exc)) from None
+    if not isinstance(policy, Policy):  # hf: chat turns are longer, batches on CPU smaller
+        options.setdefault("max_new_tokens", HF_MAX_NEW_TOKENS)
+        options.setdefault("batch_size", HF_BATCH_SIZE)
     started = time.monotonic()
-    result = evaluate(policy, env, tasks, seed=spec.seed, **options)
+    try:
+        result = evaluate(policy, env, tasks, seed=spec.seed, **options)
+    except ValueError as exc:  # e.g. an environment with no chat rendering for an hf model
+        raise JobError(str(exc)) from None
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     results_path = spec.output_dir / RESULTS_FILE
     tmp = results_path.with_name(f".{RESULTS_FILE}.tmp")
@@ -130,6 +138,17 @@ def _run(spec: JobSpec) -> int:
         "eval %s: %d/%d passed (%.3f)", spec.run_id, result.passed, result.n, result.pass_rate
     )
     return 0
+
+
+def _load_policy(spec: JobSpec) -> Any:
+    """The checkpoint as a policy of its family (tiny GPT or hf), verified on load."""
+    assert spec.checkpoint is not None
+    if read_manifest(spec.checkpoint).family == "hf":
+        # Imported here: only the hf family needs transformers and peft.
+        from services.training.hf.policy import HFPolicy
+
+        return HFPolicy.load(spec.checkpoint, device=spec.device, base_dir=spec.base_model)
+    return Policy.load(spec.checkpoint, device=spec.device)
 
 
 def main() -> None:

@@ -9,22 +9,47 @@ the job imports the name, the worker the reader.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 RESULTS_FILE = "results.jsonl"
+MAX_JOB_FILE_BYTES = 256 << 20  # far above any results or metrics file; bounds the worker
 
 
 class ResultsFileError(ValueError):
     """The results file is missing or not JSON lines of objects."""
 
 
+def read_job_output(path: Path, *, limit: int = MAX_JOB_FILE_BYTES) -> str:
+    """The text of a file a job wrote, read the way untrusted job output is read.
+
+    The file must be a regular file (an ``lstat`` first, then ``O_NOFOLLOW``): a job that
+    plants ``metrics.json -> /proc/self/environ`` gets an error, not the worker's
+    environment in its run record. Raises ``FileNotFoundError`` when absent and
+    ``OSError`` for anything refused.
+    """
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        raise OSError(f"{path} is not a regular file (symlinks are refused)")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path} is larger than {limit} bytes")
+    return data.decode("utf-8")
+
+
 def read_results(output_dir: Path) -> list[dict[str, Any]]:
     """Every row of ``output_dir/results.jsonl``; raises :class:`ResultsFileError`."""
     path = output_dir / RESULTS_FILE
     try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = read_job_output(path)
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ResultsFileError(f"cannot read evaluation results {path}: {exc}") from exc
     if not all(isinstance(row, dict) for row in rows):
         raise ResultsFileError(f"evaluation results {path} hold a line that is not an object")

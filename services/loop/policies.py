@@ -55,6 +55,9 @@ class TrainingProfile(_Policy):
     """What a training job gets: algorithm, hyper-parameters, accelerators, limits."""
 
     algorithm: Literal["grpo", "sft"] = "grpo"
+    family: Literal["tiny", "hf"] = Field(
+        default="tiny", description="model family of the champion: the trainer that runs"
+    )
     hyperparameters: dict[Text, Scalar] = Field(
         default_factory=dict, description="passed to the trainer as given (scalars)"
     )
@@ -64,6 +67,18 @@ class TrainingProfile(_Policy):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = Field(default=6 * 3600, gt=0)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_hf_hyperparameters(self) -> TrainingProfile:
+        if self.family == "hf":
+            from services.training.hyperparameters import unknown_hf_keys
+
+            unknown = unknown_hf_keys(self.algorithm, set(self.hyperparameters))
+            if unknown:
+                raise ValueError(
+                    f"unknown hyperparameter(s) for hf {self.algorithm}: {', '.join(unknown)}"
+                )
+        return self
 
 
 class ServingTarget(_Policy):

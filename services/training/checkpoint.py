@@ -15,6 +15,17 @@ same id wherever and whenever they were written, and the manifest's metadata (st
 does not change it. :func:`load_checkpoint` re-hashes every file and refuses a checkpoint
 whose bytes do not match its manifest.
 
+That is the ``tiny`` family. The same manifest describes ``hf`` checkpoints (any
+transformers causal LM directory, see :mod:`services.training.hf.checkpoint`): it then
+carries ``"family": "hf"``, ``"kind": "full"`` or ``"lora"`` and, for a LoRA adapter,
+``"base": {"checkpoint_id", "sha256"}`` naming the full model it applies to; the id hashes
+every listed file (and the base's id, so one adapter on two bases is two models).
+
+Files are read as job output is read everywhere: only the files the manifest lists, each
+opened with ``O_NOFOLLOW`` after an ``lstat`` that shows a regular file, never a symlink
+(a job could plant ``x -> /proc/self/environ`` and have the worker copy its secrets), and
+pickle weights (``.bin``, ``.pt``, ``.pth``, ``.pkl``, ``.ckpt``) are refused by name.
+
 The safetensors file is written here rather than by ``safetensors.torch.save_file``, which
 needs numpy; the format is a length-prefixed JSON header followed by raw little-endian
 bytes. Loading goes through the safetensors library itself.
@@ -27,6 +38,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -59,8 +71,28 @@ _DTYPES: dict[torch.dtype, str] = {
 }
 
 
+FAMILIES = ("tiny", "hf")
+KINDS = ("full", "lora")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
 class CheckpointError(Exception):
     """A checkpoint that is missing, incomplete, or whose bytes do not match its manifest."""
+
+
+@dataclass(frozen=True)
+class BaseRef:
+    """The full checkpoint a LoRA adapter applies to: its content id and sha256.
+
+    For checkpoints written by Ratchet the two are equal (the id is a sha256 over the base's
+    file hashes); both are kept so a reader can check the base without knowing that.
+    """
+
+    checkpoint_id: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"checkpoint_id": self.checkpoint_id, "sha256": self.sha256}
 
 
 class HasConfigDict(Protocol):
@@ -82,9 +114,12 @@ class Manifest:
     parent: str | None = None
     format: str = "safetensors"
     metadata: dict[str, Any] = field(default_factory=dict)
+    family: str = "tiny"
+    kind: str = "full"
+    base: BaseRef | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "schema": MANIFEST_SCHEMA,
             "checkpoint_id": self.checkpoint_id,
             "format": self.format,
@@ -95,6 +130,11 @@ class Manifest:
             },
             "metadata": self.metadata,
         }
+        if self.family != "tiny":  # tiny manifests keep their original shape
+            data["family"] = self.family
+            data["kind"] = self.kind
+            data["base"] = self.base.to_dict() if self.base else None
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> Manifest:
@@ -116,13 +156,37 @@ class Manifest:
         metadata = data.get("metadata") or {}
         if not isinstance(data.get("checkpoint_id"), str):
             raise CheckpointError("manifest has no checkpoint_id")
+        family = data.get("family", "tiny")
+        if family not in FAMILIES:
+            raise CheckpointError(f"manifest family must be one of {FAMILIES}, got {family!r}")
+        kind = data.get("kind", "full")
+        if kind not in KINDS:
+            raise CheckpointError(f"manifest kind must be one of {KINDS}, got {kind!r}")
+        base = _base_ref(data.get("base"))
+        if kind == "lora" and base is None:
+            raise CheckpointError("a LoRA adapter manifest must name its base checkpoint")
         return cls(
             checkpoint_id=data["checkpoint_id"],
             files=entries,
             parent=parent if isinstance(parent, str) else None,
             format=str(data.get("format", "safetensors")),
             metadata=metadata if isinstance(metadata, dict) else {},
+            family=family,
+            kind=kind,
+            base=base,
         )
+
+
+def _base_ref(raw: Any) -> BaseRef | None:
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("checkpoint_id"), str)
+        or not isinstance(raw.get("sha256"), str)
+    ):
+        raise CheckpointError("manifest 'base' must be {checkpoint_id: str, sha256: str}")
+    return BaseRef(checkpoint_id=raw["checkpoint_id"], sha256=raw["sha256"])
 
 
 @dataclass(frozen=True)
@@ -136,18 +200,64 @@ class LoadedCheckpoint:
     state_dict: dict[str, torch.Tensor]
 
 
+def open_regular_file(path: Path) -> int:
+    """A read-only descriptor for ``path`` if it is a regular file, never through a symlink."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"checkpoint file {path.name} is missing from {path.parent}"
+        ) from None
+    if stat.S_ISLNK(info.st_mode):
+        raise CheckpointError(
+            f"checkpoint file {path.name} in {path.parent} is a symlink (refused)"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"checkpoint file {path.name} in {path.parent} is not a regular file")
+    try:
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
+    except OSError as exc:
+        raise CheckpointError(f"cannot open {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between lstat and open
+        os.close(fd)
+        raise CheckpointError(f"checkpoint file {path.name} in {path.parent} is not a regular file")
+    return fd
+
+
+def read_regular_bytes(path: Path) -> bytes:
+    """The bytes of a regular file (see :func:`open_regular_file`)."""
+    with os.fdopen(open_regular_file(path), "rb") as fh:
+        return fh.read()
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
+    with os.fdopen(open_regular_file(path), "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def checkpoint_id_from_hashes(hashes: dict[str, str]) -> str:
-    """sha256 over ``"<sha256>  <name>\\n"`` lines of the content files, in name order."""
+def checkpoint_id_from_hashes(hashes: dict[str, str], *, base_id: str | None = None) -> str:
+    """sha256 over ``"<sha256>  <name>\\n"`` lines of the content files, in name order.
+
+    An adapter's base id enters as one more line, ``"<base id>  <base>\\n"``.
+    """
     lines = "".join(f"{hashes[name]}  {name}\n" for name in sorted(hashes))
+    if base_id is not None:
+        lines += f"{base_id}  <base>\n"
     return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def refuse_pickle(name: str, where: Path | str) -> None:
+    """Pickle weights can run code when loaded: refused by name, with what to do instead."""
+    if name.lower().endswith(PICKLE_SUFFIXES):
+        raise CheckpointError(
+            f"{name} in {where} is a pickle file; Ratchet loads weights only from safetensors "
+            "(convert it, e.g. model.save_pretrained(dir, safe_serialization=True))"
+        )
 
 
 def safetensors_bytes(
@@ -181,8 +291,9 @@ def safetensors_bytes(
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """Load a safetensors file (no pickle); tensors are copied out of the file buffer."""
+    data = read_regular_bytes(path)
     try:
-        tensors = safetensors_load(path.read_bytes())
+        tensors = safetensors_load(data)
     except Exception as exc:  # the Rust loader raises its own error types
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
     return {name: tensor.clone() for name, tensor in tensors.items()}
@@ -247,33 +358,50 @@ def save_checkpoint(
 
 def read_manifest(checkpoint_dir: Path | str) -> Manifest:
     path = Path(checkpoint_dir) / MANIFEST_FILE
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise CheckpointError(f"{checkpoint_dir} is not a checkpoint: {MANIFEST_FILE} is missing")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(read_regular_bytes(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
     return Manifest.from_dict(data)
+
+
+def required_files(manifest: Manifest) -> tuple[str, ...]:
+    """The files a checkpoint of this family and kind cannot do without."""
+    if manifest.family == "tiny":
+        return CONTENT_FILES
+    if manifest.kind == "lora":
+        return ("adapter_config.json", "adapter_model.safetensors")
+    return (CONFIG_FILE,)
 
 
 def verify_checkpoint(checkpoint_dir: Path | str, *, expected_id: str | None = None) -> Manifest:
     """Re-hash every file named in the manifest; raise :class:`CheckpointError` on any mismatch."""
     root = Path(checkpoint_dir)
     manifest = read_manifest(root)
-    missing = [name for name in CONTENT_FILES if name not in manifest.files]
+    missing = [name for name in required_files(manifest) if name not in manifest.files]
     if missing:
         raise CheckpointError(f"manifest of {root} does not list {', '.join(missing)}")
+    if manifest.family == "hf" and not any(n.endswith(".safetensors") for n in manifest.files):
+        raise CheckpointError(f"manifest of {root} lists no .safetensors weights")
     for name, entry in sorted(manifest.files.items()):
-        path = root / name
-        if Path(name).name != name or not path.is_file():
-            raise CheckpointError(f"checkpoint file {name} is missing from {root}")
-        actual = sha256_file(path)
+        if Path(name).name != name or name in (MANIFEST_FILE, ".", ".."):
+            raise CheckpointError(f"manifest of {root} lists {name!r}, which is not a file name")
+        refuse_pickle(name, root)
+        actual = sha256_file(root / name)
         if actual != entry.sha256:
             raise CheckpointError(
                 f"checkpoint file {name} in {root} has sha256 {actual[:12]}…, "
                 f"manifest says {entry.sha256[:12]}… (tampered or corrupt)"
             )
-    computed = checkpoint_id_from_hashes({n: manifest.files[n].sha256 for n in CONTENT_FILES})
+    if manifest.family == "tiny":
+        hashes = {n: manifest.files[n].sha256 for n in CONTENT_FILES}
+        computed = checkpoint_id_from_hashes(hashes)
+    else:
+        hashes = {n: e.sha256 for n, e in manifest.files.items()}
+        base_id = manifest.base.checkpoint_id if manifest.base else None
+        computed = checkpoint_id_from_hashes(hashes, base_id=base_id)
     if computed != manifest.checkpoint_id:
         raise CheckpointError(f"manifest of {root} has checkpoint_id that does not match its files")
     if expected_id is not None and expected_id != manifest.checkpoint_id:
@@ -291,10 +419,14 @@ def load_checkpoint(
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     manifest = verify_checkpoint(root, expected_id=expected_id)
+    if manifest.family != "tiny":
+        raise CheckpointError(
+            f"checkpoint {root} is of the {manifest.family!r} family, not a tiny GPT checkpoint"
+        )
     try:
-        config = json.loads((root / CONFIG_FILE).read_text())
+        config = json.loads(read_regular_bytes(root / CONFIG_FILE))
         tokenizer = ByteTokenizer.load(root / TOKENIZER_FILE)
-    except (json.JSONDecodeError, TokenizerError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, TokenizerError) as exc:
         raise CheckpointError(f"checkpoint {root}: {exc}") from exc
     if not isinstance(config, dict):
         raise CheckpointError(f"checkpoint {root}: {CONFIG_FILE} is not a JSON object")
@@ -336,3 +468,82 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, path: Path) -> None:
         if isinstance(group.get("betas"), list):
             group["betas"] = tuple(group["betas"])
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def checkpoint_files(directory: Path) -> list[str]:
+    """The files a manifest of ``directory`` lists: its regular top-level files.
+
+    Hidden entries (``.gitattributes``, ``.cache/``) and an existing ``manifest.json`` are
+    left out. Symlinks, sub-directories, other non-regular files and pickle weights are
+    refused: a checkpoint is a flat directory of plain files, and what it holds is exactly
+    what its manifest says.
+    """
+    if not directory.is_dir() or directory.is_symlink():
+        raise CheckpointError(f"{directory} is not a directory")
+    names: list[str] = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.name.startswith(".") or entry.name == MANIFEST_FILE:
+            continue
+        if entry.is_symlink():
+            raise CheckpointError(f"{entry.name} in {directory} is a symlink (refused)")
+        if entry.is_dir(follow_symlinks=False):
+            raise CheckpointError(
+                f"{entry.name} in {directory} is a directory; a checkpoint is a flat directory"
+            )
+        if not entry.is_file(follow_symlinks=False):
+            raise CheckpointError(f"{entry.name} in {directory} is not a regular file")
+        refuse_pickle(entry.name, directory)
+        names.append(entry.name)
+    return names
+
+
+def write_manifest(
+    directory: Path | str,
+    *,
+    family: str,
+    kind: str = "full",
+    base: BaseRef | None = None,
+    parent: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Manifest:
+    """Hash every file of a checkpoint directory and write its ``manifest.json``.
+
+    This is how a directory written by any trainer (Ratchet's, TRL's, a user's script)
+    becomes a checkpoint Ratchet can verify: ``ratchet checkpoint manifest DIR`` calls it.
+    """
+    root = Path(directory)
+    if family not in FAMILIES or kind not in KINDS:
+        raise CheckpointError(f"family must be one of {FAMILIES} and kind one of {KINDS}")
+    if kind == "lora" and base is None:
+        raise CheckpointError("a LoRA adapter checkpoint must name its base checkpoint")
+    names = checkpoint_files(root)
+    files = {
+        name: FileEntry(sha256=sha256_file(root / name), size=(root / name).stat().st_size)
+        for name in names
+    }
+    if family == "tiny":
+        missing = [n for n in CONTENT_FILES if n not in files]
+        if missing:
+            raise CheckpointError(f"{root} lacks {', '.join(missing)} for a tiny checkpoint")
+        checkpoint_id = checkpoint_id_from_hashes({n: files[n].sha256 for n in CONTENT_FILES})
+    else:
+        checkpoint_id = checkpoint_id_from_hashes(
+            {n: e.sha256 for n, e in files.items()},
+            base_id=base.checkpoint_id if base else None,
+        )
+    manifest = Manifest(
+        checkpoint_id=checkpoint_id,
+        files=files,
+        parent=parent,
+        metadata=dict(metadata or {}),
+        family=family,
+        kind=kind,
+        base=base,
+    )
+    missing = [n for n in required_files(manifest) if n not in files]
+    if missing:
+        raise CheckpointError(f"{root} lacks {', '.join(missing)} for a {family} {kind} checkpoint")
+    if family == "hf" and not any(n.endswith(".safetensors") for n in files):
+        raise CheckpointError(f"{root} holds no .safetensors weights")
+    _write_json(root / MANIFEST_FILE, manifest.to_dict())
+    return manifest

@@ -29,7 +29,12 @@ import torch
 
 from services.environments.base import Environment, TaskFileError, TaskSpec, read_task_file
 from services.environments.registry import get_environment
-from services.training.checkpoint import CheckpointError, save_checkpoint, verify_checkpoint
+from services.training.checkpoint import (
+    CheckpointError,
+    read_manifest,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from services.training.device import DeviceError
 from services.training.distributed import DistContext, init_distributed, shutdown_distributed
 from services.training.grpo import GRPOConfig, train_grpo
@@ -75,6 +80,8 @@ def _run(spec: JobSpec) -> int:
         if not isinstance(threads, int) or threads < 1:
             raise JobError("hyperparameters.threads must be a positive integer")
         torch.set_num_threads(threads)
+    if _base_family(spec) == "hf":
+        return _run_hf(spec, algorithm, env, tasks, hyper, checkpoint_dir, metrics_path)
     model, parent = _initial_model(spec, algorithm, hyper.pop("model", None))
     job_env = job_environment()
     try:
@@ -121,6 +128,50 @@ def _run(spec: JobSpec) -> int:
         write_json(metrics_path, metrics)
         logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
     ctx.barrier()
+    return 0
+
+
+def _base_family(spec: JobSpec) -> str:
+    """The model family the job trains: the base checkpoint's (``tiny`` without one)."""
+    if spec.base_checkpoint is None or not spec.base_checkpoint.is_dir():
+        family = spec.raw.get("family", "tiny")
+        if family == "hf":
+            raise JobError("hf training needs a base checkpoint: set 'base_checkpoint'")
+        return "tiny"
+    try:
+        return read_manifest(spec.base_checkpoint).family
+    except CheckpointError as exc:
+        raise JobError(f"base checkpoint rejected: {exc}") from None
+
+
+def _run_hf(
+    spec: JobSpec,
+    algorithm: str,
+    env: Environment,
+    tasks: list[TaskSpec],
+    hyper: dict[str, Any],
+    checkpoint_dir: Path,
+    metrics_path: Path,
+) -> int:
+    # Imported here: the hf family needs transformers and peft, the tiny family does not.
+    from services.training.hf.job import run_hf_train
+
+    if checkpoint_dir.exists():
+        _remove_partial(checkpoint_dir)
+    metrics = run_hf_train(spec, algorithm, env, tasks, hyper)
+    if "checkpoint_id" in metrics:  # rank 0 wrote the checkpoint
+        metrics.update(
+            run_id=spec.run_id,
+            kind="train",
+            algorithm=algorithm,
+            environment=env.name,
+            tasks=len(tasks),
+            schema="ratchet.metrics/v1",
+        )
+        total = metrics["train_tokens"] + metrics["rollout_tokens"]
+        metrics["tokens_per_s"] = round(total / metrics["wall_s"], 1) if metrics["wall_s"] else 0.0
+        write_json(metrics_path, metrics)
+        logger.info("run %s wrote hf checkpoint %s", spec.run_id, metrics["checkpoint_id"])
     return 0
 
 

@@ -29,7 +29,8 @@ ENV_SPEC = "RATCHET_JOB_SPEC"
 ENV_DATASET = "RATCHET_DATASET"
 ENV_BASE_CHECKPOINT = "RATCHET_BASE_CHECKPOINT"
 ENV_OUTPUT_DIR = "RATCHET_OUTPUT_DIR"
-_JOB_ENV = (ENV_SPEC, ENV_DATASET, ENV_BASE_CHECKPOINT, ENV_OUTPUT_DIR)
+ENV_BASE_MODEL = "RATCHET_BASE_MODEL"  # an hf LoRA adapter's base, when not in the store
+_JOB_ENV = (ENV_SPEC, ENV_DATASET, ENV_BASE_CHECKPOINT, ENV_OUTPUT_DIR, ENV_BASE_MODEL)
 _TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
 EXIT_BAD_SPEC = 2
@@ -53,6 +54,7 @@ class JobEnvironment:
     dataset: str | None = None
     base_checkpoint: str | None = None
     output_dir: str | None = None
+    base_model: str | None = None
     world_size: int = 1
     rank: int = 0
     local_rank: int = 0
@@ -74,6 +76,7 @@ def job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
         dataset=values[ENV_DATASET],
         base_checkpoint=values[ENV_BASE_CHECKPOINT],
         output_dir=values[ENV_OUTPUT_DIR],
+        base_model=values[ENV_BASE_MODEL],
         world_size=ranks["WORLD_SIZE"],
         rank=ranks["RANK"],
         local_rank=ranks["LOCAL_RANK"],
@@ -95,6 +98,7 @@ class JobSpec:
     device: str
     environment: str
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    base_model: Path | None = None  # an hf LoRA adapter's base dir, when not beside it
 
 
 def parse_args(argv: list[str], prog: str) -> str | None:
@@ -159,7 +163,9 @@ def load_spec(spec_arg: str | None, env: JobEnvironment, *, kind: str) -> JobSpe
         checkpoint = (
             env.base_checkpoint or _opt_str(raw, "checkpoint") or _opt_str(raw, "base_checkpoint")
         )
+    base_model = env.base_model or _opt_str(raw, "base_model")
     return JobSpec(
+        base_model=Path(base_model) if base_model else None,
         kind=kind,
         run_id=run_id,
         raw=raw,

@@ -514,11 +514,13 @@ def _heartbeat_handle() -> Handle | None:
 
 
 def _read_metrics(path: Path) -> dict[str, Any]:
+    from services.evaluation.results import read_job_output
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_job_output(path))  # job output: regular files only, no symlinks
     except FileNotFoundError:
         raise ValueError(f"the job exited 0 but wrote no {METRICS_FILE}") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"cannot read the job's {METRICS_FILE}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"the job's {METRICS_FILE} is not a JSON object")

@@ -29,6 +29,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.chat.protocol import ChatMessage
+from services.chat.protocol import ToolCall as ChatToolCall
 from services.environments.base import (
     TRACE_SCHEMA,
     Act,
@@ -40,6 +42,8 @@ from services.environments.base import (
     Turn,
     run_episode_with,
 )
+from services.environments.chat import ChatEpisode
+from services.environments.toolcalc import chat
 from services.environments.toolcalc.api import (
     CallError,
     Op,
@@ -263,6 +267,48 @@ class ToolcalcEnvironment:
                 "unknown_api_version", f"tool list {names} matches no toolcalc API version"
             )
         return inferred
+
+    # -- chat (OpenAI messages + tools, for the hf family; see .chat) ----------------------
+
+    def chat_start(self, task: TaskSpec, *, max_turns: int = DEFAULT_MAX_TURNS) -> ChatEpisode:
+        if max_turns < 1:
+            raise ValueError("max_turns must be >= 1")
+        api, request = self._task_api(task)
+        return ChatEpisode(
+            task_id=task.task_id,
+            messages=chat.start_messages(request),
+            tools=chat.openai_tools(api),
+            max_turns=max_turns,
+        )
+
+    def chat_step(
+        self, task: TaskSpec, episode: ChatEpisode, completion: str, *, truncated: bool = False
+    ) -> None:
+        if episode.done:
+            raise ValueError("episode is already done")
+        api, _ = self._task_api(task)
+        chat.apply_completion(api, episode, completion, truncated=truncated, execute=_execute)
+
+    def chat_verify(self, task: TaskSpec, episode: ChatEpisode) -> Reward:
+        """Rubric reward recomputed from the request and the raw completions only."""
+        api, request = self._task_api(task)
+        return chat.verify_completions(api, solve(request, api), list(episode.completions))
+
+    def chat_demonstration(self, task: TaskSpec) -> list[tuple[list[ChatMessage], str]]:
+        """The solved conversation, one (messages so far, assistant text) pair per turn."""
+        api, request = self._task_api(task)
+        program = solve(request, api)
+        episode = self.chat_start(task, max_turns=len(program.calls) + 1)
+        pairs: list[tuple[list[ChatMessage], str]] = []
+        for op, args in program.calls:
+            tool = api.by_op(op)
+            arguments = dict(zip(tool.params, args, strict=True))
+            text = chat.demonstration_text(ChatToolCall(id="", name=tool.name, arguments=arguments))
+            pairs.append((list(episode.messages), text))
+            self.chat_step(task, episode, text)
+        pairs.append((list(episode.messages), str(program.answer)))
+        self.chat_step(task, episode, str(program.answer))
+        return pairs
 
     # -- demonstrations -----------------------------------------------------------------
 

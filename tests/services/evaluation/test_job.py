@@ -159,3 +159,26 @@ def test_module_entry_point(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         f"ratchet job: spec file {tmp_path / 'nope.json'} does not exist"
     ]
+
+
+def test_job_output_is_read_without_following_symlinks(tmp_path: Path) -> None:
+    from services.evaluation.results import (
+        RESULTS_FILE,
+        ResultsFileError,
+        read_job_output,
+        read_results,
+    )
+
+    secret = tmp_path / "environ"
+    secret.write_text('{"task_id": "RATCHET_DATABASE_URL=postgresql://u:pw@db/x"}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / RESULTS_FILE).symlink_to(secret)
+    with pytest.raises(ResultsFileError, match="not a regular file"):
+        read_results(out)
+    (out / "metrics.json").symlink_to(secret)
+    with pytest.raises(OSError, match="symlinks are refused"):
+        read_job_output(out / "metrics.json")
+    (out / "big.json").write_text("x" * 100)
+    with pytest.raises(OSError, match="larger than"):
+        read_job_output(out / "big.json", limit=10)

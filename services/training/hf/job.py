@@ -1,0 +1,172 @@
+"""The train job for hf checkpoints: what ``ratchet job train`` runs when the base is ``hf``.
+
+Same contract as the tiny family's job (:mod:`services.training.job`): ``algorithm`` is
+``sft`` or ``grpo``, the base checkpoint is the champion (required: an hf model is never
+trained from scratch here), outputs are ``<output_dir>/checkpoint/`` (a LoRA adapter on
+the champion's full base, or a full model with ``"lora": false``) and
+``<output_dir>/metrics.json``. ``base_model`` in the spec (or ``RATCHET_BASE_MODEL``) is
+the directory of an adapter champion's base when it does not lie beside the adapter in
+the checkpoint store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import fields
+from typing import Any
+
+import torch
+
+from services.environments.base import Environment, TaskSpec
+from services.environments.chat import as_chat_environment
+from services.training.checkpoint import CheckpointError
+from services.training.device import DeviceError
+from services.training.distributed import DistContext, init_distributed
+from services.training.hf.checkpoint import (
+    load_hf_checkpoint,
+    save_hf_checkpoint,
+    save_lora_adapter,
+)
+from services.training.hf.policy import HFPolicy
+from services.training.hf.train import (
+    HFGRPOConfig,
+    HFSFTConfig,
+    LoRAOptions,
+    demonstration_sequences,
+    prepare_trainable,
+    train_grpo_hf,
+    train_sft_hf,
+)
+from services.training.jobspec import EXIT_FAILED, JobError, JobSpec, job_environment
+from services.training.optim import TrainingDiverged
+
+logger = logging.getLogger("services.training.hf.job")
+
+
+def hf_config(cls: type, hyper: dict[str, Any], seed: int) -> Any:
+    """A validated config from ``hyperparameters``; JobError names the unknown or bad key."""
+    known = {f.name for f in fields(cls)} - {"seed"}
+    unknown = sorted(set(hyper) - known)
+    if unknown:
+        raise JobError(
+            f"unknown hyperparameter(s) for hf {cls.__name__}: {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    values = dict(hyper)
+    targets = values.get("lora_target_modules")
+    if targets is not None:
+        if isinstance(targets, str):  # a loop's training profile holds scalars: "q_proj,v_proj"
+            targets = [t.strip() for t in targets.split(",") if t.strip()]
+        if not isinstance(targets, list):
+            raise JobError("hyperparameters.lora_target_modules must be a list of module names")
+        values["lora_target_modules"] = tuple(targets)
+    for f in fields(cls):
+        if f.name in values and f.type in ("int", "float", "bool"):
+            value = values[f.name]
+            ok = (
+                isinstance(value, bool)
+                if f.type == "bool"
+                else isinstance(value, int | float) and not isinstance(value, bool)
+            )
+            if not ok or (f.type == "int" and not isinstance(value, int)):
+                raise JobError(f"hyperparameters.{f.name} must be a {f.type}")
+    try:
+        return cls(**values, seed=seed)
+    except (TypeError, ValueError) as exc:
+        raise JobError(f"invalid hyperparameters: {exc}") from None
+
+
+def run_hf_train(
+    spec: JobSpec,
+    algorithm: str,
+    env: Environment,
+    tasks: list[TaskSpec],
+    hyper: dict[str, Any],
+) -> dict[str, Any]:
+    """Train, save the checkpoint (rank 0) and return the metrics; raises JobError."""
+    try:
+        chat_env = as_chat_environment(env)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    if spec.base_checkpoint is None:
+        raise JobError("hf training needs a base checkpoint (the champion)")
+    declared = spec.raw.get("family", "hf")
+    if declared != "hf":
+        raise JobError(f"spec 'family' is {declared!r} but the base checkpoint is an hf model")
+    config_cls = HFGRPOConfig if algorithm == "grpo" else HFSFTConfig
+    config = hf_config(config_cls, hyper, spec.seed)
+    job_env = job_environment()
+    try:
+        ctx = init_distributed(
+            spec.device,
+            world_size=job_env.world_size,
+            rank=job_env.rank,
+            local_rank=job_env.local_rank,
+        )
+    except DeviceError as exc:
+        raise JobError(str(exc)) from None
+    torch.manual_seed(spec.seed)
+    loaded = _load_base(spec, ctx, config)
+    try:
+        model = prepare_trainable(loaded, config)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    model.to(ctx.device)
+    tokenizer = loaded.tokenizer
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    started = time.monotonic()
+    try:
+        if algorithm == "grpo":
+            result = train_grpo_hf(model, tokenizer, chat_env, tasks, config, ctx=ctx)
+        else:
+            policy = HFPolicy(model, tokenizer, device=ctx.device)
+            try:
+                sequences = demonstration_sequences(chat_env, tasks, policy)
+            except (NotImplementedError, ValueError) as exc:
+                raise JobError(f"cannot build demonstrations: {exc}") from None
+            result = train_sft_hf(
+                model, sequences, config, pad_id=int(tokenizer.pad_token_id), ctx=ctx
+            )
+    except TrainingDiverged as exc:
+        raise JobError(str(exc), exit_code=EXIT_FAILED) from None
+    metrics = result.metrics()
+    metrics["wall_s"] = round(time.monotonic() - started, 3)
+    metrics["hyperparameters"] = config.to_dict()
+    metrics["family"] = "hf"
+    metrics["device"] = str(ctx.device)
+    metrics["world_size"] = ctx.world_size
+    parent = loaded.manifest.checkpoint_id
+    if ctx.is_main:
+        out = spec.output_dir / "checkpoint"
+        meta = {"algorithm": algorithm, "run_id": spec.run_id, "steps": result.steps}
+        model.cpu()
+        if config.lora:
+            base = loaded.base_manifest or loaded.manifest
+            manifest = save_lora_adapter(model, out, base=base, parent=parent, metadata=meta)
+        else:
+            manifest = save_hf_checkpoint(model, tokenizer, out, parent=parent, metadata=meta)
+        metrics["checkpoint_id"] = manifest.checkpoint_id
+    metrics["parent_checkpoint_id"] = parent
+    _finish(ctx)
+    return metrics
+
+
+def _load_base(spec: JobSpec, ctx: DistContext, options: LoRAOptions) -> Any:
+    assert spec.base_checkpoint is not None
+    dtype = torch.bfloat16 if ctx.device.type == "cuda" and options.lora else torch.float32
+    try:
+        return load_hf_checkpoint(
+            spec.base_checkpoint,
+            device="cpu",
+            dtype=dtype,
+            base_dir=spec.base_model,
+            trainable_adapter=options.lora,
+        )
+    except CheckpointError as exc:
+        raise JobError(f"base checkpoint rejected: {exc}") from None
+
+
+def _finish(ctx: DistContext) -> None:
+    ctx.barrier()

@@ -1,0 +1,165 @@
+"""A loaded ``hf`` model that answers chat conversations with tools, batched.
+
+Prompts are the tokenizer's chat template: called with ``tools=`` when the template
+renders tools (it mentions ``tools``), else with the tools rendered into the system message
+by :func:`services.chat.render.messages_with_tools_prompt` (SmolLM2-Instruct's template is
+of this kind). The model's output is parsed into tool calls by
+:func:`services.chat.toolcalls.parse_assistant_output`.
+
+Generation is batched with left padding. Each call seeds torch's generator with the
+caller's seed, so a greedy or sampled batch is reproducible for the same batch; unlike the
+tiny family's counter-based sampler a row's sample does depend on its batch neighbours,
+which is what ``transformers.generate`` offers.
+
+On CUDA the weights are bf16 (the usual serving precision for these models); on CPU fp32,
+where bf16 matmuls are slower on most hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.chat.render import messages_with_tools_prompt
+from services.training.checkpoint import Manifest
+from services.training.device import resolve_device
+from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated turn: the prompt's token ids, the generated ids and their text."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    truncated: bool
+
+
+def model_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+class HFPolicy:
+    """An hf checkpoint ready to roll out chat episodes (evaluation, GRPO, serving)."""
+
+    family = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: torch.device,
+        manifest: Manifest | None = None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.manifest = manifest
+        self.checkpoint_id = manifest.checkpoint_id if manifest else None
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.template_takes_tools = "tools" in str(getattr(tokenizer, "chat_template", "") or "")
+
+    @classmethod
+    def load(
+        cls, path: Path | str, device: str = "auto", *, base_dir: Path | None = None
+    ) -> HFPolicy:
+        """Verify and load an hf checkpoint (full or LoRA on its base) for inference."""
+        resolved = resolve_device(device)
+        loaded = load_hf_checkpoint(
+            path, device=resolved, dtype=model_dtype(resolved), base_dir=base_dir
+        )
+        return cls.from_loaded(loaded, resolved)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedHF, device: torch.device) -> HFPolicy:
+        loaded.model.eval()
+        return cls(loaded.model, loaded.tokenizer, device=device, manifest=loaded.manifest)
+
+    @property
+    def end_of_turn_id(self) -> int:
+        """The token that closes an assistant turn: ChatML's ``<|im_end|>`` if the vocabulary
+        has it (Qwen, SmolLM2), else end-of-sequence."""
+        end_of_turn = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
+            return end_of_turn
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id, self.end_of_turn_id}
+        return sorted(i for i in ids if isinstance(i, int))
+
+    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> str:
+        """The prompt text for the next assistant turn."""
+        if tools and self.template_takes_tools:
+            text = self.tokenizer.apply_chat_template(
+                list(messages), tools=list(tools), add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = self.tokenizer.apply_chat_template(
+                messages_with_tools_prompt(messages, tools),
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int = 0,
+    ) -> list[Completion]:
+        """Complete each prompt up to an end-of-turn token or ``max_new_tokens``."""
+        if not prompts:
+            return []
+        encoded = [self.encode(p) for p in prompts]
+        width = max(len(ids) for ids in encoded)
+        pad = int(self.tokenizer.pad_token_id)
+        input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)  # (B, T)
+        attention = torch.zeros((len(encoded), width), dtype=torch.long)  # (B, T)
+        for row, ids in enumerate(encoded):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[row, width - len(ids) :] = 1
+        torch.manual_seed(seed)
+        sampling: dict[str, Any] = (
+            {"do_sample": True, "temperature": float(temperature), "top_k": 0, "top_p": 1.0}
+            if temperature > 0
+            else {"do_sample": False}
+        )
+        stop = self.stop_ids
+        output = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop,
+            pad_token_id=pad,
+            **sampling,
+        )  # (B, T + new)
+        completions = []
+        for row, ids in enumerate(encoded):
+            new = output[row, width:].tolist()
+            end = next((i for i, t in enumerate(new) if t in stop), None)
+            kept = new if end is None else new[: end + 1]
+            text_ids = kept if end is None else kept[:-1]
+            completions.append(
+                Completion(
+                    prompt_ids=ids,
+                    completion_ids=kept,
+                    text=self.tokenizer.decode(text_ids, skip_special_tokens=True),
+                    truncated=end is None,
+                )
+            )
+        return completions

@@ -1,0 +1,549 @@
+"""SFT and GRPO for hf models, LoRA by default (full fine-tuning as an option).
+
+Ratchet's own loops, not TRL's trainers; why (and the measurements behind it) is in
+docs/models.md. In short: the episodes are multi-turn tool conversations stepped by an
+environment between generations, and the loss must touch exactly the tokens the model
+sampled (per turn, with the prompt it saw), which is the rollout record of
+:mod:`services.training.hf.rollout`. The update math is the tiny family's, shared from
+:mod:`services.training.grpo` (``group_advantages``, ``policy_loss``) so both families
+optimise the same objective:
+
+- **SFT**: token-level cross-entropy on the assistant turns of the environment's solved
+  conversations (never on system, user or tool tokens), summed over the global batch and
+  divided by its target-token count; batches drawn with replacement, seeded per step.
+- **GRPO** (DeepSeekMath's, as TRL's ``GRPOTrainer`` with ``num_iterations=1``): per task a
+  group of ``group_size`` sampled episodes, group-normalised rubric rewards as advantages,
+  zero-variance groups filtered and counted, DAPO token-level normalisation, optional k3 KL
+  to the starting model (``kl_coef``; the starting adapter's weights are swapped in to
+  compute it, so LoRA needs no second model in memory).
+
+LoRA: a full champion gets a fresh adapter (``lora_r``, ``lora_alpha``,
+``lora_target_modules``); an adapter champion is trained further (its own rank and
+targets), so the result is again an adapter on the same full base. ``lora: false`` trains
+every weight (an adapter champion is merged into its base first).
+
+Data parallel under ``torchrun``: each rank takes its share of the global batch (tasks for
+GRPO, sequences for SFT), losses are divided by the global token count and gradients are
+summed with ``all_reduce`` (see :mod:`services.training.distributed`). CUDA runs under bf16
+autocast with fp32 trainable weights; CPU runs fp32.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from services.environments.base import TaskSpec
+from services.environments.chat import ChatEnvironment
+from services.training.device import autocast
+from services.training.distributed import DistContext
+from services.training.grpo import group_advantages, policy_loss, task_order
+from services.training.hf.checkpoint import LoadedHF
+from services.training.hf.policy import HFPolicy
+from services.training.hf.rollout import pack_turns, run_chat_episodes
+from services.training.optim import clip_and_check, cosine_lr, set_lr
+from services.training.rng import derive_seed
+
+logger = logging.getLogger(__name__)
+
+Sequences = list[tuple[list[int], list[bool]]]
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class LoRAOptions:
+    """Whether and how to train an adapter rather than every weight."""
+
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+
+    def validate(self) -> None:
+        if self.lora_r < 1 or self.lora_alpha < 1:
+            raise ValueError("lora_r and lora_alpha must be >= 1")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError("lora_dropout must be in [0, 1)")
+        if not self.lora_target_modules or not all(
+            isinstance(m, str) and m for m in self.lora_target_modules
+        ):
+            raise ValueError("lora_target_modules must be a non-empty list of module names")
+
+
+@dataclass(frozen=True)
+class HFSFTConfig(LoRAOptions):
+    """SFT hyper-parameters for hf models (defaults: SmolLM2-135M, LoRA, toolcalc chat)."""
+
+    steps: int = 60
+    batch_size: int = 8
+    micro_batch: int = 4
+    lr: float = 1e-3
+    warmup: int = 5
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.micro_batch < 1:
+            raise ValueError("steps >= 0, batch_size >= 1 and micro_batch >= 1")
+        if not self.lr > 0:
+            raise ValueError("lr must be > 0")
+        self.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["lora_target_modules"] = list(self.lora_target_modules)
+        return data
+
+
+@dataclass(frozen=True)
+class HFGRPOConfig(LoRAOptions):
+    """GRPO hyper-parameters for hf models (defaults sized for SmolLM2-135M on CPU)."""
+
+    steps: int = 8
+    tasks_per_step: int = 4
+    group_size: int = 4
+    temperature: float = 1.0
+    max_turns: int = 4
+    max_new_tokens: int = 40
+    lr: float = 2e-4
+    warmup: int = 0
+    min_lr_ratio: float = 1.0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    adv_eps: float = 1e-4
+    micro_batch: int = 4
+    seed: int = 0
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.tasks_per_step < 1 or self.micro_batch < 1:
+            raise ValueError("steps >= 0, tasks_per_step >= 1 and micro_batch >= 1")
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2: advantages are relative to the group")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 for GRPO sampling")
+        if self.max_turns < 1 or self.max_new_tokens < 1:
+            raise ValueError("max_turns and max_new_tokens must be >= 1")
+        if not self.lr > 0 or self.kl_coef < 0:
+            raise ValueError("lr must be > 0 and kl_coef >= 0")
+        self.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["lora_target_modules"] = list(self.lora_target_modules)
+        return data
+
+
+@dataclass
+class HFTrainResult:
+    """What a run did, for metrics.json."""
+
+    steps: int = 0
+    train_tokens: int = 0
+    train_s: float = 0.0
+    rollout_tokens: int = 0
+    rollout_s: float = 0.0
+    episodes: int = 0
+    groups: int = 0
+    filtered_zero_variance_groups: int = 0
+    final_loss: float | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, Any]:
+        last = self.history[-1] if self.history else {}
+        return {
+            "steps": self.steps,
+            "train_tokens": self.train_tokens,
+            "rollout_tokens": self.rollout_tokens,
+            "train_tokens_per_s": round(self.train_tokens / self.train_s, 1)
+            if self.train_s
+            else 0.0,
+            "rollout_tokens_per_s": round(self.rollout_tokens / self.rollout_s, 1)
+            if self.rollout_s
+            else 0.0,
+            "episodes": self.episodes,
+            "groups": self.groups,
+            "filtered_zero_variance_groups": self.filtered_zero_variance_groups,
+            "final_loss": self.final_loss,
+            "final_reward": last.get("reward_mean"),
+            "final_pass_rate": last.get("pass_rate"),
+            "history": self.history,
+        }
+
+
+def prepare_trainable(loaded: LoadedHF, options: LoRAOptions) -> Any:
+    """The model to optimise: a (new or continued) LoRA adapter, or every weight."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    model = loaded.model
+    if isinstance(model, PeftModel):
+        if options.lora:
+            for name, param in model.named_parameters():
+                param.requires_grad = "lora_" in name
+            return model
+        model = model.merge_and_unload()
+    if not options.lora:
+        model.requires_grad_(True)
+        return model
+    config = LoraConfig(
+        r=options.lora_r,
+        lora_alpha=options.lora_alpha,
+        lora_dropout=options.lora_dropout,
+        target_modules=list(options.lora_target_modules),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # e.g. target modules the architecture does not have
+        raise ValueError(f"cannot attach LoRA: {exc}") from None
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _collate(
+    sequences: Sequence[tuple[list[int], list[bool]]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids (N, T), attention mask (N, T) and target mask (N, T-1)."""
+    width = max(len(ids) for ids, _ in sequences)
+    ids_t = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (N, T)
+    attn = torch.zeros((len(sequences), width), dtype=torch.long)  # (N, T)
+    target = torch.zeros((len(sequences), width), dtype=torch.bool)  # (N, T)
+    for row, (ids, mask) in enumerate(sequences):
+        ids_t[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attn[row, : len(ids)] = 1
+        target[row, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
+    return ids_t.to(device), attn.to(device), target[:, 1:].to(device)
+
+
+def sequence_logprobs(
+    model: Any, ids: torch.Tensor, attention: torch.Tensor, target: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Log-probability of each next token: (N, T-1) for ids (N, T).
+
+    With ``target`` (N, T-1), only the positions some row trains on are projected through
+    the output head (``logits_to_keep``): chat prompts are mostly system text and tools, so
+    this skips most of the (positions x vocabulary) logits; other positions come back 0.
+    """
+    n, width = ids.shape
+    if target is None or not bool(target.any()):
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (N, T-1, V)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
+        return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (N, T-1)
+    keep = target.any(dim=0).nonzero().squeeze(-1)  # (K,) positions p predicting token p+1
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits  # (N, K, V)
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (N, K, V)
+    picked = logp.gather(-1, ids[:, keep + 1, None]).squeeze(-1)  # (N, K)
+    out = torch.zeros((n, width - 1), dtype=picked.dtype, device=ids.device)  # (N, T-1)
+    out[:, keep] = picked
+    return out
+
+
+def make_optimizer(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -> Any:
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+
+
+def demonstration_sequences(
+    env: ChatEnvironment, tasks: Sequence[TaskSpec], policy: HFPolicy
+) -> Sequences:
+    """Token sequences of the solved conversations, assistant turns (and end-of-turn) targets."""
+    end_of_turn = policy.end_of_turn_id
+    sequences: Sequences = []
+    for task in tasks:
+        pairs = env.chat_demonstration(task)
+        tools = env.chat_start(task, max_turns=1).tools
+        turns = []
+        for messages, text in pairs:
+            prompt = policy.encode(policy.render([m.to_openai() for m in messages], tools))
+            turns.append((prompt, [*policy.encode(text), end_of_turn]))
+        sequences.extend(pack_turns(turns))
+    return sequences
+
+
+def train_sft_hf(
+    model: Any,
+    sequences: Sequences,
+    config: HFSFTConfig,
+    *,
+    pad_id: int,
+    ctx: DistContext,
+) -> HFTrainResult:
+    """Train ``model``'s trainable weights on ``sequences`` for ``config.steps`` steps."""
+    if not sequences:
+        raise ValueError("SFT needs at least one demonstration")
+    device = ctx.device
+    model.train()
+    params = trainable_parameters(model)
+    _broadcast(ctx, params)
+    optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
+    result = HFTrainResult()
+    started = time.monotonic()
+    for step in range(config.steps):
+        generator = torch.Generator().manual_seed(derive_seed(config.seed, step))
+        batch = torch.randint(len(sequences), (config.batch_size,), generator=generator).tolist()
+        normalizer = max(1.0, float(sum(sum(sequences[i][1][1:]) for i in batch)))
+        local = [sequences[batch[j]] for j in ctx.shard(len(batch))]
+        lr = cosine_lr(
+            step,
+            total=config.steps,
+            base=config.lr,
+            warmup=config.warmup,
+            min_ratio=config.min_lr_ratio,
+        )
+        set_lr(optimizer, lr)
+        optimizer.zero_grad(set_to_none=True)
+        local_loss = 0.0
+        for begin in range(0, len(local), config.micro_batch):
+            chunk = local[begin : begin + config.micro_batch]
+            ids, attention, target = _collate(chunk, pad_id, device)
+            with autocast(device):
+                logp = sequence_logprobs(model, ids, attention, target)  # (n, T-1)
+            loss = -(logp * target).sum() / normalizer
+            loss.backward()
+            local_loss += float(loss.detach())
+            result.train_tokens += int(attention.sum())
+        _all_reduce_grads(ctx, params)
+        clip_and_check(_ParamView(params), max_norm=config.grad_clip, step=step, lr=lr)
+        optimizer.step()
+        result.final_loss = ctx.all_reduce_sum([local_loss])[0]
+        result.history.append({"step": step + 1, "loss": result.final_loss})
+        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
+            logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, result.final_loss)
+    result.steps = config.steps
+    result.train_s = time.monotonic() - started
+    result.train_tokens = int(ctx.all_reduce_sum([float(result.train_tokens)])[0])
+    model.eval()
+    return result
+
+
+def train_grpo_hf(
+    model: Any,
+    tokenizer: Any,
+    env: ChatEnvironment,
+    tasks: Sequence[TaskSpec],
+    config: HFGRPOConfig,
+    *,
+    ctx: DistContext,
+) -> HFTrainResult:
+    """GRPO on ``tasks``, in place (see the module docstring for the variant)."""
+    if not tasks:
+        raise ValueError("GRPO needs at least one task")
+    device = ctx.device
+    params = trainable_parameters(model)
+    _broadcast(ctx, params)
+    optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
+    reference = [p.detach().clone() for p in params] if config.kl_coef > 0 else None
+    policy = HFPolicy(model, tokenizer, device=device)
+    pad_id = int(tokenizer.pad_token_id)
+    result = HFTrainResult()
+    for step in range(config.steps):
+        stats = _grpo_step(
+            step,
+            model,
+            policy,
+            env,
+            tasks,
+            config,
+            optimizer,
+            params,
+            reference,
+            pad_id,
+            ctx,
+            result,
+        )
+        result.history.append(stats)
+        result.steps = step + 1
+        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
+            logger.info(
+                "grpo step %d/%d reward %.3f pass %.3f kept %d/%d groups loss %.4f",
+                step + 1,
+                config.steps,
+                stats["reward_mean"],
+                stats["pass_rate"],
+                int(stats["groups_kept"]),
+                int(stats["groups"]),
+                stats["loss"],
+            )
+    totals = ctx.all_reduce_sum(
+        [float(result.train_tokens), float(result.rollout_tokens), float(result.episodes)]
+    )
+    result.train_tokens, result.rollout_tokens, result.episodes = (int(v) for v in totals)
+    model.eval()
+    return result
+
+
+def _grpo_step(
+    step: int,
+    model: Any,
+    policy: HFPolicy,
+    env: ChatEnvironment,
+    tasks: Sequence[TaskSpec],
+    config: HFGRPOConfig,
+    optimizer: Any,
+    params: list[torch.nn.Parameter],
+    reference: list[torch.Tensor] | None,
+    pad_id: int,
+    ctx: DistContext,
+    result: HFTrainResult,
+) -> dict[str, float]:
+    device = ctx.device
+    order = task_order(step, config.tasks_per_step, len(tasks), config.seed)
+    mine = ctx.shard(len(order))
+    group_tasks = [tasks[order[j]] for j in mine for _ in range(config.group_size)]
+    model.eval()
+    began = time.monotonic()
+    rollouts, stats = run_chat_episodes(
+        env,
+        group_tasks,
+        policy,
+        seed=derive_seed(config.seed, step, ctx.rank),
+        max_turns=config.max_turns,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+    )
+    result.rollout_s += time.monotonic() - began
+    result.rollout_tokens += stats.generated_tokens
+    result.episodes += len(rollouts)
+    rewards_list = [
+        env.chat_verify(t, r.episode) for t, r in zip(group_tasks, rollouts, strict=True)
+    ]
+    n_groups = len(mine)
+    totals = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
+    passes = [r.passed for r in rewards_list]
+    sequences: Sequences = []
+    advantages: list[float] = []
+    kept_groups = 0
+    if n_groups:
+        adv, keep = group_advantages(totals.view(n_groups, config.group_size), eps=config.adv_eps)
+        kept_groups = int(keep.sum())
+        for index, rollout in enumerate(rollouts):
+            g = index // config.group_size
+            if not bool(keep[g]) or not rollout.turns:
+                continue
+            for sequence in pack_turns(rollout.turns):
+                sequences.append(sequence)
+                advantages.append(float(adv.view(-1)[index]))
+    local_tokens = float(sum(sum(mask[1:]) for _, mask in sequences))
+    reward_sum, pass_sum, count, global_tokens, kept_total, groups_total = ctx.all_reduce_sum(
+        [
+            float(totals.sum()),
+            float(sum(passes)),
+            float(len(passes)),
+            local_tokens,
+            float(kept_groups),
+            float(n_groups),
+        ]
+    )
+    result.groups += int(groups_total)
+    result.filtered_zero_variance_groups += int(groups_total - kept_total)
+    model.train()
+    began = time.monotonic()
+    optimizer.zero_grad(set_to_none=True)
+    loss_value = kl_value = 0.0
+    normalizer = max(global_tokens, 1.0)
+    for begin in range(0, len(sequences), config.micro_batch):
+        chunk = sequences[begin : begin + config.micro_batch]
+        chunk_adv = torch.tensor(advantages[begin : begin + config.micro_batch], device=device)
+        ids, attention, target = _collate(chunk, pad_id, device)
+        ref_logp = None
+        if reference is not None:
+            ref_logp = _reference_logprobs(model, params, reference, ids, attention, target, device)
+        with autocast(device):
+            logp = sequence_logprobs(model, ids, attention, target)  # (n, T-1)
+        loss, info = policy_loss(
+            logp,
+            logp.detach(),
+            chunk_adv,
+            target,
+            clip_eps=config.clip_eps,
+            ref_logp=ref_logp,
+            kl_coef=config.kl_coef,
+            normalizer=normalizer,
+        )
+        loss.backward()
+        loss_value += float(loss.detach())
+        kl_value += info["kl"] * len(chunk)
+        result.train_tokens += int(attention.sum())
+    _all_reduce_grads(ctx, params)
+    lr = cosine_lr(
+        step,
+        total=config.steps,
+        base=config.lr,
+        warmup=config.warmup,
+        min_ratio=config.min_lr_ratio,
+    )
+    set_lr(optimizer, lr)
+    if global_tokens > 0:
+        clip_and_check(_ParamView(params), max_norm=config.grad_clip, step=step, lr=lr)
+        optimizer.step()
+    result.train_s += time.monotonic() - began
+    loss_total = ctx.all_reduce_sum([loss_value])[0]
+    return {
+        "step": float(step + 1),
+        "reward_mean": reward_sum / max(count, 1.0),
+        "pass_rate": pass_sum / max(count, 1.0),
+        "groups": groups_total,
+        "groups_kept": kept_total,
+        "loss": loss_total,
+        "kl": kl_value / max(len(sequences), 1),
+        "target_tokens": global_tokens,
+    }
+
+
+@torch.no_grad()
+def _reference_logprobs(
+    model: Any,
+    params: list[torch.nn.Parameter],
+    reference: list[torch.Tensor],
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    target: torch.Tensor,
+    device: torch.device,
+) -> torch.Tensor:
+    """Log-probs under the starting weights, swapped in and out (no second model)."""
+    current = [p.detach().clone() for p in params]
+    for param, ref in zip(params, reference, strict=True):
+        param.copy_(ref)
+    try:
+        with autocast(device):
+            return sequence_logprobs(model, ids, attention, target)
+    finally:
+        for param, value in zip(params, current, strict=True):
+            param.copy_(value)
+
+
+class _ParamView(torch.nn.Module):
+    """The trainable parameters as a module, for :func:`clip_and_check`."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        super().__init__()
+        self._params = params
+
+    def parameters(self, recurse: bool = True) -> Any:
+        return iter(self._params)
+
+
+def _all_reduce_grads(ctx: DistContext, params: list[torch.nn.Parameter]) -> None:
+    if ctx.distributed:
+        ctx.all_reduce_grads(_ParamView(params))
+
+
+def _broadcast(ctx: DistContext, params: list[torch.nn.Parameter]) -> None:
+    if ctx.distributed:
+        import torch.distributed as dist
+
+        for param in params:
+            dist.broadcast(param.data, src=0)

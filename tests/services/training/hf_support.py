@@ -1,0 +1,79 @@
+"""A tiny random-init Llama with a ChatML tokenizer, built offline inside the tests.
+
+The tokenizer is a byte-level BPE trained in milliseconds on toolcalc-like text (so chat
+prompts tokenize into few tokens), wrapped as a transformers fast tokenizer with a ChatML
+chat template that, like SmolLM2's, does not render ``tools=``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.training.checkpoint import Manifest
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_tokenizer() -> object:
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from services.environments.toolcalc import ToolcalcEnvironment
+    from services.training.hf.policy import HFPolicy  # noqa: F401 - same import path as prod
+
+    env = ToolcalcEnvironment()
+    corpus = []
+    for version in ("v1", "v2", "v3"):
+        for task in env.generate_tasks(24, seed=5, api_version=version):
+            for messages, text in env.chat_demonstration(task):
+                corpus.extend(m.content or "" for m in messages)
+                corpus.append(text)
+    from services.chat.render import tools_system_prompt
+
+    corpus.append(tools_system_prompt(env.chat_start(task, max_turns=1).tools))
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        corpus,
+        vocab_size=700,
+        min_frequency=2,
+        special_tokens=["<|im_start|>", "<|im_end|>", "<pad>"],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+    )
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def build_tiny_llama(out_dir: Path, *, seed: int = 0) -> Manifest:
+    """Save a 2-layer random Llama + the tokenizer as an hf checkpoint at ``out_dir``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from services.training.hf.checkpoint import save_hf_checkpoint
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),  # type: ignore[arg-type]
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,  # type: ignore[attr-defined]
+        eos_token_id=tokenizer.eos_token_id,  # type: ignore[attr-defined]
+        pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    return save_hf_checkpoint(model, tokenizer, out_dir, metadata={"model": "tiny-llama"})

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.serving.engine import Engine
-from services.serving.engines.hf import HFEngine, is_hf_adapter, is_hf_model, verify_hf_dir
+from services.serving.engines.hf import HFEngine, verify_hf
 from services.serving.engines.tiny import TinyEngine
-from services.training.checkpoint import CheckpointError, read_manifest
+from services.training.checkpoint import CheckpointError, Manifest, read_manifest
+from services.training.hf.checkpoint import resolve_base_dir
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +51,21 @@ class ServedModel:
     created: int
 
 
-def load_engine(path: Path, *, device: str) -> Engine:
-    """A full model checkpoint of either family, verified; :class:`LoadRefused` if not."""
+def manifest_of(path: Path) -> Manifest:
+    """The checkpoint's manifest (unverified: loading verifies); :class:`LoadRefused` if none."""
     if not path.is_dir():
         raise LoadRefused(f"checkpoint directory {path} does not exist")
     try:
-        if is_hf_model(path):
+        return read_manifest(path)
+    except CheckpointError as exc:
+        raise LoadRefused(str(exc)) from exc
+
+
+def load_engine(path: Path, *, device: str) -> Engine:
+    """A full model checkpoint of either family, verified; :class:`LoadRefused` if not."""
+    manifest = manifest_of(path)
+    try:
+        if manifest.family == "hf":
             return HFEngine.load(path, device=device)
         return TinyEngine.load(path, device=device)
     except CheckpointError as exc:
@@ -153,41 +163,49 @@ class ModelRegistry:
     def _prepare(self, name: str, path: Path) -> ServedModel:
         """Load (or share) the checkpoint's weights; nothing is switched yet."""
         created = int(time.time())
-        if path.is_dir() and is_hf_adapter(path):
+        manifest = manifest_of(path)
+        if manifest.kind == "lora":
             return self._prepare_adapter(name, path, created)
-        version = _manifest_id(path)
-        shared = next(
-            (m.engine for m in self.names() if m.adapter is None and m.engine.version == version),
-            None,
-        )
+        shared = self._resident_engine(manifest.checkpoint_id)
         engine = shared or load_engine(path, device=self._device)
         return ServedModel(name, engine, None, engine.version, str(path), None, created)
 
+    def _resident_engine(self, version: str) -> Engine | None:
+        """An engine already loaded with the checkpoint ``version`` (a name's model or base)."""
+        return next((m.engine for m in self.names() if m.engine.version == version), None)
+
     def _prepare_adapter(self, name: str, path: Path, created: int) -> ServedModel:
+        """An adapter on its base: the resident one, else the base from the checkpoint store."""
         try:
-            version, base = verify_hf_dir(path)
+            manifest = verify_hf(path)
         except CheckpointError as exc:
             raise LoadRefused(str(exc)) from exc
-        bases = {m.engine.version: m.engine for m in self.names() if isinstance(m.engine, HFEngine)}
-        if base is not None and base not in bases:
-            raise LoadRefused(
-                f"adapter {path} needs base model {base[:12]}, which this server does not serve"
-            )
-        if base is None and len(bases) != 1:
-            raise LoadRefused(
-                f"adapter {path} names no base model and this server serves {len(bases)} hf "
-                "base models"
-            )
-        engine = bases[base] if base is not None else next(iter(bases.values()))
-        assert isinstance(engine, HFEngine)
+        assert manifest.base is not None  # a lora manifest always names its base
+        base_id = manifest.base.checkpoint_id
+        engine = self._resident_engine(base_id)
+        if engine is None:
+            try:
+                base_dir = resolve_base_dir(path, manifest, None)
+            except CheckpointError as exc:
+                raise LoadRefused(
+                    f"adapter {path} needs base model {base_id[:12]}, which this server does not "
+                    f"serve and which is not in its checkpoint store: {exc}"
+                ) from exc
+            engine = load_engine(base_dir, device=self._device)
+        if not isinstance(engine, HFEngine):
+            raise LoadRefused(f"adapter {path} needs an hf base model, not {engine.family}")
         for other in self.names():
-            if other.engine is engine and other.adapter is not None and other.version == version:
+            if (
+                other.engine is engine
+                and other.adapter is not None
+                and other.version == (manifest.checkpoint_id)
+            ):
                 return ServedModel(
-                    name, engine, other.adapter, version, str(path), engine.version, created
+                    name, engine, other.adapter, other.version, str(path), engine.version, created
                 )
         key = f"a{next(self._keys)}"
         try:
-            engine.load_adapter(key, path)
+            version = engine.load_adapter(key, path)
         except CheckpointError as exc:
             raise LoadRefused(str(exc)) from exc
         return ServedModel(name, engine, key, version, str(path), engine.version, created)
@@ -204,10 +222,3 @@ class ModelRegistry:
                 for key in engine.adapters():
                     if (id(engine), key) not in kept:
                         engine.unload_adapter(key)
-
-
-def _manifest_id(path: Path) -> str | None:
-    try:
-        return read_manifest(path).checkpoint_id
-    except CheckpointError:
-        return None

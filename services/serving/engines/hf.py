@@ -27,54 +27,25 @@ from services.chat.protocol import ChatMessage
 from services.chat.render import messages_with_tools_prompt
 from services.chat.toolcalls import parse_assistant_output
 from services.serving.engine import BatchForward, EngineError
-from services.training.checkpoint import CheckpointError, read_manifest, sha256_file
+from services.training.checkpoint import (
+    CheckpointError,
+    Manifest,
+    read_regular_bytes,
+    verify_checkpoint,
+)
 from services.training.device import resolve_device
+from services.training.hf.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_hf_checkpoint
 
 FAMILY = "hf"
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 
-def is_hf_adapter(path: Path) -> bool:
-    return (path / "adapter_config.json").is_file()
-
-
-def is_hf_model(path: Path) -> bool:
-    config = path / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        data = json.loads(config.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and "model_type" in data
-
-
-def verify_hf_dir(path: Path) -> tuple[str, str | None]:
-    """Check a full model or adapter directory against its manifest: (checkpoint id, base id).
-
-    Every file the manifest lists must hash to its sha256, and pickle weights are refused:
-    a served model runs no code from its checkpoint.
-    """
-    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise CheckpointError(
-            f"{path} holds pickle weights ({', '.join(pickles)}); only safetensors are served"
-        )
-    manifest = read_manifest(path)
-    for name, entry in sorted(manifest.files.items()):
-        file = path / name
-        if Path(name).is_absolute() or ".." in Path(name).parts or not file.is_file():
-            raise CheckpointError(f"checkpoint file {name} is missing from {path}")
-        if file.is_symlink():
-            raise CheckpointError(f"checkpoint file {name} in {path} is a symlink")
-        if sha256_file(file) != entry.sha256:
-            raise CheckpointError(
-                f"checkpoint file {name} in {path} does not match its manifest (tampered or "
-                "corrupt)"
-            )
-    base = manifest.metadata.get("base_checkpoint_id") or manifest.parent
-    return manifest.checkpoint_id, base if isinstance(base, str) and is_hf_adapter(path) else None
+def verify_hf(path: Path) -> Manifest:
+    """Verify an hf checkpoint (every file against its manifest, no pickle): its manifest."""
+    manifest = verify_checkpoint(path)
+    if manifest.family != FAMILY:
+        raise CheckpointError(f"checkpoint {path} is of the {manifest.family!r} family, not hf")
+    return manifest
 
 
 class HFEngine:
@@ -90,6 +61,7 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self._adapters: dict[str, str] = {}  # adapter name -> checkpoint id
         self._peft: Any = None
+        self._idle: str | None = None  # an unloaded adapter peft still holds (see _drop)
         self._lock = threading.Lock()  # adapter loads vs. batch forward passes
         eos = tokenizer.eos_token_id
         ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
@@ -104,25 +76,20 @@ class HFEngine:
 
     @classmethod
     def load(cls, path: Path, *, device: str = "auto") -> HFEngine:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        version, _ = verify_hf_dir(path)
+        """Load a full hf checkpoint, verified by :func:`load_hf_checkpoint` (the format of
+        docs/models.md: manifest of every file, safetensors only, nothing from a hub)."""
         target = resolve_device(device)
         dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path))
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=dtype, use_safetensors=True
-            )
-        except (OSError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"cannot load the model in {path}: {exc}") from exc
+        loaded = load_hf_checkpoint(path, device=target, dtype=dtype)
+        if loaded.manifest.kind != "full":
+            raise CheckpointError(f"{path} is a LoRA adapter; serve its base and load it on top")
+        tokenizer = loaded.tokenizer
         if tokenizer.chat_template is None:
             raise CheckpointError(f"{path} has no chat template in its tokenizer files")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        model = model.to(target)  # type: ignore[arg-type]  # transformers' overloads
-        model.eval()
-        return cls(model, tokenizer, path=path, version=version)
+        loaded.model.eval()
+        return cls(loaded.model, tokenizer, path=path, version=loaded.manifest.checkpoint_id)
 
     # Adapters ----------------------------------------------------------------------------
 
@@ -133,38 +100,71 @@ class HFEngine:
         return self._adapters.get(name)
 
     def load_adapter(self, name: str, path: Path) -> str:
-        """Load the LoRA adapter at ``path`` as ``name`` (replacing one of that name); its id."""
-        from peft import PeftModel
+        """Load the LoRA adapter checkpoint at ``path`` as adapter ``name``; its id.
 
-        version, base = verify_hf_dir(path)
-        if base is not None and base != self.version:
+        The adapter's files are verified against its manifest and its base must be this
+        engine's model; its config and weights are read as regular files only."""
+        from peft import LoraConfig, PeftModel, set_peft_model_state_dict
+        from safetensors.torch import load as safetensors_load
+
+        manifest = verify_hf(path)
+        if manifest.kind != "lora" or manifest.base is None:
+            raise CheckpointError(f"{path} is not a LoRA adapter checkpoint")
+        if manifest.base.checkpoint_id != self.version:
             raise CheckpointError(
-                f"adapter {path} was trained on {base[:12]}, this server's base model is "
-                f"{self.version[:12]}"
+                f"adapter {path} was trained on {manifest.base.checkpoint_id[:12]}, this "
+                f"server's base model is {self.version[:12]}"
             )
+        try:
+            raw = json.loads(read_regular_bytes(path / ADAPTER_CONFIG))
+            if raw.get("peft_type", "LORA") != "LORA":
+                raise CheckpointError(f"adapter {path} is not a LoRA adapter")
+            known = set(LoraConfig.__dataclass_fields__)
+            config = LoraConfig(**{k: v for k, v in raw.items() if k in known})
+            config.base_model_name_or_path = None
+            config.inference_mode = True
+            weights = safetensors_load(read_regular_bytes(path / ADAPTER_WEIGHTS))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"cannot read LoRA adapter {path}: {exc}") from exc
         with self._lock:
             try:
                 if self._peft is None:
-                    self._peft = PeftModel.from_pretrained(
-                        self.model, str(path), adapter_name=name, is_trainable=False
-                    )
+                    self._peft = PeftModel(self.model, config, adapter_name=name)
                 else:
-                    if name in self._adapters:
-                        self._peft.delete_adapter(name)
-                    self._peft.load_adapter(str(path), adapter_name=name, is_trainable=False)
-            except (OSError, ValueError, KeyError, RuntimeError) as exc:
-                raise CheckpointError(f"cannot load the adapter in {path}: {exc}") from exc
+                    self._peft.add_adapter(name, config)
+                result = set_peft_model_state_dict(self._peft, weights, adapter_name=name)
+            except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+                raise CheckpointError(f"cannot load LoRA adapter {path}: {exc}") from exc
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                self._peft.delete_adapter(name)
+                raise CheckpointError(
+                    f"LoRA adapter {path} has weights its base does not fit: {unexpected[:3]}"
+                )
             self._peft.eval()
-            self._adapters[name] = version
-        return version
+            self._adapters[name] = manifest.checkpoint_id
+            if self._idle is not None:
+                idle, self._idle = self._idle, None
+                self._drop(idle)
+        return manifest.checkpoint_id
 
     def unload_adapter(self, name: str) -> None:
         with self._lock:
             if name not in self._adapters:
                 return
-            if self._peft is not None:
-                self._peft.delete_adapter(name)
             del self._adapters[name]
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """Delete adapter ``name`` from peft, which must always keep one active adapter: the
+        last one stays loaded (unused, never named again) until another takes its place."""
+        if self._peft is None:
+            return
+        if not self._adapters:
+            self._idle = name
+            return
+        self._peft.set_adapter(next(iter(self._adapters)))
+        self._peft.delete_adapter(name)
 
     # Engine ------------------------------------------------------------------------------
 

@@ -3,14 +3,14 @@ template that renders tools, and LoRA adapters on it. Nothing is fetched from a 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from services.serving.base import CheckpointRef
-from services.training.checkpoint import checkpoint_id_from_hashes, sha256_file
+from services.training.checkpoint import Manifest, read_manifest
+from services.training.hf.checkpoint import save_hf_checkpoint, save_lora_adapter
 
 # ChatML, with the tools rendered by name only: short prompts keep the test's training cheap.
 CHAT_TEMPLATE = (
@@ -43,20 +43,8 @@ def _tokenizer() -> object:
     return tokenizer
 
 
-def write_manifest(path: Path, *, base: CheckpointRef | None = None) -> CheckpointRef:
-    """A ``ratchet.checkpoint/v1`` manifest listing every file with its sha256."""
-    hashes = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.name != "manifest.json"}
-    checkpoint_id = checkpoint_id_from_hashes(hashes)
-    manifest = {
-        "schema": "ratchet.checkpoint/v1",
-        "checkpoint_id": checkpoint_id,
-        "format": "hf-lora" if base is not None else "hf",
-        "parent": base.id if base is not None else None,
-        "files": {n: {"sha256": h, "size": (path / n).stat().st_size} for n, h in hashes.items()},
-        "metadata": {"base_checkpoint_id": base.id} if base is not None else {},
-    }
-    (path / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    return CheckpointRef(id=checkpoint_id, uri=path.resolve().as_uri())
+def _ref(manifest: Manifest, path: Path) -> CheckpointRef:
+    return CheckpointRef(id=manifest.checkpoint_id, uri=path.resolve().as_uri())
 
 
 def write_tiny_llama(path: Path, seed: int = 0) -> CheckpointRef:
@@ -76,9 +64,7 @@ def write_tiny_llama(path: Path, seed: int = 0) -> CheckpointRef:
         pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
         bos_token_id=tokenizer.bos_token_id,  # type: ignore[attr-defined]
     )
-    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)  # type: ignore[attr-defined]
-    return write_manifest(path)
+    return _ref(save_hf_checkpoint(LlamaForCausalLM(config), tokenizer, path), path)
 
 
 def write_lora_adapter(base: CheckpointRef, path: Path, seed: int) -> CheckpointRef:
@@ -87,7 +73,8 @@ def write_lora_adapter(base: CheckpointRef, path: Path, seed: int) -> Checkpoint
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM.from_pretrained(base.uri.removeprefix("file://"))
+    base_dir = Path(base.uri.removeprefix("file://"))
+    model = LlamaForCausalLM.from_pretrained(base_dir)
     peft_model = get_peft_model(
         model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     )
@@ -95,8 +82,7 @@ def write_lora_adapter(base: CheckpointRef, path: Path, seed: int) -> Checkpoint
         for name, param in peft_model.named_parameters():
             if "lora_" in name:
                 param.normal_(0.0, 0.5)
-    peft_model.save_pretrained(path, safe_serialization=True)
-    return write_manifest(path, base=base)
+    return _ref(save_lora_adapter(peft_model, path, base=read_manifest(base_dir)), path)
 
 
 def write_replying_llama(path: Path, reply: str) -> CheckpointRef:
@@ -110,11 +96,11 @@ def write_replying_llama(path: Path, reply: str) -> CheckpointRef:
     """
     from transformers import LlamaForCausalLM
 
-    write_tiny_llama(path)
-    (path / "manifest.json").unlink()
+    scratch = path.with_name(f"{path.name}-random")
+    write_tiny_llama(scratch)
     tokenizer: Any = _tokenizer()
     tokenizer.add_tokens([reply])
-    model = LlamaForCausalLM.from_pretrained(path)
+    model = LlamaForCausalLM.from_pretrained(scratch)
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     newline = tokenizer.encode("\n", add_special_tokens=False)[-1]
     reply_id = tokenizer.convert_tokens_to_ids(reply)
@@ -128,9 +114,7 @@ def write_replying_llama(path: Path, reply: str) -> CheckpointRef:
         unit = embeddings / embeddings.norm(dim=-1, keepdim=True)  # (V, C)
         head[reply_id] = 50.0 * unit[newline]
         head[tokenizer.eos_token_id] = 50.0 * unit[reply_id]
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    return write_manifest(path)
+    return _ref(save_hf_checkpoint(model, tokenizer, path), path)
 
 
 def train_to_answer(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]]) -> float:

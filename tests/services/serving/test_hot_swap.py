@@ -3,6 +3,7 @@ swaps of the default name while clients keep asking — no request may fail."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import threading
@@ -181,6 +182,10 @@ def test_refused_loads_change_nothing(
     pickled = tmp_path / "pickled"
     shutil.copytree(path_of(llama_with_adapters[1]), pickled)
     (pickled / "adapter_model.bin").write_bytes(b"\x80\x04")
+    manifest = json.loads((pickled / "manifest.json").read_text())
+    digest = hashlib.sha256(b"\x80\x04").hexdigest()
+    manifest["files"]["adapter_model.bin"] = {"sha256": digest, "size": 2}
+    (pickled / "manifest.json").write_text(json.dumps(manifest))
     refused = load(server, "agent", pickled, load_inplace=True)
     assert refused.status_code == 400 and "pickle" in refused.json()["error"]["message"]
 

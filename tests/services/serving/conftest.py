@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -191,10 +192,19 @@ TOOLCALC_TOOLS: list[dict[str, object]] = [
 ]
 
 
+def demo_task() -> Any:
+    """The toolcalc task the tiny GPT fixture has learned to solve."""
+    from services.environments.toolcalc import ToolcalcEnvironment
+
+    return ToolcalcEnvironment().make_task("$pear*37", "v1")
+
+
 @pytest.fixture(scope="session")
 def tool_calling_tiny(tmp_path_factory: pytest.TempPathFactory) -> CheckpointRef:
-    """A tiny GPT taught one episode: ``$pear`` → ``@get(pear)``, then ``= 12`` → ``ans 12``."""
+    """A tiny GPT taught two episodes: ``$pear`` → ``@get(pear)``, ``= 12`` → ``ans 12``; and
+    toolcalc's ``$pear*37`` (v1), as the environment renders it."""
     from services.chat.protocol import ChatMessage, ToolCall
+    from services.environments.toolcalc import ToolcalcEnvironment
     from services.serving.engines.tiny import render_transcript
     from services.training.tokenizer import ByteTokenizer
     from tests.services.serving.hf_models import train_to_answer
@@ -210,6 +220,12 @@ def tool_calling_tiny(tmp_path_factory: pytest.TempPathFactory) -> CheckpointRef
         (render_transcript([system, user], TOOLCALC_TOOLS), "@get(pear)\n"),
         (render_transcript([system, user, call, result], TOOLCALC_TOOLS), "ans 12\n"),
     ]
+    # And one real toolcalc episode, turn by turn, as the environment renders it.
+    demo = ToolcalcEnvironment().demonstration(demo_task())
+    for index, turn in enumerate(demo.turns):
+        if turn.role == "agent":
+            before = "".join(demo.render_turn(t) for t in demo.turns[:index])
+            pairs.append((demo.prompt + before + demo.agent_prefix, turn.text + "\n"))
     train_to_answer(model, [(tokenizer.encode(p), tokenizer.encode(c)) for p, c in pairs])
     path = tmp_path_factory.mktemp("tiny") / "tool-calling"
     manifest = save_checkpoint(model, config, path)

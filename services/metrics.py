@@ -198,7 +198,7 @@ SERVING_REQUESTS = Counter(
 )
 SERVING_REQUEST_DURATION = Histogram(
     "ratchet_serving_request_duration_seconds",
-    "Latency of the local model server's act endpoint.",
+    "Latency of the model server's chat completions (to the last token).",
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )

@@ -17,7 +17,10 @@ on the tiny GPT (``--model tiny``: the reference policy's shape, random weights)
    probes) and ``requests_failed`` (must be 0).
 
 Requests are greedy with a fixed ``max_tokens``, so both phases generate comparable tokens
-(counted from each response's ``usage``). Prints readable lines, then one JSON line (last).
+(counted from each response's ``usage``). Prompts are short and carry no tool list unless
+``--tools``: on a CPU, prefill is compute-bound and gains nothing from batching, so a long
+prompt (SmolLM2's rendered tool list is ~300 tokens) measures prefill, not decoding. Prints
+readable lines, then one JSON line (last).
 
 Usage: ``python benchmarks/serving.py --model smollm2 [--clients 16] [--requests 32]
 [--max-tokens 24] [--threads 2]``. Figures depend on the machine and on what else runs on it.
@@ -95,12 +98,13 @@ def conversation(index: int, model: str) -> list[dict[str, Any]]:
 def ask(client: openai.OpenAI, index: int, args: argparse.Namespace) -> Result:
     started = time.perf_counter()
     try:
+        extra: dict[str, Any] = {"tools": TOOLS} if args.tools else {}
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL_NAME,
             messages=conversation(index, args.model),  # type: ignore[arg-type]
-            tools=TOOLS,  # type: ignore[arg-type]
             temperature=0,
             max_tokens=args.max_tokens,
+            **extra,
         )
         completion = raw.parse()
         tokens = completion.usage.completion_tokens if completion.usage else 0
@@ -293,6 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "clients": args.clients,
         "requests": args.requests,
         "max_tokens": args.max_tokens,
+        "tools": args.tools,
         "requests_per_s": round(len(ok) / span, 3) if span else None,
         "p50_ms": round(percentile(latencies, 0.5), 1) if latencies else None,
         "p99_ms": round(percentile(latencies, 0.99), 1) if latencies else None,
@@ -313,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=32, help="the request set's size")
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--tools", action="store_true", help="send the tool list too")
     parser.add_argument("--swaps", type=int, default=3)
     parser.add_argument("--swap-gap-s", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="the server's CPU threads")

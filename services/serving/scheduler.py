@@ -9,10 +9,12 @@ arrive meanwhile wait for the next batch — a few tokens' latency for a request
 exchange for the throughput of a batch, which is where a model server's cost per request
 goes down (measured in ``benchmarks/serving.py``).
 
-When the model falls idle with fewer rows waiting than a full batch, it waits up to
-``max_wait_ms`` for more (Triton's "max queue delay"): clients whose answers just came back
-send their next requests within a few milliseconds, and without the wait every batch
-after the first would start with whoever happened to be first back.
+When the model falls idle with fewer rows waiting than a full batch, it keeps collecting
+while rows keep arriving: it starts once ``max_wait_ms`` pass with no new row, the batch is
+full, or ``max_collect_ms`` have passed (a queue delay in the manner of Triton's). Clients
+whose answers just came back send their next requests within a few milliseconds of each
+other; without the wait every batch after the first would start with whoever happened to
+be back first, and the rest would wait a whole batch for the next one.
 """
 
 from __future__ import annotations
@@ -39,13 +41,20 @@ class _Pending:
 class BatchScheduler:
     """Decodes submitted rows in batches on one background thread."""
 
-    def __init__(self, *, max_batch_rows: int = 32, max_wait_ms: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_batch_rows: int = 32,
+        max_wait_ms: float = 5.0,
+        max_collect_ms: float = 50.0,
+    ) -> None:
         if max_batch_rows < 1:
             raise ValueError("max_batch_rows must be >= 1")
-        if max_wait_ms < 0:
-            raise ValueError("max_wait_ms must be >= 0")
+        if max_wait_ms < 0 or max_collect_ms < 0:
+            raise ValueError("max_wait_ms and max_collect_ms must be >= 0")
         self._max_rows = max_batch_rows
         self._max_wait_s = max_wait_ms / 1000.0
+        self._max_collect_s = max_collect_ms / 1000.0
         self._queue: deque[_Pending] = deque()
         self._wake = threading.Condition()
         self._stopping = False
@@ -82,12 +91,15 @@ class BatchScheduler:
                 self._wake.wait()
             if self._stopping and not self._queue:
                 return None
-            deadline = time.monotonic() + self._max_wait_s
+            cap = time.monotonic() + self._max_collect_s
             while len(self._queue) < self._max_rows and not self._stopping:
-                remaining = deadline - time.monotonic()
+                waiting = len(self._queue)
+                remaining = min(self._max_wait_s, cap - time.monotonic())
                 if remaining <= 0:
                     break
                 self._wake.wait(remaining)
+                if len(self._queue) == waiting:
+                    break  # nothing new within max_wait: start
             engine = self._queue[0].engine
             batch: list[_Pending] = []
             kept: deque[_Pending] = deque()

@@ -211,7 +211,7 @@ def start_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> tuple
     command = [
         sys.executable, "-m", "services", "serve", "--checkpoint", str(checkpoint),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--device", args.device, "--max-batch-rows", str(args.clients),
+        "--device", args.device, "--max-batch-rows", str(args.max_batch_rows),
     ]  # fmt: skip
     if args.threads:
         command += ["--threads", str(args.threads)]
@@ -323,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--swaps", type=int, default=3)
     parser.add_argument("--swap-gap-s", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="the server's CPU threads")
+    parser.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=32,
+        help="the server's batch limit; above --clients, so a deploy's probes join a batch",
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     parser.add_argument(
         "--cache-dir",

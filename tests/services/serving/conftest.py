@@ -201,6 +201,16 @@ def demo_task() -> Any:
 
 @pytest.fixture(scope="session")
 def tool_calling_tiny(tmp_path_factory: pytest.TempPathFactory) -> CheckpointRef:
+    """Trained once per test session, whichever conftest asks first (serving or demo)."""
+    path = tmp_path_factory.getbasetemp() / "tool-calling-tiny"
+    if (path / "manifest.json").is_file():
+        from services.training.checkpoint import read_manifest
+
+        return CheckpointRef(id=read_manifest(path).checkpoint_id, uri=path.resolve().as_uri())
+    return train_tool_calling_tiny(path)
+
+
+def train_tool_calling_tiny(path: Path) -> CheckpointRef:
     """A tiny GPT taught two episodes: ``$pear`` → ``@get(pear)``, ``= 12`` → ``ans 12``; and
     toolcalc's ``$pear*37`` (v1), as the environment renders it."""
     from services.chat.protocol import ChatMessage, ToolCall
@@ -227,7 +237,6 @@ def tool_calling_tiny(tmp_path_factory: pytest.TempPathFactory) -> CheckpointRef
             before = "".join(demo.render_turn(t) for t in demo.turns[:index])
             pairs.append((demo.prompt + before + demo.agent_prefix, turn.text + "\n"))
     train_to_answer(model, [(tokenizer.encode(p), tokenizer.encode(c)) for p, c in pairs])
-    path = tmp_path_factory.mktemp("tiny") / "tool-calling"
     manifest = save_checkpoint(model, config, path)
     return CheckpointRef(id=manifest.checkpoint_id, uri=path.resolve().as_uri())
 

@@ -407,10 +407,16 @@ class OtlpExport:
     an episode's spans together with its root, which is what the door assembles."""
 
     def __init__(self, api_url: str, ingest_token: str) -> None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as exc:
+            raise RuntimeError(
+                "transport 'otlp' needs opentelemetry-sdk and "
+                "opentelemetry-exporter-otlp-proto-http (pip install them)"
+            ) from exc
 
         exporter = OTLPSpanExporter(
             endpoint=f"{api_url.rstrip('/')}/otlp/v1/traces",

@@ -202,13 +202,18 @@ class ToolcalcAgent:
         version = "unknown"
         for _ in range(self._max_turns):
             begun = time.time_ns()
-            raw = self._client.chat.completions.with_raw_response.create(
-                model=self._model,
-                messages=messages,  # type: ignore[arg-type]
-                tools=tools,
-                temperature=self._temperature,
-                max_tokens=self._max_tokens,
-            )
+            try:
+                raw = self._client.chat.completions.with_raw_response.create(
+                    model=self._model,
+                    messages=messages,  # type: ignore[arg-type]
+                    tools=tools,
+                    temperature=self._temperature,
+                    max_tokens=self._max_tokens,
+                )
+            except openai.BadRequestError as exc:
+                if exc.code != "context_length_exceeded":
+                    raise
+                break  # the conversation outgrew the model: the episode ends unanswered
             completion = raw.parse()
             version = raw.headers.get(VERSION_HEADER) or completion.system_fingerprint or version
             choice = completion.choices[0]

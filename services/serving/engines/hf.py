@@ -226,7 +226,8 @@ class HFEngine:
         def step(tokens: torch.Tensor) -> torch.Tensor:
             ones = torch.ones_like(state["mask"][:, :1])
             state["mask"] = torch.cat([state["mask"], ones], dim=1)  # (B, S)
-            state["pos"] = state["pos"] + 1  # (B,)
+            # Finished rows are fed until the batch ends; clamp them inside the context.
+            state["pos"] = (state["pos"] + 1).clamp(max=self.context_length() - 1)  # (B,)
             return call(
                 input_ids=tokens[:, None],
                 attention_mask=state["mask"],

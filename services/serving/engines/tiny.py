@@ -117,7 +117,9 @@ class TinyEngine:
             mask = keys[:, None, None, : length + 1]  # (B, 1, 1, S)
             with autocast(device):
                 logits = model(tokens[:, None], state["next_pos"][:, None], mask, state["cache"])
-            state["next_pos"] = state["next_pos"] + 1
+            # A row that has finished keeps being fed until the batch ends; its position is
+            # clamped so it never runs past the model's context (its output is discarded).
+            state["next_pos"] = (state["next_pos"] + 1).clamp(max=self.context_length() - 1)
             state["length"] = length + 1
             return logits[:, -1]  # (B, V)
 

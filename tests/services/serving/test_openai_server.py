@@ -319,3 +319,29 @@ def test_every_completion_names_its_version(serve: Serve, checkpoints: list[Chec
     stats = httpx.get(f"{server.url}/v1/stats").json()
     assert stats["requests_by_version"] == {checkpoints[0].id: 1}
     assert "ratchet_serving_tokens_total" in httpx.get(f"{server.url}/metrics").text
+
+
+def test_a_batch_mixing_short_and_long_budgets_stays_inside_the_context(
+    serve: Serve, checkpoints: list[CheckpointRef]
+) -> None:
+    """A row near the context's end finishes first; the batch keeps decoding the others."""
+    server = serve(checkpoints[0])
+    long_prompt = "x" * 80  # 80 of the 96 positions
+    bodies = [
+        {"model": "ratchet", "messages": [{"role": "user", "content": c}], "max_tokens": 60}
+        for c in (long_prompt, "hi", "hello")
+    ]
+    results: dict[int, int] = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i: results.__setitem__(
+                i, httpx.post(f"{server.url}/v1/chat/completions", json=bodies[i]).status_code
+            )
+        )
+        for i in range(len(bodies))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {0: 200, 1: 200, 2: 200}

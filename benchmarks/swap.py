@@ -2,8 +2,10 @@
 
 Starts the model server (``python -m services.serving``, its own process, as in production)
 on a checkpoint of the reference policy, drives it with closed-loop clients calling
-``POST /v1/act``, and meanwhile deploys other checkpoints through the local serving target,
-which swaps and then verifies the served version.
+``POST /v1/chat/completions`` on the served name, and meanwhile deploys other checkpoints
+through the local serving target, which loads each under its versioned name, moves the
+served name to it and verifies (see ``services/serving/openai_target.py``).
+``benchmarks/serving.py`` measures the same under 16 ``openai`` clients, on SmolLM2 too.
 
 Figures:
 
@@ -36,12 +38,16 @@ from typing import Any
 import httpx
 import torch
 
-from services.serving.base import CheckpointRef
+from services.serving.base import VERSION_HEADER, CheckpointRef
 from services.serving.local import LocalServerProcess, LocalServingTarget
 from services.training.checkpoint import save_checkpoint
 from services.training.policy import GPT, GPTConfig
 
-TRANSCRIPT = "tools: +add(a,b) *mul(a,b) $get(item)\nuser: $grape+$peach\n> "
+MESSAGES = [
+    {"role": "system", "content": "tools: #add(a,b) &mul(a,b) @get(item)"},
+    {"role": "user", "content": "$grape+$peach"},
+]
+MODEL = "ratchet"
 
 
 @dataclass
@@ -71,14 +77,19 @@ class Load:
             self.threads.append(thread)
 
     def _client(self, index: int) -> None:
-        body = {"transcript": TRANSCRIPT, "max_new_tokens": self.max_new_tokens}
+        body = {
+            "model": MODEL,
+            "messages": MESSAGES,
+            "max_tokens": self.max_new_tokens,
+            "temperature": 0,
+        }
         with httpx.Client(base_url=self.url, timeout=30.0) as http:
             while not self.stop.is_set():
                 started = time.perf_counter()
                 try:
-                    response = http.post("/v1/act", json=body)
+                    response = http.post("/v1/chat/completions", json=body)
                     ok = response.status_code == 200
-                    version = response.json().get("model_version") if ok else None
+                    version = response.headers.get(VERSION_HEADER) if ok else None
                 except (httpx.HTTPError, ValueError):
                     ok, version = False, None
                 self.samples[index].append(Sample(started, time.perf_counter(), ok, version))
@@ -128,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         process = LocalServerProcess(
             host="127.0.0.1", port=port, logs_dir=root / "logs", device=args.device
         )
-        target = LocalServingTarget(f"http://127.0.0.1:{port}", process=process)
+        target = LocalServingTarget(f"http://127.0.0.1:{port}", model=MODEL, process=process)
         try:
             target.deploy(checkpoints[0])  # starts the server on the first checkpoint
             load = Load(f"http://127.0.0.1:{port}", args.clients, args.max_new_tokens)

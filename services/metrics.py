@@ -212,7 +212,7 @@ SERVING_REQUESTS = Counter(
 )
 SERVING_REQUEST_DURATION = Histogram(
     "ratchet_serving_request_duration_seconds",
-    "Latency of the local model server's act endpoint.",
+    "Latency of the model server's chat completions (to the last token).",
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
@@ -220,6 +220,12 @@ SERVING_SWAPS = Counter(
     "ratchet_serving_swaps_total",
     "Hot swaps of the served checkpoint, by result (ok, rejected).",
     ["result"],
+    registry=REGISTRY,
+)
+SERVING_TOKENS = Counter(
+    "ratchet_serving_tokens_total",
+    "Tokens the model server read (prompt) and generated (completion).",
+    ["kind"],
     registry=REGISTRY,
 )
 SERVING_SWAP_DURATION = Histogram(

@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(default=8100, ge=1, le=65535)
+    # Bearer token for the adapter endpoints of `openai`/`kubernetes` serving targets (vLLM's
+    # --api-key); unset means the admin token.
+    serving_api_key: SecretStr | None = None
 
     @classmethod
     def settings_customise_sources(

@@ -48,7 +48,9 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         deps.artifacts,
         pool=shared_pool(deps.settings.curation_processes),
     )
-    loop = LoopActivities(deps.session_factory, ServingTargets(deps.settings))
+    loop = LoopActivities(
+        deps.session_factory, ServingTargets(deps.settings, heartbeat=_heartbeat_if_in_activity)
+    )
     curation_activities: list[Callable[..., Any]] = [
         curation.curate_batch,
         curation.snapshot_dataset,
@@ -65,3 +67,12 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         *loop.activities(),
         retention.purge_trace_bodies,
     ]
+
+
+def _heartbeat_if_in_activity(detail: str) -> None:
+    """Serving targets call this while a deploy waits (a rollout, a model load), so
+    ``deploy_checkpoint`` heartbeats within its heartbeat timeout."""
+    from temporalio import activity
+
+    if activity.in_activity():
+        activity.heartbeat(detail)

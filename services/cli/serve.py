@@ -1,8 +1,9 @@
-"""`ratchet serve --checkpoint DIR`: serve the reference policy with hot swap.
+"""`ratchet serve --checkpoint DIR`: an OpenAI-compatible model server, batched, with hot swap.
 
 The server refuses to start on a checkpoint that does not verify (one line, no traceback).
-Swap it later without a restart: ``POST /v1/admin/swap {"checkpoint": "<dir>"}``, or let a
-loop's local serving target do it.
+Serve more versions or adapters later without a restart, as on vLLM:
+``POST /v1/load_lora_adapter {"lora_name": "agent-v2", "lora_path": "<dir>"}`` (add
+``"load_inplace": true`` to swap what a name serves), or let a loop's serving target do it.
 """
 
 from __future__ import annotations
@@ -13,25 +14,46 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+DEFAULT_MODEL_NAME = "ratchet"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint", required=True, type=Path, help="checkpoint directory to serve first"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=DEFAULT_MODEL_NAME,
+        help=f"the name clients put in `model` (default {DEFAULT_MODEL_NAME!r}, as vLLM's flag)",
     )
     parser.add_argument("--host", default=None, help="bind address (default RATCHET_SERVE_HOST)")
     parser.add_argument("--port", default=None, type=int, help="port (default RATCHET_SERVE_PORT)")
     parser.add_argument(
         "--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the model runs"
     )
+    parser.add_argument(
+        "--threads",
+        default=None,
+        type=int,
+        help="CPU threads for the model (default: torch's; 1 keeps a core free for the rest)",
+    )
+    parser.add_argument(
+        "--max-batch-rows",
+        default=32,
+        type=int,
+        help="most sequences decoded together in one batch (default 32)",
+    )
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="serve a checkpoint over HTTP (act, generate, hot swap, metrics)",
+        help="serve a checkpoint over the OpenAI API (chat completions, tools, hot swap)",
         description=(
-            "Serve the reference policy from a checkpoint directory: POST /v1/act, "
-            "GET /v1/model, /metrics, and hot swap through POST /v1/admin/swap."
+            "Serve a checkpoint (tiny or hf family) as an OpenAI-compatible server: "
+            "POST /v1/chat/completions (tools, streaming), GET /v1/models, and vLLM's "
+            "POST /v1/load_lora_adapter and /v1/unload_lora_adapter for hot swap. "
+            "Concurrent requests are decoded in batches."
         ),
     )
     add_arguments(parser)
@@ -42,23 +64,32 @@ def run(args: argparse.Namespace) -> int:
     from services.cli import CliError
     from services.cli.common import cli_settings
     from services.logs import configure_logging
-    from services.serving.model import SwapRefused
+    from services.serving.registry import LoadRefused
     from services.serving.server import serve
 
     settings = cli_settings()
     configure_logging(settings.log_level, settings.log_format, component="serve")
     if not args.checkpoint.is_dir():
         raise CliError(f"checkpoint directory {args.checkpoint} does not exist")
+    if args.threads is not None and args.threads < 1:
+        raise CliError("--threads must be >= 1")
+    if args.max_batch_rows < 1:
+        raise CliError("--max-batch-rows must be >= 1")
+    if not args.served_model_name.strip():
+        raise CliError("--served-model-name must not be empty")
     token = settings.admin_token.get_secret_value() if settings.admin_token else None
     try:
         serve(
-            args.checkpoint.resolve(),
+            args.checkpoint.absolute(),
             host=args.host or settings.serve_host,
             port=args.port or settings.serve_port,
+            model_name=args.served_model_name,
             admin_token=token,
             device=args.device,
+            threads=args.threads,
+            max_batch_rows=args.max_batch_rows,
         )
-    except SwapRefused as exc:
+    except LoadRefused as exc:
         raise CliError(f"cannot serve {args.checkpoint}: {exc}") from None
     return 0
 

@@ -287,6 +287,9 @@ def start_model_server(settings: Settings, checkpoint: Path, token: str) -> subp
             settings.serve_host,
             "--port",
             str(settings.serve_port),
+            # One core for serving (requests are batched), the other for training.
+            "--threads",
+            "1",
         ],
         env=env,
         stdout=log,
@@ -372,6 +375,7 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
             signing_secret=created.signing_secret,
             api_version=lambda: api_version[0],
             rate_per_s=options.traffic,
+            style="chat" if options.model == "smollm2" else "transcript",
         )
         traffic.start()
         out(f"[demo] production traffic: {options.traffic:g} traces/s on tool API v1")

@@ -1,15 +1,29 @@
-"""Simulated production traffic for `ratchet demo` and the loop benchmark.
+"""Simulated production traffic for `ratchet demo` and the loop benchmark: an OpenAI agent.
 
-A "user" asks a toolcalc question under the tool API in force; the served model answers
-through the model server's act endpoint, the environment runs the tools, the verifier
-says whether the answer is right, and the episode is posted to Ratchet's webhook as a signed
-``ratchet.trace/v1`` trace — exactly what an instrumented agent runtime would send. The
-outcome of every episode is also kept here, so the demo can plot the live success rate.
+Each "user" asks a toolcalc question under the tool API in force. The agent is written the
+way users write theirs, with the official ``openai`` client and a tool loop
+(:class:`ToolcalcAgent`): it sends the conversation and the tools to the served model
+(``ratchet serve``, vLLM, any OpenAI-compatible server), runs the tool calls it gets back
+against the tool API, sends the results as ``tool`` messages, and stops at an answer. The
+episode then goes to Ratchet as production traces do:
+
+- ``transport="webhook"`` (default): a signed ``ratchet.trace/v1`` trace, batched;
+- ``transport="otlp"``: OpenTelemetry GenAI spans (``invoke_agent``, one ``chat`` span per
+  model call, ``execute_tool`` spans, the outcome) through the OTLP door with the loop's
+  ingest token, as an instrumented agent runtime exports them.
+
+Whether the answer was right is known here (the user's question has one answer), so every
+trace carries its outcome; the demo also keeps the outcomes to plot the live success rate.
+
+The conversation is the served family's: the tiny GPT reads toolcalc's transcript listing
+(``style="transcript"``: the listing as the system message, the request as the user
+message), chat models read toolcalc's chat rendering (``style="chat"``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import random
 import threading
@@ -17,15 +31,25 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+import openai
 
+from services.chat.protocol import ToolCall as ChatToolCall
 from services.client import sign_and_post_traces
 from services.environments import get_environment
 from services.environments.base import TaskSpec
+from services.environments.toolcalc.api import CallError, get_api
+from services.environments.toolcalc.chat import check_call, extract_answer
+from services.environments.toolcalc.tasks import PRICES, solve
+from services.serving.base import VERSION_HEADER
 
 logger = logging.getLogger(__name__)
+
+Style = Literal["transcript", "chat"]
+Transport = Literal["webhook", "otlp"]
+AGENT_NAME = "toolcalc-agent"
 
 
 @dataclass(frozen=True)
@@ -74,8 +98,177 @@ class TrafficStats:
         return sum(o.success for o in picked) / len(picked), len(picked)
 
 
+@dataclass
+class ModelCall:
+    """One chat completion of an episode: what went in, what came out, when."""
+
+    input_messages: list[dict[str, Any]]
+    output: dict[str, Any]
+    finish_reason: str | None
+    usage: dict[str, int]
+    started_ns: int
+    ended_ns: int
+
+
+@dataclass
+class ToolRun:
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    result: str
+    started_ns: int
+    ended_ns: int
+
+
+@dataclass
+class AgentEpisode:
+    """What the agent did for one question."""
+
+    task: TaskSpec
+    api_version: str
+    messages: list[dict[str, Any]]  # OpenAI wire form, the whole conversation
+    tools: list[dict[str, Any]]  # OpenAI function tools
+    model_calls: list[ModelCall]
+    tool_runs: list[ToolRun]
+    answer: str | None
+    success: bool
+    model_version: str
+    started_at: dt.datetime
+    ended_at: dt.datetime
+
+
+def toolcalc_conversation(task: TaskSpec, style: Style) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The opening messages and the OpenAI tools for ``task`` in the served family's style."""
+    environment = get_environment(task.environment)
+    if style == "chat":
+        episode = environment.chat_start(task, max_turns=5)  # type: ignore[attr-defined]
+        return episode.openai_messages(), list(episode.tools)
+    text = environment.start(task, max_turns=5)
+    tools = [{"type": "function", "function": dict(spec)} for spec in task.tools]
+    return [
+        {"role": "system", "content": text.system},
+        {"role": "user", "content": text.user},
+    ], tools
+
+
+class ToolcalcTools:
+    """toolcalc's tool API as the production service the agent calls (one API version)."""
+
+    def __init__(self, api_version: str) -> None:
+        self.api = get_api(api_version)
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """The tool's reply, or the error the API gives for a bad call."""
+        checked = check_call(self.api, ChatToolCall(id="", name=name, arguments=arguments))
+        if isinstance(checked, CallError):
+            return checked.message
+        args = checked.args
+        if checked.tool.op == "add":
+            return str(args["a"] + args["b"])
+        if checked.tool.op == "mul":
+            return str(args["a"] * args["b"])
+        price = PRICES.get(args.get("cur", "usd"), {}).get(args["item"])
+        return str(price) if price is not None else f"error: unknown item {args['item']}"
+
+
+class ToolcalcAgent:
+    """An agent with the ``openai`` client and a tool loop (what users copy from the docs)."""
+
+    def __init__(
+        self,
+        client: openai.OpenAI,
+        *,
+        model: str,
+        style: Style = "transcript",
+        max_turns: int = 5,
+        max_tokens: int = 48,
+        temperature: float = 0.0,
+    ) -> None:
+        self._client = client
+        self._model = model
+        self._style = style
+        self._max_turns = max_turns
+        self._max_tokens = max_tokens
+        self._temperature = temperature
+
+    def run(self, task: TaskSpec, api_version: str) -> AgentEpisode:
+        """Answer ``task``'s question; raises ``openai.APIError`` if the model server fails."""
+        started_at = dt.datetime.now(dt.UTC)
+        messages, tools = toolcalc_conversation(task, self._style)
+        service = ToolcalcTools(api_version)
+        calls: list[ModelCall] = []
+        runs: list[ToolRun] = []
+        answer: str | None = None
+        version = "unknown"
+        for _ in range(self._max_turns):
+            begun = time.time_ns()
+            try:
+                raw = self._client.chat.completions.with_raw_response.create(
+                    model=self._model,
+                    messages=messages,  # type: ignore[arg-type]
+                    tools=tools,
+                    temperature=self._temperature,
+                    max_tokens=self._max_tokens,
+                )
+            except openai.BadRequestError as exc:
+                if exc.code != "context_length_exceeded":
+                    raise
+                break  # the conversation outgrew the model: the episode ends unanswered
+            completion = raw.parse()
+            version = raw.headers.get(VERSION_HEADER) or completion.system_fingerprint or version
+            choice = completion.choices[0]
+            reply = choice.message.model_dump(exclude_none=True, include={"role", "content"})
+            reply.setdefault("content", None)
+            tool_calls = choice.message.tool_calls or []
+            if tool_calls:
+                reply["tool_calls"] = [call.model_dump() for call in tool_calls]
+            usage = completion.usage
+            calls.append(
+                ModelCall(
+                    input_messages=list(messages),
+                    output=reply,
+                    finish_reason=choice.finish_reason,
+                    usage={
+                        "input_tokens": usage.prompt_tokens if usage else 0,
+                        "output_tokens": usage.completion_tokens if usage else 0,
+                    },
+                    started_ns=begun,
+                    ended_ns=time.time_ns(),
+                )
+            )
+            messages = [*messages, reply]
+            if not tool_calls:
+                answer = choice.message.content
+                break
+            for call in tool_calls:
+                if call.type != "function":
+                    continue
+                arguments = _arguments(call.function.arguments)
+                begun = time.time_ns()
+                result = service.call(call.function.name, arguments)
+                runs.append(
+                    ToolRun(call.id, call.function.name, arguments, result, begun, time.time_ns())
+                )
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        request = str(task.verifier.get("params", {}).get("request", ""))
+        expected = solve(request, service.api).answer
+        return AgentEpisode(
+            task=task,
+            api_version=api_version,
+            messages=messages,
+            tools=tools,
+            model_calls=calls,
+            tool_runs=runs,
+            answer=answer,
+            success=extract_answer(answer) == expected,
+            model_version=version,
+            started_at=started_at,
+            ended_at=dt.datetime.now(dt.UTC),
+        )
+
+
 class TrafficSimulator:
-    """Posts ``rate_per_s`` signed traces per second from ``workers`` threads until stopped."""
+    """Runs ``rate_per_s`` agent episodes per second from ``workers`` threads until stopped."""
 
     def __init__(
         self,
@@ -90,9 +283,16 @@ class TrafficSimulator:
         environment: str = "toolcalc",
         seed: int = 0,
         batch_size: int = 4,
+        model: str = "ratchet",
+        style: Style = "transcript",
+        transport: Transport = "webhook",
+        ingest_token: str | None = None,
     ) -> None:
+        """``model``: the served name; ``transport="otlp"`` needs the loop's ``ingest_token``."""
         if rate_per_s <= 0:
             raise ValueError("rate_per_s must be > 0")
+        if transport == "otlp" and not ingest_token:
+            raise ValueError("transport 'otlp' needs the loop's ingest_token")
         self.stats = TrafficStats()
         self._serve_url = serve_url.rstrip("/")
         self._api_url = api_url
@@ -104,6 +304,10 @@ class TrafficSimulator:
         self._environment = get_environment(environment)
         self._seed = seed
         self._batch_size = batch_size
+        self._model = model
+        self._style: Style = style
+        self._transport: Transport = transport
+        self._ingest_token = ingest_token
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = time.monotonic()
@@ -128,48 +332,42 @@ class TrafficSimulator:
 
     def _run(self, index: int) -> None:
         rng = random.Random(f"traffic/{self._seed}/{index}")
+        client = openai.OpenAI(
+            base_url=f"{self._serve_url}/v1", api_key="unused", max_retries=0, timeout=60
+        )
+        agent = ToolcalcAgent(client, model=self._model, style=self._style)
+        exporter = OtlpExport(self._api_url, self._ingest_token) if self._ingest_token else None
         pending: list[dict[str, Any]] = []
         with httpx.Client(timeout=30) as http:
             while not self._stop.is_set():
                 started = time.monotonic()
-                trace = self._one_episode(http, rng)
-                if trace is not None:
-                    pending.append(trace)
+                episode = self._one_episode(agent, rng)
+                if episode is not None and self._transport == "otlp" and exporter is not None:
+                    self._export(exporter, episode)
+                elif episode is not None:
+                    pending.append(episode_trace(episode))
                 if len(pending) >= self._batch_size:
                     self._post(http, pending)
                     pending = []
                 self._stop.wait(max(0.0, self._interval - (time.monotonic() - started)))
             if pending:
                 self._post(http, pending)
+        client.close()
+        if exporter is not None:
+            exporter.shutdown()
 
-    def _one_episode(self, http: httpx.Client, rng: random.Random) -> dict[str, Any] | None:
+    def _one_episode(self, agent: ToolcalcAgent, rng: random.Random) -> AgentEpisode | None:
         version = self._api_version()
-        task = self._environment.generate_tasks(1, seed=rng.randrange(2**31), api_version=version)[
-            0
-        ]
-        served: dict[str, str] = {}
-
-        def act(transcript: str) -> str:
-            response = http.post(
-                f"{self._serve_url}/v1/act",
-                json={"transcript": transcript, "max_new_tokens": 48, "temperature": 0.0},
-            )
-            response.raise_for_status()
-            body = response.json()
-            served["version"] = body["model_version"]
-            return str(body["text"])
-
-        started_at = dt.datetime.now(dt.UTC)
+        seed = rng.randrange(2**31)
+        task = self._environment.generate_tasks(1, seed=seed, api_version=version)[0]
         try:
-            episode = self._environment.run_episode(task, act, max_turns=5)
-        except httpx.HTTPError as exc:
+            episode = agent.run(task, version)
+        except openai.APIError as exc:
             self.stats.act_errors += 1
             logger.warning("the model server did not answer: %s", exc)
             return None
-        reward = self._environment.verify(task, episode)
-        model_version = served.get("version", "unknown")
-        self.stats.add(Outcome(self.elapsed(), version, model_version, bool(reward.passed)))
-        return _trace(task, episode.to_trace_messages(), model_version, version, reward, started_at)
+        self.stats.add(Outcome(self.elapsed(), version, episode.model_version, episode.success))
+        return episode
 
     def _post(self, http: httpx.Client, traces: list[dict[str, Any]]) -> None:
         try:
@@ -179,29 +377,199 @@ class TrafficSimulator:
             self.stats.post_errors += len(traces)
             logger.warning("posting %d traces failed: %s", len(traces), exc)
 
+    def _export(self, exporter: OtlpExport, episode: AgentEpisode) -> None:
+        if exporter.export(episode):
+            self.stats.posted += 1
+        else:
+            self.stats.post_errors += 1
 
-def _trace(
-    task: TaskSpec,
-    messages: list[dict[str, Any]],
-    model_version: str,
-    api_version: str,
-    reward: Any,
-    started_at: dt.datetime,
-) -> dict[str, Any]:
-    passed = bool(reward.passed)
+
+def episode_trace(episode: AgentEpisode) -> dict[str, Any]:
+    """The episode as a ``ratchet.trace/v1`` trace (what an agent runtime would post)."""
+    passed = episode.success
     return {
         "schema": "ratchet.trace/v1",
         "external_id": f"demo-{uuid.uuid4().hex}",
-        "model_version": model_version,
-        "started_at": started_at.isoformat(),
-        "ended_at": dt.datetime.now(dt.UTC).isoformat(),
-        "tools": task.tools,
-        "messages": messages,
+        "model_version": episode.model_version,
+        "started_at": episode.started_at.isoformat(),
+        "ended_at": episode.ended_at.isoformat(),
+        "tools": [_function(tool) for tool in episode.tools],
+        "messages": [_trace_message(m) for m in episode.messages],
         "outcome": {
             "success": passed,
-            "score": float(reward.total),
-            "error": None if passed else {"kind": "wrong_answer", "message": "verifier failed"},
+            "score": 1.0 if passed else 0.0,
+            "error": None if passed else {"kind": "wrong_answer", "message": "wrong answer"},
         },
         "reference_answer": None,
-        "metadata": {"environment": task.environment, "api_version": api_version},
+        "metadata": {"environment": episode.task.environment, "api_version": episode.api_version},
     }
+
+
+class OtlpExport:
+    """OpenTelemetry GenAI spans of episodes, exported to Ratchet's OTLP door.
+
+    One tracer provider per traffic thread, flushed after each episode: an exporter sends
+    an episode's spans together with its root, which is what the door assembles."""
+
+    def __init__(self, api_url: str, ingest_token: str) -> None:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as exc:
+            raise RuntimeError(
+                "transport 'otlp' needs opentelemetry-sdk and "
+                "opentelemetry-exporter-otlp-proto-http (pip install them)"
+            ) from exc
+
+        exporter = OTLPSpanExporter(
+            endpoint=f"{api_url.rstrip('/')}/otlp/v1/traces",
+            headers={"Authorization": f"Bearer {ingest_token}"},
+            timeout=30,
+        )
+        self._provider = TracerProvider(
+            resource=Resource.create({"service.name": "ratchet-demo-agent"})
+        )
+        self._provider.add_span_processor(
+            BatchSpanProcessor(exporter, schedule_delay_millis=60_000)
+        )
+        self._tracer = self._provider.get_tracer("ratchet.demo.traffic")
+
+    def export(self, episode: AgentEpisode) -> bool:
+        """Record the episode's spans and send them now; whether the export succeeded."""
+        record_spans(self._tracer, episode)
+        return bool(self._provider.force_flush(30_000))
+
+    def shutdown(self) -> None:
+        self._provider.shutdown()
+
+
+def record_spans(tracer: Any, episode: AgentEpisode) -> None:
+    """The GenAI semantic-convention spans of one episode (``gen_ai.*`` attributes)."""
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.trace import Status, StatusCode
+
+    tools = json.dumps([_function(t) for t in episode.tools])
+    start = int(episode.started_at.timestamp() * 1e9)
+    agent = tracer.start_span(
+        f"invoke_agent {AGENT_NAME}",
+        start_time=start,
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": AGENT_NAME,
+            "gen_ai.tool.definitions": tools,
+            "ratchet.external_id": f"demo-{uuid.uuid4().hex}",
+            "ratchet.model_version": episode.model_version,
+            "ratchet.outcome.success": episode.success,
+            "ratchet.outcome.score": 1.0 if episode.success else 0.0,
+        },
+    )
+    context = otel_trace.set_span_in_context(agent)
+    events = sorted(
+        [(c.started_ns, "chat", c) for c in episode.model_calls]
+        + [(r.started_ns, "tool", r) for r in episode.tool_runs],
+        key=lambda item: item[0],
+    )
+    for _, _, item in events:
+        if isinstance(item, ModelCall):
+            span = tracer.start_span(
+                f"chat {episode.model_version[:12]}",
+                context=context,
+                start_time=item.started_ns,
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": "ratchet",
+                    "gen_ai.request.model": episode.model_version,
+                    "gen_ai.response.model": episode.model_version,
+                    "gen_ai.tool.definitions": tools,
+                    "gen_ai.input.messages": json.dumps(
+                        [_semconv_message(m) for m in item.input_messages]
+                    ),
+                    "gen_ai.output.messages": json.dumps(
+                        [{**_semconv_message(item.output), "finish_reason": item.finish_reason}]
+                    ),
+                    "gen_ai.usage.input_tokens": item.usage["input_tokens"],
+                    "gen_ai.usage.output_tokens": item.usage["output_tokens"],
+                },
+            )
+            span.end(end_time=item.ended_ns)
+        elif isinstance(item, ToolRun):
+            span = tracer.start_span(
+                f"execute_tool {item.name}",
+                context=context,
+                start_time=item.started_ns,
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": item.name,
+                    "gen_ai.tool.call.id": item.call_id,
+                    "gen_ai.tool.call.arguments": json.dumps(item.arguments),
+                    "gen_ai.tool.call.result": item.result,
+                },
+            )
+            span.end(end_time=item.ended_ns)
+    if not episode.success:
+        agent.set_attribute("error.type", "wrong_answer")
+        agent.set_status(Status(StatusCode.ERROR, "wrong answer"))
+    agent.end(end_time=int(episode.ended_at.timestamp() * 1e9))
+
+
+def _arguments(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    function = tool.get("function", tool)
+    return {
+        "name": function["name"],
+        "description": function.get("description"),
+        "parameters": function.get("parameters") or {},
+    }
+
+
+def _trace_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI wire message as a ``ratchet.trace/v1`` message (arguments as objects)."""
+    out: dict[str, Any] = {"role": message["role"], "content": message.get("content")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": _arguments(call["function"].get("arguments") or ""),
+            }
+            for call in message["tool_calls"]
+        ]
+    if message.get("tool_call_id"):
+        out["tool_call_id"] = message["tool_call_id"]
+    if message.get("name"):
+        out["name"] = message["name"]
+    return out
+
+
+def _semconv_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI wire message as a GenAI semantic-convention message (role + typed parts)."""
+    role = message["role"]
+    if role == "tool":
+        part = {
+            "type": "tool_call_response",
+            "id": message.get("tool_call_id"),
+            "response": message.get("content"),
+        }
+        return {"role": "tool", "parts": [part]}
+    parts: list[dict[str, Any]] = []
+    if message.get("content"):
+        parts.append({"type": "text", "content": message["content"]})
+    for call in message.get("tool_calls") or []:
+        parts.append(
+            {
+                "type": "tool_call",
+                "id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": _arguments(call["function"].get("arguments") or ""),
+            }
+        )
+    return {"role": role, "parts": parts}

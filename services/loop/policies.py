@@ -124,21 +124,40 @@ class TrainingProfile(_Policy):
 
 
 class ServingTarget(_Policy):
-    """Where the champion serves: the local model server or a Kubernetes Deployment."""
+    """Where the champion serves: the local model server, any OpenAI-compatible server with
+    vLLM's adapter endpoints, or a Kubernetes Deployment (see docs/executors.md)."""
 
-    kind: Literal["local", "kubernetes", "none"] = "local"
+    kind: Literal["local", "openai", "kubernetes", "none"] = "local"
     url: Text | None = None
+    model: Text | None = Field(
+        default=None, description="the served name the loop's agents call (the alias)"
+    )
+    artifacts_dir: Text | None = Field(
+        default=None, description="where the model server sees Ratchet's artifact store"
+    )
+    verify_timeout_s: float = Field(default=60, gt=0, le=3600)
     namespace: Text | None = None
     deployment: Text | None = None
     container: Text | None = None
-    env_var: Text = "RATCHET_MODEL_URI"
-    version_url: Text | None = None
+    env_var: Text = "RATCHET_MODEL_PATH"
+    version_url: Text | None = Field(
+        default=None, description="deprecated: the old /v1/model URL; use `url`"
+    )
     rollout_timeout_s: float = Field(default=600, gt=0)
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> ServingTarget:
         if self.kind == "kubernetes" and not self.deployment:
             raise ValueError("a kubernetes serving target needs `deployment`")
+        if self.kind == "openai" and not self.url:
+            raise ValueError("an openai serving target needs `url` (the server's base URL)")
+        if self.kind == "openai" and not self.model:
+            raise ValueError("an openai serving target needs `model` (the loop's served name)")
+        if self.kind == "kubernetes" and not (self.url or self.version_url):
+            raise ValueError(
+                "a kubernetes serving target needs `url` (the model servers' OpenAI base URL, "
+                "e.g. http://agent-model.serving:8000): a deploy is verified by asking them"
+            )
         return self
 
 

@@ -1,12 +1,12 @@
-"""Where winners go: the local model server with hot swap, and the serving targets (local,
-Kubernetes Deployment) that deploy a checkpoint and verify it is served. See
-docs/executors.md."""
+"""Where winners go: the OpenAI-compatible model server (``ratchet serve``: batched, hot
+swapping full models and LoRA adapters) and the serving targets (``local``, ``openai`` for
+vLLM/SGLang/``ratchet serve``, ``kubernetes`` for a Deployment) that deploy a checkpoint
+and verify, by asking the server, that it is served. See docs/executors.md."""
 
 from services.serving.base import (
     CheckpointRef,
     DeployFailed,
     DeployOutcome,
-    RequestRefused,
     ServedVersion,
     ServingError,
     ServingTarget,
@@ -17,7 +17,6 @@ __all__ = [
     "CheckpointRef",
     "DeployFailed",
     "DeployOutcome",
-    "RequestRefused",
     "ServedVersion",
     "ServingError",
     "ServingTarget",

@@ -37,12 +37,6 @@ class DeployFailed(ServingError):
     retryable = False
 
 
-class RequestRefused(ServingError):
-    """The model server refused a request as asked (bad input); repeating it will not help."""
-
-    retryable = False
-
-
 @dataclass(frozen=True)
 class CheckpointRef:
     """A checkpoint to serve: its content id (the served version) and where it lives."""

@@ -1,19 +1,39 @@
-"""A client of the local model server: what the local target and traffic simulators use.
+"""Admin calls to an OpenAI-compatible model server: what the serving targets use.
 
-:meth:`ModelServerClient.actor` returns an ``act(transcript) -> str`` callable, so a traffic
-simulator plays episodes against the served model with ``Environment.run_episode(task, act)``
-and learns which version answered each turn from :attr:`ModelServerClient.last_version`.
+Works against vLLM and SGLang (runtime LoRA updating enabled) and ``ratchet serve``: the
+adapter endpoints are vLLM's, ``/v1/models`` is OpenAI's with vLLM's ``root`` (the
+directory a name was loaded from) and ``parent`` fields, and the probe is an ordinary chat
+completion. Agents do not use this: they use the ``openai`` client.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from services.serving.base import DeployFailed, RequestRefused, ServingError, ServingUnavailable
+from services.serving.base import VERSION_HEADER, DeployFailed, ServingUnavailable
+
+PROBE_MESSAGES = [{"role": "user", "content": "ping"}]
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """One entry of ``GET /v1/models``."""
+
+    id: str
+    root: str | None
+    parent: str | None
+    version: str | None  # ``ratchet serve`` reports the checkpoint id; vLLM does not
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """Who answered a one-token completion: the name echoed and the version it reported."""
+
+    model: str
+    version: str | None
 
 
 class ModelServerClient:
@@ -23,16 +43,14 @@ class ModelServerClient:
         self,
         base_url: str,
         *,
-        admin_token: str | None = None,
+        api_key: str | None = None,
         timeout_s: float = 30.0,
-        swap_timeout_s: float = 300.0,
+        load_timeout_s: float = 600.0,
     ) -> None:
-        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
-        self._admin_headers = headers
-        self._swap_timeout_s = swap_timeout_s
-        self._local = threading.local()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        self._load_timeout_s = load_timeout_s
 
     def close(self) -> None:
         self._http.close()
@@ -43,85 +61,75 @@ class ModelServerClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # Inference ---------------------------------------------------------------------------
-
-    def act(
-        self, transcript: str, *, max_new_tokens: int = 32, temperature: float = 0.0, seed: int = 0
-    ) -> tuple[str, str]:
-        """The next agent turn for ``transcript`` and the version that produced it."""
-        body = {
-            "transcript": transcript,
-            "max_new_tokens": max_new_tokens,
-            "temperature": temperature,
-            "seed": seed,
-        }
-        data = self._request("POST", "/v1/act", json=body)
-        return str(data["text"]), str(data["model_version"])
-
-    def actor(self, **sampling: Any) -> Callable[[str], str]:
-        """An ``act`` callable for ``Environment.run_episode``; records the answering version."""
-
-        def act(transcript: str) -> str:
-            text, version = self.act(transcript, **sampling)
-            self._local.version = version
-            return text
-
-        return act
-
-    @property
-    def last_version(self) -> str | None:
-        """The version that answered this thread's last ``actor`` call."""
-        return getattr(self._local, "version", None)
-
-    # Model and admin ---------------------------------------------------------------------
-
-    def model(self) -> dict[str, Any]:
-        return self._request("GET", "/v1/model")
-
-    def stats(self) -> dict[str, Any]:
-        return self._request("GET", "/v1/stats")
-
     def healthy(self) -> bool:
         try:
-            return self._http.get("/healthz", timeout=2.0).status_code == 200
+            return self._http.get("/health", timeout=2.0).status_code == 200
         except httpx.HTTPError:
             return False
 
-    def swap(self, checkpoint_uri: str, *, expected_version: str | None = None) -> dict[str, Any]:
-        body = {"checkpoint": checkpoint_uri, "expected_version": expected_version}
-        return self._request(
-            "POST",
-            "/v1/admin/swap",
-            json=body,
-            headers=self._admin_headers,
-            timeout=self._swap_timeout_s,
-        )
+    def models(self) -> dict[str, ModelCard]:
+        data = self._request("GET", "/v1/models").json()
+        entries = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            raise ServingUnavailable(f"{self.base_url}/v1/models did not answer a model list")
+        cards = {}
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                continue
+            extra = entry.get("ratchet")
+            extra = extra if isinstance(extra, dict) else {}
+            cards[entry["id"]] = ModelCard(
+                id=entry["id"],
+                root=_str_or_none(entry.get("root")),
+                parent=_str_or_none(entry.get("parent")),
+                version=_str_or_none(extra.get("version")),
+            )
+        return cards
 
-    def rollback(self) -> dict[str, Any]:
-        return self._request("POST", "/v1/admin/rollback", headers=self._admin_headers)
+    def load(self, name: str, path: str, *, inplace: bool = False) -> None:
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if inplace:
+            body["load_inplace"] = True
+        self._request("POST", "/v1/load_lora_adapter", json=body, timeout=self._load_timeout_s)
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def unload(self, name: str) -> None:
+        self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+
+    def probe(self, model: str) -> ProbeAnswer:
+        """A one-token greedy completion from ``model``: proof that the name answers."""
+        body = {"model": model, "messages": PROBE_MESSAGES, "max_tokens": 1, "temperature": 0}
+        response = self._request("POST", "/v1/chat/completions", json=body)
+        data = response.json()
+        if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+            raise DeployFailed(f"the probe of {model!r} got no completion back")
+        version = response.headers.get(VERSION_HEADER)
+        fingerprint = data.get("system_fingerprint")
+        if version is None and isinstance(fingerprint, str) and fingerprint.startswith("ratchet-"):
+            version = fingerprint.removeprefix("ratchet-")
+        return ProbeAnswer(model=data["model"], version=version)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise ServingUnavailable(
                 f"model server {self.base_url} did not answer {method} {path}: {exc}"
             ) from exc
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code in (408, 429):
             raise ServingUnavailable(
                 f"model server {self.base_url} failed {method} {path}: "
                 f"{response.status_code} {response.text[:500]}"
             )
         if response.status_code >= 400:
-            error: type[ServingError] = DeployFailed if "/admin/" in path else RequestRefused
-            raise error(
-                f"model server refused {method} {path} ({response.status_code}): "
-                f"{_detail(response)}"
+            raise DeployFailed(
+                f"model server {self.base_url} refused {method} {path} "
+                f"({response.status_code}): {_detail(response)}"
             )
-        data = response.json()
-        if not isinstance(data, dict):
-            raise ServingUnavailable(f"model server answered {path} with a non-object")
-        return data
+        return response
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _detail(response: httpx.Response) -> str:
@@ -129,6 +137,8 @@ def _detail(response: httpx.Response) -> str:
         data = response.json()
     except ValueError:
         return response.text[:500]
-    if isinstance(data, dict):
-        return str(data.get("detail") or data)
-    return str(data)
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return str(data["error"].get("message"))
+    if isinstance(data, dict) and "detail" in data:
+        return str(data["detail"])
+    return str(data)[:500]

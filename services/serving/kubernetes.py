@@ -1,17 +1,26 @@
-"""The Kubernetes serving target: a Deployment whose pods serve the model named in their spec.
+"""The Kubernetes serving target: a Deployment of model servers (vLLM, or any OpenAI-compatible
+server) whose pods serve the model named in their environment.
 
-``deploy(checkpoint)`` patches the Deployment: the model URI goes into the container's
-environment variable (``RATCHET_MODEL_URI`` by default) and, with the version, into
-annotations on the pod template (which is what rolls the pods) and on the Deployment (which
-records the previous model for ``rollback``). It then watches the rollout to completion, as
-``kubectl rollout status`` does (observed generation caught up, every replica updated and
-available, no ``ProgressDeadlineExceeded``), and finally verifies the served version: through
-the model servers' ``/v1/model`` when ``version_url`` is set, else from the live template.
+``deploy(checkpoint)`` patches the Deployment: the checkpoint's directory, as the pods see
+the shared artifact store, goes into the container's environment (``RATCHET_MODEL_PATH``
+for a full model; ``RATCHET_LORA_PATH`` for a LoRA adapter, served on the base model the
+pods already load) and, with the version, into annotations on the pod template (which is
+what rolls the pods) and on the Deployment (which records the previous model for
+``rollback``). The chart's vLLM Deployment reads both variables (see
+helm/ratchet/templates/vllm-deployment.yaml). The target then watches the rollout to
+completion, as ``kubectl rollout status`` does (observed generation caught up, every
+replica updated and available, no ``ProgressDeadlineExceeded``), heartbeating all along,
+and finally asks the model servers themselves through ``url``: ``/v1/models`` must list the
+served name loaded from the checkpoint's directory and a probe must be answered by it. What
+Ratchet wrote on the Deployment is never taken as proof.
 
 ``rollback()`` deploys the previous model recorded on the Deployment. Ratchet owns only the
 model fields of the Deployment: a rollback restores the previous *model*, not the whole
 previous pod template, so an operator's unrelated change (image, resources) is never
 reverted by a model rollback.
+
+The API calls are exactly ``get``, ``patch``, ``list`` and ``watch`` on deployments: the
+chart's Role grants those (tests/helm/test_rbac.py checks it against what this code calls).
 """
 
 from __future__ import annotations
@@ -19,12 +28,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
-import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from services.artifacts import uri_to_path
 from services.executors.base import ExecutorError
 from services.executors.kubernetes.api import api_reason, watch_object
 from services.metrics import SERVING_SWAP_DURATION
@@ -35,6 +45,8 @@ from services.serving.base import (
     ServedVersion,
     ServingUnavailable,
 )
+from services.serving.client import ModelServerClient
+from services.serving.openai_target import Heartbeat, served_problem, version_of
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +56,7 @@ ANNOTATION_PREVIOUS_VERSION = "ratchet.dev/previous-model-version"
 ANNOTATION_PREVIOUS_URI = "ratchet.dev/previous-model-uri"
 CHANGE_CAUSE = "kubernetes.io/change-cause"
 RETRYABLE = frozenset({0, 408, 429, 500, 502, 503, 504})
+WATCH_CHUNK_S = 20.0  # heartbeat at least this often while the rollout runs
 
 
 class KubernetesServingTarget:
@@ -57,34 +70,47 @@ class KubernetesServingTarget:
         *,
         namespace: str,
         deployment: str,
+        url: str,
+        model: str,
         container: str | None = None,
-        env_var: str = "RATCHET_MODEL_URI",
-        version_url: str | None = None,
+        env_var: str = "RATCHET_MODEL_PATH",
+        lora_env_var: str = "RATCHET_LORA_PATH",
+        server_path: Callable[[CheckpointRef], str] | None = None,
+        api_key: str | None = None,
         rollout_timeout_s: float = 600.0,
         verify_timeout_s: float = 60.0,
         watch_read_slack_s: float = 5.0,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
+        """``url``: the model servers' OpenAI base URL (the Service); ``model``: the name they
+        serve the loop's model under; ``server_path``: where the pods read a checkpoint."""
         self._api_client = api_client
         self._apps = client.AppsV1Api(api_client)
         self._namespace = namespace
         self._name = deployment
         self._container = container
         self._env_var = env_var
-        self._version_url = version_url
+        self._lora_env_var = lora_env_var
+        self._server_path = server_path or (lambda ref: str(uri_to_path(ref.uri)))
+        self._servers = ModelServerClient(url, api_key=api_key)
+        self._model = model
         self._rollout_timeout_s = rollout_timeout_s
         self._verify_timeout_s = verify_timeout_s
         self._watch_read_slack_s = watch_read_slack_s
+        self._heartbeat = heartbeat or (lambda _detail: None)
 
     # ServingTarget -----------------------------------------------------------------------
 
     def current(self) -> ServedVersion | None:
-        annotations = self._read()["metadata"].get("annotations") or {}
-        version = annotations.get(ANNOTATION_VERSION)
-        if not version:
+        """What the model servers say they serve under the loop's name."""
+        card = self._servers.models().get(self._model)
+        version = version_of(card)
+        if card is None or version is None:
             return None
+        annotations = self._read()["metadata"].get("annotations") or {}
         return ServedVersion(
             version=version,
-            uri=annotations.get(ANNOTATION_URI),
+            uri=card.root,
             previous_version=annotations.get(ANNOTATION_PREVIOUS_VERSION),
         )
 
@@ -94,10 +120,12 @@ class KubernetesServingTarget:
         annotations = deployment["metadata"].get("annotations") or {}
         current = annotations.get(ANNOTATION_VERSION)
         changed = current != checkpoint.id
+        path = self._server_path(checkpoint)
         if changed:
-            deployment = self._patch(deployment, checkpoint, previous=annotations)
+            self._heartbeat(f"patching {self._namespace}/{self._name}")
+            deployment = self._patch(deployment, checkpoint, path, previous=annotations)
         self._wait_for_rollout(deployment)
-        self._verify(checkpoint.id)
+        self._verify(checkpoint.id, path)
         latency_ms = (time.perf_counter() - started) * 1000.0
         SERVING_SWAP_DURATION.observe(latency_ms / 1000.0)
         logger.info(
@@ -141,7 +169,12 @@ class KubernetesServingTarget:
     # Steps -------------------------------------------------------------------------------
 
     def _patch(
-        self, deployment: dict[str, Any], checkpoint: CheckpointRef, *, previous: dict[str, str]
+        self,
+        deployment: dict[str, Any],
+        checkpoint: CheckpointRef,
+        path: str,
+        *,
+        previous: dict[str, str],
     ) -> dict[str, Any]:
         """Set the model in env and annotations; a JSON merge patch with the full container list.
 
@@ -152,8 +185,14 @@ class KubernetesServingTarget:
         spec = deployment.get("spec") or {}
         containers = [dict(c) for c in spec["template"]["spec"]["containers"]]
         target = self._target_container(containers)
-        env = [e for e in target.get("env") or [] if e.get("name") != self._env_var]
-        target["env"] = [*env, {"name": self._env_var, "value": checkpoint.uri}]
+        adapter = (uri_to_path(checkpoint.uri) / "adapter_config.json").is_file()
+        if adapter:  # the base stays; the adapter goes on top of it
+            names, value = {self._lora_env_var}, {"name": self._lora_env_var, "value": path}
+        else:  # a full model replaces the base, and no adapter goes on top of it
+            names = {self._env_var, self._lora_env_var}
+            value = {"name": self._env_var, "value": path}
+        env = [e for e in target.get("env") or [] if e.get("name") not in names]
+        target["env"] = [*env, value]
         model_annotations = {ANNOTATION_VERSION: checkpoint.id, ANNOTATION_URI: checkpoint.uri}
         metadata: dict[str, Any] = {
             "annotations": {
@@ -222,6 +261,7 @@ class KubernetesServingTarget:
                     f"rollout of {self._namespace}/{self._name} did not complete within "
                     f"{self._rollout_timeout_s:.0f}s"
                 )
+            self._heartbeat(f"waiting for the rollout of {self._namespace}/{self._name}")
             try:
                 observed = watch_object(
                     self._apps.list_namespaced_deployment,
@@ -229,7 +269,7 @@ class KubernetesServingTarget:
                     name=self._name,
                     api_client=self._api_client,
                     resource_version=version,
-                    timeout_s=min(remaining, 30.0),
+                    timeout_s=min(remaining, WATCH_CHUNK_S),
                     changed=lambda obj: rollout_state(obj) != "progressing",
                     read_slack_s=self._watch_read_slack_s,
                 )
@@ -244,30 +284,23 @@ class KubernetesServingTarget:
             if latest is None:
                 raise DeployFailed(f"deployment {self._namespace}/{self._name} was deleted")
 
-    def _verify(self, version: str) -> None:
-        """The version really served: from the model servers, else from the live template."""
-        if self._version_url is None:
-            template = (self._read().get("spec") or {}).get("template") or {}
-            served = ((template.get("metadata") or {}).get("annotations") or {}).get(
-                ANNOTATION_VERSION
-            )
-            if served != version:
-                raise DeployFailed(f"deployment template serves {served!r}, expected {version!r}")
-            return
+    def _verify(self, version: str, path: str) -> None:
+        """Ask the model servers (through the Service) until they serve ``version``."""
         deadline = time.monotonic() + self._verify_timeout_s
-        served = None
-        while time.monotonic() < deadline:
+        while True:
+            self._heartbeat(f"verifying {self._model} at {self._servers.base_url}")
             try:
-                response = httpx.get(self._version_url, timeout=5.0)
-                served = response.json().get("model_version")
-            except (httpx.HTTPError, ValueError):
-                served = None
-            if served == version:
+                problem = served_problem(self._servers, (self._model,), path, version)
+            except (ServingUnavailable, DeployFailed) as exc:
+                problem = str(exc)
+            if not problem:
                 return
+            if time.monotonic() > deadline:
+                raise DeployFailed(
+                    f"rollout of {self._namespace}/{self._name} completed but the model "
+                    f"servers do not serve {version[:12]}: {problem}"
+                )
             time.sleep(0.5)
-        raise DeployFailed(
-            f"rollout completed but {self._version_url} serves {served!r}, expected {version!r}"
-        )
 
     def _read(self) -> dict[str, Any]:
         try:

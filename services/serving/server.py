@@ -1,103 +1,82 @@
-"""The local model server (``ratchet serve``): the reference policy over HTTP, with hot swap.
+"""The model server (``ratchet serve``): the OpenAI chat-completions API, batched, hot-swapping.
 
-It stands in for vLLM or Dynamo on a laptop. Endpoints:
+It is what vLLM or SGLang are on a GPU cluster, for a laptop and for CI, and it speaks the
+same API, so an agent written against the ``openai`` client runs against either unchanged:
 
-- ``POST /v1/act`` — a transcript in, the agent's next turn out (what a traffic simulator
-  calls with ``Environment.run_episode``); ``POST /v1/generate`` — a batch of prompts;
-- ``GET /v1/model`` — the served version (the checkpoint id) and where it came from;
-- ``GET /v1/stats`` — live numbers; ``GET /metrics`` — Prometheus; ``GET /healthz``;
-- ``POST /v1/admin/swap`` — serve another checkpoint (loaded and verified beside the
-  current one, then switched atomically: see :mod:`services.serving.model`);
-  ``POST /v1/admin/rollback`` — serve the previous one again.
+- ``POST /v1/chat/completions`` — messages, ``tools``, ``tool_choice``, ``temperature``,
+  ``top_p``, ``max_tokens``, ``n``, ``seed``, ``stop``, ``stream`` (server-sent events);
+  answers with ``tool_calls`` (parsed per model family), ``finish_reason`` and ``usage``;
+- ``GET /v1/models`` — every served name with its checkpoint directory (``root``) and, for
+  an adapter, its base (``parent``); ``ratchet.version`` is the checkpoint id;
+- ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace"}`` and
+  ``POST /v1/unload_lora_adapter`` ``{"lora_name"}`` — vLLM's runtime adapter API. Here
+  ``lora_path`` may also name a full checkpoint (vLLM accepts adapters only), and
+  ``load_inplace`` swaps what a name serves without a failed request
+  (:mod:`services.serving.registry`);
+- ``GET /health``, ``GET /v1/stats``, ``GET /metrics``.
 
-Every response carries the version that produced it, in the body where there is one and in
-the ``X-Ratchet-Model-Version`` header always. The admin endpoints need
-``Authorization: Bearer $RATCHET_ADMIN_TOKEN`` when a token is configured; without one
-they answer only clients on this machine.
+Concurrent requests are decoded together (:mod:`services.serving.scheduler`). Every
+completion names the checkpoint that produced it in ``system_fingerprint`` and in the
+``X-Ratchet-Model-Version`` header. The adapter endpoints need ``Authorization: Bearer
+$RATCHET_ADMIN_TOKEN`` when a token is configured; without one they answer only clients on
+this machine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
+import json
 import logging
+import secrets
 import threading
 import time
+import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from services.artifacts import uri_to_path
+from services.chat.protocol import ChatMessage
 from services.metrics import (
     SERVING_REQUEST_DURATION,
     SERVING_REQUESTS,
     SERVING_SWAPS,
+    SERVING_TOKENS,
     render_latest,
 )
 from services.serving.base import VERSION_HEADER
-from services.serving.model import LoadedModel, ModelSlot, SwapRefused, load_model
+from services.serving.engine import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    cut_at_stop,
+)
+from services.serving.openai_api import (
+    ChatCompletionRequest,
+    LoadAdapterRequest,
+    OpenAIError,
+    UnloadAdapterRequest,
+    validation_error,
+)
+from services.serving.registry import LoadRefused, ModelNotFound, ModelRegistry, ServedModel
+from services.serving.scheduler import BatchScheduler
+from services.training.rng import derive_seed
 
 logger = logging.getLogger(__name__)
 
-MAX_TRANSCRIPT_CHARS = 64_000
-MAX_BATCH = 64
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Sampling(_Body):
-    max_new_tokens: int = Field(default=32, ge=1, le=1024)
-    temperature: float = Field(default=0.0, ge=0.0, le=5.0)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-
-
-class ActRequest(Sampling):
-    transcript: str = Field(max_length=MAX_TRANSCRIPT_CHARS)
-
-
-class ActResponse(BaseModel):
-    text: str
-    model_version: str
-
-
-class GenerateRequest(Sampling):
-    prompts: list[str] = Field(min_length=1, max_length=MAX_BATCH)
-
-
-class GenerateResponse(BaseModel):
-    texts: list[str]
-    model_version: str
-
-
-class ModelInfo(BaseModel):
-    model_version: str
-    checkpoint_uri: str
-    loaded_at: float
-    previous_version: str | None
-    swaps: int
-
-
-class SwapRequest(_Body):
-    checkpoint: str = Field(min_length=1, description="checkpoint directory: a path or file:// URI")
-    expected_version: str | None = Field(
-        default=None, description="refuse the swap unless the checkpoint has this id"
-    )
-
-
-class SwapResponse(BaseModel):
-    model_version: str
-    previous_version: str | None
-    changed: bool
-    load_ms: float
-    total_ms: float
+MAX_DEFAULT_TOKENS = 1024
+_DONE = -1
 
 
 class ServingStats:
@@ -108,13 +87,15 @@ class ServingStats:
         self.started_at = time.time()
         self.requests_total = 0
         self.requests_failed = 0
+        self.completion_tokens = 0
         self.by_version: dict[str, int] = {}
         self._latencies: deque[float] = deque(maxlen=window)
 
-    def record(self, version: str | None, seconds: float, failed: bool) -> None:
+    def record(self, version: str | None, seconds: float, *, failed: bool, tokens: int = 0) -> None:
         with self._lock:
             self.requests_total += 1
             self.requests_failed += int(failed)
+            self.completion_tokens += tokens
             if version is not None and not failed:
                 self.by_version[version] = self.by_version.get(version, 0) + 1
             self._latencies.append(seconds)
@@ -123,7 +104,11 @@ class ServingStats:
         with self._lock:
             ordered = sorted(self._latencies)
             by_version = dict(self.by_version)
-            total, failed = self.requests_total, self.requests_failed
+            total, failed, tokens = (
+                self.requests_total,
+                self.requests_failed,
+                self.completion_tokens,
+            )
 
         def quantile(q: float) -> float | None:
             if not ordered:
@@ -134,193 +119,448 @@ class ServingStats:
             "uptime_s": round(time.time() - self.started_at, 3),
             "requests_total": total,
             "requests_failed": failed,
+            "completion_tokens": tokens,
             "requests_by_version": by_version,
             "latency_ms_p50": quantile(0.5),
             "latency_ms_p95": quantile(0.95),
         }
 
 
-def create_serving_app(slot: ModelSlot, *, admin_token: str | None = None) -> FastAPI:
-    """The model server's app around ``slot`` (built by the caller: nothing loads here)."""
+def create_serving_app(
+    registry: ModelRegistry,
+    *,
+    admin_token: str | None = None,
+    max_batch_rows: int = 32,
+) -> FastAPI:
+    """The model server's app over ``registry`` (loaded by the caller: nothing loads here)."""
+    scheduler = BatchScheduler(max_batch_rows=max_batch_rows)
+    scheduler.start()
+    stats = ServingStats()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        scheduler.stop()
+
     app = FastAPI(
         title="Ratchet model server",
-        description="The reference policy, served with hot swap.",
+        description="OpenAI-compatible chat completions, batched, with hot swap.",
         docs_url=None,
         redoc_url=None,
+        lifespan=lifespan,
     )
-    stats = ServingStats()
-    app.state.slot = slot
+    app.state.registry = registry
+    app.state.scheduler = scheduler
     app.state.stats = stats
 
-    @app.exception_handler(RequestRejected)
-    async def rejected(_request: Request, exc: RequestRejected) -> JSONResponse:
-        return _error(422, "request_rejected", str(exc))
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        error = validation_error(list(exc.errors()))
+        return JSONResponse(error.body(), status_code=error.status)
 
     @app.middleware("http")
     async def count(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        started = time.perf_counter()
-        measured = request.url.path in ("/v1/act", "/v1/generate")
         try:
             response = await call_next(request)
         except Exception:
             SERVING_REQUESTS.labels("5xx").inc()
-            if measured:
-                stats.record(None, time.perf_counter() - started, failed=True)
             raise
-        if VERSION_HEADER not in response.headers:
-            response.headers[VERSION_HEADER] = slot.current.version
         SERVING_REQUESTS.labels(f"{response.status_code // 100}xx").inc()
-        if measured:
-            elapsed = time.perf_counter() - started
-            SERVING_REQUEST_DURATION.observe(elapsed)
-            stats.record(response.headers.get(VERSION_HEADER), elapsed, response.status_code >= 500)
         return response
 
-    @app.post("/v1/act", response_model=ActResponse)
-    async def act(body: ActRequest) -> JSONResponse:
-        model = slot.current  # this request's model, whatever swaps happen meanwhile
-        texts = await run_in_threadpool(_generate, model, [body.transcript], body)
-        return _versioned(ActResponse(text=texts[0], model_version=model.version), model)
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest) -> Response:
+        started = time.perf_counter()
+        refused = body.unsupported()
+        if refused is not None:
+            raise refused
+        messages = body.parsed_messages()
+        tools = body.parsed_tools()
+        forced = body.forced_tool(tools)
+        try:
+            served = registry.acquire(body.model)
+        except ModelNotFound:
+            raise OpenAIError(
+                404,
+                f"the model {body.model!r} does not exist; GET /v1/models lists the served ones",
+                param="model",
+                code="model_not_found",
+            ) from None
+        try:
+            completion = _Completion(body, served, messages, tools, forced, scheduler)
+            rows = completion.submit()
+        except BaseException:
+            registry.release(served)
+            raise
+        if body.stream:
+            return StreamingResponse(
+                _released(completion.stream(rows), registry, served, stats, started),
+                media_type="text/event-stream",
+                headers={VERSION_HEADER: served.version, "Cache-Control": "no-cache"},
+            )
+        try:
+            results = [await asyncio.wrap_future(future) for future in rows]
+        except Exception as exc:
+            stats.record(served.version, time.perf_counter() - started, failed=True)
+            raise OpenAIError(
+                500, f"generation failed: {exc}", kind="server_error", code="generation_failed"
+            ) from exc
+        finally:
+            registry.release(served)
+        payload = completion.response(results)
+        elapsed = time.perf_counter() - started
+        tokens = payload["usage"]["completion_tokens"]
+        stats.record(served.version, elapsed, failed=False, tokens=tokens)
+        SERVING_REQUEST_DURATION.observe(elapsed)
+        return JSONResponse(payload, headers={VERSION_HEADER: served.version})
 
-    @app.post("/v1/generate", response_model=GenerateResponse)
-    async def generate(body: GenerateRequest) -> JSONResponse:
-        model = slot.current
-        texts = await run_in_threadpool(_generate, model, body.prompts, body)
-        return _versioned(GenerateResponse(texts=texts, model_version=model.version), model)
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(m) for m in registry.names()]}
 
-    @app.get("/v1/model", response_model=ModelInfo)
-    async def model_info() -> JSONResponse:
-        model = slot.current
-        previous = slot.previous
-        info = ModelInfo(
-            model_version=model.version,
-            checkpoint_uri=model.path.resolve().as_uri(),
-            loaded_at=model.loaded_at,
-            previous_version=previous.version if previous else None,
-            swaps=slot.swaps,
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> dict[str, Any]:
+        for served in registry.names():
+            if served.name == name:
+                return _model_card(served)
+        raise OpenAIError(
+            404, f"the model {name!r} does not exist", param="model", code="model_not_found"
         )
-        return _versioned(info, model)
+
+    @app.post("/v1/load_lora_adapter", response_model=None)
+    async def load_adapter(body: LoadAdapterRequest, request: Request) -> Response:
+        _check_admin(request, admin_token)
+        try:
+            path = Path(uri_to_path(body.lora_path))
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="lora_path") from exc
+        try:
+            served = await run_in_threadpool(
+                registry.load, body.lora_name, path, replace=body.load_inplace
+            )
+        except LoadRefused as exc:
+            SERVING_SWAPS.labels("rejected").inc()
+            logger.warning("loading %s as %s refused: %s", path, body.lora_name, exc)
+            raise OpenAIError(400, str(exc), param="lora_path", code="load_refused") from exc
+        SERVING_SWAPS.labels("ok").inc()
+        return PlainTextResponse(
+            f"Success: LoRA adapter '{body.lora_name}' added successfully.",
+            headers={VERSION_HEADER: served.version},
+        )
+
+    @app.post("/v1/unload_lora_adapter", response_model=None)
+    async def unload_adapter(body: UnloadAdapterRequest, request: Request) -> Response:
+        _check_admin(request, admin_token)
+        try:
+            registry.unload(body.lora_name)
+        except ModelNotFound:
+            raise OpenAIError(
+                404,
+                f"no model named {body.lora_name!r} is loaded",
+                param="lora_name",
+                code="model_not_found",
+            ) from None
+        except LoadRefused as exc:
+            raise OpenAIError(400, str(exc), param="lora_name") from exc
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
     @app.get("/v1/stats")
     async def serving_stats() -> dict[str, Any]:
-        return {"model_version": slot.current.version, "swaps": slot.swaps, **stats.snapshot()}
+        return {
+            "models": {m.name: m.version for m in registry.names()},
+            "swaps": registry.swaps,
+            "batches": scheduler.batches,
+            "batched_rows": scheduler.rows,
+            "waiting_rows": scheduler.waiting(),
+            **stats.snapshot(),
+        }
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
-        return {"status": "ok", "model_version": slot.current.version}
+        return {"status": "ok"}
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body, content_type = render_latest()
-        return Response(body, media_type=content_type)
-
-    @app.post("/v1/admin/swap", response_model=SwapResponse)
-    async def swap(body: SwapRequest, request: Request) -> JSONResponse:
-        denied = _check_admin(request, admin_token)
-        if denied is not None:
-            return denied
-        started = time.perf_counter()
-        try:
-            path = uri_to_path(body.checkpoint)
-        except ValueError as exc:
-            return _error(422, "bad_checkpoint_uri", str(exc))
-        try:
-            report = await run_in_threadpool(
-                slot.swap, Path(path), expected_version=body.expected_version
-            )
-        except SwapRefused as exc:
-            SERVING_SWAPS.labels("rejected").inc()
-            logger.warning("swap to %s refused: %s", path, exc)
-            return _error(422, "swap_refused", f"swap refused, still serving: {exc}")
-        SERVING_SWAPS.labels("ok" if report.changed else "noop").inc()
-        total_ms = (time.perf_counter() - started) * 1000.0
-        response = SwapResponse(
-            model_version=report.version,
-            previous_version=report.previous_version,
-            changed=report.changed,
-            load_ms=round(report.load_ms, 3),
-            total_ms=round(total_ms, 3),
-        )
-        return _versioned(response, slot.current)
-
-    @app.post("/v1/admin/rollback", response_model=SwapResponse)
-    async def rollback(request: Request) -> JSONResponse:
-        denied = _check_admin(request, admin_token)
-        if denied is not None:
-            return denied
-        started = time.perf_counter()
-        try:
-            report = slot.rollback()
-        except SwapRefused as exc:
-            return _error(409, "no_previous_model", str(exc))
-        SERVING_SWAPS.labels("rollback").inc()
-        response = SwapResponse(
-            model_version=report.version,
-            previous_version=report.previous_version,
-            changed=True,
-            load_ms=0.0,
-            total_ms=round((time.perf_counter() - started) * 1000.0, 3),
-        )
-        return _versioned(response, slot.current)
+        content, content_type = render_latest()
+        return Response(content, media_type=content_type)
 
     return app
 
 
-def _generate(model: LoadedModel, prompts: list[str], sampling: Sampling) -> list[str]:
-    try:
-        texts = model.policy.generate(
-            prompts,
-            max_new_tokens=min(sampling.max_new_tokens, model.policy.model.config.max_seq_len - 1),
-            temperature=sampling.temperature,
-            seed=sampling.seed,
+class _Completion:
+    """One chat completion request: its rows, its response, its stream."""
+
+    def __init__(
+        self,
+        body: ChatCompletionRequest,
+        served: ServedModel,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]],
+        forced: str | None,
+        scheduler: BatchScheduler,
+    ) -> None:
+        self.body = body
+        self.served = served
+        self.engine = served.engine
+        self.tools = tools
+        self.forced = forced
+        self.parse_tools = bool(tools) and body.tool_choice != "none"
+        self.stops = body.stops()
+        self.scheduler = scheduler
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        try:
+            self.prompt = self.engine.render(messages, tools)
+        except EngineError as exc:
+            raise OpenAIError(400, str(exc), param="messages") from exc
+        context = self.engine.context_length()
+        if len(self.prompt) >= context:
+            raise OpenAIError(
+                400,
+                f"the messages are {len(self.prompt)} tokens; this model's context is {context} "
+                "tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        asked = body.max_completion_tokens or body.max_tokens
+        self.max_tokens = min(asked or MAX_DEFAULT_TOKENS, context - len(self.prompt))
+        self.stream_queue: asyncio.Queue[tuple[int, int]] | None = None
+        self.results: dict[int, GenerationResult] = {}
+
+    def submit(self) -> list[Future[GenerationResult]]:
+        base_seed = self.body.seed if self.body.seed is not None else secrets.randbits(32)
+        loop = asyncio.get_running_loop()
+        if self.body.stream:
+            self.stream_queue = asyncio.Queue()
+        futures = []
+        for index in range(self.body.n):
+            sampling = SamplingParams(
+                max_tokens=self.max_tokens,
+                temperature=self.body.temperature,
+                top_p=self.body.top_p,
+                seed=derive_seed(base_seed, index),
+                stop=self.stops,
+            )
+            row = GenerationRequest(
+                list(self.prompt),
+                sampling,
+                adapter=self.served.adapter,
+                on_token=self._token_callback(index, loop),
+            )
+            future = self.scheduler.submit(self.engine, row)
+            if self.stream_queue is not None:
+                future.add_done_callback(self._done_callback(index, loop, self.stream_queue))
+            futures.append(future)
+        return futures
+
+    @staticmethod
+    def _done_callback(
+        index: int, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[int, int]]
+    ) -> Callable[[Future[GenerationResult]], None]:
+        def done(_future: Future[GenerationResult]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (index, _DONE))
+
+        return done
+
+    def _token_callback(
+        self, index: int, loop: asyncio.AbstractEventLoop
+    ) -> Callable[[int], None] | None:
+        if not self.body.stream or self.parse_tools:
+            return None  # tool calls are parsed from the whole reply, so they stream at its end
+
+        def on_token(token: int) -> None:
+            queue = self.stream_queue
+            assert queue is not None
+            loop.call_soon_threadsafe(queue.put_nowait, (index, token))
+
+        return on_token
+
+    def message(self, result: GenerationResult) -> tuple[ChatMessage, str]:
+        text = cut_at_stop(self.engine.decode_text(result.token_ids), self.stops)
+        if not self.parse_tools:
+            return ChatMessage(role="assistant", content=text), result.finish_reason
+        message = self.engine.parse_reply(text, self.tools)
+        if self.forced is not None:
+            calls = tuple(c for c in message.tool_calls if c.name == self.forced)
+            message = ChatMessage(role="assistant", content=message.content, tool_calls=calls)
+        calls = tuple(
+            type(c)(id=f"call_{uuid.uuid4().hex[:24]}", name=c.name, arguments=c.arguments)
+            for c in message.tool_calls
         )
-    except ValueError as exc:  # e.g. a context the model cannot take
-        raise RequestRejected(str(exc)) from exc
-    # The byte tokenizer keeps bytes that are not UTF-8 as surrogates; JSON cannot carry
-    # them, so they become U+FFFD on the wire.
-    return [text.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for text in texts]
+        message = ChatMessage(role="assistant", content=message.content, tool_calls=calls)
+        return message, "tool_calls" if calls else result.finish_reason
+
+    def usage(self, results: list[GenerationResult]) -> dict[str, int]:
+        completion = sum(len(r.token_ids) for r in results)
+        SERVING_TOKENS.labels("prompt").inc(len(self.prompt))
+        SERVING_TOKENS.labels("completion").inc(completion)
+        return {
+            "prompt_tokens": len(self.prompt),
+            "completion_tokens": completion,
+            "total_tokens": len(self.prompt) + completion,
+        }
+
+    def _envelope(self, kind: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.served.name,
+            "system_fingerprint": fingerprint(self.served.version),
+        }
+
+    def response(self, results: list[GenerationResult]) -> dict[str, Any]:
+        choices = []
+        for index, result in enumerate(results):
+            message, finish = self.message(result)
+            choices.append(
+                {
+                    "index": index,
+                    "message": message.to_openai(),
+                    "finish_reason": finish,
+                    "logprobs": None,
+                }
+            )
+        return {
+            **self._envelope("chat.completion"),
+            "choices": choices,
+            "usage": self.usage(results),
+        }
+
+    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None) -> str:
+        chunk = {
+            **self._envelope("chat.completion.chunk"),
+            "choices": [
+                {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+            ],
+        }
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+    async def stream(self, futures: list[Future[GenerationResult]]) -> AsyncIterator[str]:
+        queue = self.stream_queue
+        assert queue is not None
+        for index in range(len(futures)):
+            yield self._chunk(index, {"role": "assistant", "content": ""}, None)
+        ids: list[list[int]] = [[] for _ in futures]
+        sent = [0] * len(futures)
+        hold = max((len(s) for s in self.stops), default=1) - 1
+        open_rows = len(futures)
+        while open_rows:
+            index, token = await queue.get()
+            if token != _DONE:
+                ids[index].append(token)
+                text = self.engine.decode_text(ids[index])
+                safe = len(text) - hold - (1 if text.endswith("\ufffd") else 0)
+                if safe > sent[index]:
+                    yield self._chunk(index, {"content": text[sent[index] : safe]}, None)
+                    sent[index] = safe
+                continue
+            open_rows -= 1
+            result = futures[index].result()  # raises the decode error, ending the stream
+            message, finish = self.message(result)
+            if message.tool_calls:
+                calls = enumerate(message.tool_calls)
+                delta: dict[str, Any] = {
+                    "tool_calls": [{"index": i, **call.to_openai()} for i, call in calls]
+                }
+                if message.content:
+                    delta["content"] = message.content
+                yield self._chunk(index, delta, None)
+            else:
+                rest = (message.content or "")[sent[index] :]
+                if rest:
+                    yield self._chunk(index, {"content": rest}, None)
+            yield self._chunk(index, {}, finish)
+            self.results[index] = result
+        options = self.body.stream_options
+        if options is not None and options.include_usage:
+            usage = {
+                **self._envelope("chat.completion.chunk"),
+                "choices": [],
+                "usage": self.usage([r for r in self.results.values()]),
+            }
+            yield f"data: {json.dumps(usage)}\n\n"
+        yield "data: [DONE]\n\n"
 
 
-class RequestRejected(Exception):
-    """A request the model cannot answer as asked (answered with 422, not 500)."""
+async def _released(
+    chunks: AsyncIterator[str],
+    registry: ModelRegistry,
+    served: ServedModel,
+    stats: ServingStats,
+    started: float,
+) -> AsyncIterator[str]:
+    """Stream ``chunks`` and give the model back at the end, however the stream ends."""
+    failed = True
+    try:
+        async for chunk in chunks:
+            yield chunk
+        failed = False
+    except Exception as exc:  # the status line is sent: the error goes in the stream
+        logger.exception("streaming a completion failed")
+        error = OpenAIError(500, f"generation failed: {exc}", kind="server_error")
+        yield f"data: {json.dumps(error.body())}\n\n"
+    finally:
+        registry.release(served)
+        stats.record(served.version, time.perf_counter() - started, failed=failed)
 
 
-def _versioned(body: BaseModel, model: LoadedModel) -> JSONResponse:
-    return JSONResponse(body.model_dump(), headers={VERSION_HEADER: model.version})
+def fingerprint(version: str) -> str:
+    return f"ratchet-{version}"
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": code, "detail": message}, status_code=status)
+def _model_card(served: ServedModel) -> dict[str, Any]:
+    return {
+        "id": served.name,
+        "object": "model",
+        "created": served.created,
+        "owned_by": "ratchet",
+        "root": served.root,
+        "parent": served.parent,
+        "max_model_len": served.engine.context_length(),
+        "ratchet": {
+            "version": served.version,
+            "family": served.engine.family,
+            "adapter": served.adapter is not None,
+        },
+    }
 
 
-def _check_admin(request: Request, admin_token: str | None) -> JSONResponse | None:
-    """A configured token is required; without one only this machine may swap."""
+def _check_admin(request: Request, admin_token: str | None) -> None:
+    """A configured token is required; without one only this machine may load models."""
     if admin_token is not None:
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             token.strip().encode(), admin_token.encode()
         ):
-            return JSONResponse(
-                {"error": "unauthorized", "detail": "missing or wrong admin token"},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
+            raise OpenAIError(
+                401,
+                "missing or wrong admin token",
+                kind="authentication_error",
+                code="invalid_api_key",
             )
-        return None
+        return
     host = request.client.host if request.client else ""
     try:
         local = ipaddress.ip_address(host).is_loopback
     except ValueError:
         local = host in ("localhost", "testclient")
     if not local:
-        return _error(
+        raise OpenAIError(
             403,
-            "admin_disabled",
-            "swaps from other machines need RATCHET_ADMIN_TOKEN on the model server",
+            "loading models from other machines needs RATCHET_ADMIN_TOKEN on the model server",
+            kind="permission_error",
         )
-    return None
 
 
 def serve(
@@ -328,13 +568,27 @@ def serve(
     *,
     host: str,
     port: int,
+    model_name: str,
     admin_token: str | None = None,
     device: str = "auto",
+    threads: int | None = None,
+    max_batch_rows: int = 32,
 ) -> None:
-    """Load ``checkpoint`` (refusing an invalid one before binding) and serve until stopped."""
+    """Load ``checkpoint`` as ``model_name`` (refusing an invalid one before binding), serve."""
+    import torch
     import uvicorn
 
-    model = load_model(checkpoint, device=device)
-    app = create_serving_app(ModelSlot(model, device=device), admin_token=admin_token)
-    logger.info("serving %s from %s on http://%s:%d", model.version[:12], checkpoint, host, port)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    registry = ModelRegistry(device=device)
+    served = registry.load(model_name, checkpoint)
+    app = create_serving_app(registry, admin_token=admin_token, max_batch_rows=max_batch_rows)
+    logger.info(
+        "serving %s (%s) as %r on http://%s:%d",
+        served.version[:12],
+        checkpoint,
+        model_name,
+        host,
+        port,
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -24,13 +24,14 @@ from tests.helm.chart import (
 )
 
 # What the worker may do: the Kubernetes executor (Jobs, their pods and logs, headless
-# Services for multi-node) and the Kubernetes serving target (get/patch a Deployment).
+# Services for multi-node) and the Kubernetes serving target (get/patch a Deployment, list and
+# watch it to follow the rollout; tests/helm/test_rbac.py checks them against the code).
 ALLOWED_RULES = {
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list"},
     ("", "pods/log"): {"get"},
     ("", "services"): {"create", "delete"},
-    ("apps", "deployments"): {"get", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "patch"},
 }
 SECRET_SETTINGS = {"RATCHET_DATABASE_URL", "RATCHET_ADMIN_TOKEN", "RATCHET_TEMPORAL_API_KEY"}
 
@@ -135,7 +136,7 @@ def test_serving_target_access_can_be_narrowed_to_named_deployments() -> None:
     (role,) = render_ci("external-secrets-values.yaml").of_kind("Role")
     (deployments,) = [rule for rule in role["rules"] if rule["resources"] == ["deployments"]]
     assert deployments["resourceNames"] == ["agent-policy-server"]
-    assert deployments["verbs"] == ["get", "patch"]
+    assert deployments["verbs"] == ["get", "list", "watch", "patch"]
 
 
 def test_secrets_never_land_in_a_config_map(case: Case) -> None:

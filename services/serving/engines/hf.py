@@ -1,0 +1,246 @@
+"""The ``hf`` family behind the OpenAI API: a transformers causal LM with resident LoRA adapters.
+
+One base model is loaded once; any number of peft LoRA adapters trained on it are loaded
+beside it, each under its own served name. A batch may mix rows of different adapters and
+of the base model: peft's ``adapter_names`` routes every row through its own adapter in the
+same forward pass (``"__base__"`` skips the adapters), so swapping which adapter a name
+serves never stops the batch, and several versions of a model cost one base in memory.
+
+Prompts are the tokenizer's chat template, given ``tools=`` when the template renders tools
+and otherwise the fallback system prompt of :mod:`services.chat.render`; replies are parsed
+by :func:`services.chat.toolcalls.parse_assistant_output`, the parser training and
+evaluation use, so what is served is what was trained and measured.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.chat.protocol import ChatMessage
+from services.chat.render import messages_with_tools_prompt
+from services.chat.toolcalls import parse_assistant_output
+from services.serving.engine import BatchForward, EngineError
+from services.training.checkpoint import (
+    CheckpointError,
+    Manifest,
+    read_regular_bytes,
+    verify_checkpoint,
+)
+from services.training.device import resolve_device
+from services.training.hf.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_hf_checkpoint
+
+FAMILY = "hf"
+BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
+
+
+def verify_hf(path: Path) -> Manifest:
+    """Verify an hf checkpoint (every file against its manifest, no pickle): its manifest."""
+    manifest = verify_checkpoint(path)
+    if manifest.family != FAMILY:
+        raise CheckpointError(f"checkpoint {path} is of the {manifest.family!r} family, not hf")
+    return manifest
+
+
+class HFEngine:
+    """A transformers causal LM (the base) and the LoRA adapters resident on it."""
+
+    family = FAMILY
+
+    def __init__(self, model: Any, tokenizer: Any, *, path: Path, version: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = str(path)
+        self.version = version
+        self.device = next(model.parameters()).device
+        self._adapters: dict[str, str] = {}  # adapter name -> checkpoint id
+        self._peft: Any = None
+        self._idle: str | None = None  # an unloaded adapter peft still holds (see _drop)
+        self._lock = threading.Lock()  # adapter loads vs. batch forward passes
+        eos = tokenizer.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        generation = getattr(model, "generation_config", None)
+        extra = getattr(generation, "eos_token_id", None)
+        ids.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
+        self.eos_ids = frozenset(int(i) for i in ids)
+        self._template_takes_tools = _template_renders_tools(tokenizer)
+        # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns).
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+
+    @classmethod
+    def load(cls, path: Path, *, device: str = "auto") -> HFEngine:
+        """Load a full hf checkpoint, verified by :func:`load_hf_checkpoint` (the format of
+        docs/models.md: manifest of every file, safetensors only, nothing from a hub)."""
+        target = resolve_device(device)
+        dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
+        loaded = load_hf_checkpoint(path, device=target, dtype=dtype)
+        if loaded.manifest.kind != "full":
+            raise CheckpointError(f"{path} is a LoRA adapter; serve its base and load it on top")
+        tokenizer = loaded.tokenizer
+        if tokenizer.chat_template is None:
+            raise CheckpointError(f"{path} has no chat template in its tokenizer files")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        loaded.model.eval()
+        return cls(loaded.model, tokenizer, path=path, version=loaded.manifest.checkpoint_id)
+
+    # Adapters ----------------------------------------------------------------------------
+
+    def adapters(self) -> frozenset[str]:
+        return frozenset(self._adapters)
+
+    def adapter_version(self, name: str) -> str | None:
+        return self._adapters.get(name)
+
+    def load_adapter(self, name: str, path: Path) -> str:
+        """Load the LoRA adapter checkpoint at ``path`` as adapter ``name``; its id.
+
+        The adapter's files are verified against its manifest and its base must be this
+        engine's model; its config and weights are read as regular files only."""
+        from peft import LoraConfig, PeftModel, set_peft_model_state_dict
+        from safetensors.torch import load as safetensors_load
+
+        manifest = verify_hf(path)
+        if manifest.kind != "lora" or manifest.base is None:
+            raise CheckpointError(f"{path} is not a LoRA adapter checkpoint")
+        if manifest.base.checkpoint_id != self.version:
+            raise CheckpointError(
+                f"adapter {path} was trained on {manifest.base.checkpoint_id[:12]}, this "
+                f"server's base model is {self.version[:12]}"
+            )
+        try:
+            raw = json.loads(read_regular_bytes(path / ADAPTER_CONFIG))
+            if raw.get("peft_type", "LORA") != "LORA":
+                raise CheckpointError(f"adapter {path} is not a LoRA adapter")
+            known = set(LoraConfig.__dataclass_fields__)
+            config = LoraConfig(**{k: v for k, v in raw.items() if k in known})
+            config.base_model_name_or_path = None
+            config.inference_mode = True
+            weights = safetensors_load(read_regular_bytes(path / ADAPTER_WEIGHTS))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"cannot read LoRA adapter {path}: {exc}") from exc
+        with self._lock:
+            try:
+                if self._peft is None:
+                    self._peft = PeftModel(self.model, config, adapter_name=name)
+                else:
+                    self._peft.add_adapter(name, config)
+                result = set_peft_model_state_dict(self._peft, weights, adapter_name=name)
+            except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+                raise CheckpointError(f"cannot load LoRA adapter {path}: {exc}") from exc
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                self._peft.delete_adapter(name)
+                raise CheckpointError(
+                    f"LoRA adapter {path} has weights its base does not fit: {unexpected[:3]}"
+                )
+            self._peft.eval()
+            self._adapters[name] = manifest.checkpoint_id
+            if self._idle is not None:
+                idle, self._idle = self._idle, None
+                self._drop(idle)
+        return manifest.checkpoint_id
+
+    def unload_adapter(self, name: str) -> None:
+        with self._lock:
+            if name not in self._adapters:
+                return
+            del self._adapters[name]
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """Delete adapter ``name`` from peft, which must always keep one active adapter: the
+        last one stays loaded (unused, never named again) until another takes its place."""
+        if self._peft is None:
+            return
+        if not self._adapters:
+            self._idle = name
+            return
+        self._peft.set_adapter(next(iter(self._adapters)))
+        self._peft.delete_adapter(name)
+
+    # Engine ------------------------------------------------------------------------------
+
+    def context_length(self) -> int:
+        config = self.model.config
+        return int(getattr(config, "max_position_embeddings", 0) or 2048)
+
+    def render(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[int]:
+        wire = [m.to_openai() for m in messages]
+        kwargs: dict[str, Any] = {}
+        if tools and self._template_takes_tools:
+            kwargs["tools"] = list(tools)
+        elif tools:
+            wire = messages_with_tools_prompt(wire, tools)
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                wire, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+            )
+        except Exception as exc:  # jinja raises its own errors on messages a template refuses
+            raise EngineError(f"the chat template refused the messages: {exc}") from exc
+        if isinstance(ids, dict):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def parse_reply(self, text: str, tools: Sequence[dict[str, Any]]) -> ChatMessage:
+        names = [tool.get("function", tool).get("name") for tool in tools]
+        return parse_assistant_output(text, tool_names=[n for n in names if isinstance(n, str)])
+
+    def forward(self, adapters: Sequence[str | None]) -> BatchForward:
+        from transformers import DynamicCache
+
+        missing = sorted({a for a in adapters if a is not None and a not in self._adapters})
+        if missing:
+            raise EngineError(f"adapter {missing[0]!r} is not loaded")
+        # Once peft has wrapped the base, its layers carry LoRA: base rows must say "__base__".
+        use_adapters = self._peft is not None
+        model = self._peft if use_adapters else self.model
+        names = [a or BASE_ADAPTER for a in adapters]
+        cache_key = self._cache_kwarg
+        state: dict[str, Any] = {}
+
+        def call(**inputs: Any) -> torch.Tensor:
+            if use_adapters:
+                inputs["adapter_names"] = names
+            with self._lock:
+                out = model(**inputs, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1]  # (B, V)
+
+        def prefill(ids: torch.Tensor, valid: torch.Tensor, new_tokens: int) -> torch.Tensor:
+            mask = valid.long()  # (B, P)
+            pos = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
+            cache = DynamicCache()
+            state.update(mask=mask, pos=pos[:, -1], cache=cache)
+            return call(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_key: cache})
+
+        def step(tokens: torch.Tensor) -> torch.Tensor:
+            ones = torch.ones_like(state["mask"][:, :1])
+            state["mask"] = torch.cat([state["mask"], ones], dim=1)  # (B, S)
+            # Finished rows are fed until the batch ends; clamp them inside the context.
+            state["pos"] = (state["pos"] + 1).clamp(max=self.context_length() - 1)  # (B,)
+            return call(
+                input_ids=tokens[:, None],
+                attention_mask=state["mask"],
+                position_ids=state["pos"][:, None],
+                **{cache_key: state["cache"]},
+            )
+
+        return BatchForward(prefill=prefill, step=step, max_positions=self.context_length())
+
+
+def _template_renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template uses its ``tools`` variable (many silently ignore it)."""
+    template = tokenizer.chat_template
+    if isinstance(template, dict):
+        template = template.get("tool_use") or template.get("default") or ""
+    return isinstance(template, str) and "tools" in template

@@ -1,0 +1,196 @@
+"""The OpenAI wire format the model server speaks: request bodies, responses, errors.
+
+Requests are validated strictly and every refusal is OpenAI's error object
+(``{"error": {"message", "type", "param", "code"}}``) with a 4xx status, so the official
+``openai`` client raises its usual ``BadRequestError``/``NotFoundError`` with the field in
+``param``. Fields of the OpenAI API that change nothing here (``user``, ``metadata``,
+``store``, ``parallel_tool_calls``) are accepted; fields that would change the answer and
+are not implemented (penalties, ``logprobs``, ``response_format``, ``logit_bias``) are
+refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.chat.protocol import ChatMessage, validate_tools
+
+MAX_MESSAGES = 512
+MAX_CONTENT_CHARS = 256_000
+MAX_N = 16
+MAX_STOP = 4
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Body):
+    model: str = Field(min_length=1, max_length=256)
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Accepted, change nothing here.
+    user: str | None = Field(default=None, max_length=256)
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    parallel_tool_calls: bool | None = None
+    # Refused unless neutral: they would change the answer and are not implemented.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        if any(not s or len(s) > 64 for s in stops):
+            raise ValueError("stop sequences must be 1 to 64 characters")
+        return value
+
+    def unsupported(self) -> OpenAIError | None:
+        """The first field set to something this server does not implement."""
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                return OpenAIError(400, f"{name} is not supported by this server", param=name)
+        if self.logprobs or self.top_logprobs:
+            return OpenAIError(400, "logprobs are not supported by this server", param="logprobs")
+        if self.logit_bias:
+            return OpenAIError(400, "logit_bias is not supported", param="logit_bias")
+        if self.response_format not in (None, {"type": "text"}):
+            return OpenAIError(
+                400, "only response_format {'type': 'text'} is supported", param="response_format"
+            )
+        return None
+
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def parsed_messages(self) -> list[ChatMessage]:
+        out = []
+        for index, raw in enumerate(self.messages):
+            where = f"messages[{index}]"
+            try:
+                message = ChatMessage.from_openai(raw, where=where)
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), param=_param_of(str(exc), where)) from exc
+            if len(message.content or "") > MAX_CONTENT_CHARS:
+                raise OpenAIError(
+                    400,
+                    f"{where}.content is longer than {MAX_CONTENT_CHARS} characters",
+                    param=f"{where}.content",
+                )
+            out.append(message)
+        return out
+
+    def parsed_tools(self) -> list[dict[str, Any]]:
+        if not self.tools:
+            return []
+        try:
+            return validate_tools(self.tools)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param=_param_of(str(exc), "tools")) from exc
+
+    def forced_tool(self, tools: list[dict[str, Any]]) -> str | None:
+        """The function named by ``tool_choice``, checked against ``tools``."""
+        choice = self.tool_choice
+        if not isinstance(choice, dict):
+            if choice in ("required",) and not tools:
+                raise OpenAIError(400, "tool_choice 'required' needs tools", param="tool_choice")
+            return None
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise OpenAIError(
+                400,
+                "tool_choice must be 'none', 'auto', 'required' or "
+                "{'type': 'function', 'function': {'name': ...}}",
+                param="tool_choice",
+            )
+        if name not in {t["function"]["name"] for t in tools}:
+            raise OpenAIError(400, f"tool_choice names unknown tool {name!r}", param="tool_choice")
+        return name
+
+
+class LoadAdapterRequest(_Body):
+    """vLLM's body; ``lora_path`` may also be a full-model checkpoint on this server."""
+
+    lora_name: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$")
+    lora_path: str = Field(min_length=1, max_length=4096)
+    load_inplace: bool = False
+
+
+class UnloadAdapterRequest(_Body):
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_int_id: int | None = None
+
+
+def _param_of(message: str, fallback: str) -> str:
+    """The field path at the start of a ValueError from the chat protocol."""
+    first = message.split(" ", 1)[0]
+    return first if first.startswith(fallback.split("[")[0]) else fallback
+
+
+def validation_error(errors: list[dict[str, Any]]) -> OpenAIError:
+    """A pydantic validation failure as OpenAI's error, naming the first bad field."""
+    first = errors[0] if errors else {}
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    message = str(first.get("msg", "invalid request"))
+    if first.get("type") == "extra_forbidden":
+        message = f"unknown field {param!r}"
+    elif param:
+        message = f"{param}: {message}"
+    return OpenAIError(400, message, param=param)

@@ -1,0 +1,224 @@
+"""The served models by name: full models and LoRA adapters, loaded and swapped without a gap.
+
+A *served name* (what a client puts in ``model``) points at an engine and, for an adapter,
+at one of the adapters resident on that engine's base. Loading a checkpoint under a name
+loads and verifies it beside whatever serves now (requests keep being answered meanwhile)
+and then switches the name in one assignment. A request resolves its name once, when it
+arrives, and holds that model to its end: a swap never changes a model under a request and
+never fails one. What nothing points at any more (no name, no request in flight) is freed.
+
+Names that point at the same checkpoint share it: loading ``agent`` and ``agent-<id>`` from
+one directory keeps one copy, which is what makes "load the candidate under its versioned
+name, then move the alias to it" cost one load.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.serving.engine import Engine
+from services.serving.engines.hf import HFEngine, verify_hf
+from services.serving.engines.tiny import TinyEngine
+from services.training.checkpoint import CheckpointError, Manifest, read_manifest
+from services.training.hf.checkpoint import resolve_base_dir
+
+logger = logging.getLogger(__name__)
+
+
+class LoadRefused(Exception):
+    """A checkpoint that cannot be served (missing, tampered, wrong base...): nothing changed."""
+
+
+class ModelNotFound(LookupError):
+    """No model is served under that name."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What one served name answers with."""
+
+    name: str
+    engine: Engine
+    adapter: str | None  # the engine's internal adapter key; None for the full model
+    version: str  # checkpoint id of the weights that answer
+    root: str  # the checkpoint directory as it was given
+    parent: str | None  # for an adapter: the version of its base model
+    created: int
+
+
+def manifest_of(path: Path) -> Manifest:
+    """The checkpoint's manifest (unverified: loading verifies); :class:`LoadRefused` if none."""
+    if not path.is_dir():
+        raise LoadRefused(f"checkpoint directory {path} does not exist")
+    try:
+        return read_manifest(path)
+    except CheckpointError as exc:
+        raise LoadRefused(str(exc)) from exc
+
+
+def load_engine(path: Path, *, device: str) -> Engine:
+    """A full model checkpoint of either family, verified; :class:`LoadRefused` if not."""
+    manifest = manifest_of(path)
+    try:
+        if manifest.family == "hf":
+            return HFEngine.load(path, device=device)
+        return TinyEngine.load(path, device=device)
+    except CheckpointError as exc:
+        raise LoadRefused(str(exc)) from exc
+
+
+class ModelRegistry:
+    """Served names → models. Safe to use from many threads."""
+
+    def __init__(self, *, device: str = "auto") -> None:
+        self._device = device
+        self._names: dict[str, ServedModel] = {}
+        self._in_flight: dict[int, tuple[ServedModel, int]] = {}  # id -> (model, requests)
+        self._lock = threading.Lock()  # guards the maps; held only for assignments
+        self._load_lock = threading.Lock()  # one load at a time (they are memory-heavy)
+        self._keys = itertools.count(1)
+        self.swaps = 0
+
+    # Reading -----------------------------------------------------------------------------
+
+    def names(self) -> list[ServedModel]:
+        with self._lock:
+            return list(self._names.values())
+
+    def acquire(self, name: str) -> ServedModel:
+        """The model serving ``name`` now, held until :meth:`release`."""
+        with self._lock:
+            served = self._names.get(name)
+            if served is None:
+                raise ModelNotFound(name)
+            _, count = self._in_flight.get(id(served), (served, 0))
+            self._in_flight[id(served)] = (served, count + 1)
+            return served
+
+    def release(self, served: ServedModel) -> None:
+        with self._lock:
+            _, count = self._in_flight.get(id(served), (served, 1))
+            if count > 1:
+                self._in_flight[id(served)] = (served, count - 1)
+                return
+            self._in_flight.pop(id(served), None)
+        self._collect()
+
+    # Loading -----------------------------------------------------------------------------
+
+    def load(self, name: str, path: Path, *, replace: bool = False) -> ServedModel:
+        """Serve the checkpoint at ``path`` as ``name``; ``replace`` swaps an existing name."""
+        with self._load_lock:
+            with self._lock:
+                exists = name in self._names
+            if exists and not replace:
+                raise LoadRefused(
+                    f"a model named {name!r} is already loaded; pass load_inplace=true to swap it"
+                )
+            served = self._prepare(name, path)
+            with self._lock:
+                previous = self._names.get(name)
+                self._names[name] = served  # the switch
+                if previous is not None:
+                    self.swaps += 1
+        if previous is not None:
+            logger.info(
+                "%s now serves %s (was %s)", name, served.version[:12], previous.version[:12]
+            )
+            self._collect()
+        else:
+            logger.info("%s serves %s from %s", name, served.version[:12], path)
+        return served
+
+    def unload(self, name: str) -> ServedModel:
+        with self._lock:
+            served = self._names.get(name)
+            if served is None:
+                raise ModelNotFound(name)
+            dependents = sorted(
+                other.name
+                for other in self._names.values()
+                if other.adapter is not None
+                and other.engine is served.engine
+                and served.adapter is None
+                and other.name != name
+            )
+            sharing = any(
+                other.engine is served.engine and other.adapter is None and other.name != name
+                for other in self._names.values()
+            )
+            if dependents and not sharing:
+                raise LoadRefused(
+                    f"adapters {', '.join(dependents)} run on {name!r}; unload them first"
+                )
+            del self._names[name]
+        self._collect()
+        return served
+
+    def _prepare(self, name: str, path: Path) -> ServedModel:
+        """Load (or share) the checkpoint's weights; nothing is switched yet."""
+        created = int(time.time())
+        manifest = manifest_of(path)
+        if manifest.kind == "lora":
+            return self._prepare_adapter(name, path, created)
+        shared = self._resident_engine(manifest.checkpoint_id)
+        engine = shared or load_engine(path, device=self._device)
+        return ServedModel(name, engine, None, engine.version, str(path), None, created)
+
+    def _resident_engine(self, version: str) -> Engine | None:
+        """An engine already loaded with the checkpoint ``version`` (a name's model or base)."""
+        return next((m.engine for m in self.names() if m.engine.version == version), None)
+
+    def _prepare_adapter(self, name: str, path: Path, created: int) -> ServedModel:
+        """An adapter on its base: the resident one, else the base from the checkpoint store."""
+        try:
+            manifest = verify_hf(path)
+        except CheckpointError as exc:
+            raise LoadRefused(str(exc)) from exc
+        assert manifest.base is not None  # a lora manifest always names its base
+        base_id = manifest.base.checkpoint_id
+        engine = self._resident_engine(base_id)
+        if engine is None:
+            try:
+                base_dir = resolve_base_dir(path, manifest, None)
+            except CheckpointError as exc:
+                raise LoadRefused(
+                    f"adapter {path} needs base model {base_id[:12]}, which this server does not "
+                    f"serve and which is not in its checkpoint store: {exc}"
+                ) from exc
+            engine = load_engine(base_dir, device=self._device)
+        if not isinstance(engine, HFEngine):
+            raise LoadRefused(f"adapter {path} needs an hf base model, not {engine.family}")
+        for other in self.names():
+            if (
+                other.engine is engine
+                and other.adapter is not None
+                and other.version == (manifest.checkpoint_id)
+            ):
+                return ServedModel(
+                    name, engine, other.adapter, other.version, str(path), engine.version, created
+                )
+        key = f"a{next(self._keys)}"
+        try:
+            version = engine.load_adapter(key, path)
+        except CheckpointError as exc:
+            raise LoadRefused(str(exc)) from exc
+        return ServedModel(name, engine, key, version, str(path), engine.version, created)
+
+    def _collect(self) -> None:
+        """Unload adapters that no name and no request in flight points at.
+
+        Full models need nothing: an engine nothing references is freed by the GC."""
+        with self._lock:
+            used = [*self._names.values(), *(m for m, _ in self._in_flight.values())]
+        kept = {(id(m.engine), m.adapter) for m in used}
+        for engine in {id(m.engine): m.engine for m in used}.values():
+            if isinstance(engine, HFEngine):
+                for key in engine.adapters():
+                    if (id(engine), key) not in kept:
+                        engine.unload_adapter(key)

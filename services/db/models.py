@@ -184,7 +184,7 @@ class LshBucket(Base):
 
     ``loop_id`` has no foreign key of its own: the row goes with its task (which goes with
     its loop), and checking a second key for 16 rows per new task cost curation ~10%
-    (migration 0008).
+    (migration 0006).
     """
 
     __tablename__ = "lsh_buckets"

@@ -66,7 +66,7 @@ TRAINING_PROFILE: dict[str, Any] = {
         "tasks_per_step": 8,
         "group_size": 8,
         "temperature": 1.0,
-        "lr": 5e-4,
+        "lr": 3e-4,
         "kl_coef": 0.2,
         "max_turns": 4,
         "max_new_tokens": 16,
@@ -81,8 +81,9 @@ GATE_POLICY: dict[str, Any] = {
     "eval_samples": 4,
     "eval_temperature": 0.7,
     "min_discordant_pairs": 4,
-    # The regression suite is a dozen sampled v1 successes: one task is ~8 points.
-    "regression_tolerance_points": 20,
+    # The regression suite is 16 sampled v1 successes (max_regression_tasks): one task is
+    # ~6 points, so this allows losing about one and a half of them, pass@1 summed.
+    "regression_tolerance_points": 10,
     "canary_seconds": 240,
     "canary_check_interval_s": 1,
     "canary_min_traces": 10,

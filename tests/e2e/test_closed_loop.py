@@ -24,10 +24,18 @@ The champion is pre-exposed to v2's names. ``tests/e2e/fixtures/toolcalc-champio
 by ``python -m tests.e2e.champion_fixture``, with ``ratchet demo``'s settings) is a tiny GPT
 SFT'd on toolcalc v1 demonstrations of which 30 % show v2's deprecation window (v2's
 listing, a quarter of those already calling the new names), and v1 accepts v2's names as
-aliases. So GRPO here amplifies a habit the champion has; it does not learn a drift from
-nothing, which a few dozen curated tasks in CI time cannot teach a v1-only champion (SFT on
-them left such a champion at 0 % on v2 and cost it 84 regression points). What this test
-proves is the loop: a real gate promotes a real win, and a real canary undoes a live loss.
+aliases. On 40 fresh tasks per version it passes v1 100 % and v2 0 % greedy, v2 5 % sampled
+(4 samples at temperature 0.7). So GRPO here amplifies a habit the champion has; it does not
+learn a drift from nothing, which a few dozen curated tasks in CI time cannot teach a
+v1-only champion (SFT on them left such a champion at 0 % on v2 and cost it 84 regression
+points, measured in this test's earlier manual-gate version). What this test proves is the
+loop: a real gate promotes a real win, and a real canary undoes a live loss.
+
+Measured in three runs on a shared 2-core machine (pass@1 from 4 samples at 0.7): eval set
+(10-11 curated v2 failures) champion 17.5-25 % vs candidate 90-93 %, all discordant tasks
+in the candidate's favour (one-sided p <= 0.001); regression suite (16 v1 tasks) 100 % vs
+100 % at lr 3e-4 (92 % at lr 5e-4, which is why the tolerance is not tighter than 10
+points); held-out 31 % vs 96-98 %; train job about 50 s, the whole test 130-160 s.
 """
 
 from __future__ import annotations

@@ -332,7 +332,9 @@ def _assert_at_least(value: int, minimum: int) -> None:
 
 
 def _served_version(model_server: str) -> str:
-    version: str = httpx.get(f"{model_server}/v1/model", timeout=30).json()["model_version"]
+    """The checkpoint the server answers the loop's model name with (its own model card)."""
+    card = httpx.get(f"{model_server}/v1/models/ratchet", timeout=30).json()
+    version: str = card["ratchet"]["version"]
     return version
 
 

@@ -201,10 +201,6 @@ def _decode(body: bytes, kind: str, limits: Limits, *, logs: bool) -> DecodedExp
     responses=_ERRORS,
     response_class=Response,
 )
-async def export_traces(request: Request, service: IngestDep) -> Response:
-    return await _export(request, service, logs=False)
-
-
 @router.post(
     "/v1/otlp/v1/traces",
     summary="OTLP/HTTP trace export under the versioned prefix (same as /otlp/v1/traces)",
@@ -212,7 +208,7 @@ async def export_traces(request: Request, service: IngestDep) -> Response:
     responses=_ERRORS,
     response_class=Response,
 )
-async def export_traces_v1(request: Request, service: IngestDep) -> Response:
+async def export_traces(request: Request, service: IngestDep) -> Response:
     return await _export(request, service, logs=False)
 
 
@@ -223,10 +219,6 @@ async def export_traces_v1(request: Request, service: IngestDep) -> Response:
     responses=_ERRORS,
     response_class=Response,
 )
-async def export_logs(request: Request, service: IngestDep) -> Response:
-    return await _export(request, service, logs=True)
-
-
 @router.post(
     "/v1/otlp/v1/logs",
     summary="OTLP/HTTP log export under the versioned prefix (same as /otlp/v1/logs)",
@@ -234,5 +226,5 @@ async def export_logs(request: Request, service: IngestDep) -> Response:
     responses=_ERRORS,
     response_class=Response,
 )
-async def export_logs_v1(request: Request, service: IngestDep) -> Response:
+async def export_logs(request: Request, service: IngestDep) -> Response:
     return await _export(request, service, logs=True)

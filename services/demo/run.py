@@ -185,11 +185,27 @@ def _run_job(kind: str, spec: dict[str, Any], work_dir: Path, out: Printer) -> P
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        follow_job_progress(process, log_path, f"[demo] {kind} job")
+        try:
+            follow_job_progress(process, log_path, f"[demo] {kind} job")
+        finally:
+            # Ctrl-C or SIGTERM unwinds through here: the job must not outlive the demo.
+            _stop_job(process)
     if process.returncode != 0:
         tail = (work_dir / "job.log").read_text()[-2000:]
         raise StackError(f"the {kind} job in {work_dir} failed ({process.returncode}): {tail}")
     return work_dir / "output"
+
+
+def _stop_job(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """End a job that is still running: SIGTERM, then SIGKILL after ``grace_s``."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 _STEP = re.compile(rb"(?:sft|grpo) step (\d+)/(\d+)")

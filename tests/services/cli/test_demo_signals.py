@@ -39,6 +39,13 @@ def test_sigterm_stops_every_process_the_demo_started(tmp_path: Path) -> None:
             assert "[demo] Ratchet is up" in log.read_text()
 
         assert_eventually(stack_up, timeout=180, interval=0.5)
+
+        def champion_job_running() -> None:
+            # Signal while the first job runs too: it is a child the demo must also stop.
+            commands = [p.cmdline() for p in psutil.Process(demo.pid).children(recursive=True)]
+            assert any("job" in command for command in commands), commands
+
+        assert_eventually(champion_job_running, timeout=120, interval=0.2)
         started = psutil.Process(demo.pid).children(recursive=True)
         postmaster = state / "postgres" / "postmaster.pid"
         started.append(psutil.Process(int(postmaster.read_text().split()[0])))

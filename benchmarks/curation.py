@@ -35,7 +35,7 @@ Figures (JSON, last line of stdout): ``per_s_10k``, ``per_s_100k`` (traces/s),
 Each size gets a fresh database and a fresh curation process (traces are loaded by the
 parent), so the two runs start from the same state and the ratio shows the scaling alone.
 
-Usage: ``.venv/bin/python benchmarks/curation.py [--sizes 10000,100000] [--batch-size 500]
+Usage: ``.venv/bin/python benchmarks/curation.py [--sizes 10000,100000] [--batch-size 2000]
 [--processes N] [--compute-only-traces 5000]``.
 """
 
@@ -68,6 +68,7 @@ from services.db.session import create_db_engine, make_session_factory  # noqa: 
 from services.environments.base import build_trace  # noqa: E402
 from services.environments.toolcalc import ToolcalcEnvironment  # noqa: E402
 from services.environments.toolcalc.tasks import sample_request  # noqa: E402
+from workflows.shared import CURATION_BATCH_SIZE  # noqa: E402
 
 BASELINE = 10_000
 
@@ -316,7 +317,7 @@ def _fresh_process() -> ProcessPoolExecutor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--sizes", default="10000,100000", help="comma-separated trace counts")
-    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--batch-size", type=int, default=CURATION_BATCH_SIZE)
     parser.add_argument(
         "--processes",
         type=int,

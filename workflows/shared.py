@@ -31,11 +31,16 @@ def run_id_for(loop: str, cycle: int, kind: str, suffix: str = "") -> str:
 
 # Curation -----------------------------------------------------------------------------------
 
+# Traces per curate_batch. A batch's Postgres round trips (lock, lookups, COPYs) cost about
+# the same for 500 traces as for 2,000, so bigger batches amortise them: on 2 idle cores
+# 2,000 curates 100k traces at 2,878/s against 2,229/s for 500 (docs/curation.md).
+CURATION_BATCH_SIZE = 2000
+
 
 @dataclass
 class CurateInput:
     loop: str
-    batch_size: int = 500
+    batch_size: int = CURATION_BATCH_SIZE
     max_batches: int = 1000
 
 
@@ -52,7 +57,7 @@ class CurateResult:
 @dataclass
 class CurateBatchInput:
     loop: str
-    batch_size: int = 500
+    batch_size: int = CURATION_BATCH_SIZE
 
 
 @dataclass

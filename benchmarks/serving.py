@@ -277,10 +277,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             concurrent(url, argparse.Namespace(**{**vars(args), "requests": args.clients}))
             alone = sequential(url, args)
             print(f"sequential: {tokens_per_s(alone):.1f} tokens/s", flush=True)
+            before = httpx.get(f"{url}/v1/stats").json()
             together = concurrent(url, args)
+            during = httpx.get(f"{url}/v1/stats").json()
             print(f"{args.clients} clients: {tokens_per_s(together):.1f} tokens/s", flush=True)
             swapped, swap_ms = swaps_under_load(url, args, checkpoints[1:])
-            stats = httpx.get(f"{url}/v1/stats").json()
         finally:
             process.terminate()
             process.wait(30)
@@ -304,7 +305,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_s": round(concurrent_tps, 2),
         "sequential_tokens_per_s": round(sequential_tps, 2),
         "batching_speedup": round(concurrent_tps / sequential_tps, 2) if sequential_tps else None,
-        "mean_batch_rows": round(stats["batched_rows"] / max(1, stats["batches"]), 2),
+        # Rows per forward step under the concurrent load: how full the running batch was.
+        "mean_batch_rows": round(
+            (during["decoded_rows"] - before["decoded_rows"])
+            / max(1, during["decode_steps"] - before["decode_steps"]),
+            2,
+        ),
         "swaps": len(swap_ms),
         "swap_latency_ms": round(statistics.median(swap_ms), 1) if swap_ms else None,
         "requests_during_swaps": len(swapped),

@@ -1,20 +1,20 @@
-"""Dynamic batching: the requests waiting when the model is free are decoded together.
+"""Continuous batching: one running batch per engine, which rows join and leave every step.
 
 One thread owns the model (a CPU has few cores and a GPU one stream; two threads decoding
-at once only fight over them). It takes the oldest waiting row, every other waiting row of
-the same engine (a base model and all its adapters decode in one batch), up to
-``max_batch_rows``, and decodes them with :func:`services.serving.engine.decode_batch`:
-one forward pass per new token for the whole batch, with a key/value cache. Rows that
-arrive meanwhile wait for the next batch — a few tokens' latency for a request, in
-exchange for the throughput of a batch, which is where a model server's cost per request
-goes down (measured in ``benchmarks/serving.py``).
+at once only fight over them). It keeps an :class:`~services.serving.engine.ActiveBatch`
+running: before every forward step, rows waiting for the same engine (a base model and all
+its adapters decode in one batch) join it, up to ``max_batch_rows``; rows leave the moment
+they finish and their requests are answered then. A request that arrives while others
+decode starts at the next token instead of after the whole batch, which is where a model
+server's cost per request goes down (vLLM schedules the same way; measured in
+``benchmarks/serving.py``). Engines whose batches cannot grow decode whole batches.
 
-When the model falls idle with fewer rows waiting than a full batch, it keeps collecting
-while rows keep arriving: it starts once ``max_wait_ms`` pass with no new row, the batch is
-full, or ``max_collect_ms`` have passed (a queue delay in the manner of Triton's). Clients
-whose answers just came back send their next requests within a few milliseconds of each
-other; without the wait every batch after the first would start with whoever happened to
-be back first, and the rest would wait a whole batch for the next one.
+Rows of another engine (a different full model after a swap) wait until the running batch
+drains, and rows of the running engine that arrived after them wait too, so no engine is
+starved. When the model falls idle with fewer rows waiting than a full batch, it keeps
+collecting while rows keep arriving: it starts once ``max_wait_ms`` pass with no new row,
+the batch is full, or ``max_collect_ms`` have passed (a queue delay in the manner of
+Triton's), so clients answered together start together.
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from services.serving.engine import Engine, GenerationRequest, GenerationResult, decode_batch
+from services.serving.engine import (
+    ActiveBatch,
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +45,7 @@ class _Pending:
 
 
 class BatchScheduler:
-    """Decodes submitted rows in batches on one background thread."""
+    """Decodes submitted rows in a continuously refilled batch on one background thread."""
 
     def __init__(
         self,
@@ -59,8 +65,10 @@ class BatchScheduler:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ratchet-decode", daemon=True)
-        self.batches = 0
-        self.rows = 0
+        self.batches = 0  # groups of rows prefilled together (a new batch, or rows joining one)
+        self.rows = 0  # rows prefilled
+        self.steps = 0  # forward steps (each makes one token for every running row)
+        self.row_steps = 0  # running rows summed over the steps: / steps = mean batch size
 
     def start(self) -> None:
         self._thread.start()
@@ -85,7 +93,23 @@ class BatchScheduler:
         with self._wake:
             return len(self._queue)
 
+    def _run(self) -> None:
+        batch: ActiveBatch[_Pending] | None = None
+        while True:
+            if batch is None or not len(batch):
+                group = self._next_batch()
+                if group is None:
+                    return
+                batch = ActiveBatch(group[0].engine)
+            else:
+                group = self._joiners(batch)
+            self._join(batch, group)
+            if len(batch) and not self._step(batch):
+                batch = None
+
     def _next_batch(self) -> list[_Pending] | None:
+        """Wait for rows (collecting a little while they keep coming): the oldest row's
+        engine's rows; None once stopping with nothing left."""
         with self._wake:
             while not self._queue and not self._stopping:
                 self._wake.wait()
@@ -100,35 +124,64 @@ class BatchScheduler:
                 self._wake.wait(remaining)
                 if len(self._queue) == waiting:
                     break  # nothing new within max_wait: start
-            engine = self._queue[0].engine
-            batch: list[_Pending] = []
-            kept: deque[_Pending] = deque()
-            while self._queue:
-                item = self._queue.popleft()
-                if item.engine is engine and len(batch) < self._max_rows:
-                    batch.append(item)
-                else:
-                    kept.append(item)
-            self._queue = kept
-            return batch
+            return self._take(self._queue[0].engine, self._max_rows)
 
-    def _run(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            live = [item for item in batch if item.future.set_running_or_notify_cancel()]
-            if not live:
+    def _joiners(self, batch: ActiveBatch[_Pending]) -> list[_Pending]:
+        """Rows that may join the running batch now (without waiting)."""
+        with self._wake:
+            if not self._queue or not batch.can_join():
+                return []
+            return self._take(batch.engine, self._max_rows - len(batch))
+
+    def _take(self, engine: Engine, room: int) -> list[_Pending]:
+        """Up to ``room`` of ``engine``'s rows, oldest first, none after another engine's."""
+        taken: list[_Pending] = []
+        kept: deque[_Pending] = deque()
+        blocked = False
+        for item in self._queue:
+            if item.engine is engine and not blocked and len(taken) < room:
+                taken.append(item)
+            else:
+                blocked = blocked or item.engine is not engine
+                kept.append(item)
+        self._queue = kept
+        return taken
+
+    def _join(self, batch: ActiveBatch[_Pending], group: list[_Pending]) -> None:
+        live: list[_Pending] = []
+        for item in group:
+            if not item.future.set_running_or_notify_cancel():
                 continue
-            engine = live[0].engine
             try:
-                results = decode_batch(engine, [item.row for item in live], engine.device)
-            except Exception as exc:  # reported to each request; the thread keeps serving
-                logger.exception("decoding a batch of %d rows failed", len(live))
-                for item in live:
-                    item.future.set_exception(exc)
+                batch.budget(item.row)
+            except EngineError as exc:
+                item.future.set_exception(exc)
                 continue
-            self.batches += 1
-            self.rows += len(live)
-            for item, result in zip(live, results, strict=True):
-                item.future.set_result(result)
+            live.append(item)
+        if not live:
+            return
+        try:
+            batch.join([(item.row, item) for item in live])
+        except Exception as exc:  # reported to each request; the thread keeps serving
+            logger.exception("prefilling %d rows failed", len(live))
+            for item in live:
+                item.future.set_exception(exc)
+            return
+        self.batches += 1
+        self.rows += len(live)
+
+    def _step(self, batch: ActiveBatch[_Pending]) -> bool:
+        """One forward step; answer the rows that finished. False if the batch failed."""
+        running = len(batch)
+        try:
+            done = batch.step()
+        except Exception as exc:  # reported to each request; the thread keeps serving
+            logger.exception("decoding a batch of %d rows failed", running)
+            for item in batch.rows():
+                item.future.set_exception(exc)
+            return False
+        self.steps += 1
+        self.row_steps += running
+        for item, result in done:
+            item.future.set_result(result)
+        return True

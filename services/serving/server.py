@@ -277,6 +277,8 @@ def create_serving_app(
             "swaps": registry.swaps,
             "batches": scheduler.batches,
             "batched_rows": scheduler.rows,
+            "decode_steps": scheduler.steps,
+            "decoded_rows": scheduler.row_steps,
             "waiting_rows": scheduler.waiting(),
             **stats.snapshot(),
         }

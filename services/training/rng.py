@@ -47,15 +47,20 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform(seeds: torch.Tensor, counter: int, n: int) -> torch.Tensor:
-    """Uniform numbers in (0, 1), shape (B, n), for row seeds (B,) at draw number ``counter``."""
-    row = _mix(seeds.to(torch.int64) ^ _mix_int(counter + 1))  # (B,)
+def uniform(seeds: torch.Tensor, counter: int | torch.Tensor, n: int) -> torch.Tensor:
+    """Uniform numbers in (0, 1), shape (B, n), for row seeds (B,) at draw number ``counter``
+    (one for every row, or one per row: (B,))."""
+    if isinstance(counter, int):
+        draw: int | torch.Tensor = _mix_int(counter + 1)
+    else:
+        draw = _mix((counter.to(device=seeds.device, dtype=torch.int64) + 1) & _M32)  # (B,)
+    row = _mix(seeds.to(torch.int64) ^ draw)  # (B,)
     idx = torch.arange(1, n + 1, device=seeds.device, dtype=torch.int64) * _GOLDEN  # (n,)
     h = _mix((row[:, None] + idx[None, :]) & _M32)  # (B, n)
     return (h.to(torch.float64) + 0.5) / float(1 << 32)
 
 
-def gumbel(seeds: torch.Tensor, counter: int, n: int) -> torch.Tensor:
+def gumbel(seeds: torch.Tensor, counter: int | torch.Tensor, n: int) -> torch.Tensor:
     """Gumbel(0, 1) noise (B, n): ``argmax(logits / T + gumbel)`` samples softmax(logits / T)."""
     u = uniform(seeds, counter, n)
     return -torch.log(-torch.log(u))

@@ -199,43 +199,126 @@ class HFEngine:
     def forward(self, adapters: Sequence[str | None]) -> BatchForward:
         from transformers import DynamicCache
 
-        missing = sorted({a for a in adapters if a is not None and a not in self._adapters})
-        if missing:
-            raise EngineError(f"adapter {missing[0]!r} is not loaded")
-        # Once peft has wrapped the base, its layers carry LoRA: base rows must say "__base__".
-        use_adapters = self._peft is not None
-        model = self._peft if use_adapters else self.model
-        names = [a or BASE_ADAPTER for a in adapters]
+        self._check_adapters(adapters)
         cache_key = self._cache_kwarg
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = {"names": [a or BASE_ADAPTER for a in adapters]}
 
-        def call(**inputs: Any) -> torch.Tensor:
-            if use_adapters:
-                inputs["adapter_names"] = names
+        def call(names: list[str], **inputs: Any) -> torch.Tensor:
             with self._lock:
+                # Read under the lock: an adapter load may wrap the base in peft mid-batch, and
+                # from then on its layers carry LoRA, so base rows must say "__base__".
+                model = self._peft if self._peft is not None else self.model
+                if self._peft is not None:
+                    inputs["adapter_names"] = names
                 out = model(**inputs, use_cache=True, logits_to_keep=1)
             return out.logits[:, -1]  # (B, V)
 
-        def prefill(ids: torch.Tensor, valid: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        def run_prefill(
+            ids: torch.Tensor, valid: torch.Tensor, names: list[str]
+        ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
             mask = valid.long()  # (B, P)
             pos = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
             cache = DynamicCache()
-            state.update(mask=mask, pos=pos[:, -1], cache=cache)
-            return call(input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_key: cache})
+            logits = call(
+                names, input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_key: cache}
+            )
+            return logits, cache, mask, pos[:, -1]
+
+        def prefill(ids: torch.Tensor, valid: torch.Tensor, _new_tokens: int) -> torch.Tensor:
+            logits, cache, mask, pos = run_prefill(ids, valid, state["names"])
+            state.update(cache=cache, mask=mask, pos=pos)
+            return logits
+
+        def admit(
+            ids: torch.Tensor, valid: torch.Tensor, joining: Sequence[str | None], _new: int
+        ) -> torch.Tensor:
+            self._check_adapters(joining)
+            names = [a or BASE_ADAPTER for a in joining]
+            logits, cache, mask, pos = run_prefill(ids, valid, names)
+            width = max(state["mask"].shape[1], mask.shape[1])
+            for old_layer, new_layer in zip(state["cache"].layers, cache.layers, strict=True):
+                old_layer.keys = torch.cat(
+                    [_left_pad(old_layer.keys, width), _left_pad(new_layer.keys, width)]
+                )
+                old_layer.values = torch.cat(
+                    [_left_pad(old_layer.values, width), _left_pad(new_layer.values, width)]
+                )
+            state["mask"] = torch.cat(
+                [_left_pad(state["mask"], width, dim=1), _left_pad(mask, width, dim=1)]
+            )
+            state["pos"] = torch.cat([state["pos"], pos])
+            state["names"] = [*state["names"], *names]
+            return logits
+
+        def retain(rows: torch.Tensor) -> None:
+            mask = state["mask"][rows]  # (K, S)
+            used = mask.any(dim=0).nonzero()
+            start = int(used[0]) if len(used) else mask.shape[1]  # columns no kept row sees
+            for layer in state["cache"].layers:
+                layer.keys = layer.keys[rows, :, start:].contiguous()
+                layer.values = layer.values[rows, :, start:].contiguous()
+            keep = rows.tolist()
+            state.update(
+                mask=mask[:, start:].contiguous(),
+                pos=state["pos"][rows],
+                names=[state["names"][b] for b in keep],
+            )
 
         def step(tokens: torch.Tensor) -> torch.Tensor:
             ones = torch.ones_like(state["mask"][:, :1])
             state["mask"] = torch.cat([state["mask"], ones], dim=1)  # (B, S)
-            # Finished rows are fed until the batch ends; clamp them inside the context.
+            # Without ``retain`` finished rows are fed until the batch ends; clamp them
+            # inside the context.
             state["pos"] = (state["pos"] + 1).clamp(max=self.context_length() - 1)  # (B,)
             return call(
+                state["names"],
                 input_ids=tokens[:, None],
                 attention_mask=state["mask"],
                 position_ids=state["pos"][:, None],
                 **{cache_key: state["cache"]},
             )
 
-        return BatchForward(prefill=prefill, step=step, max_positions=self.context_length())
+        # Rows join and leave by editing the cache's per-layer tensors: only plain
+        # DynamicLayers (every layer keeps every position) can be cut and joined that way.
+        joinable = _plain_dynamic_cache(self.model)
+        return BatchForward(
+            prefill=prefill,
+            step=step,
+            admit=admit if joinable else None,
+            retain=retain if joinable else None,
+            cache_width=lambda: int(state["mask"].shape[1]),
+        )
+
+    def _check_adapters(self, adapters: Sequence[str | None]) -> None:
+        missing = sorted({a for a in adapters if a is not None and a not in self._adapters})
+        if missing:
+            raise EngineError(f"adapter {missing[0]!r} is not loaded")
+
+
+def _left_pad(tensor: torch.Tensor, width: int, *, dim: int = -2) -> torch.Tensor:
+    """``tensor`` with zeros prepended along ``dim`` up to ``width`` (keys: (B, H, S, D))."""
+    missing = width - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _plain_dynamic_cache(model: Any) -> bool:
+    """Whether every layer of ``model`` attends to every cached position.
+
+    The cache the engine builds (``DynamicCache()`` with no config) keeps every position in
+    plain layers, which rows can be spliced into and cut from. Models with sliding-window or
+    other non-full attention layers decode whole batches instead.
+    """
+    config = model.config.get_text_config(decoder=True)
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(kind != "full_attention" for kind in layer_types):
+        return False
+    return not (
+        getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    )
 
 
 def _template_renders_tools(tokenizer: Any) -> bool:

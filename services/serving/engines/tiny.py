@@ -87,18 +87,17 @@ class TinyEngine:
         if any(adapter is not None for adapter in adapters):
             raise EngineError("the tiny family has no adapters")
         model, device = self.policy.model, self.device
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         state: dict[str, Any] = {}
 
-        def prefill(ids: torch.Tensor, valid: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        def run_prefill(
+            ids: torch.Tensor, valid: torch.Tensor, capacity: int
+        ) -> tuple[torch.Tensor, KVCache, torch.Tensor, torch.Tensor]:
             batch, width = ids.shape  # (B, P)
-            capacity = width + new_tokens
             # Positions are per row (so padding shifts nothing): the cache only has to hold
             # this batch's longest prompt plus the new tokens, not the model's whole context.
             cache = KVCache(
-                dataclasses.replace(model.config, max_seq_len=capacity),
-                batch,
-                device,
-                torch.bfloat16 if device.type == "cuda" else torch.float32,
+                dataclasses.replace(model.config, max_seq_len=capacity), batch, device, dtype
             )
             keys = torch.zeros(batch, capacity, dtype=torch.bool, device=device)  # (B, S)
             keys[:, :width] = valid
@@ -108,22 +107,75 @@ class TinyEngine:
             mask = causal & (valid[:, None, :] | eye)  # (B, P, P)
             with autocast(device):
                 logits = model(ids, pos, mask[:, None], cache)[:, -1]  # (B, V)
-            state.update(cache=cache, keys=keys, next_pos=pos[:, -1] + 1, length=width)
+            return logits, cache, keys, pos[:, -1] + 1
+
+        def prefill(ids: torch.Tensor, valid: torch.Tensor, new_tokens: int) -> torch.Tensor:
+            logits, cache, keys, next_pos = run_prefill(ids, valid, ids.shape[1] + new_tokens)
+            state.update(cache=cache, keys=keys, next_pos=next_pos)
             return logits
 
+        def admit(
+            ids: torch.Tensor, valid: torch.Tensor, _adapters: Sequence[str | None], new_tokens: int
+        ) -> torch.Tensor:
+            logits, cache, keys, next_pos = run_prefill(ids, valid, ids.shape[1])
+            old, old_keys = state["cache"], state["keys"]
+            width = max(old.length, cache.length)
+            merged = KVCache(
+                dataclasses.replace(model.config, max_seq_len=width + new_tokens),
+                old.k.shape[1] + cache.k.shape[1],
+                device,
+                dtype,
+            )
+            # Both parts end at column ``width`` (left-padded), so the next step appends for all.
+            _place(merged, old, rows=slice(0, old.k.shape[1]), end=width)
+            _place(merged, cache, rows=slice(old.k.shape[1], None), end=width)
+            merged_keys = torch.zeros(
+                merged.k.shape[1], merged.k.shape[3], dtype=torch.bool, device=device
+            )
+            merged_keys[: old.k.shape[1], width - old.length : width] = old_keys[:, : old.length]
+            merged_keys[old.k.shape[1] :, width - cache.length : width] = keys[:, : cache.length]
+            merged.length = width
+            state.update(
+                cache=merged, keys=merged_keys, next_pos=torch.cat([state["next_pos"], next_pos])
+            )
+            return logits
+
+        def retain(rows: torch.Tensor) -> None:
+            cache, keys = state["cache"], state["keys"]
+            kept = keys[rows]  # (K, S)
+            used = kept[:, : cache.length].any(dim=0).nonzero()
+            start = int(used[0]) if len(used) else cache.length  # columns no kept row sees
+            cache.k = cache.k[:, rows, :, start:].contiguous()
+            cache.v = cache.v[:, rows, :, start:].contiguous()
+            cache.length -= start
+            state.update(keys=kept[:, start:].contiguous(), next_pos=state["next_pos"][rows])
+
         def step(tokens: torch.Tensor) -> torch.Tensor:
-            keys, length = state["keys"], state["length"]
+            cache, keys = state["cache"], state["keys"]
+            length = cache.length
             keys[:, length] = True
             mask = keys[:, None, None, : length + 1]  # (B, 1, 1, S)
             with autocast(device):
-                logits = model(tokens[:, None], state["next_pos"][:, None], mask, state["cache"])
-            # A row that has finished keeps being fed until the batch ends; its position is
-            # clamped so it never runs past the model's context (its output is discarded).
+                logits = model(tokens[:, None], state["next_pos"][:, None], mask, cache)
+            # Without ``retain`` a finished row keeps being fed until the batch ends; its
+            # position is clamped so it never runs past the model's context (output ignored).
             state["next_pos"] = (state["next_pos"] + 1).clamp(max=self.context_length() - 1)
-            state["length"] = length + 1
             return logits[:, -1]  # (B, V)
 
-        return BatchForward(prefill=prefill, step=step, max_positions=self.context_length())
+        return BatchForward(
+            prefill=prefill,
+            step=step,
+            admit=admit,
+            retain=retain,
+            cache_width=lambda: int(state["cache"].length),
+        )
+
+
+def _place(target: KVCache, source: KVCache, *, rows: slice, end: int) -> None:
+    """Copy ``source``'s cached positions into ``target``'s ``rows``, ending at column ``end``."""
+    begin = end - source.length
+    target.k[:, rows, :, begin:end] = source.k[:, :, :, : source.length]
+    target.v[:, rows, :, begin:end] = source.v[:, :, :, : source.length]
 
 
 def render_transcript(messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> str:

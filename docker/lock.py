@@ -70,10 +70,19 @@ class Pin:
         return f"{self.name}=={self.version} \\\n    --hash=sha256:{self.sha256}"
 
 
+# Extras the images install: the job image trains and the control-plane image serves
+# ``hf`` checkpoints, so both need the hf family's libraries.
+IMAGE_EXTRAS = ("hf",)
+
+
 def runtime_requirements() -> tuple[list[Requirement], Requirement, list[Requirement]]:
-    """The package's runtime requirements without torch, torch itself, the build backend."""
+    """The package's runtime requirements (with IMAGE_EXTRAS) without torch, torch itself,
+    the build backend."""
     project = tomllib.loads(PYPROJECT.read_text())
-    requirements = [Requirement(text) for text in project["project"]["dependencies"]]
+    texts = list(project["project"]["dependencies"])
+    for extra in IMAGE_EXTRAS:
+        texts += project["project"]["optional-dependencies"][extra]
+    requirements = [Requirement(text) for text in texts]
     torch = [req for req in requirements if canonicalize_name(req.name) == "torch"]
     if len(torch) != 1:
         raise LockError("pyproject.toml must list torch exactly once in its dependencies")

@@ -83,8 +83,14 @@ def parse_lock(path: Path) -> dict[str, Pin]:
 
 
 def runtime_requirements() -> list[Requirement]:
+    """The package's dependencies and its ``hf`` extra's: the job image trains and the
+    control-plane image serves hf checkpoints."""
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    return [Requirement(text) for text in project["project"]["dependencies"]]
+    texts = [
+        *project["project"]["dependencies"],
+        *project["project"]["optional-dependencies"]["hf"],
+    ]
+    return [Requirement(text) for text in texts]
 
 
 def final_stage(path: Path) -> list[Instruction]:

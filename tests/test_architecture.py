@@ -94,6 +94,7 @@ def test_workflow_modules_import_only_temporal_and_shared(module: str) -> None:
         "workflows.shared",
         "workflows.activities",
         "workflows.options",
+        "workflows.search_attributes",
         "services.temporal",
     )
     allowed_workflows = {f"workflows.{name}" for name in WORKFLOW_MODULES}

@@ -25,7 +25,6 @@ from temporalio.common import (
 from temporalio.exceptions import ChildWorkflowError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from services.temporal import RATCHET_CYCLE, RATCHET_LOOP, RATCHET_OUTCOME, RATCHET_STAGE
     from workflows.activities.curation import CurationActivities
     from workflows.activities.loop import LoopActivities
     from workflows.curate import CurateWorkflow, curate_batches
@@ -33,6 +32,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.options import DB_RETRY, LONG_DB_TIMEOUT, SHORT_TIMEOUT
     from workflows.probe import ProbeWorkflow
     from workflows.promote import PromoteWorkflow
+    from workflows.search_attributes import (
+        RATCHET_CYCLE,
+        RATCHET_LOOP,
+        RATCHET_OUTCOME,
+        RATCHET_STAGE,
+    )
     from workflows.shared import (
         ApprovalSignal,
         CloseCycleInput,

@@ -1,47 +1,15 @@
-"""Temporal client factory and Ratchet's custom search attributes.
+"""Temporal client factory: the connection (TLS, API key) and the SDK's metrics runtime.
 
-Search attributes turn the Temporal Web UI into a usable dashboard: list every workflow of a
-loop (``RatchetLoop = "support-bot"``) or every loop in a given stage.
+Ratchet's custom search attributes are the workflows' (workflows/search_attributes.py): the
+worker registers them in its namespace at start.
 """
 
 from __future__ import annotations
 
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import (
-    AddSearchAttributesRequest,
-    ListSearchAttributesRequest,
-)
 from temporalio.client import Client, TLSConfig
-from temporalio.common import SearchAttributeKey
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from services.settings import Settings
-
-RATCHET_LOOP = SearchAttributeKey.for_keyword("RatchetLoop")
-RATCHET_STAGE = SearchAttributeKey.for_keyword("RatchetStage")
-RATCHET_CYCLE = SearchAttributeKey.for_int("RatchetCycle")
-RATCHET_OUTCOME = SearchAttributeKey.for_keyword("RatchetOutcome")
-
-SEARCH_ATTRIBUTES: tuple[SearchAttributeKey, ...] = (
-    RATCHET_LOOP,
-    RATCHET_STAGE,
-    RATCHET_CYCLE,
-    RATCHET_OUTCOME,
-)
-
-_DEV_SERVER_TYPE_NAMES: dict[int, str] = {
-    IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD: "Keyword",
-    IndexedValueType.INDEXED_VALUE_TYPE_INT: "Int",
-}
-
-
-def dev_server_search_attribute_args() -> list[str]:
-    """``--search-attribute Name=Type`` arguments for ``temporal server start-dev``."""
-    args: list[str] = []
-    for key in SEARCH_ATTRIBUTES:
-        type_name = _DEV_SERVER_TYPE_NAMES[int(key.indexed_value_type)]
-        args += ["--search-attribute", f"{key.name}={type_name}"]
-    return args
 
 
 def _tls_config(settings: Settings) -> TLSConfig | bool:
@@ -81,20 +49,3 @@ async def connect_temporal(settings: Settings, *, runtime: Runtime | None = None
         api_key=api_key,
         runtime=runtime,
     )
-
-
-async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
-    """Register Ratchet's search attributes where missing; returns the names added."""
-    existing = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=namespace)
-    )
-    missing = {
-        key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
-        for key in SEARCH_ATTRIBUTES
-        if key.name not in existing.custom_attributes
-    }
-    if missing:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
-        )
-    return sorted(missing)

@@ -26,8 +26,8 @@ from temporalio.testing import WorkflowEnvironment
 from services.db.migrate import upgrade
 from services.db.session import SessionFactory, create_db_engine, make_session_factory
 from services.local.binaries import temporal_cli_path, temporal_test_server_path
-from services.temporal import SEARCH_ATTRIBUTES
 from tests.support import assert_eventually
+from workflows.search_attributes import SEARCH_ATTRIBUTES
 
 __all__ = ["assert_eventually"]
 

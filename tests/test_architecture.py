@@ -93,6 +93,8 @@ def test_workflow_modules_import_only_temporal_and_shared(module: str) -> None:
         "temporalio",
         "workflows.shared",
         "workflows.activities",
+        "workflows.options",
+        "workflows.search_attributes",
         "services.temporal",
     )
     allowed_workflows = {f"workflows.{name}" for name in WORKFLOW_MODULES}
@@ -177,3 +179,90 @@ def test_nothing_is_built_at_import_time() -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# Activities and child workflows by reference -----------------------------------------------
+
+# Every workflow API that starts an activity or a child workflow.
+STARTERS = {
+    f"{verb}_{kind}"
+    for verb in ("execute", "start")
+    for kind in (
+        "activity",
+        "activity_method",
+        "activity_class",
+        "local_activity",
+        "local_activity_method",
+        "local_activity_class",
+        "child_workflow",
+    )
+}
+RETRY_PRESETS_MODULE = "workflows/options.py"
+
+
+def started_by_name(source: str) -> list[str]:
+    """Calls that start an activity or child workflow by a string name, or with
+    ``result_type=`` (which only a by-name call needs): ``line: call``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in STARTERS:
+            continue
+        by_string = bool(node.args) and isinstance(node.args[0], ast.Constant)
+        typed_by_hand = any(keyword.arg == "result_type" for keyword in node.keywords)
+        if by_string or typed_by_hand:
+            found.append(f"{node.lineno}: {name}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ('workflow.execute_activity("gate", x, result_type=R)', True),
+        ('await workflow.start_child_workflow("TrainWorkflow", x)', True),
+        ("workflow.execute_activity(fn, x, result_type=R)", True),
+        ('execute_local_activity("name", x)', True),
+        ("workflow.execute_activity_method(LoopActivities.gate, x)", False),
+        ("workflow.execute_child_workflow(TrainWorkflow.run, x, id=i)", False),
+        ('workflow.patched("some-patch")', False),
+    ],
+)
+def test_the_by_name_check_sees_string_names(source: str, flagged: bool) -> None:
+    assert bool(started_by_name(source)) is flagged
+
+
+def test_workflows_start_activities_and_children_by_reference() -> None:
+    """So the type checker sees each call's name, input and result."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{found}"
+        for path in python_files("workflows")
+        for found in started_by_name(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_retry_presets_are_defined_in_one_module() -> None:
+    """Every ``RetryPolicy`` (and every ``*_RETRY`` name) under workflows/ is a preset of
+    workflows/options.py, so one kind of call retries one way everywhere."""
+    offenders = []
+    for path in python_files("workflows"):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative == RETRY_PRESETS_MODULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name == "RetryPolicy":
+                    offenders.append(f"{relative}:{node.lineno}: RetryPolicy(...)")
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                offenders += [
+                    f"{relative}:{node.lineno}: {target.id}"
+                    for target in targets
+                    if isinstance(target, ast.Name) and target.id.endswith("_RETRY")
+                ]
+    assert offenders == []

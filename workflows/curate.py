@@ -4,30 +4,23 @@ The caller gives the id (``loop/<name>/cycle/<n>/curate`` from the loop, or its 
 on-demand run), so a retried parent never starts a second curation. The workflow holds no
 data: each ``curate_batch`` activity reads, writes and commits its own batch, and the
 workflow only adds up the counts. It stops when a batch reports nothing more to do or after
-``max_batches``, whichever comes first.
+``max_batches``, whichever comes first. The loop's trigger check curates what arrived with
+the same :func:`curate_batches` (inline: it runs before any cycle exists to name a child).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.shared import CurateBatchInput, CurateBatchResult, CurateInput, CurateResult
-
-# A batch is one transaction of a few seconds that heartbeats between its steps, so a worker
-# that died mid-batch is noticed within the heartbeat timeout and the batch retried elsewhere.
-BATCH_START_TO_CLOSE = timedelta(minutes=10)
-BATCH_HEARTBEAT = timedelta(seconds=10)
-BATCH_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=1),
-    non_retryable_error_types=["InvalidInput", "InvalidPolicy", "NotFound", "UnknownEnvironment"],
-)
+    from workflows.activities.curation import CurationActivities
+    from workflows.options import (
+        CURATE_BATCH_HEARTBEAT,
+        CURATE_BATCH_RETRY,
+        CURATE_BATCH_TIMEOUT,
+    )
+    from workflows.shared import CurateBatchInput, CurateInput, CurateResult
 
 
 @workflow.defn(name="CurateWorkflow")
@@ -36,24 +29,7 @@ class CurateWorkflow:
     async def run(self, input: CurateInput) -> CurateResult:
         if input.max_batches < 1:
             raise ApplicationError("max_batches must be at least 1", non_retryable=True)
-        total = CurateResult()
-        for _ in range(input.max_batches):
-            batch = await workflow.execute_activity(
-                "curate_batch",
-                CurateBatchInput(loop=input.loop, batch_size=input.batch_size),
-                result_type=CurateBatchResult,
-                start_to_close_timeout=BATCH_START_TO_CLOSE,
-                heartbeat_timeout=BATCH_HEARTBEAT,
-                retry_policy=BATCH_RETRY,
-            )
-            total.traces_seen += batch.traces_seen
-            total.tasks_created += batch.tasks_created
-            total.duplicates += batch.duplicates
-            total.rejected += batch.rejected
-            total.skipped += batch.skipped
-            total.new_train_tasks += batch.new_train_tasks
-            if not batch.more:
-                break
+        total = await curate_batches(input)
         workflow.logger.info(
             "curated %d traces of %s: %d tasks (%d train), %d duplicates, %d rejected",
             total.traces_seen,
@@ -64,3 +40,28 @@ class CurateWorkflow:
             total.rejected,
         )
         return total
+
+
+async def curate_batches(input: CurateInput) -> CurateResult:
+    """Run ``curate_batch`` until nothing is left or ``max_batches`` ran; the counts summed.
+
+    Workflow code: call it from a workflow's run, never from an activity.
+    """
+    total = CurateResult()
+    for _ in range(input.max_batches):
+        batch = await workflow.execute_activity_method(
+            CurationActivities.curate_batch,
+            CurateBatchInput(loop=input.loop, batch_size=input.batch_size),
+            start_to_close_timeout=CURATE_BATCH_TIMEOUT,
+            heartbeat_timeout=CURATE_BATCH_HEARTBEAT,
+            retry_policy=CURATE_BATCH_RETRY,
+        )
+        total.traces_seen += batch.traces_seen
+        total.tasks_created += batch.tasks_created
+        total.duplicates += batch.duplicates
+        total.rejected += batch.rejected
+        total.skipped += batch.skipped
+        total.new_train_tasks += batch.new_train_tasks
+        if not batch.more:
+            break
+    return total

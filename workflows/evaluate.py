@@ -11,12 +11,13 @@ Id ``loop/<name>/cycle/<n>/evaluate``.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.activities.jobs import JobActivities
+    from workflows.activities.loop import LoopActivities
+    from workflows.options import JOB_HEARTBEAT, JOB_RETRY, JOB_TIMEOUT, RESULTS_TIMEOUT
     from workflows.shared import (
         EvalTarget,
         EvaluateInput,
@@ -29,12 +30,6 @@ with workflow.unsafe.imports_passed_through():
         run_id_for,
         uri_path,
     )
-
-RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=2),
-    maximum_interval=timedelta(minutes=1),
-    maximum_attempts=5,
-)
 
 
 def eval_job_spec(
@@ -81,8 +76,8 @@ class EvaluateWorkflow:
     ) -> tuple[RunJobResult, EvaluationSummary | None]:
         run_id = run_id_for(input.loop, input.cycle, "eval", f"{target.role}-{task_set}")
         image, command = job_override(input.profile, "eval_job")
-        job = await workflow.execute_activity(
-            "run_job",
+        job = await workflow.execute_activity_method(
+            JobActivities.run_job,
             RunJobInput(
                 run_id=run_id,
                 loop=input.loop,
@@ -95,17 +90,16 @@ class EvaluateWorkflow:
                 job_image=image,
                 job_command=command,
             ),
-            result_type=RunJobResult,
             # A cancelled cycle closes only after its job is really stopped.
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            start_to_close_timeout=timedelta(hours=6),
-            heartbeat_timeout=timedelta(seconds=60),
-            retry_policy=RETRY,
+            start_to_close_timeout=JOB_TIMEOUT,
+            heartbeat_timeout=JOB_HEARTBEAT,
+            retry_policy=JOB_RETRY,
         )
         if job.status != "succeeded":
             return job, None
-        summary = await workflow.execute_activity(
-            "record_evaluation",
+        summary = await workflow.execute_activity_method(
+            LoopActivities.record_evaluation,
             RecordEvaluationInput(
                 loop=input.loop,
                 cycle=input.cycle,
@@ -116,8 +110,7 @@ class EvaluateWorkflow:
                 run_id=run_id,
                 output_uri=job.output_uri,
             ),
-            result_type=EvaluationSummary,
-            start_to_close_timeout=timedelta(minutes=5),
-            retry_policy=RETRY,
+            start_to_close_timeout=RESULTS_TIMEOUT,
+            retry_policy=JOB_RETRY,
         )
         return job, summary

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import (
-    RetryPolicy,
     SearchAttributePair,
     SearchAttributeUpdate,
     TypedSearchAttributes,
@@ -26,20 +25,25 @@ from temporalio.common import (
 from temporalio.exceptions import ChildWorkflowError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from services.temporal import RATCHET_CYCLE, RATCHET_LOOP, RATCHET_OUTCOME, RATCHET_STAGE
+    from workflows.activities.curation import CurationActivities
+    from workflows.activities.loop import LoopActivities
+    from workflows.curate import CurateWorkflow, curate_batches
     from workflows.evaluate import EvaluateWorkflow
+    from workflows.options import DB_RETRY, LONG_DB_TIMEOUT, SHORT_TIMEOUT
     from workflows.probe import ProbeWorkflow
     from workflows.promote import PromoteWorkflow
+    from workflows.search_attributes import (
+        RATCHET_CYCLE,
+        RATCHET_LOOP,
+        RATCHET_OUTCOME,
+        RATCHET_STAGE,
+    )
     from workflows.shared import (
         ApprovalSignal,
         CloseCycleInput,
-        CloseCycleResult,
-        CurateBatchInput,
-        CurateBatchResult,
         CurateInput,
         CurateResult,
         DriftInput,
-        DriftResult,
         EvalTarget,
         EvaluateInput,
         GateInput,
@@ -53,18 +57,14 @@ with workflow.unsafe.imports_passed_through():
         LoopStatus,
         PauseSignal,
         PendingWorkInput,
-        PendingWorkResult,
         ProbeInput,
         PromoteInput,
         RecordDecisionInput,
-        RecordDecisionResult,
         ResumeSignal,
         RollbackInput,
-        RollbackResult,
         RollbackSignal,
         RunNowSignal,
         SnapshotInput,
-        SnapshotResult,
         StageInput,
         StartCycleInput,
         StartCycleResult,
@@ -76,16 +76,17 @@ with workflow.unsafe.imports_passed_through():
 InputT = TypeVar("InputT")
 ResultT = TypeVar("ResultT")
 
-SHORT = timedelta(seconds=60)
 # workflow.patched id of the difficulty probe stage (histories before it have no such stage).
 PROBE_PATCH = "difficulty-probe-stage"
 # workflow.patched id of honest points: cycle numbers continue after Postgres's last cycle,
 # the frozen held-out set is evaluated, points gained are held-out points, and the cycle
 # records the gate's points and the live delta too. Histories before it do none of this.
 HONEST_POINTS_PATCH = "honest-points"
-DB_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
-)
+# workflow.patched id of the curate stage through the child helper, like every stage: a
+# failed curation ends the cycle as failed. Histories before it let the failure end the loop.
+CURATE_STAGE_PATCH = "curate-stage-helper"
+# Batches one trigger check curates at most; what is left waits for the next check.
+TRIGGER_CHECK_MAX_BATCHES = 100
 
 
 class CycleAborted(Exception):
@@ -118,7 +119,8 @@ class LoopWorkflow:
         self.state = LoopState()
         self.stage = "starting"
         self.waiting_for: str | None = None
-        self.current_cycle = 0
+        # The cycle in progress (0 between cycles).
+        self.cycle = 0
         self.approval: tuple[str, ApprovalSignal] | None = None
 
     # Signals, query ----------------------------------------------------------------------
@@ -139,12 +141,12 @@ class LoopWorkflow:
 
     @workflow.signal
     def approve(self, signal: ApprovalSignal) -> None:
-        if signal.cycle in (0, self.current_cycle):
+        if signal.cycle in (0, self.cycle):
             self.approval = ("approve", signal)
 
     @workflow.signal
     def reject(self, signal: ApprovalSignal) -> None:
-        if signal.cycle in (0, self.current_cycle):
+        if signal.cycle in (0, self.cycle):
             self.approval = ("reject", signal)
 
     @workflow.signal
@@ -156,7 +158,7 @@ class LoopWorkflow:
         return LoopStatus(
             loop=self.loop,
             stage=self.stage,
-            cycle=self.current_cycle or self.state.cycle_number,
+            cycle=self.cycle or self.state.cycle_number,
             paused=self.state.paused,
             pause_reason=self.state.pause_reason,
             waiting_for=self.waiting_for,
@@ -224,11 +226,10 @@ class LoopWorkflow:
     async def _check_trigger(self, config: LoopConfig) -> tuple[str | None, dict[str, object]]:
         """Curate what arrived, then decide whether a cycle starts now and why."""
         await self._curate_pending()
-        pending = await workflow.execute_activity(
-            "pending_work",
+        pending = await workflow.execute_activity_method(
+            CurationActivities.pending_work,
             PendingWorkInput(self.loop),
-            result_type=PendingWorkResult,
-            start_to_close_timeout=SHORT,
+            start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         detail: dict[str, object] = {"new_train_tasks": pending.new_train_tasks}
@@ -241,11 +242,10 @@ class LoopWorkflow:
             detail["min_new_tasks"] = config.min_new_tasks
             return "min_new_tasks", detail
         if config.drift_enabled:
-            drift = await workflow.execute_activity(
-                "check_drift",
+            drift = await workflow.execute_activity_method(
+                CurationActivities.check_drift,
                 DriftInput(self.loop),
-                result_type=DriftResult,
-                start_to_close_timeout=SHORT,
+                start_to_close_timeout=SHORT_TIMEOUT,
                 retry_policy=DB_RETRY,
             )
             if drift.drifted:
@@ -262,22 +262,9 @@ class LoopWorkflow:
                 return "max_interval", detail
         return None, detail
 
-    async def _curate_pending(self) -> CurateBatchResult:
-        total = CurateBatchResult()
-        for _ in range(100):
-            batch = await workflow.execute_activity(
-                "curate_batch",
-                CurateBatchInput(self.loop),
-                result_type=CurateBatchResult,
-                start_to_close_timeout=timedelta(minutes=10),
-                heartbeat_timeout=timedelta(minutes=2),
-                retry_policy=DB_RETRY,
-            )
-            total.traces_seen += batch.traces_seen
-            total.tasks_created += batch.tasks_created
-            if not batch.more:
-                break
-        return total
+    async def _curate_pending(self) -> CurateResult:
+        """Curate what arrived, with the batches and settings of the cycle's curate stage."""
+        return await curate_batches(CurateInput(self.loop, max_batches=TRIGGER_CHECK_MAX_BATCHES))
 
     # Cycle -------------------------------------------------------------------------------
 
@@ -286,35 +273,34 @@ class LoopWorkflow:
         # A restarted loop (its workflow chain broken, Temporal's data lost while Postgres
         # kept its rows) continues after the last cycle Postgres knows, never replaying one.
         last = max(self.state.cycle_number, config.last_cycle_number if honest else 0)
-        number = last + 1
-        self.state.cycle_number = number
-        self.current_cycle = number
+        cycle = last + 1
+        self.state.cycle_number = cycle
+        self.cycle = cycle
         self.approval = None
-        cycle = await workflow.execute_activity(
-            "start_cycle",
+        started = await workflow.execute_activity_method(
+            LoopActivities.start_cycle,
             StartCycleInput(
                 loop=self.loop,
-                number=number,
+                number=cycle,
                 trigger=trigger,
                 trigger_detail=dict(detail),
                 workflow_id=workflow.info().workflow_id,
             ),
-            result_type=StartCycleResult,
-            start_to_close_timeout=SHORT,
+            start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         ended = CycleEnd("failed", "")
         try:
-            ended = await self._cycle_stages(config, number, cycle, honest=honest)
+            ended = await self._cycle_stages(config, cycle, started, honest=honest)
         except CycleAborted as aborted:
             ended = CycleEnd(aborted.outcome, aborted.detail, gate_points=aborted.gate_points)
         outcome, reason = ended.outcome, ended.reason
         self._set_stage("account")
-        closed = await workflow.execute_activity(
-            "close_cycle",
+        closed = await workflow.execute_activity_method(
+            LoopActivities.close_cycle,
             CloseCycleInput(
                 loop=self.loop,
-                cycle=number,
+                cycle=cycle,
                 outcome=outcome,
                 detail=reason,
                 points_gained=ended.points,
@@ -323,13 +309,12 @@ class LoopWorkflow:
                 live_baseline=ended.live_baseline,
                 live_canary=ended.live_canary,
             ),
-            result_type=CloseCycleResult,
-            start_to_close_timeout=SHORT,
+            start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         workflow.logger.info(
             "cycle %s of %s ended: %s (%s); cost $%.4f",
-            number,
+            cycle,
             self.loop,
             outcome,
             reason,
@@ -338,7 +323,7 @@ class LoopWorkflow:
         self.state.cycles_done += 1
         self.state.last_outcome = outcome
         self.state.last_cycle_ended_at = workflow.now().isoformat()
-        self.current_cycle = 0
+        self.cycle = 0
         self._set_stage("waiting", outcome=outcome)
         if closed.budget_exhausted:
             self.state.paused = True
@@ -347,27 +332,26 @@ class LoopWorkflow:
             )
 
     async def _cycle_stages(
-        self, config: LoopConfig, number: int, cycle: StartCycleResult, *, honest: bool
+        self, config: LoopConfig, cycle: int, started: StartCycleResult, *, honest: bool
     ) -> CycleEnd:
-        self._set_stage("curate", cycle=number)
-        await workflow.execute_child_workflow(
-            "CurateWorkflow",
+        self._set_stage("curate", cycle=cycle)
+        await self._child(
+            CurateWorkflow.run,
             CurateInput(self.loop),
-            result_type=CurateResult,
-            id=cycle_workflow_id(self.loop, number, "curate"),
-            search_attributes=self._search_attributes("curate", number),
+            "curate",
+            cycle,
+            fail_cycle=workflow.patched(CURATE_STAGE_PATCH),
         )
         # Checked first so a loop without the filter records no marker: its history is
         # exactly what it was before the stage existed.
         if config.difficulty_filter and workflow.patched(PROBE_PATCH):
-            await self._probe(config, number, cycle)
-        self._set_stage("snapshot", cycle=number)
-        await self._mark_stage(number, "snapshot")
-        dataset = await workflow.execute_activity(
-            "snapshot_dataset",
-            SnapshotInput(self.loop, number),
-            result_type=SnapshotResult,
-            start_to_close_timeout=timedelta(minutes=10),
+            await self._probe(config, cycle, started)
+        self._set_stage("snapshot", cycle=cycle)
+        await self._mark_stage(cycle, "snapshot")
+        dataset = await workflow.execute_activity_method(
+            CurationActivities.snapshot_dataset,
+            SnapshotInput(self.loop, cycle),
+            start_to_close_timeout=LONG_DB_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         if dataset.difficulty:
@@ -379,31 +363,31 @@ class LoopWorkflow:
                 "no_data",
                 f"dataset has {dataset.train_count} train and {dataset.eval_count} eval tasks",
             )
-        if cycle.champion_checkpoint_id is None or cycle.champion_uri is None:
+        if started.champion_checkpoint_id is None or started.champion_uri is None:
             raise CycleAborted("failed", "the loop has no champion checkpoint to train from")
 
-        self._set_stage("train", cycle=number)
-        await self._mark_stage(number, "train", dataset_id=dataset.dataset_id)
+        self._set_stage("train", cycle=cycle)
+        await self._mark_stage(cycle, "train", dataset_id=dataset.dataset_id)
         trained = await self._child(
             TrainWorkflow.run,
             TrainInput(
                 loop=self.loop,
-                cycle=number,
+                cycle=cycle,
                 dataset_id=dataset.dataset_id,
                 train_uri=dataset.train_uri,
-                base_checkpoint_id=cycle.champion_checkpoint_id,
-                base_checkpoint_uri=cycle.champion_uri,
+                base_checkpoint_id=started.champion_checkpoint_id,
+                base_checkpoint_uri=started.champion_uri,
                 environment=config.environment,
                 profile=config.training_profile,
             ),
             "train",
-            number,
+            cycle,
         )
         if trained.status != "succeeded" or trained.checkpoint_id is None:
             raise CycleAborted("failed", f"training {trained.status}: {trained.error or ''}")
 
-        self._set_stage("evaluate", cycle=number)
-        await self._mark_stage(number, "evaluate", candidate=trained.checkpoint_id)
+        self._set_stage("evaluate", cycle=cycle)
+        await self._mark_stage(cycle, "evaluate", candidate=trained.checkpoint_id)
         task_sets = {"eval": dataset.eval_uri}
         if dataset.regression_uri and dataset.regression_count > 0:
             task_sets["regression"] = dataset.regression_uri
@@ -413,12 +397,12 @@ class LoopWorkflow:
             EvaluateWorkflow.run,
             EvaluateInput(
                 loop=self.loop,
-                cycle=number,
+                cycle=cycle,
                 dataset_id=dataset.dataset_id,
                 environment=config.environment,
                 task_sets=task_sets,
                 targets=[
-                    EvalTarget("champion", cycle.champion_checkpoint_id, cycle.champion_uri),
+                    EvalTarget("champion", started.champion_checkpoint_id, started.champion_uri),
                     EvalTarget("candidate", trained.checkpoint_id, trained.checkpoint_uri or ""),
                 ],
                 samples=config.eval_samples,
@@ -426,64 +410,62 @@ class LoopWorkflow:
                 temperature=config.eval_temperature,
             ),
             "evaluate",
-            number,
+            cycle,
         )
         if evaluated.errors:
             raise CycleAborted("failed", "evaluation failed: " + "; ".join(evaluated.errors))
 
-        self._set_stage("gate", cycle=number)
-        await self._mark_stage(number, "gate")
-        gate = await workflow.execute_activity(
-            "gate",
+        self._set_stage("gate", cycle=cycle)
+        await self._mark_stage(cycle, "gate")
+        gate = await workflow.execute_activity_method(
+            LoopActivities.gate,
             GateInput(
                 loop=self.loop,
-                cycle=number,
-                champion_checkpoint_id=cycle.champion_checkpoint_id,
+                cycle=cycle,
+                champion_checkpoint_id=started.champion_checkpoint_id,
                 candidate_checkpoint_id=trained.checkpoint_id,
                 confidence=config.confidence,
                 min_improvement_points=config.min_improvement_points,
                 regression_tolerance_points=config.regression_tolerance_points,
                 min_discordant_pairs=config.min_discordant_pairs,
             ),
-            result_type=GateResult,
-            start_to_close_timeout=SHORT,
+            start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         decision, reason, decided_by = gate.decision, gate.reason, "gate"
         if config.gate_mode == "manual":
             decision, reason, decided_by = await self._await_approval(gate)
-        recorded = await workflow.execute_activity(
-            "record_decision",
+        recorded = await workflow.execute_activity_method(
+            LoopActivities.record_decision,
             RecordDecisionInput(
                 loop=self.loop,
-                cycle=number,
+                cycle=cycle,
                 decision=decision,
                 reason=reason,
                 statistics=gate.statistics,
                 candidate_checkpoint_id=trained.checkpoint_id,
-                previous_checkpoint_id=cycle.champion_checkpoint_id,
+                previous_checkpoint_id=started.champion_checkpoint_id,
                 decided_by=decided_by,
             ),
-            result_type=RecordDecisionResult,
-            start_to_close_timeout=SHORT,
+            start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         gate_points = _number(gate.statistics.get("delta_points")) if honest else None
         if recorded.decision != "promote":
             raise CycleAborted("rejected", reason, gate_points=gate_points)
 
-        self._set_stage("promote", cycle=number)
-        await self._mark_stage(number, "promote")
+        self._set_stage("promote", cycle=cycle)
+        await self._mark_stage(cycle, "promote")
         promoted = await self._child(
             PromoteWorkflow.run,
             PromoteInput(
                 loop=self.loop,
-                cycle=number,
+                cycle=cycle,
                 promotion_id=recorded.promotion_id,
                 candidate_checkpoint_id=trained.checkpoint_id,
                 candidate_uri=trained.checkpoint_uri or "",
-                previous_checkpoint_id=cycle.champion_checkpoint_id,
-                previous_uri=cycle.champion_uri,
+                previous_checkpoint_id=started.champion_checkpoint_id,
+                previous_uri=started.champion_uri,
                 serving_target=config.serving_target,
                 canary_seconds=config.canary_seconds,
                 canary_check_interval_s=config.canary_check_interval_s,
@@ -491,7 +473,7 @@ class LoopWorkflow:
                 canary_max_drop_points=config.canary_max_drop_points,
             ),
             "promote",
-            number,
+            cycle,
         )
         live = {"live_baseline": promoted.live_baseline, "live_canary": promoted.live_canary}
         if promoted.status != "held":
@@ -507,7 +489,7 @@ class LoopWorkflow:
         heldout = _number(gate.statistics.get("heldout_points"))
         return CycleEnd("promoted", reason, heldout, trained.checkpoint_id, gate_points, **live)
 
-    async def _probe(self, config: LoopConfig, number: int, cycle: StartCycleResult) -> None:
+    async def _probe(self, config: LoopConfig, cycle: int, started: StartCycleResult) -> None:
         """Probe the champion on unprobed train tasks so the snapshot can filter them.
 
         A probe that fails — its job failed or was lost, or the child workflow failed on a
@@ -516,24 +498,24 @@ class LoopWorkflow:
         the dataset's difficulty stats). The failed run stays recorded with its error and
         cost, the failure is logged, and the next cycle probes those tasks again.
         """
-        if cycle.champion_checkpoint_id is None or cycle.champion_uri is None:
+        if started.champion_checkpoint_id is None or started.champion_uri is None:
             return  # nothing to probe with; the cycle fails for the same reason after the snapshot
-        self._set_stage("probe", cycle=number)
-        await self._mark_stage(number, "probe")
+        self._set_stage("probe", cycle=cycle)
+        await self._mark_stage(cycle, "probe")
         try:
             probed = await self._child(
                 ProbeWorkflow.run,
                 ProbeInput(
                     loop=self.loop,
-                    cycle=number,
+                    cycle=cycle,
                     environment=config.environment,
-                    champion_checkpoint_id=cycle.champion_checkpoint_id,
-                    champion_uri=cycle.champion_uri,
+                    champion_checkpoint_id=started.champion_checkpoint_id,
+                    champion_uri=started.champion_uri,
                     attempts=config.probe_attempts,
                     profile=config.training_profile,
                 ),
                 "probe",
-                number,
+                cycle,
             )
         except CycleAborted as exc:
             workflow.logger.warning(
@@ -550,7 +532,7 @@ class LoopWorkflow:
 
     async def _await_approval(self, gate: GateResult) -> tuple[str, str, str]:
         """Manual gate: wait for approve/reject; the gate's statistics are shown meanwhile."""
-        self._set_stage("awaiting_approval", cycle=self.current_cycle)
+        self._set_stage("awaiting_approval", cycle=self.cycle)
         self.waiting_for = f"approve or reject (gate recommends {gate.decision}: {gate.reason})"
         await workflow.wait_condition(lambda: self.approval is not None)
         self.waiting_for = None
@@ -566,11 +548,10 @@ class LoopWorkflow:
         reason = self.state.rollback_reason
         self.state.rollback_reason = None
         self._set_stage("rollback")
-        result = await workflow.execute_activity(
-            "rollback_champion",
+        result = await workflow.execute_activity_method(
+            LoopActivities.rollback_champion,
             RollbackInput(self.loop, reason),
-            result_type=RollbackResult,
-            start_to_close_timeout=timedelta(minutes=10),
+            start_to_close_timeout=LONG_DB_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         workflow.logger.info("rollback of %s: %s", self.loop, result.reason)
@@ -583,53 +564,57 @@ class LoopWorkflow:
         run_fn: Callable[[Any, InputT], Awaitable[ResultT]],
         arg: InputT,
         stage: str,
-        number: int,
+        cycle: int,
+        *,
+        fail_cycle: bool = True,
     ) -> ResultT:
         """Run a stage as a child workflow whose id derives from the cycle.
 
         A child that fails on purpose (a non-retryable error) ends the cycle as failed; the
-        loop itself carries on to the next trigger.
+        loop itself carries on to the next trigger. ``fail_cycle=False`` lets the failure
+        end the loop instead, as the curate stage did in histories before its patch.
         """
         try:
             return await workflow.execute_child_workflow(
                 run_fn,
                 arg,
-                id=cycle_workflow_id(self.loop, number, stage),
-                search_attributes=self._search_attributes(stage, number),
+                id=cycle_workflow_id(self.loop, cycle, stage),
+                search_attributes=self._search_attributes(stage, cycle),
             )
         except ChildWorkflowError as exc:
+            if not fail_cycle:
+                raise
             raise CycleAborted("failed", f"{stage} failed: {_root_cause(exc)}") from exc
 
     async def _load_config(self) -> LoopConfig:
-        return await workflow.execute_activity(
-            "load_loop_config",
+        return await workflow.execute_activity_method(
+            LoopActivities.load_loop_config,
             LoopConfigInput(self.loop),
-            result_type=LoopConfig,
-            start_to_close_timeout=SHORT,
+            start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=DB_RETRY,
         )
 
     async def _mark_stage(
         self,
-        number: int,
+        cycle: int,
         stage: str,
         *,
         dataset_id: int | None = None,
         candidate: str | None = None,
     ) -> None:
-        await workflow.execute_activity(
-            "set_cycle_stage",
-            StageInput(self.loop, number, stage, dataset_id, candidate),
-            start_to_close_timeout=SHORT,
+        await workflow.execute_activity_method(
+            LoopActivities.set_cycle_stage,
+            StageInput(self.loop, cycle, stage, dataset_id, candidate),
+            start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=DB_RETRY,
         )
 
-    def _search_attributes(self, stage: str, number: int) -> TypedSearchAttributes:
+    def _search_attributes(self, stage: str, cycle: int) -> TypedSearchAttributes:
         return TypedSearchAttributes(
             [
                 SearchAttributePair(RATCHET_LOOP, self.loop),
                 SearchAttributePair(RATCHET_STAGE, stage),
-                SearchAttributePair(RATCHET_CYCLE, number),
+                SearchAttributePair(RATCHET_CYCLE, cycle),
             ]
         )
 

@@ -18,38 +18,32 @@ results) fail this workflow, and the loop decides (it goes on too, see ``LoopWor
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.activities.curation import CurationActivities
+    from workflows.activities.jobs import JobActivities
+    from workflows.options import (
+        DB_RETRY,
+        JOB_HEARTBEAT,
+        JOB_RETRY,
+        JOB_TIMEOUT,
+        LONG_DB_TIMEOUT,
+        RESULTS_TIMEOUT,
+    )
     from workflows.shared import (
         ExportProbeTasksInput,
-        ExportProbeTasksResult,
         ProbeInput,
         ProbePassRatesInput,
-        ProbePassRatesResult,
         ProbeResult,
         RecordProbesInput,
-        RecordProbesResult,
         RunJobInput,
-        RunJobResult,
         job_override,
         run_id_for,
         uri_path,
     )
 
 PROBE_TEMPERATURE = 1.0
-# The activities raise errors no retry can fix as non-retryable; the rest are retried.
-DB_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
-)
-JOB_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=2),
-    maximum_interval=timedelta(minutes=1),
-    maximum_attempts=5,
-)
 
 
 def probe_job_spec(input: ProbeInput, task_uri: str, run_id: str) -> dict[str, object]:
@@ -73,19 +67,18 @@ class ProbeWorkflow:
     @workflow.run
     async def run(self, input: ProbeInput) -> ProbeResult:
         run_id = run_id_for(input.loop, input.cycle, "probe")
-        exported = await workflow.execute_activity(
-            "export_probe_tasks",
+        exported = await workflow.execute_activity_method(
+            CurationActivities.export_probe_tasks,
             ExportProbeTasksInput(loop=input.loop, run_id=run_id),
-            result_type=ExportProbeTasksResult,
-            start_to_close_timeout=timedelta(minutes=10),
+            start_to_close_timeout=LONG_DB_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         if exported.count == 0 or exported.task_uri is None:
             workflow.logger.info("probe of %s skipped: every train task is probed", input.loop)
             return ProbeResult(status="skipped")
 
-        job = await workflow.execute_activity(
-            "run_job",
+        job = await workflow.execute_activity_method(
+            JobActivities.run_job,
             RunJobInput(
                 run_id=run_id,
                 loop=input.loop,
@@ -97,11 +90,10 @@ class ProbeWorkflow:
                 job_image=job_override(input.profile, "eval_job")[0],
                 job_command=job_override(input.profile, "eval_job")[1],
             ),
-            result_type=RunJobResult,
             # A cancelled cycle closes only after its job is really stopped.
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            start_to_close_timeout=timedelta(hours=6),
-            heartbeat_timeout=timedelta(seconds=60),
+            start_to_close_timeout=JOB_TIMEOUT,
+            heartbeat_timeout=JOB_HEARTBEAT,
             retry_policy=JOB_RETRY,
         )
         result = ProbeResult(
@@ -116,20 +108,18 @@ class ProbeWorkflow:
             workflow.logger.warning("probe %s %s: %s", run_id, job.status, job.error or "")
             return result
 
-        rates = await workflow.execute_activity(
-            "probe_pass_rates",
+        rates = await workflow.execute_activity_method(
+            CurationActivities.probe_pass_rates,
             ProbePassRatesInput(
                 loop=input.loop, output_uri=job.output_uri, task_ids=exported.task_ids
             ),
-            result_type=ProbePassRatesResult,
-            start_to_close_timeout=timedelta(minutes=5),
+            start_to_close_timeout=RESULTS_TIMEOUT,
             retry_policy=DB_RETRY,
         )
-        recorded = await workflow.execute_activity(
-            "record_probes",
+        recorded = await workflow.execute_activity_method(
+            CurationActivities.record_probes,
             RecordProbesInput(loop=input.loop, pass_rates=rates.pass_rates),
-            result_type=RecordProbesResult,
-            start_to_close_timeout=timedelta(minutes=5),
+            start_to_close_timeout=RESULTS_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         result.recorded = recorded.updated

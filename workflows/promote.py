@@ -11,10 +11,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.activities.loop import LoopActivities
+    from workflows.options import (
+        BOUNDED_DB_RETRY,
+        DEPLOY_RETRY,
+        INSTALL_HEARTBEAT,
+        INSTALL_TIMEOUT,
+        SHORT_TIMEOUT,
+    )
     from workflows.shared import (
         DeployInput,
         DeployResult,
@@ -24,18 +31,6 @@ with workflow.unsafe.imports_passed_through():
         PromoteResult,
         PromotionStatusInput,
     )
-
-SHORT = timedelta(seconds=60)
-RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=10,
-)
-DEPLOY_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=2),
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=3,
-)
 
 
 @workflow.defn
@@ -137,8 +132,8 @@ class PromoteWorkflow:
         self, input: PromoteInput, checkpoint_id: str, uri: str, *, purpose: str
     ) -> DeployResult:
         """Deploy, naming the cycle so the activity can refuse a deploy that slips back."""
-        return await workflow.execute_activity(
-            "deploy_checkpoint",
+        return await workflow.execute_activity_method(
+            LoopActivities.deploy_checkpoint,
             DeployInput(
                 input.loop,
                 input.serving_target,
@@ -147,9 +142,8 @@ class PromoteWorkflow:
                 cycle=input.cycle,
                 purpose=purpose,
             ),
-            result_type=DeployResult,
-            start_to_close_timeout=timedelta(minutes=30),
-            heartbeat_timeout=timedelta(minutes=2),
+            start_to_close_timeout=INSTALL_TIMEOUT,
+            heartbeat_timeout=INSTALL_HEARTBEAT,
             retry_policy=DEPLOY_RETRY,
         )
 
@@ -161,8 +155,8 @@ class PromoteWorkflow:
         since: str | None = None,
         until: str | None = None,
     ) -> LiveStats:
-        return await workflow.execute_activity(
-            "live_stats",
+        return await workflow.execute_activity_method(
+            LoopActivities.live_stats,
             LiveStatsInput(
                 input.loop,
                 model_version,
@@ -170,9 +164,8 @@ class PromoteWorkflow:
                 until=until,
                 limit=max(input.canary_min_traces * 5, 200),
             ),
-            result_type=LiveStats,
-            start_to_close_timeout=SHORT,
-            retry_policy=RETRY,
+            start_to_close_timeout=SHORT_TIMEOUT,
+            retry_policy=BOUNDED_DB_RETRY,
         )
 
     async def _set_status(
@@ -184,8 +177,8 @@ class PromoteWorkflow:
         set_champion: str | None = None,
         timestamp_field: str | None = None,
     ) -> None:
-        await workflow.execute_activity(
-            "update_promotion",
+        await workflow.execute_activity_method(
+            LoopActivities.update_promotion,
             PromotionStatusInput(
                 loop=input.loop,
                 promotion_id=input.promotion_id,
@@ -194,8 +187,8 @@ class PromoteWorkflow:
                 set_champion=set_champion,
                 timestamp_field=timestamp_field,
             ),
-            start_to_close_timeout=SHORT,
-            retry_policy=RETRY,
+            start_to_close_timeout=SHORT_TIMEOUT,
+            retry_policy=BOUNDED_DB_RETRY,
         )
 
 

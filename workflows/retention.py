@@ -8,42 +8,30 @@ fixed when the run starts (``workflow.now()``), so retries purge the same set.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.retention import RetentionActivities
+    from workflows.options import PURGE_HEARTBEAT, PURGE_RETRY, PURGE_TIMEOUT
     from workflows.shared import (
         PurgeTraceBodiesInput,
-        PurgeTraceBodiesResult,
         RetentionInput,
         RetentionResult,
     )
-
-PURGE_START_TO_CLOSE = timedelta(hours=1)
-PURGE_HEARTBEAT = timedelta(minutes=2)
-PURGE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=5),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=5),
-    maximum_attempts=10,
-)
 
 
 @workflow.defn(name="RetentionWorkflow")
 class RetentionWorkflow:
     @workflow.run
     async def run(self, input: RetentionInput) -> RetentionResult:
-        purge: PurgeTraceBodiesResult = await workflow.execute_activity_method(
+        purge = await workflow.execute_activity_method(
             RetentionActivities.purge_trace_bodies,
             PurgeTraceBodiesInput(
                 retention_days=input.retention_days,
                 now=workflow.now().isoformat(),
                 batch_size=input.batch_size,
             ),
-            start_to_close_timeout=PURGE_START_TO_CLOSE,
+            start_to_close_timeout=PURGE_TIMEOUT,
             heartbeat_timeout=PURGE_HEARTBEAT,
             retry_policy=PURGE_RETRY,
         )

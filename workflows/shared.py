@@ -268,6 +268,8 @@ class RegisterCheckpointResult:
 class LoopState:
     """The small state carried through continue-as-new; everything else lives in Postgres."""
 
+    # The last cycle started: ``cycle`` in workflow code; the field keeps the name that
+    # running histories store.
     cycle_number: int = 0
     paused: bool = False
     pause_reason: str | None = None
@@ -401,6 +403,7 @@ class TriggerCheckResult:
 @dataclass
 class StartCycleInput:
     loop: str
+    # The cycle (``cycle`` in workflow code; the field keeps the name histories store).
     number: int
     trigger: str
     trigger_detail: dict[str, Any]

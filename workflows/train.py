@@ -9,26 +9,25 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.activities.jobs import JobActivities
+    from workflows.options import (
+        INSTALL_HEARTBEAT,
+        INSTALL_TIMEOUT,
+        JOB_HEARTBEAT,
+        JOB_RETRY,
+        JOB_TIMEOUT,
+    )
     from workflows.shared import (
         RegisterCheckpointInput,
-        RegisterCheckpointResult,
         RunJobInput,
-        RunJobResult,
         TrainInput,
         TrainResult,
         job_override,
         run_id_for,
         uri_path,
     )
-
-JOB_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=2),
-    maximum_interval=timedelta(minutes=1),
-    maximum_attempts=5,
-)
 
 
 def train_job_spec(input: TrainInput, run_id: str) -> dict[str, object]:
@@ -54,10 +53,10 @@ class TrainWorkflow:
     @workflow.run
     async def run(self, input: TrainInput) -> TrainResult:
         run_id = run_id_for(input.loop, input.cycle, "train")
-        timeout_s = float(input.profile.get("timeout_s", 6 * 3600))
+        timeout_s = float(input.profile.get("timeout_s", JOB_TIMEOUT.total_seconds()))
         image, command = job_override(input.profile, "train_job")
-        job = await workflow.execute_activity(
-            "run_job",
+        job = await workflow.execute_activity_method(
+            JobActivities.run_job,
             RunJobInput(
                 run_id=run_id,
                 loop=input.loop,
@@ -70,11 +69,10 @@ class TrainWorkflow:
                 job_image=image,
                 job_command=command,
             ),
-            result_type=RunJobResult,
             # A cancelled cycle closes only after its job is really stopped.
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             start_to_close_timeout=timedelta(seconds=timeout_s),
-            heartbeat_timeout=timedelta(seconds=60),
+            heartbeat_timeout=JOB_HEARTBEAT,
             retry_policy=JOB_RETRY,
         )
         if job.status != "succeeded":
@@ -86,17 +84,16 @@ class TrainWorkflow:
                 metrics=job.metrics,
                 error=job.error,
             )
-        checkpoint = await workflow.execute_activity(
-            "register_checkpoint",
+        checkpoint = await workflow.execute_activity_method(
+            JobActivities.register_checkpoint,
             RegisterCheckpointInput(
                 loop=input.loop,
                 run_id=run_id,
                 checkpoint_dir_uri=job.output_uri.rstrip("/") + "/checkpoint",
                 parent_checkpoint_id=input.base_checkpoint_id,
             ),
-            result_type=RegisterCheckpointResult,
-            start_to_close_timeout=timedelta(minutes=30),
-            heartbeat_timeout=timedelta(minutes=2),
+            start_to_close_timeout=INSTALL_TIMEOUT,
+            heartbeat_timeout=INSTALL_HEARTBEAT,
             retry_policy=JOB_RETRY,
         )
         return TrainResult(

@@ -145,7 +145,19 @@ async def run_worker(settings: Settings) -> None:
     from temporalio.service import RPCError
 
     from workflows.schedules import ensure_retention_schedule
+    from workflows.search_attributes import ensure_search_attributes
 
+    try:
+        added = await ensure_search_attributes(client, settings.temporal_namespace)
+        if added:
+            logger.info("registered search attributes %s", ", ".join(added))
+    except RPCError as exc:  # e.g. Temporal Cloud: created once in the namespace's settings
+        logger.error(
+            "cannot register search attributes in namespace %s (%s); create them as "
+            "docs/deploy.md shows, or workflows that set them fail their tasks",
+            settings.temporal_namespace,
+            exc,
+        )
     try:
         await ensure_retention_schedule(
             client, settings.trace_retention_days, settings.temporal_task_queue

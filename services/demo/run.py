@@ -337,7 +337,7 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
     try:
         stack.preflight()
         stack.start_servers()
-        stack.migrate_and_register()
+        stack.migrate()
         stack.start_children(log_to_files=True)
         stack.wait_api_ready()
         out(

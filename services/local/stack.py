@@ -28,7 +28,6 @@ import httpx
 
 from services.local.binaries import temporal_cli_path
 from services.settings import Settings
-from services.temporal import dev_server_search_attribute_args
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +208,6 @@ class EmbeddedTemporal:
             self.namespace,
             "--log-level",
             "warn",
-            *dev_server_search_attribute_args(),
         ]
 
     def start(self) -> None:
@@ -329,18 +327,13 @@ class Stack:
             env.setdefault("RATCHET_TEMPORAL_UI_URL", ui)
         return env
 
-    def migrate_and_register(self) -> None:
+    def migrate(self) -> None:
+        """Bring the schema up to date. Temporal needs no step here: the worker registers
+        the search attributes its workflows set when it starts."""
         from services.db.migrate import upgrade
-        from services.temporal import connect_temporal, ensure_search_attributes
 
         assert self.database_url is not None
         upgrade(self.database_url)
-
-        async def register() -> None:
-            client = await connect_temporal(self.settings)
-            await ensure_search_attributes(client, self.settings.temporal_namespace)
-
-        asyncio.run(register())
 
     def start_children(self, *, log_to_files: bool = False) -> None:
         """Run api and worker; their logs go to the terminal, or to <state>/logs/*.log."""
@@ -496,7 +489,7 @@ def run_up(settings: Settings) -> int:
     previous = signal.signal(signal.SIGTERM, request_stop)
     try:
         stack.start_servers()
-        stack.migrate_and_register()
+        stack.migrate()
         stack.start_children()
         stack.wait_api_ready()
         print(stack.banner(), flush=True)

@@ -127,7 +127,7 @@ class LiveStack:
         self.settings.logs_dir.mkdir(parents=True, exist_ok=True)
         self.stack.preflight()
         self.stack.start_servers()
-        self.stack.migrate_and_register()
+        self.stack.migrate()
         self.stack.children["api"] = self._spawn("api", self.settings.logs_dir / "api.log")
         self.start_worker()
         self.stack.wait_api_ready(timeout=120)

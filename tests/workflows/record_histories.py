@@ -21,9 +21,9 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from services.local.binaries import temporal_cli_path
-from services.temporal import SEARCH_ATTRIBUTES
 from tests.workflows.test_loop import BASE_CONFIG, LiveStats, World, make_worker, start_loop
 from workflows.retention import RetentionWorkflow
+from workflows.search_attributes import SEARCH_ATTRIBUTES
 from workflows.shared import (
     PurgeTraceBodiesInput,
     PurgeTraceBodiesResult,
@@ -41,7 +41,9 @@ async def _record(client: Client, scenario: str, world: World) -> None:
         handle = await start_loop(client, task_queue, name, max_cycles=1)
         await handle.result()
     ids = [f"loop/{name}"] + [
-        cycle_workflow_id(name, 1, stage) for stage in ("probe", "train", "evaluate", "promote")
+        # Not curate: the loop scenarios run a fake of it (its real history is curate-batches).
+        cycle_workflow_id(name, 1, stage)
+        for stage in ("probe", "train", "evaluate", "promote")
     ]
     for workflow_id in ids:
         try:
@@ -161,6 +163,20 @@ SCENARIOS: dict[str, World | None] = {
         heldout_count=40,
         config=replace(
             BASE_CONFIG,
+            eval_samples=4,
+            eval_temperature=0.7,
+            min_discordant_pairs=5,
+            last_cycle_number=0,
+        ),
+    ),
+    # Every stage through the loop's child helper (LoopWorkflow's curate-stage-helper
+    # patch), recorded with the probe and honest points on so one history has every marker.
+    "curated": World(
+        new_tasks=12,
+        heldout_count=40,
+        config=replace(
+            BASE_CONFIG,
+            difficulty_filter=True,
             eval_samples=4,
             eval_temperature=0.7,
             min_discordant_pairs=5,

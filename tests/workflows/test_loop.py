@@ -15,6 +15,7 @@ from typing import Any
 
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from tests.support import assert_eventually_async
@@ -286,7 +287,16 @@ class FakeCurateWorkflow:
         return CurateResult()
 
 
-def make_worker(client: Client, task_queue: str, world: World) -> Worker:
+@workflow.defn(name="CurateWorkflow")
+class FailingCurateWorkflow:
+    @workflow.run
+    async def run(self, input: CurateInput) -> CurateResult:
+        raise ApplicationError("the curation policy is invalid", non_retryable=True)
+
+
+def make_worker(
+    client: Client, task_queue: str, world: World, *, curate: type = FakeCurateWorkflow
+) -> Worker:
     import concurrent.futures
 
     return Worker(
@@ -298,7 +308,7 @@ def make_worker(client: Client, task_queue: str, world: World) -> Worker:
             TrainWorkflow,
             EvaluateWorkflow,
             PromoteWorkflow,
-            FakeCurateWorkflow,
+            curate,
         ],
         activities=world.activities(),
         activity_executor=concurrent.futures.ThreadPoolExecutor(8),
@@ -445,6 +455,20 @@ async def test_a_failed_probe_job_does_not_stop_the_cycle(
     assert f"{name}-c1-probe" in world.jobs and f"{name}-c1-train" in world.jobs
     assert world.probes == []  # nothing recorded: the tasks stay unprobed, so they are kept
     assert world.snapshots == 1
+
+
+async def test_a_failed_curation_fails_the_cycle_not_the_loop(
+    temporal_client: Client, task_queue: str
+) -> None:
+    """The curate stage runs through the same child helper as every stage."""
+    world = World(new_tasks=12)
+    async with make_worker(temporal_client, task_queue, world, curate=FailingCurateWorkflow):
+        result = await (await start_loop(temporal_client, task_queue, max_cycles=1)).result()
+    assert result.cycles_done == 1
+    assert world.outcomes == {1: "failed"}
+    assert world.closes[1].detail.startswith("curate failed: the curation policy is invalid")
+    assert world.jobs == [] and world.snapshots == 0
+    assert world.deployed == []
 
 
 async def test_rejected_candidate_leaves_the_champion(

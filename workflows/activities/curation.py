@@ -14,19 +14,18 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
-from services.curation import pipeline
 from services.curation import probe as probes
 from services.curation.adapters import AdapterResolver, TraceAdapter, default_resolver
 from services.curation.drift import DriftPolicyError, read_drift
 from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.curation.snapshot import SnapshotError, snapshot
-from services.curation.workers import PreparePool
 from services.db.models import Loop
 from services.db.queries import curation as q
 from services.db.session import SessionFactory
@@ -55,6 +54,12 @@ from workflows.shared import (
     SnapshotInput,
     SnapshotResult,
 )
+
+if TYPE_CHECKING:
+    # The pipeline pulls numpy, scipy and datasketch; workflow modules import this class
+    # to call its activities by reference, so those load only where a batch really runs.
+    from services.curation import pipeline
+    from services.curation.workers import PreparePool
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +106,8 @@ class CurationActivities:
                 type="InvalidInput",
                 non_retryable=True,
             )
+        from services.curation import pipeline
+
         with log_context(loop=input.loop), self._transaction() as session:
             loop = self._loop(session, input.loop)
             policy = _policy(loop)

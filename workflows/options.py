@@ -1,0 +1,86 @@
+"""Every retry policy and activity timeout the workflows use, defined once.
+
+A workflow picks a preset by what its activity does (a short database transaction, a job, a
+deploy, a curation batch, a purge), so the same kind of call retries the same way in every
+workflow. Retry policies and timeouts are not part of a history's determinism check, so a
+preset can be tuned without breaking running workflows; the architecture test allows
+``RetryPolicy(...)`` nowhere else under ``workflows/``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy
+
+# Database transactions --------------------------------------------------------------------
+
+# One small transaction (a lookup, a row written): a minute is ample even on a busy database.
+SHORT_TIMEOUT = timedelta(seconds=60)
+# A transaction that reads or writes a whole split (a snapshot, a task export, a rollback).
+LONG_DB_TIMEOUT = timedelta(minutes=10)
+# Reading a job's per-task results file and storing them.
+RESULTS_TIMEOUT = timedelta(minutes=5)
+# Activities raise errors no retry can fix as non-retryable; the rest (a database restart,
+# a lost connection) are retried until the database is back.
+DB_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+)
+# The canary's bookkeeping: retried like DB_RETRY, but a promotion that cannot record its
+# status after ten attempts fails instead of holding a half-deployed model forever.
+BOUNDED_DB_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10,
+)
+
+# Jobs -------------------------------------------------------------------------------------
+
+# A job's bound: eval and probe jobs always, training when its profile names no ``timeout_s``.
+JOB_TIMEOUT = timedelta(hours=6)
+# The job activity heartbeats while it follows the job, so a dead worker is noticed soon.
+JOB_HEARTBEAT = timedelta(seconds=60)
+# Job runs adopt the job an earlier attempt started, so a retry never starts a second one.
+JOB_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=5,
+)
+
+# Checkpoints and serving ------------------------------------------------------------------
+
+# Installing a checkpoint (copy + hash) or deploying one (a rollout, a model load).
+INSTALL_TIMEOUT = timedelta(minutes=30)
+# Both heartbeat while they copy or wait.
+INSTALL_HEARTBEAT = timedelta(minutes=2)
+# A deploy that fails three times is a failed promotion; the previous champion is restored.
+DEPLOY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+)
+
+# Curation ---------------------------------------------------------------------------------
+
+# A batch is one transaction of a few seconds that heartbeats between its steps, so a worker
+# that died mid-batch is noticed within the heartbeat timeout and the batch retried elsewhere.
+CURATE_BATCH_TIMEOUT = timedelta(minutes=10)
+CURATE_BATCH_HEARTBEAT = timedelta(seconds=10)
+CURATE_BATCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=1),
+    non_retryable_error_types=["InvalidInput", "InvalidPolicy", "NotFound", "UnknownEnvironment"],
+)
+
+# Retention --------------------------------------------------------------------------------
+
+# One purge walks every expired body in batches, heartbeating between them.
+PURGE_TIMEOUT = timedelta(hours=1)
+PURGE_HEARTBEAT = timedelta(minutes=2)
+PURGE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=5),
+    maximum_attempts=10,
+)

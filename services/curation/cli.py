@@ -90,7 +90,7 @@ def _session() -> Iterator[Session]:
 
 
 def _loop(session: Session, name: str) -> Loop:
-    loop = q.loop_by_name(session, name=name)
+    loop = q.loop_by_name(session=session, name=name)
     if loop is None:
         raise CliError(f"no loop named {name!r}; `ratchet loop list` shows the loops", exit_code=1)
     return loop
@@ -118,7 +118,7 @@ def _task_summary(task: Task) -> dict[str, Any]:
 def _tasks_list(args: argparse.Namespace) -> int:
     with _session() as session:
         loop = _loop(session, args.loop)
-        tasks = q.list_tasks(session, loop_id=loop.id, split=args.split, limit=args.limit)
+        tasks = q.list_tasks(session=session, loop_id=loop.id, split=args.split, limit=args.limit)
         if args.json:
             _print_json([_task_summary(t) for t in tasks])
             return 0
@@ -136,10 +136,10 @@ def _tasks_list(args: argparse.Namespace) -> int:
 
 def _tasks_show(args: argparse.Namespace) -> int:
     with _session() as session:
-        task = q.get_task(session, task_id=args.task_id)
+        task = q.get_task(session=session, task_id=args.task_id)
         if task is None:
             raise CliError(f"no task {args.task_id}", exit_code=1)
-        sources = q.task_sources(session, task_id=task.id)
+        sources = q.task_sources(session=session, task_id=task.id)
         detail = {
             **_task_summary(task),
             "failure_signature": task.failure_signature,
@@ -166,7 +166,7 @@ def _tasks_show(args: argparse.Namespace) -> int:
 def _tasks_pin(args: argparse.Namespace) -> int:
     with _session() as session:
         loop = _loop(session, args.loop)
-        pinned = q.pin_tasks(session, loop_id=loop.id, task_ids=args.task_ids)
+        pinned = q.pin_tasks(session=session, loop_id=loop.id, task_ids=args.task_ids)
         refused = sorted(set(args.task_ids) - set(pinned))
         if refused:  # raising rolls the whole pin back
             raise CliError(
@@ -196,7 +196,7 @@ def _dataset_summary(dataset: Dataset) -> dict[str, Any]:
 def _datasets_list(args: argparse.Namespace) -> int:
     with _session() as session:
         loop = _loop(session, args.loop)
-        datasets = q.list_datasets(session, loop_id=loop.id, limit=args.limit)
+        datasets = q.list_datasets(session=session, loop_id=loop.id, limit=args.limit)
         if args.json:
             _print_json([_dataset_summary(d) for d in datasets])
             return 0
@@ -212,7 +212,7 @@ def _datasets_list(args: argparse.Namespace) -> int:
 
 
 def _dataset(session: Session, dataset_id: int) -> Dataset:
-    dataset = q.get_dataset(session, dataset_id=dataset_id)
+    dataset = q.get_dataset(session=session, dataset_id=dataset_id)
     if dataset is None:
         raise CliError(f"no dataset {dataset_id}", exit_code=1)
     return dataset
@@ -222,7 +222,7 @@ def _datasets_show(args: argparse.Namespace) -> int:
     with _session() as session:
         dataset = _dataset(session, args.dataset_id)
         summary = _dataset_summary(dataset)
-        lineage = q.dataset_lineage(session, dataset_id=dataset.id)
+        lineage = q.dataset_lineage(session=session, dataset_id=dataset.id)
         summary["source_traces"] = len({trace for _, _, trace in lineage})
         if args.json:
             _print_json(summary)

@@ -107,7 +107,7 @@ def curate_batch(
         raise ValueError("limit must be at least 1")
     report = BatchReport()
     with report.timed("lock"):
-        traces = q.lock_uncurated_traces(session, loop_id=loop.id, limit=limit)
+        traces = q.lock_uncurated_traces(session=session, loop_id=loop.id, limit=limit)
     report.traces_seen = len(traces)
     report.more = len(traces) == limit
     if not traces:
@@ -121,7 +121,7 @@ def curate_batch(
         # written here (see PreparePool.prefetch); the next batch checks every row.
         with report.timed("lock"):
             upcoming = q.peek_uncurated_traces(
-                session, loop_id=loop.id, after_id=traces[-1].id, limit=limit
+                session=session, loop_id=loop.id, after_id=traces[-1].id, limit=limit
             )
         pool.prefetch(replace(job, traces=upcoming))
     verdicts: dict[int, q.Verdict] = {}
@@ -148,7 +148,7 @@ def curate_batch(
     )
     heartbeat()
     with report.timed("write"):
-        q.mark_traces_curated(session, verdicts=[verdicts[t.id] for t in traces])
+        q.mark_traces_curated(session=session, verdicts=[verdicts[t.id] for t in traces])
     return report
 
 
@@ -167,7 +167,7 @@ def _store(
     for item in prepared:
         groups[item.key].append(item)
     with report.timed("lookup"):
-        existing = q.tasks_by_content_hash(session, loop_id=loop.id, hashes=list(groups))
+        existing = q.tasks_by_content_hash(session=session, loop_id=loop.id, hashes=list(groups))
     increments: Counter[int] = Counter()
     sources: list[tuple[int, int, str]] = []
     for key, items in groups.items():
@@ -188,7 +188,7 @@ def _store(
     bands = {task.key: band_keys(task.signature) for task in new_tasks}
     with report.timed("lookup"):
         neighbours = q.lsh_neighbours(
-            session,
+            session=session,
             loop_id=loop.id,
             bands=[band for task_bands in bands.values() for band in task_bands],
             per_bucket=NEIGHBOURS_PER_BUCKET,
@@ -228,7 +228,7 @@ def _store(
     )
     heartbeat()
     with report.timed("write"):
-        ids = q.insert_tasks(session, rows=rows)
+        ids = q.insert_tasks(session=session, rows=rows)
     report.tasks_created = len(kept)
     report.new_train_tasks = sum(1 for row in rows if row.split == "train")
     for row in rows:
@@ -265,13 +265,13 @@ def _store(
         report.duplicates += len(fresh[key])
     heartbeat()
     with report.timed("write"):
-        q.add_task_weights(session, increments=increments)
+        q.add_task_weights(session=session, increments=increments)
         q.insert_lsh_buckets(
-            session,
+            session=session,
             loop_id=loop.id,
             rows=[(band, bucket, ids[key]) for key in kept for band, bucket in bands[key]],
         )
-        q.insert_task_sources(session, rows=sources)
+        q.insert_task_sources(session=session, rows=sources)
 
 
 _VERIFIER_KEYS: dict[str, str] = {}
@@ -306,8 +306,8 @@ def _task_rows(
 ) -> list[q.NewTaskRow]:
     clusters = sorted({decisions[key].cluster_id for key in kept})
     with report.timed("lookup"):
-        stored_splits = q.cluster_splits(session, loop_id=loop.id, cluster_ids=clusters)
-        heldout = q.heldout_count(session, loop_id=loop.id)
+        stored_splits = q.cluster_splits(session=session, loop_id=loop.id, cluster_ids=clusters)
+        heldout = q.heldout_count(session=session, loop_id=loop.id)
     assigner = SplitAssigner(
         cluster_splits={c: _cluster_split(s) for c, s in stored_splits.items()},
         heldout_count=heldout,

@@ -78,12 +78,12 @@ def export_unprobed(
     if path.is_file():
         return ProbeExport(path, _task_ids_in(path))
     with session_factory.begin() as session:
-        loop = q.loop_by_name(session, name=loop_name)
+        loop = q.loop_by_name(session=session, name=loop_name)
         if loop is None:
             raise ProbeError(f"loop {loop_name!r} does not exist")
         policy = CurationPolicy.from_json(loop.curation_policy)
         limit = min(max_tasks, policy.max_train_tasks)
-        members = q.unprobed_train_members(session, loop_id=loop.id, limit=limit)
+        members = q.unprobed_train_members(session=session, loop_id=loop.id, limit=limit)
         if not members:
             return ProbeExport(None, [])
         members = sorted(members, key=lambda m: m.content_hash)
@@ -119,7 +119,7 @@ def pass_rates(
         counts = probe_counts(rows)
     except ValueError as exc:
         raise ProbeError(f"probe results: {exc}") from exc
-    ids = q.task_ids_by_spec_id(session, loop_id=loop_id, spec_ids=counts, among=task_ids)
+    ids = q.task_ids_by_spec_id(session=session, loop_id=loop_id, spec_ids=counts, among=task_ids)
     unknown = sorted(set(counts) - set(ids))
     if unknown:
         raise ProbeError(

@@ -114,13 +114,13 @@ def snapshot(
     with session_factory.begin() as session:
         # One consistent view of the tasks, even while curation keeps adding some.
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        loop = q.loop_by_name(session, name=loop_name)
+        loop = q.loop_by_name(session=session, name=loop_name)
         if loop is None:
             raise SnapshotError(f"loop {loop_name!r} does not exist")
         policy = CurationPolicy.from_json(loop.curation_policy)
         selection = _select(session, loop=loop, policy=policy)
         content_hash = selection.content_hash()
-        existing = q.dataset_by_hash(session, loop_id=loop.id, content_hash=content_hash)
+        existing = q.dataset_by_hash(session=session, loop_id=loop.id, content_hash=content_hash)
         if existing is not None:
             _check_files(existing)
             return _as_snapshot(existing, created=False)
@@ -138,7 +138,7 @@ def snapshot(
             "manifest_uri": path_to_uri(directory / "manifest.json"),
         }
         dataset_id = q.insert_dataset(
-            session,
+            session=session,
             values={
                 "loop_id": loop.id,
                 "content_hash": content_hash,
@@ -154,12 +154,12 @@ def snapshot(
             },
         )
         if dataset_id is None:  # a concurrent snapshot with the same content won the insert
-            raced = q.dataset_by_hash(session, loop_id=loop.id, content_hash=content_hash)
+            raced = q.dataset_by_hash(session=session, loop_id=loop.id, content_hash=content_hash)
             if raced is None:
                 raise SnapshotError(f"dataset {content_hash[:12]} vanished during the snapshot")
             return _as_snapshot(raced, created=False)
         q.insert_dataset_tasks(
-            session,
+            session=session,
             dataset_id=dataset_id,
             members=[
                 (m.task_id, split) for split, members in selection.members.items() for m in members
@@ -191,7 +191,7 @@ def snapshot(
 
 
 def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selection:
-    train = q.split_members(session, loop_id=loop.id, split="train")
+    train = q.split_members(session=session, loop_id=loop.id, split="train")
     if policy.difficulty_filter:
         chosen = select_by_difficulty({m.task_id: m.probe_pass_rate for m in train})
         difficulty = chosen.counts()
@@ -199,14 +199,16 @@ def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selecti
     else:
         difficulty = {"kept": len(train), "too_easy": 0, "too_hard": 0, "unprobed": 0}
     train = weighted_sample(train, policy.max_train_tasks)
-    evaluation = q.split_members(session, loop_id=loop.id, split="eval")[: policy.max_eval_tasks]
-    regression_all = q.split_members(session, loop_id=loop.id, split="regression")
+    evaluation = q.split_members(session=session, loop_id=loop.id, split="eval")[
+        : policy.max_eval_tasks
+    ]
+    regression_all = q.split_members(session=session, loop_id=loop.id, split="regression")
     pinned = [m for m in regression_all if m.pinned]
     room = max(policy.max_regression_tasks - len(pinned), 0)
     regression = pinned + [m for m in regression_all if not m.pinned][:room]
-    heldout = q.split_members(session, loop_id=loop.id, split="heldout")
+    heldout = q.split_members(session=session, loop_id=loop.id, split="heldout")
     crossing = q.clusters_crossing_train_line(
-        session, loop_id=loop.id, train_ids=[m.task_id for m in train]
+        session=session, loop_id=loop.id, train_ids=[m.task_id for m in train]
     )
     if crossing:
         raise SnapshotError(
@@ -293,7 +295,7 @@ def task_lines(
     memory stays flat for large files (datasets and the probe's task file)."""
     for start in range(0, len(members), _CHUNK):
         chunk = members[start : start + _CHUNK]
-        contents = q.task_contents(session, task_ids=[m.task_id for m in chunk])
+        contents = q.task_contents(session=session, task_ids=[m.task_id for m in chunk])
         for member in chunk:
             yield _task_line(member, split, contents[member.task_id])
 

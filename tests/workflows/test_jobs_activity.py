@@ -526,18 +526,18 @@ async def test_a_job_runs_on_the_executor_its_cycle_started_with(
     )
 
     with world.sessions.begin() as session:
-        loop = get_loop(session, name=world.loop)
+        loop = get_loop(session=session, name=world.loop)
         assert loop is not None
-        record_config_version(session, loop=loop, changes=[], changed_by="test")
+        record_config_version(session=session, loop=loop, changes=[], changed_by="test")
     with world.sessions.begin() as session:
-        loop = get_loop(session, name=world.loop)
+        loop = get_loop(session=session, name=world.loop)
         assert loop is not None
         session.add(Cycle(loop_id=loop.id, number=1, trigger="operator"))
     with world.sessions.begin() as session:
-        loop = get_loop(session, name=world.loop)
+        loop = get_loop(session=session, name=world.loop)
         assert loop is not None
         config = {**config_document(loop), "executor": "kubernetes"}
-        update_loop_config(session, loop=loop, config=config, changed_by="test")
+        update_loop_config(session=session, loop=loop, config=config, changed_by="test")
 
     input = world.job_input()
     async with worker(temporal_client, task_queue, world.activities(SUCCEED)):

@@ -105,13 +105,15 @@ async def test_a_change_during_a_cycle_applies_from_the_next_cycle(
 
     def change_the_loop() -> None:
         with session_factory.begin() as session:
-            loop = get_loop(session, name=name)
+            loop = get_loop(session=session, name=name)
             assert loop is not None
             config = config_document(loop)
             config["gate_policy"] = {**config["gate_policy"], "confidence": 0.99}
             config["training_profile"] = {"hyperparameters": {"steps": 20}}
             config["trigger_policy"] = {**config["trigger_policy"], "min_new_tasks": 4}
-            update = update_loop_config(session, loop=loop, config=config, changed_by="test")
+            update = update_loop_config(
+                session=session, loop=loop, config=config, changed_by="test"
+            )
             assert update.version is not None and update.version.version == 2
         world.new_tasks = 5  # enough for the new trigger (4), not for the old one (8)
 

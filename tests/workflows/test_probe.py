@@ -159,7 +159,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
     tasks = task_by_question(session_factory, name)
     with session_factory.begin() as session:
         q.record_probe_results(
-            session, loop_id=tasks["always"].loop_id, pass_rates={tasks["always"].id: 1.0}
+            session=session, loop_id=tasks["always"].loop_id, pass_rates={tasks["always"].id: 1.0}
         )
     env = ActivityEnvironment()
     run_id = f"{name}-c1-probe"
@@ -178,7 +178,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
     # A retry returns the file the first attempt wrote, even after the tasks changed.
     with session_factory.begin() as session:
         q.record_probe_results(
-            session, loop_id=tasks["never"].loop_id, pass_rates={tasks["never"].id: 0.0}
+            session=session, loop_id=tasks["never"].loop_id, pass_rates={tasks["never"].id: 0.0}
         )
     again = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, run_id))
     assert (again.task_uri, again.task_ids) == (first.task_uri, first.task_ids)
@@ -189,7 +189,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
     assert other.task_ids == [tasks["mixed"].id]
     with session_factory.begin() as session:
         q.record_probe_results(
-            session, loop_id=tasks["mixed"].loop_id, pass_rates={tasks["mixed"].id: 0.5}
+            session=session, loop_id=tasks["mixed"].loop_id, pass_rates={tasks["mixed"].id: 0.5}
         )
     none = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, f"{name}-c3-probe"))
     assert (none.task_uri, none.count, none.task_ids) == (None, 0, [])
@@ -390,7 +390,7 @@ async def test_the_loop_probes_and_the_snapshot_keeps_only_mixed_tasks(
     spec_ids = [t.spec["task_id"] for t in tasks.values()]
     with session_factory() as session:
         in_dataset = q.task_ids_by_spec_id(
-            session, loop_id=dataset.loop_id, spec_ids=spec_ids, dataset_id=dataset.id
+            session=session, loop_id=dataset.loop_id, spec_ids=spec_ids, dataset_id=dataset.id
         )
     assert in_dataset == {tasks["mixed"].spec["task_id"]: tasks["mixed"].id}
 

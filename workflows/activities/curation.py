@@ -192,9 +192,9 @@ class CurationActivities:
             policy = _policy(loop)
             return PendingWorkResult(
                 new_train_tasks=q.count_new_train_tasks(
-                    session, loop_id=loop.id, difficulty_filter=policy.difficulty_filter
+                    session=session, loop_id=loop.id, difficulty_filter=policy.difficulty_filter
                 ),
-                uncurated_traces=q.count_uncurated_traces(session, loop_id=loop.id),
+                uncurated_traces=q.count_uncurated_traces(session=session, loop_id=loop.id),
             )
 
     # Difficulty probe -----------------------------------------------------------------------
@@ -277,7 +277,9 @@ class CurationActivities:
             )
         with log_context(loop=input.loop), self._transaction() as session:
             loop = self._loop(session, input.loop)
-            updated = q.record_probe_results(session, loop_id=loop.id, pass_rates=input.pass_rates)
+            updated = q.record_probe_results(
+                session=session, loop_id=loop.id, pass_rates=input.pass_rates
+            )
         logger.info("recorded %d probe pass rates of %s", updated, input.loop)
         return RecordProbesResult(updated=updated)
 
@@ -289,7 +291,7 @@ class CurationActivities:
             yield session
 
     def _loop(self, session: Session, name: str) -> Loop:
-        loop = q.loop_by_name(session, name=name)
+        loop = q.loop_by_name(session=session, name=name)
         if loop is None:
             raise ApplicationError(
                 f"loop {name!r} does not exist", type="NotFound", non_retryable=True
@@ -306,7 +308,7 @@ class CurationActivities:
 
     def _wait_for_lock(self, session: Session, loop_id: int) -> None:
         """Wait (heartbeating) until no other batch of this loop is running."""
-        while not q.try_lock_loop_curation(session, loop_id=loop_id):
+        while not q.try_lock_loop_curation(session=session, loop_id=loop_id):
             activity.heartbeat()
             time.sleep(self._lock_poll_s)
 

@@ -508,7 +508,7 @@ def _cycle_executor(session: Any, loop: Loop, cycle_id: int | None) -> str:
     cycle = session.get(Cycle, cycle_id) if cycle_id is not None else None
     if cycle is None:
         return str(loop.executor)
-    config = config_at(session, loop_id=loop.id, at=cycle.started_at)
+    config = config_at(session=session, loop_id=loop.id, at=cycle.started_at)
     if config is None or not config.get("executor"):
         return str(loop.executor)
     return str(config["executor"])

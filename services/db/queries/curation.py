@@ -95,11 +95,11 @@ def _texts(values: Sequence[str]) -> BindParameter[Any]:
 # Loops ----------------------------------------------------------------------------------------
 
 
-def loop_by_name(session: Session, *, name: str) -> Loop | None:
+def loop_by_name(*, session: Session, name: str) -> Loop | None:
     return session.scalars(select(Loop).where(Loop.name == name)).one_or_none()
 
 
-def try_lock_loop_curation(session: Session, *, loop_id: int) -> bool:
+def try_lock_loop_curation(*, session: Session, loop_id: int) -> bool:
     """Take the loop's curation lock for this transaction, without waiting.
 
     Batches of one loop run one at a time so every batch sees the tasks of the one before
@@ -127,7 +127,7 @@ _TRACE_ROW_COLUMNS = (
 )
 
 
-def lock_uncurated_traces(session: Session, *, loop_id: int, limit: int) -> list[TraceRow]:
+def lock_uncurated_traces(*, session: Session, loop_id: int, limit: int) -> list[TraceRow]:
     """The oldest uncurated traces of a loop, locked; rows another batch holds are skipped."""
     rows = session.execute(
         select(*_TRACE_ROW_COLUMNS)
@@ -140,7 +140,7 @@ def lock_uncurated_traces(session: Session, *, loop_id: int, limit: int) -> list
 
 
 def peek_uncurated_traces(
-    session: Session, *, loop_id: int, after_id: int, limit: int
+    *, session: Session, loop_id: int, after_id: int, limit: int
 ) -> list[TraceRow]:
     """The next uncurated traces after ``after_id``, read without locking them: what the
     loop's next batch will most likely lock (curation prepares them ahead of time and
@@ -154,7 +154,7 @@ def peek_uncurated_traces(
     return [TraceRow(*row) for row in rows]
 
 
-def mark_traces_curated(session: Session, *, verdicts: Sequence[Verdict]) -> None:
+def mark_traces_curated(*, session: Session, verdicts: Sequence[Verdict]) -> None:
     """Stamp ``curated_at`` and the verdict on each trace (same transaction as its task)."""
     if not verdicts:
         return
@@ -180,7 +180,7 @@ def mark_traces_curated(session: Session, *, verdicts: Sequence[Verdict]) -> Non
 
 
 def tasks_by_content_hash(
-    session: Session, *, loop_id: int, hashes: Sequence[str]
+    *, session: Session, loop_id: int, hashes: Sequence[str]
 ) -> dict[str, ExistingTask]:
     if not hashes:
         return {}
@@ -193,8 +193,8 @@ def tasks_by_content_hash(
 
 
 def lsh_neighbours(
-    session: Session,
     *,
+    session: Session,
     loop_id: int,
     bands: Sequence[tuple[int, bytes]],
     per_bucket: int,
@@ -245,7 +245,7 @@ def lsh_neighbours(
     return [NeighbourRow(row[0], row[1], row[2], bytes(row[3]), row[4]) for row in rows]
 
 
-def cluster_splits(session: Session, *, loop_id: int, cluster_ids: Sequence[str]) -> dict[str, str]:
+def cluster_splits(*, session: Session, loop_id: int, cluster_ids: Sequence[str]) -> dict[str, str]:
     """The train/eval/held-out split of each stored cluster among ``cluster_ids``.
 
     One index probe per cluster (``loop_id, cluster_id``), so the cost does not grow with the
@@ -276,7 +276,7 @@ def cluster_splits(session: Session, *, loop_id: int, cluster_ids: Sequence[str]
     return out
 
 
-def heldout_count(session: Session, *, loop_id: int) -> int:
+def heldout_count(*, session: Session, loop_id: int) -> int:
     return int(
         session.execute(
             select(func.count()).where(Task.loop_id == loop_id, Task.split == "heldout")
@@ -307,7 +307,7 @@ _TASK_COLUMNS = (
 )
 
 
-def insert_tasks(session: Session, *, rows: Sequence[NewTaskRow]) -> dict[str, int]:
+def insert_tasks(*, session: Session, rows: Sequence[NewTaskRow]) -> dict[str, int]:
     """Insert task rows with ``COPY``; returns ``{content hash: task id}``.
 
     Ids are drawn from the table's sequence first, one per row in row order, so they are
@@ -354,7 +354,7 @@ def _copy(session: Session, statement: str) -> Iterator[psycopg.Copy]:
         yield copy
 
 
-def add_task_weights(session: Session, *, increments: Mapping[int, int]) -> None:
+def add_task_weights(*, session: Session, increments: Mapping[int, int]) -> None:
     """Raise the weight of kept tasks by the number of duplicates folded into them."""
     if not increments:
         return
@@ -370,7 +370,7 @@ def add_task_weights(session: Session, *, increments: Mapping[int, int]) -> None
     )
 
 
-def insert_task_sources(session: Session, *, rows: Sequence[tuple[int, int, str]]) -> None:
+def insert_task_sources(*, session: Session, rows: Sequence[tuple[int, int, str]]) -> None:
     """Link tasks to the traces they came from: ``(task_id, trace_id, relation)``.
 
     The traces are this batch's own (locked, uncurated), so no row can exist already.
@@ -383,7 +383,7 @@ def insert_task_sources(session: Session, *, rows: Sequence[tuple[int, int, str]
 
 
 def insert_lsh_buckets(
-    session: Session, *, loop_id: int, rows: Sequence[tuple[int, bytes, int]]
+    *, session: Session, loop_id: int, rows: Sequence[tuple[int, bytes, int]]
 ) -> None:
     """Persist LSH bands: ``(band, bucket, task_id)`` for tasks of ``loop_id``.
 
@@ -396,7 +396,7 @@ def insert_lsh_buckets(
             copy.write_row((loop_id, band, bucket, task_id))
 
 
-def record_probe_results(session: Session, *, loop_id: int, pass_rates: Mapping[int, float]) -> int:
+def record_probe_results(*, session: Session, loop_id: int, pass_rates: Mapping[int, float]) -> int:
     """Store the champion's probe pass rate on tasks of a loop; returns rows updated."""
     if not pass_rates:
         return 0
@@ -414,7 +414,7 @@ def record_probe_results(session: Session, *, loop_id: int, pass_rates: Mapping[
     return int(getattr(result, "rowcount", 0) or 0)
 
 
-def pin_tasks(session: Session, *, loop_id: int, task_ids: Sequence[int]) -> list[int]:
+def pin_tasks(*, session: Session, loop_id: int, task_ids: Sequence[int]) -> list[int]:
     """Put tasks into the pinned regression suite (never trained on); returns ids changed.
 
     Held-out tasks cannot be pinned: the held-out set is frozen.
@@ -431,8 +431,8 @@ def pin_tasks(session: Session, *, loop_id: int, task_ids: Sequence[int]) -> lis
 
 
 def list_tasks(
-    session: Session,
     *,
+    session: Session,
     loop_id: int,
     split: str | None = None,
     limit: int = 50,
@@ -444,7 +444,7 @@ def list_tasks(
     return list(session.scalars(query.order_by(Task.id.desc()).limit(limit).offset(offset)))
 
 
-def task_sources(session: Session, *, task_id: int) -> list[tuple[int, str, str]]:
+def task_sources(*, session: Session, task_id: int) -> list[tuple[int, str, str]]:
     """``(trace id, external id, relation)`` of every trace behind a task."""
     rows = session.execute(
         select(Trace.id, Trace.external_id, TaskSource.relation)
@@ -458,7 +458,7 @@ def task_sources(session: Session, *, task_id: int) -> list[tuple[int, str, str]
 # Pending work and drift ---------------------------------------------------------------------
 
 
-def count_new_train_tasks(session: Session, *, loop_id: int, difficulty_filter: bool = True) -> int:
+def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: bool = True) -> int:
     """Train tasks no dataset holds yet (and, with the filter on, that it would keep)."""
     return int(
         session.execute(
@@ -476,7 +476,7 @@ def count_new_train_tasks(session: Session, *, loop_id: int, difficulty_filter: 
     )
 
 
-def count_uncurated_traces(session: Session, *, loop_id: int) -> int:
+def count_uncurated_traces(*, session: Session, loop_id: int) -> int:
     return int(
         session.execute(
             select(func.count()).where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
@@ -484,7 +484,7 @@ def count_uncurated_traces(session: Session, *, loop_id: int) -> int:
     )
 
 
-def latest_model_version(session: Session, *, loop_id: int) -> str | None:
+def latest_model_version(*, session: Session, loop_id: int) -> str | None:
     """The model version of the loop's most recently received trace (the one serving)."""
     row = session.execute(
         select(Trace.model_version)
@@ -496,8 +496,8 @@ def latest_model_version(session: Session, *, loop_id: int) -> str | None:
 
 
 def failure_window(
-    session: Session,
     *,
+    session: Session,
     loop_id: int,
     model_version: str,
     window: int,
@@ -547,7 +547,7 @@ class SplitMember:
     pinned: bool
 
 
-def split_members(session: Session, *, loop_id: int, split: str) -> list[SplitMember]:
+def split_members(*, session: Session, loop_id: int, split: str) -> list[SplitMember]:
     """Candidates for one split of a dataset, newest first.
 
     ``train`` and ``eval`` exclude pinned tasks; ``regression`` is the regression split plus
@@ -565,7 +565,7 @@ def split_members(session: Session, *, loop_id: int, split: str) -> list[SplitMe
     return [SplitMember(*row) for row in session.execute(query).all()]
 
 
-def unprobed_train_members(session: Session, *, loop_id: int, limit: int) -> list[SplitMember]:
+def unprobed_train_members(*, session: Session, loop_id: int, limit: int) -> list[SplitMember]:
     """The newest ``limit`` train tasks (not pinned) that have no probe pass rate yet."""
     query = (
         select(Task.id, Task.content_hash, Task.weight, Task.probe_pass_rate, Task.pinned)
@@ -582,8 +582,8 @@ def unprobed_train_members(session: Session, *, loop_id: int, limit: int) -> lis
 
 
 def task_ids_by_spec_id(
-    session: Session,
     *,
+    session: Session,
     loop_id: int,
     spec_ids: Iterable[str],
     dataset_id: int | None = None,
@@ -617,7 +617,7 @@ class TaskContent:
     sources: list[int]
 
 
-def task_contents(session: Session, *, task_ids: Sequence[int]) -> dict[int, TaskContent]:
+def task_contents(*, session: Session, task_ids: Sequence[int]) -> dict[int, TaskContent]:
     """Spec, cluster and source trace ids of each task (what a task file line holds)."""
     if not task_ids:
         return {}
@@ -635,7 +635,7 @@ def task_contents(session: Session, *, task_ids: Sequence[int]) -> dict[int, Tas
 
 
 def clusters_crossing_train_line(
-    session: Session, *, loop_id: int, train_ids: Sequence[int]
+    *, session: Session, loop_id: int, train_ids: Sequence[int]
 ) -> list[str]:
     """Clusters that hold both a task in ``train_ids`` and an eval or held-out task.
 
@@ -659,13 +659,13 @@ def clusters_crossing_train_line(
     return [row[0] for row in rows]
 
 
-def dataset_by_hash(session: Session, *, loop_id: int, content_hash: str) -> Dataset | None:
+def dataset_by_hash(*, session: Session, loop_id: int, content_hash: str) -> Dataset | None:
     return session.scalars(
         select(Dataset).where(Dataset.loop_id == loop_id, Dataset.content_hash == content_hash)
     ).one_or_none()
 
 
-def insert_dataset(session: Session, *, values: Mapping[str, Any]) -> int | None:
+def insert_dataset(*, session: Session, values: Mapping[str, Any]) -> int | None:
     """Insert a dataset row; None when one with the same (loop, content hash) exists."""
     result = session.execute(
         text(
@@ -686,7 +686,7 @@ def insert_dataset(session: Session, *, values: Mapping[str, Any]) -> int | None
 
 
 def insert_dataset_tasks(
-    session: Session, *, dataset_id: int, members: Sequence[tuple[int, str]]
+    *, session: Session, dataset_id: int, members: Sequence[tuple[int, str]]
 ) -> None:
     """Record membership ``(task_id, split)`` of a new dataset."""
     if not members:
@@ -706,7 +706,7 @@ def insert_dataset_tasks(
     )
 
 
-def dataset_lineage(session: Session, *, dataset_id: int) -> list[tuple[int, str, int]]:
+def dataset_lineage(*, session: Session, dataset_id: int) -> list[tuple[int, str, int]]:
     """``(task id, split, trace id)`` for every trace behind every task of a dataset."""
     rows = session.execute(
         select(DatasetTask.task_id, DatasetTask.split, TaskSource.trace_id)
@@ -717,7 +717,7 @@ def dataset_lineage(session: Session, *, dataset_id: int) -> list[tuple[int, str
     return [(row[0], row[1], row[2]) for row in rows]
 
 
-def dataset_split_counts(session: Session, *, dataset_id: int) -> dict[str, int]:
+def dataset_split_counts(*, session: Session, dataset_id: int) -> dict[str, int]:
     rows = session.execute(
         select(DatasetTask.split, func.count())
         .where(DatasetTask.dataset_id == dataset_id)
@@ -726,7 +726,7 @@ def dataset_split_counts(session: Session, *, dataset_id: int) -> dict[str, int]
     return {row[0]: int(row[1]) for row in rows}
 
 
-def list_datasets(session: Session, *, loop_id: int, limit: int = 50) -> list[Dataset]:
+def list_datasets(*, session: Session, loop_id: int, limit: int = 50) -> list[Dataset]:
     return list(
         session.scalars(
             select(Dataset)
@@ -737,9 +737,9 @@ def list_datasets(session: Session, *, loop_id: int, limit: int = 50) -> list[Da
     )
 
 
-def get_dataset(session: Session, *, dataset_id: int) -> Dataset | None:
+def get_dataset(*, session: Session, dataset_id: int) -> Dataset | None:
     return session.get(Dataset, dataset_id)
 
 
-def get_task(session: Session, *, task_id: int) -> Task | None:
+def get_task(*, session: Session, task_id: int) -> Task | None:
     return session.get(Task, task_id)

@@ -236,7 +236,9 @@ def record_evaluation(
         return existing
     rows = list(results)
     hashes = {str(row["task_id"]) for row in rows}
-    task_ids = task_ids_by_spec_id(session, loop_id=loop.id, spec_ids=hashes, dataset_id=dataset_id)
+    task_ids = task_ids_by_spec_id(
+        session=session, loop_id=loop.id, spec_ids=hashes, dataset_id=dataset_id
+    )
     missing = hashes - set(task_ids)
     if missing:
         raise NotFound(

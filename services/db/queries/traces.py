@@ -69,20 +69,20 @@ INSERT_TRACE_SQL = (
 )
 
 
-def get_trace(session: Session, *, loop_id: int, external_id: str) -> Trace | None:
+def get_trace(*, session: Session, loop_id: int, external_id: str) -> Trace | None:
     return session.scalar(
         select(Trace).where(Trace.loop_id == loop_id, Trace.external_id == external_id)
     )
 
 
-def count_traces(session: Session, *, loop_id: int) -> int:
+def count_traces(*, session: Session, loop_id: int) -> int:
     return (
         session.scalar(select(func.count()).select_from(Trace).where(Trace.loop_id == loop_id)) or 0
     )
 
 
 def existing_external_ids(
-    session: Session, *, loop_id: int, external_ids: Sequence[str]
+    *, session: Session, loop_id: int, external_ids: Sequence[str]
 ) -> set[str]:
     """Which of ``external_ids`` are stored for the loop."""
     if not external_ids:

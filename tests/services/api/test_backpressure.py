@@ -82,7 +82,7 @@ def test_postgres_down_is_503_with_retry_after_and_health_stays_up(
     with session_factory() as session:
         loop_id = _loop_id(session_factory, loop["name"])
         found = existing_external_ids(
-            session, loop_id=loop_id, external_ids=["before", "during", "during-2", "after"]
+            session=session, loop_id=loop_id, external_ids=["before", "during", "during-2", "after"]
         )
     assert found == {"before", "after"}
 
@@ -97,7 +97,7 @@ def _loop_id(session_factory: SessionFactory, name: str) -> int:
     from services.db.queries.loops import get_loop
 
     with session_factory() as session:
-        loop = get_loop(session, name=name)
+        loop = get_loop(session=session, name=name)
         assert loop is not None
         return loop.id
 

@@ -93,7 +93,7 @@ def test_every_acknowledged_trace_survives_kill_9(
         )
         assert response.status_code == 200
     with session_factory() as session:
-        stored = existing_external_ids(session, loop_id=loop_id, external_ids=acked)
+        stored = existing_external_ids(session=session, loop_id=loop_id, external_ids=acked)
     missing = sorted(set(acked) - stored)
     assert len(acked) >= ACKS_BEFORE_KILL
     assert missing == [], f"{len(missing)} acknowledged traces were lost: {missing[:10]}"

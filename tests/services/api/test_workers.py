@@ -81,4 +81,4 @@ def test_several_workers_store_every_trace_and_sum_their_metrics(
             assert sample(text, "ratchet_ingest_queue_depth") == 0
     assert process.returncode == 0
     with session_factory() as session:
-        assert count_traces(session, loop_id=loop_id) == 40
+        assert count_traces(session=session, loop_id=loop_id) == 40

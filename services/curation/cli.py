@@ -24,6 +24,8 @@ from services.cli import CliError
 from services.cli.db import database_url
 from services.db.models import Dataset, Loop, Task
 from services.db.queries import curation as q
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import create_db_engine, make_session_factory
 from services.progress import Progress
 
@@ -90,10 +92,12 @@ def _session() -> Iterator[Session]:
 
 
 def _loop(session: Session, name: str) -> Loop:
-    loop = q.loop_by_name(session=session, name=name)
-    if loop is None:
-        raise CliError(f"no loop named {name!r}; `ratchet loop list` shows the loops", exit_code=1)
-    return loop
+    try:
+        return require_loop(session=session, name=name)
+    except NotFound:
+        raise CliError(
+            f"no loop named {name!r}; `ratchet loop list` shows the loops", exit_code=1
+        ) from None
 
 
 def _print_json(value: Any) -> None:

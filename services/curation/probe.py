@@ -31,6 +31,8 @@ from services.curation.difficulty import DifficultySelection, probe_counts, sele
 from services.curation.policy import CurationPolicy
 from services.curation.snapshot import task_lines
 from services.db.queries import curation as q
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.environments.base import TaskFileError, read_task_file, write_task_file
 
@@ -78,9 +80,10 @@ def export_unprobed(
     if path.is_file():
         return ProbeExport(path, _task_ids_in(path))
     with session_factory.begin() as session:
-        loop = q.loop_by_name(session=session, name=loop_name)
-        if loop is None:
-            raise ProbeError(f"loop {loop_name!r} does not exist")
+        try:
+            loop = require_loop(session=session, name=loop_name)
+        except NotFound as exc:
+            raise ProbeError(str(exc)) from None
         policy = CurationPolicy.from_json(loop.curation_policy)
         limit = min(max_tasks, policy.max_train_tasks)
         members = q.unprobed_train_members(session=session, loop_id=loop.id, limit=limit)

@@ -46,6 +46,8 @@ from services.curation.difficulty import select_by_difficulty
 from services.curation.policy import CurationPolicy
 from services.db.models import Dataset, Loop
 from services.db.queries import curation as q
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.environments.base import TaskSpec, write_task_file
 
@@ -114,9 +116,10 @@ def snapshot(
     with session_factory.begin() as session:
         # One consistent view of the tasks, even while curation keeps adding some.
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        loop = q.loop_by_name(session=session, name=loop_name)
-        if loop is None:
-            raise SnapshotError(f"loop {loop_name!r} does not exist")
+        try:
+            loop = require_loop(session=session, name=loop_name)
+        except NotFound as exc:
+            raise SnapshotError(str(exc)) from None
         policy = CurationPolicy.from_json(loop.curation_policy)
         selection = _select(session, loop=loop, policy=policy)
         content_hash = selection.content_hash()

@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 
 from services.artifacts import path_to_uri
 from services.db.models import Checkpoint, Loop
-from services.db.queries.loops import config_document, get_loop, update_loop_config
+from services.db.queries.loops import config_document, require_loop, update_loop_config
 from services.db.session import SessionFactory
 from tests.workflows.test_loop import FakeCurateWorkflow, World, start_loop
 from workflows.activities.loop import LoopActivities
@@ -105,8 +105,7 @@ async def test_a_change_during_a_cycle_applies_from_the_next_cycle(
 
     def change_the_loop() -> None:
         with session_factory.begin() as session:
-            loop = get_loop(session=session, name=name)
-            assert loop is not None
+            loop = require_loop(session=session, name=name)
             config = config_document(loop)
             config["gate_policy"] = {**config["gate_policy"], "confidence": 0.99}
             config["training_profile"] = {"hyperparameters": {"steps": 20}}

@@ -29,6 +29,8 @@ from services.curation.snapshot import SnapshotError, snapshot
 from services.curation.workers import PreparePool
 from services.db.models import Loop
 from services.db.queries import curation as q
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.evaluation.results import ResultsFileError, read_results
 from services.logs import log_context
@@ -291,12 +293,10 @@ class CurationActivities:
             yield session
 
     def _loop(self, session: Session, name: str) -> Loop:
-        loop = q.loop_by_name(session=session, name=name)
-        if loop is None:
-            raise ApplicationError(
-                f"loop {name!r} does not exist", type="NotFound", non_retryable=True
-            )
-        return loop
+        try:
+            return require_loop(session=session, name=name)
+        except NotFound as exc:
+            raise ApplicationError(str(exc), type="NotFound", non_retryable=True) from None
 
     def _adapter(self, loop: Loop) -> TraceAdapter:
         try:

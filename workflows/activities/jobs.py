@@ -35,7 +35,6 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -43,7 +42,8 @@ from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.checkpoints import InstalledCheckpoint, install_checkpoint, record_checkpoint
 from services.db.models import Checkpoint, Cycle, Dataset, Loop, Run
 from services.db.queries import runs as q
-from services.db.queries.loops import config_at
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import config_at, require_loop
 from services.db.session import SessionFactory
 from services.executors.base import (
     METRICS_FILE,
@@ -155,11 +155,10 @@ class JobActivities:
         output_dir = run_dir / OUTPUT_SUBDIR
         logs_dir = self._artifacts.logs_dir(input.loop, input.run_id)
         with self._sessions.begin() as session:
-            loop = session.scalars(select(Loop).where(Loop.name == input.loop)).one_or_none()
-            if loop is None:
-                raise ApplicationError(
-                    f"loop {input.loop!r} does not exist", type="UnknownLoop", non_retryable=True
-                )
+            try:
+                loop = require_loop(session=session, name=input.loop)
+            except NotFound as exc:
+                raise ApplicationError(str(exc), type="UnknownLoop", non_retryable=True) from None
             cycle_id = q.cycle_id_for(session=session, loop_id=loop.id, number=input.cycle)
             run = q.upsert_run(
                 session=session,

@@ -33,14 +33,14 @@ from services.api.schemas.loops import (
 )
 from services.db.models import Loop
 from services.db.queries.credentials import active_credentials
+from services.db.queries.errors import NotFound
 from services.db.queries.loops import (
     LoopFields,
     LoopNameTaken,
     config_document,
     config_versions,
-    get_loop,
-    get_loop_for_update,
     list_loops,
+    require_loop,
     trace_stats,
     update_loop_config,
 )
@@ -78,11 +78,11 @@ def _public_fields(loop: Loop, settings: Settings) -> dict[str, object]:
     }
 
 
-def _loop_or_404(session: SessionDep, name: str) -> Loop:
-    loop = get_loop(session=session, name=name)
-    if loop is None:
-        raise ApiError(404, "loop_not_found", f"there is no loop named {name[:64]!r}")
-    return loop
+def _loop_or_404(session: SessionDep, name: str, *, for_update: bool = False) -> Loop:
+    try:
+        return require_loop(session=session, name=name, for_update=for_update)
+    except NotFound:
+        raise ApiError(404, "loop_not_found", f"there is no loop named {name[:64]!r}") from None
 
 
 def _given(policy: BaseModel) -> dict[str, Any]:
@@ -300,9 +300,7 @@ def patch_loop(
     dry_run: bool = Query(default=False, description="validate and show the diff, change nothing"),
 ) -> LoopConfigChange:
     with state.session_factory() as session:
-        row = get_loop_for_update(session=session, name=loop)
-        if row is None:
-            raise ApiError(404, "loop_not_found", f"there is no loop named {loop[:64]!r}")
+        row = _loop_or_404(session, loop, for_update=True)
         current = config_document(row)
         config = _patched_config(current, body)
         if dry_run:

@@ -13,6 +13,8 @@ from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session
 
 from services.db.models import Credential, Loop
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 
 SIGNING_SECRET = "signing_secret"
 INGEST_TOKEN = "ingest_token"
@@ -85,8 +87,9 @@ def signing_secrets_for(
     *, session: Session, loop_name: str, now: dt.datetime
 ) -> tuple[Loop, Sequence[Credential]] | None:
     """A loop and its active signing secrets, by loop name; None if there is no such loop."""
-    loop = session.scalar(select(Loop).where(Loop.name == loop_name))
-    if loop is None:
+    try:
+        loop = require_loop(session=session, name=loop_name)
+    except NotFound:
         return None
     return loop, active_credentials(session=session, loop_id=loop.id, now=now, kind=SIGNING_SECRET)
 

@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource, Trace
+from services.db.models import Dataset, DatasetTask, Task, TaskSource, Trace
 
 # Namespace of curation's advisory locks (the other key is the loop id).
 _LOCK_NAMESPACE = 0x52434C  # "RCL"
@@ -93,10 +93,6 @@ def _texts(values: Sequence[str]) -> BindParameter[Any]:
 
 
 # Loops ----------------------------------------------------------------------------------------
-
-
-def loop_by_name(*, session: Session, name: str) -> Loop | None:
-    return session.scalars(select(Loop).where(Loop.name == name)).one_or_none()
 
 
 def try_lock_loop_curation(*, session: Session, loop_id: int) -> bool:

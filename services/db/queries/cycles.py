@@ -23,21 +23,8 @@ from services.db.models import (
     Trace,
 )
 from services.db.queries.curation import task_ids_by_spec_id
+from services.db.queries.errors import NotFound
 from services.evaluation.results import pass_at_1
-
-
-class NotFound(LookupError):
-    """A row the caller named does not exist."""
-
-
-def get_loop(*, session: Session, name: str, for_update: bool = False) -> Loop:
-    statement = select(Loop).where(Loop.name == name)
-    if for_update:
-        statement = statement.with_for_update()
-    loop = session.scalars(statement).one_or_none()
-    if loop is None:
-        raise NotFound(f"loop {name!r} does not exist")
-    return loop
 
 
 def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:

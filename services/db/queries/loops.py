@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.db.models import Loop, LoopConfigVersion, Trace
+from services.db.queries.errors import NotFound
 from services.loop.config import CONFIG_KEYS, Change, diff
 
 
@@ -68,14 +69,20 @@ def create_loop(*, session: Session, fields: LoopFields) -> Loop:
     return loop
 
 
-def get_loop(*, session: Session, name: str) -> Loop | None:
-    return session.scalar(select(Loop).where(Loop.name == name))
+def require_loop(*, session: Session, name: str, for_update: bool = False) -> Loop:
+    """The loop called ``name``; :class:`NotFound` if there is none.
 
-
-def get_loop_for_update(*, session: Session, name: str) -> Loop | None:
-    """The loop, its row locked until the transaction ends: concurrent configuration changes
-    apply one after the other, each to what the previous one left."""
-    return session.scalar(select(Loop).where(Loop.name == name).with_for_update())
+    ``for_update`` locks its row until the transaction ends, so concurrent changes (of the
+    configuration, the champion, the status) apply one after the other, each to what the
+    previous one left.
+    """
+    statement = select(Loop).where(Loop.name == name)
+    if for_update:
+        statement = statement.with_for_update()
+    loop = session.scalars(statement).one_or_none()
+    if loop is None:
+        raise NotFound(f"loop {name!r} does not exist")
+    return loop
 
 
 def list_loops(*, session: Session) -> Sequence[Loop]:

@@ -15,21 +15,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from services.db.models import Checkpoint, Cycle, Loop, Run
+from services.db.models import Checkpoint, Cycle, Run
 
 TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "lost"})
-
-
-class UnknownLoopError(LookupError):
-    """The loop named by a run does not exist."""
-
-
-def loop_id_for(*, session: Session, name: str) -> int:
-    """The id of the loop called ``name``; raises :class:`UnknownLoopError` if there is none."""
-    loop_id = session.scalar(select(Loop.id).where(Loop.name == name))
-    if loop_id is None:
-        raise UnknownLoopError(f"loop {name!r} does not exist")
-    return loop_id
 
 
 def cycle_id_for(*, session: Session, loop_id: int, number: int | None) -> int | None:

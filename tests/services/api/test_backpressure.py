@@ -94,11 +94,10 @@ def _accepted(response: httpx.Response) -> dict[str, Any]:
 
 
 def _loop_id(session_factory: SessionFactory, name: str) -> int:
-    from services.db.queries.loops import get_loop
+    from services.db.queries.loops import require_loop
 
     with session_factory() as session:
-        loop = get_loop(session=session, name=name)
-        assert loop is not None
+        loop = require_loop(session=session, name=name)
         return loop.id
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from services.curation.policy import CurationPolicy
 from services.db.models import Loop
-from services.db.queries import curation as q
+from services.db.queries import traces as q
 
 DEFAULT_FAILURE_RATE = 0.5
 DEFAULT_WINDOW = 200

@@ -9,9 +9,9 @@ with ``samples`` set to the attempts). This module
   run: a second call for the same run reads back the file the first one wrote;
 - turns the job's ``results.jsonl`` into pass rates of task ids (:func:`pass_rates`), naming
   tasks by their TaskSpec id exactly as recorded evaluations do
-  (``queries.curation.task_ids_by_spec_id``).
+  (``queries.tasks.task_ids_by_spec_id``).
 
-Storing the rates is ``queries.curation.record_probe_results``; the snapshot then filters.
+Storing the rates is ``queries.tasks.record_probe_results``; the snapshot then filters.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from services.artifacts import ArtifactStore
 from services.curation.difficulty import DifficultySelection, probe_counts, select_by_difficulty
 from services.curation.policy import CurationPolicy
 from services.curation.snapshot import task_lines
-from services.db.queries import curation as q
+from services.db.queries import tasks as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory

@@ -52,7 +52,7 @@ from services.curation.similarity import (
     verifier_key,
 )
 from services.curation.splits import Origin
-from services.db.queries.curation import TraceRow, Verdict
+from services.db.queries.traces import TraceRow, Verdict
 from services.environments.base import Rejection, TaskSpec
 
 logger = logging.getLogger(__name__)

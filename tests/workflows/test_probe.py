@@ -26,7 +26,7 @@ from temporalio.worker import Worker
 
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.db.models import Checkpoint, Cycle, Dataset, DatasetTask, Loop, Run, Task
-from services.db.queries import curation as q
+from services.db.queries import tasks as q
 from services.db.session import SessionFactory
 from services.environments.base import read_task_file
 from services.evaluation.job import _options

@@ -28,7 +28,8 @@ from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.curation.snapshot import SnapshotError, snapshot
 from services.curation.workers import PreparePool
 from services.db.models import Loop
-from services.db.queries import curation as q
+from services.db.queries import tasks as task_queries
+from services.db.queries import traces as trace_queries
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
@@ -193,10 +194,12 @@ class CurationActivities:
             loop = self._loop(session, input.loop)
             policy = _policy(loop)
             return PendingWorkResult(
-                new_train_tasks=q.count_new_train_tasks(
+                new_train_tasks=task_queries.count_new_train_tasks(
                     session=session, loop_id=loop.id, difficulty_filter=policy.difficulty_filter
                 ),
-                uncurated_traces=q.count_uncurated_traces(session=session, loop_id=loop.id),
+                uncurated_traces=trace_queries.count_uncurated_traces(
+                    session=session, loop_id=loop.id
+                ),
             )
 
     # Difficulty probe -----------------------------------------------------------------------
@@ -279,7 +282,7 @@ class CurationActivities:
             )
         with log_context(loop=input.loop), self._transaction() as session:
             loop = self._loop(session, input.loop)
-            updated = q.record_probe_results(
+            updated = task_queries.record_probe_results(
                 session=session, loop_id=loop.id, pass_rates=input.pass_rates
             )
         logger.info("recorded %d probe pass rates of %s", updated, input.loop)
@@ -308,7 +311,7 @@ class CurationActivities:
 
     def _wait_for_lock(self, session: Session, loop_id: int) -> None:
         """Wait (heartbeating) until no other batch of this loop is running."""
-        while not q.try_lock_loop_curation(session=session, loop_id=loop_id):
+        while not task_queries.try_lock_loop_curation(session=session, loop_id=loop_id):
             activity.heartbeat()
             time.sleep(self._lock_poll_s)
 

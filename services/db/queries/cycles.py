@@ -22,8 +22,8 @@ from services.db.models import (
     Run,
     Trace,
 )
-from services.db.queries.curation import task_ids_by_spec_id
 from services.db.queries.errors import NotFound
+from services.db.queries.tasks import task_ids_by_spec_id
 from services.evaluation.results import pass_at_1
 
 

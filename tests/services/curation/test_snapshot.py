@@ -16,7 +16,7 @@ from services.curation.pipeline import curate_batch
 from services.curation.policy import CurationPolicy
 from services.curation.snapshot import SnapshotError, snapshot, weighted_sample
 from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource
-from services.db.queries import curation as q
+from services.db.queries import tasks as q
 from services.db.session import SessionFactory
 from services.environments.base import read_task_file
 from tests.services.curation.support import QaAdapter, add_traces, make_loop, trace_body

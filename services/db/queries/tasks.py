@@ -1,4 +1,4 @@
-"""Queries of curation: trace selection, tasks, LSH buckets, datasets, drift and pending work.
+"""Task rows of curation: the batch's bulk writes, LSH neighbours, splits, probes, listings.
 
 Every function takes the session keyword-only and never commits. Bulk writes of a
 curation batch are one statement per table: ``COPY`` for the rows it creates (tasks, their
@@ -20,10 +20,8 @@ from sqlalchemy import (
     BigInteger,
     BindParameter,
     String,
-    Text,
     any_,
     bindparam,
-    cast,
     func,
     select,
     text,
@@ -32,26 +30,14 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from services.db.models import Dataset, DatasetTask, Task, TaskSource, Trace
+from services.db.models import DatasetTask, Task, TaskSource, Trace
 
 # Namespace of curation's advisory locks (the other key is the loop id).
 _LOCK_NAMESPACE = 0x52434C  # "RCL"
+
+
 # Length of an LSH bucket key (services.curation.similarity.band_keys: 4 uint32 rows).
 _BUCKET_BYTES = 16
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    """An uncurated trace, locked for this transaction."""
-
-    id: int
-    external_id: str
-    model_version: str | None
-    success: bool | None
-    score: float | None
-    error_kind: str | None
-    body_json: str  # the body as Postgres sends it; decoded once, where it is curated
-    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -72,15 +58,6 @@ class ExistingTask:
     split: str
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """What curation decided about one trace (written to the trace row)."""
-
-    trace_id: int
-    outcome: str
-    detail: str
-
-
 def _ids(values: Sequence[int]) -> BindParameter[Any]:
     """One array parameter (``= ANY(:ids)``) instead of one parameter per id."""
     array: ARRAY[Any] = ARRAY(BigInteger)
@@ -90,9 +67,6 @@ def _ids(values: Sequence[int]) -> BindParameter[Any]:
 def _texts(values: Sequence[str]) -> BindParameter[Any]:
     array: ARRAY[Any] = ARRAY(String)
     return bindparam(None, list(values), type_=array)
-
-
-# Loops ----------------------------------------------------------------------------------------
 
 
 def try_lock_loop_curation(*, session: Session, loop_id: int) -> bool:
@@ -106,73 +80,6 @@ def try_lock_loop_curation(*, session: Session, loop_id: int) -> bool:
         {"namespace": _LOCK_NAMESPACE, "key": loop_id % 2_147_483_647},
     ).scalar_one()
     return bool(locked)
-
-
-# Trace selection -----------------------------------------------------------------------------
-
-
-_TRACE_ROW_COLUMNS = (
-    Trace.id,
-    Trace.external_id,
-    Trace.model_version,
-    Trace.success,
-    Trace.score,
-    Trace.error_kind,
-    cast(Trace.body, Text),
-    Trace.size_bytes,
-)
-
-
-def lock_uncurated_traces(*, session: Session, loop_id: int, limit: int) -> list[TraceRow]:
-    """The oldest uncurated traces of a loop, locked; rows another batch holds are skipped."""
-    rows = session.execute(
-        select(*_TRACE_ROW_COLUMNS)
-        .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
-        .order_by(Trace.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    ).all()
-    return [TraceRow(*row) for row in rows]
-
-
-def peek_uncurated_traces(
-    *, session: Session, loop_id: int, after_id: int, limit: int
-) -> list[TraceRow]:
-    """The next uncurated traces after ``after_id``, read without locking them: what the
-    loop's next batch will most likely lock (curation prepares them ahead of time and
-    checks each row again when the batch really has it)."""
-    rows = session.execute(
-        select(*_TRACE_ROW_COLUMNS)
-        .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None), Trace.id > after_id)
-        .order_by(Trace.id)
-        .limit(limit)
-    ).all()
-    return [TraceRow(*row) for row in rows]
-
-
-def mark_traces_curated(*, session: Session, verdicts: Sequence[Verdict]) -> None:
-    """Stamp ``curated_at`` and the verdict on each trace (same transaction as its task)."""
-    if not verdicts:
-        return
-    session.execute(
-        text(
-            """
-            UPDATE traces AS t
-               SET curated_at = now(), curation_outcome = v.outcome, curation_detail = v.detail
-              FROM unnest(CAST(:ids AS bigint[]), CAST(:outcomes AS text[]),
-                          CAST(:details AS text[])) AS v(id, outcome, detail)
-             WHERE t.id = v.id
-            """
-        ),
-        {
-            "ids": [v.trace_id for v in verdicts],
-            "outcomes": [v.outcome for v in verdicts],
-            "details": [v.detail for v in verdicts],
-        },
-    )
-
-
-# Tasks --------------------------------------------------------------------------------------
 
 
 def tasks_by_content_hash(
@@ -451,9 +358,6 @@ def task_sources(*, session: Session, task_id: int) -> list[tuple[int, str, str]
     return [(row[0], row[1], row[2]) for row in rows]
 
 
-# Pending work and drift ---------------------------------------------------------------------
-
-
 def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: bool = True) -> int:
     """Train tasks no dataset holds yet (and, with the filter on, that it would keep)."""
     return int(
@@ -470,66 +374,6 @@ def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: 
             {"loop_id": loop_id, "filtered": difficulty_filter},
         ).scalar_one()
     )
-
-
-def count_uncurated_traces(*, session: Session, loop_id: int) -> int:
-    return int(
-        session.execute(
-            select(func.count()).where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
-        ).scalar_one()
-    )
-
-
-def latest_model_version(*, session: Session, loop_id: int) -> str | None:
-    """The model version of the loop's most recently received trace (the one serving)."""
-    row = session.execute(
-        select(Trace.model_version)
-        .where(Trace.loop_id == loop_id, Trace.model_version.is_not(None))
-        .order_by(Trace.received_at.desc(), Trace.id.desc())
-        .limit(1)
-    ).first()
-    return row[0] if row is not None else None
-
-
-def failure_window(
-    *,
-    session: Session,
-    loop_id: int,
-    model_version: str,
-    window: int,
-    failure_score_threshold: float | None,
-) -> tuple[int, int]:
-    """``(traces with an outcome, failures)`` among the last ``window`` traces of a version.
-
-    The failure test is :func:`services.curation.selection.classify` in SQL.
-    """
-    row = session.execute(
-        text(
-            """
-            SELECT count(*),
-                   count(*) FILTER (WHERE success IS FALSE
-                                       OR coalesce(error_kind, '') <> ''
-                                       OR (CAST(:threshold AS double precision) IS NOT NULL
-                                           AND score < CAST(:threshold AS double precision)))
-              FROM (SELECT success, score, error_kind FROM traces
-                     WHERE loop_id = :loop_id AND model_version = :model_version
-                       AND (success IS NOT NULL OR score IS NOT NULL
-                            OR coalesce(error_kind, '') <> '')
-                     ORDER BY received_at DESC, id DESC
-                     LIMIT :window) AS recent
-            """
-        ),
-        {
-            "loop_id": loop_id,
-            "model_version": model_version,
-            "window": window,
-            "threshold": failure_score_threshold,
-        },
-    ).one()
-    return int(row[0]), int(row[1])
-
-
-# Datasets -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -628,113 +472,6 @@ def task_contents(*, session: Session, task_ids: Sequence[int]) -> dict[int, Tas
     ).all():
         sources.setdefault(task_id, []).append(trace_id)
     return {row[0]: TaskContent(row[1], row[2], sources.get(row[0], [])) for row in rows}
-
-
-def clusters_crossing_train_line(
-    *, session: Session, loop_id: int, train_ids: Sequence[int]
-) -> list[str]:
-    """Clusters that hold both a task in ``train_ids`` and an eval or held-out task.
-
-    Always empty unless the invariant is broken; the snapshot refuses to write if not.
-    """
-    if not train_ids:
-        return []
-    rows = session.execute(
-        text(
-            """
-            SELECT DISTINCT a.cluster_id
-              FROM tasks AS a
-              JOIN tasks AS b ON b.loop_id = a.loop_id AND b.cluster_id = a.cluster_id
-             WHERE a.loop_id = :loop_id AND a.id = ANY(CAST(:ids AS bigint[]))
-               AND b.split IN ('eval', 'heldout')
-             LIMIT 10
-            """
-        ),
-        {"loop_id": loop_id, "ids": list(train_ids)},
-    ).all()
-    return [row[0] for row in rows]
-
-
-def dataset_by_hash(*, session: Session, loop_id: int, content_hash: str) -> Dataset | None:
-    return session.scalars(
-        select(Dataset).where(Dataset.loop_id == loop_id, Dataset.content_hash == content_hash)
-    ).one_or_none()
-
-
-def insert_dataset(*, session: Session, values: Mapping[str, Any]) -> int | None:
-    """Insert a dataset row; None when one with the same (loop, content hash) exists."""
-    result = session.execute(
-        text(
-            """
-            INSERT INTO datasets (loop_id, content_hash, train_count, eval_count,
-                                  regression_count, train_uri, eval_uri, regression_uri,
-                                  heldout_count, heldout_uri, stats)
-            VALUES (:loop_id, :content_hash, :train_count, :eval_count, :regression_count,
-                    :train_uri, :eval_uri, :regression_uri,
-                    :heldout_count, :heldout_uri, CAST(:stats AS jsonb))
-            ON CONFLICT (loop_id, content_hash) DO NOTHING
-            RETURNING id
-            """
-        ),
-        dict(values),
-    ).first()
-    return int(result[0]) if result is not None else None
-
-
-def insert_dataset_tasks(
-    *, session: Session, dataset_id: int, members: Sequence[tuple[int, str]]
-) -> None:
-    """Record membership ``(task_id, split)`` of a new dataset."""
-    if not members:
-        return
-    session.execute(
-        text(
-            """
-            INSERT INTO dataset_tasks (dataset_id, task_id, split)
-            SELECT :dataset_id, * FROM unnest(CAST(:tasks AS bigint[]), CAST(:splits AS text[]))
-            """
-        ),
-        {
-            "dataset_id": dataset_id,
-            "tasks": [m[0] for m in members],
-            "splits": [m[1] for m in members],
-        },
-    )
-
-
-def dataset_lineage(*, session: Session, dataset_id: int) -> list[tuple[int, str, int]]:
-    """``(task id, split, trace id)`` for every trace behind every task of a dataset."""
-    rows = session.execute(
-        select(DatasetTask.task_id, DatasetTask.split, TaskSource.trace_id)
-        .join(TaskSource, TaskSource.task_id == DatasetTask.task_id)
-        .where(DatasetTask.dataset_id == dataset_id)
-        .order_by(DatasetTask.split, DatasetTask.task_id, TaskSource.trace_id)
-    ).all()
-    return [(row[0], row[1], row[2]) for row in rows]
-
-
-def dataset_split_counts(*, session: Session, dataset_id: int) -> dict[str, int]:
-    rows = session.execute(
-        select(DatasetTask.split, func.count())
-        .where(DatasetTask.dataset_id == dataset_id)
-        .group_by(DatasetTask.split)
-    ).all()
-    return {row[0]: int(row[1]) for row in rows}
-
-
-def list_datasets(*, session: Session, loop_id: int, limit: int = 50) -> list[Dataset]:
-    return list(
-        session.scalars(
-            select(Dataset)
-            .where(Dataset.loop_id == loop_id)
-            .order_by(Dataset.id.desc())
-            .limit(limit)
-        )
-    )
-
-
-def get_dataset(*, session: Session, dataset_id: int) -> Dataset | None:
-    return session.get(Dataset, dataset_id)
 
 
 def get_task(*, session: Session, task_id: int) -> Task | None:

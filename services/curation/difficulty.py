@@ -83,11 +83,6 @@ def select_by_difficulty(probes: Mapping[int, ProbeCount | float | None]) -> Dif
     )
 
 
-def pass_rates_from_counts(counts: Mapping[int, ProbeCount]) -> dict[int, float]:
-    """Probe counts as the pass rates stored on tasks (``tasks.probe_pass_rate``)."""
-    return {task_id: count.pass_rate for task_id, count in counts.items()}
-
-
 def probe_counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, ProbeCount]:
     """Per-task counts from the rows of a probe's ``results.jsonl``, keyed by TaskSpec id.
 

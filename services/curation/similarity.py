@@ -148,11 +148,6 @@ def band_keys(sig: Signature) -> list[tuple[int, bytes]]:
     return [(band, head[band * width : (band + 1) * width]) for band in range(BANDS)]
 
 
-def jaccard(a: Signature, b: Signature) -> float:
-    """Estimated Jaccard similarity of the two shingle sets."""
-    return float(np.count_nonzero(a == b)) / NUM_PERM
-
-
 def jaccard_many(sig: Signature, others: npt.NDArray[np.uint32]) -> npt.NDArray[np.float64]:
     """Estimated similarity of ``sig`` to each row of ``others`` (shape ``(n, NUM_PERM)``)."""
     if others.size == 0:

@@ -191,23 +191,3 @@ def upsert_checkpoint(
         .execution_options(populate_existing=True)
     ).one()
     return checkpoint
-
-
-def checkpoint_lineage(*, session: Session, checkpoint_id: str) -> list[Checkpoint]:
-    """The checkpoint and its ancestors, newest first, loaded with one recursive query."""
-    chain = (
-        select(Checkpoint.id, Checkpoint.parent_id)
-        .where(Checkpoint.id == checkpoint_id)
-        .cte("chain", recursive=True)
-    )
-    chain = chain.union_all(
-        select(Checkpoint.id, Checkpoint.parent_id).join(chain, Checkpoint.id == chain.c.parent_id)
-    )
-    rows = session.scalars(select(Checkpoint).where(Checkpoint.id.in_(select(chain.c.id))))
-    by_id = {checkpoint.id: checkpoint for checkpoint in rows}
-    lineage: list[Checkpoint] = []
-    current = by_id.get(checkpoint_id)
-    while current is not None and current not in lineage:
-        lineage.append(current)
-        current = by_id.get(current.parent_id) if current.parent_id else None
-    return lineage

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Text, cast, func, select, text, tuple_
+from sqlalchemy import Text, cast, func, select, text
 from sqlalchemy.orm import Session
 
 from services.db.models import Trace
@@ -70,26 +70,6 @@ INSERT_TRACE_SQL = (
     "ON CONFLICT (loop_id, external_id) DO NOTHING "
     "RETURNING id, loop_id, external_id"
 )
-
-
-def count_traces(*, session: Session, loop_id: int) -> int:
-    return (
-        session.scalar(select(func.count()).select_from(Trace).where(Trace.loop_id == loop_id)) or 0
-    )
-
-
-def existing_external_ids(
-    *, session: Session, loop_id: int, external_ids: Sequence[str]
-) -> set[str]:
-    """Which of ``external_ids`` are stored for the loop."""
-    if not external_ids:
-        return set()
-    found = session.scalars(
-        select(Trace.external_id).where(
-            tuple_(Trace.loop_id, Trace.external_id).in_([(loop_id, e) for e in external_ids])
-        )
-    )
-    return set(found)
 
 
 @dataclass(frozen=True)

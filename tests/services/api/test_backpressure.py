@@ -13,7 +13,6 @@ from sqlalchemy.engine import make_url
 
 from services.api.app import create_app
 from services.api.state import AppState
-from services.db.queries.traces import existing_external_ids
 from services.db.session import SessionFactory
 from services.ingest.service import EXTRAS_KEY, IngestService
 from tests.conftest import with_database
@@ -21,6 +20,7 @@ from tests.services.api.support import (
     ADMIN,
     body_of,
     create_loop,
+    existing_external_ids,
     make_trace,
     serve,
     signed_headers,

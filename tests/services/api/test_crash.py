@@ -9,7 +9,6 @@ import httpx
 import pytest
 
 from services.db.queries.loops import LoopFields
-from services.db.queries.traces import existing_external_ids
 from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
 from services.secrets import SecretBox
@@ -17,6 +16,7 @@ from tests.services.api.support import (
     SECRET_KEY,
     api_process,
     body_of,
+    existing_external_ids,
     free_port,
     make_trace,
     signed_headers,

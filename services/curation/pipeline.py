@@ -170,8 +170,8 @@ def _store(
     for item in prepared:
         groups[item.key].append(item)
     with report.timed("lookup"):
-        existing = task_queries.tasks_by_content_hash(
-            session=session, loop_id=loop.id, hashes=list(groups)
+        existing = task_queries.tasks_by_dedup_key(
+            session=session, loop_id=loop.id, keys=list(groups)
         )
     increments: Counter[int] = Counter()
     sources: list[tuple[int, int, str]] = []
@@ -203,7 +203,7 @@ def _store(
         stored = [
             dedup.StoredTask(
                 n.task_id,
-                n.content_hash,
+                n.dedup_key,
                 _stored_verifier_key(n),
                 signature_from_bytes(n.minhash),
                 n.cluster_id,
@@ -239,7 +239,7 @@ def _store(
     for row in rows:
         for kind, n in row.redactions.items():
             report.redactions[kind] += n
-    splits = {row.content_hash: row.split for row in rows}
+    splits = {row.dedup_key: row.split for row in rows}
     for key in kept:
         task_id = ids[key]
         first = _origin_item(fresh[key])
@@ -289,12 +289,12 @@ def _stored_verifier_key(neighbour: task_queries.NeighbourRow) -> str:
     The same popular neighbours come back batch after batch, and the content hash covers
     the verifier, so equal hashes have equal verifier keys (in any loop or database).
     """
-    key = _VERIFIER_KEYS.get(neighbour.content_hash)
+    key = _VERIFIER_KEYS.get(neighbour.dedup_key)
     if key is None:
         if len(_VERIFIER_KEYS) >= _VERIFIER_KEYS_MAX:
             _VERIFIER_KEYS.clear()
         key = verifier_key(json.loads(neighbour.verifier_json) or {})
-        _VERIFIER_KEYS[neighbour.content_hash] = key
+        _VERIFIER_KEYS[neighbour.dedup_key] = key
     return key
 
 
@@ -330,7 +330,7 @@ def _task_rows(
         rows.append(
             task_queries.NewTaskRow(
                 loop_id=loop.id,
-                content_hash=key,
+                dedup_key=key,
                 environment=first.environment,
                 spec_json=first.spec_json,
                 origin=origin,

@@ -7,9 +7,9 @@ with ``samples`` set to the attempts). This module
 - writes those tasks (:func:`export_unprobed`) to ``<run dir>/probe-tasks.jsonl`` in the
   ``ratchet.task/v1`` format of a dataset's files, ``metadata.ratchet`` included, once per
   run: a second call for the same run reads back the file the first one wrote;
-- turns the job's ``results.jsonl`` into pass rates of task ids (:func:`pass_rates`), naming
-  tasks by their TaskSpec id exactly as recorded evaluations do
-  (``queries.tasks.task_ids_by_spec_id``).
+- turns the job's ``results.jsonl`` into pass rates of tasks (:func:`pass_rates`), naming
+  tasks by their task id exactly as recorded evaluations do
+  (``queries.tasks.row_ids_by_job_task_id``).
 
 Storing the rates is ``queries.tasks.record_probe_results``; the snapshot then filters.
 """
@@ -89,7 +89,7 @@ def export_unprobed(
         members = q.unprobed_train_members(session=session, loop_id=loop.id, limit=limit)
         if not members:
             return ProbeExport(None, [])
-        members = sorted(members, key=lambda m: m.content_hash)
+        members = sorted(members, key=lambda m: m.dedup_key)
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(f".{PROBE_TASK_FILE}.{uuid.uuid4().hex[:8]}.tmp")
         try:
@@ -122,7 +122,9 @@ def pass_rates(
         counts = probe_counts(rows)
     except ValueError as exc:
         raise ProbeError(f"probe results: {exc}") from exc
-    ids = q.task_ids_by_spec_id(session=session, loop_id=loop_id, spec_ids=counts, among=task_ids)
+    ids = q.row_ids_by_job_task_id(
+        session=session, loop_id=loop_id, job_task_ids=counts, among=task_ids
+    )
     unknown = sorted(set(counts) - set(ids))
     if unknown:
         raise ProbeError(

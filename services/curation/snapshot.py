@@ -94,7 +94,7 @@ class _Selection:
 
     def lines(self) -> list[str]:
         return sorted(
-            f"{split}\t{m.content_hash}\t{m.weight}"
+            f"{split}\t{m.dedup_key}\t{m.weight}"
             for split, members in self.members.items()
             for m in members
         )
@@ -250,7 +250,7 @@ def weighted_sample(
         return list(members)
 
     def key(member: task_queries.SplitMember) -> float:
-        digest = hashlib.sha256(b"ratchet/sample/" + member.content_hash.encode()).digest()
+        digest = hashlib.sha256(b"ratchet/sample/" + member.dedup_key.encode()).digest()
         u = (int.from_bytes(digest[:8], "big") + 1) / (2**64 + 1)  # in (0, 1)
         return -math.log(u) / max(member.weight, 1)
 
@@ -275,7 +275,7 @@ def _write_files(
     try:
         files: dict[str, dict[str, Any]] = {}
         for split, name in FILES.items():
-            members = sorted(selection.members[split], key=lambda m: m.content_hash)
+            members = sorted(selection.members[split], key=lambda m: m.dedup_key)
             count = write_task_file(staging / name, task_lines(session, members, split))
             files[name] = {"count": count, "sha256": _sha256(staging / name)}
         manifest = {
@@ -318,7 +318,7 @@ def _task_line(
     task = TaskSpec.from_json(content.spec)
     lineage = {
         "task_id": member.task_id,
-        "content_hash": member.content_hash,
+        "content_hash": member.dedup_key,
         "cluster_id": content.cluster_id,
         "split": split,
         "weight": member.weight,

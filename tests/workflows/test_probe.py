@@ -387,10 +387,13 @@ async def test_the_loop_probes_and_the_snapshot_keeps_only_mixed_tasks(
     assert train == {tasks["mixed"].id}
     assert dataset.stats["difficulty"] == {"kept": 1, "too_easy": 1, "too_hard": 1, "unprobed": 0}
     # Evaluations map results to tasks with the same lookup, scoped to their dataset.
-    spec_ids = [t.spec["task_id"] for t in tasks.values()]
+    job_task_ids = [t.spec["task_id"] for t in tasks.values()]
     with session_factory() as session:
-        in_dataset = q.task_ids_by_spec_id(
-            session=session, loop_id=dataset.loop_id, spec_ids=spec_ids, dataset_id=dataset.id
+        in_dataset = q.row_ids_by_job_task_id(
+            session=session,
+            loop_id=dataset.loop_id,
+            job_task_ids=job_task_ids,
+            dataset_id=dataset.id,
         )
     assert in_dataset == {tasks["mixed"].spec["task_id"]: tasks["mixed"].id}
 

@@ -238,7 +238,7 @@ class CurationActivities:
     def probe_pass_rates(self, input: ProbePassRatesInput) -> ProbePassRatesResult:
         """A finished probe job's ``results.jsonl`` as pass rates of the exported tasks.
 
-        Rows name tasks by TaskSpec id and are mapped to task ids as recorded evaluations
+        Rows name tasks by task id and are mapped to row ids as recorded evaluations
         are, among ``task_ids`` only; a row naming any other task, or malformed results, fail
         non-retryably (``BadProbeOutput``). Read-only, so trivially idempotent.
         """

@@ -23,7 +23,7 @@ from services.db.models import (
     Trace,
 )
 from services.db.queries.errors import NotFound
-from services.db.queries.tasks import task_ids_by_spec_id
+from services.db.queries.tasks import row_ids_by_job_task_id
 from services.evaluation.results import pass_at_1
 
 
@@ -222,11 +222,11 @@ def record_evaluation(
     if existing is not None:
         return existing
     rows = list(results)
-    hashes = {str(row["task_id"]) for row in rows}
-    task_ids = task_ids_by_spec_id(
-        session=session, loop_id=loop.id, spec_ids=hashes, dataset_id=dataset_id
+    job_task_ids = {str(row["task_id"]) for row in rows}
+    row_ids = row_ids_by_job_task_id(
+        session=session, loop_id=loop.id, job_task_ids=job_task_ids, dataset_id=dataset_id
     )
-    missing = hashes - set(task_ids)
+    missing = job_task_ids - set(row_ids)
     if missing:
         raise NotFound(
             f"evaluation results name {len(missing)} task(s) unknown to loop {loop.name!r}, "
@@ -255,7 +255,7 @@ def record_evaluation(
         [
             {
                 "evaluation_id": evaluation.id,
-                "task_id": task_ids[str(row["task_id"])],
+                "task_id": row_ids[str(row["task_id"])],
                 "passed": bool(row.get("passed")),
                 "reward": float(row.get("reward", 0.0)),
                 "details": {

@@ -45,7 +45,7 @@ class NeighbourRow:
     """A stored task sharing an LSH bucket with the batch."""
 
     task_id: int
-    content_hash: str
+    dedup_key: str
     cluster_id: str
     minhash: bytes
     verifier_json: str  # the verifier as jsonb text: decoded only when its key is not known
@@ -82,14 +82,15 @@ def try_lock_loop_curation(*, session: Session, loop_id: int) -> bool:
     return bool(locked)
 
 
-def tasks_by_content_hash(
-    *, session: Session, loop_id: int, hashes: Sequence[str]
+def tasks_by_dedup_key(
+    *, session: Session, loop_id: int, keys: Sequence[str]
 ) -> dict[str, ExistingTask]:
-    if not hashes:
+    """The loop's stored tasks among ``keys`` (exact duplicates of the batch's tasks)."""
+    if not keys:
         return {}
     rows = session.execute(
         select(Task.content_hash, Task.id, Task.cluster_id, Task.split).where(
-            Task.loop_id == loop_id, Task.content_hash == any_(_texts(hashes))
+            Task.loop_id == loop_id, Task.content_hash == any_(_texts(keys))
         )
     ).all()
     return {row[0]: ExistingTask(row[1], row[2], row[3]) for row in rows}
@@ -192,7 +193,7 @@ class NewTaskRow:
     """A task a curation batch creates; ``spec_json`` is its spec, already encoded."""
 
     loop_id: int
-    content_hash: str
+    dedup_key: str  # stored in the ``content_hash`` column
     environment: str
     spec_json: str
     origin: str
@@ -211,7 +212,7 @@ _TASK_COLUMNS = (
 
 
 def insert_tasks(*, session: Session, rows: Sequence[NewTaskRow]) -> dict[str, int]:
-    """Insert task rows with ``COPY``; returns ``{content hash: task id}``.
+    """Insert task rows with ``COPY``; returns ``{dedup key: task id}``.
 
     Ids are drawn from the table's sequence first, one per row in row order, so they are
     the ids a multi-row ``INSERT`` would have given.
@@ -232,7 +233,7 @@ def insert_tasks(*, session: Session, rows: Sequence[NewTaskRow]) -> dict[str, i
                 (
                     task_id,
                     row.loop_id,
-                    row.content_hash,
+                    row.dedup_key,
                     row.environment,
                     row.spec_json,
                     row.origin,
@@ -244,7 +245,7 @@ def insert_tasks(*, session: Session, rows: Sequence[NewTaskRow]) -> dict[str, i
                     row.minhash,
                 )
             )
-    return {row.content_hash: int(task_id) for task_id, row in zip(ids, rows, strict=True)}
+    return {row.dedup_key: int(task_id) for task_id, row in zip(ids, rows, strict=True)}
 
 
 @contextmanager
@@ -381,7 +382,7 @@ class SplitMember:
     """A task that may enter a dataset, without its spec (cheap to list by the thousand)."""
 
     task_id: int
-    content_hash: str
+    dedup_key: str
     weight: int
     probe_pass_rate: float | None
     pinned: bool
@@ -421,26 +422,27 @@ def unprobed_train_members(*, session: Session, loop_id: int, limit: int) -> lis
     return [SplitMember(*row) for row in session.execute(query).all()]
 
 
-def task_ids_by_spec_id(
+def row_ids_by_job_task_id(
     *,
     session: Session,
     loop_id: int,
-    spec_ids: Iterable[str],
+    job_task_ids: Iterable[str],
     dataset_id: int | None = None,
     among: Sequence[int] | None = None,
 ) -> dict[str, int]:
-    """Task ids of a loop's tasks named by their TaskSpec id, as job results name them.
+    """``{job task id: row id}`` of a loop's tasks, for the task ids job results name.
 
-    Eval and probe results name a task by its TaskSpec id (``spec.task_id``, the hash of its
-    content), not by curation's normalized ``content_hash``, which differs from it. The
-    lookup is scoped to the tasks the job was given: a dataset's tasks (``dataset_id``) or
-    an explicit list (``among``). Spec ids not found are simply absent from the result.
+    Eval and probe results name a task by the task id of its spec (``spec.task_id``,
+    :func:`services.environments.base.compute_task_id`), not by its row id nor by
+    curation's dedup key. The lookup is scoped to the tasks the job was given: a dataset's
+    tasks (``dataset_id``) or a list of row ids (``among``). Ids not found are simply absent
+    from the result.
     """
-    wanted = sorted(set(spec_ids))
+    wanted = sorted(set(job_task_ids))
     if not wanted:
         return {}
-    spec_id = Task.spec["task_id"].as_string()
-    query = select(spec_id, Task.id).where(Task.loop_id == loop_id, spec_id.in_(wanted))
+    job_task_id = Task.spec["task_id"].as_string()
+    query = select(job_task_id, Task.id).where(Task.loop_id == loop_id, job_task_id.in_(wanted))
     if dataset_id is not None:
         query = query.join(DatasetTask, DatasetTask.task_id == Task.id).where(
             DatasetTask.dataset_id == dataset_id

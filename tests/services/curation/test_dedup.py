@@ -118,11 +118,11 @@ def test_signatures_are_stable_and_round_trip() -> None:
         similarity.signature_from_bytes(b"short")
 
 
-def test_content_hash_normalizes_whitespace_only() -> None:
+def test_dedup_key_normalizes_whitespace_only() -> None:
     common: dict[str, Any] = {"environment": "qa", "tools": [], "verifier": {"reward_id": "r"}}
-    a = similarity.content_hash(prompt="Hello  world\n", reference_answer=None, **common)
-    b = similarity.content_hash(prompt="Hello world", reference_answer=None, **common)
-    c = similarity.content_hash(prompt="hello world", reference_answer=None, **common)
+    a = similarity.dedup_key(prompt="Hello  world\n", reference_answer=None, **common)
+    b = similarity.dedup_key(prompt="Hello world", reference_answer=None, **common)
+    c = similarity.dedup_key(prompt="hello world", reference_answer=None, **common)
     assert a == b != c
 
 

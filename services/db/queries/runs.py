@@ -15,7 +15,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from services.db.models import Checkpoint, Cycle, Run
+from services.db.models import Checkpoint, Cycle, Loop, Run
+from services.db.queries.loops import config_at
 
 TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "lost"})
 
@@ -191,3 +192,16 @@ def upsert_checkpoint(
         .execution_options(populate_existing=True)
     ).one()
     return checkpoint
+
+
+def cycle_executor(*, session: Session, loop: Loop, cycle_id: int | None) -> str:
+    """The executor of the loop's configuration when the cycle started, so a change made
+    while a cycle runs moves only later cycles (``PATCH /v1/loops``); the loop's current
+    executor for a job outside a cycle, or a cycle older than the loop's history."""
+    cycle = session.get(Cycle, cycle_id) if cycle_id is not None else None
+    if cycle is None:
+        return str(loop.executor)
+    config = config_at(session=session, loop_id=loop.id, at=cycle.started_at)
+    if config is None or not config.get("executor"):
+        return str(loop.executor)
+    return str(config["executor"])

@@ -12,14 +12,17 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from services.artifacts import ArtifactStore, uri_to_path
-from services.curation.pipeline import curate_batch
-from services.curation.policy import CurationPolicy
 from services.curation.snapshot import SnapshotError, snapshot, weighted_sample
 from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource
 from services.db.queries import tasks as q
 from services.db.session import SessionFactory
 from services.environments.base import read_task_file
-from tests.services.curation.support import QaAdapter, add_traces, make_loop, trace_body
+from tests.services.curation.support import (
+    add_traces,
+    curate_all,
+    make_loop,
+    trace_body,
+)
 
 WORDS = [
     *("order", "refund", "invoice", "password", "account", "login", "delivery", "address"),
@@ -34,22 +37,6 @@ _names = (f"loop-{i}" for i in itertools.count())
 def questions(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choices(WORDS, k=9)) + f" #{i}" for i in range(n)]
-
-
-def curate_all(session_factory: SessionFactory, loop_id: int) -> None:
-    while True:
-        with session_factory.begin() as session:
-            loop = session.get(Loop, loop_id)
-            assert loop is not None
-            report = curate_batch(
-                session,
-                loop=loop,
-                policy=CurationPolicy.from_json(loop.curation_policy),
-                adapter=QaAdapter(),
-                limit=50,
-            )
-        if not report.more:
-            return
 
 
 @pytest.fixture

@@ -258,7 +258,7 @@ def compute_only(n: int) -> float:
     """
     from services.curation.policy import CurationPolicy
     from services.curation.workers import PrepareJob, prepare_traces
-    from services.db.queries.curation import TraceRow
+    from services.db.queries.traces import TraceRow
 
     rows = []
     for index, body in enumerate(traces(n, seed=n + 1), start=1):

@@ -1,4 +1,4 @@
-"""Installing checkpoints into the content-addressed store.
+"""Installing checkpoints into the content-addressed store, and registering them.
 
 A job writes its checkpoint into its own output dir; before anything trusts it, it is
 verified (every file's sha256 against the manifest), copied atomically to
@@ -25,7 +25,16 @@ from sqlalchemy.orm import Session
 
 from services.artifacts import ArtifactStore, path_to_uri
 from services.db.models import Checkpoint
-from services.db.queries.runs import upsert_checkpoint
+from services.db.queries.runs import get_checkpoint, get_run, upsert_checkpoint
+
+
+class CheckpointRefused(Exception):
+    """A checkpoint that cannot be registered as asked; ``kind`` names why, for callers
+    that report it by type (the activity's non-retryable ``ApplicationError``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,40 @@ def record_checkpoint(
         manifest=installed.manifest,
         parent_id=parent_id,
         run_id=run_id,
+    )
+
+
+def resolve_parent(from_manifest: str | None, from_input: str | None) -> str | None:
+    """The checkpoint's parent: the manifest's and the run's base must agree when both say."""
+    if from_manifest and from_input and from_manifest != from_input:
+        raise CheckpointRefused(
+            "CheckpointLineageMismatch",
+            f"the checkpoint's manifest names parent {from_manifest[:12]} but the run was "
+            f"based on {from_input[:12]}",
+        )
+    return from_manifest or from_input
+
+
+def register_run_checkpoint(
+    *, session: Session, installed: InstalledCheckpoint, run_id: str
+) -> Checkpoint:
+    """Record a run's installed checkpoint under the run's loop; never commits.
+
+    The run must exist, and so must the parent: lineage is a chain of registered rows, so
+    a base checkpoint is registered before anything trained from it.
+    """
+    run = get_run(session=session, run_id=run_id)
+    if run is None:
+        raise CheckpointRefused("UnknownRun", f"run {run_id!r} does not exist")
+    parent = installed.parent
+    if parent is not None and not get_checkpoint(session=session, checkpoint_id=parent):
+        raise CheckpointRefused(
+            "UnknownParentCheckpoint",
+            f"parent checkpoint {parent[:12]} of {installed.checkpoint_id[:12]} is not "
+            "registered; register the base checkpoint first",
+        )
+    return record_checkpoint(
+        session=session, installed=installed, loop_id=run.loop_id, parent_id=parent, run_id=run_id
     )
 
 

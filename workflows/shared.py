@@ -385,22 +385,6 @@ class LoopConfig:
 
 
 @dataclass
-class TriggerCheckInput:
-    loop: str
-    last_cycle_ended_at: str | None
-
-
-@dataclass
-class TriggerCheckResult:
-    """Whether a cycle should start now, and why (min_new_tasks, max_interval, drift)."""
-
-    trigger: str | None
-    detail: dict[str, Any] = field(default_factory=dict)
-    new_train_tasks: int = 0
-    uncurated_traces: int = 0
-
-
-@dataclass
 class StartCycleInput:
     loop: str
     # The cycle (``cycle`` in workflow code; the field keeps the name histories store).

@@ -104,7 +104,9 @@ def _reencrypt(args: argparse.Namespace) -> int:
         try:
             with make_session_factory(engine).begin() as session:
                 stale = [
-                    c for c in signing_secrets(session) if c.secret and not box.is_current(c.secret)
+                    c
+                    for c in signing_secrets(session=session)
+                    if c.secret and not box.is_current(c.secret)
                 ]
                 for credential in stale:
                     assert credential.secret is not None

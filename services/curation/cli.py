@@ -23,7 +23,10 @@ from services.artifacts import uri_to_path
 from services.cli import CliError
 from services.cli.db import database_url
 from services.db.models import Dataset, Loop, Task
-from services.db.queries import curation as q
+from services.db.queries import datasets as dataset_queries
+from services.db.queries import tasks as task_queries
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import create_db_engine, make_session_factory
 from services.progress import Progress
 
@@ -90,10 +93,12 @@ def _session() -> Iterator[Session]:
 
 
 def _loop(session: Session, name: str) -> Loop:
-    loop = q.loop_by_name(session, name=name)
-    if loop is None:
-        raise CliError(f"no loop named {name!r}; `ratchet loop list` shows the loops", exit_code=1)
-    return loop
+    try:
+        return require_loop(session=session, name=name)
+    except NotFound:
+        raise CliError(
+            f"no loop named {name!r}; `ratchet loop list` shows the loops", exit_code=1
+        ) from None
 
 
 def _print_json(value: Any) -> None:
@@ -118,7 +123,9 @@ def _task_summary(task: Task) -> dict[str, Any]:
 def _tasks_list(args: argparse.Namespace) -> int:
     with _session() as session:
         loop = _loop(session, args.loop)
-        tasks = q.list_tasks(session, loop_id=loop.id, split=args.split, limit=args.limit)
+        tasks = task_queries.list_tasks(
+            session=session, loop_id=loop.id, split=args.split, limit=args.limit
+        )
         if args.json:
             _print_json([_task_summary(t) for t in tasks])
             return 0
@@ -136,10 +143,10 @@ def _tasks_list(args: argparse.Namespace) -> int:
 
 def _tasks_show(args: argparse.Namespace) -> int:
     with _session() as session:
-        task = q.get_task(session, task_id=args.task_id)
+        task = task_queries.get_task(session=session, task_id=args.task_id)
         if task is None:
             raise CliError(f"no task {args.task_id}", exit_code=1)
-        sources = q.task_sources(session, task_id=task.id)
+        sources = task_queries.task_sources(session=session, task_id=task.id)
         detail = {
             **_task_summary(task),
             "failure_signature": task.failure_signature,
@@ -166,7 +173,7 @@ def _tasks_show(args: argparse.Namespace) -> int:
 def _tasks_pin(args: argparse.Namespace) -> int:
     with _session() as session:
         loop = _loop(session, args.loop)
-        pinned = q.pin_tasks(session, loop_id=loop.id, task_ids=args.task_ids)
+        pinned = task_queries.pin_tasks(session=session, loop_id=loop.id, task_ids=args.task_ids)
         refused = sorted(set(args.task_ids) - set(pinned))
         if refused:  # raising rolls the whole pin back
             raise CliError(
@@ -196,7 +203,7 @@ def _dataset_summary(dataset: Dataset) -> dict[str, Any]:
 def _datasets_list(args: argparse.Namespace) -> int:
     with _session() as session:
         loop = _loop(session, args.loop)
-        datasets = q.list_datasets(session, loop_id=loop.id, limit=args.limit)
+        datasets = dataset_queries.list_datasets(session=session, loop_id=loop.id, limit=args.limit)
         if args.json:
             _print_json([_dataset_summary(d) for d in datasets])
             return 0
@@ -212,7 +219,7 @@ def _datasets_list(args: argparse.Namespace) -> int:
 
 
 def _dataset(session: Session, dataset_id: int) -> Dataset:
-    dataset = q.get_dataset(session, dataset_id=dataset_id)
+    dataset = dataset_queries.get_dataset(session=session, dataset_id=dataset_id)
     if dataset is None:
         raise CliError(f"no dataset {dataset_id}", exit_code=1)
     return dataset
@@ -222,7 +229,7 @@ def _datasets_show(args: argparse.Namespace) -> int:
     with _session() as session:
         dataset = _dataset(session, args.dataset_id)
         summary = _dataset_summary(dataset)
-        lineage = q.dataset_lineage(session, dataset_id=dataset.id)
+        lineage = dataset_queries.dataset_lineage(session=session, dataset_id=dataset.id)
         summary["source_traces"] = len({trace for _, _, trace in lineage})
         if args.json:
             _print_json(summary)

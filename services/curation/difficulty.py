@@ -83,15 +83,10 @@ def select_by_difficulty(probes: Mapping[int, ProbeCount | float | None]) -> Dif
     )
 
 
-def pass_rates_from_counts(counts: Mapping[int, ProbeCount]) -> dict[int, float]:
-    """Probe counts as the pass rates stored on tasks (``tasks.probe_pass_rate``)."""
-    return {task_id: count.pass_rate for task_id, count in counts.items()}
-
-
 def probe_counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, ProbeCount]:
-    """Per-task counts from the rows of a probe's ``results.jsonl``, keyed by TaskSpec id.
+    """Per-task counts from the rows of a probe's ``results.jsonl``, keyed by task id.
 
-    Each row of the eval job names its task by ``task_id`` (the TaskSpec id) and reports
+    Each row of the eval job names its task by its task id (``task_id``) and reports
     ``samples`` rollouts of which ``sample_passes`` passed. A row without them, or a task
     named twice, raises ``ValueError`` naming the row.
     """

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from services.curation.policy import CurationPolicy
 from services.db.models import Loop
-from services.db.queries import curation as q
+from services.db.queries import traces as q
 
 DEFAULT_FAILURE_RATE = 0.5
 DEFAULT_WINDOW = 200
@@ -74,11 +74,11 @@ def read_drift(session: Session, *, loop: Loop) -> DriftReading:
     """Compute the drift signal of ``loop`` from its traces (see the module docstring)."""
     drift = DriftPolicy.from_trigger_policy(loop.trigger_policy)
     curation = CurationPolicy.from_json(loop.curation_policy)
-    version = q.latest_model_version(session, loop_id=loop.id)
+    version = q.latest_model_version(session=session, loop_id=loop.id)
     if version is None:
         return DriftReading(None, 0, 0, 0.0, drift.failure_rate, drift.window, False)
     traces, failures = q.failure_window(
-        session,
+        session=session,
         loop_id=loop.id,
         model_version=version,
         window=drift.window,

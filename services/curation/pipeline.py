@@ -48,11 +48,12 @@ from services.curation.similarity import (
 from services.curation.splits import ClusterSplit, SplitAssigner
 from services.curation.workers import Prepared, PrepareJob, PreparePool
 from services.db.models import Loop
-from services.db.queries import curation as q
+from services.db.queries import tasks as task_queries
+from services.db.queries import traces as trace_queries
 
 logger = logging.getLogger(__name__)
 
-# Newest stored tasks consulted per LSH bucket (see q.lsh_neighbours).
+# Newest stored tasks consulted per LSH bucket (see task_queries.lsh_neighbours).
 NEIGHBOURS_PER_BUCKET = 64
 
 # The steps of a batch whose durations are reported (``BatchReport.seconds``): reading and
@@ -107,7 +108,7 @@ def curate_batch(
         raise ValueError("limit must be at least 1")
     report = BatchReport()
     with report.timed("lock"):
-        traces = q.lock_uncurated_traces(session, loop_id=loop.id, limit=limit)
+        traces = trace_queries.lock_uncurated_traces(session=session, loop_id=loop.id, limit=limit)
     report.traces_seen = len(traces)
     report.more = len(traces) == limit
     if not traces:
@@ -120,14 +121,14 @@ def curate_batch(
         # The workers prepare the likely next batch while this one is deduplicated and
         # written here (see PreparePool.prefetch); the next batch checks every row.
         with report.timed("lock"):
-            upcoming = q.peek_uncurated_traces(
-                session, loop_id=loop.id, after_id=traces[-1].id, limit=limit
+            upcoming = trace_queries.peek_uncurated_traces(
+                session=session, loop_id=loop.id, after_id=traces[-1].id, limit=limit
             )
         pool.prefetch(replace(job, traces=upcoming))
-    verdicts: dict[int, q.Verdict] = {}
+    verdicts: dict[int, trace_queries.Verdict] = {}
     prepared: list[Prepared] = []
     for result in results:
-        if isinstance(result, q.Verdict):
+        if isinstance(result, trace_queries.Verdict):
             verdicts[result.trace_id] = result
             if result.outcome == "rejected":
                 report.rejected += 1
@@ -148,7 +149,9 @@ def curate_batch(
     )
     heartbeat()
     with report.timed("write"):
-        q.mark_traces_curated(session, verdicts=[verdicts[t.id] for t in traces])
+        trace_queries.mark_traces_curated(
+            session=session, verdicts=[verdicts[t.id] for t in traces]
+        )
     return report
 
 
@@ -158,7 +161,7 @@ def _store(
     loop: Loop,
     policy: CurationPolicy,
     prepared: list[Prepared],
-    verdicts: dict[int, q.Verdict],
+    verdicts: dict[int, trace_queries.Verdict],
     report: BatchReport,
     heartbeat: Callable[[], None],
 ) -> None:
@@ -167,7 +170,9 @@ def _store(
     for item in prepared:
         groups[item.key].append(item)
     with report.timed("lookup"):
-        existing = q.tasks_by_content_hash(session, loop_id=loop.id, hashes=list(groups))
+        existing = task_queries.tasks_by_dedup_key(
+            session=session, loop_id=loop.id, keys=list(groups)
+        )
     increments: Counter[int] = Counter()
     sources: list[tuple[int, int, str]] = []
     for key, items in groups.items():
@@ -176,7 +181,7 @@ def _store(
             increments[task_id] += len(items)
             for item in items:
                 sources.append((task_id, item.trace_id, "duplicate"))
-                verdicts[item.trace_id] = q.Verdict(
+                verdicts[item.trace_id] = trace_queries.Verdict(
                     item.trace_id, "duplicate", f"exact duplicate of task {task_id}"
                 )
             report.duplicates += len(items)
@@ -187,8 +192,8 @@ def _store(
     ]
     bands = {task.key: band_keys(task.signature) for task in new_tasks}
     with report.timed("lookup"):
-        neighbours = q.lsh_neighbours(
-            session,
+        neighbours = task_queries.lsh_neighbours(
+            session=session,
             loop_id=loop.id,
             bands=[band for task_bands in bands.values() for band in task_bands],
             per_bucket=NEIGHBOURS_PER_BUCKET,
@@ -198,7 +203,7 @@ def _store(
         stored = [
             dedup.StoredTask(
                 n.task_id,
-                n.content_hash,
+                n.dedup_key,
                 _stored_verifier_key(n),
                 signature_from_bytes(n.minhash),
                 n.cluster_id,
@@ -228,24 +233,24 @@ def _store(
     )
     heartbeat()
     with report.timed("write"):
-        ids = q.insert_tasks(session, rows=rows)
+        ids = task_queries.insert_tasks(session=session, rows=rows)
     report.tasks_created = len(kept)
     report.new_train_tasks = sum(1 for row in rows if row.split == "train")
     for row in rows:
         for kind, n in row.redactions.items():
             report.redactions[kind] += n
-    splits = {row.content_hash: row.split for row in rows}
+    splits = {row.dedup_key: row.split for row in rows}
     for key in kept:
         task_id = ids[key]
         first = _origin_item(fresh[key])
         rest = [item for item in fresh[key] if item is not first]
         sources.append((task_id, first.trace_id, "origin"))
-        verdicts[first.trace_id] = q.Verdict(
+        verdicts[first.trace_id] = trace_queries.Verdict(
             first.trace_id, "task", f"task {task_id} ({splits[key]})"
         )
         for item in rest:
             sources.append((task_id, item.trace_id, "duplicate"))
-            verdicts[item.trace_id] = q.Verdict(
+            verdicts[item.trace_id] = trace_queries.Verdict(
                 item.trace_id, "duplicate", f"exact duplicate of task {task_id}"
             )
         report.duplicates += len(rest)
@@ -257,7 +262,7 @@ def _store(
             increments[target] += len(fresh[key])
         for item in fresh[key]:
             sources.append((target, item.trace_id, "near_duplicate"))
-            verdicts[item.trace_id] = q.Verdict(
+            verdicts[item.trace_id] = trace_queries.Verdict(
                 item.trace_id,
                 "duplicate",
                 f"near duplicate of task {target} (similarity {decision.similarity:.2f})",
@@ -265,31 +270,31 @@ def _store(
         report.duplicates += len(fresh[key])
     heartbeat()
     with report.timed("write"):
-        q.add_task_weights(session, increments=increments)
-        q.insert_lsh_buckets(
-            session,
+        task_queries.add_task_weights(session=session, increments=increments)
+        task_queries.insert_lsh_buckets(
+            session=session,
             loop_id=loop.id,
             rows=[(band, bucket, ids[key]) for key in kept for band, bucket in bands[key]],
         )
-        q.insert_task_sources(session, rows=sources)
+        task_queries.insert_task_sources(session=session, rows=sources)
 
 
 _VERIFIER_KEYS: dict[str, str] = {}
 _VERIFIER_KEYS_MAX = 65_536
 
 
-def _stored_verifier_key(neighbour: q.NeighbourRow) -> str:
+def _stored_verifier_key(neighbour: task_queries.NeighbourRow) -> str:
     """The verifier key of a stored task, remembered by its content hash.
 
     The same popular neighbours come back batch after batch, and the content hash covers
     the verifier, so equal hashes have equal verifier keys (in any loop or database).
     """
-    key = _VERIFIER_KEYS.get(neighbour.content_hash)
+    key = _VERIFIER_KEYS.get(neighbour.dedup_key)
     if key is None:
         if len(_VERIFIER_KEYS) >= _VERIFIER_KEYS_MAX:
             _VERIFIER_KEYS.clear()
         key = verifier_key(json.loads(neighbour.verifier_json) or {})
-        _VERIFIER_KEYS[neighbour.content_hash] = key
+        _VERIFIER_KEYS[neighbour.dedup_key] = key
     return key
 
 
@@ -303,11 +308,13 @@ def _task_rows(
     decisions: Mapping[str, dedup.Decision],
     weights: Mapping[str, int],
     report: BatchReport,
-) -> list[q.NewTaskRow]:
+) -> list[task_queries.NewTaskRow]:
     clusters = sorted({decisions[key].cluster_id for key in kept})
     with report.timed("lookup"):
-        stored_splits = q.cluster_splits(session, loop_id=loop.id, cluster_ids=clusters)
-        heldout = q.heldout_count(session, loop_id=loop.id)
+        stored_splits = task_queries.cluster_splits(
+            session=session, loop_id=loop.id, cluster_ids=clusters
+        )
+        heldout = task_queries.heldout_count(session=session, loop_id=loop.id)
     assigner = SplitAssigner(
         cluster_splits={c: _cluster_split(s) for c, s in stored_splits.items()},
         heldout_count=heldout,
@@ -315,15 +322,15 @@ def _task_rows(
         eval_fraction=policy.eval_fraction,
         heldout_fraction=policy.heldout_fraction,
     )
-    rows: list[q.NewTaskRow] = []
+    rows: list[task_queries.NewTaskRow] = []
     for key in kept:
         first = _origin_item(fresh[key])
         origin = first.origin
         cluster = decisions[key].cluster_id
         rows.append(
-            q.NewTaskRow(
+            task_queries.NewTaskRow(
                 loop_id=loop.id,
-                content_hash=key,
+                dedup_key=key,
                 environment=first.environment,
                 spec_json=first.spec_json,
                 origin=origin,

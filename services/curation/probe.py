@@ -7,11 +7,11 @@ with ``samples`` set to the attempts). This module
 - writes those tasks (:func:`export_unprobed`) to ``<run dir>/probe-tasks.jsonl`` in the
   ``ratchet.task/v1`` format of a dataset's files, ``metadata.ratchet`` included, once per
   run: a second call for the same run reads back the file the first one wrote;
-- turns the job's ``results.jsonl`` into pass rates of task ids (:func:`pass_rates`), naming
-  tasks by their TaskSpec id exactly as recorded evaluations do
-  (``queries.curation.task_ids_by_spec_id``).
+- turns the job's ``results.jsonl`` into pass rates of tasks (:func:`pass_rates`), naming
+  tasks by their task id exactly as recorded evaluations do
+  (``queries.tasks.row_ids_by_job_task_id``).
 
-Storing the rates is ``queries.curation.record_probe_results``; the snapshot then filters.
+Storing the rates is ``queries.tasks.record_probe_results``; the snapshot then filters.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from services.artifacts import ArtifactStore
 from services.curation.difficulty import DifficultySelection, probe_counts, select_by_difficulty
 from services.curation.policy import CurationPolicy
 from services.curation.snapshot import task_lines
-from services.db.queries import curation as q
+from services.db.queries import tasks as q
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.environments.base import TaskFileError, read_task_file, write_task_file
 
@@ -78,15 +80,16 @@ def export_unprobed(
     if path.is_file():
         return ProbeExport(path, _task_ids_in(path))
     with session_factory.begin() as session:
-        loop = q.loop_by_name(session, name=loop_name)
-        if loop is None:
-            raise ProbeError(f"loop {loop_name!r} does not exist")
+        try:
+            loop = require_loop(session=session, name=loop_name)
+        except NotFound as exc:
+            raise ProbeError(str(exc)) from None
         policy = CurationPolicy.from_json(loop.curation_policy)
         limit = min(max_tasks, policy.max_train_tasks)
-        members = q.unprobed_train_members(session, loop_id=loop.id, limit=limit)
+        members = q.unprobed_train_members(session=session, loop_id=loop.id, limit=limit)
         if not members:
             return ProbeExport(None, [])
-        members = sorted(members, key=lambda m: m.content_hash)
+        members = sorted(members, key=lambda m: m.dedup_key)
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(f".{PROBE_TASK_FILE}.{uuid.uuid4().hex[:8]}.tmp")
         try:
@@ -119,7 +122,9 @@ def pass_rates(
         counts = probe_counts(rows)
     except ValueError as exc:
         raise ProbeError(f"probe results: {exc}") from exc
-    ids = q.task_ids_by_spec_id(session, loop_id=loop_id, spec_ids=counts, among=task_ids)
+    ids = q.row_ids_by_job_task_id(
+        session=session, loop_id=loop_id, job_task_ids=counts, among=task_ids
+    )
     unknown = sorted(set(counts) - set(ids))
     if unknown:
         raise ProbeError(

@@ -46,7 +46,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -465,8 +465,3 @@ def _card_windows(run: str) -> list[tuple[int, int]]:
         if all(end <= s or start >= e for s, e in chosen):
             chosen.append((start, end))
     return sorted(chosen)
-
-
-def merge_counts(into: Counter[str], more: Iterable[tuple[str, int]]) -> None:
-    for kind, n in more:
-        into[kind] += n

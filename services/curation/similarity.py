@@ -57,7 +57,7 @@ def canonical_json(value: Any) -> str:
     return _canonical(value)
 
 
-def content_hash(
+def dedup_key(
     *,
     environment: str,
     prompt: str,
@@ -66,7 +66,9 @@ def content_hash(
     reference_answer: str | None,
     tools_json: str | None = None,
 ) -> str:
-    """sha256 of the normalized task content; equal hashes are exact duplicates.
+    """Curation's dedup key: sha256 of the task content with its prompt normalized; equal
+    keys are exact duplicates. Stored in ``tasks.content_hash``. Not the task id
+    (:func:`services.environments.base.compute_task_id`, of the content as it is).
 
     ``tools_json``, when the caller has it, is ``canonical_json(tools)``: the tool specs are
     most of a task's bytes, and the canonical text of the whole content is assembled from
@@ -146,11 +148,6 @@ def band_keys(sig: Signature) -> list[tuple[int, bytes]]:
     head = sig[: BANDS * ROWS].astype("<u4").tobytes()
     width = ROWS * 4
     return [(band, head[band * width : (band + 1) * width]) for band in range(BANDS)]
-
-
-def jaccard(a: Signature, b: Signature) -> float:
-    """Estimated Jaccard similarity of the two shingle sets."""
-    return float(np.count_nonzero(a == b)) / NUM_PERM
 
 
 def jaccard_many(sig: Signature, others: npt.NDArray[np.uint32]) -> npt.NDArray[np.float64]:

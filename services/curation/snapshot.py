@@ -45,7 +45,10 @@ from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.curation.difficulty import select_by_difficulty
 from services.curation.policy import CurationPolicy
 from services.db.models import Dataset, Loop
-from services.db.queries import curation as q
+from services.db.queries import datasets as dataset_queries
+from services.db.queries import tasks as task_queries
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.environments.base import TaskSpec, write_task_file
 
@@ -86,12 +89,12 @@ class DatasetSnapshot:
 
 @dataclass(frozen=True)
 class _Selection:
-    members: dict[str, list[q.SplitMember]]
+    members: dict[str, list[task_queries.SplitMember]]
     difficulty: dict[str, int]
 
     def lines(self) -> list[str]:
         return sorted(
-            f"{split}\t{m.content_hash}\t{m.weight}"
+            f"{split}\t{m.dedup_key}\t{m.weight}"
             for split, members in self.members.items()
             for m in members
         )
@@ -114,13 +117,16 @@ def snapshot(
     with session_factory.begin() as session:
         # One consistent view of the tasks, even while curation keeps adding some.
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        loop = q.loop_by_name(session, name=loop_name)
-        if loop is None:
-            raise SnapshotError(f"loop {loop_name!r} does not exist")
+        try:
+            loop = require_loop(session=session, name=loop_name)
+        except NotFound as exc:
+            raise SnapshotError(str(exc)) from None
         policy = CurationPolicy.from_json(loop.curation_policy)
         selection = _select(session, loop=loop, policy=policy)
         content_hash = selection.content_hash()
-        existing = q.dataset_by_hash(session, loop_id=loop.id, content_hash=content_hash)
+        existing = dataset_queries.dataset_by_hash(
+            session=session, loop_id=loop.id, content_hash=content_hash
+        )
         if existing is not None:
             _check_files(existing)
             return _as_snapshot(existing, created=False)
@@ -137,8 +143,8 @@ def snapshot(
             },
             "manifest_uri": path_to_uri(directory / "manifest.json"),
         }
-        dataset_id = q.insert_dataset(
-            session,
+        dataset_id = dataset_queries.insert_dataset(
+            session=session,
             values={
                 "loop_id": loop.id,
                 "content_hash": content_hash,
@@ -154,12 +160,14 @@ def snapshot(
             },
         )
         if dataset_id is None:  # a concurrent snapshot with the same content won the insert
-            raced = q.dataset_by_hash(session, loop_id=loop.id, content_hash=content_hash)
+            raced = dataset_queries.dataset_by_hash(
+                session=session, loop_id=loop.id, content_hash=content_hash
+            )
             if raced is None:
                 raise SnapshotError(f"dataset {content_hash[:12]} vanished during the snapshot")
             return _as_snapshot(raced, created=False)
-        q.insert_dataset_tasks(
-            session,
+        dataset_queries.insert_dataset_tasks(
+            session=session,
             dataset_id=dataset_id,
             members=[
                 (m.task_id, split) for split, members in selection.members.items() for m in members
@@ -191,7 +199,7 @@ def snapshot(
 
 
 def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selection:
-    train = q.split_members(session, loop_id=loop.id, split="train")
+    train = task_queries.split_members(session=session, loop_id=loop.id, split="train")
     if policy.difficulty_filter:
         chosen = select_by_difficulty({m.task_id: m.probe_pass_rate for m in train})
         difficulty = chosen.counts()
@@ -199,14 +207,18 @@ def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selecti
     else:
         difficulty = {"kept": len(train), "too_easy": 0, "too_hard": 0, "unprobed": 0}
     train = weighted_sample(train, policy.max_train_tasks)
-    evaluation = q.split_members(session, loop_id=loop.id, split="eval")[: policy.max_eval_tasks]
-    regression_all = q.split_members(session, loop_id=loop.id, split="regression")
+    evaluation = task_queries.split_members(session=session, loop_id=loop.id, split="eval")[
+        : policy.max_eval_tasks
+    ]
+    regression_all = task_queries.split_members(
+        session=session, loop_id=loop.id, split="regression"
+    )
     pinned = [m for m in regression_all if m.pinned]
     room = max(policy.max_regression_tasks - len(pinned), 0)
     regression = pinned + [m for m in regression_all if not m.pinned][:room]
-    heldout = q.split_members(session, loop_id=loop.id, split="heldout")
-    crossing = q.clusters_crossing_train_line(
-        session, loop_id=loop.id, train_ids=[m.task_id for m in train]
+    heldout = task_queries.split_members(session=session, loop_id=loop.id, split="heldout")
+    crossing = dataset_queries.clusters_crossing_train_line(
+        session=session, loop_id=loop.id, train_ids=[m.task_id for m in train]
     )
     if crossing:
         raise SnapshotError(
@@ -224,7 +236,9 @@ def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selecti
     )
 
 
-def weighted_sample(members: Sequence[q.SplitMember], k: int) -> list[q.SplitMember]:
+def weighted_sample(
+    members: Sequence[task_queries.SplitMember], k: int
+) -> list[task_queries.SplitMember]:
     """``k`` members drawn without replacement with probability proportional to weight.
 
     Efraimidis-Spirakis: each member gets the key ``-ln(u) / weight`` and the ``k`` smallest
@@ -235,8 +249,8 @@ def weighted_sample(members: Sequence[q.SplitMember], k: int) -> list[q.SplitMem
     if len(members) <= k:
         return list(members)
 
-    def key(member: q.SplitMember) -> float:
-        digest = hashlib.sha256(b"ratchet/sample/" + member.content_hash.encode()).digest()
+    def key(member: task_queries.SplitMember) -> float:
+        digest = hashlib.sha256(b"ratchet/sample/" + member.dedup_key.encode()).digest()
         u = (int.from_bytes(digest[:8], "big") + 1) / (2**64 + 1)  # in (0, 1)
         return -math.log(u) / max(member.weight, 1)
 
@@ -261,7 +275,7 @@ def _write_files(
     try:
         files: dict[str, dict[str, Any]] = {}
         for split, name in FILES.items():
-            members = sorted(selection.members[split], key=lambda m: m.content_hash)
+            members = sorted(selection.members[split], key=lambda m: m.dedup_key)
             count = write_task_file(staging / name, task_lines(session, members, split))
             files[name] = {"count": count, "sha256": _sha256(staging / name)}
         manifest = {
@@ -287,22 +301,24 @@ def _write_files(
 
 
 def task_lines(
-    session: Session, members: Sequence[q.SplitMember], split: str
+    session: Session, members: Sequence[task_queries.SplitMember], split: str
 ) -> Iterator[TaskSpec]:
     """Task file lines with their ``metadata.ratchet`` lineage, fetched a chunk at a time so
     memory stays flat for large files (datasets and the probe's task file)."""
     for start in range(0, len(members), _CHUNK):
         chunk = members[start : start + _CHUNK]
-        contents = q.task_contents(session, task_ids=[m.task_id for m in chunk])
+        contents = task_queries.task_contents(session=session, task_ids=[m.task_id for m in chunk])
         for member in chunk:
             yield _task_line(member, split, contents[member.task_id])
 
 
-def _task_line(member: q.SplitMember, split: str, content: q.TaskContent) -> TaskSpec:
+def _task_line(
+    member: task_queries.SplitMember, split: str, content: task_queries.TaskContent
+) -> TaskSpec:
     task = TaskSpec.from_json(content.spec)
     lineage = {
         "task_id": member.task_id,
-        "content_hash": member.content_hash,
+        "content_hash": member.dedup_key,
         "cluster_id": content.cluster_id,
         "split": split,
         "weight": member.weight,

@@ -47,12 +47,12 @@ from services.curation.selection import (
 from services.curation.similarity import (
     Signature,
     canonical_json,
-    content_hash,
+    dedup_key,
     signature,
     verifier_key,
 )
 from services.curation.splits import Origin
-from services.db.queries.curation import TraceRow, Verdict
+from services.db.queries.traces import TraceRow, Verdict
 from services.environments.base import Rejection, TaskSpec
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def _prepare(trace: TraceRow, *, job: PrepareJob, redactor: Redactor) -> Prepare
         origin=origin,
         environment=clean.environment,
         spec_json=_spec_json(clean, tools_json),
-        key=content_hash(
+        key=dedup_key(
             environment=clean.environment,
             prompt=clean.prompt,
             tools=clean.tools,

@@ -312,7 +312,7 @@ def loop_context(session: Session, *, loop: Loop, links: TemporalLinks) -> dict[
         "actions": loop_actions(loop, has_open_cycle=bool(current and current.is_open)),
         "loop_url": links.loop(loop.name),
         "loop_search_url": links.loop_search(loop.name),
-        "config_versions": config_versions(session, loop_id=loop.id, limit=20),
+        "config_versions": config_versions(session=session, loop_id=loop.id, limit=20),
     }
 
 

@@ -22,7 +22,6 @@ from services.db.models import (
     Cycle,
     Dataset,
     Evaluation,
-    Loop,
     Promotion,
     Run,
     Task,
@@ -131,10 +130,6 @@ def loops_overview(session: Session) -> list[LoopSummary]:
     """Every loop with its stage, champion, live success rate, last cycle and spend."""
     rows = session.execute(_OVERVIEW_SQL, {"window": LIVE_WINDOW_TRACES}).mappings()
     return [LoopSummary(**row) for row in rows]
-
-
-def get_loop(session: Session, *, name: str) -> Loop | None:
-    return session.scalars(select(Loop).where(Loop.name == name)).one_or_none()
 
 
 def recent_outcomes(

@@ -138,7 +138,13 @@ class Trace(Base):
 
 
 class Task(Base):
-    """A curated, verifiable RL task. The content hash is unique per loop."""
+    """A curated, verifiable RL task. Its dedup key is unique per loop.
+
+    Three identities meet here: ``id`` is the row id (what ``task_id`` columns reference);
+    ``content_hash`` holds curation's dedup key (:func:`services.curation.similarity.dedup_key`;
+    the column keeps its first name); ``spec["task_id"]`` is the task id a job sees
+    (:func:`services.environments.base.compute_task_id`).
+    """
 
     __tablename__ = "tasks"
     __table_args__ = (

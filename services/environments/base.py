@@ -4,7 +4,8 @@ An environment is what turns "the agent failed in production" into something a t
 optimise and a gate can measure. It provides:
 
 - tasks (:class:`TaskSpec`) — a prompt the policy sees, the tools it may call, a verifier
-  (reward id + params) and optionally a reference answer, identified by a content hash;
+  (reward id + params) and optionally a reference answer, identified by its task id (a
+  hash of its content);
 - a rollout step — :meth:`Environment.start` opens an :class:`Episode`,
   :meth:`Environment.step` applies one agent turn (tool call or answer) and records the
   environment's reply; :func:`run_episode_with` loops the two for a single ``act`` callable;
@@ -48,10 +49,12 @@ def compute_task_id(
     verifier: Mapping[str, Any],
     reference_answer: str | None,
 ) -> str:
-    """sha256 of the task's normalized content (canonical JSON); metadata is not content.
+    """The task id: sha256 of the task's content as canonical JSON; metadata is not content.
 
-    Two traces that lead to the same prompt, tools and verifier give the same task id, which
-    is what lets curation deduplicate tasks across traces.
+    The one function that computes a task id. It names a task wherever a job sees it (the
+    task file's and the results rows' ``task_id``). It is not curation's dedup key
+    (:func:`services.curation.similarity.dedup_key`, which hashes a whitespace-normalized
+    prompt) nor the ``tasks`` row id, which the database code calls ``task_id``.
     """
     content = {
         "environment": environment,
@@ -65,7 +68,10 @@ def compute_task_id(
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One verifiable RL task, as stored in a task file and in the tasks table."""
+    """One verifiable RL task, as stored in a task file and in the tasks table.
+
+    ``task_id`` is :func:`compute_task_id` of the content (checked on reading a task file).
+    """
 
     task_id: str
     environment: str
@@ -104,15 +110,6 @@ class TaskSpec:
             verifier=verifier_dict,
             reference_answer=reference_answer,
             metadata=dict(metadata or {}),
-        )
-
-    def content_hash(self) -> str:
-        return compute_task_id(
-            environment=self.environment,
-            prompt=self.prompt,
-            tools=self.tools,
-            verifier=self.verifier,
-            reference_answer=self.reference_answer,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,18 +158,17 @@ class TaskSpec:
         metadata = data.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise TaskFileError("metadata must be an object")
-        task = cls(
-            task_id=data["task_id"],
+        task = cls.create(
             environment=data["environment"],
             prompt=data["prompt"],
-            tools=list(data["tools"]),
-            verifier=dict(verifier),
+            tools=data["tools"],
+            verifier=verifier,
             reference_answer=reference,
-            metadata=dict(metadata),
+            metadata=metadata,
         )
-        if task.content_hash() != task.task_id:
+        if task.task_id != data["task_id"]:
             raise TaskFileError(
-                f"task_id {task.task_id[:12]}… does not match the task's content hash"
+                f"task_id {data['task_id'][:12]}… does not match the task's content hash"
             )
         return task
 

@@ -1,9 +1,9 @@
 """The eval job's per-task results file: its name and how the worker reads it back.
 
-The eval job writes ``<output_dir>/results.jsonl``, one JSON object per task (``task_id``
-— the TaskSpec id —, ``passed``, ``reward``, ``samples``, ``sample_passes``, …). The loop
-reads it to record an evaluation, and to record a probe's pass rates. Standard library only:
-the job imports the name, the worker the reader.
+The eval job writes ``<output_dir>/results.jsonl``, one JSON object per task (``task_id``,
+the ``TaskSpec.task_id``; ``passed``, ``reward``, ``samples``, ``sample_passes``, …). The
+loop reads it to record an evaluation, and to record a probe's pass rates. Standard library
+only: the job imports the name, the worker the reader.
 """
 
 from __future__ import annotations

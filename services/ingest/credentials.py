@@ -271,7 +271,7 @@ class CredentialCache:
     def _read_loop(self, name: str) -> LoopKeys | None:
         now = dt.datetime.now(dt.UTC)
         with self._session_factory() as session:
-            found = signing_secrets_for(session, loop_name=name, now=now)
+            found = signing_secrets_for(session=session, loop_name=name, now=now)
             if found is None:
                 return None
             loop, credentials = found
@@ -290,13 +290,13 @@ class CredentialCache:
     def _read_names(self, _: str) -> tuple[frozenset[str], frozenset[str]]:
         now = dt.datetime.now(dt.UTC)
         with self._session_factory() as session:
-            names = frozenset(loop_names(session))
-            return names, frozenset(active_token_digests(session, now=now))
+            names = frozenset(loop_names(session=session))
+            return names, frozenset(active_token_digests(session=session, now=now))
 
     def _read_token(self, digest: str) -> TokenLoop | None:
         now = dt.datetime.now(dt.UTC)
         with self._session_factory() as session:
-            found = loop_for_token(session, token_sha256=digest, now=now)
+            found = loop_for_token(session=session, token_sha256=digest, now=now)
             if found is None:
                 return None
             loop, credential = found

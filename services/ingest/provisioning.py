@@ -48,11 +48,11 @@ def provision_loop(session: Session, *, fields: LoopFields, box: SecretBox) -> P
 
     Raises :class:`services.db.queries.loops.LoopNameTaken` when the name is in use.
     """
-    loop = create_loop(session, fields=fields)
+    loop = create_loop(session=session, fields=fields)
     signing_secret = generate_secret()
     ingest_token = generate_ingest_token()
-    add_signing_secret(session, loop_id=loop.id, secret=box.encrypt(signing_secret))
-    add_ingest_token(session, loop_id=loop.id, token_sha256=hash_token(ingest_token))
+    add_signing_secret(session=session, loop_id=loop.id, secret=box.encrypt(signing_secret))
+    add_ingest_token(session=session, loop_id=loop.id, token_sha256=hash_token(ingest_token))
     return ProvisionedLoop(loop=loop, signing_secret=signing_secret, ingest_token=ingest_token)
 
 
@@ -81,16 +81,16 @@ def rotate_credential(
     interleaved could each keep the other's new credential active forever).
     """
     now = now or dt.datetime.now(dt.UTC)
-    lock_loop(session, loop_id=loop.id)
-    had_active = bool(active_credentials(session, loop_id=loop.id, now=now, kind=kind))
+    lock_loop(session=session, loop_id=loop.id)
+    had_active = bool(active_credentials(session=session, loop_id=loop.id, now=now, kind=kind))
     expires_at = now + grace
-    expire_credentials(session, loop_id=loop.id, kind=kind, now=now, at=expires_at)
+    expire_credentials(session=session, loop_id=loop.id, kind=kind, now=now, at=expires_at)
     if kind == SIGNING_SECRET:
         value = generate_secret()
-        add_signing_secret(session, loop_id=loop.id, secret=box.encrypt(value))
+        add_signing_secret(session=session, loop_id=loop.id, secret=box.encrypt(value))
     elif kind == INGEST_TOKEN:
         value = generate_ingest_token()
-        add_ingest_token(session, loop_id=loop.id, token_sha256=hash_token(value))
+        add_ingest_token(session=session, loop_id=loop.id, token_sha256=hash_token(value))
     else:  # pragma: no cover - the Literal type and the api schema exclude it
         raise ValueError(f"unknown credential kind {kind!r}")
     return RotatedCredential(

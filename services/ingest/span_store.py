@@ -141,8 +141,8 @@ class EpisodeAssembler:
         self, session: Session, loop_id: int, trace_ids: set[str]
     ) -> list[tuple[Any, ...]]:
         """Open the request's transaction: lock the traces' queue rows, read what is stored."""
-        queries.touch_pending_traces(session, loop_id=loop_id, trace_ids=trace_ids)
-        return queries.trace_structure(session, loop_id=loop_id, trace_ids=trace_ids)
+        queries.touch_pending_traces(session=session, loop_id=loop_id, trace_ids=trace_ids)
+        return queries.trace_structure(session=session, loop_id=loop_id, trace_ids=trace_ids)
 
     def _store_and_finish(
         self,
@@ -166,19 +166,19 @@ class EpisodeAssembler:
             else:
                 inserts.append({**row, "assembled_at": None})
         for chunk in _chunks(inserts, INSERT_CHUNK):
-            queries.insert_rows(session, rows=chunk)
-        queries.mark_assembled(session, row_ids=[i for i in done if i > 0])
-        queries.delete_rows(session, row_ids=[i for i in dropped if i > 0])
-        queries.release_traces(session, loop_id=loop_id, trace_ids=trace_ids)
+            queries.insert_rows(session=session, rows=chunk)
+        queries.mark_assembled(session=session, row_ids=[i for i in done if i > 0])
+        queries.delete_rows(session=session, row_ids=[i for i in dropped if i > 0])
+        queries.release_traces(session=session, loop_id=loop_id, trace_ids=trace_ids)
         session.commit()
 
     def _read(self, loop_id: int, trace_ids: set[str]) -> list[tuple[Any, ...]]:
         with self._session_factory() as session:
-            return queries.trace_structure(session, loop_id=loop_id, trace_ids=trace_ids)
+            return queries.trace_structure(session=session, loop_id=loop_id, trace_ids=trace_ids)
 
     def _payloads(self, row_ids: list[int]) -> dict[int, str | None]:
         with self._session_factory() as session:
-            return queries.payloads(session, row_ids=row_ids)
+            return queries.payloads(session=session, row_ids=row_ids)
 
     def _finish(
         self,
@@ -190,10 +190,12 @@ class EpisodeAssembler:
     ) -> None:
         with self._session_factory.begin() as session:
             # The queue rows first, as the request path takes them: no deadlock between them.
-            queries.lock_pending_traces(session, loop_id=loop_id, trace_ids=trace_ids)
-            queries.mark_assembled(session, row_ids=row_ids)
-            queries.delete_rows(session, row_ids=dropped)
-            queries.release_traces(session, loop_id=loop_id, trace_ids=trace_ids, unclaim=unclaim)
+            queries.lock_pending_traces(session=session, loop_id=loop_id, trace_ids=trace_ids)
+            queries.mark_assembled(session=session, row_ids=row_ids)
+            queries.delete_rows(session=session, row_ids=dropped)
+            queries.release_traces(
+                session=session, loop_id=loop_id, trace_ids=trace_ids, unclaim=unclaim
+            )
 
     # The request path ---------------------------------------------------------------------
 
@@ -259,7 +261,7 @@ class EpisodeAssembler:
         def claim() -> list[tuple[int, str, str]]:
             with self._session_factory.begin() as session:
                 return queries.claim_quiet_traces(
-                    session,
+                    session=session,
                     quiet_s=settings.otlp_episode_quiet_s,
                     max_wait_s=settings.otlp_episode_max_wait_s,
                     lease_s=lease_s,
@@ -314,7 +316,9 @@ class EpisodeAssembler:
 
         def purge() -> int:
             with self._session_factory.begin() as session:
-                return queries.purge_assembled(session, retention_s=retention, limit=PURGE_LIMIT)
+                return queries.purge_assembled(
+                    session=session, retention_s=retention, limit=PURGE_LIMIT
+                )
 
         await self._db(purge)
 

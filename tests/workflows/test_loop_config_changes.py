@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 
 from services.artifacts import path_to_uri
 from services.db.models import Checkpoint, Loop
-from services.db.queries.loops import config_document, get_loop, update_loop_config
+from services.db.queries.loops import config_document, require_loop, update_loop_config
 from services.db.session import SessionFactory
 from tests.workflows.test_loop import FakeCurateWorkflow, World, start_loop
 from workflows.activities.loop import LoopActivities
@@ -105,13 +105,14 @@ async def test_a_change_during_a_cycle_applies_from_the_next_cycle(
 
     def change_the_loop() -> None:
         with session_factory.begin() as session:
-            loop = get_loop(session, name=name)
-            assert loop is not None
+            loop = require_loop(session=session, name=name)
             config = config_document(loop)
             config["gate_policy"] = {**config["gate_policy"], "confidence": 0.99}
             config["training_profile"] = {"hyperparameters": {"steps": 20}}
             config["trigger_policy"] = {**config["trigger_policy"], "min_new_tasks": 4}
-            update = update_loop_config(session, loop=loop, config=config, changed_by="test")
+            update = update_loop_config(
+                session=session, loop=loop, config=config, changed_by="test"
+            )
             assert update.version is not None and update.version.version == 2
         world.new_tasks = 5  # enough for the new trigger (4), not for the old one (8)
 

@@ -26,7 +26,7 @@ from temporalio.worker import Worker
 
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.db.models import Checkpoint, Cycle, Dataset, DatasetTask, Loop, Run, Task
-from services.db.queries import curation as q
+from services.db.queries import tasks as q
 from services.db.session import SessionFactory
 from services.environments.base import read_task_file
 from services.evaluation.job import _options
@@ -159,7 +159,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
     tasks = task_by_question(session_factory, name)
     with session_factory.begin() as session:
         q.record_probe_results(
-            session, loop_id=tasks["always"].loop_id, pass_rates={tasks["always"].id: 1.0}
+            session=session, loop_id=tasks["always"].loop_id, pass_rates={tasks["always"].id: 1.0}
         )
     env = ActivityEnvironment()
     run_id = f"{name}-c1-probe"
@@ -178,7 +178,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
     # A retry returns the file the first attempt wrote, even after the tasks changed.
     with session_factory.begin() as session:
         q.record_probe_results(
-            session, loop_id=tasks["never"].loop_id, pass_rates={tasks["never"].id: 0.0}
+            session=session, loop_id=tasks["never"].loop_id, pass_rates={tasks["never"].id: 0.0}
         )
     again = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, run_id))
     assert (again.task_uri, again.task_ids) == (first.task_uri, first.task_ids)
@@ -189,7 +189,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
     assert other.task_ids == [tasks["mixed"].id]
     with session_factory.begin() as session:
         q.record_probe_results(
-            session, loop_id=tasks["mixed"].loop_id, pass_rates={tasks["mixed"].id: 0.5}
+            session=session, loop_id=tasks["mixed"].loop_id, pass_rates={tasks["mixed"].id: 0.5}
         )
     none = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, f"{name}-c3-probe"))
     assert (none.task_uri, none.count, none.task_ids) == (None, 0, [])
@@ -387,10 +387,13 @@ async def test_the_loop_probes_and_the_snapshot_keeps_only_mixed_tasks(
     assert train == {tasks["mixed"].id}
     assert dataset.stats["difficulty"] == {"kept": 1, "too_easy": 1, "too_hard": 1, "unprobed": 0}
     # Evaluations map results to tasks with the same lookup, scoped to their dataset.
-    spec_ids = [t.spec["task_id"] for t in tasks.values()]
+    job_task_ids = [t.spec["task_id"] for t in tasks.values()]
     with session_factory() as session:
-        in_dataset = q.task_ids_by_spec_id(
-            session, loop_id=dataset.loop_id, spec_ids=spec_ids, dataset_id=dataset.id
+        in_dataset = q.row_ids_by_job_task_id(
+            session=session,
+            loop_id=dataset.loop_id,
+            job_task_ids=job_task_ids,
+            dataset_id=dataset.id,
         )
     assert in_dataset == {tasks["mixed"].spec["task_id"]: tasks["mixed"].id}
 

@@ -27,7 +27,10 @@ from services.curation.drift import DriftPolicyError, read_drift
 from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.curation.snapshot import SnapshotError, snapshot
 from services.db.models import Loop
-from services.db.queries import curation as q
+from services.db.queries import tasks as task_queries
+from services.db.queries import traces as trace_queries
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.evaluation.results import ResultsFileError, read_results
 from services.logs import log_context
@@ -198,10 +201,12 @@ class CurationActivities:
             loop = self._loop(session, input.loop)
             policy = _policy(loop)
             return PendingWorkResult(
-                new_train_tasks=q.count_new_train_tasks(
-                    session, loop_id=loop.id, difficulty_filter=policy.difficulty_filter
+                new_train_tasks=task_queries.count_new_train_tasks(
+                    session=session, loop_id=loop.id, difficulty_filter=policy.difficulty_filter
                 ),
-                uncurated_traces=q.count_uncurated_traces(session, loop_id=loop.id),
+                uncurated_traces=trace_queries.count_uncurated_traces(
+                    session=session, loop_id=loop.id
+                ),
             )
 
     # Difficulty probe -----------------------------------------------------------------------
@@ -240,7 +245,7 @@ class CurationActivities:
     def probe_pass_rates(self, input: ProbePassRatesInput) -> ProbePassRatesResult:
         """A finished probe job's ``results.jsonl`` as pass rates of the exported tasks.
 
-        Rows name tasks by TaskSpec id and are mapped to task ids as recorded evaluations
+        Rows name tasks by task id and are mapped to row ids as recorded evaluations
         are, among ``task_ids`` only; a row naming any other task, or malformed results, fail
         non-retryably (``BadProbeOutput``). Read-only, so trivially idempotent.
         """
@@ -284,7 +289,9 @@ class CurationActivities:
             )
         with log_context(loop=input.loop), self._transaction() as session:
             loop = self._loop(session, input.loop)
-            updated = q.record_probe_results(session, loop_id=loop.id, pass_rates=input.pass_rates)
+            updated = task_queries.record_probe_results(
+                session=session, loop_id=loop.id, pass_rates=input.pass_rates
+            )
         logger.info("recorded %d probe pass rates of %s", updated, input.loop)
         return RecordProbesResult(updated=updated)
 
@@ -296,12 +303,10 @@ class CurationActivities:
             yield session
 
     def _loop(self, session: Session, name: str) -> Loop:
-        loop = q.loop_by_name(session, name=name)
-        if loop is None:
-            raise ApplicationError(
-                f"loop {name!r} does not exist", type="NotFound", non_retryable=True
-            )
-        return loop
+        try:
+            return require_loop(session=session, name=name)
+        except NotFound as exc:
+            raise ApplicationError(str(exc), type="NotFound", non_retryable=True) from None
 
     def _adapter(self, loop: Loop) -> TraceAdapter:
         try:
@@ -313,7 +318,7 @@ class CurationActivities:
 
     def _wait_for_lock(self, session: Session, loop_id: int) -> None:
         """Wait (heartbeating) until no other batch of this loop is running."""
-        while not q.try_lock_loop_curation(session, loop_id=loop_id):
+        while not task_queries.try_lock_loop_curation(session=session, loop_id=loop_id):
             activity.heartbeat()
             time.sleep(self._lock_poll_s)
 

@@ -7,8 +7,8 @@
    heartbeat (a retry after a worker restart), else from the run row, else the executor
    submits — and executors adopt by run id too, so a run id never makes two jobs;
 3. wait for it, heartbeating the handle after every wait, so the next attempt resumes;
-4. read ``metrics.json``, account compute (accelerators x wall time, CPU seconds) and cost
-   at the configured prices, and write the outcome.
+4. read ``metrics.json``, account compute and cost at the configured prices
+   (``services.executors.accounting``), and write the outcome.
 
 It is idempotent (steps 1 and 2 adopt, step 4 writes absolute values once). A failed,
 lost or cancelled job is a result (``RunJobResult.status``), for the workflow to decide;
@@ -20,31 +20,43 @@ or a heartbeat timeout does not (the next attempt adopts the job).
 ``cancel_job`` stops a run's job and marks it cancelled. ``register_checkpoint`` verifies
 a job's checkpoint directory against its manifest, copies it into the content-addressed
 store (``checkpoints/<id>``) and upserts the ``checkpoints`` row with its parent and the
-run that produced it.
+run that produced it (``services.checkpoints``); this module only turns what those refuse
+into non-retryable ``ApplicationError``s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
-from services.checkpoints import InstalledCheckpoint, install_checkpoint, record_checkpoint
-from services.db.models import Checkpoint, Cycle, Dataset, Loop, Run
+from services.checkpoints import (
+    CheckpointRefused,
+    InstalledCheckpoint,
+    install_checkpoint,
+    register_run_checkpoint,
+    resolve_parent,
+)
+from services.db.models import Checkpoint, Dataset, Run
 from services.db.queries import runs as q
-from services.db.queries.loops import config_at
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
+from services.executors.accounting import (
+    FinishedJob,
+    job_cost,
+    observe_finished_job,
+    read_job_metrics,
+)
 from services.executors.base import (
     METRICS_FILE,
     Executor,
@@ -56,13 +68,6 @@ from services.executors.base import (
     JobStatus,
 )
 from services.logs import log_context
-from services.metrics import (
-    JOB_COMPUTE_SECONDS,
-    JOB_COST,
-    JOB_DURATION,
-    JOB_RUNS,
-    JOB_TOKENS_PER_SECOND,
-)
 from services.settings import Settings
 from workflows.shared import (
     CancelJobInput,
@@ -155,18 +160,17 @@ class JobActivities:
         output_dir = run_dir / OUTPUT_SUBDIR
         logs_dir = self._artifacts.logs_dir(input.loop, input.run_id)
         with self._sessions.begin() as session:
-            loop = session.scalars(select(Loop).where(Loop.name == input.loop)).one_or_none()
-            if loop is None:
-                raise ApplicationError(
-                    f"loop {input.loop!r} does not exist", type="UnknownLoop", non_retryable=True
-                )
+            try:
+                loop = require_loop(session=session, name=input.loop)
+            except NotFound as exc:
+                raise ApplicationError(str(exc), type="UnknownLoop", non_retryable=True) from None
             cycle_id = q.cycle_id_for(session=session, loop_id=loop.id, number=input.cycle)
             run = q.upsert_run(
                 session=session,
                 run_id=input.run_id,
                 loop_id=loop.id,
                 kind=input.kind,
-                executor=_cycle_executor(session, loop, cycle_id),
+                executor=q.cycle_executor(session=session, loop=loop, cycle_id=cycle_id),
                 spec=input.job_spec,
                 cycle_id=cycle_id,
                 dataset_id=input.dataset_id,
@@ -314,12 +318,16 @@ class JobActivities:
         metrics: dict[str, Any] = {}
         if state == "succeeded" or (output_dir / METRICS_FILE).exists():
             try:
-                metrics = _read_metrics(output_dir / METRICS_FILE)
+                metrics = read_job_metrics(output_dir / METRICS_FILE)
             except ValueError as exc:
                 if state == "succeeded":
                     state, error = "failed", str(exc)
         accelerators = status.accelerators
-        compute_seconds, cost = self._account(status)
+        cost = job_cost(
+            status,
+            accelerator_hour_price_usd=self._settings.accelerator_hour_price_usd,
+            cpu_hour_price_usd=self._settings.cpu_hour_price_usd,
+        )
         with self._sessions.begin() as session:
             run = q.finish_run(
                 session=session,
@@ -327,9 +335,9 @@ class JobActivities:
                 status=state,
                 error=error,
                 metrics=metrics,
-                compute_seconds=compute_seconds,
+                compute_seconds=cost.compute_seconds,
                 cpu_seconds=status.cpu_seconds,
-                cost_usd=cost,
+                cost_usd=cost.cost_usd,
                 accelerators=accelerators,
                 started_at=_datetime(status.started_at),
                 ended_at=_datetime(status.ended_at) or dt.datetime.now(dt.UTC),
@@ -337,14 +345,25 @@ class JobActivities:
                 logs_uri=path_to_uri(logs_path),
             )
             result = _result_of(run)
-        self._observe(input, executor_name, result, status, metrics)
+        observe_finished_job(
+            FinishedJob(
+                loop=input.loop,
+                kind=input.kind,
+                executor=executor_name,
+                status=result.status,
+                wall_seconds=status.wall_seconds,
+                compute_seconds=result.compute_seconds,
+                cost_usd=result.cost_usd,
+            ),
+            metrics,
+        )
         logger.info(
             "run %s %s after %.1fs (%.1f compute-s, $%.4f)",
             input.run_id,
             result.status,
             status.wall_seconds,
-            compute_seconds,
-            cost,
+            cost.compute_seconds,
+            cost.cost_usd,
         )
         if result.status == "failed" and status.config_error:
             raise ApplicationError(
@@ -354,38 +373,6 @@ class JobActivities:
                 non_retryable=True,
             )
         return result
-
-    def _account(self, status: JobStatus) -> tuple[float, Decimal]:
-        """Compute-seconds (accelerator-seconds, or CPU seconds on CPU) and their cost."""
-        accelerator_seconds = status.accelerators * status.wall_seconds
-        compute_seconds = accelerator_seconds if status.accelerators else status.cpu_seconds
-        dollars = (
-            accelerator_seconds / 3600.0 * self._settings.accelerator_hour_price_usd
-            + status.cpu_seconds / 3600.0 * self._settings.cpu_hour_price_usd
-        )
-        cost = Decimal(str(dollars)).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
-        return compute_seconds, cost
-
-    def _observe(
-        self,
-        input: RunJobInput,
-        executor_name: str,
-        result: RunJobResult,
-        status: JobStatus,
-        metrics: dict[str, Any],
-    ) -> None:
-        JOB_RUNS.labels(input.loop, input.kind, executor_name, result.status).inc()
-        JOB_DURATION.labels(input.kind, executor_name).observe(status.wall_seconds)
-        JOB_COMPUTE_SECONDS.labels(input.loop, input.kind).inc(result.compute_seconds)
-        JOB_COST.labels(input.loop, input.kind).inc(result.cost_usd)
-        for key, value in metrics.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            for suffix in ("tokens_per_second", "tokens_per_s"):
-                if key.endswith(suffix):
-                    phase = key.removesuffix(suffix).rstrip("_") or "total"
-                    JOB_TOKENS_PER_SECOND.labels(input.loop, input.kind, phase).set(float(value))
-                    break
 
     def _save_logs(self, executor_name: str, handle: Handle, path: Path) -> None:
         """Keep the job's logs beside its outputs (a cluster deletes pods, and their logs)."""
@@ -456,62 +443,27 @@ class JobActivities:
                 type="CheckpointInvalid",
                 non_retryable=True,
             ) from exc
-        parent = self._parent(installed.parent, input.parent_checkpoint_id)
+        try:
+            parent = resolve_parent(installed.parent, input.parent_checkpoint_id)
+        except CheckpointRefused as exc:
+            raise _refused(exc) from exc
         return replace(installed, parent=parent)
 
     def _record_checkpoint(
         self, input: RegisterCheckpointInput, installed: InstalledCheckpoint
     ) -> RegisterCheckpointResult:
-        parent = installed.parent
         with self._sessions.begin() as session:
-            run = q.get_run(session=session, run_id=input.run_id)
-            if run is None:
-                raise ApplicationError(
-                    f"run {input.run_id!r} does not exist", type="UnknownRun", non_retryable=True
+            try:
+                row = register_run_checkpoint(
+                    session=session, installed=installed, run_id=input.run_id
                 )
-            if parent is not None and not q.get_checkpoint(session=session, checkpoint_id=parent):
-                raise ApplicationError(
-                    f"parent checkpoint {parent[:12]} of {installed.checkpoint_id[:12]} is not "
-                    "registered; register the base checkpoint first",
-                    type="UnknownParentCheckpoint",
-                    non_retryable=True,
-                )
-            row = record_checkpoint(
-                session=session,
-                installed=installed,
-                loop_id=run.loop_id,
-                parent_id=parent,
-                run_id=input.run_id,
-            )
+            except CheckpointRefused as exc:
+                raise _refused(exc) from exc
             result = RegisterCheckpointResult(
                 checkpoint_id=row.id, uri=row.uri, size_bytes=row.size_bytes
             )
         logger.info("registered checkpoint %s from run %s", result.checkpoint_id[:12], input.run_id)
         return result
-
-    @staticmethod
-    def _parent(from_manifest: str | None, from_input: str | None) -> str | None:
-        if from_manifest and from_input and from_manifest != from_input:
-            raise ApplicationError(
-                f"the checkpoint's manifest names parent {from_manifest[:12]} but the run was "
-                f"based on {from_input[:12]}",
-                type="CheckpointLineageMismatch",
-                non_retryable=True,
-            )
-        return from_manifest or from_input
-
-
-def _cycle_executor(session: Any, loop: Loop, cycle_id: int | None) -> str:
-    """The executor of the loop's configuration when the cycle started, so a change made
-    while a cycle runs moves only later cycles (``PATCH /v1/loops``); the loop's current
-    executor for a job outside a cycle, or a cycle older than the loop's history."""
-    cycle = session.get(Cycle, cycle_id) if cycle_id is not None else None
-    if cycle is None:
-        return str(loop.executor)
-    config = config_at(session, loop_id=loop.id, at=cycle.started_at)
-    if config is None or not config.get("executor"):
-        return str(loop.executor)
-    return str(config["executor"])
 
 
 def _nodes(job_spec: Mapping[str, Any]) -> int:
@@ -528,20 +480,6 @@ def _heartbeat_handle() -> Handle | None:
         handle: Handle = details[0]["handle"]
         return handle
     return None
-
-
-def _read_metrics(path: Path) -> dict[str, Any]:
-    from services.evaluation.results import read_job_output
-
-    try:
-        data = json.loads(read_job_output(path))  # job output: regular files only, no symlinks
-    except FileNotFoundError:
-        raise ValueError(f"the job exited 0 but wrote no {METRICS_FILE}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"cannot read the job's {METRICS_FILE}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"the job's {METRICS_FILE} is not a JSON object")
-    return data
 
 
 def _error_of(status: JobStatus) -> str | None:
@@ -570,6 +508,10 @@ def _result_details(result: RunJobResult) -> dict[str, Any]:
         "compute_seconds": result.compute_seconds,
         "cost_usd": result.cost_usd,
     }
+
+
+def _refused(exc: CheckpointRefused) -> ApplicationError:
+    return ApplicationError(str(exc), type=exc.kind, non_retryable=True)
 
 
 def _application_error(exc: ExecutorError) -> ApplicationError:

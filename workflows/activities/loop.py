@@ -25,6 +25,8 @@ from services.artifacts import uri_to_path
 from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.db.models import Loop
 from services.db.queries import cycles as q
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.evaluation.gate import GatePolicy as GateThresholds
 from services.evaluation.gate import decide
@@ -90,7 +92,7 @@ class LoopActivities:
         try:
             with self._sessions.begin() as session:
                 yield session
-        except q.NotFound as exc:
+        except NotFound as exc:
             raise ApplicationError(str(exc), type="NotFound", non_retryable=True) from exc
 
     def _deploy_verified(
@@ -110,7 +112,7 @@ class LoopActivities:
     def load_loop_config(self, input: LoopConfigInput) -> LoopConfig:
         """Read-only, so trivially idempotent."""
         with self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop)
+            loop = require_loop(session=session, name=input.loop)
             try:
                 trigger, gate, training, serving = parse_policies(
                     loop.trigger_policy,
@@ -165,7 +167,7 @@ class LoopActivities:
     def start_cycle(self, input: StartCycleInput) -> StartCycleResult:
         """Keyed by (loop, number): a retry returns the cycle the first attempt opened."""
         with log_context(loop=input.loop, cycle=input.number), self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop, for_update=True)
+            loop = require_loop(session=session, name=input.loop, for_update=True)
             cycle = q.open_cycle(
                 session=session,
                 loop=loop,
@@ -187,7 +189,7 @@ class LoopActivities:
     def set_cycle_stage(self, input: StageInput) -> None:
         """Sets absolute values (stage, ids, the stage's end time)."""
         with self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop)
+            loop = require_loop(session=session, name=input.loop)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
             q.set_stage(
                 session=session,
@@ -208,7 +210,7 @@ class LoopActivities:
             ) from exc
         ci = mean_interval([pass_at_1(row) for row in rows]) if rows else (0.0, 0.0)
         with self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop)
+            loop = require_loop(session=session, name=input.loop)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
             evaluation = q.record_evaluation(
                 session=session,
@@ -247,7 +249,7 @@ class LoopActivities:
         tasks the gate never saw and training never touched.
         """
         with self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop)
+            loop = require_loop(session=session, name=input.loop)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
             eval_pairs = q.paired_results(
                 session=session,
@@ -288,7 +290,7 @@ class LoopActivities:
     def record_decision(self, input: RecordDecisionInput) -> RecordDecisionResult:
         """At most one decision per cycle (unique key): a retry returns the first decision."""
         with log_context(loop=input.loop, cycle=input.cycle), self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop)
+            loop = require_loop(session=session, name=input.loop)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
             promotion = q.record_decision(
                 session=session,
@@ -334,7 +336,7 @@ class LoopActivities:
     def live_stats(self, input: LiveStatsInput) -> LiveStats:
         """Read-only."""
         with self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop)
+            loop = require_loop(session=session, name=input.loop)
             counts = q.live_counts(
                 session=session,
                 loop=loop,
@@ -371,7 +373,7 @@ class LoopActivities:
         request before running this).
         """
         with log_context(loop=input.loop), self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop, for_update=True)
+            loop = require_loop(session=session, name=input.loop, for_update=True)
             promotion = q.last_held_promotion(session=session, loop=loop)
             if promotion is None or promotion.previous_checkpoint_id is None:
                 return RollbackResult(False, "no promotion to roll back")
@@ -407,7 +409,7 @@ class LoopActivities:
         ledger's), the gate's eval-set points, and the live delta of the canary's samples.
         """
         with log_context(loop=input.loop, cycle=input.cycle), self._transaction() as session:
-            loop = q.get_loop(session=session, name=input.loop, for_update=True)
+            loop = require_loop(session=session, name=input.loop, for_update=True)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
             first_close = cycle.ended_at is None
             live_points, detail = _points_detail(session, cycle, input)
@@ -471,7 +473,7 @@ def _refuse_slipping_back(session: Session, input: DeployInput) -> None:
     trained from the champion serving now and not older than it; a restore must put back
     the champion itself.
     """
-    loop = q.get_loop(session=session, name=input.loop)
+    loop = require_loop(session=session, name=input.loop)
     assert input.cycle is not None
     cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
     champion_id = loop.champion_checkpoint_id

@@ -32,7 +32,7 @@ class RetentionActivities:
         while True:
             with self._sessions.begin() as session:
                 batch = purge_trace_bodies(
-                    session, received_before=cutoff, now=now, limit=input.batch_size
+                    session=session, received_before=cutoff, now=now, limit=input.batch_size
                 )
             purged += batch
             TRACE_BODIES_PURGED.inc(batch)

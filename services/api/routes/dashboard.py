@@ -21,8 +21,9 @@ from services.api.deps import SessionDep, SettingsDep
 from services.api.errors import ApiError
 from services.dashboard.links import TemporalLinks
 from services.dashboard.pages import loop_context, overview_context, run_context
-from services.dashboard.queries import get_loop
 from services.dashboard.render import STATIC_TYPES, render, static_bytes
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.settings import Settings
 from workflows.shared import cycle_workflow_id, loop_workflow_id
 
@@ -87,8 +88,9 @@ def overview(request: Request, session: ReadOnlySession, settings: SettingsDep) 
 def loop_page(
     name: str, request: Request, session: ReadOnlySession, settings: SettingsDep
 ) -> HTMLResponse:
-    loop = get_loop(session, name=name)
-    if loop is None:
+    try:
+        loop = require_loop(session=session, name=name)
+    except NotFound:
         return _not_found(request, settings, f"There is no loop named {name!r}.")
     context = loop_context(session, loop=loop, links=_links(settings))
     return _page(request, settings, "loop.html", **context)
@@ -98,8 +100,9 @@ def loop_page(
 def run_page(
     name: str, run_id: str, request: Request, session: ReadOnlySession, settings: SettingsDep
 ) -> HTMLResponse:
-    loop = get_loop(session, name=name)
-    if loop is None:
+    try:
+        loop = require_loop(session=session, name=name)
+    except NotFound:
         return _not_found(request, settings, f"There is no loop named {name!r}.")
     context = run_context(
         session,

@@ -12,7 +12,6 @@ from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -22,6 +21,8 @@ from services.api.loop_control import signal_loop, start_loop_workflow
 from services.artifacts import ArtifactStore, uri_to_path
 from services.checkpoints import install_checkpoint, record_checkpoint
 from services.db.models import Loop, Promotion
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 from services.settings import Settings
 from workflows.loop import LoopWorkflow
 from workflows.shared import (
@@ -66,10 +67,10 @@ class LoopStatusOut(BaseModel):
 
 
 def _loop_row(session: Any, name: str) -> Loop:
-    loop = session.scalars(select(Loop).where(Loop.name == name)).one_or_none()
-    if loop is None:
-        raise ApiError(404, "loop_not_found", f"loop {name!r} does not exist")
-    return loop
+    try:
+        return require_loop(session=session, name=name)
+    except NotFound:
+        raise ApiError(404, "loop_not_found", f"loop {name!r} does not exist") from None
 
 
 _SIGNALS: dict[str, tuple[str, Any]] = {

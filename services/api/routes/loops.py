@@ -33,14 +33,14 @@ from services.api.schemas.loops import (
 )
 from services.db.models import Loop
 from services.db.queries.credentials import active_credentials
+from services.db.queries.errors import NotFound
 from services.db.queries.loops import (
     LoopFields,
     LoopNameTaken,
     config_document,
     config_versions,
-    get_loop,
-    get_loop_for_update,
     list_loops,
+    require_loop,
     trace_stats,
     update_loop_config,
 )
@@ -78,11 +78,11 @@ def _public_fields(loop: Loop, settings: Settings) -> dict[str, object]:
     }
 
 
-def _loop_or_404(session: SessionDep, name: str) -> Loop:
-    loop = get_loop(session, name=name)
-    if loop is None:
-        raise ApiError(404, "loop_not_found", f"there is no loop named {name[:64]!r}")
-    return loop
+def _loop_or_404(session: SessionDep, name: str, *, for_update: bool = False) -> Loop:
+    try:
+        return require_loop(session=session, name=name, for_update=for_update)
+    except NotFound:
+        raise ApiError(404, "loop_not_found", f"there is no loop named {name[:64]!r}") from None
 
 
 def _given(policy: BaseModel) -> dict[str, Any]:
@@ -166,14 +166,16 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
 
 @router.get("", summary="List loops")
 def list_all(session: SessionDep, state: StateDep) -> list[LoopPublic]:
-    return [LoopPublic(**_public_fields(loop, state.settings)) for loop in list_loops(session)]
+    return [
+        LoopPublic(**_public_fields(loop, state.settings)) for loop in list_loops(session=session)
+    ]
 
 
 @router.get("/{loop}", summary="Show a loop, its traffic and its active credentials")
 def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
     row = _loop_or_404(session, loop)
-    stats = trace_stats(session, loop_id=row.id)
-    credentials = active_credentials(session, loop_id=row.id, now=dt.datetime.now(dt.UTC))
+    stats = trace_stats(session=session, loop_id=row.id)
+    credentials = active_credentials(session=session, loop_id=row.id, now=dt.datetime.now(dt.UTC))
     return LoopDetail(
         **_public_fields(row, state.settings),
         trace_count=stats.count,
@@ -279,7 +281,7 @@ def _policy_errors(key: str, policy: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _current_version(session: Session, loop: Loop) -> int:
-    latest = config_versions(session, loop_id=loop.id, limit=1)
+    latest = config_versions(session=session, loop_id=loop.id, limit=1)
     return latest[0].version if latest else 0
 
 
@@ -298,9 +300,7 @@ def patch_loop(
     dry_run: bool = Query(default=False, description="validate and show the diff, change nothing"),
 ) -> LoopConfigChange:
     with state.session_factory() as session:
-        row = get_loop_for_update(session, name=loop)
-        if row is None:
-            raise ApiError(404, "loop_not_found", f"there is no loop named {loop[:64]!r}")
+        row = _loop_or_404(session, loop, for_update=True)
         current = config_document(row)
         config = _patched_config(current, body)
         if dry_run:
@@ -315,7 +315,7 @@ def patch_loop(
                 config=config,
             )
         update = update_loop_config(
-            session,
+            session=session,
             loop=row,
             config=config,
             changed_by=body.changed_by or "admin-api",
@@ -361,5 +361,5 @@ def list_config_versions(
             reason=v.reason,
             created_at=v.created_at,
         )
-        for v in config_versions(session, loop_id=row.id, limit=limit)
+        for v in config_versions(session=session, loop_id=row.id, limit=limit)
     ]

@@ -13,6 +13,8 @@ from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session
 
 from services.db.models import Credential, Loop
+from services.db.queries.errors import NotFound
+from services.db.queries.loops import require_loop
 
 SIGNING_SECRET = "signing_secret"
 INGEST_TOKEN = "ingest_token"
@@ -22,13 +24,13 @@ def _active(now: dt.datetime) -> ColumnElement[bool]:
     return or_(Credential.expires_at.is_(None), Credential.expires_at > now)
 
 
-def lock_loop(session: Session, *, loop_id: int) -> None:
+def lock_loop(*, session: Session, loop_id: int) -> None:
     """Hold the loop's row (``FOR UPDATE``) until the caller's transaction ends, so changes to
     its credentials happen one transaction at a time."""
     session.execute(select(Loop.id).where(Loop.id == loop_id).with_for_update())
 
 
-def add_signing_secret(session: Session, *, loop_id: int, secret: str) -> Credential:
+def add_signing_secret(*, session: Session, loop_id: int, secret: str) -> Credential:
     """``secret`` is stored as given: the caller passes it encrypted (services.secrets)."""
     credential = Credential(loop_id=loop_id, kind=SIGNING_SECRET, secret=secret)
     session.add(credential)
@@ -36,7 +38,7 @@ def add_signing_secret(session: Session, *, loop_id: int, secret: str) -> Creden
     return credential
 
 
-def add_ingest_token(session: Session, *, loop_id: int, token_sha256: str) -> Credential:
+def add_ingest_token(*, session: Session, loop_id: int, token_sha256: str) -> Credential:
     """Ingest tokens are stored as their sha256 only: a database leak does not leak them."""
     credential = Credential(loop_id=loop_id, kind=INGEST_TOKEN, token_sha256=token_sha256)
     session.add(credential)
@@ -45,7 +47,7 @@ def add_ingest_token(session: Session, *, loop_id: int, token_sha256: str) -> Cr
 
 
 def active_credentials(
-    session: Session, *, loop_id: int, now: dt.datetime, kind: str | None = None
+    *, session: Session, loop_id: int, now: dt.datetime, kind: str | None = None
 ) -> Sequence[Credential]:
     query = select(Credential).where(Credential.loop_id == loop_id, _active(now))
     if kind is not None:
@@ -54,7 +56,7 @@ def active_credentials(
 
 
 def expire_credentials(
-    session: Session, *, loop_id: int, kind: str, now: dt.datetime, at: dt.datetime
+    *, session: Session, loop_id: int, kind: str, now: dt.datetime, at: dt.datetime
 ) -> None:
     """Let every active credential of a kind expire at ``at`` (sooner if it expires earlier).
 
@@ -82,28 +84,29 @@ def expire_credentials(
 
 
 def signing_secrets_for(
-    session: Session, *, loop_name: str, now: dt.datetime
+    *, session: Session, loop_name: str, now: dt.datetime
 ) -> tuple[Loop, Sequence[Credential]] | None:
     """A loop and its active signing secrets, by loop name; None if there is no such loop."""
-    loop = session.scalar(select(Loop).where(Loop.name == loop_name))
-    if loop is None:
+    try:
+        loop = require_loop(session=session, name=loop_name)
+    except NotFound:
         return None
-    return loop, active_credentials(session, loop_id=loop.id, now=now, kind=SIGNING_SECRET)
+    return loop, active_credentials(session=session, loop_id=loop.id, now=now, kind=SIGNING_SECRET)
 
 
-def signing_secrets(session: Session) -> Sequence[Credential]:
+def signing_secrets(*, session: Session) -> Sequence[Credential]:
     """Every stored signing secret, expired ones too (for re-encryption under a new key)."""
     return session.scalars(
         select(Credential).where(Credential.kind == SIGNING_SECRET, Credential.secret.is_not(None))
     ).all()
 
 
-def loop_names(session: Session) -> Sequence[str]:
+def loop_names(*, session: Session) -> Sequence[str]:
     """Every loop's name (the webhook's cache checks a path against them before a lookup)."""
     return session.scalars(select(Loop.name)).all()
 
 
-def active_token_digests(session: Session, *, now: dt.datetime) -> Sequence[str]:
+def active_token_digests(*, session: Session, now: dt.datetime) -> Sequence[str]:
     """The sha256 of every active ingest token (the OTLP door's cache checks a token against
     them before a lookup)."""
     return session.scalars(
@@ -114,7 +117,7 @@ def active_token_digests(session: Session, *, now: dt.datetime) -> Sequence[str]
 
 
 def loop_for_token(
-    session: Session, *, token_sha256: str, now: dt.datetime
+    *, session: Session, token_sha256: str, now: dt.datetime
 ) -> tuple[Loop, Credential] | None:
     """The loop an active ingest token belongs to."""
     row = session.execute(

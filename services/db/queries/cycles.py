@@ -22,22 +22,9 @@ from services.db.models import (
     Run,
     Trace,
 )
-from services.db.queries.curation import task_ids_by_spec_id
+from services.db.queries.errors import NotFound
+from services.db.queries.tasks import row_ids_by_job_task_id
 from services.evaluation.results import pass_at_1
-
-
-class NotFound(LookupError):
-    """A row the caller named does not exist."""
-
-
-def get_loop(*, session: Session, name: str, for_update: bool = False) -> Loop:
-    statement = select(Loop).where(Loop.name == name)
-    if for_update:
-        statement = statement.with_for_update()
-    loop = session.scalars(statement).one_or_none()
-    if loop is None:
-        raise NotFound(f"loop {name!r} does not exist")
-    return loop
 
 
 def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
@@ -235,9 +222,11 @@ def record_evaluation(
     if existing is not None:
         return existing
     rows = list(results)
-    hashes = {str(row["task_id"]) for row in rows}
-    task_ids = task_ids_by_spec_id(session, loop_id=loop.id, spec_ids=hashes, dataset_id=dataset_id)
-    missing = hashes - set(task_ids)
+    job_task_ids = {str(row["task_id"]) for row in rows}
+    row_ids = row_ids_by_job_task_id(
+        session=session, loop_id=loop.id, job_task_ids=job_task_ids, dataset_id=dataset_id
+    )
+    missing = job_task_ids - set(row_ids)
     if missing:
         raise NotFound(
             f"evaluation results name {len(missing)} task(s) unknown to loop {loop.name!r}, "
@@ -266,7 +255,7 @@ def record_evaluation(
         [
             {
                 "evaluation_id": evaluation.id,
-                "task_id": task_ids[str(row["task_id"])],
+                "task_id": row_ids[str(row["task_id"])],
                 "passed": bool(row.get("passed")),
                 "reward": float(row.get("reward", 0.0)),
                 "details": {

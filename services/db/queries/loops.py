@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.db.models import Loop, LoopConfigVersion, Trace
+from services.db.queries.errors import NotFound
 from services.loop.config import CONFIG_KEYS, Change, diff
 
 
@@ -39,7 +40,7 @@ class LoopFields:
     changed_by: str = "admin-api"
 
 
-def create_loop(session: Session, *, fields: LoopFields) -> Loop:
+def create_loop(*, session: Session, fields: LoopFields) -> Loop:
     """Insert a loop; :class:`LoopNameTaken` if the name is used (checked by the unique key,
     so two concurrent creations cannot both succeed)."""
     loop = Loop(
@@ -63,22 +64,28 @@ def create_loop(session: Session, *, fields: LoopFields) -> Loop:
         raise
     session.refresh(loop)
     record_config_version(
-        session, loop=loop, changes=[], changed_by=fields.changed_by, reason="created"
+        session=session, loop=loop, changes=[], changed_by=fields.changed_by, reason="created"
     )
     return loop
 
 
-def get_loop(session: Session, *, name: str) -> Loop | None:
-    return session.scalar(select(Loop).where(Loop.name == name))
+def require_loop(*, session: Session, name: str, for_update: bool = False) -> Loop:
+    """The loop called ``name``; :class:`NotFound` if there is none.
+
+    ``for_update`` locks its row until the transaction ends, so concurrent changes (of the
+    configuration, the champion, the status) apply one after the other, each to what the
+    previous one left.
+    """
+    statement = select(Loop).where(Loop.name == name)
+    if for_update:
+        statement = statement.with_for_update()
+    loop = session.scalars(statement).one_or_none()
+    if loop is None:
+        raise NotFound(f"loop {name!r} does not exist")
+    return loop
 
 
-def get_loop_for_update(session: Session, *, name: str) -> Loop | None:
-    """The loop, its row locked until the transaction ends: concurrent configuration changes
-    apply one after the other, each to what the previous one left."""
-    return session.scalar(select(Loop).where(Loop.name == name).with_for_update())
-
-
-def list_loops(session: Session) -> Sequence[Loop]:
+def list_loops(*, session: Session) -> Sequence[Loop]:
     return session.scalars(select(Loop).order_by(Loop.name)).all()
 
 
@@ -88,7 +95,7 @@ class TraceStats:
     last_received_at: dt.datetime | None
 
 
-def trace_stats(session: Session, *, loop_id: int) -> TraceStats:
+def trace_stats(*, session: Session, loop_id: int) -> TraceStats:
     """How many traces a loop has and when the last one arrived."""
     row = session.execute(
         select(func.count(), func.max(Trace.received_at)).where(Trace.loop_id == loop_id)
@@ -111,8 +118,8 @@ def config_document(loop: Loop) -> dict[str, Any]:
 
 
 def record_config_version(
-    session: Session,
     *,
+    session: Session,
     loop: Loop,
     changes: list[Change],
     changed_by: str,
@@ -150,8 +157,8 @@ class ConfigUpdate:
 
 
 def update_loop_config(
-    session: Session,
     *,
+    session: Session,
     loop: Loop,
     config: dict[str, Any],
     changed_by: str,
@@ -167,10 +174,14 @@ def update_loop_config(
     changes = diff(before, after)
     if not changes:
         return ConfigUpdate(loop=loop, changes=[], version=None)
-    if not config_versions(session, loop_id=loop.id, limit=1):
+    if not config_versions(session=session, loop_id=loop.id, limit=1):
         # A loop written by other means (SQL, an old release): keep where it started from.
         record_config_version(
-            session, loop=loop, changes=[], changed_by="unknown", reason="before the first change"
+            session=session,
+            loop=loop,
+            changes=[],
+            changed_by="unknown",
+            reason="before the first change",
         )
     loop.executor = str(after["executor"])
     budget = after["budget_usd"]
@@ -182,12 +193,12 @@ def update_loop_config(
     loop.serving_target = dict(after["serving_target"] or {})
     session.flush()
     version = record_config_version(
-        session, loop=loop, changes=changes, changed_by=changed_by, reason=reason
+        session=session, loop=loop, changes=changes, changed_by=changed_by, reason=reason
     )
     return ConfigUpdate(loop=loop, changes=changes, version=version)
 
 
-def config_at(session: Session, *, loop_id: int, at: dt.datetime) -> dict[str, Any] | None:
+def config_at(*, session: Session, loop_id: int, at: dt.datetime) -> dict[str, Any] | None:
     """The loop's configuration as it was at ``at`` (None before its first version)."""
     config = session.scalar(
         select(LoopConfigVersion.config)
@@ -199,7 +210,7 @@ def config_at(session: Session, *, loop_id: int, at: dt.datetime) -> dict[str, A
 
 
 def config_versions(
-    session: Session, *, loop_id: int, limit: int = 50
+    *, session: Session, loop_id: int, limit: int = 50
 ) -> Sequence[LoopConfigVersion]:
     """The loop's configuration versions, newest first."""
     return session.scalars(

@@ -43,7 +43,7 @@ _INSERT = (
 )
 
 
-def touch_pending_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) -> None:
+def touch_pending_traces(*, session: Session, loop_id: int, trace_ids: Iterable[str]) -> None:
     """Mark traces as having new rows (now), creating their queue entries.
 
     Taken in trace id order, the row locks serialize concurrent exports of one trace (another
@@ -56,7 +56,7 @@ def touch_pending_traces(session: Session, *, loop_id: int, trace_ids: Iterable[
         )
 
 
-def insert_rows(session: Session, *, rows: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
+def insert_rows(*, session: Session, rows: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
     """Insert span/log rows (a row already there is left as it is); the (trace id, record id)
     of those that were new."""
     if not rows:
@@ -65,7 +65,7 @@ def insert_rows(session: Session, *, rows: Sequence[dict[str, Any]]) -> set[tupl
     return {(trace_id, record_id) for trace_id, record_id in result}
 
 
-def lock_pending_traces(session: Session, *, loop_id: int, trace_ids: Iterable[str]) -> None:
+def lock_pending_traces(*, session: Session, loop_id: int, trace_ids: Iterable[str]) -> None:
     """Lock the traces' queue rows, in trace id order (the order every writer takes them)."""
     ids = sorted(set(trace_ids))
     if ids:
@@ -78,7 +78,7 @@ def lock_pending_traces(session: Session, *, loop_id: int, trace_ids: Iterable[s
 
 
 def trace_structure(
-    session: Session, *, loop_id: int, trace_ids: Iterable[str]
+    *, session: Session, loop_id: int, trace_ids: Iterable[str]
 ) -> list[tuple[Any, ...]]:
     """Every row of the traces, without payloads: STRUCTURE_COLUMNS per row."""
     ids = sorted(set(trace_ids))
@@ -94,7 +94,7 @@ def trace_structure(
     ]
 
 
-def payloads(session: Session, *, row_ids: Iterable[int]) -> dict[int, str | None]:
+def payloads(*, session: Session, row_ids: Iterable[int]) -> dict[int, str | None]:
     ids = sorted(set(row_ids))
     if not ids:
         return {}
@@ -102,7 +102,7 @@ def payloads(session: Session, *, row_ids: Iterable[int]) -> dict[int, str | Non
     return {int(row_id): payload for row_id, payload in found}
 
 
-def mark_assembled(session: Session, *, row_ids: Iterable[int]) -> None:
+def mark_assembled(*, session: Session, row_ids: Iterable[int]) -> None:
     """Rows whose episode is done: keep the ids (late spans are recognised), drop the payload."""
     ids = sorted(set(row_ids))
     if ids:
@@ -113,7 +113,7 @@ def mark_assembled(session: Session, *, row_ids: Iterable[int]) -> None:
         )
 
 
-def delete_rows(session: Session, *, row_ids: Iterable[int]) -> None:
+def delete_rows(*, session: Session, row_ids: Iterable[int]) -> None:
     """Forget rows outright (trees without GenAI spans: nothing to recognise them by later)."""
     ids = sorted(set(row_ids))
     if ids:
@@ -121,7 +121,7 @@ def delete_rows(session: Session, *, row_ids: Iterable[int]) -> None:
 
 
 def release_traces(
-    session: Session, *, loop_id: int, trace_ids: Iterable[str], unclaim: bool = True
+    *, session: Session, loop_id: int, trace_ids: Iterable[str], unclaim: bool = True
 ) -> None:
     """Drop the queue entries of traces with nothing left waiting; unclaim the others (unless
     they should stay leased: the writer refused them, retry when the lease ends)."""
@@ -152,7 +152,7 @@ _CLAIM_SQL = text(
 
 
 def claim_quiet_traces(
-    session: Session, *, quiet_s: float, max_wait_s: float, lease_s: float, limit: int
+    *, session: Session, quiet_s: float, max_wait_s: float, lease_s: float, limit: int
 ) -> list[tuple[int, str, str]]:
     """Claim up to ``limit`` traces that received nothing for ``quiet_s`` (or have waited
     ``max_wait_s`` since their first row, quiet or not) and that no one else
@@ -172,7 +172,7 @@ def claim_quiet_traces(
     return [(loop_id, names.get(loop_id, "-"), trace_id) for loop_id, trace_id in claimed]
 
 
-def purge_assembled(session: Session, *, retention_s: float, limit: int) -> int:
+def purge_assembled(*, session: Session, retention_s: float, limit: int) -> int:
     """Forget assembled rows older than the retention period (at most ``limit`` per call)."""
     oldest = (
         select(OtlpSpan.id)

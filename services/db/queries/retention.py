@@ -36,7 +36,7 @@ _PURGE_SQL = text(
 
 
 def purge_trace_bodies(
-    session: Session, *, received_before: dt.datetime, now: dt.datetime, limit: int
+    *, session: Session, received_before: dt.datetime, now: dt.datetime, limit: int
 ) -> int:
     """Purge up to ``limit`` bodies of traces received before ``received_before``; how many.
 

@@ -16,20 +16,9 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from services.db.models import Checkpoint, Cycle, Loop, Run
+from services.db.queries.loops import config_at
 
 TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "lost"})
-
-
-class UnknownLoopError(LookupError):
-    """The loop named by a run does not exist."""
-
-
-def loop_id_for(*, session: Session, name: str) -> int:
-    """The id of the loop called ``name``; raises :class:`UnknownLoopError` if there is none."""
-    loop_id = session.scalar(select(Loop.id).where(Loop.name == name))
-    if loop_id is None:
-        raise UnknownLoopError(f"loop {name!r} does not exist")
-    return loop_id
 
 
 def cycle_id_for(*, session: Session, loop_id: int, number: int | None) -> int | None:
@@ -205,21 +194,14 @@ def upsert_checkpoint(
     return checkpoint
 
 
-def checkpoint_lineage(*, session: Session, checkpoint_id: str) -> list[Checkpoint]:
-    """The checkpoint and its ancestors, newest first, loaded with one recursive query."""
-    chain = (
-        select(Checkpoint.id, Checkpoint.parent_id)
-        .where(Checkpoint.id == checkpoint_id)
-        .cte("chain", recursive=True)
-    )
-    chain = chain.union_all(
-        select(Checkpoint.id, Checkpoint.parent_id).join(chain, Checkpoint.id == chain.c.parent_id)
-    )
-    rows = session.scalars(select(Checkpoint).where(Checkpoint.id.in_(select(chain.c.id))))
-    by_id = {checkpoint.id: checkpoint for checkpoint in rows}
-    lineage: list[Checkpoint] = []
-    current = by_id.get(checkpoint_id)
-    while current is not None and current not in lineage:
-        lineage.append(current)
-        current = by_id.get(current.parent_id) if current.parent_id else None
-    return lineage
+def cycle_executor(*, session: Session, loop: Loop, cycle_id: int | None) -> str:
+    """The executor of the loop's configuration when the cycle started, so a change made
+    while a cycle runs moves only later cycles (``PATCH /v1/loops``); the loop's current
+    executor for a job outside a cycle, or a cycle older than the loop's history."""
+    cycle = session.get(Cycle, cycle_id) if cycle_id is not None else None
+    if cycle is None:
+        return str(loop.executor)
+    config = config_at(session=session, loop_id=loop.id, at=cycle.started_at)
+    if config is None or not config.get("executor"):
+        return str(loop.executor)
+    return str(config["executor"])

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,10 @@ from typing import Any
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import select, tuple_
+from sqlalchemy.orm import Session
 
+from services.db.models import Trace
 from services.ingest.signature import sign
 from tests.support import assert_eventually
 
@@ -164,3 +167,17 @@ def api_process(
             except subprocess.TimeoutExpired:
                 process.kill()
         process.wait(timeout=30)
+
+
+def existing_external_ids(
+    *, session: Session, loop_id: int, external_ids: Sequence[str]
+) -> set[str]:
+    """Which of ``external_ids`` are stored for the loop."""
+    if not external_ids:
+        return set()
+    found = session.scalars(
+        select(Trace.external_id).where(
+            tuple_(Trace.loop_id, Trace.external_id).in_([(loop_id, e) for e in external_ids])
+        )
+    )
+    return set(found)

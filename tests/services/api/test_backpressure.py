@@ -13,7 +13,6 @@ from sqlalchemy.engine import make_url
 
 from services.api.app import create_app
 from services.api.state import AppState
-from services.db.queries.traces import existing_external_ids
 from services.db.session import SessionFactory
 from services.ingest.service import EXTRAS_KEY, IngestService
 from tests.conftest import with_database
@@ -21,6 +20,7 @@ from tests.services.api.support import (
     ADMIN,
     body_of,
     create_loop,
+    existing_external_ids,
     make_trace,
     serve,
     signed_headers,
@@ -82,7 +82,7 @@ def test_postgres_down_is_503_with_retry_after_and_health_stays_up(
     with session_factory() as session:
         loop_id = _loop_id(session_factory, loop["name"])
         found = existing_external_ids(
-            session, loop_id=loop_id, external_ids=["before", "during", "during-2", "after"]
+            session=session, loop_id=loop_id, external_ids=["before", "during", "during-2", "after"]
         )
     assert found == {"before", "after"}
 
@@ -94,11 +94,10 @@ def _accepted(response: httpx.Response) -> dict[str, Any]:
 
 
 def _loop_id(session_factory: SessionFactory, name: str) -> int:
-    from services.db.queries.loops import get_loop
+    from services.db.queries.loops import require_loop
 
     with session_factory() as session:
-        loop = get_loop(session, name=name)
-        assert loop is not None
+        loop = require_loop(session=session, name=name)
         return loop.id
 
 

@@ -9,7 +9,6 @@ import httpx
 import pytest
 
 from services.db.queries.loops import LoopFields
-from services.db.queries.traces import existing_external_ids
 from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
 from services.secrets import SecretBox
@@ -17,6 +16,7 @@ from tests.services.api.support import (
     SECRET_KEY,
     api_process,
     body_of,
+    existing_external_ids,
     free_port,
     make_trace,
     signed_headers,
@@ -93,7 +93,7 @@ def test_every_acknowledged_trace_survives_kill_9(
         )
         assert response.status_code == 200
     with session_factory() as session:
-        stored = existing_external_ids(session, loop_id=loop_id, external_ids=acked)
+        stored = existing_external_ids(session=session, loop_id=loop_id, external_ids=acked)
     missing = sorted(set(acked) - stored)
     assert len(acked) >= ACKS_BEFORE_KILL
     assert missing == [], f"{len(missing)} acknowledged traces were lost: {missing[:10]}"

@@ -8,8 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.db.queries.loops import LoopFields
-from services.db.queries.traces import count_traces
+from services.db.queries.loops import LoopFields, trace_stats
 from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
 from services.secrets import SecretBox
@@ -81,4 +80,4 @@ def test_several_workers_store_every_trace_and_sum_their_metrics(
             assert sample(text, "ratchet_ingest_queue_depth") == 0
     assert process.returncode == 0
     with session_factory() as session:
-        assert count_traces(session, loop_id=loop_id) == 40
+        assert trace_stats(session=session, loop_id=loop_id).count == 40

@@ -8,6 +8,9 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
+from services.curation.pipeline import curate_batch
+from services.curation.policy import CurationPolicy
+from services.curation.workers import PreparePool
 from services.db.models import Loop, Trace
 from services.db.session import SessionFactory
 from services.environments.base import TRACE_SCHEMA, Rejection, TaskSpec
@@ -139,3 +142,28 @@ def traces_by_id(session_factory: SessionFactory, ids: Sequence[int]) -> dict[in
     with session_factory() as session:
         rows = session.scalars(select(Trace).where(Trace.id.in_(list(ids)))).all()
         return {row.id: row for row in rows}
+
+
+def curate_all(
+    session_factory: SessionFactory,
+    loop_id: int,
+    *,
+    adapter: Any | None = None,
+    limit: int = 50,
+    pool: PreparePool | None = None,
+) -> None:
+    """Curate the loop in batches of ``limit`` until no uncurated trace is left."""
+    while True:
+        with session_factory.begin() as session:
+            loop = session.get(Loop, loop_id)
+            assert loop is not None
+            report = curate_batch(
+                session,
+                loop=loop,
+                policy=CurationPolicy.from_json(loop.curation_policy),
+                adapter=adapter if adapter is not None else QaAdapter(),
+                limit=limit,
+                pool=pool,
+            )
+        if not report.more:
+            return

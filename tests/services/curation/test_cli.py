@@ -15,8 +15,8 @@ from services.curation.cli import register_datasets, register_tasks
 from services.curation.snapshot import snapshot
 from services.db.session import SessionFactory
 from services.settings import get_settings
-from tests.services.curation.support import add_traces, make_loop, trace_body
-from tests.services.curation.test_snapshot import curate_all, questions
+from tests.services.curation.support import add_traces, curate_all, make_loop, trace_body
+from tests.services.curation.test_snapshot import questions
 
 
 @pytest.fixture

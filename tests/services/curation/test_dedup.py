@@ -24,6 +24,11 @@ BASES = [
 EDITS = ["", " thanks", "!", " Thanks a lot.", " please", "  ", " ASAP"]
 
 
+def jaccard(a: similarity.Signature, b: similarity.Signature) -> float:
+    """The MinHash estimate of two shingle sets' Jaccard similarity, one pair at a time."""
+    return float(similarity.jaccard_many(a, similarity.stack([b]))[0])
+
+
 def task(text: str, verifier: str = "v", weight: int = 1) -> NewTask:
     key = hashlib.sha256(f"{verifier}|{similarity.normalize_prompt(text)}".encode()).hexdigest()
     return NewTask(key, verifier, similarity.signature(text), weight)
@@ -113,20 +118,18 @@ def test_signatures_are_stable_and_round_trip() -> None:
         similarity.signature_from_bytes(b"short")
 
 
-def test_content_hash_normalizes_whitespace_only() -> None:
+def test_dedup_key_normalizes_whitespace_only() -> None:
     common: dict[str, Any] = {"environment": "qa", "tools": [], "verifier": {"reward_id": "r"}}
-    a = similarity.content_hash(prompt="Hello  world\n", reference_answer=None, **common)
-    b = similarity.content_hash(prompt="Hello world", reference_answer=None, **common)
-    c = similarity.content_hash(prompt="hello world", reference_answer=None, **common)
+    a = similarity.dedup_key(prompt="Hello  world\n", reference_answer=None, **common)
+    b = similarity.dedup_key(prompt="Hello world", reference_answer=None, **common)
+    c = similarity.dedup_key(prompt="hello world", reference_answer=None, **common)
     assert a == b != c
 
 
 def test_similarity_tracks_jaccard() -> None:
-    same = similarity.jaccard(similarity.signature(BASES[0]), similarity.signature(BASES[0]))
-    close = similarity.jaccard(
-        similarity.signature(BASES[0]), similarity.signature(BASES[0] + " thanks")
-    )
-    far = similarity.jaccard(similarity.signature(BASES[0]), similarity.signature(BASES[2]))
+    same = jaccard(similarity.signature(BASES[0]), similarity.signature(BASES[0]))
+    close = jaccard(similarity.signature(BASES[0]), similarity.signature(BASES[0] + " thanks"))
+    far = jaccard(similarity.signature(BASES[0]), similarity.signature(BASES[2]))
     assert same == 1.0
     assert close > 0.85 > 0.2 > far
 
@@ -140,10 +143,10 @@ def _reference_pairs(
         bands = set(similarity.band_keys(a.signature))
         for b in new[i + 1 :]:
             if bands & set(similarity.band_keys(b.signature)):
-                pairs.add((a.key, b.key, similarity.jaccard(a.signature, b.signature)))
+                pairs.add((a.key, b.key, jaccard(a.signature, b.signature)))
         for s in stored:
             if bands & set(similarity.band_keys(s.signature)):
-                pairs.add((a.key, s.task_id, similarity.jaccard(a.signature, s.signature)))
+                pairs.add((a.key, s.task_id, jaccard(a.signature, s.signature)))
     return pairs
 
 

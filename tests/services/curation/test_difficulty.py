@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from services.curation.difficulty import (
     ProbeCount,
-    pass_rates_from_counts,
     probe_counts,
     select_by_difficulty,
 )
@@ -54,8 +53,8 @@ def test_bad_counts_are_refused() -> None:
         select_by_difficulty({1: 1.5})
 
 
-def test_rates_from_counts() -> None:
-    assert pass_rates_from_counts({1: ProbeCount(2, 8)}) == {1: 0.25}
+def test_a_probe_counts_pass_rate_is_passes_over_samples() -> None:
+    assert ProbeCount(2, 8).pass_rate == 0.25
 
 
 def test_probe_counts_read_the_eval_jobs_result_rows() -> None:

@@ -18,15 +18,18 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from services.curation.pipeline import curate_batch
-from services.curation.policy import CurationPolicy
 from services.curation.workers import PreparePool
-from services.db.models import Loop
 from services.db.session import SessionFactory
 from services.environments.base import build_trace
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.environments.toolcalc.tasks import sample_request
-from tests.services.curation.support import QaAdapter, add_traces, make_loop, trace_body
+from tests.services.curation.support import (
+    QaAdapter,
+    add_traces,
+    curate_all,
+    make_loop,
+    trace_body,
+)
 
 # sha256 of :func:`outcome` for the corpus below, recorded with the serial code before the
 # throughput work (commit a0cb18f plus the held-out split rule that also samples successes,
@@ -97,25 +100,6 @@ def qa_bodies(n: int, *, seed: int) -> Iterator[Any]:
         yield trace_body(f"qa-{index}", base + suffix, answer=answer, metadata=meta)
 
 
-def curate_all(
-    session_factory: SessionFactory, loop_id: int, adapter: Any, pool: PreparePool | None
-) -> None:
-    while True:
-        with session_factory.begin() as session:
-            loop = session.get(Loop, loop_id)
-            assert loop is not None
-            report = curate_batch(
-                session,
-                loop=loop,
-                policy=CurationPolicy.from_json(loop.curation_policy),
-                adapter=adapter,
-                limit=70,
-                pool=pool,
-            )
-        if not report.more:
-            return
-
-
 def outcome(session_factory: SessionFactory) -> str:
     """Every decision curation wrote, as one digest: verdicts, tasks, sources, LSH bands."""
     queries = {
@@ -164,6 +148,6 @@ def test_curation_matches_the_recorded_serial_result(
 ) -> None:
     toolcalc, qa = load_corpus(session_factory)
     with PreparePool(processes) as pool:
-        curate_all(session_factory, toolcalc, ToolcalcEnvironment(), pool)
-        curate_all(session_factory, qa, QaAdapter(), pool)
+        curate_all(session_factory, toolcalc, adapter=ToolcalcEnvironment(), limit=70, pool=pool)
+        curate_all(session_factory, qa, adapter=QaAdapter(), limit=70, pool=pool)
     assert outcome(session_factory) == RECORDED_DIGEST

@@ -15,7 +15,8 @@ from sqlalchemy import func, select, text
 from services.curation.pipeline import BatchReport, curate_batch
 from services.curation.policy import CurationPolicy
 from services.db.models import Loop, LshBucket, Task, TaskSource, Trace
-from services.db.queries import curation as q
+from services.db.queries import tasks as task_queries
+from services.db.queries import traces as trace_queries
 from services.db.session import SessionFactory
 from services.environments import get_environment
 from services.environments.base import build_trace
@@ -284,9 +285,9 @@ def test_skip_locked_gives_concurrent_batches_disjoint_traces(
     loop_id = make_loop(session_factory)
     add_traces(session_factory, loop_id, [trace_body(f"t{i}", f"question {i}") for i in range(10)])
     with session_factory.begin() as holder:
-        held = q.lock_uncurated_traces(holder, loop_id=loop_id, limit=4)
+        held = trace_queries.lock_uncurated_traces(session=holder, loop_id=loop_id, limit=4)
         with session_factory.begin() as other:
-            got = q.lock_uncurated_traces(other, loop_id=loop_id, limit=10)
+            got = trace_queries.lock_uncurated_traces(session=other, loop_id=loop_id, limit=10)
         assert {t.id for t in held}.isdisjoint({t.id for t in got})
         assert len(held) + len(got) == 10
 
@@ -310,7 +311,7 @@ def test_concurrent_workers_curate_each_trace_exactly_once(session_factory: Sess
             with session_factory.begin() as session:
                 loop = session.get(Loop, loop_id)
                 assert loop is not None
-                while not q.try_lock_loop_curation(session, loop_id=loop_id):
+                while not task_queries.try_lock_loop_curation(session=session, loop_id=loop_id):
                     time.sleep(0.01)
                 report = curate_batch(
                     session, loop=loop, policy=CurationPolicy(), adapter=QaAdapter(), limit=20

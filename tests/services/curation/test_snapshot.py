@@ -12,14 +12,17 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from services.artifacts import ArtifactStore, uri_to_path
-from services.curation.pipeline import curate_batch
-from services.curation.policy import CurationPolicy
 from services.curation.snapshot import SnapshotError, snapshot, weighted_sample
 from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource
-from services.db.queries import curation as q
+from services.db.queries import tasks as q
 from services.db.session import SessionFactory
 from services.environments.base import read_task_file
-from tests.services.curation.support import QaAdapter, add_traces, make_loop, trace_body
+from tests.services.curation.support import (
+    add_traces,
+    curate_all,
+    make_loop,
+    trace_body,
+)
 
 WORDS = [
     *("order", "refund", "invoice", "password", "account", "login", "delivery", "address"),
@@ -34,22 +37,6 @@ _names = (f"loop-{i}" for i in itertools.count())
 def questions(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choices(WORDS, k=9)) + f" #{i}" for i in range(n)]
-
-
-def curate_all(session_factory: SessionFactory, loop_id: int) -> None:
-    while True:
-        with session_factory.begin() as session:
-            loop = session.get(Loop, loop_id)
-            assert loop is not None
-            report = curate_batch(
-                session,
-                loop=loop,
-                policy=CurationPolicy.from_json(loop.curation_policy),
-                adapter=QaAdapter(),
-                limit=50,
-            )
-        if not report.more:
-            return
 
 
 @pytest.fixture
@@ -127,7 +114,7 @@ def test_snapshot_writes_files_rows_and_lineage(
 
 def heldout(session_factory: SessionFactory, loop_id: int) -> int:
     with session_factory() as session:
-        return q.heldout_count(session, loop_id=loop_id)
+        return q.heldout_count(session=session, loop_id=loop_id)
 
 
 def test_same_content_gives_the_same_dataset(
@@ -159,13 +146,17 @@ def test_difficulty_filter_and_pending_work(
         session_factory, n=30, eval_fraction=0.0, heldout_fraction=0.0, difficulty_filter=True
     )
     with session_factory.begin() as session:
-        train = [m.task_id for m in q.split_members(session, loop_id=loop_id, split="train")]
+        train = [
+            m.task_id for m in q.split_members(session=session, loop_id=loop_id, split="train")
+        ]
         assert len(train) == 30
-        assert q.count_new_train_tasks(session, loop_id=loop_id) == 30
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 30
         q.record_probe_results(
-            session, loop_id=loop_id, pass_rates={train[0]: 1.0, train[1]: 0.0, train[2]: 0.5}
+            session=session,
+            loop_id=loop_id,
+            pass_rates={train[0]: 1.0, train[1]: 0.0, train[2]: 0.5},
         )
-        assert q.count_new_train_tasks(session, loop_id=loop_id) == 28
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 28
     name = loop_name(session_factory, loop_id)
     result = snapshot(session_factory, store, loop_name=name)
     assert result.train_count == 28
@@ -182,7 +173,7 @@ def test_difficulty_filter_and_pending_work(
             "too_hard": 1,
             "unprobed": 27,
         }
-        assert q.count_new_train_tasks(session, loop_id=loop_id) == 0
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 0
 
 
 def test_without_the_difficulty_filter_probe_rates_are_ignored(
@@ -190,8 +181,10 @@ def test_without_the_difficulty_filter_probe_rates_are_ignored(
 ) -> None:
     loop_id = seeded_loop(session_factory, n=10, eval_fraction=0.0, heldout_fraction=0.0)
     with session_factory.begin() as session:
-        train = [m.task_id for m in q.split_members(session, loop_id=loop_id, split="train")]
-        q.record_probe_results(session, loop_id=loop_id, pass_rates={train[0]: 1.0})
+        train = [
+            m.task_id for m in q.split_members(session=session, loop_id=loop_id, split="train")
+        ]
+        q.record_probe_results(session=session, loop_id=loop_id, pass_rates={train[0]: 1.0})
     result = snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
     assert result.train_count == len(train)
     assert result.difficulty == {"kept": len(train), "too_easy": 0, "too_hard": 0, "unprobed": 0}
@@ -202,12 +195,12 @@ def test_pinned_tasks_are_regression_only_and_heldout_cannot_be_pinned(
 ) -> None:
     loop_id = seeded_loop(session_factory, n=20, heldout_fraction=0.3, heldout_max_tasks=100)
     with session_factory.begin() as session:
-        train = q.split_members(session, loop_id=loop_id, split="train")
+        train = q.split_members(session=session, loop_id=loop_id, split="train")
         held = session.scalars(
             select(Task.id).where(Task.loop_id == loop_id, Task.split == "heldout")
         ).all()
         assert held, "the seed should put some clusters in held-out"
-        pinned = q.pin_tasks(session, loop_id=loop_id, task_ids=[train[0].task_id, held[0]])
+        pinned = q.pin_tasks(session=session, loop_id=loop_id, task_ids=[train[0].task_id, held[0]])
         assert pinned == [train[0].task_id]
     result = snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
     train_ids = {
@@ -280,7 +273,7 @@ def test_heldout_never_enters_a_training_dataset(
             select(Task.id).where(Task.loop_id == loop_id).order_by(Task.id)
         ).all()
         rates = dict(zip(ids, probes, strict=False))
-        q.record_probe_results(session, loop_id=loop_id, pass_rates=rates)
+        q.record_probe_results(session=session, loop_id=loop_id, pass_rates=rates)
     result = snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
     with session_factory() as session:
         rows = session.execute(

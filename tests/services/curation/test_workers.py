@@ -23,7 +23,7 @@ from services.curation.workers import (
     prepare_traces,
     shared_pool,
 )
-from services.db.queries.curation import TraceRow
+from services.db.queries.traces import TraceRow
 from services.environments.base import Rejection, TaskSpec
 from tests.services.curation.support import QaAdapter, trace_body
 

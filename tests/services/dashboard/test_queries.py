@@ -14,7 +14,6 @@ from services.dashboard.pages import points_per_dollar
 from services.dashboard.queries import (
     bucket_width,
     failure_clusters,
-    get_loop,
     live_success_series,
     loop_cycles,
     loop_events,
@@ -25,14 +24,14 @@ from services.dashboard.queries import (
     run_detail,
 )
 from services.db.models import Cycle, Loop, Task, TaskSource, Trace
+from services.db.queries.loops import require_loop
 from tests.services.dashboard.conftest import SeededDatabase
 from tests.services.dashboard.seed import XSS_PROMPT, XSS_SIGNATURE, _success_rate
 
 
 def _loop_id(db: SeededDatabase, name: str) -> int:
     with db.session_factory() as session:
-        loop = get_loop(session, name=name)
-        assert loop is not None
+        loop = require_loop(session=session, name=name)
         return loop.id
 
 
@@ -54,8 +53,7 @@ def test_overview_summarises_every_loop(seeded_database: SeededDatabase) -> None
     low, high = busy.live_interval
     assert low < busy.live_rate < high  # type: ignore[operator]
     with seeded_database.session_factory() as session:
-        loop = get_loop(session, name=story.loop)
-        assert loop is not None
+        loop = require_loop(session=session, name=story.loop)
         assert recent_outcomes(session, loop_id=loop.id) == (expected, 200)
         assert recent_outcomes(session, loop_id=loop.id, limit=4)[1] == 4
 
@@ -68,8 +66,7 @@ def test_overview_summarises_every_loop(seeded_database: SeededDatabase) -> None
 
 def test_a_paused_loop_shows_paused_whatever_its_cycle(seeded_database: SeededDatabase) -> None:
     with seeded_database.session_factory() as session:
-        loop = get_loop(session, name=seeded_database.story.loop)
-        assert loop is not None
+        loop = require_loop(session=session, name=seeded_database.story.loop)
         loop.status = "paused"
         session.flush()
         summary = next(s for s in loops_overview(session) if s.name == loop.name)
@@ -80,8 +77,7 @@ def test_a_paused_loop_shows_paused_whatever_its_cycle(seeded_database: SeededDa
 def test_the_stage_shown_is_the_one_running(seeded_database: SeededDatabase) -> None:
     """The loop records a stage when it ends: "snapshot" (ended) means training runs."""
     with seeded_database.session_factory() as session:
-        loop = get_loop(session, name=seeded_database.story.loop)
-        assert loop is not None
+        loop = require_loop(session=session, name=seeded_database.story.loop)
         cycle = session.scalars(
             select(Cycle).where(Cycle.loop_id == loop.id, Cycle.ended_at.is_(None))
         ).one()

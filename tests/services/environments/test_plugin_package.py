@@ -201,7 +201,7 @@ async def test_a_plugin_loop_with_a_plain_script_trainer_completes_a_cycle(
     champion_dir = tiny_champion(tmp_path / "champion")
     with session_factory.begin() as session:
         loop = create_loop(
-            session,
+            session=session,
             fields=LoopFields(
                 name=name,
                 environment="arith",

@@ -7,8 +7,7 @@ import asyncio
 import pytest
 from sqlalchemy import Engine
 
-from services.db.queries.loops import LoopFields
-from services.db.queries.traces import count_traces
+from services.db.queries.loops import LoopFields, trace_stats
 from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
 from services.ingest.schema import validate_trace
@@ -59,7 +58,7 @@ async def test_concurrent_writes_share_commits(
     assert all(r[0].status == "accepted" and r[0].trace_id for r in results)
     assert commits() - before < 300 / 5  # many traces per transaction
     with session_factory() as session:
-        assert count_traces(session, loop_id=loop_id) == 300
+        assert trace_stats(session=session, loop_id=loop_id).count == 300
 
 
 async def test_duplicates_in_and_across_groups(
@@ -74,7 +73,7 @@ async def test_duplicates_in_and_across_groups(
     assert [o.status for o in first] == ["accepted", "accepted", "duplicate"]
     assert [o.status for o in second] == ["duplicate", "accepted"]
     with session_factory() as session:
-        assert count_traces(session, loop_id=loop_id) == 3
+        assert trace_stats(session=session, loop_id=loop_id).count == 3
 
 
 async def test_a_row_postgres_refuses_is_rejected_alone(
@@ -91,7 +90,7 @@ async def test_a_row_postgres_refuses_is_rejected_alone(
     assert [o.status for o in outcomes] == ["accepted", "rejected", "accepted"]
     assert outcomes[1].reason is not None and "refused" in outcomes[1].reason
     with session_factory() as session:
-        assert count_traces(session, loop_id=loop_id) == 2
+        assert trace_stats(session=session, loop_id=loop_id).count == 2
 
 
 async def test_stop_writes_what_is_queued_then_refuses(
@@ -106,7 +105,7 @@ async def test_stop_writes_what_is_queued_then_refuses(
     with pytest.raises(StorageUnavailable):
         await writer.write([row(loop_id, "late")])
     with session_factory() as session:
-        assert count_traces(session, loop_id=loop_id) == 20
+        assert trace_stats(session=session, loop_id=loop_id).count == 20
 
 
 async def test_an_unreachable_database_refuses_without_acknowledging(loop_id: int) -> None:

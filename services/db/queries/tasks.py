@@ -1,4 +1,4 @@
-"""Queries of curation: trace selection, tasks, LSH buckets, datasets, drift and pending work.
+"""Task rows of curation: the batch's bulk writes, LSH neighbours, splits, probes, listings.
 
 Every function takes the session keyword-only and never commits. Bulk writes of a
 curation batch are one statement per table: ``COPY`` for the rows it creates (tasks, their
@@ -20,10 +20,8 @@ from sqlalchemy import (
     BigInteger,
     BindParameter,
     String,
-    Text,
     any_,
     bindparam,
-    cast,
     func,
     select,
     text,
@@ -32,26 +30,14 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource, Trace
+from services.db.models import DatasetTask, Task, TaskSource, Trace
 
 # Namespace of curation's advisory locks (the other key is the loop id).
 _LOCK_NAMESPACE = 0x52434C  # "RCL"
+
+
 # Length of an LSH bucket key (services.curation.similarity.band_keys: 4 uint32 rows).
 _BUCKET_BYTES = 16
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    """An uncurated trace, locked for this transaction."""
-
-    id: int
-    external_id: str
-    model_version: str | None
-    success: bool | None
-    score: float | None
-    error_kind: str | None
-    body_json: str  # the body as Postgres sends it; decoded once, where it is curated
-    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -59,7 +45,7 @@ class NeighbourRow:
     """A stored task sharing an LSH bucket with the batch."""
 
     task_id: int
-    content_hash: str
+    dedup_key: str
     cluster_id: str
     minhash: bytes
     verifier_json: str  # the verifier as jsonb text: decoded only when its key is not known
@@ -70,15 +56,6 @@ class ExistingTask:
     task_id: int
     cluster_id: str
     split: str
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What curation decided about one trace (written to the trace row)."""
-
-    trace_id: int
-    outcome: str
-    detail: str
 
 
 def _ids(values: Sequence[int]) -> BindParameter[Any]:
@@ -92,14 +69,7 @@ def _texts(values: Sequence[str]) -> BindParameter[Any]:
     return bindparam(None, list(values), type_=array)
 
 
-# Loops ----------------------------------------------------------------------------------------
-
-
-def loop_by_name(session: Session, *, name: str) -> Loop | None:
-    return session.scalars(select(Loop).where(Loop.name == name)).one_or_none()
-
-
-def try_lock_loop_curation(session: Session, *, loop_id: int) -> bool:
+def try_lock_loop_curation(*, session: Session, loop_id: int) -> bool:
     """Take the loop's curation lock for this transaction, without waiting.
 
     Batches of one loop run one at a time so every batch sees the tasks of the one before
@@ -112,89 +82,23 @@ def try_lock_loop_curation(session: Session, *, loop_id: int) -> bool:
     return bool(locked)
 
 
-# Trace selection -----------------------------------------------------------------------------
-
-
-_TRACE_ROW_COLUMNS = (
-    Trace.id,
-    Trace.external_id,
-    Trace.model_version,
-    Trace.success,
-    Trace.score,
-    Trace.error_kind,
-    cast(Trace.body, Text),
-    Trace.size_bytes,
-)
-
-
-def lock_uncurated_traces(session: Session, *, loop_id: int, limit: int) -> list[TraceRow]:
-    """The oldest uncurated traces of a loop, locked; rows another batch holds are skipped."""
-    rows = session.execute(
-        select(*_TRACE_ROW_COLUMNS)
-        .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
-        .order_by(Trace.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    ).all()
-    return [TraceRow(*row) for row in rows]
-
-
-def peek_uncurated_traces(
-    session: Session, *, loop_id: int, after_id: int, limit: int
-) -> list[TraceRow]:
-    """The next uncurated traces after ``after_id``, read without locking them: what the
-    loop's next batch will most likely lock (curation prepares them ahead of time and
-    checks each row again when the batch really has it)."""
-    rows = session.execute(
-        select(*_TRACE_ROW_COLUMNS)
-        .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None), Trace.id > after_id)
-        .order_by(Trace.id)
-        .limit(limit)
-    ).all()
-    return [TraceRow(*row) for row in rows]
-
-
-def mark_traces_curated(session: Session, *, verdicts: Sequence[Verdict]) -> None:
-    """Stamp ``curated_at`` and the verdict on each trace (same transaction as its task)."""
-    if not verdicts:
-        return
-    session.execute(
-        text(
-            """
-            UPDATE traces AS t
-               SET curated_at = now(), curation_outcome = v.outcome, curation_detail = v.detail
-              FROM unnest(CAST(:ids AS bigint[]), CAST(:outcomes AS text[]),
-                          CAST(:details AS text[])) AS v(id, outcome, detail)
-             WHERE t.id = v.id
-            """
-        ),
-        {
-            "ids": [v.trace_id for v in verdicts],
-            "outcomes": [v.outcome for v in verdicts],
-            "details": [v.detail for v in verdicts],
-        },
-    )
-
-
-# Tasks --------------------------------------------------------------------------------------
-
-
-def tasks_by_content_hash(
-    session: Session, *, loop_id: int, hashes: Sequence[str]
+def tasks_by_dedup_key(
+    *, session: Session, loop_id: int, keys: Sequence[str]
 ) -> dict[str, ExistingTask]:
-    if not hashes:
+    """The loop's stored tasks among ``keys`` (exact duplicates of the batch's tasks)."""
+    if not keys:
         return {}
     rows = session.execute(
         select(Task.content_hash, Task.id, Task.cluster_id, Task.split).where(
-            Task.loop_id == loop_id, Task.content_hash == any_(_texts(hashes))
+            Task.loop_id == loop_id, Task.content_hash == any_(_texts(keys))
         )
     ).all()
     return {row[0]: ExistingTask(row[1], row[2], row[3]) for row in rows}
 
 
 def lsh_neighbours(
-    session: Session,
     *,
+    session: Session,
     loop_id: int,
     bands: Sequence[tuple[int, bytes]],
     per_bucket: int,
@@ -245,7 +149,7 @@ def lsh_neighbours(
     return [NeighbourRow(row[0], row[1], row[2], bytes(row[3]), row[4]) for row in rows]
 
 
-def cluster_splits(session: Session, *, loop_id: int, cluster_ids: Sequence[str]) -> dict[str, str]:
+def cluster_splits(*, session: Session, loop_id: int, cluster_ids: Sequence[str]) -> dict[str, str]:
     """The train/eval/held-out split of each stored cluster among ``cluster_ids``.
 
     One index probe per cluster (``loop_id, cluster_id``), so the cost does not grow with the
@@ -276,7 +180,7 @@ def cluster_splits(session: Session, *, loop_id: int, cluster_ids: Sequence[str]
     return out
 
 
-def heldout_count(session: Session, *, loop_id: int) -> int:
+def heldout_count(*, session: Session, loop_id: int) -> int:
     return int(
         session.execute(
             select(func.count()).where(Task.loop_id == loop_id, Task.split == "heldout")
@@ -289,7 +193,7 @@ class NewTaskRow:
     """A task a curation batch creates; ``spec_json`` is its spec, already encoded."""
 
     loop_id: int
-    content_hash: str
+    dedup_key: str  # stored in the ``content_hash`` column
     environment: str
     spec_json: str
     origin: str
@@ -307,8 +211,8 @@ _TASK_COLUMNS = (
 )
 
 
-def insert_tasks(session: Session, *, rows: Sequence[NewTaskRow]) -> dict[str, int]:
-    """Insert task rows with ``COPY``; returns ``{content hash: task id}``.
+def insert_tasks(*, session: Session, rows: Sequence[NewTaskRow]) -> dict[str, int]:
+    """Insert task rows with ``COPY``; returns ``{dedup key: task id}``.
 
     Ids are drawn from the table's sequence first, one per row in row order, so they are
     the ids a multi-row ``INSERT`` would have given.
@@ -329,7 +233,7 @@ def insert_tasks(session: Session, *, rows: Sequence[NewTaskRow]) -> dict[str, i
                 (
                     task_id,
                     row.loop_id,
-                    row.content_hash,
+                    row.dedup_key,
                     row.environment,
                     row.spec_json,
                     row.origin,
@@ -341,7 +245,7 @@ def insert_tasks(session: Session, *, rows: Sequence[NewTaskRow]) -> dict[str, i
                     row.minhash,
                 )
             )
-    return {row.content_hash: int(task_id) for task_id, row in zip(ids, rows, strict=True)}
+    return {row.dedup_key: int(task_id) for task_id, row in zip(ids, rows, strict=True)}
 
 
 @contextmanager
@@ -354,7 +258,7 @@ def _copy(session: Session, statement: str) -> Iterator[psycopg.Copy]:
         yield copy
 
 
-def add_task_weights(session: Session, *, increments: Mapping[int, int]) -> None:
+def add_task_weights(*, session: Session, increments: Mapping[int, int]) -> None:
     """Raise the weight of kept tasks by the number of duplicates folded into them."""
     if not increments:
         return
@@ -370,7 +274,7 @@ def add_task_weights(session: Session, *, increments: Mapping[int, int]) -> None
     )
 
 
-def insert_task_sources(session: Session, *, rows: Sequence[tuple[int, int, str]]) -> None:
+def insert_task_sources(*, session: Session, rows: Sequence[tuple[int, int, str]]) -> None:
     """Link tasks to the traces they came from: ``(task_id, trace_id, relation)``.
 
     The traces are this batch's own (locked, uncurated), so no row can exist already.
@@ -383,7 +287,7 @@ def insert_task_sources(session: Session, *, rows: Sequence[tuple[int, int, str]
 
 
 def insert_lsh_buckets(
-    session: Session, *, loop_id: int, rows: Sequence[tuple[int, bytes, int]]
+    *, session: Session, loop_id: int, rows: Sequence[tuple[int, bytes, int]]
 ) -> None:
     """Persist LSH bands: ``(band, bucket, task_id)`` for tasks of ``loop_id``.
 
@@ -396,7 +300,7 @@ def insert_lsh_buckets(
             copy.write_row((loop_id, band, bucket, task_id))
 
 
-def record_probe_results(session: Session, *, loop_id: int, pass_rates: Mapping[int, float]) -> int:
+def record_probe_results(*, session: Session, loop_id: int, pass_rates: Mapping[int, float]) -> int:
     """Store the champion's probe pass rate on tasks of a loop; returns rows updated."""
     if not pass_rates:
         return 0
@@ -414,7 +318,7 @@ def record_probe_results(session: Session, *, loop_id: int, pass_rates: Mapping[
     return int(getattr(result, "rowcount", 0) or 0)
 
 
-def pin_tasks(session: Session, *, loop_id: int, task_ids: Sequence[int]) -> list[int]:
+def pin_tasks(*, session: Session, loop_id: int, task_ids: Sequence[int]) -> list[int]:
     """Put tasks into the pinned regression suite (never trained on); returns ids changed.
 
     Held-out tasks cannot be pinned: the held-out set is frozen.
@@ -431,8 +335,8 @@ def pin_tasks(session: Session, *, loop_id: int, task_ids: Sequence[int]) -> lis
 
 
 def list_tasks(
-    session: Session,
     *,
+    session: Session,
     loop_id: int,
     split: str | None = None,
     limit: int = 50,
@@ -444,7 +348,7 @@ def list_tasks(
     return list(session.scalars(query.order_by(Task.id.desc()).limit(limit).offset(offset)))
 
 
-def task_sources(session: Session, *, task_id: int) -> list[tuple[int, str, str]]:
+def task_sources(*, session: Session, task_id: int) -> list[tuple[int, str, str]]:
     """``(trace id, external id, relation)`` of every trace behind a task."""
     rows = session.execute(
         select(Trace.id, Trace.external_id, TaskSource.relation)
@@ -455,10 +359,7 @@ def task_sources(session: Session, *, task_id: int) -> list[tuple[int, str, str]
     return [(row[0], row[1], row[2]) for row in rows]
 
 
-# Pending work and drift ---------------------------------------------------------------------
-
-
-def count_new_train_tasks(session: Session, *, loop_id: int, difficulty_filter: bool = True) -> int:
+def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: bool = True) -> int:
     """Train tasks no dataset holds yet (and, with the filter on, that it would keep)."""
     return int(
         session.execute(
@@ -476,78 +377,18 @@ def count_new_train_tasks(session: Session, *, loop_id: int, difficulty_filter: 
     )
 
 
-def count_uncurated_traces(session: Session, *, loop_id: int) -> int:
-    return int(
-        session.execute(
-            select(func.count()).where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
-        ).scalar_one()
-    )
-
-
-def latest_model_version(session: Session, *, loop_id: int) -> str | None:
-    """The model version of the loop's most recently received trace (the one serving)."""
-    row = session.execute(
-        select(Trace.model_version)
-        .where(Trace.loop_id == loop_id, Trace.model_version.is_not(None))
-        .order_by(Trace.received_at.desc(), Trace.id.desc())
-        .limit(1)
-    ).first()
-    return row[0] if row is not None else None
-
-
-def failure_window(
-    session: Session,
-    *,
-    loop_id: int,
-    model_version: str,
-    window: int,
-    failure_score_threshold: float | None,
-) -> tuple[int, int]:
-    """``(traces with an outcome, failures)`` among the last ``window`` traces of a version.
-
-    The failure test is :func:`services.curation.selection.classify` in SQL.
-    """
-    row = session.execute(
-        text(
-            """
-            SELECT count(*),
-                   count(*) FILTER (WHERE success IS FALSE
-                                       OR coalesce(error_kind, '') <> ''
-                                       OR (CAST(:threshold AS double precision) IS NOT NULL
-                                           AND score < CAST(:threshold AS double precision)))
-              FROM (SELECT success, score, error_kind FROM traces
-                     WHERE loop_id = :loop_id AND model_version = :model_version
-                       AND (success IS NOT NULL OR score IS NOT NULL
-                            OR coalesce(error_kind, '') <> '')
-                     ORDER BY received_at DESC, id DESC
-                     LIMIT :window) AS recent
-            """
-        ),
-        {
-            "loop_id": loop_id,
-            "model_version": model_version,
-            "window": window,
-            "threshold": failure_score_threshold,
-        },
-    ).one()
-    return int(row[0]), int(row[1])
-
-
-# Datasets -----------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class SplitMember:
     """A task that may enter a dataset, without its spec (cheap to list by the thousand)."""
 
     task_id: int
-    content_hash: str
+    dedup_key: str
     weight: int
     probe_pass_rate: float | None
     pinned: bool
 
 
-def split_members(session: Session, *, loop_id: int, split: str) -> list[SplitMember]:
+def split_members(*, session: Session, loop_id: int, split: str) -> list[SplitMember]:
     """Candidates for one split of a dataset, newest first.
 
     ``train`` and ``eval`` exclude pinned tasks; ``regression`` is the regression split plus
@@ -565,7 +406,7 @@ def split_members(session: Session, *, loop_id: int, split: str) -> list[SplitMe
     return [SplitMember(*row) for row in session.execute(query).all()]
 
 
-def unprobed_train_members(session: Session, *, loop_id: int, limit: int) -> list[SplitMember]:
+def unprobed_train_members(*, session: Session, loop_id: int, limit: int) -> list[SplitMember]:
     """The newest ``limit`` train tasks (not pinned) that have no probe pass rate yet."""
     query = (
         select(Task.id, Task.content_hash, Task.weight, Task.probe_pass_rate, Task.pinned)
@@ -581,26 +422,27 @@ def unprobed_train_members(session: Session, *, loop_id: int, limit: int) -> lis
     return [SplitMember(*row) for row in session.execute(query).all()]
 
 
-def task_ids_by_spec_id(
-    session: Session,
+def row_ids_by_job_task_id(
     *,
+    session: Session,
     loop_id: int,
-    spec_ids: Iterable[str],
+    job_task_ids: Iterable[str],
     dataset_id: int | None = None,
     among: Sequence[int] | None = None,
 ) -> dict[str, int]:
-    """Task ids of a loop's tasks named by their TaskSpec id, as job results name them.
+    """``{job task id: row id}`` of a loop's tasks, for the task ids job results name.
 
-    Eval and probe results name a task by its TaskSpec id (``spec.task_id``, the hash of its
-    content), not by curation's normalized ``content_hash``, which differs from it. The
-    lookup is scoped to the tasks the job was given: a dataset's tasks (``dataset_id``) or
-    an explicit list (``among``). Spec ids not found are simply absent from the result.
+    Eval and probe results name a task by the task id of its spec (``spec.task_id``,
+    :func:`services.environments.base.compute_task_id`), not by its row id nor by
+    curation's dedup key. The lookup is scoped to the tasks the job was given: a dataset's
+    tasks (``dataset_id``) or a list of row ids (``among``). Ids not found are simply absent
+    from the result.
     """
-    wanted = sorted(set(spec_ids))
+    wanted = sorted(set(job_task_ids))
     if not wanted:
         return {}
-    spec_id = Task.spec["task_id"].as_string()
-    query = select(spec_id, Task.id).where(Task.loop_id == loop_id, spec_id.in_(wanted))
+    job_task_id = Task.spec["task_id"].as_string()
+    query = select(job_task_id, Task.id).where(Task.loop_id == loop_id, job_task_id.in_(wanted))
     if dataset_id is not None:
         query = query.join(DatasetTask, DatasetTask.task_id == Task.id).where(
             DatasetTask.dataset_id == dataset_id
@@ -617,7 +459,7 @@ class TaskContent:
     sources: list[int]
 
 
-def task_contents(session: Session, *, task_ids: Sequence[int]) -> dict[int, TaskContent]:
+def task_contents(*, session: Session, task_ids: Sequence[int]) -> dict[int, TaskContent]:
     """Spec, cluster and source trace ids of each task (what a task file line holds)."""
     if not task_ids:
         return {}
@@ -634,112 +476,5 @@ def task_contents(session: Session, *, task_ids: Sequence[int]) -> dict[int, Tas
     return {row[0]: TaskContent(row[1], row[2], sources.get(row[0], [])) for row in rows}
 
 
-def clusters_crossing_train_line(
-    session: Session, *, loop_id: int, train_ids: Sequence[int]
-) -> list[str]:
-    """Clusters that hold both a task in ``train_ids`` and an eval or held-out task.
-
-    Always empty unless the invariant is broken; the snapshot refuses to write if not.
-    """
-    if not train_ids:
-        return []
-    rows = session.execute(
-        text(
-            """
-            SELECT DISTINCT a.cluster_id
-              FROM tasks AS a
-              JOIN tasks AS b ON b.loop_id = a.loop_id AND b.cluster_id = a.cluster_id
-             WHERE a.loop_id = :loop_id AND a.id = ANY(CAST(:ids AS bigint[]))
-               AND b.split IN ('eval', 'heldout')
-             LIMIT 10
-            """
-        ),
-        {"loop_id": loop_id, "ids": list(train_ids)},
-    ).all()
-    return [row[0] for row in rows]
-
-
-def dataset_by_hash(session: Session, *, loop_id: int, content_hash: str) -> Dataset | None:
-    return session.scalars(
-        select(Dataset).where(Dataset.loop_id == loop_id, Dataset.content_hash == content_hash)
-    ).one_or_none()
-
-
-def insert_dataset(session: Session, *, values: Mapping[str, Any]) -> int | None:
-    """Insert a dataset row; None when one with the same (loop, content hash) exists."""
-    result = session.execute(
-        text(
-            """
-            INSERT INTO datasets (loop_id, content_hash, train_count, eval_count,
-                                  regression_count, train_uri, eval_uri, regression_uri,
-                                  heldout_count, heldout_uri, stats)
-            VALUES (:loop_id, :content_hash, :train_count, :eval_count, :regression_count,
-                    :train_uri, :eval_uri, :regression_uri,
-                    :heldout_count, :heldout_uri, CAST(:stats AS jsonb))
-            ON CONFLICT (loop_id, content_hash) DO NOTHING
-            RETURNING id
-            """
-        ),
-        dict(values),
-    ).first()
-    return int(result[0]) if result is not None else None
-
-
-def insert_dataset_tasks(
-    session: Session, *, dataset_id: int, members: Sequence[tuple[int, str]]
-) -> None:
-    """Record membership ``(task_id, split)`` of a new dataset."""
-    if not members:
-        return
-    session.execute(
-        text(
-            """
-            INSERT INTO dataset_tasks (dataset_id, task_id, split)
-            SELECT :dataset_id, * FROM unnest(CAST(:tasks AS bigint[]), CAST(:splits AS text[]))
-            """
-        ),
-        {
-            "dataset_id": dataset_id,
-            "tasks": [m[0] for m in members],
-            "splits": [m[1] for m in members],
-        },
-    )
-
-
-def dataset_lineage(session: Session, *, dataset_id: int) -> list[tuple[int, str, int]]:
-    """``(task id, split, trace id)`` for every trace behind every task of a dataset."""
-    rows = session.execute(
-        select(DatasetTask.task_id, DatasetTask.split, TaskSource.trace_id)
-        .join(TaskSource, TaskSource.task_id == DatasetTask.task_id)
-        .where(DatasetTask.dataset_id == dataset_id)
-        .order_by(DatasetTask.split, DatasetTask.task_id, TaskSource.trace_id)
-    ).all()
-    return [(row[0], row[1], row[2]) for row in rows]
-
-
-def dataset_split_counts(session: Session, *, dataset_id: int) -> dict[str, int]:
-    rows = session.execute(
-        select(DatasetTask.split, func.count())
-        .where(DatasetTask.dataset_id == dataset_id)
-        .group_by(DatasetTask.split)
-    ).all()
-    return {row[0]: int(row[1]) for row in rows}
-
-
-def list_datasets(session: Session, *, loop_id: int, limit: int = 50) -> list[Dataset]:
-    return list(
-        session.scalars(
-            select(Dataset)
-            .where(Dataset.loop_id == loop_id)
-            .order_by(Dataset.id.desc())
-            .limit(limit)
-        )
-    )
-
-
-def get_dataset(session: Session, *, dataset_id: int) -> Dataset | None:
-    return session.get(Dataset, dataset_id)
-
-
-def get_task(session: Session, *, task_id: int) -> Task | None:
+def get_task(*, session: Session, task_id: int) -> Task | None:
     return session.get(Task, task_id)

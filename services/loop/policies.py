@@ -183,6 +183,14 @@ class ServingTarget(_Policy):
         return self
 
 
+def describe_errors(policy: str, exc: ValidationError) -> str:
+    """One line per bad field, each named by its path (``gate_policy.confidence: ...``)."""
+    return "; ".join(
+        f"{'.'.join([policy, *(str(part) for part in error['loc'])])}: {error['msg']}"
+        for error in exc.errors()
+    )
+
+
 def parse_policies(
     trigger: Mapping[str, object] | None,
     gate: Mapping[str, object] | None,

@@ -26,7 +26,6 @@ from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.db.models import Loop
 from services.db.queries import cycles as q
 from services.db.session import SessionFactory
-from services.evaluation.gate import GatePolicy as GateThresholds
 from services.evaluation.gate import decide
 from services.evaluation.results import ResultsFileError, pass_at_1, read_results
 from services.evaluation.stats import (
@@ -270,7 +269,7 @@ class LoopActivities:
                 candidate_id=input.candidate_checkpoint_id,
                 task_set="heldout",
             )
-        policy = GateThresholds(
+        policy = GatePolicy(
             confidence=input.confidence,
             min_improvement_points=input.min_improvement_points,
             regression_tolerance_points=input.regression_tolerance_points,

@@ -16,6 +16,7 @@ from pydantic import (
     ModelWrapValidatorHandler,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -25,6 +26,12 @@ from services.training.config import HyperparameterError, parse_hyperparameters
 # Strings Postgres can store in jsonb (no NUL) and a person can read.
 Text = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^[^\x00]*$")]
 Scalar = bool | int | float | Text
+
+
+# Validation context of a payload already recorded in a workflow history: it is a fact, the
+# trainer's check ran when its loop was saved, and a stricter check of a later release must
+# not make a running workflow's history unreadable.
+RECORDED = {"recorded": True}
 
 
 class _Policy(BaseModel):
@@ -125,11 +132,15 @@ class TrainingProfile(_Policy):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _check_hyperparameters(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+    def _check_hyperparameters(
+        cls, data: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
+    ) -> Self:
         """The trainer's own check (torch-free), so a loop is refused when it is created or
-        changed rather than its first train job after curation. The error's location names the
-        key: ``training_profile.hyperparameters.lr``."""
+        changed rather than at its first train job after curation. The error's location names
+        the key: ``training_profile.hyperparameters.lr``."""
         profile = handler(data)
+        if info.context == RECORDED:
+            return profile
         try:
             parse_hyperparameters(profile.family, profile.algorithm, profile.hyperparameters)
         except HyperparameterError as exc:

@@ -363,7 +363,7 @@ class _LoopConfigPayload(TransferTypeConverter["LoopConfig", dict[str, Any]]):
     previous release, during a rolling deploy, still reads what a new activity wrote.
     """
 
-    transfer_type = dict
+    transfer_type: type[dict[str, Any]] | None = dict
 
     def to_transfer_type(self, value: LoopConfig) -> dict[str, Any]:
         return {**_flat_keys(value), **value.to_payload()}
@@ -489,7 +489,9 @@ def _flat_trigger_policy(raw: dict[str, Any]) -> TriggerPolicy:
 
 
 def _flat_gate_policy(raw: dict[str, Any]) -> GatePolicy:
-    values = {name: raw.get(key, _FLAT_GATE_DEFAULTS.get(key)) for key, name in _FLAT_GATE}
+    values: dict[str, Any] = {
+        name: raw.get(key, _FLAT_GATE_DEFAULTS.get(key)) for key, name in _FLAT_GATE
+    }
     return GatePolicy.model_construct(**values)
 
 

@@ -1,0 +1,148 @@
+"""``LoopConfig`` on the wire: nested typed policies, and the flat shape of older releases.
+
+Committed histories (and workflows running in production) hold the flat payload that
+``load_loop_config`` wrote before the policies were nested; the replay gate replays them, and
+these tests pin the converter that reads both shapes and keeps writing the flat keys for a
+worker of the previous release during a rolling deploy.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from temporalio.converter import DataConverter
+
+from services.curation.policy import CurationPolicy
+from services.loop.policies import GatePolicy, TrainingProfile
+from tests.workflows.test_loop import BASE_CONFIG, with_gate
+from workflows.shared import LoopConfig
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+def encode(value: object) -> dict[str, Any]:
+    [payload] = DataConverter.default.payload_converter.to_payloads([value])
+    data: dict[str, Any] = json.loads(payload.data)
+    return data
+
+
+def decode(data: dict[str, Any], hint: type) -> Any:
+    [payload] = DataConverter.default.payload_converter.to_payloads([data])
+    [value] = DataConverter.default.payload_converter.from_payloads([payload], [hint])
+    return value
+
+
+def recorded_loop_config(history: str) -> dict[str, Any]:
+    """The first ``load_loop_config`` result of a committed history, as JSON."""
+    events = json.loads((HISTORIES / history).read_text())["events"]
+    for event in events:
+        attributes = event.get("activityTaskCompletedEventAttributes")
+        for payload in (attributes or {}).get("result", {}).get("payloads", []):
+            data = json.loads(base64.b64decode(payload["data"]))
+            if isinstance(data, dict) and "loop_id" in data:
+                return data
+    raise AssertionError(f"{history} has no load_loop_config result")
+
+
+def test_a_config_round_trips_with_its_policies_typed() -> None:
+    config = replace(
+        with_gate(BASE_CONFIG, mode="manual", eval_samples=4, eval_temperature=0.7),
+        training_profile=TrainingProfile.model_validate(
+            {"algorithm": "sft", "hyperparameters": {"steps": 10, "augment_fraction": 0.3}}
+        ),
+        curation_policy=CurationPolicy(difficulty_filter=True, probe_attempts=4),
+        budget_usd=12.5,
+        last_cycle_number=7,
+    )
+    data = encode(config)
+    assert data["gate_policy"]["mode"] == "manual"
+    assert data["training_profile"]["hyperparameters"] == {"steps": 10, "augment_fraction": 0.3}
+    decoded = decode(data, LoopConfig)
+    assert decoded == config
+    assert isinstance(decoded.gate_policy, GatePolicy)
+
+
+def test_the_flat_payload_of_a_committed_history_decodes_to_the_same_values() -> None:
+    flat = recorded_loop_config("loop-honest.json")
+    assert "gate_policy" not in flat  # recorded before the policies were nested
+    config = decode(flat, LoopConfig)
+    assert isinstance(config, LoopConfig)
+    assert config.trigger_policy.min_new_tasks == flat["min_new_tasks"]
+    assert config.trigger_policy.check_interval_s == flat["check_interval_s"]
+    assert config.gate_policy.mode == flat["gate_mode"]
+    assert config.gate_policy.eval_samples == flat["eval_samples"] == 4
+    assert config.gate_policy.eval_temperature == flat["eval_temperature"]
+    assert config.gate_policy.min_discordant_pairs == flat["min_discordant_pairs"]
+    assert config.gate_policy.canary_seconds == flat["canary_seconds"]
+    assert config.curation_policy.difficulty_filter == flat["difficulty_filter"]
+    assert config.training_profile.algorithm == "grpo"
+    assert config.last_cycle_number == flat["last_cycle_number"]
+
+
+def test_a_flat_payload_from_before_the_sampled_gate_gets_that_releases_defaults() -> None:
+    flat = recorded_loop_config("loop-promoted.json")
+    assert "eval_temperature" not in flat and "min_discordant_pairs" not in flat
+    config = decode(flat, LoopConfig)
+    assert (config.gate_policy.eval_temperature, config.gate_policy.min_discordant_pairs) == (0, 0)
+    assert config.curation_policy.difficulty_filter is False
+    assert config.last_cycle_number == 0
+
+
+@dataclass
+class PreviousReleaseLoopConfig:
+    """The flat ``LoopConfig`` of the previous release, as its workers decode a payload."""
+
+    loop: str
+    loop_id: int
+    status: str
+    environment: str
+    executor: str
+    champion_checkpoint_id: str | None
+    champion_uri: str | None
+    training_profile: dict[str, Any]
+    serving_target: dict[str, Any]
+    min_new_tasks: int
+    max_interval_s: float
+    check_interval_s: float
+    drift_enabled: bool
+    gate_mode: str
+    confidence: float
+    min_improvement_points: float
+    regression_tolerance_points: float
+    canary_seconds: float
+    canary_check_interval_s: float
+    canary_min_traces: int
+    canary_max_drop_points: float
+    eval_samples: int
+    budget_usd: float | None
+    spent_usd: float
+    difficulty_filter: bool = False
+    probe_attempts: int = 8
+    eval_temperature: float = 0.0
+    min_discordant_pairs: int = 0
+    last_cycle_number: int = 0
+
+
+def test_a_worker_of_the_previous_release_reads_what_a_new_activity_writes() -> None:
+    config = replace(
+        with_gate(BASE_CONFIG, mode="manual", eval_samples=2, eval_temperature=0.5),
+        curation_policy=CurationPolicy(difficulty_filter=True, probe_attempts=3),
+        last_cycle_number=4,
+    )
+    old = decode(encode(config), PreviousReleaseLoopConfig)
+    assert (old.gate_mode, old.eval_samples, old.eval_temperature) == ("manual", 2, 0.5)
+    assert (old.min_new_tasks, old.check_interval_s, old.drift_enabled) == (8, 0.2, False)
+    assert (old.difficulty_filter, old.probe_attempts, old.last_cycle_number) == (True, 3, 4)
+    assert old.training_profile == config.training_profile.model_dump(mode="json")
+
+
+def test_a_recorded_profile_decodes_even_if_todays_trainer_check_would_refuse_it() -> None:
+    """A history is a fact: a stricter check in a later release must not break its replay."""
+    data = encode(BASE_CONFIG)
+    data["training_profile"]["hyperparameters"] = {"retired_knob": 1}
+    config = decode(data, LoopConfig)
+    assert config.training_profile.hyperparameters == {"retired_knob": 1}

@@ -172,6 +172,16 @@ SCENARIOS: dict[str, World | None] = {
         heldout_count=40,
         config=with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
     ),
+    # LoopConfig with nested typed policies (plus the flat keys older workers read), with the
+    # gate's sampling and the curation policy's probe read from them.
+    "typed-config": World(
+        new_tasks=12,
+        heldout_count=40,
+        config=replace(
+            with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+            curation_policy=CurationPolicy(difficulty_filter=True, probe_attempts=4),
+        ),
+    ),
 }
 
 

@@ -146,3 +146,11 @@ def test_a_recorded_profile_decodes_even_if_todays_trainer_check_would_refuse_it
     data["training_profile"]["hyperparameters"] = {"retired_knob": 1}
     config = decode(data, LoopConfig)
     assert config.training_profile.hyperparameters == {"retired_knob": 1}
+
+
+def test_the_typed_config_history_holds_the_nested_payload() -> None:
+    """loop-typed-config.json (replayed by the gate) was recorded with this release's shape."""
+    data = recorded_loop_config("loop-typed-config.json")
+    assert data["gate_policy"]["eval_samples"] == data["eval_samples"] == 4
+    assert data["curation_policy"]["difficulty_filter"] is data["difficulty_filter"] is True
+    assert decode(data, LoopConfig).curation_policy.probe_attempts == 4

@@ -20,9 +20,9 @@ import torch
 from services.environments import write_task_file
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.gate import decide
-from services.loop.policies import GatePolicy
 from services.evaluation.job import eval_job_main
 from services.evaluation.results import read_results
+from services.loop.policies import GatePolicy
 from services.training.job import train_job_main
 from services.training.optim import TrainingDiverged, clip_and_check
 from tests.services.training.conftest import write_spec

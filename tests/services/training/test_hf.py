@@ -352,12 +352,9 @@ def test_the_keys_a_profile_accepts_are_the_trainers_fields() -> None:
     from services.training.config import known_keys
     from services.training.hf.train import HFGRPOConfig, HFSFTConfig
 
-    assert known_keys("hf", "sft") == {f.name for f in fields(HFSFTConfig)} - {"seed"} | {
-        "threads"
-    }
-    assert known_keys("hf", "grpo") == {f.name for f in fields(HFGRPOConfig)} - {"seed"} | {
-        "threads"
-    }
+    for algorithm, config_cls in (("sft", HFSFTConfig), ("grpo", HFGRPOConfig)):
+        trainer_keys = {f.name for f in fields(config_cls)} - {"seed"}
+        assert known_keys("hf", algorithm) == trainer_keys | {"threads"}
 
 
 def test_a_training_profile_for_hf_refuses_unknown_hyperparameters() -> None:

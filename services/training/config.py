@@ -78,8 +78,19 @@ _GROUP = "advantages are relative to the group"
 _SAMPLING = "GRPO samples its groups"
 
 
+class _Checked:
+    """What every trainer config does: refuse out-of-range fields, and dump as JSON would."""
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)  # type: ignore[call-overload]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+
 @dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(_Checked):
     """GRPO hyper-parameters; the defaults are the toolcalc drift-recovery run."""
 
     steps: int = field(default=40, metadata=_bounds(0))
@@ -104,15 +115,9 @@ class GRPOConfig:
     seed: int = 0
     log_every: int = field(default=1, metadata=_bounds(0))
 
-    def __post_init__(self) -> None:
-        check_bounds(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(_Checked):
     """SFT hyper-parameters; the defaults make the toolcalc champion on two CPU cores."""
 
     steps: int = field(default=1200, metadata=_bounds(0))
@@ -125,15 +130,9 @@ class SFTConfig:
     seed: int = 0
     log_every: int = field(default=100, metadata=_bounds(0))
 
-    def __post_init__(self) -> None:
-        check_bounds(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class LoRAOptions:
+class LoRAOptions(_Checked):
     """Whether and how to train an adapter rather than every weight."""
 
     lora: bool = True
@@ -141,6 +140,9 @@ class LoRAOptions:
     lora_alpha: int = field(default=32, metadata=_bounds(1))
     lora_dropout: float = field(default=0.0, metadata=_bounds(0, 1, high_open=True))
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def validate(self) -> None:
         """Every field in its range (``check_bounds``) and at least one module to adapt."""
@@ -166,14 +168,6 @@ class HFSFTConfig(LoRAOptions):
     seed: int = 0
     log_every: int = field(default=10, metadata=_bounds(0))
 
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["lora_target_modules"] = list(self.lora_target_modules)
-        return data
-
 
 @dataclass(frozen=True)
 class HFGRPOConfig(LoRAOptions):
@@ -196,14 +190,6 @@ class HFGRPOConfig(LoRAOptions):
     micro_batch: int = field(default=4, metadata=_bounds(1))
     seed: int = 0
     log_every: int = field(default=1, metadata=_bounds(0))
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["lora_target_modules"] = list(self.lora_target_modules)
-        return data
 
 
 TrainerConfig = GRPOConfig | SFTConfig | HFGRPOConfig | HFSFTConfig

@@ -400,21 +400,12 @@ class LoopConfig:
 
     def to_payload(self) -> dict[str, Any]:
         return {
-            "loop": self.loop,
-            "loop_id": self.loop_id,
-            "status": self.status,
-            "environment": self.environment,
-            "executor": self.executor,
-            "champion_checkpoint_id": self.champion_checkpoint_id,
-            "champion_uri": self.champion_uri,
+            **{name: getattr(self, name) for name in _SCALAR_FIELDS},
             "training_profile": self.training_profile.model_dump(mode="json"),
             "serving_target": self.serving_target.model_dump(mode="json"),
             "trigger_policy": self.trigger_policy.model_dump(mode="json"),
             "gate_policy": self.gate_policy.model_dump(mode="json"),
             "curation_policy": self.curation_policy.to_json(),
-            "budget_usd": self.budget_usd,
-            "spent_usd": self.spent_usd,
-            "last_cycle_number": self.last_cycle_number,
         }
 
     @classmethod
@@ -422,13 +413,7 @@ class LoopConfig:
         """Either shape: nested policies (``gate_policy`` present) or the older flat keys."""
         nested = "gate_policy" in raw
         return cls(
-            loop=raw["loop"],
-            loop_id=raw["loop_id"],
-            status=raw["status"],
-            environment=raw["environment"],
-            executor=raw["executor"],
-            champion_checkpoint_id=raw.get("champion_checkpoint_id"),
-            champion_uri=raw.get("champion_uri"),
+            **{name: raw[name] for name in _SCALAR_FIELDS if name in raw},
             training_profile=TrainingProfile.model_validate(
                 raw.get("training_profile") or {}, context=RECORDED
             ),
@@ -453,10 +438,22 @@ class LoopConfig:
                     probe_attempts=raw.get("probe_attempts", 8),
                 )
             ),
-            budget_usd=raw.get("budget_usd"),
-            spent_usd=raw.get("spent_usd", 0.0),
-            last_cycle_number=raw.get("last_cycle_number", 0),
         )
+
+
+# The fields that are plain JSON values in both shapes of the payload.
+_SCALAR_FIELDS = (
+    "loop",
+    "loop_id",
+    "status",
+    "environment",
+    "executor",
+    "champion_checkpoint_id",
+    "champion_uri",
+    "budget_usd",
+    "spent_usd",
+    "last_cycle_number",
+)
 
 
 # The flat payload's policy keys, as (flat key, policy field). The flat payload's defaults

@@ -88,21 +88,10 @@ BASE_CONFIG = LoopConfig(
     trigger_policy=TriggerPolicy(
         min_new_tasks=8, max_interval_s=3600, check_interval_s=0.2, drift_enabled=False
     ),
+    # The policy's defaults but for a quick canary and one greedy eval sample per task.
     gate_policy=GatePolicy(
-        mode="auto",
-        confidence=0.95,
-        min_improvement_points=0,
-        regression_tolerance_points=2,
-        canary_seconds=1,
-        canary_check_interval_s=0.3,
-        canary_min_traces=10,
-        canary_max_drop_points=10,
-        eval_samples=1,
-        eval_temperature=0.0,
-        min_discordant_pairs=0,
-    ),
-    budget_usd=None,
-    spent_usd=0,
+        canary_seconds=1, canary_check_interval_s=0.3, canary_min_traces=10
+    ).model_copy(update={"eval_samples": 1, "eval_temperature": 0.0, "min_discordant_pairs": 0}),
 )
 
 

@@ -208,7 +208,7 @@ class LoopWorkflow:
                         or self.state.paused
                         or self.state.rollback_reason is not None
                     ),
-                    timeout=timedelta(seconds=config.check_interval_s),
+                    timeout=timedelta(seconds=config.trigger_policy.check_interval_s),
                 )
             self.waiting_for = None
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -238,10 +238,10 @@ class LoopWorkflow:
             return "operator", detail
         if pending.new_train_tasks <= 0:
             return None, detail
-        if pending.new_train_tasks >= config.min_new_tasks:
-            detail["min_new_tasks"] = config.min_new_tasks
+        if pending.new_train_tasks >= config.trigger_policy.min_new_tasks:
+            detail["min_new_tasks"] = config.trigger_policy.min_new_tasks
             return "min_new_tasks", detail
-        if config.drift_enabled:
+        if config.trigger_policy.drift_enabled:
             drift = await workflow.execute_activity_method(
                 CurationActivities.check_drift,
                 DriftInput(self.loop),
@@ -257,8 +257,8 @@ class LoopWorkflow:
                 return "drift", detail
         if self.state.last_cycle_ended_at is not None:
             elapsed = (workflow.now() - _parse_time(self.state.last_cycle_ended_at)).total_seconds()
-            if elapsed >= config.max_interval_s:
-                detail["max_interval_s"] = config.max_interval_s
+            if elapsed >= config.trigger_policy.max_interval_s:
+                detail["max_interval_s"] = config.trigger_policy.max_interval_s
                 return "max_interval", detail
         return None, detail
 
@@ -344,7 +344,7 @@ class LoopWorkflow:
         )
         # Checked first so a loop without the filter records no marker: its history is
         # exactly what it was before the stage existed.
-        if config.difficulty_filter and workflow.patched(PROBE_PATCH):
+        if config.curation_policy.difficulty_filter and workflow.patched(PROBE_PATCH):
             await self._probe(config, cycle, started)
         self._set_stage("snapshot", cycle=cycle)
         await self._mark_stage(cycle, "snapshot")
@@ -378,7 +378,7 @@ class LoopWorkflow:
                 base_checkpoint_id=started.champion_checkpoint_id,
                 base_checkpoint_uri=started.champion_uri,
                 environment=config.environment,
-                profile=config.training_profile,
+                profile=config.training_profile.model_dump(),
             ),
             "train",
             cycle,
@@ -405,9 +405,9 @@ class LoopWorkflow:
                     EvalTarget("champion", started.champion_checkpoint_id, started.champion_uri),
                     EvalTarget("candidate", trained.checkpoint_id, trained.checkpoint_uri or ""),
                 ],
-                samples=config.eval_samples,
-                profile=config.training_profile,
-                temperature=config.eval_temperature,
+                samples=config.gate_policy.eval_samples,
+                profile=config.training_profile.model_dump(),
+                temperature=config.gate_policy.eval_temperature,
             ),
             "evaluate",
             cycle,
@@ -424,16 +424,16 @@ class LoopWorkflow:
                 cycle=cycle,
                 champion_checkpoint_id=started.champion_checkpoint_id,
                 candidate_checkpoint_id=trained.checkpoint_id,
-                confidence=config.confidence,
-                min_improvement_points=config.min_improvement_points,
-                regression_tolerance_points=config.regression_tolerance_points,
-                min_discordant_pairs=config.min_discordant_pairs,
+                confidence=config.gate_policy.confidence,
+                min_improvement_points=config.gate_policy.min_improvement_points,
+                regression_tolerance_points=config.gate_policy.regression_tolerance_points,
+                min_discordant_pairs=config.gate_policy.min_discordant_pairs,
             ),
             start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=DB_RETRY,
         )
         decision, reason, decided_by = gate.decision, gate.reason, "gate"
-        if config.gate_mode == "manual":
+        if config.gate_policy.mode == "manual":
             decision, reason, decided_by = await self._await_approval(gate)
         recorded = await workflow.execute_activity_method(
             LoopActivities.record_decision,
@@ -466,11 +466,11 @@ class LoopWorkflow:
                 candidate_uri=trained.checkpoint_uri or "",
                 previous_checkpoint_id=started.champion_checkpoint_id,
                 previous_uri=started.champion_uri,
-                serving_target=config.serving_target,
-                canary_seconds=config.canary_seconds,
-                canary_check_interval_s=config.canary_check_interval_s,
-                canary_min_traces=config.canary_min_traces,
-                canary_max_drop_points=config.canary_max_drop_points,
+                serving_target=config.serving_target.model_dump(),
+                canary_seconds=config.gate_policy.canary_seconds,
+                canary_check_interval_s=config.gate_policy.canary_check_interval_s,
+                canary_min_traces=config.gate_policy.canary_min_traces,
+                canary_max_drop_points=config.gate_policy.canary_max_drop_points,
             ),
             "promote",
             cycle,
@@ -511,8 +511,8 @@ class LoopWorkflow:
                     environment=config.environment,
                     champion_checkpoint_id=started.champion_checkpoint_id,
                     champion_uri=started.champion_uri,
-                    attempts=config.probe_attempts,
-                    profile=config.training_profile,
+                    attempts=config.curation_policy.probe_attempts,
+                    profile=config.training_profile.model_dump(),
                 ),
                 "probe",
                 cycle,

@@ -14,7 +14,8 @@ when
 The eval set is the loop's new failures, on which the champion scores near zero by
 construction: its delta decides, but it is never reported as points gained (the frozen
 held-out set measures those, outside the gate). Every decision carries its statistics and a
-reason a person can read.
+reason a person can read. The thresholds are the loop's own :class:`GatePolicy`, the class
+the admin API validates, so a bound holds in one place.
 """
 
 from __future__ import annotations
@@ -24,22 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.evaluation.stats import PairedComparison, compare_paired
-
-
-@dataclass(frozen=True)
-class GatePolicy:
-    confidence: float = 0.95
-    min_improvement_points: float = 0.0
-    regression_tolerance_points: float = 2.0
-    min_discordant_pairs: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0.5 <= self.confidence < 1.0:
-            raise ValueError("confidence must be in [0.5, 1)")
-        if self.regression_tolerance_points < 0:
-            raise ValueError("regression_tolerance_points must be >= 0")
-        if self.min_discordant_pairs < 0:
-            raise ValueError("min_discordant_pairs must be >= 0")
+from services.loop.policies import GatePolicy
 
 
 @dataclass(frozen=True)

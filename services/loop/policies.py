@@ -7,13 +7,31 @@ policy never silently becomes a default) and give the workflow its parsed config
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from services.training.config import HyperparameterError, parse_hyperparameters
 
 # Strings Postgres can store in jsonb (no NUL) and a person can read.
 Text = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^[^\x00]*$")]
 Scalar = bool | int | float | Text
+
+
+# Validation context of a payload already recorded in a workflow history: it is a fact, the
+# trainer's check ran when its loop was saved, and a stricter check of a later release must
+# not make a running workflow's history unreadable.
+RECORDED = {"recorded": True}
 
 
 class _Policy(BaseModel):
@@ -95,7 +113,9 @@ class TrainingProfile(_Policy):
         default="tiny", description="model family of the champion: the trainer that runs"
     )
     hyperparameters: dict[Text, Scalar] = Field(
-        default_factory=dict, description="passed to the trainer as given (scalars)"
+        default_factory=dict,
+        description="the trainer's hyper-parameters (scalars), checked against the trainer of "
+        "`family` and `algorithm`: unknown keys and out-of-range values are refused",
     )
     accelerators: int = Field(default=0, ge=0, le=1024, description="accelerators per node")
     nodes: int = Field(default=1, ge=1, le=512, description="multi-node data parallel (torchrun)")
@@ -110,17 +130,30 @@ class TrainingProfile(_Policy):
         default=None, description="the evaluator's image and command (default: Ratchet's)"
     )
 
-    @model_validator(mode="after")
-    def _check_hf_hyperparameters(self) -> TrainingProfile:
-        if self.family == "hf":
-            from services.training.hyperparameters import unknown_hf_keys
-
-            unknown = unknown_hf_keys(self.algorithm, set(self.hyperparameters))
-            if unknown:
-                raise ValueError(
-                    f"unknown hyperparameter(s) for hf {self.algorithm}: {', '.join(unknown)}"
-                )
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check_hyperparameters(
+        cls, data: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
+    ) -> Self:
+        """The trainer's own check (torch-free), so a loop is refused when it is created or
+        changed rather than at its first train job after curation. The error's location names
+        the key: ``training_profile.hyperparameters.lr``."""
+        profile = handler(data)
+        if info.context == RECORDED:
+            return profile
+        try:
+            parse_hyperparameters(profile.family, profile.algorithm, profile.hyperparameters)
+        except HyperparameterError as exc:
+            location: tuple[str, ...] = ("hyperparameters",)
+            value: object = profile.hyperparameters
+            if exc.key is not None:
+                location += (exc.key,)
+                value = profile.hyperparameters.get(exc.key)
+            error = PydanticCustomError("hyperparameter", "{reason}", {"reason": exc.message})
+            raise ValidationError.from_exception_data(
+                cls.__name__, [InitErrorDetails(type=error, loc=location, input=value)]
+            ) from None
+        return profile
 
 
 class ServingTarget(_Policy):
@@ -159,6 +192,14 @@ class ServingTarget(_Policy):
                 "e.g. http://agent-model.serving:8000): a deploy is verified by asking them"
             )
         return self
+
+
+def describe_errors(policy: str, exc: ValidationError) -> str:
+    """One line per bad field, each named by its path (``gate_policy.confidence: ...``)."""
+    return "; ".join(
+        f"{'.'.join([policy, *(str(part) for part in error['loc'])])}: {error['msg']}"
+        for error in exc.errors()
+    )
 
 
 def parse_policies(

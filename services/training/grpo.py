@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from services.environments.base import Environment, TaskSpec
+from services.training.config import GRPOConfig
 from services.training.device import autocast
 from services.training.distributed import DistContext
 from services.training.optim import clip_and_check, cosine_lr, make_optimizer, set_lr
@@ -63,43 +64,6 @@ from services.training.rng import derive_seed
 from services.training.rollout import collate, episode_tokens, run_episodes
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """GRPO hyper-parameters; the defaults are the toolcalc drift-recovery run."""
-
-    steps: int = 40
-    tasks_per_step: int = 8
-    group_size: int = 16
-    temperature: float = 1.0
-    max_turns: int = 4
-    max_new_tokens: int = 16
-    lr: float = 3e-4
-    warmup: int = 0
-    min_lr_ratio: float = 1.0
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    sft_coef: float = 0.0
-    ppo_epochs: int = 1
-    adv_eps: float = 1e-4
-    micro_batch: int = 64
-    checkpoint_every: int = 10  # steps between resume points (0: none), given a state dir
-    seed: int = 0
-    log_every: int = 1
-
-    def __post_init__(self) -> None:
-        if self.steps < 0 or self.tasks_per_step < 1 or self.ppo_epochs < 1 or self.micro_batch < 1:
-            raise ValueError("steps >= 0, tasks_per_step >= 1, ppo_epochs >= 1, micro_batch >= 1")
-        if self.group_size < 2:
-            raise ValueError("group_size must be >= 2: advantages are relative to the group")
-        if self.temperature <= 0:
-            raise ValueError("temperature must be > 0 for GRPO sampling")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def group_advantages(

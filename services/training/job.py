@@ -21,7 +21,6 @@ import logging
 import shutil
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from services.training.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from services.training.config import TrainerConfig
 from services.training.device import DeviceError
 from services.training.distributed import DistContext, init_distributed, shutdown_distributed
 from services.training.grpo import GRPOConfig, train_grpo
@@ -43,6 +43,7 @@ from services.training.jobspec import (
     JobError,
     JobSpec,
     job_environment,
+    job_hyperparameters,
     run_job_main,
     write_json,
 )
@@ -54,7 +55,6 @@ from services.training.tokenizer import ByteTokenizer
 logger = logging.getLogger("services.training.job")
 
 ALGORITHMS = ("grpo", "sft")
-_EXTRA_KEYS = {"threads", "model", "augment_fraction"}
 
 
 def train_job_main(argv: list[str]) -> int:
@@ -67,7 +67,6 @@ def _run(spec: JobSpec) -> int:
     if algorithm not in ALGORITHMS:
         raise JobError(f"unknown algorithm {algorithm!r} (expected one of {', '.join(ALGORITHMS)})")
     env = _environment(spec.environment)
-    hyper = dict(spec.hyperparameters)
     checkpoint_dir = spec.output_dir / "checkpoint"
     metrics_path = spec.output_dir / "metrics.json"
     if metrics_path.is_file() and (checkpoint_dir / "manifest.json").is_file():
@@ -75,14 +74,13 @@ def _run(spec: JobSpec) -> int:
         logger.info("outputs of run %s are already complete in %s", spec.run_id, spec.output_dir)
         return 0
     tasks = _dataset(spec)
-    threads = hyper.pop("threads", None)
-    if threads is not None:
-        if not isinstance(threads, int) or threads < 1:
-            raise JobError("hyperparameters.threads must be a positive integer")
-        torch.set_num_threads(threads)
-    if _base_family(spec) == "hf":
-        return _run_hf(spec, algorithm, env, tasks, hyper, checkpoint_dir, metrics_path)
-    model, parent = _initial_model(spec, algorithm, hyper.pop("model", None))
+    family = _base_family(spec)
+    hyper = job_hyperparameters(spec, family=family, algorithm=algorithm)
+    if hyper.options.threads is not None:
+        torch.set_num_threads(hyper.options.threads)
+    if family == "hf":
+        return _run_hf(spec, algorithm, env, tasks, hyper.config, checkpoint_dir, metrics_path)
+    model, parent = _initial_model(spec, algorithm, hyper.options.model)
     job_env = job_environment()
     try:
         ctx = init_distributed(
@@ -95,10 +93,14 @@ def _run(spec: JobSpec) -> int:
         raise JobError(str(exc)) from None
     started = time.monotonic()
     try:
-        if algorithm == "grpo":
-            metrics = _train_grpo(spec, env, tasks, model, parent, hyper, ctx)
-        else:
-            metrics = _train_sft(spec, env, tasks, model, hyper, ctx)
+        config = hyper.config
+        if isinstance(config, GRPOConfig):
+            metrics = _train_grpo(spec, env, tasks, model, parent, config, ctx)
+        elif isinstance(config, SFTConfig):
+            augment = hyper.options.augment_fraction
+            metrics = _train_sft(spec, env, tasks, model, config, augment, ctx)
+        else:  # parse_hyperparameters gives a tiny family a tiny config
+            raise JobError(f"{type(config).__name__} is not a tiny trainer's config")
     except TrainingDiverged as exc:
         raise JobError(str(exc), exit_code=EXIT_FAILED) from None
     metrics["wall_s"] = round(time.monotonic() - started, 3)
@@ -149,7 +151,7 @@ def _run_hf(
     algorithm: str,
     env: Environment,
     tasks: list[TaskSpec],
-    hyper: dict[str, Any],
+    config: TrainerConfig,
     checkpoint_dir: Path,
     metrics_path: Path,
 ) -> int:
@@ -158,7 +160,7 @@ def _run_hf(
 
     if checkpoint_dir.exists():
         _remove_partial(checkpoint_dir)
-    metrics = run_hf_train(spec, algorithm, env, tasks, hyper)
+    metrics = run_hf_train(spec, algorithm, env, tasks, config)
     if "checkpoint_id" in metrics:  # rank 0 wrote the checkpoint
         metrics.update(
             run_id=spec.run_id,
@@ -222,27 +224,15 @@ def _initial_model(spec: JobSpec, algorithm: str, model_hyper: Any) -> tuple[GPT
     return policy.model, policy.checkpoint_id
 
 
-def _config(cls: type, hyper: dict[str, Any], seed: int) -> Any:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(hyper) - known - _EXTRA_KEYS)
-    if unknown:
-        raise JobError(f"unknown hyperparameter(s) for {cls.__name__}: {', '.join(unknown)}")
-    try:
-        return cls(**{k: v for k, v in hyper.items() if k in known}, seed=seed)
-    except (TypeError, ValueError) as exc:
-        raise JobError(f"invalid hyperparameters: {exc}") from None
-
-
 def _train_grpo(
     spec: JobSpec,
     env: Environment,
     tasks: list[TaskSpec],
     model: GPT,
     parent: str | None,
-    hyper: dict[str, Any],
+    config: GRPOConfig,
     ctx: DistContext,
 ) -> dict[str, Any]:
-    config: GRPOConfig = _config(GRPOConfig, hyper, spec.seed)
     result = train_grpo(
         model, env, tasks, config, ctx=ctx, state_dir=spec.output_dir / "state", parent=parent
     )
@@ -269,13 +259,10 @@ def _train_sft(
     env: Environment,
     tasks: list[TaskSpec],
     model: GPT,
-    hyper: dict[str, Any],
+    config: SFTConfig,
+    augment: float,
     ctx: DistContext,
 ) -> dict[str, Any]:
-    augment = hyper.pop("augment_fraction", 0.0)
-    if not isinstance(augment, int | float) or not 0.0 <= float(augment) <= 1.0:
-        raise JobError("hyperparameters.augment_fraction must be a number in [0, 1]")
-    config: SFTConfig = _config(SFTConfig, hyper, spec.seed)
     try:
         episodes = env.demonstrations(tasks, seed=config.seed, augment_fraction=float(augment))
         sequences = demonstration_sequences(

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.training.config import HyperparameterError, Hyperparameters, parse_hyperparameters
+
 JOB_SCHEMA = "ratchet.job/v1"
 ENV_SPEC = "RATCHET_JOB_SPEC"
 ENV_DATASET = "RATCHET_DATASET"
@@ -178,6 +180,14 @@ def load_spec(spec_arg: str | None, env: JobEnvironment, *, kind: str) -> JobSpe
         environment=environment,
         hyperparameters=hyper,
     )
+
+
+def job_hyperparameters(spec: JobSpec, *, family: str, algorithm: str) -> Hyperparameters:
+    """The spec's hyperparameters, checked by the code the api checks a loop's profile with."""
+    try:
+        return parse_hyperparameters(family, algorithm, spec.hyperparameters, seed=spec.seed)
+    except HyperparameterError as exc:
+        raise JobError(f"invalid hyperparameters: {exc.message}") from None
 
 
 def _opt_str(raw: Mapping[str, Any], key: str) -> str | None:

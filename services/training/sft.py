@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from services.environments.base import Environment, Episode, TaskSpec
 from services.training.checkpoint import Manifest, read_manifest, save_checkpoint
+from services.training.config import SFTConfig
 from services.training.device import autocast
 from services.training.distributed import DistContext, init_distributed
 from services.training.optim import clip_and_check, cosine_lr, make_optimizer, set_lr
@@ -30,24 +30,6 @@ from services.training.tokenizer import ByteTokenizer
 logger = logging.getLogger(__name__)
 
 Sequences = list[tuple[list[int], list[bool]]]
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """SFT hyper-parameters; the defaults make the toolcalc champion on two CPU cores."""
-
-    steps: int = 1200
-    batch_size: int = 48
-    lr: float = 3e-3
-    warmup: int = 30
-    min_lr_ratio: float = 0.05
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 0
-    log_every: int = 100
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

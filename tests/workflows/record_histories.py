@@ -20,8 +20,16 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from services.curation.policy import CurationPolicy
 from services.local.binaries import temporal_cli_path
-from tests.workflows.test_loop import BASE_CONFIG, LiveStats, World, make_worker, start_loop
+from tests.workflows.test_loop import (
+    BASE_CONFIG,
+    LiveStats,
+    World,
+    make_worker,
+    start_loop,
+    with_gate,
+)
 from workflows.retention import RetentionWorkflow
 from workflows.search_attributes import SEARCH_ATTRIBUTES
 from workflows.shared import (
@@ -155,18 +163,25 @@ SCENARIOS: dict[str, World | None] = {
         baseline_live=LiveStats(40, 32, 0.8, 0.65, 0.9),
     ),
     # A cycle with the difficulty probe (ProbeWorkflow; LoopWorkflow's probe patch).
-    "probed": World(new_tasks=12, config=replace(BASE_CONFIG, difficulty_filter=True)),
+    "probed": World(
+        new_tasks=12,
+        config=replace(BASE_CONFIG, curation_policy=CurationPolicy(difficulty_filter=True)),
+    ),
     # Honest points (LoopWorkflow's honest-points patch): the held-out set evaluated with
     # sampled evals, points from it, the deploy naming its cycle, the cycle number from Postgres.
     "honest": World(
         new_tasks=12,
         heldout_count=40,
+        config=with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+    ),
+    # LoopConfig with nested typed policies (plus the flat keys older workers read), with the
+    # gate's sampling and the curation policy's probe read from them.
+    "typed-config": World(
+        new_tasks=12,
+        heldout_count=40,
         config=replace(
-            BASE_CONFIG,
-            eval_samples=4,
-            eval_temperature=0.7,
-            min_discordant_pairs=5,
-            last_cycle_number=0,
+            with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+            curation_policy=CurationPolicy(difficulty_filter=True, probe_attempts=4),
         ),
     ),
     # Every stage through the loop's child helper (LoopWorkflow's curate-stage-helper
@@ -175,11 +190,8 @@ SCENARIOS: dict[str, World | None] = {
         new_tasks=12,
         heldout_count=40,
         config=replace(
-            BASE_CONFIG,
-            difficulty_filter=True,
-            eval_samples=4,
-            eval_temperature=0.7,
-            min_discordant_pairs=5,
+            with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+            curation_policy=CurationPolicy(difficulty_filter=True),
             last_cycle_number=0,
         ),
     ),

@@ -18,6 +18,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from services.curation.policy import CurationPolicy
+from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
 from tests.support import assert_eventually_async
 from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
@@ -82,24 +84,22 @@ BASE_CONFIG = LoopConfig(
     executor="local",
     champion_checkpoint_id="ckpt-0",
     champion_uri="file:///artifacts/ckpt-0",
-    training_profile={"algorithm": "grpo"},
-    serving_target={"kind": "local"},
-    min_new_tasks=8,
-    max_interval_s=3600,
-    check_interval_s=0.2,
-    drift_enabled=False,
-    gate_mode="auto",
-    confidence=0.95,
-    min_improvement_points=0,
-    regression_tolerance_points=2,
-    canary_seconds=1,
-    canary_check_interval_s=0.3,
-    canary_min_traces=10,
-    canary_max_drop_points=10,
-    eval_samples=1,
-    budget_usd=None,
-    spent_usd=0,
+    training_profile=TrainingProfile(algorithm="grpo"),
+    serving_target=ServingTarget(kind="local"),
+    trigger_policy=TriggerPolicy(
+        min_new_tasks=8, max_interval_s=3600, check_interval_s=0.2, drift_enabled=False
+    ),
+    # The policy's defaults but for a quick canary and one greedy eval sample per task.
+    gate_policy=GatePolicy(
+        canary_seconds=1, canary_check_interval_s=0.3, canary_min_traces=10
+    ).model_copy(update={"eval_samples": 1, "eval_temperature": 0.0, "min_discordant_pairs": 0}),
 )
+
+
+def with_gate(config: LoopConfig, **changes: Any) -> LoopConfig:
+    """``config`` with some gate policy fields changed."""
+    gate = GatePolicy.model_validate({**config.gate_policy.model_dump(), **changes})
+    return replace(config, gate_policy=gate)
 
 
 @dataclass
@@ -356,7 +356,7 @@ async def test_points_gained_are_the_heldout_sets_and_the_three_numbers_reach_th
     world = World(
         new_tasks=12,
         heldout_count=40,
-        config=replace(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+        config=with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
     )
     async with make_worker(temporal_client, task_queue, world):
         name = f"bot-{uuid.uuid4().hex[:8]}"
@@ -406,7 +406,9 @@ async def test_a_restarted_loop_continues_after_the_last_cycle_in_postgres(
     assert [d.cycle for d in world.deploys] == [4]
 
 
-PROBING = replace(BASE_CONFIG, difficulty_filter=True, probe_attempts=4)
+PROBING = replace(
+    BASE_CONFIG, curation_policy=CurationPolicy(difficulty_filter=True, probe_attempts=4)
+)
 
 
 async def test_with_the_difficulty_filter_a_probe_job_runs_before_the_snapshot(
@@ -502,7 +504,7 @@ async def test_live_regression_rolls_back(temporal_client: Client, task_queue: s
 
 
 async def test_manual_gate_waits_for_approval(temporal_client: Client, task_queue: str) -> None:
-    world = World(new_tasks=12, config=replace(BASE_CONFIG, gate_mode="manual"))
+    world = World(new_tasks=12, config=with_gate(BASE_CONFIG, mode="manual"))
     async with make_worker(temporal_client, task_queue, world):
         handle = await start_loop(temporal_client, task_queue, max_cycles=1)
 
@@ -519,7 +521,7 @@ async def test_manual_gate_waits_for_approval(temporal_client: Client, task_queu
 
 
 async def test_manual_reject(temporal_client: Client, task_queue: str) -> None:
-    world = World(new_tasks=12, config=replace(BASE_CONFIG, gate_mode="manual"))
+    world = World(new_tasks=12, config=with_gate(BASE_CONFIG, mode="manual"))
     async with make_worker(temporal_client, task_queue, world):
         handle = await start_loop(temporal_client, task_queue, max_cycles=1)
 

@@ -245,8 +245,8 @@ def test_loop_config_names_the_last_cycle_postgres_knows(
         add_cycle(session_factory, loop_id, number, champion=champion, candidate=None)
     config = activities.load_loop_config(LoopConfigInput(name))
     assert config.last_cycle_number == 3
-    assert config.eval_samples > 1 and config.eval_temperature > 0
-    assert config.min_discordant_pairs >= 1
+    assert config.gate_policy.eval_samples > 1 and config.gate_policy.eval_temperature > 0
+    assert config.gate_policy.min_discordant_pairs >= 1
 
 
 def test_a_promotion_never_deploys_an_old_cycles_candidate(

@@ -28,7 +28,6 @@ from services.db.queries import cycles as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
-from services.evaluation.gate import GatePolicy as GateThresholds
 from services.evaluation.gate import decide
 from services.evaluation.results import ResultsFileError, pass_at_1, read_results
 from services.evaluation.stats import (
@@ -38,7 +37,7 @@ from services.evaluation.stats import (
     wilson_interval,
 )
 from services.logs import log_context
-from services.loop.policies import parse_policies
+from services.loop.policies import GatePolicy, parse_policies
 from services.metrics import (
     LOOP_CYCLES,
     LOOP_PASS_RATE,
@@ -137,28 +136,14 @@ class LoopActivities:
                 executor=loop.executor,
                 champion_checkpoint_id=loop.champion_checkpoint_id,
                 champion_uri=champion_uri,
-                training_profile=training.model_dump(),
-                serving_target=serving.model_dump(),
-                min_new_tasks=trigger.min_new_tasks,
-                max_interval_s=trigger.max_interval_s,
-                check_interval_s=trigger.check_interval_s,
-                drift_enabled=trigger.drift_enabled,
-                gate_mode=gate.mode,
-                confidence=gate.confidence,
-                min_improvement_points=gate.min_improvement_points,
-                regression_tolerance_points=gate.regression_tolerance_points,
-                canary_seconds=gate.canary_seconds,
-                canary_check_interval_s=gate.canary_check_interval_s,
-                canary_min_traces=gate.canary_min_traces,
-                canary_max_drop_points=gate.canary_max_drop_points,
-                eval_samples=gate.eval_samples,
-                eval_temperature=gate.eval_temperature,
-                min_discordant_pairs=gate.min_discordant_pairs,
-                last_cycle_number=q.last_cycle_number(session=session, loop=loop),
+                training_profile=training,
+                serving_target=serving,
+                trigger_policy=trigger,
+                gate_policy=gate,
+                curation_policy=curation,
                 budget_usd=float(loop.budget_usd) if loop.budget_usd is not None else None,
                 spent_usd=ledger.spent_usd,
-                difficulty_filter=curation.difficulty_filter,
-                probe_attempts=curation.probe_attempts,
+                last_cycle_number=q.last_cycle_number(session=session, loop=loop),
             )
 
     # Cycle records -----------------------------------------------------------------------
@@ -272,7 +257,7 @@ class LoopActivities:
                 candidate_id=input.candidate_checkpoint_id,
                 task_set="heldout",
             )
-        policy = GateThresholds(
+        policy = GatePolicy(
             confidence=input.confidence,
             min_improvement_points=input.min_improvement_points,
             regression_tolerance_points=input.regression_tolerance_points,

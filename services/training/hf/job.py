@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import fields
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ import torch
 from services.environments.base import Environment, TaskSpec
 from services.environments.chat import as_chat_environment
 from services.training.checkpoint import CheckpointError
+from services.training.config import HFGRPOConfig, HFSFTConfig, TrainerConfig
 from services.training.device import DeviceError
 from services.training.distributed import DistContext, init_distributed
 from services.training.hf.checkpoint import (
@@ -30,8 +30,6 @@ from services.training.hf.checkpoint import (
 )
 from services.training.hf.policy import HFPolicy
 from services.training.hf.train import (
-    HFGRPOConfig,
-    HFSFTConfig,
     LoRAOptions,
     demonstration_sequences,
     prepare_trainable,
@@ -44,45 +42,12 @@ from services.training.optim import TrainingDiverged
 logger = logging.getLogger("services.training.hf.job")
 
 
-def hf_config(cls: type, hyper: dict[str, Any], seed: int) -> Any:
-    """A validated config from ``hyperparameters``; JobError names the unknown or bad key."""
-    known = {f.name for f in fields(cls)} - {"seed"}
-    unknown = sorted(set(hyper) - known)
-    if unknown:
-        raise JobError(
-            f"unknown hyperparameter(s) for hf {cls.__name__}: {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(known))})"
-        )
-    values = dict(hyper)
-    targets = values.get("lora_target_modules")
-    if targets is not None:
-        if isinstance(targets, str):  # a loop's training profile holds scalars: "q_proj,v_proj"
-            targets = [t.strip() for t in targets.split(",") if t.strip()]
-        if not isinstance(targets, list):
-            raise JobError("hyperparameters.lora_target_modules must be a list of module names")
-        values["lora_target_modules"] = tuple(targets)
-    for f in fields(cls):
-        if f.name in values and f.type in ("int", "float", "bool"):
-            value = values[f.name]
-            ok = (
-                isinstance(value, bool)
-                if f.type == "bool"
-                else isinstance(value, int | float) and not isinstance(value, bool)
-            )
-            if not ok or (f.type == "int" and not isinstance(value, int)):
-                raise JobError(f"hyperparameters.{f.name} must be a {f.type}")
-    try:
-        return cls(**values, seed=seed)
-    except (TypeError, ValueError) as exc:
-        raise JobError(f"invalid hyperparameters: {exc}") from None
-
-
 def run_hf_train(
     spec: JobSpec,
     algorithm: str,
     env: Environment,
     tasks: list[TaskSpec],
-    hyper: dict[str, Any],
+    config: TrainerConfig,
 ) -> dict[str, Any]:
     """Train, save the checkpoint (rank 0) and return the metrics; raises JobError."""
     try:
@@ -94,8 +59,8 @@ def run_hf_train(
     declared = spec.raw.get("family", "hf")
     if declared != "hf":
         raise JobError(f"spec 'family' is {declared!r} but the base checkpoint is an hf model")
-    config_cls = HFGRPOConfig if algorithm == "grpo" else HFSFTConfig
-    config = hf_config(config_cls, hyper, spec.seed)
+    if not isinstance(config, HFGRPOConfig | HFSFTConfig):
+        raise JobError(f"{type(config).__name__} is not an hf trainer's config")
     job_env = job_environment()
     try:
         ctx = init_distributed(
@@ -118,7 +83,7 @@ def run_hf_train(
         tokenizer.pad_token = tokenizer.eos_token
     started = time.monotonic()
     try:
-        if algorithm == "grpo":
+        if isinstance(config, HFGRPOConfig):
             result = train_grpo_hf(model, tokenizer, chat_env, tasks, config, ctx=ctx)
         else:
             policy = HFPolicy(model, tokenizer, device=ctx.device)

@@ -33,13 +33,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from services.environments.base import TaskSpec
 from services.environments.chat import ChatEnvironment
+from services.training.config import HFGRPOConfig, HFSFTConfig, LoRAOptions
 from services.training.device import autocast
 from services.training.distributed import DistContext
 from services.training.grpo import group_advantages, policy_loss, task_order
@@ -52,97 +53,6 @@ from services.training.rng import derive_seed
 logger = logging.getLogger(__name__)
 
 Sequences = list[tuple[list[int], list[bool]]]
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-@dataclass(frozen=True)
-class LoRAOptions:
-    """Whether and how to train an adapter rather than every weight."""
-
-    lora: bool = True
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
-
-    def validate(self) -> None:
-        if self.lora_r < 1 or self.lora_alpha < 1:
-            raise ValueError("lora_r and lora_alpha must be >= 1")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError("lora_dropout must be in [0, 1)")
-        if not self.lora_target_modules or not all(
-            isinstance(m, str) and m for m in self.lora_target_modules
-        ):
-            raise ValueError("lora_target_modules must be a non-empty list of module names")
-
-
-@dataclass(frozen=True)
-class HFSFTConfig(LoRAOptions):
-    """SFT hyper-parameters for hf models (defaults: SmolLM2-135M, LoRA, toolcalc chat)."""
-
-    steps: int = 60
-    batch_size: int = 8
-    micro_batch: int = 4
-    lr: float = 1e-3
-    warmup: int = 5
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    log_every: int = 10
-
-    def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.micro_batch < 1:
-            raise ValueError("steps >= 0, batch_size >= 1 and micro_batch >= 1")
-        if not self.lr > 0:
-            raise ValueError("lr must be > 0")
-        self.validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["lora_target_modules"] = list(self.lora_target_modules)
-        return data
-
-
-@dataclass(frozen=True)
-class HFGRPOConfig(LoRAOptions):
-    """GRPO hyper-parameters for hf models (defaults sized for SmolLM2-135M on CPU)."""
-
-    steps: int = 8
-    tasks_per_step: int = 4
-    group_size: int = 4
-    temperature: float = 1.0
-    max_turns: int = 4
-    max_new_tokens: int = 40
-    lr: float = 2e-4
-    warmup: int = 0
-    min_lr_ratio: float = 1.0
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    adv_eps: float = 1e-4
-    micro_batch: int = 4
-    seed: int = 0
-    log_every: int = 1
-
-    def __post_init__(self) -> None:
-        if self.steps < 0 or self.tasks_per_step < 1 or self.micro_batch < 1:
-            raise ValueError("steps >= 0, tasks_per_step >= 1 and micro_batch >= 1")
-        if self.group_size < 2:
-            raise ValueError("group_size must be >= 2: advantages are relative to the group")
-        if self.temperature <= 0:
-            raise ValueError("temperature must be > 0 for GRPO sampling")
-        if self.max_turns < 1 or self.max_new_tokens < 1:
-            raise ValueError("max_turns and max_new_tokens must be >= 1")
-        if not self.lr > 0 or self.kl_coef < 0:
-            raise ValueError("lr must be > 0 and kl_coef >= 0")
-        self.validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["lora_target_modules"] = list(self.lora_target_modules)
-        return data
 
 
 @dataclass

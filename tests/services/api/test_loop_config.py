@@ -183,7 +183,17 @@ def test_concurrent_changes_apply_one_after_the_other(
     from concurrent.futures import ThreadPoolExecutor
 
     create_loop(client, "busy")
-    keys = [f"k{i}" for i in range(8)]
+    # Eight hyper-parameters of the default trainer (tiny GRPO) for which 1 is in range.
+    keys = [
+        "steps",
+        "tasks_per_step",
+        "max_turns",
+        "max_new_tokens",
+        "warmup",
+        "ppo_epochs",
+        "micro_batch",
+        "log_every",
+    ]
 
     def change(key: str) -> int:
         body = {"training_profile": {"hyperparameters": {key: 1}}, "changed_by": key}
@@ -198,3 +208,31 @@ def test_concurrent_changes_apply_one_after_the_other(
             select(LoopConfigVersion.version).where(LoopConfigVersion.loop_id == loop.id)
         ).all()
     assert sorted(versions) == list(range(1, len(keys) + 2))
+
+
+def test_a_change_to_hyperparameters_is_checked_against_the_trainer_and_loses_nothing(
+    client: TestClient, session_factory: SessionFactory
+) -> None:
+    """Refused when made, naming the key, not when the next train job starts after curation."""
+    create_loop(client, "tuned", training_profile={"hyperparameters": {"group_size": 8}})
+    cases = [
+        ({"training_profile": {"hyperparameters": {"group_size": 1}}}, "group_size"),
+        ({"training_profile": {"hyperparameters": {"stepz": 3}}}, "stepz"),
+        # Switching the algorithm keeps the stored keys: GRPO's group_size means nothing to SFT.
+        ({"training_profile": {"algorithm": "sft"}}, "group_size"),
+    ]
+    for body, key in cases:
+        response = patch(client, "tuned", body)
+        assert response.status_code == 422, response.text
+        fields = response.json()["error"]["fields"]
+        assert [f["path"] for f in fields] == [f"training_profile.hyperparameters.{key}"]
+        assert key in fields[0]["message"]
+    with session_factory() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == "tuned")).one()
+        assert loop.training_profile == {"hyperparameters": {"group_size": 8}}
+        versions = session.scalars(
+            select(LoopConfigVersion.version).where(LoopConfigVersion.loop_id == loop.id)
+        ).all()
+    assert list(versions) == [1]
+    fixed = {"training_profile": {"algorithm": "sft", "hyperparameters": {"group_size": None}}}
+    assert patch(client, "tuned", fixed).status_code == 200

@@ -130,6 +130,37 @@ def test_a_duplicate_name_is_409(client: TestClient) -> None:
             "training_profile.hyperparameters.lr",
         ),
         ({"training_profile": []}, "training_profile"),
+        # Hyper-parameters are checked against the trainer of the profile's family/algorithm.
+        (
+            {"training_profile": {"hyperparameters": {"lrr": 0.1}}},
+            "training_profile.hyperparameters.lrr",
+        ),
+        (
+            {"training_profile": {"hyperparameters": {"lr": 0}}},
+            "training_profile.hyperparameters.lr",
+        ),
+        (
+            {"training_profile": {"hyperparameters": {"group_size": 1}}},
+            "training_profile.hyperparameters.group_size",
+        ),
+        (
+            {"training_profile": {"algorithm": "sft", "hyperparameters": {"augment_fraction": 2}}},
+            "training_profile.hyperparameters.augment_fraction",
+        ),
+        (
+            {
+                "training_profile": {
+                    "family": "hf",
+                    "algorithm": "sft",
+                    "hyperparameters": {"augment_fraction": 0.5},
+                }
+            },
+            "training_profile.hyperparameters.augment_fraction",
+        ),
+        (
+            {"training_profile": {"family": "hf", "hyperparameters": {"lora_dropout": 1}}},
+            "training_profile.hyperparameters.lora_dropout",
+        ),
         ({"colour": "blue"}, "colour"),
     ],
 )

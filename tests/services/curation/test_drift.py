@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from services.curation.drift import DriftPolicy, DriftPolicyError, read_drift
+from services.curation.drift import DriftPolicyError, drift_policy, read_drift
 from services.db.models import Loop, Trace
 from services.db.session import SessionFactory
 from tests.services.curation.support import add_traces, make_loop, trace_body
@@ -83,25 +83,21 @@ def test_disabled_or_empty_loops_never_drift(session_factory: SessionFactory) ->
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"drift_failure_rate": 0}, "drift_failure_rate must be a number in (0, 1]"),
-        ({"drift_failure_rate": "x"}, "drift_failure_rate must be a number"),
-        ({"drift_window": 0}, "drift_window must be a positive integer"),
-        ({"drift_enabled": "no"}, "drift_enabled must be true or false"),
+        ({"drift_failure_rate": 0}, "trigger_policy.drift_failure_rate: Input should be greater"),
+        ({"drift_failure_rate": "x"}, "trigger_policy.drift_failure_rate: Input should be a"),
+        ({"drift_window": 0}, "trigger_policy.drift_window: Input should be greater than or"),
+        ({"drift_enabled": "maybe"}, "trigger_policy.drift_enabled: Input should be a valid bool"),
+        ({"drift_windoww": 20}, "trigger_policy.drift_windoww: Extra inputs are not permitted"),
     ],
 )
 def test_bad_drift_keys_are_clear_errors(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(DriftPolicyError) as info:
-        DriftPolicy.from_trigger_policy(raw)
+        drift_policy(raw)
     assert message in str(info.value)
 
 
-def test_defaults_match_the_loop_trigger_policy() -> None:
+def test_the_drift_keys_are_the_trigger_policys() -> None:
     from services.loop.policies import TriggerPolicy
 
-    ours = DriftPolicy.from_trigger_policy({"min_new_tasks": 5})
-    theirs = TriggerPolicy()
-    assert (ours.enabled, ours.failure_rate, ours.window) == (
-        theirs.drift_enabled,
-        theirs.drift_failure_rate,
-        theirs.drift_window,
-    )
+    assert drift_policy({"min_new_tasks": 5}) == TriggerPolicy(min_new_tasks=5)
+    assert drift_policy(None) == TriggerPolicy()

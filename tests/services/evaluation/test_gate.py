@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.evaluation.gate import GatePolicy, decide
+from services.evaluation.gate import decide
+from services.loop.policies import GatePolicy
 
 
 def pairs(
@@ -17,7 +18,7 @@ def pairs(
     return champion, candidate
 
 
-POLICY = GatePolicy(confidence=0.95, regression_tolerance_points=2.0)
+POLICY = GatePolicy(confidence=0.95, regression_tolerance_points=2.0, min_discordant_pairs=0)
 
 
 def test_significant_win_promotes() -> None:
@@ -57,7 +58,7 @@ def test_regression_within_tolerance_allows_a_win() -> None:
 
 def test_minimum_improvement() -> None:
     champion, candidate = pairs(both=10, only_champion=0, only_candidate=12, neither=78)
-    policy = GatePolicy(confidence=0.95, min_improvement_points=20)
+    policy = GatePolicy(confidence=0.95, min_improvement_points=20, min_discordant_pairs=0)
     decision = decide(champion, candidate, [], [], policy)
     assert decision.decision == "reject"
     assert "below the minimum" in decision.reason

@@ -22,9 +22,10 @@ import torch
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
-from services.evaluation.gate import GatePolicy, decide
+from services.evaluation.gate import decide
 from services.evaluation.results import pass_at_1
 from services.evaluation.stats import compare_paired
+from services.loop.policies import GatePolicy
 from services.training.checkpoint import save_checkpoint
 from services.training.policy import GPT, GPTConfig, Policy
 

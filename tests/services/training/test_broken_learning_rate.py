@@ -19,9 +19,10 @@ import torch
 
 from services.environments import write_task_file
 from services.environments.toolcalc import ToolcalcEnvironment
-from services.evaluation.gate import GatePolicy, decide
+from services.evaluation.gate import decide
 from services.evaluation.job import eval_job_main
 from services.evaluation.results import read_results
+from services.loop.policies import GatePolicy
 from services.training.job import train_job_main
 from services.training.optim import TrainingDiverged, clip_and_check
 from tests.services.training.conftest import write_spec
@@ -129,7 +130,7 @@ def test_a_candidate_wrecked_by_its_learning_rate_is_rejected_by_the_gate(
         [eval_candidate[i] for i in ids],
         [reg_champion[i] for i in reg_ids],
         [reg_candidate[i] for i in reg_ids],
-        GatePolicy(confidence=0.95, regression_tolerance_points=2.0),
+        GatePolicy(confidence=0.95, regression_tolerance_points=2.0, min_discordant_pairs=0),
     )
     assert decision.decision == "reject"
     assert decision.reason.startswith("regression suite dropped ")

@@ -291,12 +291,13 @@ def test_an_adapter_without_its_base_in_the_store_is_not_installed(
     ("hyper", "message"),
     [
         ({"steps": 2, "bogus": 1}, "unknown hyperparameter.*bogus"),
-        ({"lora_r": 0}, "lora_r and lora_alpha"),
+        ({"lora_r": 0}, "lora_r must be >= 1"),
         ({"lora_target_modules": 3}, "lora_target_modules must be a list"),
         ({"lora_target_modules": ["no_such_module"]}, "cannot attach LoRA"),
-        ({"lr": "fast"}, "hyperparameters.lr must be a float"),
-        ({"steps": 1.5}, "hyperparameters.steps must be a int"),
-        ({"lora": "yes"}, "hyperparameters.lora must be a bool"),
+        ({"lr": "fast"}, "lr must be a number"),
+        ({"steps": 1.5}, "steps must be an integer"),
+        ({"lora": "yes"}, "lora must be true or false"),
+        ({"lr": 0}, r"lr must be > 0"),
         ({"augment_fraction": 0.5}, "unknown hyperparameter.*augment_fraction"),
     ],
 )
@@ -345,14 +346,15 @@ def test_grpo_group_of_one_is_refused(
     assert "group_size must be >= 2" in capsys.readouterr().err
 
 
-def test_profile_key_lists_match_the_trainers() -> None:
+def test_the_keys_a_profile_accepts_are_the_trainers_fields() -> None:
     from dataclasses import fields
 
+    from services.training.config import known_keys
     from services.training.hf.train import HFGRPOConfig, HFSFTConfig
-    from services.training.hyperparameters import HF_GRPO_KEYS, HF_SFT_KEYS
 
-    assert {f.name for f in fields(HFSFTConfig)} - {"seed"} == HF_SFT_KEYS - {"threads"}
-    assert {f.name for f in fields(HFGRPOConfig)} - {"seed"} == HF_GRPO_KEYS - {"threads"}
+    for algorithm, config_cls in (("sft", HFSFTConfig), ("grpo", HFGRPOConfig)):
+        trainer_keys = {f.name for f in fields(config_cls)} - {"seed"}
+        assert known_keys("hf", algorithm) == trainer_keys | {"threads"}
 
 
 def test_a_training_profile_for_hf_refuses_unknown_hyperparameters() -> None:

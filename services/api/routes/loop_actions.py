@@ -23,6 +23,7 @@ from services.artifacts import ArtifactStore, uri_to_path
 from services.checkpoints import install_checkpoint, record_checkpoint
 from services.db.models import Loop, Promotion
 from services.settings import Settings
+from services.training.checkpoint_manifest import CheckpointError
 from workflows.loop import LoopWorkflow
 from workflows.shared import (
     ApprovalSignal,
@@ -109,8 +110,6 @@ class ChampionOut(BaseModel):
 async def register_champion(
     loop: str, body: ChampionIn, session: SessionDep, settings: SettingsDep
 ) -> ChampionOut:
-    from services.training.checkpoint import CheckpointError
-
     row = _loop_row(session, loop)
     try:
         source = uri_to_path(body.checkpoint)

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The job contract's spec builders (re-exported for the workflows): standard library only.
+from services.training.jobspec import eval_job_document as eval_job_document
+from services.training.jobspec import train_job_document as train_job_document
+
 DEFAULT_TASK_QUEUE = "ratchet"
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from services.training.jobspec import train_job_document
+
 SFT_TASKS = 48
 SFT_HYPERPARAMETERS: dict[str, Any] = {
     "steps": 40,
@@ -70,22 +72,13 @@ def make_champion(
     write_task_file(dataset, tasks)
     out(f"[demo] SFT-LoRA on {len(tasks)} toolcalc v1 chat demonstrations ...")
     started = time.monotonic()
-    run_job(
-        "train",
-        {
-            "schema": "ratchet.job/v1",
-            "kind": "train",
-            "run_id": "demo-champion-smollm2-sft",
-            "algorithm": "sft",
-            "environment": "toolcalc",
-            "dataset": str(dataset),
-            "base_checkpoint": str(base.target),
-            "hyperparameters": SFT_HYPERPARAMETERS,
-            "seed": 0,
-            "device": "auto",
-        },
-        work,
-        out,
+    spec = train_job_document(
+        run_id="demo-champion-smollm2-sft",
+        environment="toolcalc",
+        dataset=str(dataset),
+        base_checkpoint=str(base.target),
+        profile={"algorithm": "sft", "hyperparameters": SFT_HYPERPARAMETERS},
     )
+    run_job("train", spec, work, out)
     out(f"[demo] SmolLM2 champion ready in {time.monotonic() - started:.0f}s")
     return checkpoint

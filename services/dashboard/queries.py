@@ -15,7 +15,6 @@ from typing import Any
 from sqlalchemy import Select, and_, func, select, text
 from sqlalchemy.orm import Session, aliased
 
-from services.dashboard.stats import wilson_interval
 from services.dashboard.timeline import current_stage
 from services.db.models import (
     Checkpoint,
@@ -29,6 +28,7 @@ from services.db.models import (
     TaskSource,
     Trace,
 )
+from services.evaluation.stats import wilson_interval
 
 # The live success rate of the overview is taken over this many most recent outcomes.
 LIVE_WINDOW_TRACES = 200

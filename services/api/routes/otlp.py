@@ -41,7 +41,7 @@ from services.ingest.otlp import (
     read_logs,
     read_spans,
 )
-from services.ingest.service import EXTRAS_KEY, UNKNOWN_LOOP, IngestService
+from services.ingest.service import UNKNOWN_LOOP, IngestService
 from services.ingest.span_store import EpisodeAssembler
 from services.ingest.writer import StorageUnavailable
 
@@ -49,8 +49,6 @@ SOURCE = "otlp"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 MAX_ERRORS_REPORTED = 5
-ASSEMBLER_KEY = "otlp_assembler"
-SWEEPER_KEY = "otlp_sweeper"
 
 router = APIRouter(tags=["ingest"])
 
@@ -58,30 +56,30 @@ router = APIRouter(tags=["ingest"])
 async def startup(app: FastAPI) -> None:
     state: AppState = app.state.ratchet
     assembler = EpisodeAssembler(settings=state.settings, session_factory=state.session_factory)
-    state.extras[ASSEMBLER_KEY] = assembler
+    state.otlp_assembler = assembler
 
     def current_service() -> IngestService | None:
-        service = state.extras.get(EXTRAS_KEY)
-        return service if isinstance(service, IngestService) else None
+        return state.ingest
 
-    state.extras[SWEEPER_KEY] = asyncio.create_task(
+    state.otlp_sweeper = asyncio.create_task(
         assembler.run_sweeper(current_service), name="otlp-sweeper"
     )
 
 
 async def shutdown(app: FastAPI) -> None:
     state: AppState = app.state.ratchet
-    state.extras.pop(ASSEMBLER_KEY, None)
-    task = state.extras.pop(SWEEPER_KEY, None)
-    if isinstance(task, asyncio.Task):
+    state.otlp_assembler = None
+    task, state.otlp_sweeper = state.otlp_sweeper, None
+    if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
 
 def _assembler(request: Request) -> EpisodeAssembler:
-    assembler = request.app.state.ratchet.extras.get(ASSEMBLER_KEY)
-    if not isinstance(assembler, EpisodeAssembler):
+    state: AppState = request.app.state.ratchet
+    assembler = state.otlp_assembler
+    if assembler is None:
         raise IngestError(503, "ingest_unavailable", "the OTLP assembler is not running")
     return assembler
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from services.demo.jobs import run_job
 from services.demo.options import DemoOptions, Printer
@@ -26,7 +27,7 @@ def make_demo_champion(options: DemoOptions, settings: Settings, out: Printer) -
         from services.demo import smollm2
 
         return smollm2.make_champion(
-            options.champion_cache or settings.state_dir, settings.artifacts_dir, run_job, out
+            options.champion_cache or settings.state_dir, settings.artifacts_dir, out
         )
     return make_champion(settings.state_dir, options, out)
 
@@ -37,8 +38,6 @@ def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
     Kept in ``champion_cache`` keyed by its settings, so a second demo reuses it (the job is
     deterministic for the same settings; reuse only saves the minutes it takes).
     """
-    from services.environments import get_environment, write_task_file
-
     key = hashlib.sha256(
         json.dumps([options.sft_hyperparameters, options.sft_tasks], sort_keys=True).encode()
     ).hexdigest()[:16]
@@ -47,21 +46,47 @@ def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
     if (checkpoint / "manifest.json").exists():
         out(f"[demo] reusing the champion made earlier: {checkpoint}")
         return checkpoint
-    tasks = get_environment("toolcalc").generate_tasks(options.sft_tasks, seed=1, api_version="v1")
-    dataset = work / "sft-v1.jsonl"
+    seconds = sft_on_v1_demonstrations(
+        work,
+        task_count=options.sft_tasks,
+        run_id="demo-champion-sft",
+        hyperparameters=options.sft_hyperparameters,
+        announce="[demo] making the first champion: SFT on {n} toolcalc v1 demonstrations ...",
+        out=out,
+    )
+    out(f"[demo] champion ready in {seconds:.0f}s")
+    return checkpoint
+
+
+def sft_on_v1_demonstrations(
+    work: Path,
+    *,
+    task_count: int,
+    run_id: str,
+    hyperparameters: dict[str, Any],
+    announce: str,
+    out: Printer,
+    base_checkpoint: str | None = None,
+) -> float:
+    """Write ``task_count`` solved toolcalc v1 tasks into ``work``, say ``announce`` (``{n}``:
+    the task count) and run the SFT train job on them there; the seconds it took."""
+    from services.environments import get_environment, write_task_file
+
+    tasks = get_environment("toolcalc").generate_tasks(task_count, seed=1, api_version="v1")
     work.mkdir(parents=True, exist_ok=True)
+    dataset = work / "sft-v1.jsonl"
     write_task_file(dataset, tasks)
-    out(f"[demo] making the first champion: SFT on {len(tasks)} toolcalc v1 demonstrations ...")
+    out(announce.format(n=len(tasks)))
     started = time.monotonic()
     spec = train_job_document(
-        run_id="demo-champion-sft",
+        run_id=run_id,
         environment="toolcalc",
         dataset=str(dataset),
-        profile={"algorithm": "sft", "hyperparameters": options.sft_hyperparameters},
+        base_checkpoint=base_checkpoint,
+        profile={"algorithm": "sft", "hyperparameters": hyperparameters},
     )
     run_job("train", spec, work, out)
-    out(f"[demo] champion ready in {time.monotonic() - started:.0f}s")
-    return checkpoint
+    return time.monotonic() - started
 
 
 def champion_note(options: DemoOptions) -> str:

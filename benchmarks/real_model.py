@@ -42,7 +42,7 @@ from services.evaluation.stats import compare_paired
 from services.training.checkpoint import verify_checkpoint
 from services.training.distributed import init_distributed
 from services.training.hf.checkpoint import load_hf_checkpoint, save_lora_adapter
-from services.training.hf.policy import HFPolicy, model_dtype
+from services.training.hf.model import HFModel, model_dtype
 from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
 from services.training.hf.train import (
     HFGRPOConfig,
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = prepare_trainable(loaded, sft_cfg).to(device)
         t1 = time.monotonic()
         sequences = demonstration_sequences(
-            env, sft_tasks, HFPolicy(model, loaded.tokenizer, device=device)
+            env, sft_tasks, HFModel(model, loaded.tokenizer, device=device)
         )
         sft = train_sft_hf(
             model, sequences, sft_cfg, pad_id=int(loaded.tokenizer.pad_token_id), ctx=ctx
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         champion_dir = _into_store(store, "champion.tmp", champion_manifest.checkpoint_id)
         del model
     del loaded
-    champion = HFPolicy.load(champion_dir, device=args.device, base_dir=base_dir)
+    champion = HFModel.load(champion_dir, device=args.device, base_dir=base_dir)
     v1_before = _evaluate(champion, env, eval_v1, args)
     v2_before = _evaluate(champion, env, eval_v2, args)
     logger.info(
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     candidate_dir = _into_store(store, "candidate.tmp", candidate_manifest.checkpoint_id)
     del model, loaded
-    candidate = HFPolicy.load(candidate_dir, device=args.device, base_dir=base_dir)
+    candidate = HFModel.load(candidate_dir, device=args.device, base_dir=base_dir)
     v2_after = _evaluate(candidate, env, eval_v2, args)
     v1_after = _evaluate(candidate, env, eval_v1, args)
     logger.info(
@@ -252,7 +252,7 @@ def _into_store(store: Path, tmp_name: str, checkpoint_id: str) -> Path:
 
 
 def _evaluate(
-    policy: HFPolicy, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
+    policy: HFModel, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
 ) -> EvaluationResult:
     settings = QUICK if args.quick else FULL
     return evaluate(policy, env, tasks, seed=args.seed, **settings["eval"])

@@ -164,7 +164,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def tiny_checkpoints(root: Path, count: int) -> list[CheckpointRef]:
     from services.training.checkpoint import save_checkpoint
-    from services.training.policy import GPT, GPTConfig
+    from services.training.model import GPT, GPTConfig
 
     config = GPTConfig()
     refs = []

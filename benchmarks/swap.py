@@ -41,7 +41,7 @@ import torch
 from services.serving.base import VERSION_HEADER, CheckpointRef
 from services.serving.local import LocalServerProcess, LocalServingTarget
 from services.training.checkpoint import save_checkpoint
-from services.training.policy import GPT, GPTConfig
+from services.training.model import GPT, GPTConfig
 
 MESSAGES = [
     {"role": "system", "content": "tools: #add(a,b) &mul(a,b) @get(item)"},

@@ -42,7 +42,7 @@ from services.evaluation.stats import compare_paired
 from services.training.checkpoint import save_checkpoint
 from services.training.distributed import init_distributed
 from services.training.grpo import GRPOConfig, train_grpo
-from services.training.policy import GPTConfig, Policy
+from services.training.model import GPTConfig, TinyModel
 from services.training.sft import SFTConfig, make_champion
 
 logger = logging.getLogger("benchmarks.trainer")
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ctx=ctx,
     )
     sft_wall = time.monotonic() - t0
-    champion = Policy.load(work / "champion", device="cpu")
+    champion = TinyModel.load(work / "champion", device="cpu")
     v1_before = evaluate(champion, env, eval_v1)
     v2_before = evaluate(champion, env, eval_v2)
     logger.info(
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     candidate_manifest = save_checkpoint(
         model.cpu(), model.config, work / "candidate", parent=manifest.checkpoint_id
     )
-    candidate = Policy.load(work / "candidate", device="cpu")
+    candidate = TinyModel.load(work / "candidate", device="cpu")
     v2_after = evaluate(candidate, env, eval_v2)
     v1_after = evaluate(candidate, env, eval_v1)
     logger.info(

@@ -26,6 +26,12 @@ from sqlalchemy.orm import Session
 from services.artifacts import ArtifactStore, path_to_uri
 from services.db.models import Checkpoint
 from services.db.queries.runs import get_checkpoint, get_run, upsert_checkpoint
+from services.training.checkpoint_manifest import (
+    MANIFEST_FILE,
+    CheckpointError,
+    open_regular_file,
+    verify_checkpoint,
+)
 
 
 class CheckpointRefused(Exception):
@@ -51,10 +57,6 @@ class InstalledCheckpoint:
 
 def install_checkpoint(source: Path, store: ArtifactStore) -> InstalledCheckpoint:
     """Verify ``source`` and copy it into the store; raises ``CheckpointError`` if invalid."""
-    # Imported here: the checkpoint format module pulls in torch, which callers need only
-    # when they actually install a checkpoint.
-    from services.training.checkpoint import MANIFEST_FILE, CheckpointError, verify_checkpoint
-
     manifest = verify_checkpoint(source)
     checkpoint_id = manifest.checkpoint_id
     if manifest.base is not None:
@@ -168,8 +170,6 @@ def copy_atomically(
 
 
 def _copy_regular_file(source: Path, staging: Path, name: str) -> None:
-    from services.training.checkpoint import CheckpointError, open_regular_file
-
     if Path(name).name != name or name in (".", ".."):
         raise CheckpointError(f"refusing to copy {name!r}: not a plain file name")
     fd = open_regular_file(source / name)

@@ -266,3 +266,210 @@ def test_retry_presets_are_defined_in_one_module() -> None:
                     if isinstance(target, ast.Name) and target.id.endswith("_RETRY")
                 ]
     assert offenders == []
+
+
+# Model libraries the api process must never load: it verifies checkpoints, never runs them.
+MODEL_LIBRARIES = ("torch", "transformers", "peft")
+
+
+def test_api_never_imports_model_libraries() -> None:
+    """The api, every route module and checkpoint verification load without torch."""
+    fixture = ROOT / "tests" / "e2e" / "fixtures" / "toolcalc-champion"
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from services.api.app import create_app, route_modules\n"
+        "from services.settings import Settings\n"
+        "import services.checkpoints\n"
+        "from services.training.checkpoint_manifest import verify_checkpoint\n"
+        "route_modules()\n"
+        "create_app(Settings())\n"
+        "verify_checkpoint(Path(sys.argv[1]))\n"
+        f"print(','.join(m for m in {MODEL_LIBRARIES!r} if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(fixture)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == ""
+
+
+def test_api_reaches_no_model_library_even_lazily() -> None:
+    """Function-level imports count too: a request must not load torch either. Follows every
+    import, at any depth, from the api's modules through services/ and workflows/."""
+    paths = {module_of(path): path for path in python_files("services", "workflows")}
+    reached_from: dict[str, str | None] = {m: None for m in paths if m.startswith("services.api")}
+    pending = list(reached_from)
+    while pending:
+        module = pending.pop()
+        for name in imports_of(paths[module]):
+            target = name
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if top(name) in MODEL_LIBRARIES:
+                target = top(name)
+            if target and target not in reached_from:
+                reached_from[target] = module
+                if target in paths:
+                    pending.append(target)
+    chains = []
+    for library in MODEL_LIBRARIES:
+        chain = [library]
+        while (importer := reached_from.get(chain[-1])) is not None:
+            chain.append(importer)
+        if len(chain) > 1:
+            chains.append(" ← ".join(chain))
+    assert chains == []
+
+
+# The two ways into the CLI: `python -m services` and `python -m services.serving`.
+CLI_ENTRY_POINTS = ("services/__main__.py", "services/serving/__main__.py")
+
+
+def test_domain_code_never_imports_the_cli() -> None:
+    """Commands call the domain; the domain never reaches back into the command layer."""
+    offenders = []
+    for path in python_files("services", "workflows"):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith("services/cli/") or relative in CLI_ENTRY_POINTS:
+            continue
+        offenders += [
+            f"{relative}: {name}"
+            for name in imports_of(path)
+            if name == "services.cli" or name.startswith("services.cli.")
+        ]
+    assert offenders == []
+
+
+# Import cycles that are there on purpose, each with its reason: (module, module) edges of
+# the cycle. None today; a new entry needs a reason a reviewer accepts.
+ALLOWED_IMPORT_CYCLES: dict[frozenset[str], str] = {}
+
+
+def module_of(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def import_time_imports(path: Path, known: set[str]) -> list[str]:
+    """The modules a file imports when it is imported: top-level statements, including those
+    under ``if``/``try``/``with`` (``imports_passed_through``), but not ``TYPE_CHECKING``
+    blocks or function bodies, which run later and cannot make an import cycle."""
+    names: list[str] = []
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                names.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}"
+                    names.append(submodule if submodule in known else node.module)
+            elif isinstance(node, ast.If):
+                if not _is_type_checking(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+
+    visit(ast.parse(path.read_text(), filename=str(path)).body)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the modules of services/ and workflows/ it loads at import time. Importing
+    ``a.b.c`` loads the packages ``a`` and ``a.b`` too, except the importer's own packages
+    (a submodule importing its package's ``__init__`` is how packages work, not a cycle)."""
+    paths = {module_of(path): path for path in python_files("services", "workflows")}
+    known = set(paths)
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        edges: set[str] = set()
+        for name in import_time_imports(path, known):
+            while name:
+                if name in known and not f"{module}.".startswith(f"{name}."):
+                    edges.add(name)
+                name = name.rpartition(".")[0]
+        graph[module] = edges
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iteratively: the groups of modules that import each other."""
+    index: dict[str, int] = {}
+    lowlink: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(root, sorted(graph[root]))]
+        index[root] = lowlink[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, pending = work[-1]
+            if pending:
+                child = pending.pop()
+                if child not in index:
+                    index[child] = lowlink[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, sorted(graph[child])))
+                elif child in on_stack:
+                    lowlink[node] = min(lowlink[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                lowlink[parent] = min(lowlink[parent], lowlink[node])
+            if lowlink[node] == index[node]:
+                group: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    return groups
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    cycles = []
+    for group in strongly_connected(graph):
+        members = set(group)
+        edges = {
+            frozenset((module, target)) for module in group for target in graph[module] & members
+        }
+        unexplained = [edge for edge in edges if edge not in ALLOWED_IMPORT_CYCLES]
+        if unexplained:
+            cycles.append(
+                " ↔ ".join(group)
+                + ": "
+                + "; ".join(f"{m} → {', '.join(sorted(graph[m] & members))}" for m in group)
+            )
+    assert cycles == []

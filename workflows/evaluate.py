@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         RecordEvaluationInput,
         RunJobInput,
         RunJobResult,
+        eval_job_document,
         job_override,
         run_id_for,
         uri_path,
@@ -35,20 +36,16 @@ with workflow.unsafe.imports_passed_through():
 def eval_job_spec(
     input: EvaluateInput, target: EvalTarget, task_set: str, task_uri: str, run_id: str
 ) -> dict[str, object]:
-    spec: dict[str, object] = {
-        "schema": "ratchet.job/v1",
-        "kind": "eval",
-        "run_id": run_id,
-        "environment": input.environment,
-        "checkpoint": uri_path(target.checkpoint_uri),
-        "dataset": uri_path(task_uri),
-        "samples": input.samples,
-        "seed": input.cycle,
-        "device": input.profile.get("device", "auto"),
-    }
-    if input.temperature > 0:
-        spec["hyperparameters"] = {"temperature": input.temperature}
-    return spec
+    return eval_job_document(
+        run_id=run_id,
+        environment=input.environment,
+        checkpoint=uri_path(target.checkpoint_uri),
+        dataset=uri_path(task_uri),
+        samples=input.samples,
+        seed=input.cycle,
+        device=input.profile.get("device", "auto"),
+        temperature=input.temperature,
+    )
 
 
 @workflow.defn

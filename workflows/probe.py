@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         ProbeResult,
         RecordProbesInput,
         RunJobInput,
+        eval_job_document,
         job_override,
         run_id_for,
         uri_path,
@@ -48,18 +49,16 @@ PROBE_TEMPERATURE = 1.0
 
 def probe_job_spec(input: ProbeInput, task_uri: str, run_id: str) -> dict[str, object]:
     """The eval job's spec for a probe: ``attempts`` samples per task, sampled at T=1."""
-    return {
-        "schema": "ratchet.job/v1",
-        "kind": "eval",
-        "run_id": run_id,
-        "environment": input.environment,
-        "checkpoint": uri_path(input.champion_uri),
-        "dataset": uri_path(task_uri),
-        "samples": input.attempts,
-        "seed": input.cycle,
-        "device": input.profile.get("device", "auto"),
-        "hyperparameters": {"temperature": PROBE_TEMPERATURE},
-    }
+    return eval_job_document(
+        run_id=run_id,
+        environment=input.environment,
+        checkpoint=uri_path(input.champion_uri),
+        dataset=uri_path(task_uri),
+        samples=input.attempts,
+        seed=input.cycle,
+        device=input.profile.get("device", "auto"),
+        temperature=PROBE_TEMPERATURE,
+    )
 
 
 @workflow.defn

@@ -23,6 +23,10 @@ from services.loop.policies import (
     TriggerPolicy,
 )
 
+# The job contract's spec builders (re-exported for the workflows): standard library only.
+from services.training.jobspec import eval_job_document as eval_job_document
+from services.training.jobspec import train_job_document as train_job_document
+
 DEFAULT_TASK_QUEUE = "ratchet"
 
 

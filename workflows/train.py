@@ -26,26 +26,21 @@ with workflow.unsafe.imports_passed_through():
         TrainResult,
         job_override,
         run_id_for,
+        train_job_document,
         uri_path,
     )
 
 
 def train_job_spec(input: TrainInput, run_id: str) -> dict[str, object]:
     """The job contract's spec for a training run (paths, not URIs: jobs read files)."""
-    profile = input.profile
-    return {
-        "schema": "ratchet.job/v1",
-        "kind": "train",
-        "run_id": run_id,
-        "algorithm": profile.get("algorithm", "grpo"),
-        "environment": input.environment,
-        "dataset": uri_path(input.train_uri),
-        "base_checkpoint": uri_path(input.base_checkpoint_uri or ""),
-        "hyperparameters": dict(profile.get("hyperparameters", {})),
-        "seed": int(profile.get("seed", 0)) + input.cycle,
-        "device": profile.get("device", "auto"),
-        "nodes": int(profile.get("nodes", 1)),
-    }
+    return train_job_document(
+        run_id=run_id,
+        environment=input.environment,
+        dataset=uri_path(input.train_uri),
+        base_checkpoint=uri_path(input.base_checkpoint_uri or ""),
+        profile=input.profile,
+        cycle=input.cycle,
+    )
 
 
 @workflow.defn

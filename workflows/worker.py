@@ -14,7 +14,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -41,7 +41,6 @@ class WorkerDependencies:
     settings: Settings
     session_factory: SessionFactory
     artifacts: ArtifactStore
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 def workflow_classes() -> list[type]:

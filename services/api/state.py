@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 from temporalio.client import Client
@@ -12,6 +13,10 @@ from services.db.session import SessionFactory
 from services.secrets import SecretBox
 from services.settings import Settings
 from services.temporal import connect_temporal
+
+if TYPE_CHECKING:
+    from services.ingest.service import IngestService
+    from services.ingest.span_store import EpisodeAssembler
 
 
 @dataclass
@@ -36,7 +41,11 @@ class AppState:
     engine: Engine
     session_factory: SessionFactory
     temporal: TemporalConnection
-    extras: dict[str, object] = field(default_factory=dict)
+    # Owned by the route modules that start and stop them (services.api.routes.traces and
+    # .otlp); None while they are not running, which the routes answer with a 503.
+    ingest: IngestService | None = None
+    otlp_assembler: EpisodeAssembler | None = None
+    otlp_sweeper: asyncio.Task[None] | None = None
     _secret_box: SecretBox | None = None
 
     @property

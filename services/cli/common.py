@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
 from services.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from services.db.models import Loop
 
 
 def cli_settings(*, require_database: bool = False) -> Settings:
@@ -16,3 +27,48 @@ def cli_settings(*, require_database: bool = False) -> Settings:
             "to start the embedded stack"
         )
     return settings
+
+
+def positive_int(raw: str) -> int:
+    """An argparse type: a whole number of at least 1, refused with a one-line reason."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+@contextmanager
+def database_session() -> Iterator[Session]:
+    """A session on the configured database (or the embedded one, as ``ratchet db`` does),
+    committed when the block ends without an error."""
+    from services.cli.db import database_url
+    from services.db.session import create_db_engine, make_session_factory
+
+    with database_url() as url:
+        engine = create_db_engine(url, pool_size=1, application="ratchet-cli")
+        try:
+            with make_session_factory(engine).begin() as session:
+                yield session
+        finally:
+            engine.dispose()
+
+
+def loop_named(session: Session, name: str) -> Loop:
+    """The loop called ``name``; a CliError that says how to list loops if there is none."""
+    from services.cli import CliError
+    from services.db.queries.errors import NotFound
+    from services.db.queries.loops import require_loop
+
+    try:
+        return require_loop(session=session, name=name)
+    except NotFound:
+        raise CliError(
+            f"no loop named {name!r}; `ratchet loop list` shows the loops", exit_code=1
+        ) from None
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))

@@ -58,7 +58,9 @@ def register(subparsers: Any) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from services.cli import CliError
-    from services.demo.run import DemoOptions, format_report, run_demo
+    from services.demo.options import DemoOptions
+    from services.demo.report import format_report
+    from services.demo.run import run_demo
     from services.local.stack import StackError, Terminated, stop_children_on_signals
 
     if args.cycles < 1:

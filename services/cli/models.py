@@ -83,7 +83,7 @@ def write_directory_manifest(
 ) -> Any:
     """The manifest of ``directory`` (written into it); CliError on anything refused."""
     from services.cli import CliError
-    from services.training.checkpoint import BaseRef, CheckpointError, write_manifest
+    from services.training.checkpoint_manifest import BaseRef, CheckpointError, write_manifest
 
     if not directory.is_dir():
         raise CliError(f"{directory} is not a directory")
@@ -141,7 +141,7 @@ def _manifest(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from services.cli import CliError
-    from services.training.checkpoint import CheckpointError, verify_checkpoint
+    from services.training.checkpoint_manifest import CheckpointError, verify_checkpoint
 
     try:
         manifest = verify_checkpoint(args.directory)
@@ -156,7 +156,7 @@ def import_model(directory: Path, artifacts_dir: Path, *, base: str | None = Non
     from services.artifacts import ArtifactStore
     from services.checkpoints import install_checkpoint
     from services.cli import CliError
-    from services.training.checkpoint import (
+    from services.training.checkpoint_manifest import (
         MANIFEST_FILE,
         CheckpointError,
         checkpoint_files,
@@ -233,7 +233,7 @@ def _report_import(args: argparse.Namespace, installed: Any) -> int:
 def _smollm2(args: argparse.Namespace) -> int:
     from services.cli import CliError
     from services.cli.common import cli_settings
-    from services.training.checkpoint import CheckpointError
+    from services.training.checkpoint_manifest import CheckpointError
     from services.training.hf.smollm2 import smollm2_checkpoint
 
     settings = cli_settings()

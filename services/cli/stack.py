@@ -47,7 +47,7 @@ def _up(args: argparse.Namespace) -> int:
     settings = cli_settings()
     configure_logging(settings.log_level, settings.log_format, component="up")
     try:
-        return run_up(settings)
+        return run_up(settings, announce=lambda banner: print(banner, flush=True))
     except StackError as exc:
         raise CliError(str(exc), exit_code=1) from None
 

@@ -1,5 +1,116 @@
-"""`ratchet tasks list|show|pin`: curated tasks (implemented in services.curation.cli)."""
+"""``ratchet tasks list|show|pin``: the curated RL tasks of a loop.
 
-from services.curation.cli import register_tasks as register
+Read-mostly views of what curation produced, for operators: which tasks a loop has and
+where a task came from (its traces); ``--json`` prints machine-readable output for scripts.
+``tasks pin`` moves tasks into the loop's pinned regression suite (never trained on).
+"""
 
-__all__ = ["register"]
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from services.cli import CliError
+from services.cli.common import database_session, loop_named, positive_int, print_json
+from services.db.models import Task
+from services.db.queries import tasks as q
+
+SPLITS = ("train", "eval", "heldout", "regression")
+
+
+def register(subparsers: Any) -> None:
+    tasks = subparsers.add_parser("tasks", help="curated RL tasks of a loop")
+    commands = tasks.add_subparsers(dest="tasks_command", metavar="COMMAND", required=True)
+    listing = commands.add_parser("list", help="list a loop's tasks, newest first")
+    listing.add_argument("--loop", required=True, help="loop name")
+    listing.add_argument("--split", choices=SPLITS, help="only tasks of this split")
+    listing.add_argument("--limit", type=positive_int, default=50)
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(func=_tasks_list)
+    show = commands.add_parser("show", help="one task: spec, cluster, split, source traces")
+    show.add_argument("task_id", type=positive_int)
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=_tasks_show)
+    pin = commands.add_parser("pin", help="put tasks into the loop's pinned regression suite")
+    pin.add_argument("--loop", required=True, help="loop name")
+    pin.add_argument("task_ids", type=positive_int, nargs="+")
+    pin.set_defaults(func=_tasks_pin)
+
+
+def _task_summary(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "split": task.split,
+        "origin": task.origin,
+        "weight": task.weight,
+        "pinned": task.pinned,
+        "cluster_id": task.cluster_id,
+        "content_hash": task.content_hash,
+        "probe_pass_rate": task.probe_pass_rate,
+        "redactions": task.redactions,
+        "created_at": task.created_at.isoformat(),
+    }
+
+
+def _tasks_list(args: argparse.Namespace) -> int:
+    with database_session() as session:
+        loop = loop_named(session, args.loop)
+        tasks = q.list_tasks(session=session, loop_id=loop.id, split=args.split, limit=args.limit)
+        if args.json:
+            print_json([_task_summary(t) for t in tasks])
+            return 0
+        print(f"{'ID':>8}  {'SPLIT':<10} {'ORIGIN':<8} {'WEIGHT':>6}  {'CLUSTER':<12}  PROMPT")
+        for task in tasks:
+            prompt = " ".join(str(task.spec.get("prompt", "")).split())[:60]
+            print(
+                f"{task.id:>8}  {task.split:<10} {task.origin:<8} {task.weight:>6}  "
+                f"{task.cluster_id[:12]:<12}  {prompt}"
+            )
+        if not tasks:
+            print(f"loop {loop.name!r} has no tasks yet")
+    return 0
+
+
+def _tasks_show(args: argparse.Namespace) -> int:
+    with database_session() as session:
+        task = q.get_task(session=session, task_id=args.task_id)
+        if task is None:
+            raise CliError(f"no task {args.task_id}", exit_code=1)
+        sources = q.task_sources(session=session, task_id=task.id)
+        detail = {
+            **_task_summary(task),
+            "failure_signature": task.failure_signature,
+            "spec": task.spec,
+            "sources": [{"trace_id": t, "external_id": e, "relation": r} for t, e, r in sources],
+        }
+        if args.json:
+            print_json(detail)
+            return 0
+        for key in ("id", "split", "origin", "weight", "pinned", "cluster_id", "content_hash"):
+            print(f"{key:<18}{detail[key]}")
+        print(f"{'probe_pass_rate':<18}{detail['probe_pass_rate']}")
+        print(f"{'failure':<18}{detail['failure_signature']}")
+        print(f"{'redactions':<18}{json.dumps(detail['redactions'], sort_keys=True)}")
+        print(f"{'verifier':<18}{json.dumps(task.spec.get('verifier'), sort_keys=True)}")
+        print("prompt:")
+        print("  " + str(task.spec.get("prompt", "")).replace("\n", "\n  "))
+        print(f"sources ({len(sources)}):")
+        for trace_id, external_id, relation in sources:
+            print(f"  trace {trace_id:<8} {relation:<15} {external_id}")
+    return 0
+
+
+def _tasks_pin(args: argparse.Namespace) -> int:
+    with database_session() as session:
+        loop = loop_named(session, args.loop)
+        pinned = q.pin_tasks(session=session, loop_id=loop.id, task_ids=args.task_ids)
+        refused = sorted(set(args.task_ids) - set(pinned))
+        if refused:  # raising rolls the whole pin back
+            raise CliError(
+                f"tasks {', '.join(map(str, refused))} are not tasks of loop {loop.name!r} or are "
+                "held out (the held-out set is frozen); nothing was pinned",
+                exit_code=1,
+            )
+    print(f"pinned {len(pinned)} task(s) to the regression suite of {args.loop}")
+    return 0

@@ -33,10 +33,10 @@ from services.dashboard.queries import (
     run_detail,
 )
 from services.dashboard.render import pct, usd, when
-from services.dashboard.stats import wilson_interval
 from services.dashboard.timeline import Step, cycle_steps
 from services.db.models import Loop
 from services.db.queries.loops import config_versions
+from services.evaluation.stats import wilson_interval
 
 
 def _percent(value: float) -> str:

@@ -15,7 +15,6 @@ from typing import Any
 from sqlalchemy import Select, and_, func, select, text
 from sqlalchemy.orm import Session, aliased
 
-from services.dashboard.stats import wilson_interval
 from services.dashboard.timeline import current_stage
 from services.db.models import (
     Checkpoint,
@@ -28,6 +27,7 @@ from services.db.models import (
     TaskSource,
     Trace,
 )
+from services.evaluation.stats import wilson_interval
 
 # The live success rate of the overview is taken over this many most recent outcomes.
 LIVE_WINDOW_TRACES = 200
@@ -168,10 +168,22 @@ class EvalSummary:
     checkpoint_id: str
     n: int
     passed: int
+    # As the evaluation stored them: pass@1 estimated from each task's samples, and its
+    # interval at the gate's confidence (the demo's report prints these).
+    pass_at_1: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
 
     @property
     def pass_rate(self) -> float | None:
         return _rate(self.passed, self.n)
+
+    @property
+    def stored_estimate(self) -> tuple[float, float, float] | None:
+        """(pass@1, low, high) as stored, or None for a row without them."""
+        if self.pass_at_1 is None or self.ci_low is None or self.ci_high is None:
+            return None
+        return self.pass_at_1, self.ci_low, self.ci_high
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -219,6 +231,20 @@ class CycleRow:
     gate_points: float | None = None
     live_points: float | None = None
     points_detail: dict[str, Any] | None = None
+    heldout_champion: EvalSummary | None = None
+    heldout_candidate: EvalSummary | None = None
+    deployed_at: dt.datetime | None = None
+    canary_ended_at: dt.datetime | None = None
+    rolled_back_at: dt.datetime | None = None
+
+    @property
+    def canary_seconds(self) -> float:
+        """How long the candidate served under watch: deploy to the canary's end (or the
+        rollback); 0 when it was never deployed."""
+        ended = self.canary_ended_at or self.rolled_back_at
+        if self.deployed_at is None or ended is None:
+            return 0.0
+        return (ended - self.deployed_at).total_seconds()
 
     @property
     def numbers(self) -> list[CycleNumber]:
@@ -267,9 +293,40 @@ class CycleRow:
         return (self.ended_at - self.started_at).total_seconds()
 
 
+def _evaluation_join(evaluation: Any, checkpoint: Any, task_set: str) -> Any:
+    return and_(
+        evaluation.cycle_id == Cycle.id,
+        evaluation.checkpoint_id == checkpoint,
+        evaluation.task_set == task_set,
+    )
+
+
+def _evaluation_columns(evaluation: Any, prefix: str) -> list[Any]:
+    return [
+        getattr(evaluation, column).label(f"{prefix}_{column}")
+        for column in ("n", "passed", "pass_rate", "ci_low", "ci_high")
+    ]
+
+
+def _eval_summary(row: Any, prefix: str, checkpoint_id: str | None) -> EvalSummary | None:
+    n = getattr(row, f"{prefix}_n")
+    if not checkpoint_id or n is None:
+        return None
+    return EvalSummary(
+        checkpoint_id,
+        n,
+        getattr(row, f"{prefix}_passed"),
+        pass_at_1=getattr(row, f"{prefix}_pass_rate"),
+        ci_low=getattr(row, f"{prefix}_ci_low"),
+        ci_high=getattr(row, f"{prefix}_ci_high"),
+    )
+
+
 def _cycles_select(loop_id: int) -> Select[*tuple[Any, ...]]:
     champion = aliased(Evaluation)
     candidate = aliased(Evaluation)
+    heldout_champion = aliased(Evaluation)
+    heldout_candidate = aliased(Evaluation)
     runs_cost = (
         select(Run.cycle_id, func.sum(Run.cost_usd).label("cost"))
         .where(Run.loop_id == loop_id)
@@ -279,32 +336,29 @@ def _cycles_select(loop_id: int) -> Select[*tuple[Any, ...]]:
     return (
         select(
             Cycle,
-            champion.n.label("champion_n"),
-            champion.passed.label("champion_passed"),
-            candidate.n.label("candidate_n"),
-            candidate.passed.label("candidate_passed"),
+            *_evaluation_columns(champion, "champion"),
+            *_evaluation_columns(candidate, "candidate"),
+            *_evaluation_columns(heldout_champion, "heldout_champion"),
+            *_evaluation_columns(heldout_candidate, "heldout_candidate"),
             Dataset.train_count,
             Dataset.eval_count,
             Promotion.decision,
             Promotion.status.label("promotion_status"),
             Promotion.reason.label("promotion_reason"),
+            Promotion.deployed_at,
+            Promotion.canary_ended_at,
+            Promotion.rolled_back_at,
             func.coalesce(runs_cost.c.cost, 0).label("runs_cost"),
         )
+        .outerjoin(champion, _evaluation_join(champion, Cycle.champion_checkpoint_id, "eval"))
+        .outerjoin(candidate, _evaluation_join(candidate, Cycle.candidate_checkpoint_id, "eval"))
         .outerjoin(
-            champion,
-            and_(
-                champion.cycle_id == Cycle.id,
-                champion.checkpoint_id == Cycle.champion_checkpoint_id,
-                champion.task_set == "eval",
-            ),
+            heldout_champion,
+            _evaluation_join(heldout_champion, Cycle.champion_checkpoint_id, "heldout"),
         )
         .outerjoin(
-            candidate,
-            and_(
-                candidate.cycle_id == Cycle.id,
-                candidate.checkpoint_id == Cycle.candidate_checkpoint_id,
-                candidate.task_set == "eval",
-            ),
+            heldout_candidate,
+            _evaluation_join(heldout_candidate, Cycle.candidate_checkpoint_id, "heldout"),
         )
         .outerjoin(Dataset, Dataset.id == Cycle.dataset_id)
         .outerjoin(Promotion, Promotion.cycle_id == Cycle.id)
@@ -319,16 +373,7 @@ def loop_cycles(session: Session, *, loop_id: int, limit: int = 50) -> list[Cycl
     rows: list[CycleRow] = []
     for row in session.execute(statement):
         cycle: Cycle = row.Cycle
-        champion = (
-            EvalSummary(cycle.champion_checkpoint_id, row.champion_n, row.champion_passed)
-            if cycle.champion_checkpoint_id and row.champion_n is not None
-            else None
-        )
-        candidate = (
-            EvalSummary(cycle.candidate_checkpoint_id, row.candidate_n, row.candidate_passed)
-            if cycle.candidate_checkpoint_id and row.candidate_n is not None
-            else None
-        )
+        champion_id, candidate_id = cycle.champion_checkpoint_id, cycle.candidate_checkpoint_id
         rows.append(
             CycleRow(
                 number=cycle.number,
@@ -345,8 +390,8 @@ def loop_cycles(session: Session, *, loop_id: int, limit: int = 50) -> list[Cycl
                 dataset_id=cycle.dataset_id,
                 train_count=row.train_count,
                 eval_count=row.eval_count,
-                champion=champion,
-                candidate=candidate,
+                champion=_eval_summary(row, "champion", champion_id),
+                candidate=_eval_summary(row, "candidate", candidate_id),
                 decision=row.decision,
                 promotion_status=row.promotion_status,
                 promotion_reason=row.promotion_reason,
@@ -357,9 +402,43 @@ def loop_cycles(session: Session, *, loop_id: int, limit: int = 50) -> list[Cycl
                 gate_points=cycle.gate_points,
                 live_points=cycle.live_points,
                 points_detail=dict(cycle.points_detail or {}),
+                heldout_champion=_eval_summary(row, "heldout_champion", champion_id),
+                heldout_candidate=_eval_summary(row, "heldout_candidate", candidate_id),
+                deployed_at=row.deployed_at,
+                canary_ended_at=row.canary_ended_at,
+                rolled_back_at=row.rolled_back_at,
             )
         )
     return rows
+
+
+@dataclass(frozen=True)
+class RunSpan:
+    """When one of a cycle's jobs ran (unset ends: it has not started or not ended)."""
+
+    kind: str
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+
+    @property
+    def seconds(self) -> float:
+        if self.started_at is None or self.ended_at is None:
+            return 0.0
+        return (self.ended_at - self.started_at).total_seconds()
+
+
+def cycle_run_spans(session: Session, *, loop_id: int) -> dict[int, list[RunSpan]]:
+    """Cycle number → when its jobs ran, in the order they were submitted; one query."""
+    statement = (
+        select(Cycle.number, Run.kind, Run.started_at, Run.ended_at)
+        .join(Cycle, Cycle.id == Run.cycle_id)
+        .where(Run.loop_id == loop_id)
+        .order_by(Cycle.number, Run.submitted_at, Run.id)
+    )
+    spans: dict[int, list[RunSpan]] = {}
+    for number, kind, started_at, ended_at in session.execute(statement):
+        spans.setdefault(number, []).append(RunSpan(kind, started_at, ended_at))
+    return spans
 
 
 # Live success rate ----------------------------------------------------------------------------

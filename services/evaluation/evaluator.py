@@ -10,8 +10,8 @@ points use, since a majority vote over samples is not what one request to the se
 gets.
 
 Both model families go through the same function and give the same per-task results: a
-tiny :class:`Policy` rolls out text transcripts (:func:`run_episodes`), an
-:class:`HFPolicy` rolls out chat conversations with tools (:func:`run_chat_episodes`),
+tiny :class:`TinyModel` rolls out text transcripts (:func:`run_episodes`), an
+:class:`HFModel` rolls out chat conversations with tools (:func:`run_chat_episodes`),
 scored by the environment's chat verifier. Chat rollouts sample one batch at a time with
 one seed per batch (``transformers.generate`` draws from one generator), so with
 ``temperature > 0`` an hf evaluation is reproducible for the same batch size.
@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 from services.environments.base import Environment, Reward, TaskSpec
 from services.environments.chat import as_chat_environment
 from services.evaluation.stats import wilson_interval
-from services.training.policy import Policy
+from services.training.model import TinyModel
 from services.training.rng import derive_seed
 from services.training.rollout import run_episodes
 
 if TYPE_CHECKING:
-    from services.training.hf.policy import HFPolicy
+    from services.training.hf.model import HFModel
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class EvaluationResult:
 
 
 def evaluate(
-    policy: Policy | HFPolicy,
+    policy: TinyModel | HFModel,
     env: Environment,
     tasks: Sequence[TaskSpec],
     *,
@@ -124,7 +124,7 @@ def evaluate(
     for begin in range(0, len(jobs), batch_size):
         chunk = jobs[begin : begin + batch_size]
         chunk_tasks = [tasks[t] for t, _ in chunk]
-        if isinstance(policy, Policy):
+        if isinstance(policy, TinyModel):
             chunk_outcomes, tokens = _tiny_rollouts(
                 policy,
                 env,
@@ -166,7 +166,7 @@ def evaluate(
 
 
 def _tiny_rollouts(
-    policy: Policy,
+    policy: TinyModel,
     env: Environment,
     tasks: list[TaskSpec],
     seeds: list[int],
@@ -181,7 +181,7 @@ def _tiny_rollouts(
 
 
 def _chat_rollouts(
-    policy: HFPolicy,
+    policy: HFModel,
     env: Environment,
     tasks: list[TaskSpec],
     seed: int,

@@ -35,7 +35,7 @@ from services.training.jobspec import (
     run_job_main,
     write_json,
 )
-from services.training.policy import Policy
+from services.training.model import TinyModel
 
 logger = logging.getLogger("services.evaluation.job")
 
@@ -107,7 +107,7 @@ def _run(spec: JobSpec) -> int:
         raise JobError(f"checkpoint rejected: {exc}") from None
     except DeviceError as exc:
         raise JobError(str(exc)) from None
-    if not isinstance(policy, Policy):  # hf: chat turns are longer, batches on CPU smaller
+    if not isinstance(policy, TinyModel):  # hf: chat turns are longer, batches on CPU smaller
         options.setdefault("max_new_tokens", HF_MAX_NEW_TOKENS)
         options.setdefault("batch_size", HF_BATCH_SIZE)
     started = time.monotonic()
@@ -145,10 +145,10 @@ def _load_policy(spec: JobSpec) -> Any:
     assert spec.checkpoint is not None
     if read_manifest(spec.checkpoint).family == "hf":
         # Imported here: only the hf family needs transformers and peft.
-        from services.training.hf.policy import HFPolicy
+        from services.training.hf.model import HFModel
 
-        return HFPolicy.load(spec.checkpoint, device=spec.device, base_dir=spec.base_model)
-    return Policy.load(spec.checkpoint, device=spec.device)
+        return HFModel.load(spec.checkpoint, device=spec.device, base_dir=spec.base_model)
+    return TinyModel.load(spec.checkpoint, device=spec.device)
 
 
 def main() -> None:

@@ -34,7 +34,9 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     """Wilson score interval for a binomial proportion ``k / n``.
 
     Unlike the normal ("Wald") interval it stays inside [0, 1] and behaves at 0 % and 100 %,
-    which are common pass rates on small task sets. ``n == 0`` gives the vacuous (0, 1).
+    which are common pass rates on small task sets (and where a freshly drifted loop's live
+    success rate sits: the dashboard draws every rate with it). ``n == 0`` gives the
+    vacuous (0, 1).
     """
     if n < 0 or k < 0 or k > n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")

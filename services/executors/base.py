@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-JOB_SCHEMA = "ratchet.job/v1"
+# The job contract's schema and environment variables are the job's (services.training.jobspec
+# reads and writes the spec); an executor only passes them on.
+from services.training.jobspec import (
+    ENV_BASE_CHECKPOINT,
+    ENV_DATASET,
+    ENV_OUTPUT_DIR,
+    ENV_SPEC,
+    JOB_SCHEMA,
+)
 
 JobState = Literal["pending", "running", "succeeded", "failed", "cancelled", "lost"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
@@ -40,10 +48,6 @@ JOB_KINDS: frozenset[str] = frozenset({"train", "eval"})
 CONFIG_EXIT_CODES: tuple[int, ...] = (2, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78)
 
 # The job contract's environment variables (the job reads them, nothing else).
-ENV_SPEC = "RATCHET_JOB_SPEC"
-ENV_DATASET = "RATCHET_DATASET"
-ENV_BASE_CHECKPOINT = "RATCHET_BASE_CHECKPOINT"
-ENV_OUTPUT_DIR = "RATCHET_OUTPUT_DIR"
 ENV_RUN_ID = "RATCHET_RUN_ID"
 CONTRACT_ENV: frozenset[str] = frozenset(
     {ENV_SPEC, ENV_DATASET, ENV_BASE_CHECKPOINT, ENV_OUTPUT_DIR, ENV_RUN_ID}

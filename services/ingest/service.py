@@ -33,7 +33,6 @@ from services.secrets import SecretBox
 from services.settings import Settings
 
 LOOP_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
-EXTRAS_KEY = "ingest"  # where the api keeps the service (AppState.extras)
 UNKNOWN_LOOP = "-"  # metric label for requests whose loop is not known
 _DECOY_KEY = b"\0" * 32  # verified against for an unknown loop, so it costs the same HMAC
 

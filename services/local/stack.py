@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -475,8 +475,9 @@ def stop_children_on_signals(redeliver_s: float = 1.0) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_up(settings: Settings) -> int:
-    """Start everything, print where it is, and supervise until Ctrl-C or a child dies."""
+def run_up(settings: Settings, *, announce: Callable[[str], None]) -> int:
+    """Start everything, ``announce`` where it is (the CLI prints it), and supervise until
+    Ctrl-C or a child dies."""
     stack = Stack(settings)
     stack.preflight()  # first: a state dir that cannot hold the token is named as such
     stack.settings, stack.generated_admin_token = with_local_admin_token(settings)
@@ -492,7 +493,7 @@ def run_up(settings: Settings) -> int:
         stack.migrate()
         stack.start_children()
         stack.wait_api_ready()
-        print(stack.banner(), flush=True)
+        announce(stack.banner())
         while not stopping:
             exited = stack.first_exited_child()
             if exited is not None:

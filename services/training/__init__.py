@@ -1,1 +1,1 @@
-"""Reference policy, SFT and GRPO trainers, checkpoint format and the train job (torch + stdlib)."""
+"""The tiny model, SFT and GRPO trainers, checkpoint format and the train job (torch + stdlib)."""

@@ -57,8 +57,8 @@ from services.environments.base import Environment, TaskSpec
 from services.training.config import GRPOConfig
 from services.training.device import autocast
 from services.training.distributed import DistContext
+from services.training.model import GPT, TinyModel, token_logprobs
 from services.training.optim import clip_and_check, cosine_lr, make_optimizer, set_lr
-from services.training.policy import GPT, Policy, token_logprobs
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
 from services.training.rng import derive_seed
 from services.training.rollout import collate, episode_tokens, run_episodes
@@ -249,7 +249,7 @@ def train_grpo(
         resumed_from = point.step
         logger.info("grpo resumed from step %d (%s)", point.step, point.path)
     ctx.broadcast_model(model)
-    policy = Policy(model, device=device)
+    policy = TinyModel(model, device=device)
     started = time.monotonic()
     for step in range(counters.steps_done, config.steps):
         stats = _grpo_step(
@@ -292,7 +292,7 @@ def train_grpo(
 def _grpo_step(
     step: int,
     model: GPT,
-    policy: Policy,
+    policy: TinyModel,
     env: Environment,
     tasks: Sequence[TaskSpec],
     config: GRPOConfig,

@@ -47,8 +47,8 @@ from services.training.jobspec import (
     run_job_main,
     write_json,
 )
+from services.training.model import GPT, GPTConfig, TinyModel
 from services.training.optim import TrainingDiverged
-from services.training.policy import GPT, GPTConfig, Policy
 from services.training.sft import SFTConfig, demonstration_sequences, train_sft
 from services.training.tokenizer import ByteTokenizer
 
@@ -218,7 +218,7 @@ def _initial_model(spec: JobSpec, algorithm: str, model_hyper: Any) -> tuple[GPT
     if not spec.base_checkpoint.is_dir():
         raise JobError(f"base checkpoint {spec.base_checkpoint} does not exist")
     try:
-        policy = Policy.load(spec.base_checkpoint, device="cpu")
+        policy = TinyModel.load(spec.base_checkpoint, device="cpu")
     except CheckpointError as exc:
         raise JobError(f"base checkpoint rejected: {exc}") from None
     return policy.model, policy.checkpoint_id

@@ -8,7 +8,10 @@ writes its outputs under the output dir and exits 0, or exits non-zero with one 
 ``ratchet job: <reason>`` on stderr — no traceback for a bad spec or a missing input.
 
 This module (with the job modules) is the only place the job reads its environment, through
-:func:`job_environment`; everything else receives plain values.
+:func:`job_environment`; everything else receives plain values. It is also the one place a
+spec is written (:func:`train_job_document`, :func:`eval_job_document`), so the workflows,
+the demo and the job that reads the spec agree on its keys; it imports the standard library
+only, for the worker and the api as much as for the job image.
 """
 
 from __future__ import annotations
@@ -101,6 +104,64 @@ class JobSpec:
     environment: str
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     base_model: Path | None = None  # an hf LoRA adapter's base dir, when not beside it
+
+
+def train_job_document(
+    *,
+    run_id: str,
+    environment: str,
+    dataset: str,
+    profile: Mapping[str, Any],
+    base_checkpoint: str | None = None,
+    cycle: int = 0,
+) -> dict[str, Any]:
+    """The spec of a train job: a loop's training profile (algorithm, hyperparameters, seed,
+    device, nodes) applied to one run. The seed moves on with the cycle, so successive cycles
+    do not sample the same rollouts; paths are paths, not URIs (the job reads files)."""
+    document: dict[str, Any] = {
+        "schema": JOB_SCHEMA,
+        "kind": "train",
+        "run_id": run_id,
+        "algorithm": profile.get("algorithm", "grpo"),
+        "environment": environment,
+        "dataset": dataset,
+    }
+    if base_checkpoint is not None:
+        document["base_checkpoint"] = base_checkpoint
+    document["hyperparameters"] = dict(profile.get("hyperparameters", {}))
+    document["seed"] = int(profile.get("seed", 0)) + cycle
+    document["device"] = profile.get("device", "auto")
+    document["nodes"] = int(profile.get("nodes", 1))
+    return document
+
+
+def eval_job_document(
+    *,
+    run_id: str,
+    environment: str,
+    checkpoint: str,
+    dataset: str,
+    samples: int,
+    seed: int,
+    device: str = "auto",
+    temperature: float = 0.0,
+) -> dict[str, Any]:
+    """The spec of an eval job: ``samples`` rollouts of ``checkpoint`` per task of
+    ``dataset``, greedy unless a ``temperature`` above 0 is asked for (probes sample)."""
+    document: dict[str, Any] = {
+        "schema": JOB_SCHEMA,
+        "kind": "eval",
+        "run_id": run_id,
+        "environment": environment,
+        "checkpoint": checkpoint,
+        "dataset": dataset,
+        "samples": samples,
+        "seed": seed,
+        "device": device,
+    }
+    if temperature > 0:
+        document["hyperparameters"] = {"temperature": temperature}
+    return document
 
 
 def parse_args(argv: list[str], prog: str) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from services.environments.base import Environment, Episode, TaskSpec
-from services.training.policy import Policy
+from services.training.model import TinyModel
 from services.training.rng import derive_seed
 from services.training.tokenizer import ByteTokenizer
 
@@ -32,7 +32,7 @@ class RolloutStats:
 def run_episodes(
     env: Environment,
     tasks: Sequence[TaskSpec],
-    policy: Policy,
+    policy: TinyModel,
     *,
     seeds: Sequence[int],
     max_turns: int,

@@ -21,8 +21,8 @@ from services.training.checkpoint import Manifest, read_manifest, save_checkpoin
 from services.training.config import SFTConfig
 from services.training.device import autocast
 from services.training.distributed import DistContext, init_distributed
+from services.training.model import GPT, GPTConfig, token_logprobs
 from services.training.optim import clip_and_check, cosine_lr, make_optimizer, set_lr
-from services.training.policy import GPT, GPTConfig, token_logprobs
 from services.training.rng import derive_seed
 from services.training.rollout import collate, episode_tokens
 from services.training.tokenizer import ByteTokenizer

@@ -31,7 +31,7 @@ def build(out_dir: Path) -> None:
     import torch
 
     from services.environments import get_environment
-    from services.training.policy import GPTConfig
+    from services.training.model import GPTConfig
     from services.training.sft import SFTConfig, make_champion
 
     torch.set_num_threads(1)

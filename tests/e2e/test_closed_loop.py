@@ -52,7 +52,7 @@ import pytest
 from sqlalchemy import func, select
 
 from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Task, Trace
-from services.demo.run import start_model_server
+from services.demo.server import start_model_server
 from services.demo.traffic import TrafficSimulator
 from tests.e2e.champion_fixture import FIXTURE
 from tests.e2e.support import LiveStack

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from services.demo.run import follow_job_progress
+from services.demo.jobs import follow_job_progress
 from services.progress import Progress
 
 

@@ -12,7 +12,6 @@ from services.api.deps import StateDep
 from services.api.errors import ApiError
 from services.api.state import AppState
 from services.db.session import ping
-from services.ingest.service import EXTRAS_KEY, IngestService
 from services.metrics import render_latest
 
 router = APIRouter(tags=["health"])
@@ -48,8 +47,7 @@ async def readyz(state: StateDep) -> JSONResponse:
     answer (503 with ``Retry-After``, which senders retry) into connection refused on every
     replica at once. Dependency health is ``/health/dependencies``, for alerts, not routing.
     """
-    service = state.extras.get(EXTRAS_KEY)
-    serving = isinstance(service, IngestService) and service.writer.running
+    serving = state.ingest is not None and state.ingest.writer.running
     checks = {"ingest_writer": "ok" if serving else "not running"}
     return JSONResponse(
         {"status": "ready" if serving else "not_ready", "checks": checks},

@@ -24,6 +24,7 @@ from services.db.models import Loop, Promotion
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.settings import Settings
+from services.training.checkpoint_manifest import CheckpointError
 from workflows.loop import LoopWorkflow
 from workflows.shared import (
     ApprovalSignal,
@@ -110,8 +111,6 @@ class ChampionOut(BaseModel):
 async def register_champion(
     loop: str, body: ChampionIn, session: SessionDep, settings: SettingsDep
 ) -> ChampionOut:
-    from services.training.checkpoint import CheckpointError
-
     row = _loop_row(session, loop)
     try:
         source = uri_to_path(body.checkpoint)

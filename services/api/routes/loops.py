@@ -45,7 +45,6 @@ from services.db.queries.loops import (
     update_loop_config,
 )
 from services.ingest.provisioning import provision_loop, rotate_credential
-from services.ingest.service import EXTRAS_KEY, IngestService
 from services.loop.config import POLICY_KEYS, Change, diff, merge_patch
 from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
 from services.settings import Settings
@@ -145,9 +144,8 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         public, signing_secret, ingest_token = await asyncio.to_thread(provision)
     except LoopNameTaken:
         raise ApiError(409, "loop_exists", f"a loop named {body.name!r} already exists") from None
-    service = state.extras.get(EXTRAS_KEY)
-    if isinstance(service, IngestService):
-        service.credentials.invalidate(body.name)  # its webhook works at once in this process
+    if state.ingest is not None:
+        state.ingest.credentials.invalidate(body.name)  # its webhook works at once in this process
     started = True
     try:
         client = await state.temporal.get()
@@ -207,9 +205,8 @@ def rotate(
         grace=dt.timedelta(seconds=body.grace_seconds),
         box=state.secret_box,
     )
-    service = state.extras.get(EXTRAS_KEY)
-    if isinstance(service, IngestService):
-        service.credentials.invalidate(row.name)
+    if state.ingest is not None:
+        state.ingest.credentials.invalidate(row.name)
     return RotateResult(
         loop=row.name,
         kind=rotated.kind,

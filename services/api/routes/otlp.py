@@ -41,7 +41,7 @@ from services.ingest.otlp import (
     read_logs,
     read_spans,
 )
-from services.ingest.service import EXTRAS_KEY, UNKNOWN_LOOP, IngestService
+from services.ingest.service import UNKNOWN_LOOP, IngestService
 from services.ingest.span_store import EpisodeAssembler
 from services.ingest.writer import StorageUnavailable
 
@@ -49,8 +49,6 @@ SOURCE = "otlp"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 MAX_ERRORS_REPORTED = 5
-ASSEMBLER_KEY = "otlp_assembler"
-SWEEPER_KEY = "otlp_sweeper"
 
 router = APIRouter(tags=["ingest"])
 
@@ -58,55 +56,66 @@ router = APIRouter(tags=["ingest"])
 async def startup(app: FastAPI) -> None:
     state: AppState = app.state.ratchet
     assembler = EpisodeAssembler(settings=state.settings, session_factory=state.session_factory)
-    state.extras[ASSEMBLER_KEY] = assembler
+    state.otlp_assembler = assembler
 
     def current_service() -> IngestService | None:
-        service = state.extras.get(EXTRAS_KEY)
-        return service if isinstance(service, IngestService) else None
+        return state.ingest
 
-    state.extras[SWEEPER_KEY] = asyncio.create_task(
+    state.otlp_sweeper = asyncio.create_task(
         assembler.run_sweeper(current_service), name="otlp-sweeper"
     )
 
 
 async def shutdown(app: FastAPI) -> None:
     state: AppState = app.state.ratchet
-    state.extras.pop(ASSEMBLER_KEY, None)
-    task = state.extras.pop(SWEEPER_KEY, None)
-    if isinstance(task, asyncio.Task):
+    state.otlp_assembler = None
+    task, state.otlp_sweeper = state.otlp_sweeper, None
+    if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
 
 def _assembler(request: Request) -> EpisodeAssembler:
-    assembler = request.app.state.ratchet.extras.get(ASSEMBLER_KEY)
-    if not isinstance(assembler, EpisodeAssembler):
+    state: AppState = request.app.state.ratchet
+    assembler = state.otlp_assembler
+    if assembler is None:
         raise IngestError(503, "ingest_unavailable", "the OTLP assembler is not running")
     return assembler
 
 
-_OPENAPI: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-            JSON: {
-                "schema": {"type": "object", "description": "OTLP/JSON ExportTraceServiceRequest"}
+def _export_openapi(signal: str, items: str) -> dict[str, Any]:
+    """The OpenAPI of an OTLP export door: a binary or JSON ``Export<signal>ServiceRequest``
+    in, the matching response (with partial success for rejected ``items``) out."""
+    binary_or_json = {
+        PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+        JSON: {"schema": {"type": "object"}},
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                PROTOBUF: binary_or_json[PROTOBUF],
+                JSON: {
+                    "schema": {
+                        "type": "object",
+                        "description": f"OTLP/JSON Export{signal}ServiceRequest",
+                    }
+                },
             },
         },
-    },
-    "responses": {
-        "200": {
-            "description": "ExportTraceServiceResponse, with partial_success when spans were "
-            "rejected",
-            "content": {
-                PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                JSON: {"schema": {"type": "object"}},
-            },
-        }
-    },
-}
+        "responses": {
+            "200": {
+                "description": f"Export{signal}ServiceResponse, with partial_success when "
+                f"{items} were rejected",
+                "content": binary_or_json,
+            }
+        },
+    }
+
+
+_OPENAPI = _export_openapi("Trace", "spans")
+_LOGS_OPENAPI = _export_openapi("Logs", "records")
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "Malformed protobuf, JSON or gzip"},
     401: {"description": "Missing, unknown or expired ingest token"},
@@ -116,29 +125,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     },
     415: {"description": "Neither application/x-protobuf nor application/json"},
     503: {"description": "Postgres down; retry after Retry-After seconds"},
-}
-
-
-_LOGS_OPENAPI: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-            JSON: {
-                "schema": {"type": "object", "description": "OTLP/JSON ExportLogsServiceRequest"}
-            },
-        },
-    },
-    "responses": {
-        "200": {
-            "description": "ExportLogsServiceResponse, with partial_success when records were "
-            "rejected",
-            "content": {
-                PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                JSON: {"schema": {"type": "object"}},
-            },
-        }
-    },
 }
 
 

@@ -32,7 +32,6 @@ from services.ingest.body import read_body
 from services.ingest.errors import IngestError
 from services.ingest.schema import inlined_schema, parse_native
 from services.ingest.service import (
-    EXTRAS_KEY,
     UNKNOWN_LOOP,
     IngestService,
     ItemOutcome,
@@ -54,19 +53,19 @@ async def startup(app: FastAPI) -> None:
         conninfo=conninfo_from_engine(state.engine),
     )
     await service.start()
-    state.extras[EXTRAS_KEY] = service
+    state.ingest = service
 
 
 async def shutdown(app: FastAPI) -> None:
     state: AppState = app.state.ratchet
-    service = state.extras.pop(EXTRAS_KEY, None)
-    if isinstance(service, IngestService):
+    service, state.ingest = state.ingest, None
+    if service is not None:
         await service.stop()
 
 
 def ingest_service(state: AppState) -> IngestService:
-    service = state.extras.get(EXTRAS_KEY)
-    if not isinstance(service, IngestService):
+    service = state.ingest
+    if service is None:
         raise ApiError(503, "ingest_unavailable", "the ingest service is not running")
     return service
 

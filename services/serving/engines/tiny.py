@@ -36,7 +36,7 @@ from services.chat.protocol import ChatMessage, ToolCall
 from services.serving.engine import BatchForward, EngineError
 from services.training.checkpoint import CheckpointError
 from services.training.device import autocast
-from services.training.policy import KVCache, Policy
+from services.training.model import KVCache, TinyModel
 
 FAMILY = "tiny"
 
@@ -49,7 +49,7 @@ class TinyEngine:
 
     family = FAMILY
 
-    def __init__(self, policy: Policy, path: Path) -> None:
+    def __init__(self, policy: TinyModel, path: Path) -> None:
         self.policy = policy
         self.version = policy.checkpoint_id or ""
         self.path = str(path)
@@ -60,7 +60,7 @@ class TinyEngine:
     def load(cls, path: Path, *, device: str = "auto") -> TinyEngine:
         """Load and verify (sha256 of every file against the manifest); CheckpointError if not."""
         try:
-            policy = Policy.load(path, device=device)
+            policy = TinyModel.load(path, device=device)
         except CheckpointError:
             raise
         except (ValueError, RuntimeError, OSError) as exc:

@@ -28,7 +28,7 @@ from services.training.hf.checkpoint import (
     save_hf_checkpoint,
     save_lora_adapter,
 )
-from services.training.hf.policy import HFPolicy
+from services.training.hf.model import HFModel
 from services.training.hf.train import (
     LoRAOptions,
     demonstration_sequences,
@@ -86,7 +86,7 @@ def run_hf_train(
         if isinstance(config, HFGRPOConfig):
             result = train_grpo_hf(model, tokenizer, chat_env, tasks, config, ctx=ctx)
         else:
-            policy = HFPolicy(model, tokenizer, device=ctx.device)
+            policy = HFModel(model, tokenizer, device=ctx.device)
             try:
                 sequences = demonstration_sequences(chat_env, tasks, policy)
             except (NotImplementedError, ValueError) as exc:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from services.environments.base import TaskSpec
 from services.environments.chat import ChatEnvironment, ChatEpisode
-from services.training.hf.policy import HFPolicy
+from services.training.hf.model import HFModel
 from services.training.rng import derive_seed
 
 TokenTurn = tuple[list[int], list[int]]  # (prompt ids, completion ids)
@@ -44,7 +44,7 @@ class ChatRolloutStats:
 def run_chat_episodes(
     env: ChatEnvironment,
     tasks: Sequence[TaskSpec],
-    policy: HFPolicy,
+    policy: HFModel,
     *,
     seed: int,
     max_turns: int,

@@ -45,7 +45,7 @@ from services.training.device import autocast
 from services.training.distributed import DistContext
 from services.training.grpo import group_advantages, policy_loss, task_order
 from services.training.hf.checkpoint import LoadedHF
-from services.training.hf.policy import HFPolicy
+from services.training.hf.model import HFModel
 from services.training.hf.rollout import pack_turns, run_chat_episodes
 from services.training.optim import clip_and_check, cosine_lr, set_lr
 from services.training.rng import derive_seed
@@ -167,7 +167,7 @@ def make_optimizer(params: list[torch.nn.Parameter], *, lr: float, weight_decay:
 
 
 def demonstration_sequences(
-    env: ChatEnvironment, tasks: Sequence[TaskSpec], policy: HFPolicy
+    env: ChatEnvironment, tasks: Sequence[TaskSpec], policy: HFModel
 ) -> Sequences:
     """Token sequences of the solved conversations, assistant turns (and end-of-turn) targets."""
     end_of_turn = policy.end_of_turn_id
@@ -256,7 +256,7 @@ def train_grpo_hf(
     _broadcast(ctx, params)
     optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
     reference = [p.detach().clone() for p in params] if config.kl_coef > 0 else None
-    policy = HFPolicy(model, tokenizer, device=device)
+    policy = HFModel(model, tokenizer, device=device)
     pad_id = int(tokenizer.pad_token_id)
     result = HFTrainResult()
     for step in range(config.steps):
@@ -298,7 +298,7 @@ def train_grpo_hf(
 def _grpo_step(
     step: int,
     model: Any,
-    policy: HFPolicy,
+    policy: HFModel,
     env: ChatEnvironment,
     tasks: Sequence[TaskSpec],
     config: HFGRPOConfig,

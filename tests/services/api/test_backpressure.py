@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from services.api.app import create_app
 from services.api.state import AppState
 from services.db.session import SessionFactory
-from services.ingest.service import EXTRAS_KEY, IngestService
+from services.ingest.service import IngestService
 from tests.conftest import with_database
 from tests.services.api.support import (
     ADMIN,
@@ -127,7 +127,7 @@ def test_a_full_queue_is_503_and_nothing_queued_is_lost(
             waiter.start()
 
             def one_trace_waits() -> None:
-                service = state.extras[EXTRAS_KEY]
+                service = state.ingest
                 assert isinstance(service, IngestService) and service.writer.depth == 1
 
             assert_eventually(one_trace_waits, timeout=30)

@@ -192,7 +192,7 @@ def test_without_an_admin_token_configured_the_admin_api_is_closed(
     database_url: str, app_state: AppState
 ) -> None:
     settings = Settings(database_url=database_url, admin_token=None)
-    state = dataclasses.replace(app_state, settings=settings, extras={})
+    state = dataclasses.replace(app_state, settings=settings, ingest=None)
     with TestClient(create_app(settings, state=state)) as client:
         assert client.get("/v1/loops", headers=ADMIN).status_code in (401, 403)
 

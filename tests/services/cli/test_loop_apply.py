@@ -4,19 +4,14 @@ dry-run diff, history, export, bad files."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import select
 
-from services.api.app import create_app
-from services.api.state import AppState, TemporalConnection
-from services.cli import main
 from services.db.models import Loop, LoopConfigVersion
 from services.db.session import SessionFactory
-from services.settings import Settings, get_settings
-from tests.services.api.support import ADMIN_TOKEN, serve
+from tests.services.cli.support import run
 
 LOOP_FILE = """\
 schema: ratchet.loop/v1
@@ -34,29 +29,6 @@ trigger_policy:
 serving_target:
   kind: none
 """
-
-
-@pytest.fixture
-def api_url(
-    database_url: str,
-    engine: Engine,
-    session_factory: SessionFactory,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[str]:
-    settings = Settings(database_url=database_url, admin_token=ADMIN_TOKEN)
-    state = AppState(settings, engine, session_factory, TemporalConnection(settings))
-    with serve(create_app(settings, state=state)) as url:
-        monkeypatch.setenv("RATCHET_PUBLIC_URL", url)
-        monkeypatch.setenv("RATCHET_ADMIN_TOKEN", ADMIN_TOKEN)
-        get_settings.cache_clear()
-        yield url
-    get_settings.cache_clear()
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_apply_round_trip(

@@ -3,42 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
 
-from services.api.app import create_app
-from services.api.state import AppState, TemporalConnection
 from services.cli import main
 from services.client import sign_and_post_traces
-from services.db.session import SessionFactory
-from services.settings import Settings, get_settings
-from tests.services.api.support import ADMIN_TOKEN, free_port, make_trace, serve
-
-
-@pytest.fixture
-def api_url(
-    database_url: str,
-    engine: Engine,
-    session_factory: SessionFactory,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[str]:
-    settings = Settings(database_url=database_url, admin_token=ADMIN_TOKEN)
-    state = AppState(settings, engine, session_factory, TemporalConnection(settings))
-    with serve(create_app(settings, state=state)) as url:
-        monkeypatch.setenv("RATCHET_PUBLIC_URL", url)
-        monkeypatch.setenv("RATCHET_ADMIN_TOKEN", ADMIN_TOKEN)
-        get_settings.cache_clear()
-        yield url
-    get_settings.cache_clear()
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from services.settings import get_settings
+from tests.services.api.support import free_port, make_trace
+from tests.services.cli.support import run
 
 
 def test_create_list_show_rotate(api_url: str, capsys: pytest.CaptureFixture[str]) -> None:

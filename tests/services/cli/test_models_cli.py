@@ -12,11 +12,11 @@ from sqlalchemy import Engine
 
 from services.api.app import create_app
 from services.api.state import AppState, TemporalConnection
-from services.cli import main
 from services.db.session import SessionFactory
 from services.settings import Settings, get_settings
 from services.training.checkpoint import read_manifest, verify_checkpoint
 from tests.services.api.support import ADMIN_TOKEN, serve
+from tests.services.cli.support import run
 from tests.services.training.hf_support import build_tiny_llama
 
 
@@ -35,12 +35,6 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     get_settings.cache_clear()
     yield tmp_path / "state"
     get_settings.cache_clear()
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_manifest_then_verify(

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
-from services.db.models import Checkpoint, Loop, Promotion, Trace
+from sqlalchemy import select
+
+from services.db.models import Checkpoint, Cycle, Evaluation, Loop, Promotion, Trace
 from services.db.session import SessionFactory
-from services.demo.run import DemoOptions, champion_note, live_before_after
+from services.demo.champion import champion_note
+from services.demo.options import DemoOptions
+from services.demo.report import build_report, format_report, live_before_after
+from tests.services.dashboard.seed import seed_story
 
 T0 = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.UTC)
 
@@ -79,3 +85,66 @@ def test_every_report_says_how_the_toy_champion_was_made() -> None:
     assert "pre-exposed to v2's names: 30%" in champion_note(DemoOptions())
     plain = DemoOptions(sft_hyperparameters={"steps": 10})
     assert "not exposed to v2's names" in champion_note(plain)
+
+
+def test_the_report_reads_the_dashboards_cycles(
+    session_factory: SessionFactory, tmp_path: Path
+) -> None:
+    """Every row comes from the stored cycles, evaluations, runs and promotions."""
+    now = dt.datetime.now(dt.UTC)
+    with session_factory.begin() as session:
+        seed_story(session, now=now, logs_dir=tmp_path, name="demo")
+        promoted = session.scalars(select(Cycle).where(Cycle.outcome == "promoted")).one()
+        eval_row = session.scalars(
+            select(Evaluation).where(Evaluation.cycle_id == promoted.id)
+        ).first()
+        assert eval_row is not None
+        for checkpoint_id, passed in (
+            (promoted.champion_checkpoint_id, 10),
+            (promoted.candidate_checkpoint_id, 30),
+        ):
+            assert checkpoint_id is not None
+            session.add(
+                Evaluation(
+                    loop_id=promoted.loop_id,
+                    cycle_id=promoted.id,
+                    checkpoint_id=checkpoint_id,
+                    dataset_id=eval_row.dataset_id,
+                    run_id=eval_row.run_id,
+                    task_set="heldout",
+                    n=40,
+                    passed=passed,
+                    pass_rate=passed / 40,
+                    ci_low=passed / 40 - 0.1,
+                    ci_high=passed / 40 + 0.1,
+                )
+            )
+    with session_factory() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == "demo")).one()
+        report = build_report(
+            session,
+            loop=loop,
+            live=[(1.0, 0.5, 10, "v1")],
+            drift_at=5.0,
+            drift_wall=None,
+            traces_posted=7,
+            state_dir=str(tmp_path),
+        )
+    first, second = report.cycles
+    assert (first.number, first.outcome, first.decision) == (1, "rolled_back", "promote")
+    assert (second.number, second.outcome, second.trigger) == (2, "promoted", "drift")
+    assert first.reason == "live success fell from 40% to 25%"
+    assert (first.cost_usd, second.cost_usd) == (1.4, 2.1)
+    assert (second.points, second.gate_points, second.live_points) == (58.3, 91.7, 41.0)
+    assert (second.train_tasks, second.eval_tasks) == (20, 12)
+    assert second.champion_pass is not None and round(second.champion_pass[0], 2) == 0.25
+    assert second.heldout_champion_pass == (0.25, 0.15, 0.35)
+    assert second.heldout_candidate_pass == (0.75, 0.65, 0.85)
+    assert first.heldout_candidate_pass is None
+    assert 0 < first.job_s <= first.wall_s and first.train_s > 0
+    assert report.canary_window_s == first.waiting_s + second.waiting_s == 4 * 3600
+    assert report.promotions == 1 and report.traces_posted == 7
+    assert report.heldout_points_gained == 58.3
+    text = format_report(report)
+    assert "held-out pass@1: champion 25% [15,35], candidate 75% [65,85]" in text
+    assert "canary windows: 14400s" in text

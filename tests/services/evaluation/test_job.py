@@ -15,7 +15,7 @@ from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import evaluate
 from services.evaluation.job import eval_job_main
 from services.training.checkpoint import save_checkpoint
-from services.training.policy import GPT, GPTConfig, Policy
+from services.training.model import GPT, GPTConfig, TinyModel
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = GPTConfig(max_seq_len=128, n_layer=1, n_head=2, d_model=16)
@@ -80,7 +80,7 @@ def test_evaluator_passes_a_solving_policy(inputs: tuple[Path, Path]) -> None:
     tasks = env.generate_tasks(5, seed=4, api_version="v2")
     demos = {t.prompt: env.demonstration(t) for t in tasks}
 
-    class Replay(Policy):
+    class Replay(TinyModel):
         def generate(self, prompts, *, max_new_tokens=32, temperature=0.0, seed=0):  # type: ignore[no-untyped-def]
             out = []
             for prompt in prompts:

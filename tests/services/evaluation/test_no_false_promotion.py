@@ -27,14 +27,14 @@ from services.evaluation.results import pass_at_1
 from services.evaluation.stats import compare_paired
 from services.loop.policies import GatePolicy
 from services.training.checkpoint import save_checkpoint
-from services.training.policy import GPT, GPTConfig, Policy
+from services.training.model import GPT, GPTConfig, TinyModel
 
 TINY = GPTConfig(max_seq_len=160, n_layer=1, n_head=2, d_model=16)
 ENV = ToolcalcEnvironment()
 POLICY = GatePolicy(confidence=0.95, regression_tolerance_points=2.0, min_discordant_pairs=5)
 
 
-class SometimesSolves(Policy):
+class SometimesSolves(TinyModel):
     """Replays the demonstration's turn when the turn's ``seed % 3 != 0`` (and, if ``only``
     is set, only for tasks of that API version); otherwise the GPT's own sampled turn."""
 
@@ -80,7 +80,7 @@ def scores(result: EvaluationResult) -> list[float]:
     return [pass_at_1(r.to_dict()) for r in result.results]
 
 
-def run(policy: Policy, tasks: Sequence[TaskSpec], seed: int) -> list[float]:
+def run(policy: TinyModel, tasks: Sequence[TaskSpec], seed: int) -> list[float]:
     result = evaluate(
         policy, ENV, tasks, samples=4, temperature=1.0, seed=seed, max_turns=3, max_new_tokens=8
     )
@@ -103,8 +103,8 @@ def test_a_candidate_identical_to_the_champion_is_never_promoted(checkpoint: Pat
     heldout_tasks += ENV.generate_tasks(6, seed=6, api_version="v2")
     every_task = eval_tasks + regression_tasks + heldout_tasks
     # Two loads of one checkpoint: the same weights, two model objects, as in two eval jobs.
-    champion = SometimesSolves(Policy.load(checkpoint, device="cpu").model, every_task)
-    candidate = SometimesSolves(Policy.load(checkpoint, device="cpu").model, every_task)
+    champion = SometimesSolves(TinyModel.load(checkpoint, device="cpu").model, every_task)
+    candidate = SometimesSolves(TinyModel.load(checkpoint, device="cpu").model, every_task)
     nontrivial = 0
     for seed in range(8):
         eval_champion, eval_candidate = (run(p, eval_tasks, seed) for p in (champion, candidate))

@@ -40,6 +40,27 @@ def test_wilson_closed_form_at_99_percent() -> None:
     assert wilson_interval(15, 50, 0.99) == pytest.approx((centre - half, centre + half), abs=1e-12)
 
 
+def test_a_higher_confidence_widens_the_wilson_interval() -> None:
+    low95, high95 = wilson_interval(30, 60)
+    low99, high99 = wilson_interval(30, 60, confidence=0.99)
+    assert low99 < low95 < 0.5 < high95 < high99
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "confidence", "message"),
+    [
+        (11, 10, 0.95, "k <= n"),
+        (-1, 10, 0.95, "k <= n"),
+        (1, -1, 0.95, "k <= n"),
+        (1, 10, 1.0, "confidence"),
+        (1, 10, 0.0, "confidence"),
+    ],
+)
+def test_wilson_refuses_each_bad_input(k: int, n: int, confidence: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        wilson_interval(k, n, confidence=confidence)
+
+
 def test_wilson_rejects_bad_inputs() -> None:
     assert wilson_interval(0, 0) == (0.0, 1.0)
     with pytest.raises(ValueError, match="k <= n"):

@@ -24,7 +24,7 @@ def build_tokenizer() -> object:
     from transformers import PreTrainedTokenizerFast
 
     from services.environments.toolcalc import ToolcalcEnvironment
-    from services.training.hf.policy import HFPolicy  # noqa: F401 - same import path as prod
+    from services.training.hf.model import HFModel  # noqa: F401 - same import path as prod
 
     env = ToolcalcEnvironment()
     corpus = []

@@ -17,7 +17,7 @@ from services.training.checkpoint import (
     save_checkpoint,
     save_optimizer_state,
 )
-from services.training.policy import GPT, GPTConfig, Policy
+from services.training.model import GPT, GPTConfig, TinyModel
 
 TINY = GPTConfig(max_seq_len=32, n_layer=1, n_head=2, d_model=16)
 
@@ -62,7 +62,7 @@ def test_content_addressed_id(tmp_path: Path) -> None:
 
 def test_policy_load_verifies_and_generates(tmp_path: Path) -> None:
     manifest = save_checkpoint(tiny_model(), TINY, tmp_path / "ckpt")
-    policy = Policy.load(tmp_path / "ckpt", device="cpu")
+    policy = TinyModel.load(tmp_path / "ckpt", device="cpu")
     assert policy.checkpoint_id == manifest.checkpoint_id
     out = policy.generate(["ab", "abc"], max_new_tokens=4, temperature=1.0, seed=1)
     assert len(out) == 2
@@ -79,7 +79,7 @@ def test_tampered_file_is_refused(tmp_path: Path, victim: str) -> None:
     with pytest.raises(CheckpointError, match=f"{victim} .*tampered or corrupt"):
         load_checkpoint(tmp_path / "ckpt")
     with pytest.raises(CheckpointError):
-        Policy.load(tmp_path / "ckpt", device="cpu")
+        TinyModel.load(tmp_path / "ckpt", device="cpu")
 
 
 def test_tampered_manifest_id_and_missing_files(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from services.training.grpo import (
     task_weights,
     train_grpo,
 )
-from services.training.policy import GPT, GPTConfig
+from services.training.model import GPT, GPTConfig
 
 TINY = GPTConfig(max_seq_len=160, n_layer=1, n_head=2, d_model=16)
 

@@ -1,4 +1,4 @@
-"""The reference policy: a small decoder-only GPT over bytes, and batched generation.
+"""The tiny family's model: a small decoder-only GPT over bytes, and batched generation.
 
 The model is nanoGPT's shape, written to be read top to bottom: token embeddings,
 ``n_layer`` pre-norm blocks (causal self-attention, GELU MLP), a final LayerNorm and an
@@ -301,8 +301,9 @@ def generate_ids(
     return [row[:n] for row, n in zip(out_cpu, lengths_cpu, strict=True)]
 
 
-class Policy:
-    """A loaded model that turns transcripts into next turns, for evaluation and serving."""
+class TinyModel:
+    """A loaded tiny-family model that turns transcripts into next turns, for evaluation,
+    GRPO rollouts and serving (the ``hf`` family's counterpart is ``HFModel``)."""
 
     def __init__(
         self,
@@ -318,7 +319,7 @@ class Policy:
         self.checkpoint_id = checkpoint_id
 
     @classmethod
-    def load(cls, checkpoint_dir: Path | str, device: str = "auto") -> Policy:
+    def load(cls, checkpoint_dir: Path | str, device: str = "auto") -> TinyModel:
         """Load and verify a checkpoint directory (sha256 of every file) onto ``device``."""
         loaded = load_checkpoint(checkpoint_dir)
         try:
@@ -327,7 +328,7 @@ class Policy:
             model.load_state_dict(loaded.state_dict)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise CheckpointError(
-                f"checkpoint {checkpoint_dir} does not fit the policy: {exc}"
+                f"checkpoint {checkpoint_dir} does not fit the tiny model: {exc}"
             ) from exc
         return cls(
             model,

@@ -44,7 +44,7 @@ def model_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-class HFPolicy:
+class HFModel:
     """An hf checkpoint ready to roll out chat episodes (evaluation, GRPO, serving)."""
 
     family = "hf"
@@ -69,7 +69,7 @@ class HFPolicy:
     @classmethod
     def load(
         cls, path: Path | str, device: str = "auto", *, base_dir: Path | None = None
-    ) -> HFPolicy:
+    ) -> HFModel:
         """Verify and load an hf checkpoint (full or LoRA on its base) for inference."""
         resolved = resolve_device(device)
         loaded = load_hf_checkpoint(
@@ -78,7 +78,7 @@ class HFPolicy:
         return cls.from_loaded(loaded, resolved)
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedHF, device: torch.device) -> HFPolicy:
+    def from_loaded(cls, loaded: LoadedHF, device: torch.device) -> HFModel:
         """For inference an adapter is folded into (a copy of) its base's weights: the same
         outputs as the unmerged peft model without its per-layer extra matmuls."""
         model = loaded.model

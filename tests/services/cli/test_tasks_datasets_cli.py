@@ -11,7 +11,8 @@ import pytest
 
 from services.artifacts import ArtifactStore
 from services.cli import CliError
-from services.curation.cli import register_datasets, register_tasks
+from services.cli import datasets as datasets_cli
+from services.cli import tasks as tasks_cli
 from services.curation.snapshot import snapshot
 from services.db.session import SessionFactory
 from services.settings import get_settings
@@ -25,8 +26,8 @@ def cli(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[argparse
     get_settings.cache_clear()
     parser = argparse.ArgumentParser(prog="ratchet")
     subparsers = parser.add_subparsers(dest="command")
-    register_tasks(subparsers)
-    register_datasets(subparsers)
+    tasks_cli.register(subparsers)
+    datasets_cli.register(subparsers)
     yield parser
     get_settings.cache_clear()
 

@@ -1,0 +1,109 @@
+"""The demo's first champion: SFT on toolcalc v1 demonstrations, made through the job contract.
+
+The toy champion is pre-exposed to v2's names: ``augment_fraction`` of its SFT
+demonstrations show v2's deprecation window (old names mostly, some new), and v1 accepts
+v2's names as aliases, so GRPO only has to amplify what sampling already finds.
+:func:`champion_note` is what every report says about it. ``--model smollm2`` makes a real
+LM's champion instead (services/demo/smollm2.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from services.demo.jobs import run_job
+from services.demo.options import DemoOptions, Printer
+from services.settings import Settings
+from services.training.jobspec import train_job_document
+
+
+def make_demo_champion(options: DemoOptions, settings: Settings, out: Printer) -> Path:
+    """The checkpoint directory of the champion ``options.model`` asks for."""
+    if options.model == "smollm2":
+        from services.demo import smollm2
+
+        return smollm2.make_champion(
+            options.champion_cache or settings.state_dir, settings.artifacts_dir, out
+        )
+    return make_champion(settings.state_dir, options, out)
+
+
+def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
+    """The first champion: SFT on toolcalc v1 demonstrations.
+
+    Kept in ``champion_cache`` keyed by its settings, so a second demo reuses it (the job is
+    deterministic for the same settings; reuse only saves the minutes it takes).
+    """
+    work = champion_work_dir(
+        options.champion_cache or state_dir,
+        "champion",
+        [options.sft_hyperparameters, options.sft_tasks],
+    )
+    checkpoint = work / "output" / "checkpoint"
+    if (checkpoint / "manifest.json").exists():
+        out(f"[demo] reusing the champion made earlier: {checkpoint}")
+        return checkpoint
+    seconds = sft_on_v1_demonstrations(
+        work,
+        task_count=options.sft_tasks,
+        run_id="demo-champion-sft",
+        hyperparameters=options.sft_hyperparameters,
+        announce="[demo] making the first champion: SFT on {n} toolcalc v1 demonstrations ...",
+        out=out,
+    )
+    out(f"[demo] champion ready in {seconds:.0f}s")
+    return checkpoint
+
+
+def champion_work_dir(cache: Path, prefix: str, made_from: list[Any]) -> Path:
+    """Where a champion made from ``made_from`` (its SFT settings, JSON) is kept: one
+    directory per distinct recipe, so a changed setting never reuses a stale champion."""
+    key = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
+    return cache / f"{prefix}-{key}"
+
+
+def sft_on_v1_demonstrations(
+    work: Path,
+    *,
+    task_count: int,
+    run_id: str,
+    hyperparameters: dict[str, Any],
+    announce: str,
+    out: Printer,
+    base_checkpoint: str | None = None,
+) -> float:
+    """Write ``task_count`` solved toolcalc v1 tasks into ``work``, say ``announce`` (``{n}``:
+    the task count) and run the SFT train job on them there; the seconds it took."""
+    from services.environments import get_environment, write_task_file
+
+    tasks = get_environment("toolcalc").generate_tasks(task_count, seed=1, api_version="v1")
+    work.mkdir(parents=True, exist_ok=True)
+    dataset = work / "sft-v1.jsonl"
+    write_task_file(dataset, tasks)
+    out(announce.format(n=len(tasks)))
+    started = time.monotonic()
+    spec = train_job_document(
+        run_id=run_id,
+        environment="toolcalc",
+        dataset=str(dataset),
+        base_checkpoint=base_checkpoint,
+        profile={"algorithm": "sft", "hyperparameters": hyperparameters},
+    )
+    run_job("train", spec, work, out)
+    return time.monotonic() - started
+
+
+def champion_note(options: DemoOptions) -> str:
+    """What every report using the toy champion must say about it."""
+    share = float(options.sft_hyperparameters.get("augment_fraction", 0.0))
+    if share <= 0:
+        return "champion: SFT on toolcalc v1 demonstrations only (not exposed to v2's names)"
+    return (
+        f"champion pre-exposed to v2's names: {share:.0%} of its SFT demonstrations show v2's "
+        "deprecation window, and v1 accepts v2's names as aliases; the recovery measures "
+        "amplifying a habit the champion has, not learning a drift from nothing"
+    )

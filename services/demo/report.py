@@ -1,0 +1,294 @@
+"""The demo's report: a row per cycle, the live success rate over time, the three numbers.
+
+Every figure is read back from Postgres after the run, through the queries the product
+itself uses: the cycles through the dashboard's cycle query (one query for all cycles, with
+both evaluations, the held-out set and the gate's decision), the jobs' run times through
+one more, and live success through the canary's :func:`live_counts`. Nothing the demo saw
+while it ran is trusted over what was stored.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.dashboard import queries as dashboard
+from services.db.models import Loop, Promotion
+from services.db.queries.cycles import live_counts
+
+# Far more cycles than a demo runs: the report and the watcher read them all.
+ALL_CYCLES = 10_000
+# (seconds since the traffic started, success rate, traces, tool API version)
+LiveSample = tuple[float, float | None, int, str]
+
+
+@dataclass
+class CycleRow:
+    number: int
+    trigger: str
+    train_tasks: int
+    eval_tasks: int
+    train_s: float
+    champion_pass: tuple[float, float, float] | None
+    candidate_pass: tuple[float, float, float] | None
+    decision: str
+    outcome: str
+    reason: str
+    cost_usd: float
+    points: float  # held-out points gained (0 unless the candidate serves now)
+    points_per_dollar: float | None
+    wall_s: float
+    job_s: float
+    waiting_s: float  # the canary window: reported, not counted as overhead
+    gate_points: float | None = None
+    live_points: float | None = None
+    heldout_champion_pass: tuple[float, float, float] | None = None
+    heldout_candidate_pass: tuple[float, float, float] | None = None
+
+
+@dataclass
+class DemoReport:
+    cycles: list[CycleRow]
+    live: list[LiveSample]
+    promotions: int
+    live_success_before: float | None
+    live_success_after: float | None
+    demo_wall_s: float
+    orchestration_overhead_frac: float | None
+    drift_at_s: float | None
+    traces_posted: int
+    state_dir: str
+    heldout_points_gained: float = 0.0
+    gate_points: float | None = None
+    live_points_gained: float | None = None
+    usd_per_heldout_point: float | None = None
+    canary_window_s: float = 0.0
+    champion_note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def demo_cycles(session: Session, *, loop_id: int) -> list[dashboard.CycleRow]:
+    """The loop's cycles, oldest first, as the dashboard's cycles table reads them."""
+    return list(reversed(dashboard.loop_cycles(session, loop_id=loop_id, limit=ALL_CYCLES)))
+
+
+def build_report(
+    session: Session,
+    *,
+    loop: Loop,
+    live: list[LiveSample],
+    drift_at: float | None,
+    drift_wall: dt.datetime | None,
+    traces_posted: int,
+    state_dir: str,
+) -> DemoReport:
+    """The report of the loop's ended cycles, from what Postgres holds."""
+    spans = dashboard.cycle_run_spans(session, loop_id=loop.id)
+    rows = [
+        cycle_row(cycle, spans.get(cycle.number, []))
+        for cycle in demo_cycles(session, loop_id=loop.id)
+        if not cycle.is_open
+    ]
+    # DESIGN's definition: cycle wall time minus job time (the canary window is part of the
+    # overhead, and reported on its own as ``canary_window_s``).
+    overheads = [max(0.0, row.wall_s - row.job_s) / row.wall_s for row in rows if row.wall_s > 0]
+    promotions = session.scalars(
+        select(Promotion).where(
+            Promotion.loop_id == loop.id,
+            Promotion.status == "held",
+            Promotion.cycle_id.is_not(None),  # not the operator's first champion
+        )
+    ).all()
+    measured = live_before_after(session, loop, list(promotions), drift_wall)
+    heldout_points = sum(row.points for row in rows)
+    total_cost = sum(row.cost_usd for row in rows)
+    gate = [row.gate_points for row in rows if row.gate_points is not None]
+    live_points = [row.live_points for row in rows if row.live_points is not None]
+    return DemoReport(
+        cycles=rows,
+        live=live,
+        promotions=len(promotions),
+        live_success_before=measured.before,
+        live_success_after=measured.after,
+        demo_wall_s=0.0,
+        orchestration_overhead_frac=max(overheads) if overheads else None,
+        drift_at_s=drift_at,
+        traces_posted=traces_posted,
+        state_dir=state_dir,
+        heldout_points_gained=heldout_points,
+        gate_points=sum(gate) if gate else None,
+        live_points_gained=sum(live_points) if live_points else None,
+        usd_per_heldout_point=total_cost / heldout_points if heldout_points > 0 else None,
+        canary_window_s=sum(row.waiting_s for row in rows),
+    )
+
+
+def _estimate(summary: dashboard.EvalSummary | None) -> tuple[float, float, float] | None:
+    return summary.stored_estimate if summary is not None else None
+
+
+def cycle_row(cycle: dashboard.CycleRow, spans: list[dashboard.RunSpan]) -> CycleRow:
+    """One ended cycle as the report prints it."""
+    train = next((span for span in spans if span.kind == "train"), None)
+    cost = float(cycle.accounted_cost_usd)
+    points = float(cycle.points_gained or 0)
+    detail = cycle.outcome_detail
+    return CycleRow(
+        number=cycle.number,
+        trigger=cycle.trigger,
+        train_tasks=cycle.train_count or 0,
+        eval_tasks=cycle.eval_count or 0,
+        train_s=train.seconds if train is not None else 0.0,
+        champion_pass=_estimate(cycle.champion),
+        candidate_pass=_estimate(cycle.candidate),
+        decision=cycle.decision or "-",
+        outcome=cycle.outcome or "-",
+        reason=detail.splitlines()[0][:300] if detail else "",
+        cost_usd=cost,
+        points=points,
+        points_per_dollar=points / cost if cost > 0 else None,
+        wall_s=cycle.duration_seconds or 0.0,
+        job_s=job_seconds(spans),
+        waiting_s=cycle.canary_seconds,
+        gate_points=cycle.gate_points,
+        live_points=cycle.live_points,
+        heldout_champion_pass=_estimate(cycle.heldout_champion),
+        heldout_candidate_pass=_estimate(cycle.heldout_candidate),
+    )
+
+
+def job_seconds(spans: list[dashboard.RunSpan]) -> float:
+    """Wall time covered by at least one job (parallel eval jobs count once)."""
+    intervals = sorted(
+        (span.started_at.timestamp(), span.ended_at.timestamp())
+        for span in spans
+        if span.started_at is not None and span.ended_at is not None
+    )
+    total, current_start, current_end = 0.0, None, None
+    for start, end in intervals:
+        if current_end is None or start > current_end:
+            if current_end is not None and current_start is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None and current_start is not None:
+        total += current_end - current_start
+    return total
+
+
+@dataclass(frozen=True)
+class LiveBeforeAfter:
+    """Live success on the drifted API before and after the promotions, from Postgres."""
+
+    before: float | None
+    after: float | None
+
+
+def live_before_after(
+    session: Session, loop: Loop, promotions: list[Promotion], drift_wall: dt.datetime | None
+) -> LiveBeforeAfter:
+    """The canary's query (:func:`live_counts`) over the traces in Postgres.
+
+    Before: traces of a version that was later replaced, from the drift until its
+    replacement was deployed. After: traces of every promoted version since it was deployed.
+    """
+    limit = 1_000_000
+    before_n = before_ok = after_n = after_ok = 0
+    for promotion in promotions:
+        if promotion.deployed_at is None:
+            continue
+        old = live_counts(
+            session=session,
+            loop=loop,
+            model_version=promotion.previous_checkpoint_id,
+            since=drift_wall,
+            until=promotion.deployed_at,
+            limit=limit,
+        )
+        new = live_counts(
+            session=session,
+            loop=loop,
+            model_version=promotion.candidate_checkpoint_id,
+            since=promotion.deployed_at,
+            until=None,
+            limit=limit,
+        )
+        if drift_wall is not None:
+            before_n, before_ok = before_n + old.n, before_ok + old.successes
+        after_n, after_ok = after_n + new.n, after_ok + new.successes
+    return LiveBeforeAfter(
+        before_ok / before_n if before_n else None, after_ok / after_n if after_n else None
+    )
+
+
+def percent(rate: float | None) -> str:
+    return "  n/a" if rate is None else f"{rate * 100:4.0f}%"
+
+
+def format_report(report: DemoReport) -> str:
+    lines = ["", "Cycles", ""]
+    header = (
+        f"{'#':>2}  {'trigger':<13} {'tasks':>9}  {'train':>6}  {'champion':>17}  "
+        f"{'candidate':>17}  {'decision':<8} {'outcome':<11} {'cost':>8}  {'held-out':>8}  "
+        f"{'gate':>6}  {'live':>6}  {'pts/$':>8}"
+    )
+    lines += [header, "-" * len(header)]
+    for row in report.cycles:
+        lines.append(
+            f"{row.number:>2}  {row.trigger:<13} {row.train_tasks:>4}/{row.eval_tasks:<4}  "
+            f"{row.train_s:>5.0f}s  {_interval(row.champion_pass):>17}  "
+            f"{_interval(row.candidate_pass):>17}  {row.decision:<8} {row.outcome:<11} "
+            f"${row.cost_usd:>7.4f}  {row.points:>+8.1f}  {_signed(row.gate_points):>6}  "
+            f"{_signed(row.live_points):>6}  "
+            f"{(f'{row.points_per_dollar:,.0f}' if row.points_per_dollar else '-'):>8}"
+        )
+        if row.heldout_champion_pass or row.heldout_candidate_pass:
+            lines.append(
+                f"    held-out pass@1: champion {_interval(row.heldout_champion_pass)}, "
+                f"candidate {_interval(row.heldout_candidate_pass)}"
+            )
+        if row.reason:
+            lines.append(f"    {row.reason}")
+    lines += [
+        "",
+        "champion, eval and candidate columns: pass@1 on the eval set (new failures); held-out:",
+        "points gained on the frozen held-out set (the $ per point); gate: the eval-set delta",
+        "the gate decided on; live: the canary's delta on traces in Postgres.",
+    ]
+    if report.champion_note:
+        lines += [f"NOTE: {report.champion_note}"]
+    lines += ["", "Live success rate (20 s window, traces in Postgres)", ""]
+    for at, rate, n, version in report.live:
+        bar = "#" * round((rate or 0) * 40)
+        lines.append(f"  t={at:5.0f}s {version}  {percent(rate)} of {n:3d}  {bar}")
+    lines += [
+        "",
+        f"promotions: {report.promotions}   live success after drift: "
+        f"{percent(report.live_success_before)} -> {percent(report.live_success_after)}   "
+        f"traces posted: {report.traces_posted}   wall: {report.demo_wall_s:.0f}s",
+        f"held-out points gained: {report.heldout_points_gained:+.1f}   $ per held-out point: "
+        f"{_usd(report.usd_per_heldout_point)}   canary windows: {report.canary_window_s:.0f}s",
+    ]
+    return "\n".join(lines)
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}"
+
+
+def _usd(value: float | None) -> str:
+    return "n/a" if value is None else f"${value:.4f}"
+
+
+def _interval(value: tuple[float, float, float] | None) -> str:
+    if value is None:
+        return "-"
+    rate, low, high = value
+    return f"{rate * 100:.0f}% [{low * 100:.0f},{high * 100:.0f}]"

@@ -49,32 +49,32 @@ class TinyEngine:
 
     family = FAMILY
 
-    def __init__(self, policy: TinyModel, path: Path) -> None:
-        self.policy = policy
-        self.version = policy.checkpoint_id or ""
+    def __init__(self, tiny_model: TinyModel, path: Path) -> None:
+        self.tiny_model = tiny_model
+        self.version = tiny_model.checkpoint_id or ""
         self.path = str(path)
-        self.device = policy.device
-        self.eos_ids = frozenset({policy.tokenizer.stop_id})
+        self.device = tiny_model.device
+        self.eos_ids = frozenset({tiny_model.tokenizer.stop_id})
 
     @classmethod
     def load(cls, path: Path, *, device: str = "auto") -> TinyEngine:
         """Load and verify (sha256 of every file against the manifest); CheckpointError if not."""
         try:
-            policy = TinyModel.load(path, device=device)
+            tiny_model = TinyModel.load(path, device=device)
         except CheckpointError:
             raise
         except (ValueError, RuntimeError, OSError) as exc:
             raise CheckpointError(f"cannot load {path}: {exc}") from exc
-        return cls(policy, path)
+        return cls(tiny_model, path)
 
     def context_length(self) -> int:
-        return self.policy.model.config.max_seq_len
+        return self.tiny_model.model.config.max_seq_len
 
     def adapters(self) -> frozenset[str]:
         return frozenset()
 
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[int]:
-        return self.policy.tokenizer.encode(render_transcript(messages, tools))
+        return self.tiny_model.tokenizer.encode(render_transcript(messages, tools))
 
     def decode_text(self, ids: Sequence[int]) -> str:
         # Bytes that are not UTF-8 cannot travel in JSON: they become U+FFFD on the wire.
@@ -86,7 +86,7 @@ class TinyEngine:
     def forward(self, adapters: Sequence[str | None]) -> BatchForward:
         if any(adapter is not None for adapter in adapters):
             raise EngineError("the tiny family has no adapters")
-        model, device = self.policy.model, self.device
+        model, device = self.tiny_model.model, self.device
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         state: dict[str, Any] = {}
 

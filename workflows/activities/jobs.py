@@ -433,7 +433,7 @@ class JobActivities:
 
     def _install_checkpoint(self, input: RegisterCheckpointInput) -> InstalledCheckpoint:
         """Verify the job's checkpoint and copy it into the store; both steps re-hash."""
-        from services.training.checkpoint import CheckpointError
+        from services.training.checkpoint_manifest import CheckpointError
 
         try:
             installed = install_checkpoint(uri_to_path(input.checkpoint_dir_uri), self._artifacts)

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from services.environments.base import TaskFileError, read_task_file
 from services.environments.registry import get_environment
 from services.evaluation.evaluator import evaluate
 from services.evaluation.results import RESULTS_FILE
@@ -32,6 +31,7 @@ from services.training.device import DeviceError
 from services.training.jobspec import (
     JobError,
     JobSpec,
+    read_job_dataset,
     run_job_main,
     write_json,
 )
@@ -88,16 +88,7 @@ def _run(spec: JobSpec) -> int:
         raise JobError("no checkpoint: set 'checkpoint' in the spec or RATCHET_BASE_CHECKPOINT")
     if not spec.checkpoint.is_dir():
         raise JobError(f"checkpoint {spec.checkpoint} does not exist")
-    if spec.dataset is None:
-        raise JobError("no dataset: set 'dataset' in the spec or RATCHET_DATASET")
-    if not spec.dataset.is_file():
-        raise JobError(f"dataset {spec.dataset} does not exist")
-    try:
-        tasks = read_task_file(spec.dataset)
-    except TaskFileError as exc:
-        raise JobError(f"invalid dataset: {exc}") from None
-    if not tasks:
-        raise JobError(f"dataset {spec.dataset} has no tasks")
+    tasks = read_job_dataset(spec)
     threads = options.pop("threads", None)
     if threads:
         torch.set_num_threads(threads)

@@ -28,7 +28,7 @@ import hashlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic_core
 from google.protobuf import json_format
@@ -97,18 +97,6 @@ def _decode_protobuf(body: bytes, message: Message, what: str) -> None:
         ) from None
 
 
-def decode_protobuf(body: bytes) -> ExportTraceServiceRequest:
-    request = ExportTraceServiceRequest()
-    _decode_protobuf(body, request, "ExportTraceServiceRequest")
-    return request
-
-
-def decode_logs_protobuf(body: bytes) -> ExportLogsServiceRequest:
-    request = ExportLogsServiceRequest()
-    _decode_protobuf(body, request, "ExportLogsServiceRequest")
-    return request
-
-
 def _hex_to_b64(value: Any, where: str) -> Any:
     if not isinstance(value, str) or not value:
         return value
@@ -162,15 +150,14 @@ def _decode_json_message(body: bytes, message: Message, what: str) -> None:
         ) from None
 
 
-def decode_json_request(body: bytes) -> ExportTraceServiceRequest:
-    request = ExportTraceServiceRequest()
-    _decode_json_message(body, request, "ExportTraceServiceRequest")
-    return request
+_Export = TypeVar("_Export", ExportTraceServiceRequest, ExportLogsServiceRequest)
 
 
-def decode_logs_json_request(body: bytes) -> ExportLogsServiceRequest:
-    request = ExportLogsServiceRequest()
-    _decode_json_message(body, request, "ExportLogsServiceRequest")
+def decode_export(body: bytes, message_type: type[_Export], *, protobuf: bool) -> _Export:
+    """An OTLP export request from a protobuf or OTLP/JSON body; refusals name the message."""
+    request = message_type()
+    decode = _decode_protobuf if protobuf else _decode_json_message
+    decode(body, request, message_type.DESCRIPTOR.name)
     return request
 
 

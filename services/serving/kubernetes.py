@@ -25,7 +25,6 @@ chart's Role grants those (tests/helm/test_rbac.py checks it against what this c
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from services.artifacts import uri_to_path
 from services.executors.base import ExecutorError
-from services.executors.kubernetes.api import api_reason, watch_object
+from services.executors.kubernetes.api import api_reason, response_json, watch_object
 from services.metrics import SERVING_SWAP_DURATION
 from services.serving.base import (
     CheckpointRef,
@@ -226,7 +225,7 @@ class KubernetesServingTarget:
             raise self._error(exc, "patch") from exc
         except Exception as exc:
             raise ServingUnavailable(f"cannot reach the Kubernetes API: {exc}") from exc
-        return _json(patched)
+        return response_json(patched)
 
     def _target_container(self, containers: list[dict[str, Any]]) -> dict[str, Any]:
         if self._container is None:
@@ -311,7 +310,7 @@ class KubernetesServingTarget:
             raise self._error(exc, "read") from exc
         except Exception as exc:
             raise ServingUnavailable(f"cannot reach the Kubernetes API: {exc}") from exc
-        return _json(response)
+        return response_json(response)
 
     def _error(self, exc: ApiException, action: str) -> Exception:
         message = (
@@ -346,11 +345,3 @@ def rollout_state(deployment: dict[str, Any] | None) -> str:
     if int(status.get("availableReplicas") or 0) < updated:
         return "progressing"
     return "complete"
-
-
-def _json(response: Any) -> dict[str, Any]:
-    try:
-        data = json.loads(response.data)
-    finally:
-        response.release_conn()
-    return data if isinstance(data, dict) else {}

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from services.training.device import resolve_device
+from services.training.device import DeviceError, resolve_device
+from services.training.jobspec import JobError, job_environment
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,20 @@ def init_distributed(
             backend=backend, init_method="env://", world_size=world_size, rank=rank
         )
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def init_job_distributed(device_name: str) -> DistContext:
+    """:func:`init_distributed` with a job's torchrun ranks; a device it lacks is a JobError."""
+    job_env = job_environment()
+    try:
+        return init_distributed(
+            device_name,
+            world_size=job_env.world_size,
+            rank=job_env.rank,
+            local_rank=job_env.local_rank,
+        )
+    except DeviceError as exc:
+        raise JobError(str(exc)) from None
 
 
 def shutdown_distributed() -> None:

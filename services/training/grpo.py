@@ -58,7 +58,7 @@ from services.training.config import GRPOConfig
 from services.training.device import autocast
 from services.training.distributed import DistContext
 from services.training.model import GPT, TinyModel, token_logprobs
-from services.training.optim import clip_and_check, cosine_lr, make_optimizer, set_lr
+from services.training.optim import clip_and_check, make_optimizer, schedule_lr
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
 from services.training.rng import derive_seed
 from services.training.rollout import collate, episode_tokens, run_episodes
@@ -172,6 +172,20 @@ def task_weights(tasks: Sequence[TaskSpec]) -> list[float] | None:
     return None if len(set(weights)) <= 1 else weights
 
 
+def log_grpo_step(log: logging.Logger, step: int, steps: int, stats: dict[str, float]) -> None:
+    """One progress line per logged step, the same for every model family (on its logger)."""
+    log.info(
+        "grpo step %d/%d reward %.3f pass %.3f kept %d/%d groups loss %.4f",
+        step + 1,
+        steps,
+        stats["reward_mean"],
+        stats["pass_rate"],
+        int(stats["groups_kept"]),
+        int(stats["groups"]),
+        stats["loss"],
+    )
+
+
 def task_order(
     step: int, batch: int, n_tasks: int, seed: int, weights: Sequence[float] | None = None
 ) -> list[int]:
@@ -258,16 +272,7 @@ def train_grpo(
         counters.history.append(stats)
         counters.steps_done = step + 1
         if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
-            logger.info(
-                "grpo step %d/%d reward %.3f pass %.3f kept %d/%d groups loss %.4f",
-                step + 1,
-                config.steps,
-                stats["reward_mean"],
-                stats["pass_rate"],
-                int(stats["groups_kept"]),
-                int(stats["groups"]),
-                stats["loss"],
-            )
+            log_grpo_step(logger, step, config.steps, stats)
         if (
             state_dir is not None
             and config.checkpoint_every
@@ -359,16 +364,7 @@ def _grpo_step(
 
     # 3. Policy update(s) on the kept episodes (+ the optional SFT term).
     loss_value, clip_fraction, kl_value, trained = 0.0, 0.0, 0.0, 0
-    set_lr(
-        optimizer,
-        cosine_lr(
-            step,
-            total=config.steps,
-            base=config.lr,
-            warmup=config.warmup,
-            min_ratio=config.min_lr_ratio,
-        ),
-    )
+    schedule_lr(optimizer, step, config)
     if tokens > 0 or demo_tokens > 0:
         old = (
             _frozen_logprobs(model, sequences, config.micro_batch, device)

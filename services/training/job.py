@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from services.environments.base import Environment, TaskFileError, TaskSpec, read_task_file
+from services.environments.base import Environment, TaskSpec
 from services.environments.registry import get_environment
 from services.training.checkpoint import (
     CheckpointError,
@@ -35,15 +35,18 @@ from services.training.checkpoint import (
     verify_checkpoint,
 )
 from services.training.config import TrainerConfig
-from services.training.device import DeviceError
-from services.training.distributed import DistContext, init_distributed, shutdown_distributed
+from services.training.distributed import (
+    DistContext,
+    init_job_distributed,
+    shutdown_distributed,
+)
 from services.training.grpo import GRPOConfig, train_grpo
 from services.training.jobspec import (
     EXIT_FAILED,
     JobError,
     JobSpec,
-    job_environment,
     job_hyperparameters,
+    read_job_dataset,
     run_job_main,
     write_json,
 )
@@ -81,16 +84,7 @@ def _run(spec: JobSpec) -> int:
     if family == "hf":
         return _run_hf(spec, algorithm, env, tasks, hyper.config, checkpoint_dir, metrics_path)
     model, parent = _initial_model(spec, algorithm, hyper.options.model)
-    job_env = job_environment()
-    try:
-        ctx = init_distributed(
-            spec.device,
-            world_size=job_env.world_size,
-            rank=job_env.rank,
-            local_rank=job_env.local_rank,
-        )
-    except DeviceError as exc:
-        raise JobError(str(exc)) from None
+    ctx = init_job_distributed(spec.device)
     started = time.monotonic()
     try:
         config = hyper.config
@@ -185,16 +179,7 @@ def _environment(name: str) -> Environment:
 
 
 def _dataset(spec: JobSpec) -> list[TaskSpec]:
-    if spec.dataset is None:
-        raise JobError("no dataset: set 'dataset' in the spec or RATCHET_DATASET")
-    if not spec.dataset.is_file():
-        raise JobError(f"dataset {spec.dataset} does not exist")
-    try:
-        tasks = read_task_file(spec.dataset)
-    except TaskFileError as exc:
-        raise JobError(f"invalid dataset: {exc}") from None
-    if not tasks:
-        raise JobError(f"dataset {spec.dataset} has no tasks")
+    tasks = read_job_dataset(spec)
     foreign = {t.environment for t in tasks} - {spec.environment}
     if foreign:
         raise JobError(

@@ -11,7 +11,8 @@ This module (with the job modules) is the only place the job reads its environme
 :func:`job_environment`; everything else receives plain values. It is also the one place a
 spec is written (:func:`train_job_document`, :func:`eval_job_document`), so the workflows,
 the demo and the job that reads the spec agree on its keys; it imports the standard library
-only, for the worker and the api as much as for the job image.
+only (with the torch-free task file reader), for the worker and the api as much as for the
+job image.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.environments.base import TaskFileError, TaskSpec, read_task_file
 from services.training.config import HyperparameterError, Hyperparameters, parse_hyperparameters
 
 JOB_SCHEMA = "ratchet.job/v1"
@@ -49,6 +51,24 @@ class JobError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.exit_code = exit_code
+
+
+def read_job_dataset(spec: JobSpec) -> list[TaskSpec]:
+    """The spec's task file, read; a missing, unreadable or empty one is a :class:`JobError`.
+
+    Train and eval jobs refuse a bad dataset with the same words, before any model loads.
+    """
+    if spec.dataset is None:
+        raise JobError("no dataset: set 'dataset' in the spec or RATCHET_DATASET")
+    if not spec.dataset.is_file():
+        raise JobError(f"dataset {spec.dataset} does not exist")
+    try:
+        tasks = read_task_file(spec.dataset)
+    except TaskFileError as exc:
+        raise JobError(f"invalid dataset: {exc}") from None
+    if not tasks:
+        raise JobError(f"dataset {spec.dataset} has no tasks")
+    return tasks
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 
@@ -49,3 +50,29 @@ def clip_and_check(model: torch.nn.Module, *, max_norm: float, step: int, lr: fl
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+class ScheduledConfig(Protocol):
+    """The fields of a trainer config that set its learning-rate schedule."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def min_lr_ratio(self) -> float: ...
+
+
+def schedule_lr(optimizer: torch.optim.Optimizer, step: int, config: ScheduledConfig) -> float:
+    """Set ``step``'s learning rate from ``config``'s schedule; returns it for the clip check."""
+    lr = cosine_lr(
+        step,
+        total=config.steps,
+        base=config.lr,
+        warmup=config.warmup,
+        min_ratio=config.min_lr_ratio,
+    )
+    set_lr(optimizer, lr)
+    return lr

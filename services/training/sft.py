@@ -22,7 +22,7 @@ from services.training.config import SFTConfig
 from services.training.device import autocast
 from services.training.distributed import DistContext, init_distributed
 from services.training.model import GPT, GPTConfig, token_logprobs
-from services.training.optim import clip_and_check, cosine_lr, make_optimizer, set_lr
+from services.training.optim import clip_and_check, make_optimizer, schedule_lr
 from services.training.rng import derive_seed
 from services.training.rollout import collate, episode_tokens
 from services.training.tokenizer import ByteTokenizer
@@ -62,6 +62,21 @@ def sft_loss(model: GPT, ids: torch.Tensor, mask: torch.Tensor, normalizer: floa
     return -(logp * mask).sum() / normalizer
 
 
+def sft_batch(
+    sequences: Sequences, step: int, *, seed: int, batch_size: int, ctx: DistContext
+) -> tuple[float, Sequences]:
+    """Step ``step``'s draw of demonstrations: its target-token count and this rank's share.
+
+    Every rank draws the same batch (seeded by step, not rank), so the count normalizes the
+    loss over the whole batch and the shards add up to it; the tiny and hf trainers share it.
+    """
+    generator = torch.Generator().manual_seed(derive_seed(seed, step))
+    batch = torch.randint(len(sequences), (batch_size,), generator=generator).tolist()
+    targets = float(sum(sum(sequences[i][1][1:]) for i in batch))
+    local = [sequences[batch[j]] for j in ctx.shard(len(batch))]
+    return targets, local
+
+
 def train_sft(
     model: GPT,
     sequences: Sequences,
@@ -80,20 +95,10 @@ def train_sft(
     tokens = 0
     loss_value = float("nan")
     for step in range(config.steps):
-        generator = torch.Generator().manual_seed(derive_seed(config.seed, step))
-        batch = torch.randint(len(sequences), (config.batch_size,), generator=generator).tolist()
-        normalizer = float(sum(sum(sequences[i][1][1:]) for i in batch))
-        local = [sequences[batch[j]] for j in ctx.shard(len(batch))]
-        set_lr(
-            optimizer,
-            cosine_lr(
-                step,
-                total=config.steps,
-                base=config.lr,
-                warmup=config.warmup,
-                min_ratio=config.min_lr_ratio,
-            ),
+        normalizer, local = sft_batch(
+            sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
         )
+        schedule_lr(optimizer, step, config)
         optimizer.zero_grad(set_to_none=True)
         local_loss = 0.0
         if local:

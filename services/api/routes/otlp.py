@@ -19,6 +19,8 @@ import contextlib
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from services.api.deps import bearer_token
 from services.api.routes.traces import (
@@ -32,10 +34,7 @@ from services.ingest.errors import IngestError
 from services.ingest.otlp import (
     DecodedExport,
     Limits,
-    decode_json_request,
-    decode_logs_json_request,
-    decode_logs_protobuf,
-    decode_protobuf,
+    decode_export,
     encode_logs_response,
     encode_response,
     read_logs,
@@ -173,11 +172,10 @@ async def _export(request: Request, service: IngestService, *, logs: bool) -> Re
 
 
 def _decode(body: bytes, kind: str, limits: Limits, *, logs: bool) -> DecodedExport:
+    protobuf = kind == PROTOBUF
     if logs:
-        request = decode_logs_protobuf(body) if kind == PROTOBUF else decode_logs_json_request(body)
-        return read_logs(request, limits)
-    export = decode_protobuf(body) if kind == PROTOBUF else decode_json_request(body)
-    return read_spans(export, limits)
+        return read_logs(decode_export(body, ExportLogsServiceRequest, protobuf=protobuf), limits)
+    return read_spans(decode_export(body, ExportTraceServiceRequest, protobuf=protobuf), limits)
 
 
 @router.post(

@@ -52,6 +52,15 @@ def api_client_from_settings(settings: Settings) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def response_json(response: Any) -> dict[str, Any]:
+    """A raw (``_preload_content=False``) response's JSON object; its connection goes back."""
+    try:
+        data = json.loads(response.data)
+    finally:
+        response.release_conn()
+    return data if isinstance(data, dict) else {}
+
+
 def api_reason(exc: ApiException) -> str:
     """The API server's message for a failed call (its Status body), or the HTTP reason."""
     try:

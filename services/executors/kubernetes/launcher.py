@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 import threading
 import time
@@ -40,7 +39,7 @@ from services.executors.base import (
     tail,
     write_spec_file,
 )
-from services.executors.kubernetes.api import api_reason, classify, watch_object
+from services.executors.kubernetes.api import api_reason, classify, response_json, watch_object
 from services.executors.kubernetes.builder import (
     ANNOTATION_CANCEL,
     ANNOTATION_RUN_ID,
@@ -154,7 +153,7 @@ class KubernetesExecutor:
             )
         except _Allowed:
             return self._from_job(handle, None)
-        return self._from_job(handle, _json(job))
+        return self._from_job(handle, response_json(job))
 
     def wait(self, handle: Handle, timeout_s: float) -> JobStatus:
         """Watch the Job until its state changes (or it ends) or ``timeout_s`` passes."""
@@ -343,7 +342,7 @@ class KubernetesExecutor:
                 handle["namespace"], label_selector=selector, _preload_content=False
             ),
         )
-        items = _json(response).get("items") or []
+        items = response_json(response).get("items") or []
         # The selector again, client-side: a proxy or an old server may not apply it.
         return [
             pod
@@ -370,14 +369,6 @@ class _Allowed(Exception):
     def __init__(self, status: int | None) -> None:
         super().__init__(status)
         self.status = status
-
-
-def _json(response: Any) -> dict[str, Any]:
-    try:
-        data = json.loads(response.data)
-    finally:
-        response.release_conn()
-    return data if isinstance(data, dict) else {}
 
 
 def _timestamp(value: Any) -> float | None:

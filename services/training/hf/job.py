@@ -21,8 +21,7 @@ from services.environments.base import Environment, TaskSpec
 from services.environments.chat import as_chat_environment
 from services.training.checkpoint import CheckpointError
 from services.training.config import HFGRPOConfig, HFSFTConfig, TrainerConfig
-from services.training.device import DeviceError
-from services.training.distributed import DistContext, init_distributed
+from services.training.distributed import DistContext, init_job_distributed
 from services.training.hf.checkpoint import (
     load_hf_checkpoint,
     save_hf_checkpoint,
@@ -36,7 +35,7 @@ from services.training.hf.train import (
     train_grpo_hf,
     train_sft_hf,
 )
-from services.training.jobspec import EXIT_FAILED, JobError, JobSpec, job_environment
+from services.training.jobspec import EXIT_FAILED, JobError, JobSpec
 from services.training.optim import TrainingDiverged
 
 logger = logging.getLogger("services.training.hf.job")
@@ -61,16 +60,7 @@ def run_hf_train(
         raise JobError(f"spec 'family' is {declared!r} but the base checkpoint is an hf model")
     if not isinstance(config, HFGRPOConfig | HFSFTConfig):
         raise JobError(f"{type(config).__name__} is not an hf trainer's config")
-    job_env = job_environment()
-    try:
-        ctx = init_distributed(
-            spec.device,
-            world_size=job_env.world_size,
-            rank=job_env.rank,
-            local_rank=job_env.local_rank,
-        )
-    except DeviceError as exc:
-        raise JobError(str(exc)) from None
+    ctx = init_job_distributed(spec.device)
     torch.manual_seed(spec.seed)
     loaded = _load_base(spec, ctx, config)
     try:

@@ -43,12 +43,13 @@ from services.environments.chat import ChatEnvironment
 from services.training.config import HFGRPOConfig, HFSFTConfig, LoRAOptions
 from services.training.device import autocast
 from services.training.distributed import DistContext
-from services.training.grpo import group_advantages, policy_loss, task_order
+from services.training.grpo import group_advantages, log_grpo_step, policy_loss, task_order
 from services.training.hf.checkpoint import LoadedHF
 from services.training.hf.model import HFModel
 from services.training.hf.rollout import pack_turns, run_chat_episodes
-from services.training.optim import clip_and_check, cosine_lr, set_lr
+from services.training.optim import clip_and_check, schedule_lr
 from services.training.rng import derive_seed
+from services.training.sft import sft_batch
 
 logger = logging.getLogger(__name__)
 
@@ -202,18 +203,11 @@ def train_sft_hf(
     result = HFTrainResult()
     started = time.monotonic()
     for step in range(config.steps):
-        generator = torch.Generator().manual_seed(derive_seed(config.seed, step))
-        batch = torch.randint(len(sequences), (config.batch_size,), generator=generator).tolist()
-        normalizer = max(1.0, float(sum(sum(sequences[i][1][1:]) for i in batch)))
-        local = [sequences[batch[j]] for j in ctx.shard(len(batch))]
-        lr = cosine_lr(
-            step,
-            total=config.steps,
-            base=config.lr,
-            warmup=config.warmup,
-            min_ratio=config.min_lr_ratio,
+        targets, local = sft_batch(
+            sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
         )
-        set_lr(optimizer, lr)
+        normalizer = max(1.0, targets)
+        lr = schedule_lr(optimizer, step, config)
         optimizer.zero_grad(set_to_none=True)
         local_loss = 0.0
         for begin in range(0, len(local), config.micro_batch):
@@ -277,16 +271,7 @@ def train_grpo_hf(
         result.history.append(stats)
         result.steps = step + 1
         if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
-            logger.info(
-                "grpo step %d/%d reward %.3f pass %.3f kept %d/%d groups loss %.4f",
-                step + 1,
-                config.steps,
-                stats["reward_mean"],
-                stats["pass_rate"],
-                int(stats["groups_kept"]),
-                int(stats["groups"]),
-                stats["loss"],
-            )
+            log_grpo_step(logger, step, config.steps, stats)
     totals = ctx.all_reduce_sum(
         [float(result.train_tokens), float(result.rollout_tokens), float(result.episodes)]
     )
@@ -388,14 +373,7 @@ def _grpo_step(
         kl_value += info["kl"] * len(chunk)
         result.train_tokens += int(attention.sum())
     _all_reduce_grads(ctx, params)
-    lr = cosine_lr(
-        step,
-        total=config.steps,
-        base=config.lr,
-        warmup=config.warmup,
-        min_ratio=config.min_lr_ratio,
-    )
-    set_lr(optimizer, lr)
+    lr = schedule_lr(optimizer, step, config)
     if global_tokens > 0:
         clip_and_check(_ParamView(params), max_norm=config.grad_clip, step=step, lr=lr)
         optimizer.step()

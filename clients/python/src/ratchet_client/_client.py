@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -116,13 +116,35 @@ class _Options:
     def wait(self, response: httpx.Response | None, attempt: int) -> float:
         return min(retry_after_seconds(response, attempt, self.backoff_s), self.max_retry_after_s)
 
+    def answer(
+        self,
+        response: httpx.Response | None,
+        failure: httpx.TransportError | None,
+        attempt: int,
+    ) -> dict[str, Any] | None:
+        """The api's answer to an attempt, or None to retry; raises once retrying cannot help.
 
-class TraceClient:
-    """Posts signed traces to one loop's webhook. Use as a context manager (flushes on exit).
+        Shared by the sync and async clients so that both give up on the same answers.
+        """
+        if response is None:
+            if attempt >= self.max_retries:
+                raise RatchetUnreachable(f"cannot reach {self.url}: {failure}") from failure
+            return None
+        if response.is_success:
+            answer: dict[str, Any] = response.json()
+            return answer
+        if response.status_code not in RETRYABLE_STATUS or attempt >= self.max_retries:
+            raise _error(response)
+        return None
 
-    ``post`` sends now (one request per ``batch_size`` traces); ``add`` buffers and sends
-    whenever ``batch_size`` traces are waiting, and ``flush`` sends the rest.
-    """
+
+_HTTP = TypeVar("_HTTP", httpx.Client, httpx.AsyncClient)
+
+
+class _BufferedClient(Generic[_HTTP]):
+    """The options, http client and buffer that the sync and async clients hold alike."""
+
+    _http_class: type[_HTTP]
 
     def __init__(
         self,
@@ -135,14 +157,32 @@ class TraceClient:
         backoff_s: float = 0.5,
         max_retry_after_s: float = 60.0,
         timeout_s: float = 30.0,
-        http: httpx.Client | None = None,
+        http: _HTTP | None = None,
     ) -> None:
         self._options = _Options.build(
             base_url, loop, signing_secret, batch_size, max_retries, backoff_s, max_retry_after_s
         )
         self._owned = http is None
-        self._http = http or httpx.Client(timeout=timeout_s)
+        self._http: _HTTP = http or self._http_class(timeout=timeout_s)
         self._buffer: list[Mapping[str, Any]] = []
+
+    def _buffer_is_full(self, trace: Mapping[str, Any]) -> bool:
+        self._buffer.append(trace)
+        return len(self._buffer) >= self._options.batch_size
+
+    def _take_buffer(self) -> list[Mapping[str, Any]]:
+        pending, self._buffer = self._buffer, []
+        return pending
+
+
+class TraceClient(_BufferedClient[httpx.Client]):
+    """Posts signed traces to one loop's webhook. Use as a context manager (flushes on exit).
+
+    ``post`` sends now (one request per ``batch_size`` traces); ``add`` buffers and sends
+    whenever ``batch_size`` traces are waiting, and ``flush`` sends the rest.
+    """
+
+    _http_class = httpx.Client
 
     def __enter__(self) -> TraceClient:
         return self
@@ -167,14 +207,11 @@ class TraceClient:
 
     def add(self, trace: Mapping[str, Any]) -> IngestResult | None:
         """Buffer one trace; sends the buffer (and returns its result) once it is full."""
-        self._buffer.append(trace)
-        if len(self._buffer) >= self._options.batch_size:
-            return self.flush()
-        return None
+        return self.flush() if self._buffer_is_full(trace) else None
 
     def flush(self) -> IngestResult:
         """Send whatever is buffered (nothing to send: an empty result)."""
-        pending, self._buffer = self._buffer, []
+        pending = self._take_buffer()
         return self.post(pending) if pending else IngestResult()
 
     def _send(self, body: bytes) -> dict[str, Any]:
@@ -182,47 +219,23 @@ class TraceClient:
         attempt = 0
         while True:
             response: httpx.Response | None = None
+            failure: httpx.TransportError | None = None
+            headers = signed_headers(self._options.secret, body, msg_id=msg_id)
             try:
-                headers = signed_headers(self._options.secret, body, msg_id=msg_id)
                 response = self._http.post(self._options.url, content=body, headers=headers)
             except httpx.TransportError as exc:
-                if attempt >= self._options.max_retries:
-                    raise RatchetUnreachable(f"cannot reach {self._options.url}: {exc}") from exc
-            else:
-                if response.is_success:
-                    answer: dict[str, Any] = response.json()
-                    return answer
-                if (
-                    response.status_code not in RETRYABLE_STATUS
-                    or attempt >= self._options.max_retries
-                ):
-                    raise _error(response)
+                failure = exc
+            answer = self._options.answer(response, failure, attempt)
+            if answer is not None:
+                return answer
             time.sleep(self._options.wait(response, attempt))
             attempt += 1
 
 
-class AsyncTraceClient:
+class AsyncTraceClient(_BufferedClient[httpx.AsyncClient]):
     """:class:`TraceClient` for asyncio code (same batching, retries and results)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        loop: str,
-        signing_secret: str,
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        max_retries: int = 5,
-        backoff_s: float = 0.5,
-        max_retry_after_s: float = 60.0,
-        timeout_s: float = 30.0,
-        http: httpx.AsyncClient | None = None,
-    ) -> None:
-        self._options = _Options.build(
-            base_url, loop, signing_secret, batch_size, max_retries, backoff_s, max_retry_after_s
-        )
-        self._owned = http is None
-        self._http = http or httpx.AsyncClient(timeout=timeout_s)
-        self._buffer: list[Mapping[str, Any]] = []
+    _http_class = httpx.AsyncClient
 
     async def __aenter__(self) -> AsyncTraceClient:
         return self
@@ -245,13 +258,10 @@ class AsyncTraceClient:
         return result
 
     async def add(self, trace: Mapping[str, Any]) -> IngestResult | None:
-        self._buffer.append(trace)
-        if len(self._buffer) >= self._options.batch_size:
-            return await self.flush()
-        return None
+        return await self.flush() if self._buffer_is_full(trace) else None
 
     async def flush(self) -> IngestResult:
-        pending, self._buffer = self._buffer, []
+        pending = self._take_buffer()
         return await self.post(pending) if pending else IngestResult()
 
     async def _send(self, body: bytes) -> dict[str, Any]:
@@ -259,20 +269,14 @@ class AsyncTraceClient:
         attempt = 0
         while True:
             response: httpx.Response | None = None
+            failure: httpx.TransportError | None = None
+            headers = signed_headers(self._options.secret, body, msg_id=msg_id)
             try:
-                headers = signed_headers(self._options.secret, body, msg_id=msg_id)
                 response = await self._http.post(self._options.url, content=body, headers=headers)
             except httpx.TransportError as exc:
-                if attempt >= self._options.max_retries:
-                    raise RatchetUnreachable(f"cannot reach {self._options.url}: {exc}") from exc
-            else:
-                if response.is_success:
-                    answer: dict[str, Any] = response.json()
-                    return answer
-                if (
-                    response.status_code not in RETRYABLE_STATUS
-                    or attempt >= self._options.max_retries
-                ):
-                    raise _error(response)
+                failure = exc
+            answer = self._options.answer(response, failure, attempt)
+            if answer is not None:
+                return answer
             await asyncio.sleep(self._options.wait(response, attempt))
             attempt += 1

@@ -15,9 +15,9 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.activities.jobs import JobActivities
+    from workflows.activities.jobs import run_job_from_workflow
     from workflows.activities.loop import LoopActivities
-    from workflows.options import JOB_HEARTBEAT, JOB_RETRY, JOB_TIMEOUT, RESULTS_TIMEOUT
+    from workflows.options import JOB_RETRY, RESULTS_TIMEOUT
     from workflows.shared import (
         EvalTarget,
         EvaluateInput,
@@ -73,8 +73,7 @@ class EvaluateWorkflow:
     ) -> tuple[RunJobResult, EvaluationSummary | None]:
         run_id = run_id_for(input.loop, input.cycle, "eval", f"{target.role}-{task_set}")
         image, command = job_override(input.profile, "eval_job")
-        job = await workflow.execute_activity_method(
-            JobActivities.run_job,
+        job = await run_job_from_workflow(
             RunJobInput(
                 run_id=run_id,
                 loop=input.loop,
@@ -87,11 +86,6 @@ class EvaluateWorkflow:
                 job_image=image,
                 job_command=command,
             ),
-            # A cancelled cycle closes only after its job is really stopped.
-            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            start_to_close_timeout=JOB_TIMEOUT,
-            heartbeat_timeout=JOB_HEARTBEAT,
-            retry_policy=JOB_RETRY,
         )
         if job.status != "succeeded":
             return job, None

@@ -22,12 +22,9 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
-    from workflows.activities.jobs import JobActivities
+    from workflows.activities.jobs import run_job_from_workflow
     from workflows.options import (
         DB_RETRY,
-        JOB_HEARTBEAT,
-        JOB_RETRY,
-        JOB_TIMEOUT,
         LONG_DB_TIMEOUT,
         RESULTS_TIMEOUT,
     )
@@ -76,8 +73,8 @@ class ProbeWorkflow:
             workflow.logger.info("probe of %s skipped: every train task is probed", input.loop)
             return ProbeResult(status="skipped")
 
-        job = await workflow.execute_activity_method(
-            JobActivities.run_job,
+        image, command = job_override(input.profile, "eval_job")
+        job = await run_job_from_workflow(
             RunJobInput(
                 run_id=run_id,
                 loop=input.loop,
@@ -86,14 +83,9 @@ class ProbeWorkflow:
                 cycle=input.cycle,
                 base_checkpoint_id=input.champion_checkpoint_id,
                 accelerators=int(input.profile.get("eval_accelerators", 0)),
-                job_image=job_override(input.profile, "eval_job")[0],
-                job_command=job_override(input.profile, "eval_job")[1],
+                job_image=image,
+                job_command=command,
             ),
-            # A cancelled cycle closes only after its job is really stopped.
-            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            start_to_close_timeout=JOB_TIMEOUT,
-            heartbeat_timeout=JOB_HEARTBEAT,
-            retry_policy=JOB_RETRY,
         )
         result = ProbeResult(
             status=job.status,

@@ -82,14 +82,7 @@ class PromoteWorkflow:
             set_champion=input.candidate_checkpoint_id,
             timestamp_field="canary_ended_at",
         )
-        return PromoteResult(
-            status="held",
-            reason=reason,
-            live_before=baseline.success_rate,
-            live_after=latest.success_rate,
-            live_baseline=baseline,
-            live_canary=latest,
-        )
+        return _after_canary("held", reason, baseline, latest)
 
     def _regressed(self, input: PromoteInput, baseline: LiveStats, latest: LiveStats) -> bool:
         if latest.n < input.canary_min_traces or baseline.success_rate is None:
@@ -113,14 +106,7 @@ class PromoteWorkflow:
             input, "rolled_back", reason=reason, timestamp_field="rolled_back_at"
         )
         self.phase = "rolled_back"
-        return PromoteResult(
-            status="rolled_back",
-            reason=reason,
-            live_before=baseline.success_rate,
-            live_after=latest.success_rate,
-            live_baseline=baseline,
-            live_canary=latest,
-        )
+        return _after_canary("rolled_back", reason, baseline, latest)
 
     async def _restore_previous(self, input: PromoteInput) -> None:
         if input.previous_checkpoint_id and input.previous_uri:
@@ -190,6 +176,20 @@ class PromoteWorkflow:
             start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=BOUNDED_DB_RETRY,
         )
+
+
+def _after_canary(
+    status: str, reason: str, baseline: LiveStats, latest: LiveStats
+) -> PromoteResult:
+    """Every verdict reached after a canary reports the live rates it was judged on."""
+    return PromoteResult(
+        status=status,
+        reason=reason,
+        live_before=baseline.success_rate,
+        live_after=latest.success_rate,
+        live_baseline=baseline,
+        live_canary=latest,
+    )
 
 
 def _rate(stats: LiveStats) -> str:

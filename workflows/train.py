@@ -11,11 +11,10 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.activities.jobs import JobActivities
+    from workflows.activities.jobs import JobActivities, run_job_from_workflow
     from workflows.options import (
         INSTALL_HEARTBEAT,
         INSTALL_TIMEOUT,
-        JOB_HEARTBEAT,
         JOB_RETRY,
         JOB_TIMEOUT,
     )
@@ -50,8 +49,7 @@ class TrainWorkflow:
         run_id = run_id_for(input.loop, input.cycle, "train")
         timeout_s = float(input.profile.get("timeout_s", JOB_TIMEOUT.total_seconds()))
         image, command = job_override(input.profile, "train_job")
-        job = await workflow.execute_activity_method(
-            JobActivities.run_job,
+        job = await run_job_from_workflow(
             RunJobInput(
                 run_id=run_id,
                 loop=input.loop,
@@ -64,11 +62,7 @@ class TrainWorkflow:
                 job_image=image,
                 job_command=command,
             ),
-            # A cancelled cycle closes only after its job is really stopped.
-            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            start_to_close_timeout=timedelta(seconds=timeout_s),
-            heartbeat_timeout=JOB_HEARTBEAT,
-            retry_policy=JOB_RETRY,
+            timedelta(seconds=timeout_s),
         )
         if job.status != "succeeded":
             return TrainResult(

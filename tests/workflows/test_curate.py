@@ -51,6 +51,19 @@ def activities(session_factory: SessionFactory, tmp_path: Path) -> CurationActiv
     )
 
 
+def batch_worker(
+    client: Client, task_queue: str, acts: CurationActivities, *workflows: type
+) -> Worker:
+    """A worker that runs curation batches (and, when given, the workflows that ask for them)."""
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=list(workflows),
+        activities=[acts.curate_batch],
+        activity_executor=concurrent.futures.ThreadPoolExecutor(2),
+    )
+
+
 def seed(session_factory: SessionFactory, n: int, name: str = "support") -> list[int]:
     loop_id = make_loop(session_factory, name=name, curation_policy={"success_sample_rate": 0.0})
     bodies = [
@@ -80,13 +93,7 @@ async def test_workflow_curates_every_batch_and_replays(
 ) -> None:
     ids = seed(session_factory, 45)
     acts = activities(session_factory, tmp_path)
-    async with Worker(
-        temporal_client,
-        task_queue=task_queue,
-        workflows=[CurateWorkflow],
-        activities=[acts.curate_batch],
-        activity_executor=concurrent.futures.ThreadPoolExecutor(2),
-    ):
+    async with batch_worker(temporal_client, task_queue, acts, CurateWorkflow):
         handle = await temporal_client.start_workflow(
             CurateWorkflow.run,
             CurateInput(loop="support", batch_size=10),
@@ -108,13 +115,7 @@ async def test_max_batches_bounds_a_run(
 ) -> None:
     seed(session_factory, 30)
     acts = activities(session_factory, tmp_path)
-    async with Worker(
-        temporal_client,
-        task_queue=task_queue,
-        workflows=[CurateWorkflow],
-        activities=[acts.curate_batch],
-        activity_executor=concurrent.futures.ThreadPoolExecutor(2),
-    ):
+    async with batch_worker(temporal_client, task_queue, acts, CurateWorkflow):
         result = await temporal_client.execute_workflow(
             CurateWorkflow.run,
             CurateInput(loop="support", batch_size=5, max_batches=2),
@@ -267,12 +268,7 @@ async def test_worker_killed_mid_batch_curates_each_trace_exactly_once(
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(timeout=10)
             acts = activities(session_factory, tmp_path)
-            async with Worker(
-                client,
-                task_queue=task_queue,
-                activities=[acts.curate_batch],
-                activity_executor=concurrent.futures.ThreadPoolExecutor(2),
-            ):
+            async with batch_worker(client, task_queue, acts):
                 result = await asyncio.wait_for(handle.result(), timeout=60)
     finally:
         if doomed.poll() is None:

@@ -31,11 +31,12 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from temporalio import activity
+from temporalio import activity, workflow
 from temporalio.exceptions import ApplicationError
 
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
@@ -69,6 +70,7 @@ from services.executors.base import (
 )
 from services.logs import log_context
 from services.settings import Settings
+from workflows.options import JOB_HEARTBEAT, JOB_RETRY, JOB_TIMEOUT
 from workflows.shared import (
     CancelJobInput,
     RegisterCheckpointInput,
@@ -464,6 +466,21 @@ class JobActivities:
             )
         logger.info("registered checkpoint %s from run %s", result.checkpoint_id[:12], input.run_id)
         return result
+
+
+async def run_job_from_workflow(
+    input: RunJobInput, start_to_close: timedelta = JOB_TIMEOUT
+) -> RunJobResult:
+    """For workflow code: every kind of job is followed, retried and cancelled the same way."""
+    return await workflow.execute_activity_method(
+        JobActivities.run_job,
+        input,
+        # A cancelled cycle closes only after its job is really stopped.
+        cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        start_to_close_timeout=start_to_close,
+        heartbeat_timeout=JOB_HEARTBEAT,
+        retry_policy=JOB_RETRY,
+    )
 
 
 def _nodes(job_spec: Mapping[str, Any]) -> int:

@@ -236,26 +236,15 @@ class LoopActivities:
         with self._transaction() as session:
             loop = require_loop(session=session, name=input.loop)
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
-            eval_pairs = q.paired_results(
-                session=session,
-                cycle=cycle,
-                champion_id=input.champion_checkpoint_id,
-                candidate_id=input.candidate_checkpoint_id,
-                task_set="eval",
-            )
-            regression_pairs = q.paired_results(
-                session=session,
-                cycle=cycle,
-                champion_id=input.champion_checkpoint_id,
-                candidate_id=input.candidate_checkpoint_id,
-                task_set="regression",
-            )
-            heldout_pairs = q.paired_results(
-                session=session,
-                cycle=cycle,
-                champion_id=input.champion_checkpoint_id,
-                candidate_id=input.candidate_checkpoint_id,
-                task_set="heldout",
+            eval_pairs, regression_pairs, heldout_pairs = (
+                q.paired_results(
+                    session=session,
+                    cycle=cycle,
+                    champion_id=input.champion_checkpoint_id,
+                    candidate_id=input.candidate_checkpoint_id,
+                    task_set=task_set,
+                )
+                for task_set in ("eval", "regression", "heldout")
             )
         policy = GatePolicy(
             confidence=input.confidence,

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,25 @@ def seed(session_factory: SessionFactory, n: int, name: str = "support") -> list
     return add_traces(session_factory, loop_id, bodies)
 
 
+def curation_worker(
+    client: Client,
+    task_queue: str,
+    session_factory: SessionFactory,
+    tmp_path: Path,
+    *,
+    workflows: Sequence[type] = (),
+) -> Worker:
+    """A worker running the real curation activity (threads, as in production)."""
+    acts = activities(session_factory, tmp_path)
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=list(workflows),
+        activities=[acts.curate_batch],
+        activity_executor=concurrent.futures.ThreadPoolExecutor(2),
+    )
+
+
 def curation_counts(session_factory: SessionFactory) -> tuple[int, int, dict[int, int]]:
     with session_factory() as session:
         uncurated = session.scalar(select(func.count()).where(Trace.curated_at.is_(None))) or 0
@@ -79,13 +98,8 @@ async def test_workflow_curates_every_batch_and_replays(
     temporal_client: Client, task_queue: str, session_factory: SessionFactory, tmp_path: Path
 ) -> None:
     ids = seed(session_factory, 45)
-    acts = activities(session_factory, tmp_path)
-    async with Worker(
-        temporal_client,
-        task_queue=task_queue,
-        workflows=[CurateWorkflow],
-        activities=[acts.curate_batch],
-        activity_executor=concurrent.futures.ThreadPoolExecutor(2),
+    async with curation_worker(
+        temporal_client, task_queue, session_factory, tmp_path, workflows=[CurateWorkflow]
     ):
         handle = await temporal_client.start_workflow(
             CurateWorkflow.run,
@@ -107,13 +121,8 @@ async def test_max_batches_bounds_a_run(
     temporal_client: Client, task_queue: str, session_factory: SessionFactory, tmp_path: Path
 ) -> None:
     seed(session_factory, 30)
-    acts = activities(session_factory, tmp_path)
-    async with Worker(
-        temporal_client,
-        task_queue=task_queue,
-        workflows=[CurateWorkflow],
-        activities=[acts.curate_batch],
-        activity_executor=concurrent.futures.ThreadPoolExecutor(2),
+    async with curation_worker(
+        temporal_client, task_queue, session_factory, tmp_path, workflows=[CurateWorkflow]
     ):
         result = await temporal_client.execute_workflow(
             CurateWorkflow.run,
@@ -266,13 +275,7 @@ async def test_worker_killed_mid_batch_curates_each_trace_exactly_once(
             assert curation_counts(session_factory)[0] == 30  # nothing committed yet
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(timeout=10)
-            acts = activities(session_factory, tmp_path)
-            async with Worker(
-                client,
-                task_queue=task_queue,
-                activities=[acts.curate_batch],
-                activity_executor=concurrent.futures.ThreadPoolExecutor(2),
-            ):
+            async with curation_worker(client, task_queue, session_factory, tmp_path):
                 result = await asyncio.wait_for(handle.result(), timeout=60)
     finally:
         if doomed.poll() is None:

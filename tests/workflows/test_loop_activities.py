@@ -110,6 +110,34 @@ def add_cycle(
         return cycle.id
 
 
+def add_held_promotion(
+    session_factory: SessionFactory,
+    loop_id: int,
+    cycle_id: int,
+    *,
+    candidate: str,
+    previous: str,
+    reason: str,
+    statistics: dict[str, Any] | None = None,
+) -> None:
+    """A promotion decided and held (deployed), as the gate leaves one for rollback to undo.
+    Without ``statistics`` the row keeps the column's server default, as the gate's rows do."""
+    extra = {} if statistics is None else {"statistics": statistics}
+    with session_factory.begin() as session:
+        session.add(
+            Promotion(
+                loop_id=loop_id,
+                cycle_id=cycle_id,
+                decision="promote",
+                status="held",
+                reason=reason,
+                candidate_checkpoint_id=candidate,
+                previous_checkpoint_id=previous,
+                **extra,
+            )
+        )
+
+
 def add_traces(
     session_factory: SessionFactory,
     loop_id: int,
@@ -185,18 +213,14 @@ def test_rollback_champion_serves_the_previous_champion_again_once(
     second = add_checkpoint(session_factory, loop_id, "ckpt-second", 5)
     cycle_id = add_cycle(session_factory, loop_id, 1, champion=first, candidate=second)
     set_champion(session_factory, loop_id, second)
-    with session_factory.begin() as session:
-        session.add(
-            Promotion(
-                loop_id=loop_id,
-                cycle_id=cycle_id,
-                decision="promote",
-                status="held",
-                reason="significant win",
-                candidate_checkpoint_id=second,
-                previous_checkpoint_id=first,
-            )
-        )
+    add_held_promotion(
+        session_factory,
+        loop_id,
+        cycle_id,
+        candidate=second,
+        previous=first,
+        reason="significant win",
+    )
 
     result = activities.rollback_champion(RollbackInput(name, "live complaints"))
     assert (result.rolled_back, result.checkpoint_id) == (True, first)
@@ -348,19 +372,15 @@ def test_close_cycle_records_heldout_gate_and_live_points_with_intervals(
         "heldout": {"delta": 0.05, "ci_low": -0.02, "ci_high": 0.12, "n": 40},
         "heldout_points": 5.0,
     }
-    with session_factory.begin() as session:
-        session.add(
-            Promotion(
-                loop_id=loop_id,
-                cycle_id=cycle_id,
-                decision="promote",
-                status="held",
-                reason="win",
-                statistics=statistics,
-                candidate_checkpoint_id=candidate,
-                previous_checkpoint_id=champion,
-            )
-        )
+    add_held_promotion(
+        session_factory,
+        loop_id,
+        cycle_id,
+        candidate=candidate,
+        previous=champion,
+        reason="win",
+        statistics=statistics,
+    )
     closed = activities.close_cycle(
         CloseCycleInput(
             name,

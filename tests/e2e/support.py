@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import SecretStr
 from sqlalchemy import Engine
@@ -42,6 +42,9 @@ from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE
 from services.local.stack import Stack
 from services.settings import Settings
 from services.temporal import connect_temporal
+from tests.support import assert_eventually
+
+T = TypeVar("T")
 
 # A policy small enough that every job of a cycle takes seconds on a busy 2-core machine.
 TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32}
@@ -351,3 +354,11 @@ def toolcalc_traces(
             )
         )
     return traces
+
+
+def wait_for(check: Callable[[], T], *, timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll ``check`` (which asserts) until it passes; the last assertion says what is missing."""
+    try:
+        return assert_eventually(check, timeout=timeout, interval=interval)
+    except AssertionError as exc:
+        raise AssertionError(f"waiting for {what}: {exc}") from exc

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
+from benchmarks.support import free_port, start_api_process  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
 from services.db.queries.loops import LoopFields  # noqa: E402
 from services.db.session import create_db_engine, make_session_factory  # noqa: E402
@@ -113,38 +113,6 @@ def episodes(count: int) -> list[list[ReadableSpan]]:
         out.append(list(recorder.get_finished_spans()))
     provider.shutdown()
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_api(database_url: str, port: int, repo: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(repo),
-        "RATCHET_DATABASE_URL": database_url,
-        "RATCHET_API_HOST": "127.0.0.1",
-        "RATCHET_API_PORT": str(port),
-        "RATCHET_ADMIN_TOKEN": "bench",
-        "RATCHET_LOG_LEVEL": "WARNING",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "services", "api"], cwd=repo, env=env, stdin=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the api exited with code {process.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the api did not start within 60 s")
 
 
 async def _clients(
@@ -262,7 +230,10 @@ def main() -> None:
                 ).ingest_token
             engine.dispose()
             port = free_port()
-            api = start_api(database_url, port, args.api_repo.resolve())
+            repo = args.api_repo.resolve()
+            api = start_api_process(
+                database_url, port, {**os.environ, "PYTHONPATH": str(repo)}, repo=repo
+            )
             url = f"http://127.0.0.1:{port}"
 
             log(f"(a) batches of 25 episodes, 4 clients, {args.seconds:.0f} s")

@@ -47,7 +47,7 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.support import free_port, start_api_process  # noqa: E402
+from benchmarks.support import BENCH_SECRET_KEY, free_port, start_api_process  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
 from services.db.queries.loops import LoopFields  # noqa: E402
 from services.db.queries.traces import TRACE_COLUMNS  # noqa: E402
@@ -55,7 +55,7 @@ from services.db.session import create_db_engine, make_session_factory  # noqa: 
 from services.ingest.provisioning import provision_loop  # noqa: E402
 from services.ingest.schema import validate_trace  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
-from services.secrets import SecretBox, generate_key  # noqa: E402
+from services.secrets import SecretBox  # noqa: E402
 
 LOOP = "bench"
 
@@ -330,15 +330,11 @@ def default_api_workers() -> int:
     return Settings.model_fields["api_workers"].get_default(call_default_factory=True)
 
 
-BENCH_SECRET_KEY = generate_key()  # encrypts the loop's signing secret (services.secrets)
-
-
 def start_api(database_url: str, port: int, workers: int | None) -> subprocess.Popen[bytes]:
     """The api as ``ratchet api`` starts it; ``workers`` None leaves its default alone."""
     env = {key: value for key, value in os.environ.items() if key != "RATCHET_API_WORKERS"}
     if workers is not None:
         env["RATCHET_API_WORKERS"] = str(workers)
-    env["RATCHET_SECRET_KEY"] = BENCH_SECRET_KEY
     return start_api_process(database_url, port, env)
 
 

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import httpx
 
+from services.secrets import generate_key
+
 REPO = Path(__file__).resolve().parents[1]
+BENCH_SECRET_KEY = generate_key()  # encrypts the loop's signing secret (services.secrets)
 
 
 def free_port() -> int:
@@ -32,6 +35,7 @@ def start_api_process(
         "RATCHET_API_HOST": "127.0.0.1",
         "RATCHET_API_PORT": str(port),
         "RATCHET_ADMIN_TOKEN": "bench",
+        "RATCHET_SECRET_KEY": BENCH_SECRET_KEY,
         "RATCHET_LOG_LEVEL": "WARNING",
     }
     process = subprocess.Popen(

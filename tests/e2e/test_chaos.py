@@ -26,7 +26,14 @@ from sqlalchemy import func, select
 
 from services.client import ApiRequestError, ApiUnreachable, RatchetClient, sign_and_post_traces
 from services.db.models import Cycle, Dataset, Loop, Promotion, Run, Task, TaskSource, Trace
-from tests.e2e.support import LiveStack, make_tiny_champion, toolcalc_traces, wait_for
+from tests.e2e.support import (
+    LiveStack,
+    cycle_closed,
+    loop_cycle,
+    make_tiny_champion,
+    toolcalc_traces,
+    wait_for,
+)
 from workflows.shared import cycle_workflow_id, run_id_for
 
 pytestmark = pytest.mark.slow
@@ -129,7 +136,7 @@ def _chaos(live: LiveStack, client: RatchetClient, tmp_path: Path) -> None:
     live.start_worker()
 
     # 5. The cycle completes, and the traces posted meanwhile are curated after it.
-    cycle = wait_for(_cycle_closed(live), timeout=240, what="cycle 1 to close")
+    cycle = wait_for(cycle_closed(live, LOOP), timeout=240, what="cycle 1 to close")
     wait_for(lambda: _assert_equal(_uncurated(live), 0), timeout=120, what="every trace curated")
 
     _assert_cycle_promoted_once(live, cycle)
@@ -145,18 +152,9 @@ def _assert_equal(actual: T, expected: T) -> None:
     assert actual == expected, f"{actual!r} != {expected!r}"
 
 
-def _cycle(live: LiveStack, number: int = 1) -> Cycle:
-    with live.sessions()() as session:
-        cycle = session.scalars(
-            select(Cycle).join(Loop).where(Loop.name == LOOP, Cycle.number == number)
-        ).one_or_none()
-    assert cycle is not None, f"cycle {number} has not started"
-    return cycle
-
-
 def _open_cycle(live: LiveStack) -> Cycle:
     """Cycle 1, which must not have ended yet (a stage failing ends it early)."""
-    cycle = _cycle(live)
+    cycle = loop_cycle(live, LOOP)
     if cycle.ended_at is not None:  # no point waiting on: fail now, with the reason
         pytest.fail(f"cycle 1 ended early: {cycle.outcome}: {cycle.outcome_detail}")
     return cycle
@@ -229,15 +227,6 @@ def _promotion_in_canary(live: LiveStack) -> Callable[[], None]:
                 select(Promotion.status).where(Promotion.cycle_id == cycle.id)
             ).all()
         assert list(statuses) == ["canary"], statuses
-
-    return check
-
-
-def _cycle_closed(live: LiveStack) -> Callable[[], Cycle]:
-    def check() -> Cycle:
-        cycle = _cycle(live)
-        assert cycle.ended_at is not None, f"stage is {cycle.stage}"
-        return cycle
 
     return check
 

@@ -53,7 +53,7 @@ from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Task
 from services.demo.server import start_model_server
 from services.demo.traffic import TrafficSimulator
 from tests.e2e.champion_fixture import FIXTURE
-from tests.e2e.support import LiveStack, wait_for
+from tests.e2e.support import LiveStack, cycle_closed, loop_cycle, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -204,7 +204,7 @@ def _run_the_story(
     promotion = wait_for(
         _promotion_in_canary(live), timeout=900, interval=0.5, what="a promotion in canary"
     )
-    cycle = _cycle(live)
+    cycle = loop_cycle(live, LOOP)
     candidate = cycle.candidate_checkpoint_id
     assert candidate is not None and candidate != champion
     assert (promotion.decision, promotion.decided_by) == ("promote", "gate"), promotion.reason
@@ -226,7 +226,7 @@ def _run_the_story(
 
     # 5. A live regression: v3 goes live; the canary rolls back to the champion.
     api[0] = "v3"
-    closed = wait_for(_cycle_closed(live), timeout=300, interval=0.5, what="cycle 1 to close")
+    closed = wait_for(cycle_closed(live, LOOP), timeout=300, interval=0.5, what="cycle 1 to close")
     traffic.stop()
     assert closed.outcome == "rolled_back", (closed.outcome, closed.outcome_detail)
     with live.sessions()() as session:
@@ -337,18 +337,9 @@ def _trace_count(live: LiveStack, version: str, *, success: bool | None = None) 
         return int(session.scalar(query) or 0)
 
 
-def _cycle(live: LiveStack, number: int = 1) -> Cycle:
-    with live.sessions()() as session:
-        cycle = session.scalars(
-            select(Cycle).join(Loop).where(Loop.name == LOOP, Cycle.number == number)
-        ).one_or_none()
-    assert cycle is not None, f"cycle {number} has not started"
-    return cycle
-
-
 def _promotion_in_canary(live: LiveStack) -> Callable[[], Promotion]:
     def check() -> Promotion:
-        cycle = _cycle(live)
+        cycle = loop_cycle(live, LOOP)
         if cycle.ended_at is not None:
             pytest.fail(f"cycle 1 ended before its canary: {cycle.outcome}: {cycle.outcome_detail}")
         with live.sessions()() as session:
@@ -358,14 +349,5 @@ def _promotion_in_canary(live: LiveStack) -> Callable[[], Promotion]:
         assert promotion is not None, f"stage is {cycle.stage}"
         assert promotion.status == "canary", promotion.status
         return promotion
-
-    return check
-
-
-def _cycle_closed(live: LiveStack) -> Callable[[], Cycle]:
-    def check() -> Cycle:
-        cycle = _cycle(live)
-        assert cycle.ended_at is not None, f"stage is {cycle.stage}"
-        return cycle
 
     return check

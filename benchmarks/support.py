@@ -6,11 +6,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
+from services.environments.base import TaskSpec
+from services.evaluation.evaluator import EvaluationResult
+from services.evaluation.stats import PairedComparison, compare_paired
 from services.secrets import generate_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,3 +55,16 @@ def start_api_process(
             time.sleep(0.2)
     process.kill()
     raise RuntimeError("the api did not start within 60 s")
+
+
+def paired_on(
+    tasks: Sequence[TaskSpec], champion: EvaluationResult, candidate: EvaluationResult, *, seed: int
+) -> PairedComparison:
+    """Candidate against champion task by task on ``tasks``, at the gate's confidence."""
+    ids = [t.task_id for t in tasks]
+    return compare_paired(
+        [champion.passes()[i] for i in ids],
+        [candidate.passes()[i] for i in ids],
+        confidence=0.95,
+        seed=seed,
+    )

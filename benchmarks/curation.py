@@ -131,26 +131,30 @@ def _trace(
     )
 
 
+def trace_columns(body: dict[str, Any]) -> tuple[Any, ...]:
+    """A trace's stored columns after its loop id, in ``traces`` (and ``TraceRow``) order:
+    external_id, model_version, success, score, error_kind, body, size_bytes."""
+    text = json.dumps(body)
+    outcome = body["outcome"]
+    error_kind = (outcome.get("error") or {}).get("kind")
+    return (
+        body["external_id"],
+        body["model_version"],
+        outcome["success"],
+        outcome["score"],
+        error_kind,
+        text,
+        len(text),
+    )
+
+
 def load_traces(database_url: str, loop_id: int, n: int, *, seed: int) -> None:
     """COPY the traces in, with the outcome columns ingest would extract."""
     columns = "loop_id, external_id, model_version, success, score, error_kind, body, size_bytes"
     with psycopg.connect(database_url) as conn, conn.cursor() as cur:
         with cur.copy(f"COPY traces ({columns}) FROM STDIN") as copy:
             for body in traces(n, seed=seed):
-                text = json.dumps(body)
-                outcome = body["outcome"]
-                copy.write_row(
-                    (
-                        loop_id,
-                        body["external_id"],
-                        body["model_version"],
-                        outcome["success"],
-                        outcome["score"],
-                        (outcome.get("error") or {}).get("kind"),
-                        text,
-                        len(text),
-                    )
-                )
+                copy.write_row((loop_id, *trace_columns(body)))
         conn.commit()
 
 
@@ -262,20 +266,7 @@ def compute_only(n: int) -> float:
 
     rows = []
     for index, body in enumerate(traces(n, seed=n + 1), start=1):
-        text = json.dumps(body)
-        outcome = body["outcome"]
-        rows.append(
-            TraceRow(
-                index,
-                body["external_id"],
-                body["model_version"],
-                outcome["success"],
-                outcome["score"],
-                (outcome.get("error") or {}).get("kind"),
-                text,
-                len(text),
-            )
-        )
+        rows.append(TraceRow(index, *trace_columns(body)))
     job = PrepareJob(1, "toolcalc", CurationPolicy.from_json({}), ToolcalcEnvironment(), rows)
     started = time.perf_counter()
     prepare_traces(job)

@@ -33,7 +33,6 @@ import hmac
 import json
 import multiprocessing
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,12 +42,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.support import BENCH_SECRET_KEY, free_port, start_api_process  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
 from services.db.queries.loops import LoopFields  # noqa: E402
 from services.db.queries.traces import TRACE_COLUMNS  # noqa: E402
@@ -56,7 +55,7 @@ from services.db.session import create_db_engine, make_session_factory  # noqa: 
 from services.ingest.provisioning import provision_loop  # noqa: E402
 from services.ingest.schema import validate_trace  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
-from services.secrets import SecretBox, generate_key  # noqa: E402
+from services.secrets import SecretBox  # noqa: E402
 
 LOOP = "bench"
 
@@ -331,42 +330,12 @@ def default_api_workers() -> int:
     return Settings.model_fields["api_workers"].get_default(call_default_factory=True)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-BENCH_SECRET_KEY = generate_key()  # encrypts the loop's signing secret (services.secrets)
-
-
 def start_api(database_url: str, port: int, workers: int | None) -> subprocess.Popen[bytes]:
     """The api as ``ratchet api`` starts it; ``workers`` None leaves its default alone."""
     env = {key: value for key, value in os.environ.items() if key != "RATCHET_API_WORKERS"}
     if workers is not None:
         env["RATCHET_API_WORKERS"] = str(workers)
-    env |= {
-        "RATCHET_DATABASE_URL": database_url,
-        "RATCHET_API_HOST": "127.0.0.1",
-        "RATCHET_API_PORT": str(port),
-        "RATCHET_ADMIN_TOKEN": "bench",
-        "RATCHET_SECRET_KEY": BENCH_SECRET_KEY,
-        "RATCHET_LOG_LEVEL": "WARNING",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "services", "api"], cwd=REPO, env=env, stdin=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the api exited with code {process.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the api did not start within 60 s")
+    return start_api_process(database_url, port, env)
 
 
 def copy_ceiling(database_url: str, loop_id: int, rows: int, run: int = 0) -> float:

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,11 +52,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
+from benchmarks.support import BENCH_SECRET_KEY, free_port, start_api_process  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
 from services.db.queries.loops import LoopFields  # noqa: E402
 from services.db.session import create_db_engine, make_session_factory  # noqa: E402
 from services.ingest.otlp import Limits, decode_protobuf, read_spans  # noqa: E402
 from services.ingest.provisioning import provision_loop  # noqa: E402
+from services.secrets import SecretBox  # noqa: E402
 
 LOOP = "otlp-bench"
 PROTOBUF = {"content-type": "application/x-protobuf"}
@@ -113,38 +114,6 @@ def episodes(count: int) -> list[list[ReadableSpan]]:
         out.append(list(recorder.get_finished_spans()))
     provider.shutdown()
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_api(database_url: str, port: int, repo: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(repo),
-        "RATCHET_DATABASE_URL": database_url,
-        "RATCHET_API_HOST": "127.0.0.1",
-        "RATCHET_API_PORT": str(port),
-        "RATCHET_ADMIN_TOKEN": "bench",
-        "RATCHET_LOG_LEVEL": "WARNING",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "services", "api"], cwd=repo, env=env, stdin=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the api exited with code {process.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the api did not start within 60 s")
 
 
 async def _clients(
@@ -258,11 +227,16 @@ def main() -> None:
             engine = create_db_engine(database_url, pool_size=1)
             with make_session_factory(engine).begin() as session:
                 token = provision_loop(
-                    session, fields=LoopFields(name=LOOP, environment="toolcalc")
+                    session,
+                    fields=LoopFields(name=LOOP, environment="toolcalc"),
+                    box=SecretBox.from_keys(BENCH_SECRET_KEY),
                 ).ingest_token
             engine.dispose()
             port = free_port()
-            api = start_api(database_url, port, args.api_repo.resolve())
+            repo = args.api_repo.resolve()
+            api = start_api_process(
+                database_url, port, {**os.environ, "PYTHONPATH": str(repo)}, repo=repo
+            )
             url = f"http://127.0.0.1:{port}"
 
             log(f"(a) batches of 25 episodes, 4 clients, {args.seconds:.0f} s")

@@ -35,10 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.support import paired_on
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import evaluate
-from services.evaluation.stats import compare_paired
 from services.training.checkpoint import save_checkpoint
 from services.training.distributed import init_distributed
 from services.training.grpo import GRPOConfig, train_grpo
@@ -148,13 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         grpo_wall,
     )
 
-    ids = [t.task_id for t in eval_v2]
-    paired = compare_paired(
-        [v2_before.passes()[i] for i in ids],
-        [v2_after.passes()[i] for i in ids],
-        confidence=0.95,
-        seed=args.seed,
-    )
+    paired = paired_on(eval_v2, v2_before, v2_after, seed=args.seed)
     c = grpo.counters
     return {
         "benchmark": "trainer",

@@ -26,14 +26,15 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import SecretStr
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from temporalio.api.enums.v1 import TimeoutType
 
 from services.artifacts import ArtifactStore
 from services.client import RatchetClient
+from services.db.models import Cycle, Loop
 from services.db.session import SessionFactory, create_db_engine, make_session_factory
 from services.environments import get_environment, write_task_file
 from services.environments.base import build_trace
@@ -42,6 +43,9 @@ from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE
 from services.local.stack import Stack
 from services.settings import Settings
 from services.temporal import connect_temporal
+from tests.support import assert_eventually
+
+T = TypeVar("T")
 
 # A policy small enough that every job of a cycle takes seconds on a busy 2-core machine.
 TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32}
@@ -351,3 +355,32 @@ def toolcalc_traces(
             )
         )
     return traces
+
+
+def wait_for(check: Callable[[], T], *, timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll ``check`` (which asserts) until it passes; the last assertion says what is missing."""
+    try:
+        return assert_eventually(check, timeout=timeout, interval=interval)
+    except AssertionError as exc:
+        raise AssertionError(f"waiting for {what}: {exc}") from exc
+
+
+def loop_cycle(live: LiveStack, loop: str, number: int = 1) -> Cycle:
+    """Cycle ``number`` of ``loop`` as Postgres has it now; asserts it has started."""
+    with live.sessions()() as session:
+        cycle = session.scalars(
+            select(Cycle).join(Loop).where(Loop.name == loop, Cycle.number == number)
+        ).one_or_none()
+    assert cycle is not None, f"cycle {number} has not started"
+    return cycle
+
+
+def cycle_closed(live: LiveStack, loop: str) -> Callable[[], Cycle]:
+    """A ``wait_for`` check: cycle 1 of ``loop`` has ended."""
+
+    def check() -> Cycle:
+        cycle = loop_cycle(live, loop)
+        assert cycle.ended_at is not None, f"stage is {cycle.stage}"
+        return cycle
+
+    return check

@@ -15,9 +15,8 @@ the interrupted ``run_job`` activity to the new worker, so the test takes a few 
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,14 +26,20 @@ from sqlalchemy import func, select
 
 from services.client import ApiRequestError, ApiUnreachable, RatchetClient, sign_and_post_traces
 from services.db.models import Cycle, Dataset, Loop, Promotion, Run, Task, TaskSource, Trace
-from tests.e2e.support import LiveStack, make_tiny_champion, toolcalc_traces
-from tests.support import assert_eventually
+from tests.e2e.support import (
+    LiveStack,
+    cycle_closed,
+    loop_cycle,
+    make_tiny_champion,
+    toolcalc_traces,
+    wait_for,
+)
 from workflows.shared import cycle_workflow_id, run_id_for
 
 pytestmark = pytest.mark.slow
 
-T = TypeVar("T")
 
+T = TypeVar("T")
 LOOP = "chaos"
 MIN_NEW_TASKS = 8
 TRAIN_RUN = run_id_for(LOOP, 1, "train")
@@ -73,29 +78,6 @@ CURATION_POLICY: dict[str, Any] = {
     "heldout_fraction": 0.0,
     "success_sample_rate": 1.0,
 }
-
-
-@pytest.fixture
-def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveStack]:
-    # The stack's processes get their settings from the stack alone, never from the
-    # environment this test runs in (a developer's RATCHET_LOG_LEVEL, database URL...).
-    for key in [key for key in os.environ if key.startswith("RATCHET_")]:
-        monkeypatch.delenv(key)
-    stack = LiveStack.in_dir(tmp_path / "state")
-    try:
-        with stack.diagnostics():
-            stack.start()
-        yield stack
-    finally:
-        stack.stop()
-
-
-def wait_for(check: Callable[[], T], *, timeout: float, what: str) -> T:
-    """Poll ``check`` (which asserts) until it passes; the last assertion says what is missing."""
-    try:
-        return assert_eventually(check, timeout=timeout, interval=0.2)
-    except AssertionError as exc:
-        raise AssertionError(f"waiting for {what}: {exc}") from exc
 
 
 def test_a_cycle_survives_kill9_of_the_worker_in_train_evaluate_and_promote(
@@ -154,7 +136,7 @@ def _chaos(live: LiveStack, client: RatchetClient, tmp_path: Path) -> None:
     live.start_worker()
 
     # 5. The cycle completes, and the traces posted meanwhile are curated after it.
-    cycle = wait_for(_cycle_closed(live), timeout=240, what="cycle 1 to close")
+    cycle = wait_for(cycle_closed(live, LOOP), timeout=240, what="cycle 1 to close")
     wait_for(lambda: _assert_equal(_uncurated(live), 0), timeout=120, what="every trace curated")
 
     _assert_cycle_promoted_once(live, cycle)
@@ -170,18 +152,9 @@ def _assert_equal(actual: T, expected: T) -> None:
     assert actual == expected, f"{actual!r} != {expected!r}"
 
 
-def _cycle(live: LiveStack, number: int = 1) -> Cycle:
-    with live.sessions()() as session:
-        cycle = session.scalars(
-            select(Cycle).join(Loop).where(Loop.name == LOOP, Cycle.number == number)
-        ).one_or_none()
-    assert cycle is not None, f"cycle {number} has not started"
-    return cycle
-
-
 def _open_cycle(live: LiveStack) -> Cycle:
     """Cycle 1, which must not have ended yet (a stage failing ends it early)."""
-    cycle = _cycle(live)
+    cycle = loop_cycle(live, LOOP)
     if cycle.ended_at is not None:  # no point waiting on: fail now, with the reason
         pytest.fail(f"cycle 1 ended early: {cycle.outcome}: {cycle.outcome_detail}")
     return cycle
@@ -254,15 +227,6 @@ def _promotion_in_canary(live: LiveStack) -> Callable[[], None]:
                 select(Promotion.status).where(Promotion.cycle_id == cycle.id)
             ).all()
         assert list(statuses) == ["canary"], statuses
-
-    return check
-
-
-def _cycle_closed(live: LiveStack) -> Callable[[], Cycle]:
-    def check() -> Cycle:
-        cycle = _cycle(live)
-        assert cycle.ended_at is not None, f"stage is {cycle.stage}"
-        return cycle
 
     return check
 

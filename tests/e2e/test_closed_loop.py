@@ -41,11 +41,9 @@ hence a tolerance of 10 points rather than less); held-out 31 % vs 96-98 %; the 
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -55,12 +53,10 @@ from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Task
 from services.demo.server import start_model_server
 from services.demo.traffic import TrafficSimulator
 from tests.e2e.champion_fixture import FIXTURE
-from tests.e2e.support import LiveStack
-from tests.support import assert_eventually
+from tests.e2e.support import LiveStack, cycle_closed, loop_cycle, wait_for
 
 pytestmark = pytest.mark.slow
 
-T = TypeVar("T")
 
 LOOP = "closed"
 MIN_NEW_TASKS = 12
@@ -114,19 +110,6 @@ CURATION_POLICY: dict[str, Any] = {
 
 
 @pytest.fixture
-def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveStack]:
-    for key in [key for key in os.environ if key.startswith("RATCHET_")]:
-        monkeypatch.delenv(key)
-    stack = LiveStack.in_dir(tmp_path / "state")
-    try:
-        with stack.diagnostics():
-            stack.start()
-        yield stack
-    finally:
-        stack.stop()
-
-
-@pytest.fixture
 def model_server(live: LiveStack) -> Iterator[str]:
     """``ratchet serve`` with the champion, on the stack's serve port; its URL."""
     process = start_model_server(live.settings, FIXTURE, live.token)
@@ -138,13 +121,6 @@ def model_server(live: LiveStack) -> Iterator[str]:
             process.wait(15)
         except subprocess.TimeoutExpired:
             process.kill()
-
-
-def wait_for(check: Callable[[], T], *, timeout: float, what: str) -> T:
-    try:
-        return assert_eventually(check, timeout=timeout, interval=0.5)
-    except AssertionError as exc:
-        raise AssertionError(f"waiting for {what}: {exc}") from exc
 
 
 def test_the_closed_loop_promotes_serves_watches_and_rolls_back(
@@ -208,6 +184,7 @@ def _run_the_story(
     wait_for(
         lambda: _assert_at_least(_trace_count(live, champion, success=True), 20),
         timeout=240,
+        interval=0.5,
         what="successful v1 traces of the champion",
     )
     # 2. Drift: v2 goes live and the champion fails on it.
@@ -215,6 +192,7 @@ def _run_the_story(
     wait_for(
         lambda: _assert_at_least(_trace_count(live, champion, success=False), 60),
         timeout=240,
+        interval=0.5,
         what="failing v2 traces of the champion",
     )
     # Production pauses while the cycle runs, so the canary's baseline — the champion's
@@ -223,8 +201,10 @@ def _run_the_story(
     client.start_loop(LOOP)
 
     # 3. Cycle 1 curates, trains, evaluates; the gate promotes on its own.
-    promotion = wait_for(_promotion_in_canary(live), timeout=900, what="a promotion in canary")
-    cycle = _cycle(live)
+    promotion = wait_for(
+        _promotion_in_canary(live), timeout=900, interval=0.5, what="a promotion in canary"
+    )
+    cycle = loop_cycle(live, LOOP)
     candidate = cycle.candidate_checkpoint_id
     assert candidate is not None and candidate != champion
     assert (promotion.decision, promotion.decided_by) == ("promote", "gate"), promotion.reason
@@ -240,12 +220,13 @@ def _run_the_story(
     wait_for(
         lambda: _assert_at_least(_trace_count(live, candidate), 4),
         timeout=120,
+        interval=0.5,
         what="live traces of the candidate",
     )
 
     # 5. A live regression: v3 goes live; the canary rolls back to the champion.
     api[0] = "v3"
-    closed = wait_for(_cycle_closed(live), timeout=300, what="cycle 1 to close")
+    closed = wait_for(cycle_closed(live, LOOP), timeout=300, interval=0.5, what="cycle 1 to close")
     traffic.stop()
     assert closed.outcome == "rolled_back", (closed.outcome, closed.outcome_detail)
     with live.sessions()() as session:
@@ -356,18 +337,9 @@ def _trace_count(live: LiveStack, version: str, *, success: bool | None = None) 
         return int(session.scalar(query) or 0)
 
 
-def _cycle(live: LiveStack, number: int = 1) -> Cycle:
-    with live.sessions()() as session:
-        cycle = session.scalars(
-            select(Cycle).join(Loop).where(Loop.name == LOOP, Cycle.number == number)
-        ).one_or_none()
-    assert cycle is not None, f"cycle {number} has not started"
-    return cycle
-
-
 def _promotion_in_canary(live: LiveStack) -> Callable[[], Promotion]:
     def check() -> Promotion:
-        cycle = _cycle(live)
+        cycle = loop_cycle(live, LOOP)
         if cycle.ended_at is not None:
             pytest.fail(f"cycle 1 ended before its canary: {cycle.outcome}: {cycle.outcome_detail}")
         with live.sessions()() as session:
@@ -377,14 +349,5 @@ def _promotion_in_canary(live: LiveStack) -> Callable[[], Promotion]:
         assert promotion is not None, f"stage is {cycle.stage}"
         assert promotion.status == "canary", promotion.status
         return promotion
-
-    return check
-
-
-def _cycle_closed(live: LiveStack) -> Callable[[], Cycle]:
-    def check() -> Cycle:
-        cycle = _cycle(live)
-        assert cycle.ended_at is not None, f"stage is {cycle.stage}"
-        return cycle
 
     return check

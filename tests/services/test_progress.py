@@ -42,8 +42,22 @@ def test_a_bar_on_a_terminal() -> None:
     assert "training" in out and "10/10" in out and "━" in out
 
 
-def test_the_demo_follows_a_jobs_step_lines(tmp_path: Path) -> None:
+def follow_a_job(tmp_path: Path, job: str) -> tuple[int | None, list[str]]:
+    """Run ``job`` as a Python process and follow its log as the demo does: its exit code and the
+    lines the demo wrote to stderr."""
     log_path = tmp_path / "job.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", job], stdout=log)
+        stream = io.StringIO()
+        real_stderr, sys.stderr = sys.stderr, stream
+        try:
+            follow_job_progress(process, log_path, "[demo] train job")
+        finally:
+            sys.stderr = real_stderr
+    return process.returncode, stream.getvalue().splitlines()
+
+
+def test_the_demo_follows_a_jobs_step_lines(tmp_path: Path) -> None:
     job = textwrap.dedent(
         """
         import time
@@ -52,28 +66,13 @@ def test_the_demo_follows_a_jobs_step_lines(tmp_path: Path) -> None:
             time.sleep(0.2)
         """
     )
-    with log_path.open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-c", job], stdout=log)
-        stream = io.StringIO()
-        real_stderr, sys.stderr = sys.stderr, stream
-        try:
-            follow_job_progress(process, log_path, "[demo] train job")
-        finally:
-            sys.stderr = real_stderr
-    assert process.returncode == 0
-    assert stream.getvalue().splitlines()[-1] == "[demo] train job: 3 steps/3 steps (100%) done"
+    returncode, lines = follow_a_job(tmp_path, job)
+    assert returncode == 0
+    assert lines[-1] == "[demo] train job: 3 steps/3 steps (100%) done"
 
 
 def test_a_failed_job_ends_with_failed_not_done(tmp_path: Path) -> None:
-    log_path = tmp_path / "job.log"
     job = 'import sys\nprint("sft step 1/4 loss 2.0", flush=True)\nsys.exit(1)\n'
-    with log_path.open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-c", job], stdout=log)
-        stream = io.StringIO()
-        real_stderr, sys.stderr = sys.stderr, stream
-        try:
-            follow_job_progress(process, log_path, "[demo] train job")
-        finally:
-            sys.stderr = real_stderr
-    assert process.returncode == 1
-    assert stream.getvalue().splitlines()[-1] == "[demo] train job: 1 steps/4 steps (25%) failed"
+    returncode, lines = follow_a_job(tmp_path, job)
+    assert returncode == 1
+    assert lines[-1] == "[demo] train job: 1 steps/4 steps (25%) failed"

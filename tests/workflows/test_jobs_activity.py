@@ -22,7 +22,7 @@ import psutil
 import pytest
 import torch
 from temporalio import workflow
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
@@ -179,7 +179,13 @@ def worker(client: Client, task_queue: str, activities: JobActivities) -> Worker
 
 
 async def run_job(client: Client, task_queue: str, input: RunJobInput) -> RunJobResult:
-    return await client.execute_workflow(
+    return await (await start_job(client, task_queue, input)).result()
+
+
+async def start_job(
+    client: Client, task_queue: str, input: RunJobInput
+) -> WorkflowHandle[RunJobTestWorkflow, RunJobResult]:
+    return await client.start_workflow(
         RunJobTestWorkflow.run, input, id=f"test-{uuid.uuid4().hex}", task_queue=task_queue
     )
 
@@ -298,9 +304,7 @@ async def test_cancelling_the_workflow_cancels_the_job(
 ) -> None:
     input = world.job_input()
     async with worker(temporal_client, task_queue, world.activities(WAIT_FOR_RELEASE)):
-        handle = await temporal_client.start_workflow(
-            RunJobTestWorkflow.run, input, id=f"test-{uuid.uuid4().hex}", task_queue=task_queue
-        )
+        handle = await start_job(temporal_client, task_queue, input)
         await assert_eventually_async(lambda: _running(world, input.run_id))
         job_pid = _job_pid(world, input.run_id)
         await handle.cancel()
@@ -317,9 +321,7 @@ async def test_cancel_job_stops_a_running_job(
 ) -> None:
     input = world.job_input()
     async with worker(temporal_client, task_queue, world.activities(WAIT_FOR_RELEASE)):
-        running = await temporal_client.start_workflow(
-            RunJobTestWorkflow.run, input, id=f"test-{uuid.uuid4().hex}", task_queue=task_queue
-        )
+        running = await start_job(temporal_client, task_queue, input)
         await assert_eventually_async(lambda: _running(world, input.run_id))
         await temporal_client.execute_workflow(
             CancelJobTestWorkflow.run,
@@ -346,9 +348,7 @@ async def test_a_restarted_worker_adopts_the_running_job(
     input = world.job_input()
     first_worker = worker(temporal_client, task_queue, world.activities(WAIT_FOR_RELEASE))
     async with first_worker:
-        handle = await temporal_client.start_workflow(
-            RunJobTestWorkflow.run, input, id=f"test-{uuid.uuid4().hex}", task_queue=task_queue
-        )
+        handle = await start_job(temporal_client, task_queue, input)
         await assert_eventually_async(lambda: _running(world, input.run_id))
     # The first worker is gone; its job is not. A new worker (new executor) takes over.
     assert world.run_row(input.run_id).status == "running"
@@ -389,9 +389,7 @@ async def test_status_blips_do_not_end_the_attempt(
         settings=world.settings,
     )
     async with worker(temporal_client, task_queue, activities):
-        handle = await temporal_client.start_workflow(
-            RunJobTestWorkflow.run, input, id=f"test-{uuid.uuid4().hex}", task_queue=task_queue
-        )
+        handle = await start_job(temporal_client, task_queue, input)
         result = await handle.result()
 
     assert result.status == "succeeded"

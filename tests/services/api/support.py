@@ -22,7 +22,11 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from services.db.models import Trace
+from services.db.queries.loops import LoopFields
+from services.db.session import SessionFactory
+from services.ingest.provisioning import provision_loop
 from services.ingest.signature import sign
+from services.secrets import SecretBox
 from tests.support import assert_eventually
 
 REPO = Path(__file__).resolve().parents[3]
@@ -128,6 +132,18 @@ def create_loop(
     assert response.status_code == 201, response.text
     created: dict[str, Any] = response.json()
     return created
+
+
+def provision_toolcalc_loop(session_factory: SessionFactory, name: str) -> tuple[int, str]:
+    """A toolcalc loop written straight to Postgres, for tests that start the api as a process
+    afterwards: its id and its signing secret."""
+    with session_factory.begin() as session:
+        created = provision_loop(
+            session,
+            fields=LoopFields(name=name, environment="toolcalc"),
+            box=SecretBox.from_keys(SECRET_KEY),
+        )
+        return created.loop.id, created.signing_secret
 
 
 @contextmanager

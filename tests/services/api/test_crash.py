@@ -8,17 +8,14 @@ import threading
 import httpx
 import pytest
 
-from services.db.queries.loops import LoopFields
 from services.db.session import SessionFactory
-from services.ingest.provisioning import provision_loop
-from services.secrets import SecretBox
 from tests.services.api.support import (
-    SECRET_KEY,
     api_process,
     body_of,
     existing_external_ids,
     free_port,
     make_trace,
+    provision_toolcalc_loop,
     signed_headers,
 )
 from tests.support import assert_eventually
@@ -31,13 +28,7 @@ ACKS_BEFORE_KILL = 300
 def test_every_acknowledged_trace_survives_kill_9(
     database_url: str, session_factory: SessionFactory
 ) -> None:
-    with session_factory.begin() as session:
-        created = provision_loop(
-            session,
-            fields=LoopFields(name="crash", environment="toolcalc"),
-            box=SecretBox.from_keys(SECRET_KEY),
-        )
-        loop_id, secret = created.loop.id, created.signing_secret
+    loop_id, secret = provision_toolcalc_loop(session_factory, "crash")
     port = free_port()
     acknowledged: list[str] = []
     unexpected: list[str] = []

@@ -8,16 +8,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.db.queries.loops import LoopFields, trace_stats
+from services.db.queries.loops import trace_stats
 from services.db.session import SessionFactory
-from services.ingest.provisioning import provision_loop
-from services.secrets import SecretBox
 from tests.services.api.support import (
-    SECRET_KEY,
     api_process,
     body_of,
     free_port,
     make_trace,
+    provision_toolcalc_loop,
     signed_headers,
 )
 
@@ -49,13 +47,7 @@ def children(pid: int) -> list[int]:
 def test_several_workers_store_every_trace_and_sum_their_metrics(
     database_url: str, session_factory: SessionFactory
 ) -> None:
-    with session_factory.begin() as session:
-        created = provision_loop(
-            session,
-            fields=LoopFields(name="multi", environment="toolcalc"),
-            box=SecretBox.from_keys(SECRET_KEY),
-        )
-        loop_id, secret = created.loop.id, created.signing_secret
+    loop_id, secret = provision_toolcalc_loop(session_factory, "multi")
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1/loops/multi/traces"
     with api_process(database_url, port, workers=WORKERS) as process:

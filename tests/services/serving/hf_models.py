@@ -11,6 +11,7 @@ import torch
 from services.serving.base import CheckpointRef
 from services.training.checkpoint import Manifest, read_manifest
 from services.training.hf.checkpoint import save_hf_checkpoint, save_lora_adapter
+from tests.services.training.hf_support import tiny_llama_config
 
 # ChatML, with the tools rendered by name only: short prompts keep the test's training cheap.
 CHAT_TEMPLATE = (
@@ -48,22 +49,11 @@ def _ref(manifest: Manifest, path: Path) -> CheckpointRef:
 
 
 def write_tiny_llama(path: Path, seed: int = 0) -> CheckpointRef:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
     tokenizer = _tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),  # type: ignore[arg-type]
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=tokenizer.eos_token_id,  # type: ignore[attr-defined]
-        pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
-        bos_token_id=tokenizer.bos_token_id,  # type: ignore[attr-defined]
-    )
+    config = tiny_llama_config(tokenizer, max_position_embeddings=512)
     return _ref(save_hf_checkpoint(LlamaForCausalLM(config), tokenizer, path), path)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,62 @@ def write_spec(path: Path, **fields: Any) -> Path:
     spec = {"schema": "ratchet.job/v1", "run_id": "test-run", "seed": 0, "device": "cpu", **fields}
     path.write_text(json.dumps(spec))
     return path
+
+
+def write_train_spec(
+    root: Path, *, algorithm: str, dataset: Path, base_checkpoint: Path | None = None, **fields: Any
+) -> Path:
+    """Write ``root/spec.json`` for a train job whose output goes to ``root/out``: the one layout
+    the training tests read back (see ``read_metrics``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    if base_checkpoint is not None:
+        fields["base_checkpoint"] = str(base_checkpoint)
+    return write_spec(
+        root / "spec.json",
+        kind="train",
+        algorithm=algorithm,
+        dataset=str(dataset),
+        output_dir=str(root / "out"),
+        **fields,
+    )
+
+
+def read_metrics(root: Path) -> dict[str, Any]:
+    """The metrics a job spec'd by ``write_train_spec(root, ...)`` wrote."""
+    metrics: dict[str, Any] = json.loads((root / "out" / "metrics.json").read_text())
+    return metrics
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def job_command(spec: Path) -> list[str]:
+    return [sys.executable, "-m", "services.training.job", "--spec", str(spec)]
+
+
+def run_job_process(
+    command: list[str], *, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run a job as its own process from the repository root, as an executor would."""
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def torchrun_job_command(spec: Path, *, ranks: int = 2) -> list[str]:
+    """The job run as ``ranks`` data-parallel processes on one host, as a Kubernetes job does."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        "-m",
+        "services.training.job",
+        "--spec",
+        str(spec),
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -37,13 +95,11 @@ def tiny_champion(tmp_path_factory: pytest.TempPathFactory, task_files: dict[str
     from services.training.job import train_job_main
 
     root = tmp_path_factory.mktemp("champion")
-    spec = write_spec(
-        root / "spec.json",
-        kind="train",
+    spec = write_train_spec(
+        root,
         algorithm="sft",
         environment="toolcalc",
-        dataset=str(task_files["v1"]),
-        output_dir=str(root / "out"),
+        dataset=task_files["v1"],
         hyperparameters={
             "steps": 40,
             "batch_size": 16,

@@ -8,6 +8,7 @@ chat template that, like SmolLM2's, does not render ``tools=``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from services.training.checkpoint import Manifest
 
@@ -53,27 +54,33 @@ def build_tokenizer() -> object:
     return tokenizer
 
 
-def build_tiny_llama(out_dir: Path, *, seed: int = 0) -> Manifest:
-    """Save a 2-layer random Llama + the tokenizer as an hf checkpoint at ``out_dir``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama_config(tokenizer: Any, *, max_position_embeddings: int) -> Any:
+    """A 2-layer Llama sized to ``tokenizer``: small enough to train in a test on a CPU."""
+    from transformers import LlamaConfig
 
-    from services.training.hf.checkpoint import save_hf_checkpoint
-
-    tokenizer = build_tokenizer()
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),  # type: ignore[arg-type]
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,  # type: ignore[attr-defined]
-        eos_token_id=tokenizer.eos_token_id,  # type: ignore[attr-defined]
-        pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config)
+
+
+def build_tiny_llama(out_dir: Path, *, seed: int = 0) -> Manifest:
+    """Save a 2-layer random Llama + the tokenizer as an hf checkpoint at ``out_dir``."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from services.training.hf.checkpoint import save_hf_checkpoint
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(tokenizer, max_position_embeddings=2048))
     return save_hf_checkpoint(model, tokenizer, out_dir, metadata={"model": "tiny-llama"})

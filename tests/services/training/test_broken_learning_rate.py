@@ -25,7 +25,7 @@ from services.evaluation.results import read_results
 from services.loop.policies import GatePolicy
 from services.training.job import train_job_main
 from services.training.optim import TrainingDiverged, clip_and_check
-from tests.services.training.conftest import write_spec
+from tests.services.training.conftest import write_spec, write_train_spec
 
 # Small enough to SFT in about a minute on one CPU core, big enough to pass a share of the
 # v1 tasks, so a wrecked candidate has something to lose.
@@ -37,13 +37,11 @@ def capable_champion(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("capable")
     tasks = root / "v1.jsonl"
     write_task_file(tasks, ToolcalcEnvironment().generate_tasks(256, seed=11, api_version="v1"))
-    spec = write_spec(
-        root / "spec.json",
-        kind="train",
+    spec = write_train_spec(
+        root,
         algorithm="sft",
         environment="toolcalc",
-        dataset=str(tasks),
-        output_dir=str(root / "out"),
+        dataset=tasks,
         hyperparameters={
             "steps": 300,
             "batch_size": 32,

@@ -24,7 +24,14 @@ from services.training.checkpoint import (
 )
 from services.training.hf.checkpoint import load_hf_checkpoint, merge_adapter
 from services.training.job import train_job_main
-from tests.services.training.conftest import write_spec
+from tests.services.training.conftest import (
+    job_command,
+    read_metrics,
+    run_job_process,
+    torchrun_job_command,
+    write_spec,
+    write_train_spec,
+)
 from tests.services.training.hf_support import build_tiny_llama
 
 SFT_HYPER = {"steps": 4, "batch_size": 4, "micro_batch": 4, "lr": 5e-3, "log_every": 0}
@@ -71,13 +78,11 @@ def sft_adapter(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     root = tmp_path_factory.mktemp("sft")
-    spec = write_spec(
-        root / "spec.json",
-        kind="train",
+    spec = write_train_spec(
+        root,
         algorithm="sft",
-        dataset=str(chat_tasks["v1"]),
-        base_checkpoint=str(tiny_llama),
-        output_dir=str(root / "out"),
+        dataset=chat_tasks["v1"],
+        base_checkpoint=tiny_llama,
         hyperparameters={**SFT_HYPER, "lora_r": 4, "lora_alpha": 8},
     )
     assert train_job_main(["--spec", str(spec)]) == 0
@@ -100,17 +105,15 @@ def test_sft_lora_job_writes_an_adapter_naming_its_base(
 
 
 def test_sft_lowers_the_loss(tiny_llama: Path, chat_tasks: dict[str, Path], tmp_path: Path) -> None:
-    spec = write_spec(
-        tmp_path / "spec.json",
-        kind="train",
+    spec = write_train_spec(
+        tmp_path,
         algorithm="sft",
-        dataset=str(chat_tasks["v1"]),
-        base_checkpoint=str(tiny_llama),
-        output_dir=str(tmp_path / "out"),
+        dataset=chat_tasks["v1"],
+        base_checkpoint=tiny_llama,
         hyperparameters={**SFT_HYPER, "steps": 5, "lora": False, "lr": 1e-2},
     )
     assert train_job_main(["--spec", str(spec)]) == 0
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    metrics = read_metrics(tmp_path)
     losses = [row["loss"] for row in metrics["history"]]
     assert losses[-1] < losses[0]
     assert metrics["family"] == "hf" and metrics["train_tokens"] > 0
@@ -121,17 +124,15 @@ def test_sft_lowers_the_loss(tiny_llama: Path, chat_tasks: dict[str, Path], tmp_
 def test_grpo_lora_job_continues_the_champion_adapter(
     sft_adapter: Path, tiny_llama: Path, chat_tasks: dict[str, Path], tmp_path: Path
 ) -> None:
-    spec = write_spec(
-        tmp_path / "spec.json",
-        kind="train",
+    spec = write_train_spec(
+        tmp_path,
         algorithm="grpo",
-        dataset=str(chat_tasks["v2"]),
-        base_checkpoint=str(sft_adapter),
-        output_dir=str(tmp_path / "out"),
+        dataset=chat_tasks["v2"],
+        base_checkpoint=sft_adapter,
         hyperparameters={**GRPO_HYPER, "kl_coef": 0.05},
     )
     assert train_job_main(["--spec", str(spec)]) == 0
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    metrics = read_metrics(tmp_path)
     assert metrics["steps"] == 2 and metrics["episodes"] == 8
     assert metrics["rollout_tokens"] > 0
     assert metrics["parent_checkpoint_id"] == read_manifest(sft_adapter).checkpoint_id
@@ -194,7 +195,7 @@ def test_eval_job_on_an_adapter_writes_per_task_results(
     assert len(rows) == 6
     assert set(rows[0]) >= {"task_id", "passed", "reward", "components", "turns", "end_reason"}
     assert set(rows[0]["components"]) == {"syntax", "tools", "answer"}
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    metrics = read_metrics(tmp_path)
     assert (
         metrics["n"] == 6 and metrics["checkpoint_id"] == read_manifest(sft_adapter).checkpoint_id
     )
@@ -309,13 +310,11 @@ def test_bad_hf_specs_fail_with_one_clear_line(
     hyper: dict[str, object],
     message: str,
 ) -> None:
-    spec = write_spec(
-        tmp_path / "spec.json",
-        kind="train",
+    spec = write_train_spec(
+        tmp_path,
         algorithm="sft",
-        dataset=str(chat_tasks["v1"]),
-        base_checkpoint=str(tiny_llama),
-        output_dir=str(tmp_path / "out"),
+        dataset=chat_tasks["v1"],
+        base_checkpoint=tiny_llama,
         hyperparameters=hyper,
     )
     assert train_job_main(["--spec", str(spec)]) == 2
@@ -333,13 +332,11 @@ def test_grpo_group_of_one_is_refused(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec = write_spec(
-        tmp_path / "spec.json",
-        kind="train",
+    spec = write_train_spec(
+        tmp_path,
         algorithm="grpo",
-        dataset=str(chat_tasks["v1"]),
-        base_checkpoint=str(tiny_llama),
-        output_dir=str(tmp_path / "out"),
+        dataset=chat_tasks["v1"],
+        base_checkpoint=tiny_llama,
         hyperparameters={"group_size": 1},
     )
     assert train_job_main(["--spec", str(spec)]) == 2
@@ -392,43 +389,21 @@ def test_logprobs_of_kept_positions_equal_the_full_computation(tiny_llama: Path)
 def test_two_torchrun_ranks_match_one_process(
     tiny_llama: Path, chat_tasks: dict[str, Path], tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
-
     from safetensors.torch import load_file
 
-    repo = Path(__file__).resolve().parents[3]
     hyper = {**SFT_HYPER, "steps": 2, "batch_size": 4, "micro_batch": 2, "threads": 1}
-    commands = {
-        "single": [sys.executable, "-m", "services.training.job"],
-        "ddp": [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "services.training.job",
-        ],
-    }
+    commands = {"single": job_command, "ddp": torchrun_job_command}
     for name, command in commands.items():
-        (tmp_path / name).mkdir()
-        spec = write_spec(
-            tmp_path / name / "spec.json",
-            kind="train",
+        spec = write_train_spec(
+            tmp_path / name,
             algorithm="sft",
-            dataset=str(chat_tasks["v1"]),
-            base_checkpoint=str(tiny_llama),
-            output_dir=str(tmp_path / name / "out"),
+            dataset=chat_tasks["v1"],
+            base_checkpoint=tiny_llama,
             hyperparameters=hyper,
         )
-        proc = subprocess.run(
-            [*command, "--spec", str(spec)], cwd=repo, capture_output=True, text=True, timeout=600
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    one = json.loads((tmp_path / "single" / "out" / "metrics.json").read_text())
-    two = json.loads((tmp_path / "ddp" / "out" / "metrics.json").read_text())
+        run_job_process(command(spec), timeout=600)
+    one = read_metrics(tmp_path / "single")
+    two = read_metrics(tmp_path / "ddp")
     assert (one["world_size"], two["world_size"]) == (1, 2)
     assert one["train_tokens"] == two["train_tokens"]
     a = load_file(str(tmp_path / "single" / "out" / "checkpoint" / "adapter_model.safetensors"))

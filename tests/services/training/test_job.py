@@ -11,7 +11,7 @@ import pytest
 
 from services.training.checkpoint import load_checkpoint, read_manifest
 from services.training.job import train_job_main
-from tests.services.training.conftest import write_spec
+from tests.services.training.conftest import read_metrics, write_spec, write_train_spec
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -72,7 +72,7 @@ def test_grpo_job_outputs_and_idempotent_rerun(
     )
     code, err = run_job(["--spec", str(spec)], capsys)
     assert code == 0, err
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    metrics = read_metrics(tmp_path)
     assert metrics["steps"] == 2 and metrics["groups"] == 4
     assert metrics["rollout_tokens"] > 0
     assert 0 <= metrics["filtered_zero_variance_groups"] <= 4
@@ -190,13 +190,7 @@ def test_missing_spec_and_bad_dataset(tmp_path: Path, capsys: pytest.CaptureFixt
     assert_one_line(err, "does not exist")
     bad = tmp_path / "tasks.jsonl"
     bad.write_text('{"schema": "ratchet.task/v1"}\n')
-    spec = write_spec(
-        tmp_path / "spec.json",
-        kind="train",
-        algorithm="sft",
-        dataset=str(bad),
-        output_dir=str(tmp_path / "out"),
-    )
+    spec = write_train_spec(tmp_path, algorithm="sft", dataset=bad)
     code, err = run_job(["--spec", str(spec)], capsys)
     assert code != 0
     assert_one_line(err, "invalid dataset")
@@ -217,13 +211,8 @@ def test_tampered_base_checkpoint(
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    spec = write_spec(
-        tmp_path / "spec.json",
-        kind="train",
-        algorithm="grpo",
-        dataset=str(task_files["v2"]),
-        base_checkpoint=str(copy),
-        output_dir=str(tmp_path / "out"),
+    spec = write_train_spec(
+        tmp_path, algorithm="grpo", dataset=task_files["v2"], base_checkpoint=copy
     )
     code, err = run_job(["--spec", str(spec)], capsys)
     assert code != 0

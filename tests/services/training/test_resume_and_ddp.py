@@ -3,20 +3,23 @@ data-parallel ranks (torchrun, gloo) reproduce the single-process run."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from services.training.checkpoint import load_checkpoint
-from tests.services.training.conftest import write_spec
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.services.training.conftest import (
+    REPO,
+    job_command,
+    read_metrics,
+    run_job_process,
+    torchrun_job_command,
+    write_train_spec,
+)
 
 GRPO_HYPER = {
     "tasks_per_step": 4,
@@ -30,28 +33,15 @@ GRPO_HYPER = {
 }
 
 
-def job_command(spec: Path) -> list[str]:
-    return [sys.executable, "-m", "services.training.job", "--spec", str(spec)]
-
-
 def grpo_spec(root: Path, champion: Path, dataset: Path, **hyper: object) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    return write_spec(
-        root / "spec.json",
-        kind="train",
+    return write_train_spec(
+        root,
         algorithm="grpo",
         environment="toolcalc",
-        dataset=str(dataset),
-        base_checkpoint=str(champion),
-        output_dir=str(root / "out"),
+        dataset=dataset,
+        base_checkpoint=champion,
         hyperparameters={**GRPO_HYPER, **hyper},
     )
-
-
-def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc
 
 
 def test_kill_mid_run_then_resume_reaches_the_same_state(
@@ -59,7 +49,7 @@ def test_kill_mid_run_then_resume_reaches_the_same_state(
 ) -> None:
     steps = 10
     reference = grpo_spec(tmp_path / "reference", tiny_champion, task_files["v2"], steps=steps)
-    run(job_command(reference))
+    run_job_process(job_command(reference))
 
     spec = grpo_spec(
         tmp_path / "killed", tiny_champion, task_files["v2"], steps=steps, checkpoint_every=2
@@ -82,9 +72,9 @@ def test_kill_mid_run_then_resume_reaches_the_same_state(
         "killed too late to test resume"
     )
 
-    run(job_command(spec))
-    resumed = json.loads((tmp_path / "killed" / "out" / "metrics.json").read_text())
-    expected = json.loads((tmp_path / "reference" / "out" / "metrics.json").read_text())
+    run_job_process(job_command(spec))
+    resumed = read_metrics(tmp_path / "killed")
+    expected = read_metrics(tmp_path / "reference")
     assert 2 <= resumed["resumed_from_step"] < steps
     assert resumed["steps"] == expected["steps"] == steps
     for key in ("rollout_tokens", "train_tokens", "filtered_zero_variance_groups", "final_reward"):
@@ -97,25 +87,12 @@ def test_two_ranks_match_one_process(
     tmp_path: Path, tiny_champion: Path, task_files: dict[str, Path]
 ) -> None:
     single = grpo_spec(tmp_path / "single", tiny_champion, task_files["v2"], steps=2)
-    run(job_command(single))
+    run_job_process(job_command(single))
     ddp = grpo_spec(tmp_path / "ddp", tiny_champion, task_files["v2"], steps=2)
-    run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "services.training.job",
-            "--spec",
-            str(ddp),
-        ]
-    )
+    run_job_process(torchrun_job_command(ddp))
 
-    one = json.loads((tmp_path / "single" / "out" / "metrics.json").read_text())
-    two = json.loads((tmp_path / "ddp" / "out" / "metrics.json").read_text())
+    one = read_metrics(tmp_path / "single")
+    two = read_metrics(tmp_path / "ddp")
     assert (one["world_size"], two["world_size"]) == (1, 2)
     for key in ("rollout_tokens", "train_tokens", "groups", "filtered_zero_variance_groups"):
         assert one[key] == two[key], key

@@ -82,6 +82,9 @@ class ModelRegistry:
         self._lock = threading.Lock()  # guards the maps; held only for assignments
         self._load_lock = threading.Lock()  # one load at a time (they are memory-heavy)
         self._keys = itertools.count(1)
+        # Adapters loaded onto an engine whose name has not switched to them yet: in use, so
+        # a collection that runs meanwhile (a request's release) must not unload them.
+        self._loading: set[tuple[int, str]] = set()
         self.swaps = 0
 
     # Reading -----------------------------------------------------------------------------
@@ -124,6 +127,8 @@ class ModelRegistry:
             with self._lock:
                 previous = self._names.get(name)
                 self._names[name] = served  # the switch
+                if served.adapter is not None:
+                    self._loading.discard((id(served.engine), served.adapter))
                 if previous is not None:
                     self.swaps += 1
         if previous is not None:
@@ -204,10 +209,16 @@ class ModelRegistry:
                     name, engine, other.adapter, other.version, str(path), engine.version, created
                 )
         key = f"a{next(self._keys)}"
+        with self._lock:
+            self._loading.add((id(engine), key))
         try:
             version = engine.load_adapter(key, path)
-        except CheckpointError as exc:
-            raise LoadRefused(str(exc)) from exc
+        except BaseException as exc:
+            with self._lock:
+                self._loading.discard((id(engine), key))
+            if isinstance(exc, CheckpointError):
+                raise LoadRefused(str(exc)) from exc
+            raise
         return ServedModel(name, engine, key, version, str(path), engine.version, created)
 
     def _collect(self) -> None:
@@ -216,7 +227,7 @@ class ModelRegistry:
         Full models need nothing: an engine nothing references is freed by the GC."""
         with self._lock:
             used = [*self._names.values(), *(m for m, _ in self._in_flight.values())]
-        kept = {(id(m.engine), m.adapter) for m in used}
+            kept = {(id(m.engine), m.adapter) for m in used} | self._loading
         for engine in {id(m.engine): m.engine for m in used}.values():
             if isinstance(engine, HFEngine):
                 for key in engine.adapters():

@@ -238,3 +238,27 @@ def test_a_fresh_checkpoint_directory_serves_under_a_new_name(
     assert load(server, "fresh", fresh).status_code == 200
     assert greedy(server, "fresh")[1] == fresh.id
     assert greedy(server, "agent")[1] == checkpoints[0].id
+
+
+def test_a_request_finishing_while_an_adapter_loads_does_not_unload_it(
+    llama_with_adapters: list[CheckpointRef],
+) -> None:
+    """A request's release collects unused adapters; one loaded but not yet switched to its
+    name is in use, not garbage (the race that failed requests during swaps under load)."""
+    base, first, second = llama_with_adapters
+    registry = ModelRegistry(device="cpu")
+    registry.load("agent", path_of(base))
+    registry.load("agent-a1", path_of(first))
+    engine = registry.names()[0].engine
+    held = registry.acquire("agent-a1")
+    real_load = engine.load_adapter
+
+    def load_then_a_request_finishes(name: str, path: Path) -> str:
+        version = real_load(name, path)
+        registry.release(held)  # lands between the load and the name's switch
+        return version
+
+    engine.load_adapter = load_then_a_request_finishes  # type: ignore[method-assign]
+    served = registry.load("agent-a2", path_of(second))
+    assert served.adapter in engine.adapters()
+    assert registry.acquire("agent-a2").adapter in engine.adapters()

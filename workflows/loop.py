@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activities.loop import LoopActivities
     from workflows.curate import CurateWorkflow, curate_batches
     from workflows.evaluate import EvaluateWorkflow
-    from workflows.options import DB_RETRY, LONG_DB_TIMEOUT, SHORT_TIMEOUT
+    from workflows.options import LONG_DB_TIMEOUT, db_activity
     from workflows.probe import ProbeWorkflow
     from workflows.promote import PromoteWorkflow
     from workflows.search_attributes import (
@@ -226,11 +226,9 @@ class LoopWorkflow:
     async def _check_trigger(self, config: LoopConfig) -> tuple[str | None, dict[str, object]]:
         """Curate what arrived, then decide whether a cycle starts now and why."""
         await self._curate_pending()
-        pending = await workflow.execute_activity_method(
+        pending = await db_activity(
             CurationActivities.pending_work,
             PendingWorkInput(self.loop),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
         detail: dict[str, object] = {"new_train_tasks": pending.new_train_tasks}
         if self.state.run_now:
@@ -242,11 +240,9 @@ class LoopWorkflow:
             detail["min_new_tasks"] = config.trigger_policy.min_new_tasks
             return "min_new_tasks", detail
         if config.trigger_policy.drift_enabled:
-            drift = await workflow.execute_activity_method(
+            drift = await db_activity(
                 CurationActivities.check_drift,
                 DriftInput(self.loop),
-                start_to_close_timeout=SHORT_TIMEOUT,
-                retry_policy=DB_RETRY,
             )
             if drift.drifted:
                 detail.update(
@@ -277,7 +273,7 @@ class LoopWorkflow:
         self.state.cycle_number = cycle
         self.cycle = cycle
         self.approval = None
-        started = await workflow.execute_activity_method(
+        started = await db_activity(
             LoopActivities.start_cycle,
             StartCycleInput(
                 loop=self.loop,
@@ -286,8 +282,6 @@ class LoopWorkflow:
                 trigger_detail=dict(detail),
                 workflow_id=workflow.info().workflow_id,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
         ended = CycleEnd("failed", "")
         try:
@@ -296,7 +290,7 @@ class LoopWorkflow:
             ended = CycleEnd(aborted.outcome, aborted.detail, gate_points=aborted.gate_points)
         outcome, reason = ended.outcome, ended.reason
         self._set_stage("account")
-        closed = await workflow.execute_activity_method(
+        closed = await db_activity(
             LoopActivities.close_cycle,
             CloseCycleInput(
                 loop=self.loop,
@@ -309,8 +303,6 @@ class LoopWorkflow:
                 live_baseline=ended.live_baseline,
                 live_canary=ended.live_canary,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
         workflow.logger.info(
             "cycle %s of %s ended: %s (%s); cost $%.4f",
@@ -348,11 +340,10 @@ class LoopWorkflow:
             await self._probe(config, cycle, started)
         self._set_stage("snapshot", cycle=cycle)
         await self._mark_stage(cycle, "snapshot")
-        dataset = await workflow.execute_activity_method(
+        dataset = await db_activity(
             CurationActivities.snapshot_dataset,
             SnapshotInput(self.loop, cycle),
-            start_to_close_timeout=LONG_DB_TIMEOUT,
-            retry_policy=DB_RETRY,
+            start_to_close=LONG_DB_TIMEOUT,
         )
         if dataset.difficulty:
             workflow.logger.info(
@@ -417,7 +408,7 @@ class LoopWorkflow:
 
         self._set_stage("gate", cycle=cycle)
         await self._mark_stage(cycle, "gate")
-        gate = await workflow.execute_activity_method(
+        gate = await db_activity(
             LoopActivities.gate,
             GateInput(
                 loop=self.loop,
@@ -429,13 +420,11 @@ class LoopWorkflow:
                 regression_tolerance_points=config.gate_policy.regression_tolerance_points,
                 min_discordant_pairs=config.gate_policy.min_discordant_pairs,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
         decision, reason, decided_by = gate.decision, gate.reason, "gate"
         if config.gate_policy.mode == "manual":
             decision, reason, decided_by = await self._await_approval(gate)
-        recorded = await workflow.execute_activity_method(
+        recorded = await db_activity(
             LoopActivities.record_decision,
             RecordDecisionInput(
                 loop=self.loop,
@@ -447,8 +436,6 @@ class LoopWorkflow:
                 previous_checkpoint_id=started.champion_checkpoint_id,
                 decided_by=decided_by,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
         gate_points = _number(gate.statistics.get("delta_points")) if honest else None
         if recorded.decision != "promote":
@@ -548,11 +535,10 @@ class LoopWorkflow:
         reason = self.state.rollback_reason
         self.state.rollback_reason = None
         self._set_stage("rollback")
-        result = await workflow.execute_activity_method(
+        result = await db_activity(
             LoopActivities.rollback_champion,
             RollbackInput(self.loop, reason),
-            start_to_close_timeout=LONG_DB_TIMEOUT,
-            retry_policy=DB_RETRY,
+            start_to_close=LONG_DB_TIMEOUT,
         )
         workflow.logger.info("rollback of %s: %s", self.loop, result.reason)
         self._set_stage("waiting")
@@ -587,11 +573,9 @@ class LoopWorkflow:
             raise CycleAborted("failed", f"{stage} failed: {_root_cause(exc)}") from exc
 
     async def _load_config(self) -> LoopConfig:
-        return await workflow.execute_activity_method(
+        return await db_activity(
             LoopActivities.load_loop_config,
             LoopConfigInput(self.loop),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
 
     async def _mark_stage(
@@ -602,11 +586,9 @@ class LoopWorkflow:
         dataset_id: int | None = None,
         candidate: str | None = None,
     ) -> None:
-        await workflow.execute_activity_method(
+        await db_activity(
             LoopActivities.set_cycle_stage,
             StageInput(self.loop, cycle, stage, dataset_id, candidate),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
 
     def _search_attributes(self, stage: str, cycle: int) -> TypedSearchAttributes:

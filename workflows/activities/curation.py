@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 from temporalio import activity
@@ -294,6 +294,17 @@ class CurationActivities:
             )
         logger.info("recorded %d probe pass rates of %s", updated, input.loop)
         return RecordProbesResult(updated=updated)
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [
+            self.curate_batch,
+            self.snapshot_dataset,
+            self.check_drift,
+            self.pending_work,
+            self.export_probe_tasks,
+            self.probe_pass_rates,
+            self.record_probes,
+        ]
 
     # Helpers --------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -48,7 +47,6 @@ with workflow.unsafe.imports_passed_through():
         EvaluateInput,
         GateInput,
         GateResult,
-        LiveStats,
         LoopConfig,
         LoopConfigInput,
         LoopInput,
@@ -97,19 +95,6 @@ class CycleAborted(Exception):
         self.outcome = outcome
         self.detail = detail
         self.gate_points = gate_points
-
-
-@dataclass
-class CycleEnd:
-    """How a cycle ended and its numbers: held-out points, gate points, the canary's samples."""
-
-    outcome: str
-    reason: str
-    points: float | None = None
-    candidate_id: str | None = None
-    gate_points: float | None = None
-    live_baseline: LiveStats | None = None
-    live_canary: LiveStats | None = None
 
 
 @workflow.defn
@@ -283,27 +268,16 @@ class LoopWorkflow:
                 workflow_id=workflow.info().workflow_id,
             ),
         )
-        ended = CycleEnd("failed", "")
+        ended = CloseCycleInput(self.loop, cycle, "failed", "")
         try:
             ended = await self._cycle_stages(config, cycle, started, honest=honest)
         except CycleAborted as aborted:
-            ended = CycleEnd(aborted.outcome, aborted.detail, gate_points=aborted.gate_points)
-        outcome, reason = ended.outcome, ended.reason
+            ended = CloseCycleInput(
+                self.loop, cycle, aborted.outcome, aborted.detail, gate_points=aborted.gate_points
+            )
+        outcome, reason = ended.outcome, ended.detail
         self._set_stage("account")
-        closed = await db_activity(
-            LoopActivities.close_cycle,
-            CloseCycleInput(
-                loop=self.loop,
-                cycle=cycle,
-                outcome=outcome,
-                detail=reason,
-                points_gained=ended.points,
-                candidate_checkpoint_id=ended.candidate_id,
-                gate_points=ended.gate_points,
-                live_baseline=ended.live_baseline,
-                live_canary=ended.live_canary,
-            ),
-        )
+        closed = await db_activity(LoopActivities.close_cycle, ended)
         workflow.logger.info(
             "cycle %s of %s ended: %s (%s); cost $%.4f",
             cycle,
@@ -325,7 +299,9 @@ class LoopWorkflow:
 
     async def _cycle_stages(
         self, config: LoopConfig, cycle: int, started: StartCycleResult, *, honest: bool
-    ) -> CycleEnd:
+    ) -> CloseCycleInput:
+        """Run the stages of a cycle; how it ended, with its numbers (held-out points, gate
+        points, the canary's samples), as the accounting stage records it."""
         self._set_stage("curate", cycle=cycle)
         await self._child(
             CurateWorkflow.run,
@@ -465,16 +441,34 @@ class LoopWorkflow:
         live = {"live_baseline": promoted.live_baseline, "live_canary": promoted.live_canary}
         if promoted.status != "held":
             outcome = "rolled_back" if promoted.status == "rolled_back" else "failed"
-            return CycleEnd(
-                outcome, promoted.reason, 0.0, trained.checkpoint_id, gate_points, **live
+            return CloseCycleInput(
+                self.loop,
+                cycle,
+                outcome,
+                promoted.reason,
+                0.0,
+                trained.checkpoint_id,
+                gate_points,
+                **live,
             )
         if not honest:
             points = float(gate.statistics.get("delta_points", 0.0))
-            return CycleEnd("promoted", reason, points, trained.checkpoint_id)
+            return CloseCycleInput(
+                self.loop, cycle, "promoted", reason, points, trained.checkpoint_id
+            )
         # Points gained are the held-out set's: the gate's eval set is new failures, on
         # which the champion scores ~0 by construction. No held-out set, no points claimed.
         heldout = _number(gate.statistics.get("heldout_points"))
-        return CycleEnd("promoted", reason, heldout, trained.checkpoint_id, gate_points, **live)
+        return CloseCycleInput(
+            self.loop,
+            cycle,
+            "promoted",
+            reason,
+            heldout,
+            trained.checkpoint_id,
+            gate_points,
+            **live,
+        )
 
     async def _probe(self, config: LoopConfig, cycle: int, started: StartCycleResult) -> None:
         """Probe the champion on unprobed train tasks so the snapshot can filter them.

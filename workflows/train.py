@@ -58,15 +58,16 @@ class TrainWorkflow:
             ),
             timedelta(seconds=timeout_s),
         )
+        result = TrainResult(
+            run_id=run_id,
+            status=job.status,
+            compute_seconds=job.compute_seconds,
+            cost_usd=job.cost_usd,
+            metrics=job.metrics,
+            error=job.error,
+        )
         if job.status != "succeeded":
-            return TrainResult(
-                run_id=run_id,
-                status=job.status,
-                compute_seconds=job.compute_seconds,
-                cost_usd=job.cost_usd,
-                metrics=job.metrics,
-                error=job.error,
-            )
+            return result
         checkpoint = await workflow.execute_activity_method(
             JobActivities.register_checkpoint,
             RegisterCheckpointInput(
@@ -79,12 +80,5 @@ class TrainWorkflow:
             heartbeat_timeout=INSTALL_HEARTBEAT,
             retry_policy=JOB_RETRY,
         )
-        return TrainResult(
-            run_id=run_id,
-            status="succeeded",
-            checkpoint_id=checkpoint.checkpoint_id,
-            checkpoint_uri=checkpoint.uri,
-            compute_seconds=job.compute_seconds,
-            cost_usd=job.cost_usd,
-            metrics=job.metrics,
-        )
+        result.checkpoint_id, result.checkpoint_uri = checkpoint.checkpoint_id, checkpoint.uri
+        return result

@@ -46,6 +46,7 @@ from services.metrics import (
     LOOP_SPEND,
 )
 from services.serving.base import ServingError
+from workflows.activities.errors import fails_as
 from workflows.shared import (
     CloseCycleInput,
     CloseCycleResult,
@@ -88,11 +89,8 @@ class LoopActivities:
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
         """A transaction whose 'not found' and bad-policy errors are not worth retrying."""
-        try:
-            with self._sessions.begin() as session:
-                yield session
-        except NotFound as exc:
-            raise ApplicationError(str(exc), type="NotFound", non_retryable=True) from exc
+        with fails_as("NotFound", NotFound), self._sessions.begin() as session:
+            yield session
 
     def _deploy_verified(
         self, serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str
@@ -112,7 +110,12 @@ class LoopActivities:
         """Read-only, so trivially idempotent."""
         with self._transaction() as session:
             loop = require_loop(session=session, name=input.loop)
-            try:
+            with fails_as(
+                "InvalidPolicy",
+                ValidationError,
+                CurationPolicyError,
+                context=f"loop {input.loop!r} has an invalid policy",
+            ):
                 trigger, gate, training, serving = parse_policies(
                     loop.trigger_policy,
                     loop.gate_policy,
@@ -120,12 +123,6 @@ class LoopActivities:
                     loop.serving_target,
                 )
                 curation = CurationPolicy.from_json(loop.curation_policy)
-            except (ValidationError, CurationPolicyError) as exc:
-                raise ApplicationError(
-                    f"loop {input.loop!r} has an invalid policy: {exc}",
-                    type="InvalidPolicy",
-                    non_retryable=True,
-                ) from exc
             champion_uri = loop.champion.uri if loop.champion is not None else None
             ledger = q.loop_ledger(session=session, loop=loop)
             return LoopConfig(
@@ -187,12 +184,8 @@ class LoopActivities:
     @activity.defn(name="record_evaluation")
     def record_evaluation(self, input: RecordEvaluationInput) -> EvaluationSummary:
         """Unique per (cycle, checkpoint, task set): a retry returns the stored evaluation."""
-        try:
+        with fails_as("BadEvaluationOutput", ResultsFileError):
             rows = read_results(uri_to_path(input.output_uri))
-        except ResultsFileError as exc:
-            raise ApplicationError(
-                str(exc), type="BadEvaluationOutput", non_retryable=True
-            ) from exc
         ci = mean_interval([pass_at_1(row) for row in rows]) if rows else (0.0, 0.0)
         with self._transaction() as session:
             loop = require_loop(session=session, name=input.loop)

@@ -99,7 +99,7 @@ class SplitAssigner:
         self._heldout += 1
         return "heldout"
 
-    def _hashed_split(self, cluster_id: str) -> Split:
+    def _hashed_split(self, cluster_id: str) -> ClusterSplit:
         """The split of a cluster the loop has not stored yet: its hash decides."""
         return split_for_cluster(
             cluster_id, eval_fraction=self._eval_fraction, heldout_fraction=self._heldout_fraction

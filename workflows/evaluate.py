@@ -17,34 +17,17 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.jobs import run_job_from_workflow
     from workflows.activities.loop import LoopActivities
-    from workflows.options import JOB_RETRY, RESULTS_TIMEOUT
+    from workflows.options import JOB_RETRY, RESULTS_TIMEOUT, db_activity
     from workflows.shared import (
         EvalTarget,
         EvaluateInput,
         EvaluateResult,
         EvaluationSummary,
         RecordEvaluationInput,
-        RunJobInput,
         RunJobResult,
-        eval_job_document,
-        job_override,
+        cycle_eval_job_spec,
+        cycle_job,
         run_id_for,
-        uri_path,
-    )
-
-
-def eval_job_spec(
-    input: EvaluateInput, target: EvalTarget, task_set: str, task_uri: str, run_id: str
-) -> dict[str, object]:
-    return eval_job_document(
-        run_id=run_id,
-        environment=input.environment,
-        checkpoint=uri_path(target.checkpoint_uri),
-        dataset=uri_path(task_uri),
-        samples=input.samples,
-        seed=input.cycle,
-        device=input.profile.get("device", "auto"),
-        temperature=input.temperature,
     )
 
 
@@ -72,24 +55,27 @@ class EvaluateWorkflow:
         self, input: EvaluateInput, target: EvalTarget, task_set: str, task_uri: str
     ) -> tuple[RunJobResult, EvaluationSummary | None]:
         run_id = run_id_for(input.loop, input.cycle, "eval", f"{target.role}-{task_set}")
-        image, command = job_override(input.profile, "eval_job")
+        job_spec = cycle_eval_job_spec(
+            input,
+            run_id,
+            checkpoint_uri=target.checkpoint_uri,
+            task_uri=task_uri,
+            samples=input.samples,
+            temperature=input.temperature,
+        )
         job = await run_job_from_workflow(
-            RunJobInput(
-                run_id=run_id,
-                loop=input.loop,
-                kind="eval",
-                job_spec=eval_job_spec(input, target, task_set, task_uri, run_id),
-                cycle=input.cycle,
-                dataset_id=input.dataset_id,
+            cycle_job(
+                input,
+                "eval",
+                run_id,
+                job_spec,
                 base_checkpoint_id=target.checkpoint_id,
-                accelerators=int(input.profile.get("eval_accelerators", 0)),
-                job_image=image,
-                job_command=command,
+                dataset_id=input.dataset_id,
             ),
         )
         if job.status != "succeeded":
             return job, None
-        summary = await workflow.execute_activity_method(
+        summary = await db_activity(
             LoopActivities.record_evaluation,
             RecordEvaluationInput(
                 loop=input.loop,
@@ -101,7 +87,7 @@ class EvaluateWorkflow:
                 run_id=run_id,
                 output_uri=job.output_uri,
             ),
-            start_to_close_timeout=RESULTS_TIMEOUT,
-            retry_policy=JOB_RETRY,
+            start_to_close=RESULTS_TIMEOUT,
+            retry=JOB_RETRY,
         )
         return job, summary

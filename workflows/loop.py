@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -29,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activities.loop import LoopActivities
     from workflows.curate import CurateWorkflow, curate_batches
     from workflows.evaluate import EvaluateWorkflow
-    from workflows.options import DB_RETRY, LONG_DB_TIMEOUT, SHORT_TIMEOUT
+    from workflows.options import LONG_DB_TIMEOUT, db_activity
     from workflows.probe import ProbeWorkflow
     from workflows.promote import PromoteWorkflow
     from workflows.search_attributes import (
@@ -48,7 +47,6 @@ with workflow.unsafe.imports_passed_through():
         EvaluateInput,
         GateInput,
         GateResult,
-        LiveStats,
         LoopConfig,
         LoopConfigInput,
         LoopInput,
@@ -97,19 +95,6 @@ class CycleAborted(Exception):
         self.outcome = outcome
         self.detail = detail
         self.gate_points = gate_points
-
-
-@dataclass
-class CycleEnd:
-    """How a cycle ended and its numbers: held-out points, gate points, the canary's samples."""
-
-    outcome: str
-    reason: str
-    points: float | None = None
-    candidate_id: str | None = None
-    gate_points: float | None = None
-    live_baseline: LiveStats | None = None
-    live_canary: LiveStats | None = None
 
 
 @workflow.defn
@@ -226,11 +211,9 @@ class LoopWorkflow:
     async def _check_trigger(self, config: LoopConfig) -> tuple[str | None, dict[str, object]]:
         """Curate what arrived, then decide whether a cycle starts now and why."""
         await self._curate_pending()
-        pending = await workflow.execute_activity_method(
+        pending = await db_activity(
             CurationActivities.pending_work,
             PendingWorkInput(self.loop),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
         detail: dict[str, object] = {"new_train_tasks": pending.new_train_tasks}
         if self.state.run_now:
@@ -242,11 +225,9 @@ class LoopWorkflow:
             detail["min_new_tasks"] = config.trigger_policy.min_new_tasks
             return "min_new_tasks", detail
         if config.trigger_policy.drift_enabled:
-            drift = await workflow.execute_activity_method(
+            drift = await db_activity(
                 CurationActivities.check_drift,
                 DriftInput(self.loop),
-                start_to_close_timeout=SHORT_TIMEOUT,
-                retry_policy=DB_RETRY,
             )
             if drift.drifted:
                 detail.update(
@@ -277,7 +258,7 @@ class LoopWorkflow:
         self.state.cycle_number = cycle
         self.cycle = cycle
         self.approval = None
-        started = await workflow.execute_activity_method(
+        started = await db_activity(
             LoopActivities.start_cycle,
             StartCycleInput(
                 loop=self.loop,
@@ -286,32 +267,17 @@ class LoopWorkflow:
                 trigger_detail=dict(detail),
                 workflow_id=workflow.info().workflow_id,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
-        ended = CycleEnd("failed", "")
+        ended = CloseCycleInput(self.loop, cycle, "failed", "")
         try:
             ended = await self._cycle_stages(config, cycle, started, honest=honest)
         except CycleAborted as aborted:
-            ended = CycleEnd(aborted.outcome, aborted.detail, gate_points=aborted.gate_points)
-        outcome, reason = ended.outcome, ended.reason
+            ended = CloseCycleInput(
+                self.loop, cycle, aborted.outcome, aborted.detail, gate_points=aborted.gate_points
+            )
+        outcome, reason = ended.outcome, ended.detail
         self._set_stage("account")
-        closed = await workflow.execute_activity_method(
-            LoopActivities.close_cycle,
-            CloseCycleInput(
-                loop=self.loop,
-                cycle=cycle,
-                outcome=outcome,
-                detail=reason,
-                points_gained=ended.points,
-                candidate_checkpoint_id=ended.candidate_id,
-                gate_points=ended.gate_points,
-                live_baseline=ended.live_baseline,
-                live_canary=ended.live_canary,
-            ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
-        )
+        closed = await db_activity(LoopActivities.close_cycle, ended)
         workflow.logger.info(
             "cycle %s of %s ended: %s (%s); cost $%.4f",
             cycle,
@@ -333,7 +299,9 @@ class LoopWorkflow:
 
     async def _cycle_stages(
         self, config: LoopConfig, cycle: int, started: StartCycleResult, *, honest: bool
-    ) -> CycleEnd:
+    ) -> CloseCycleInput:
+        """Run the stages of a cycle; how it ended, with its numbers (held-out points, gate
+        points, the canary's samples), as the accounting stage records it."""
         self._set_stage("curate", cycle=cycle)
         await self._child(
             CurateWorkflow.run,
@@ -348,11 +316,10 @@ class LoopWorkflow:
             await self._probe(config, cycle, started)
         self._set_stage("snapshot", cycle=cycle)
         await self._mark_stage(cycle, "snapshot")
-        dataset = await workflow.execute_activity_method(
+        dataset = await db_activity(
             CurationActivities.snapshot_dataset,
             SnapshotInput(self.loop, cycle),
-            start_to_close_timeout=LONG_DB_TIMEOUT,
-            retry_policy=DB_RETRY,
+            start_to_close=LONG_DB_TIMEOUT,
         )
         if dataset.difficulty:
             workflow.logger.info(
@@ -417,7 +384,7 @@ class LoopWorkflow:
 
         self._set_stage("gate", cycle=cycle)
         await self._mark_stage(cycle, "gate")
-        gate = await workflow.execute_activity_method(
+        gate = await db_activity(
             LoopActivities.gate,
             GateInput(
                 loop=self.loop,
@@ -429,13 +396,11 @@ class LoopWorkflow:
                 regression_tolerance_points=config.gate_policy.regression_tolerance_points,
                 min_discordant_pairs=config.gate_policy.min_discordant_pairs,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
         decision, reason, decided_by = gate.decision, gate.reason, "gate"
         if config.gate_policy.mode == "manual":
             decision, reason, decided_by = await self._await_approval(gate)
-        recorded = await workflow.execute_activity_method(
+        recorded = await db_activity(
             LoopActivities.record_decision,
             RecordDecisionInput(
                 loop=self.loop,
@@ -447,8 +412,6 @@ class LoopWorkflow:
                 previous_checkpoint_id=started.champion_checkpoint_id,
                 decided_by=decided_by,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
         gate_points = _number(gate.statistics.get("delta_points")) if honest else None
         if recorded.decision != "promote":
@@ -478,16 +441,34 @@ class LoopWorkflow:
         live = {"live_baseline": promoted.live_baseline, "live_canary": promoted.live_canary}
         if promoted.status != "held":
             outcome = "rolled_back" if promoted.status == "rolled_back" else "failed"
-            return CycleEnd(
-                outcome, promoted.reason, 0.0, trained.checkpoint_id, gate_points, **live
+            return CloseCycleInput(
+                self.loop,
+                cycle,
+                outcome,
+                promoted.reason,
+                0.0,
+                trained.checkpoint_id,
+                gate_points,
+                **live,
             )
         if not honest:
             points = float(gate.statistics.get("delta_points", 0.0))
-            return CycleEnd("promoted", reason, points, trained.checkpoint_id)
+            return CloseCycleInput(
+                self.loop, cycle, "promoted", reason, points, trained.checkpoint_id
+            )
         # Points gained are the held-out set's: the gate's eval set is new failures, on
         # which the champion scores ~0 by construction. No held-out set, no points claimed.
         heldout = _number(gate.statistics.get("heldout_points"))
-        return CycleEnd("promoted", reason, heldout, trained.checkpoint_id, gate_points, **live)
+        return CloseCycleInput(
+            self.loop,
+            cycle,
+            "promoted",
+            reason,
+            heldout,
+            trained.checkpoint_id,
+            gate_points,
+            **live,
+        )
 
     async def _probe(self, config: LoopConfig, cycle: int, started: StartCycleResult) -> None:
         """Probe the champion on unprobed train tasks so the snapshot can filter them.
@@ -548,11 +529,10 @@ class LoopWorkflow:
         reason = self.state.rollback_reason
         self.state.rollback_reason = None
         self._set_stage("rollback")
-        result = await workflow.execute_activity_method(
+        result = await db_activity(
             LoopActivities.rollback_champion,
             RollbackInput(self.loop, reason),
-            start_to_close_timeout=LONG_DB_TIMEOUT,
-            retry_policy=DB_RETRY,
+            start_to_close=LONG_DB_TIMEOUT,
         )
         workflow.logger.info("rollback of %s: %s", self.loop, result.reason)
         self._set_stage("waiting")
@@ -587,11 +567,9 @@ class LoopWorkflow:
             raise CycleAborted("failed", f"{stage} failed: {_root_cause(exc)}") from exc
 
     async def _load_config(self) -> LoopConfig:
-        return await workflow.execute_activity_method(
+        return await db_activity(
             LoopActivities.load_loop_config,
             LoopConfigInput(self.loop),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
 
     async def _mark_stage(
@@ -602,11 +580,9 @@ class LoopWorkflow:
         dataset_id: int | None = None,
         candidate: str | None = None,
     ) -> None:
-        await workflow.execute_activity_method(
+        await db_activity(
             LoopActivities.set_cycle_stage,
             StageInput(self.loop, cycle, stage, dataset_id, candidate),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=DB_RETRY,
         )
 
     def _search_attributes(self, stage: str, cycle: int) -> TypedSearchAttributes:

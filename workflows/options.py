@@ -9,9 +9,15 @@ preset can be tuned without breaking running workflows; the architecture test al
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, TypeVar
 
+from temporalio import workflow
 from temporalio.common import RetryPolicy
+
+ArgT = TypeVar("ArgT")
+ResultT = TypeVar("ResultT")
 
 # Database transactions --------------------------------------------------------------------
 
@@ -33,6 +39,24 @@ BOUNDED_DB_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=10,
 )
+
+
+async def db_activity(
+    activity: Callable[[Any, ArgT], ResultT],
+    arg: ArgT,
+    *,
+    start_to_close: timedelta = SHORT_TIMEOUT,
+    retry: RetryPolicy = DB_RETRY,
+) -> ResultT:
+    """Workflow code: run an activity that is one database transaction, as most calls are.
+
+    The activity is passed by reference (``LoopActivities.gate``), so the type checker sees
+    its input and result; the timeout and retry are this module's database presets.
+    """
+    return await workflow.execute_activity_method(
+        activity, arg, start_to_close_timeout=start_to_close, retry_policy=retry
+    )
+
 
 # Jobs -------------------------------------------------------------------------------------
 

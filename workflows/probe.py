@@ -24,9 +24,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
     from workflows.activities.jobs import run_job_from_workflow
     from workflows.options import (
-        DB_RETRY,
         LONG_DB_TIMEOUT,
         RESULTS_TIMEOUT,
+        db_activity,
     )
     from workflows.shared import (
         ExportProbeTasksInput,
@@ -34,11 +34,9 @@ with workflow.unsafe.imports_passed_through():
         ProbePassRatesInput,
         ProbeResult,
         RecordProbesInput,
-        RunJobInput,
-        eval_job_document,
-        job_override,
+        cycle_eval_job_spec,
+        cycle_job,
         run_id_for,
-        uri_path,
     )
 
 PROBE_TEMPERATURE = 1.0
@@ -46,14 +44,12 @@ PROBE_TEMPERATURE = 1.0
 
 def probe_job_spec(input: ProbeInput, task_uri: str, run_id: str) -> dict[str, object]:
     """The eval job's spec for a probe: ``attempts`` samples per task, sampled at T=1."""
-    return eval_job_document(
-        run_id=run_id,
-        environment=input.environment,
-        checkpoint=uri_path(input.champion_uri),
-        dataset=uri_path(task_uri),
+    return cycle_eval_job_spec(
+        input,
+        run_id,
+        checkpoint_uri=input.champion_uri,
+        task_uri=task_uri,
         samples=input.attempts,
-        seed=input.cycle,
-        device=input.profile.get("device", "auto"),
         temperature=PROBE_TEMPERATURE,
     )
 
@@ -63,28 +59,22 @@ class ProbeWorkflow:
     @workflow.run
     async def run(self, input: ProbeInput) -> ProbeResult:
         run_id = run_id_for(input.loop, input.cycle, "probe")
-        exported = await workflow.execute_activity_method(
+        exported = await db_activity(
             CurationActivities.export_probe_tasks,
             ExportProbeTasksInput(loop=input.loop, run_id=run_id),
-            start_to_close_timeout=LONG_DB_TIMEOUT,
-            retry_policy=DB_RETRY,
+            start_to_close=LONG_DB_TIMEOUT,
         )
         if exported.count == 0 or exported.task_uri is None:
             workflow.logger.info("probe of %s skipped: every train task is probed", input.loop)
             return ProbeResult(status="skipped")
 
-        image, command = job_override(input.profile, "eval_job")
         job = await run_job_from_workflow(
-            RunJobInput(
-                run_id=run_id,
-                loop=input.loop,
-                kind="probe",
-                job_spec=probe_job_spec(input, exported.task_uri, run_id),
-                cycle=input.cycle,
+            cycle_job(
+                input,
+                "probe",
+                run_id,
+                probe_job_spec(input, exported.task_uri, run_id),
                 base_checkpoint_id=input.champion_checkpoint_id,
-                accelerators=int(input.profile.get("eval_accelerators", 0)),
-                job_image=image,
-                job_command=command,
             ),
         )
         result = ProbeResult(
@@ -99,19 +89,17 @@ class ProbeWorkflow:
             workflow.logger.warning("probe %s %s: %s", run_id, job.status, job.error or "")
             return result
 
-        rates = await workflow.execute_activity_method(
+        rates = await db_activity(
             CurationActivities.probe_pass_rates,
             ProbePassRatesInput(
                 loop=input.loop, output_uri=job.output_uri, task_ids=exported.task_ids
             ),
-            start_to_close_timeout=RESULTS_TIMEOUT,
-            retry_policy=DB_RETRY,
+            start_to_close=RESULTS_TIMEOUT,
         )
-        recorded = await workflow.execute_activity_method(
+        recorded = await db_activity(
             CurationActivities.record_probes,
             RecordProbesInput(loop=input.loop, pass_rates=rates.pass_rates),
-            start_to_close_timeout=RESULTS_TIMEOUT,
-            retry_policy=DB_RETRY,
+            start_to_close=RESULTS_TIMEOUT,
         )
         result.recorded = recorded.updated
         result.too_easy, result.too_hard, result.kept = rates.too_easy, rates.too_hard, rates.kept

@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
         DEPLOY_RETRY,
         INSTALL_HEARTBEAT,
         INSTALL_TIMEOUT,
-        SHORT_TIMEOUT,
+        db_activity,
     )
     from workflows.shared import (
         DeployInput,
@@ -141,7 +141,7 @@ class PromoteWorkflow:
         since: str | None = None,
         until: str | None = None,
     ) -> LiveStats:
-        return await workflow.execute_activity_method(
+        return await db_activity(
             LoopActivities.live_stats,
             LiveStatsInput(
                 input.loop,
@@ -150,8 +150,7 @@ class PromoteWorkflow:
                 until=until,
                 limit=max(input.canary_min_traces * 5, 200),
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=BOUNDED_DB_RETRY,
+            retry=BOUNDED_DB_RETRY,
         )
 
     async def _set_status(
@@ -163,7 +162,7 @@ class PromoteWorkflow:
         set_champion: str | None = None,
         timestamp_field: str | None = None,
     ) -> None:
-        await workflow.execute_activity_method(
+        await db_activity(
             LoopActivities.update_promotion,
             PromotionStatusInput(
                 loop=input.loop,
@@ -173,8 +172,7 @@ class PromoteWorkflow:
                 set_champion=set_champion,
                 timestamp_field=timestamp_field,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=BOUNDED_DB_RETRY,
+            retry=BOUNDED_DB_RETRY,
         )
 
 

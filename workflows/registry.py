@@ -51,18 +51,9 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     loop = LoopActivities(
         deps.session_factory, ServingTargets(deps.settings, heartbeat=_heartbeat_if_in_activity)
     )
-    curation_activities: list[Callable[..., Any]] = [
-        curation.curate_batch,
-        curation.snapshot_dataset,
-        curation.check_drift,
-        curation.pending_work,
-        curation.export_probe_tasks,
-        curation.probe_pass_rates,
-        curation.record_probes,
-    ]
     retention = RetentionActivities(deps.session_factory)
     return [
-        *curation_activities,
+        *curation.activities(),
         *jobs.activities(),
         *loop.activities(),
         retention.purge_trace_bodies,

@@ -10,7 +10,7 @@ inside ``imports_passed_through`` and the api imports it to start and signal wor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from temporalio.converter import TransferTypeConverter, transfer_type_convertible
 
@@ -241,6 +241,70 @@ def job_override(profile: dict[str, Any], key: str) -> tuple[str | None, list[st
     override = profile.get(key) or {}
     command = override.get("command")
     return override.get("image"), list(command) if command else None
+
+
+class CycleJobStage(Protocol):
+    """A stage input that runs a job of its cycle (``TrainInput``, ``EvaluateInput``,
+    ``ProbeInput``): the loop, the cycle, its environment and the loop's training profile."""
+
+    loop: str
+    cycle: int
+    environment: str
+    profile: dict[str, Any]
+
+
+def cycle_job(
+    stage: CycleJobStage,
+    kind: str,
+    run_id: str,
+    job_spec: dict[str, Any],
+    *,
+    base_checkpoint_id: str | None,
+    dataset_id: int | None = None,
+) -> RunJobInput:
+    """A job of a cycle's stage as the loop's profile runs it: training takes
+    ``accelerators`` and the ``train_job`` override, eval and probe jobs ``eval_accelerators``
+    and the ``eval_job`` override."""
+    training = kind == "train"
+    image, command = job_override(stage.profile, "train_job" if training else "eval_job")
+    accelerators = stage.profile.get("accelerators" if training else "eval_accelerators", 0)
+    return RunJobInput(
+        run_id=run_id,
+        loop=stage.loop,
+        kind=kind,
+        job_spec=job_spec,
+        cycle=stage.cycle,
+        dataset_id=dataset_id,
+        base_checkpoint_id=base_checkpoint_id,
+        accelerators=int(accelerators),
+        job_image=image,
+        job_command=command,
+    )
+
+
+def cycle_eval_job_spec(
+    stage: CycleJobStage,
+    run_id: str,
+    *,
+    checkpoint_uri: str,
+    task_uri: str,
+    samples: int,
+    temperature: float,
+) -> dict[str, object]:
+    """The eval job's spec (an evaluation, or a probe) for one checkpoint on one task file.
+
+    The seed is the cycle: every checkpoint of a cycle is sampled with the same random numbers.
+    """
+    return eval_job_document(
+        run_id=run_id,
+        environment=stage.environment,
+        checkpoint=uri_path(checkpoint_uri),
+        dataset=uri_path(task_uri),
+        samples=samples,
+        seed=stage.cycle,
+        device=stage.profile.get("device", "auto"),
+        temperature=temperature,
+    )
 
 
 @dataclass

@@ -20,10 +20,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.shared import (
         RegisterCheckpointInput,
-        RunJobInput,
         TrainInput,
         TrainResult,
-        job_override,
+        cycle_job,
         run_id_for,
         train_job_document,
         uri_path,
@@ -48,31 +47,27 @@ class TrainWorkflow:
     async def run(self, input: TrainInput) -> TrainResult:
         run_id = run_id_for(input.loop, input.cycle, "train")
         timeout_s = float(input.profile.get("timeout_s", JOB_TIMEOUT.total_seconds()))
-        image, command = job_override(input.profile, "train_job")
         job = await run_job_from_workflow(
-            RunJobInput(
-                run_id=run_id,
-                loop=input.loop,
-                kind="train",
-                job_spec=train_job_spec(input, run_id),
-                cycle=input.cycle,
-                dataset_id=input.dataset_id,
+            cycle_job(
+                input,
+                "train",
+                run_id,
+                train_job_spec(input, run_id),
                 base_checkpoint_id=input.base_checkpoint_id,
-                accelerators=int(input.profile.get("accelerators", 0)),
-                job_image=image,
-                job_command=command,
+                dataset_id=input.dataset_id,
             ),
             timedelta(seconds=timeout_s),
         )
+        result = TrainResult(
+            run_id=run_id,
+            status=job.status,
+            compute_seconds=job.compute_seconds,
+            cost_usd=job.cost_usd,
+            metrics=job.metrics,
+            error=job.error,
+        )
         if job.status != "succeeded":
-            return TrainResult(
-                run_id=run_id,
-                status=job.status,
-                compute_seconds=job.compute_seconds,
-                cost_usd=job.cost_usd,
-                metrics=job.metrics,
-                error=job.error,
-            )
+            return result
         checkpoint = await workflow.execute_activity_method(
             JobActivities.register_checkpoint,
             RegisterCheckpointInput(
@@ -85,12 +80,5 @@ class TrainWorkflow:
             heartbeat_timeout=INSTALL_HEARTBEAT,
             retry_policy=JOB_RETRY,
         )
-        return TrainResult(
-            run_id=run_id,
-            status="succeeded",
-            checkpoint_id=checkpoint.checkpoint_id,
-            checkpoint_uri=checkpoint.uri,
-            compute_seconds=job.compute_seconds,
-            cost_usd=job.cost_usd,
-            metrics=job.metrics,
-        )
+        result.checkpoint_id, result.checkpoint_uri = checkpoint.checkpoint_id, checkpoint.uri
+        return result

@@ -73,11 +73,7 @@ class SplitAssigner:
             return self._assign_success(cluster_id)
         split = self._clusters.get(cluster_id)
         if split is None:
-            split = split_for_cluster(
-                cluster_id,
-                eval_fraction=self._eval_fraction,
-                heldout_fraction=self._heldout_fraction,
-            )
+            split = self._hashed_split(cluster_id)
             self._clusters[cluster_id] = split
         if split == "heldout":
             if self._heldout >= self._heldout_max:
@@ -93,11 +89,7 @@ class SplitAssigner:
         """
         split = self._clusters.get(cluster_id)
         if split is None:
-            hashed = split_for_cluster(
-                cluster_id,
-                eval_fraction=self._eval_fraction,
-                heldout_fraction=self._heldout_fraction,
-            )
+            hashed = self._hashed_split(cluster_id)
             if hashed != "heldout":
                 return "regression"
             split = hashed
@@ -106,3 +98,9 @@ class SplitAssigner:
         self._clusters[cluster_id] = "heldout"
         self._heldout += 1
         return "heldout"
+
+    def _hashed_split(self, cluster_id: str) -> ClusterSplit:
+        """The split of a cluster the loop has not stored yet: its hash decides."""
+        return split_for_cluster(
+            cluster_id, eval_fraction=self._eval_fraction, heldout_fraction=self._heldout_fraction
+        )

@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from services.curation.policy import CurationPolicy
@@ -59,18 +61,14 @@ async def _record(client: Client, scenario: str, world: World) -> None:
         except Exception:
             continue
         stage = workflow_id.rsplit("/", 1)[-1] if "/cycle/" in workflow_id else "loop"
-        path = HISTORIES / f"{stage}-{scenario}.json"
-        path.write_text(history.to_json())
-        print(f"wrote {path}")
+        _write(HISTORIES / f"{stage}-{scenario}.json", history)
 
 
 async def _record_curate(client: Client) -> None:
     """A real CurateWorkflow run: real activities on an embedded Postgres."""
-    import concurrent.futures
     import tempfile
 
     import pgserver
-    from temporalio.worker import Worker
 
     from services.artifacts import ArtifactStore
     from services.db.migrate import upgrade
@@ -97,24 +95,14 @@ async def _record_curate(client: Client) -> None:
             ],
         )
         activities = CurationActivities(sessions, ArtifactStore(work / "art"), adapters=qa_resolver)
-        task_queue = f"record-{uuid.uuid4().hex[:8]}"
-        async with Worker(
+        await _record_workflow(
             client,
-            task_queue=task_queue,
-            workflows=[CurateWorkflow],
+            CurateWorkflow,
+            CurateInput("rec-curate", batch_size=5),
+            workflow_id="loop/rec-curate/cycle/1/curate",
             activities=[activities.curate_batch],
-            activity_executor=concurrent.futures.ThreadPoolExecutor(2),
-        ):
-            handle = await client.start_workflow(
-                CurateWorkflow.run,
-                CurateInput("rec-curate", batch_size=5),
-                id="loop/rec-curate/cycle/1/curate",
-                task_queue=task_queue,
-            )
-            await handle.result()
-        path = HISTORIES / "curate-batches.json"
-        path.write_text((await handle.fetch_history()).to_json())
-        print(f"wrote {path}")
+            history="curate-batches.json",
+        )
         engine.dispose()
     finally:
         server.cleanup()
@@ -128,27 +116,48 @@ def _fake_purge(input: PurgeTraceBodiesInput) -> PurgeTraceBodiesResult:
 async def _record_retention(client: Client) -> None:
     """A RetentionWorkflow run with a typed fake of its activity (the real one is tested in
     test_retention.py against Postgres)."""
+    await _record_workflow(
+        client,
+        RetentionWorkflow,
+        RetentionInput(retention_days=30),
+        workflow_id="retention/purge",
+        activities=[_fake_purge],
+        history="retention-purged.json",
+    )
+
+
+async def _record_workflow(
+    client: Client,
+    workflow: Any,
+    arg: Any,
+    *,
+    workflow_id: str,
+    activities: list[Callable[..., Any]],
+    history: str,
+) -> None:
+    """Run one workflow on a worker of its own and write its history to ``history``."""
     import concurrent.futures
 
     from temporalio.worker import Worker
 
     task_queue = f"record-{uuid.uuid4().hex[:8]}"
-    async with Worker(
-        client,
-        task_queue=task_queue,
-        workflows=[RetentionWorkflow],
-        activities=[_fake_purge],
-        activity_executor=concurrent.futures.ThreadPoolExecutor(1),
-    ):
-        handle = await client.start_workflow(
-            RetentionWorkflow.run,
-            RetentionInput(retention_days=30),
-            id="retention/purge",
+    with concurrent.futures.ThreadPoolExecutor(2) as executor:
+        async with Worker(
+            client,
             task_queue=task_queue,
-        )
-        await handle.result()
-    path = HISTORIES / "retention-purged.json"
-    path.write_text((await handle.fetch_history()).to_json())
+            workflows=[workflow],
+            activities=activities,
+            activity_executor=executor,
+        ):
+            handle = await client.start_workflow(
+                workflow.run, arg, id=workflow_id, task_queue=task_queue
+            )
+            await handle.result()
+    _write(HISTORIES / history, await handle.fetch_history())
+
+
+def _write(path: Path, history: WorkflowHistory) -> None:
+    path.write_text(history.to_json())
     print(f"wrote {path}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -295,8 +296,14 @@ class FailingCurateWorkflow:
 
 
 def make_worker(
-    client: Client, task_queue: str, world: World, *, curate: type = FakeCurateWorkflow
+    client: Client,
+    task_queue: str,
+    world: World,
+    *,
+    curate: type = FakeCurateWorkflow,
+    activities: list[Callable[..., Any]] | None = None,
 ) -> Worker:
+    """A worker of the loop's workflows; ``activities`` replaces the world's fakes."""
     import concurrent.futures
 
     return Worker(
@@ -310,7 +317,7 @@ def make_worker(
             PromoteWorkflow,
             curate,
         ],
-        activities=world.activities(),
+        activities=world.activities() if activities is None else activities,
         activity_executor=concurrent.futures.ThreadPoolExecutor(8),
     )
 

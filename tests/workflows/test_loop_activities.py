@@ -63,12 +63,13 @@ def add_checkpoint(session_factory: SessionFactory, loop_id: int, name: str, min
     return name
 
 
-def make_loop(session_factory: SessionFactory) -> int:
+def make_loop(session_factory: SessionFactory) -> tuple[int, str]:
+    """A new loop: its id and its name."""
     with session_factory.begin() as session:
         loop = Loop(name=f"bot-{next(_ids)}", environment="toolcalc")
         session.add(loop)
         session.flush()
-        return loop.id
+        return loop.id, loop.name
 
 
 def loop_row(session_factory: SessionFactory, loop_id: int) -> Loop:
@@ -174,8 +175,7 @@ def activities(session_factory: SessionFactory, target: RecordingTarget) -> Loop
 def test_live_stats_counts_a_versions_newest_traces_in_the_window(
     session_factory: SessionFactory, activities: LoopActivities
 ) -> None:
-    loop_id = make_loop(session_factory)
-    name = loop_row(session_factory, loop_id).name
+    loop_id, name = make_loop(session_factory)
     add_traces(session_factory, loop_id, "v-old", [True] * 30 + [False] * 10, start_minute=0)
     add_traces(session_factory, loop_id, "v-new", [False] * 5 + [True] * 15, start_minute=10)
     add_traces(session_factory, loop_id, "v-other", [False] * 50, start_minute=10)
@@ -204,8 +204,7 @@ def test_live_stats_counts_a_versions_newest_traces_in_the_window(
 def test_rollback_champion_serves_the_previous_champion_again_once(
     session_factory: SessionFactory, activities: LoopActivities, target: RecordingTarget
 ) -> None:
-    loop_id = make_loop(session_factory)
-    name = loop_row(session_factory, loop_id).name
+    loop_id, name = make_loop(session_factory)
     first = add_checkpoint(session_factory, loop_id, "ckpt-first", 0)
     second = add_checkpoint(session_factory, loop_id, "ckpt-second", 5)
     cycle_id = add_cycle(session_factory, loop_id, 1, champion=first, candidate=second)
@@ -236,9 +235,8 @@ def test_rollback_champion_serves_the_previous_champion_again_once(
 def test_rollback_without_a_held_promotion_changes_nothing(
     session_factory: SessionFactory, activities: LoopActivities, target: RecordingTarget
 ) -> None:
-    loop_id = make_loop(session_factory)
+    loop_id, name = make_loop(session_factory)
     set_champion(session_factory, loop_id, add_checkpoint(session_factory, loop_id, "only", 0))
-    name = loop_row(session_factory, loop_id).name
     result = activities.rollback_champion(RollbackInput(name, "why not"))
     assert not result.rolled_back
     assert target.deployed == []
@@ -251,8 +249,7 @@ def test_rollback_without_a_held_promotion_changes_nothing(
 def test_loop_config_names_the_last_cycle_postgres_knows(
     session_factory: SessionFactory, activities: LoopActivities
 ) -> None:
-    loop_id = make_loop(session_factory)
-    name = loop_row(session_factory, loop_id).name
+    loop_id, name = make_loop(session_factory)
     assert activities.load_loop_config(LoopConfigInput(name)).last_cycle_number == 0
     champion = add_checkpoint(session_factory, loop_id, "c0", 0)
     for number in (1, 2, 3):
@@ -269,8 +266,7 @@ def test_a_promotion_never_deploys_an_old_cycles_candidate(
     """Cycle 1's candidate was promoted long ago; a later champion serves now. A loop whose
     workflow chain restarted at cycle 1 gets cycle 1's records back from the idempotent
     activities: its PromoteWorkflow must not put that old candidate over the champion."""
-    loop_id = make_loop(session_factory)
-    name = loop_row(session_factory, loop_id).name
+    loop_id, name = make_loop(session_factory)
     base = add_checkpoint(session_factory, loop_id, "base", 0)
     old = add_checkpoint(session_factory, loop_id, "cycle-1-candidate", 10)
     newer = add_checkpoint(session_factory, loop_id, "cycle-2-candidate", 20)
@@ -309,8 +305,7 @@ def test_a_promotion_never_deploys_an_old_cycles_candidate(
 def test_a_candidate_older_than_the_champion_is_refused(
     session_factory: SessionFactory, activities: LoopActivities, target: RecordingTarget
 ) -> None:
-    loop_id = make_loop(session_factory)
-    name = loop_row(session_factory, loop_id).name
+    loop_id, name = make_loop(session_factory)
     stale = add_checkpoint(session_factory, loop_id, "stale", 0)
     champion = add_checkpoint(session_factory, loop_id, "champion", 10)
     set_champion(session_factory, loop_id, champion)
@@ -325,8 +320,7 @@ def test_a_candidate_older_than_the_champion_is_refused(
 def test_start_cycle_with_the_number_after_postgres_opens_a_new_cycle(
     session_factory: SessionFactory, activities: LoopActivities
 ) -> None:
-    loop_id = make_loop(session_factory)
-    name = loop_row(session_factory, loop_id).name
+    loop_id, name = make_loop(session_factory)
     champion = add_checkpoint(session_factory, loop_id, "c0", 0)
     set_champion(session_factory, loop_id, champion)
     add_cycle(session_factory, loop_id, 1, champion=champion, candidate=None)
@@ -349,8 +343,7 @@ def test_start_cycle_with_the_number_after_postgres_opens_a_new_cycle(
 def test_close_cycle_records_heldout_gate_and_live_points_with_intervals(
     session_factory: SessionFactory, activities: LoopActivities
 ) -> None:
-    loop_id = make_loop(session_factory)
-    name = loop_row(session_factory, loop_id).name
+    loop_id, name = make_loop(session_factory)
     champion = add_checkpoint(session_factory, loop_id, "c0", 0)
     candidate = add_checkpoint(session_factory, loop_id, "c1", 5)
     cycle_id = add_cycle(

@@ -9,7 +9,6 @@ cycle 1 finishes with the settings it started with, cycle 2 runs with the new on
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -17,20 +16,14 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from services.artifacts import path_to_uri
 from services.db.models import Checkpoint, Loop
 from services.db.queries.loops import config_document, require_loop, update_loop_config
 from services.db.session import SessionFactory
-from tests.workflows.test_loop import FakeCurateWorkflow, World, start_loop
+from tests.workflows.test_loop import World, make_worker, start_loop
 from workflows.activities.loop import LoopActivities
-from workflows.evaluate import EvaluateWorkflow
-from workflows.loop import LoopWorkflow
-from workflows.probe import ProbeWorkflow
-from workflows.promote import PromoteWorkflow
 from workflows.shared import GateInput, GateResult, RunJobInput, RunJobResult
-from workflows.train import TrainWorkflow
 
 
 @dataclass
@@ -88,19 +81,8 @@ async def test_a_change_during_a_cycle_applies_from_the_next_cycle(
     world = ChangingWorld(new_tasks=12)
     real = LoopActivities(session_factory, lambda target, checkpoint_id, uri: checkpoint_id)
     fakes = [a for a in world.activities() if a.__name__ != "load_loop_config"]
-    worker = Worker(
-        temporal_client,
-        task_queue=task_queue,
-        workflows=[
-            LoopWorkflow,
-            ProbeWorkflow,
-            TrainWorkflow,
-            EvaluateWorkflow,
-            PromoteWorkflow,
-            FakeCurateWorkflow,
-        ],
-        activities=[*fakes, real.load_loop_config],
-        activity_executor=concurrent.futures.ThreadPoolExecutor(8),
+    worker = make_worker(
+        temporal_client, task_queue, world, activities=[*fakes, real.load_loop_config]
     )
 
     def change_the_loop() -> None:

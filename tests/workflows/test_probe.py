@@ -137,6 +137,20 @@ def task_by_question(session_factory: SessionFactory, name: str) -> dict[str, Ta
     return {key: t for t in tasks for key, text in QUESTIONS.items() if text in t.spec["prompt"]}
 
 
+def curated_tasks(
+    session_factory: SessionFactory, acts: CurationActivities, tmp_path: Path
+) -> tuple[str, dict[str, Task]]:
+    """A :func:`curated_loop`, curated: its name and its train tasks by question."""
+    name = curated_loop(session_factory, tmp_path)
+    curate(acts, name)
+    return name, task_by_question(session_factory, name)
+
+
+def record_pass_rate(session_factory: SessionFactory, task: Task, rate: float) -> None:
+    with session_factory.begin() as session:
+        q.record_probe_results(session=session, loop_id=task.loop_id, pass_rates={task.id: rate})
+
+
 def application_error(exc: pytest.ExceptionInfo[ApplicationError]) -> tuple[str | None, bool]:
     return exc.value.type, exc.value.non_retryable
 
@@ -154,13 +168,8 @@ def acts(session_factory: SessionFactory, tmp_path: Path) -> CurationActivities:
 def test_export_writes_the_unprobed_train_tasks_once(
     session_factory: SessionFactory, acts: CurationActivities, tmp_path: Path
 ) -> None:
-    name = curated_loop(session_factory, tmp_path)
-    curate(acts, name)
-    tasks = task_by_question(session_factory, name)
-    with session_factory.begin() as session:
-        q.record_probe_results(
-            session=session, loop_id=tasks["always"].loop_id, pass_rates={tasks["always"].id: 1.0}
-        )
+    name, tasks = curated_tasks(session_factory, acts, tmp_path)
+    record_pass_rate(session_factory, tasks["always"], 1.0)
     env = ActivityEnvironment()
     run_id = f"{name}-c1-probe"
     first = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, run_id))
@@ -176,10 +185,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
     written = path.read_bytes()
 
     # A retry returns the file the first attempt wrote, even after the tasks changed.
-    with session_factory.begin() as session:
-        q.record_probe_results(
-            session=session, loop_id=tasks["never"].loop_id, pass_rates={tasks["never"].id: 0.0}
-        )
+    record_pass_rate(session_factory, tasks["never"], 0.0)
     again = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, run_id))
     assert (again.task_uri, again.task_ids) == (first.task_uri, first.task_ids)
     assert path.read_bytes() == written
@@ -187,10 +193,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
     # Another run exports what is unprobed now, capped by max_tasks.
     other = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, f"{name}-c2-probe", 1))
     assert other.task_ids == [tasks["mixed"].id]
-    with session_factory.begin() as session:
-        q.record_probe_results(
-            session=session, loop_id=tasks["mixed"].loop_id, pass_rates={tasks["mixed"].id: 0.5}
-        )
+    record_pass_rate(session_factory, tasks["mixed"], 0.5)
     none = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, f"{name}-c3-probe"))
     assert (none.task_uri, none.count, none.task_ids) == (None, 0, [])
     assert not (path.parent.parent / f"{name}-c3-probe").exists()
@@ -203,9 +206,7 @@ def test_export_writes_the_unprobed_train_tasks_once(
 def test_probe_results_become_pass_rates_of_the_exported_tasks(
     session_factory: SessionFactory, acts: CurationActivities, tmp_path: Path
 ) -> None:
-    name = curated_loop(session_factory, tmp_path)
-    curate(acts, name)
-    tasks = task_by_question(session_factory, name)
+    name, tasks = curated_tasks(session_factory, acts, tmp_path)
     env = ActivityEnvironment()
     exported = env.run(acts.export_probe_tasks, ExportProbeTasksInput(name, f"{name}-c1-probe"))
     output = tmp_path / "output"
@@ -318,13 +319,7 @@ def loop_worker(
         task_queue=task_queue,
         workflows=[LoopWorkflow, CurateWorkflow, ProbeWorkflow],
         activities=[
-            curation.curate_batch,
-            curation.snapshot_dataset,
-            curation.check_drift,
-            curation.pending_work,
-            curation.export_probe_tasks,
-            curation.probe_pass_rates,
-            curation.record_probes,
+            *curation.activities(),
             jobs.run_job,
             loop.load_loop_config,
             loop.start_cycle,

@@ -10,11 +10,12 @@ never fail an activity, they are rejected one by one with a recorded reason.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.orm import Session
 from temporalio import activity
@@ -41,6 +42,7 @@ from services.metrics import (
     CURATION_TRACES,
     LOOP_FAILURE_RATE,
 )
+from workflows.activities.errors import fails_as
 from workflows.shared import (
     CurateBatchInput,
     CurateBatchResult,
@@ -59,6 +61,8 @@ from workflows.shared import (
 )
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     # The pipeline pulls numpy, scipy and datasketch; workflow modules import this class
     # to call its activities by reference, so those load only where a batch really runs.
     from services.curation import pipeline
@@ -67,6 +71,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_BATCH_SIZE = 10_000
+
+PayloadT = TypeVar("PayloadT", bound="DataclassInstance")
 
 
 class CurationActivities:
@@ -136,15 +142,7 @@ class CurationActivities:
                 report.rejected,
                 report.skipped,
             )
-        return CurateBatchResult(
-            traces_seen=report.traces_seen,
-            tasks_created=report.tasks_created,
-            duplicates=report.duplicates,
-            rejected=report.rejected,
-            skipped=report.skipped,
-            new_train_tasks=report.new_train_tasks,
-            more=report.more,
-        )
+        return _payload(CurateBatchResult, report)
 
     @activity.defn(name="snapshot_dataset")
     def snapshot_dataset(self, input: SnapshotInput) -> SnapshotResult:
@@ -155,44 +153,24 @@ class CurationActivities:
         ``ON CONFLICT DO NOTHING`` after the files exist; the same content always returns
         the same dataset row and files.
         """
-        with log_context(loop=input.loop, cycle=input.cycle):
-            try:
-                result = snapshot(
-                    self._sessions, self._artifacts, loop_name=input.loop, cycle=input.cycle
-                )
-            except (SnapshotError, CurationPolicyError) as exc:
-                raise ApplicationError(str(exc), type="SnapshotFailed", non_retryable=True) from exc
-        return SnapshotResult(
-            dataset_id=result.dataset_id,
-            content_hash=result.content_hash,
-            train_count=result.train_count,
-            eval_count=result.eval_count,
-            regression_count=result.regression_count,
-            train_uri=result.train_uri,
-            eval_uri=result.eval_uri,
-            regression_uri=result.regression_uri,
-            difficulty=dict(result.difficulty),
-            heldout_count=result.heldout_count,
-            heldout_uri=result.heldout_uri,
-        )
+        with (
+            log_context(loop=input.loop, cycle=input.cycle),
+            fails_as("SnapshotFailed", SnapshotError, CurationPolicyError),
+        ):
+            result = snapshot(
+                self._sessions, self._artifacts, loop_name=input.loop, cycle=input.cycle
+            )
+        return _payload(SnapshotResult, result, difficulty=dict(result.difficulty))
 
     @activity.defn(name="check_drift")
     def check_drift(self, input: DriftInput) -> DriftResult:
         """The served model's rolling failure rate. Read-only, so trivially idempotent."""
         with log_context(loop=input.loop), self._transaction() as session:
             loop = self._loop(session, input.loop)
-            try:
+            with fails_as("InvalidPolicy", DriftPolicyError, CurationPolicyError):
                 reading = read_drift(session, loop=loop)
-            except (DriftPolicyError, CurationPolicyError) as exc:
-                raise ApplicationError(str(exc), type="InvalidPolicy", non_retryable=True) from exc
         LOOP_FAILURE_RATE.labels(input.loop).set(reading.failure_rate)
-        return DriftResult(
-            failure_rate=reading.failure_rate,
-            window=reading.window,
-            threshold=reading.threshold,
-            drifted=reading.drifted,
-            model_version=reading.model_version,
-        )
+        return _payload(DriftResult, reading)
 
     @activity.defn(name="pending_work")
     def pending_work(self, input: PendingWorkInput) -> PendingWorkResult:
@@ -222,19 +200,18 @@ class CurationActivities:
         input, written once (temporary file, then a link that never replaces); a retry, or a
         later call for the same run, returns the tasks that file holds.
         """
-        with log_context(loop=input.loop, run=input.run_id):
-            try:
-                export = probes.export_unprobed(
-                    self._sessions,
-                    self._artifacts,
-                    loop_name=input.loop,
-                    run_id=input.run_id,
-                    max_tasks=input.max_tasks,
-                )
-            except CurationPolicyError as exc:
-                raise ApplicationError(str(exc), type="InvalidPolicy", non_retryable=True) from exc
-            except probes.ProbeError as exc:
-                raise ApplicationError(str(exc), type="ProbeFailed", non_retryable=True) from exc
+        with (
+            log_context(loop=input.loop, run=input.run_id),
+            fails_as("InvalidPolicy", CurationPolicyError),
+            fails_as("ProbeFailed", probes.ProbeError),
+        ):
+            export = probes.export_unprobed(
+                self._sessions,
+                self._artifacts,
+                loop_name=input.loop,
+                run_id=input.run_id,
+                max_tasks=input.max_tasks,
+            )
         return ExportProbeTasksResult(
             task_uri=path_to_uri(export.path) if export.path is not None else None,
             count=len(export.task_ids),
@@ -249,21 +226,16 @@ class CurationActivities:
         are, among ``task_ids`` only; a row naming any other task, or malformed results, fail
         non-retryably (``BadProbeOutput``). Read-only, so trivially idempotent.
         """
-        with log_context(loop=input.loop):
-            try:
-                rows = read_results(uri_to_path(input.output_uri))
-            except ResultsFileError as exc:
-                raise ApplicationError(str(exc), type="BadProbeOutput", non_retryable=True) from exc
+        with (
+            log_context(loop=input.loop),
+            fails_as("BadProbeOutput", ResultsFileError, probes.ProbeError),
+        ):
+            rows = read_results(uri_to_path(input.output_uri))
             with self._transaction() as session:
                 loop = self._loop(session, input.loop)
-                try:
-                    rates = probes.pass_rates(
-                        session, loop_id=loop.id, rows=rows, task_ids=input.task_ids
-                    )
-                except probes.ProbeError as exc:
-                    raise ApplicationError(
-                        str(exc), type="BadProbeOutput", non_retryable=True
-                    ) from exc
+                rates = probes.pass_rates(
+                    session, loop_id=loop.id, rows=rows, task_ids=input.task_ids
+                )
         counts = rates.selection.counts()
         return ProbePassRatesResult(
             pass_rates=rates.pass_rates,
@@ -295,6 +267,17 @@ class CurationActivities:
         logger.info("recorded %d probe pass rates of %s", updated, input.loop)
         return RecordProbesResult(updated=updated)
 
+    def activities(self) -> list[Callable[..., Any]]:
+        return [
+            self.curate_batch,
+            self.snapshot_dataset,
+            self.check_drift,
+            self.pending_work,
+            self.export_probe_tasks,
+            self.probe_pass_rates,
+            self.record_probes,
+        ]
+
     # Helpers --------------------------------------------------------------------------------
 
     @contextmanager
@@ -309,12 +292,8 @@ class CurationActivities:
             raise ApplicationError(str(exc), type="NotFound", non_retryable=True) from None
 
     def _adapter(self, loop: Loop) -> TraceAdapter:
-        try:
+        with fails_as("UnknownEnvironment", ValueError, context=f"loop {loop.name!r}"):
             return self._adapters(loop.environment)
-        except ValueError as exc:
-            raise ApplicationError(
-                f"loop {loop.name!r}: {exc}", type="UnknownEnvironment", non_retryable=True
-            ) from exc
 
     def _wait_for_lock(self, session: Session, loop_id: int) -> None:
         """Wait (heartbeating) until no other batch of this loop is running."""
@@ -324,12 +303,20 @@ class CurationActivities:
 
 
 def _policy(loop: Loop) -> CurationPolicy:
-    try:
+    with fails_as("InvalidPolicy", CurationPolicyError, context=f"loop {loop.name!r}"):
         return CurationPolicy.from_json(loop.curation_policy)
-    except CurationPolicyError as exc:
-        raise ApplicationError(
-            f"loop {loop.name!r}: {exc}", type="InvalidPolicy", non_retryable=True
-        ) from exc
+
+
+def _payload(payload: type[PayloadT], source: object, **values: Any) -> PayloadT:
+    """The activity's result: each field of ``payload`` read from the attribute of the same
+    name on the domain's result (``values`` given instead), so a field added to both travels
+    without a third edit here."""
+    return payload(
+        **{
+            name: values[name] if name in values else getattr(source, name)
+            for name in (field.name for field in dataclasses.fields(payload))
+        }
+    )
 
 
 def _record_metrics(loop: str, report: pipeline.BatchReport) -> None:

@@ -70,6 +70,7 @@ from services.executors.base import (
 )
 from services.logs import log_context
 from services.settings import Settings
+from workflows.activities.errors import fails_as
 from workflows.options import JOB_HEARTBEAT, JOB_RETRY, JOB_TIMEOUT
 from workflows.shared import (
     CancelJobInput,
@@ -437,14 +438,9 @@ class JobActivities:
         """Verify the job's checkpoint and copy it into the store; both steps re-hash."""
         from services.training.checkpoint_manifest import CheckpointError
 
-        try:
+        invalid = f"checkpoint of run {input.run_id} is invalid"
+        with fails_as("CheckpointInvalid", CheckpointError, context=invalid):
             installed = install_checkpoint(uri_to_path(input.checkpoint_dir_uri), self._artifacts)
-        except CheckpointError as exc:
-            raise ApplicationError(
-                f"checkpoint of run {input.run_id} is invalid: {exc}",
-                type="CheckpointInvalid",
-                non_retryable=True,
-            ) from exc
         try:
             parent = resolve_parent(installed.parent, input.parent_checkpoint_id)
         except CheckpointRefused as exc:

@@ -23,7 +23,7 @@ from temporalio.exceptions import ApplicationError
 
 from services.artifacts import uri_to_path
 from services.curation.policy import CurationPolicy, CurationPolicyError
-from services.db.models import Loop
+from services.db.models import Cycle, Loop
 from services.db.queries import cycles as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
@@ -46,6 +46,7 @@ from services.metrics import (
     LOOP_SPEND,
 )
 from services.serving.base import ServingError
+from workflows.activities.errors import fails_as
 from workflows.shared import (
     CloseCycleInput,
     CloseCycleResult,
@@ -88,11 +89,8 @@ class LoopActivities:
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
         """A transaction whose 'not found' and bad-policy errors are not worth retrying."""
-        try:
-            with self._sessions.begin() as session:
-                yield session
-        except NotFound as exc:
-            raise ApplicationError(str(exc), type="NotFound", non_retryable=True) from exc
+        with fails_as("NotFound", NotFound), self._sessions.begin() as session:
+            yield session
 
     def _deploy_verified(
         self, serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str
@@ -112,7 +110,12 @@ class LoopActivities:
         """Read-only, so trivially idempotent."""
         with self._transaction() as session:
             loop = require_loop(session=session, name=input.loop)
-            try:
+            with fails_as(
+                "InvalidPolicy",
+                ValidationError,
+                CurationPolicyError,
+                context=f"loop {input.loop!r} has an invalid policy",
+            ):
                 trigger, gate, training, serving = parse_policies(
                     loop.trigger_policy,
                     loop.gate_policy,
@@ -120,12 +123,6 @@ class LoopActivities:
                     loop.serving_target,
                 )
                 curation = CurationPolicy.from_json(loop.curation_policy)
-            except (ValidationError, CurationPolicyError) as exc:
-                raise ApplicationError(
-                    f"loop {input.loop!r} has an invalid policy: {exc}",
-                    type="InvalidPolicy",
-                    non_retryable=True,
-                ) from exc
             champion_uri = loop.champion.uri if loop.champion is not None else None
             ledger = q.loop_ledger(session=session, loop=loop)
             return LoopConfig(
@@ -174,8 +171,7 @@ class LoopActivities:
     def set_cycle_stage(self, input: StageInput) -> None:
         """Sets absolute values (stage, ids, the stage's end time)."""
         with self._transaction() as session:
-            loop = require_loop(session=session, name=input.loop)
-            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            _, cycle = _loop_cycle(session, input.loop, input.cycle)
             q.set_stage(
                 session=session,
                 cycle=cycle,
@@ -187,16 +183,11 @@ class LoopActivities:
     @activity.defn(name="record_evaluation")
     def record_evaluation(self, input: RecordEvaluationInput) -> EvaluationSummary:
         """Unique per (cycle, checkpoint, task set): a retry returns the stored evaluation."""
-        try:
+        with fails_as("BadEvaluationOutput", ResultsFileError):
             rows = read_results(uri_to_path(input.output_uri))
-        except ResultsFileError as exc:
-            raise ApplicationError(
-                str(exc), type="BadEvaluationOutput", non_retryable=True
-            ) from exc
         ci = mean_interval([pass_at_1(row) for row in rows]) if rows else (0.0, 0.0)
         with self._transaction() as session:
-            loop = require_loop(session=session, name=input.loop)
-            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            loop, cycle = _loop_cycle(session, input.loop, input.cycle)
             evaluation = q.record_evaluation(
                 session=session,
                 loop=loop,
@@ -234,8 +225,7 @@ class LoopActivities:
         tasks the gate never saw and training never touched.
         """
         with self._transaction() as session:
-            loop = require_loop(session=session, name=input.loop)
-            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            _, cycle = _loop_cycle(session, input.loop, input.cycle)
             eval_pairs, regression_pairs, heldout_pairs = (
                 q.paired_results(
                     session=session,
@@ -264,8 +254,7 @@ class LoopActivities:
     def record_decision(self, input: RecordDecisionInput) -> RecordDecisionResult:
         """At most one decision per cycle (unique key): a retry returns the first decision."""
         with log_context(loop=input.loop, cycle=input.cycle), self._transaction() as session:
-            loop = require_loop(session=session, name=input.loop)
-            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            loop, cycle = _loop_cycle(session, input.loop, input.cycle)
             promotion = q.record_decision(
                 session=session,
                 loop=loop,
@@ -383,8 +372,7 @@ class LoopActivities:
         ledger's), the gate's eval-set points, and the live delta of the canary's samples.
         """
         with log_context(loop=input.loop, cycle=input.cycle), self._transaction() as session:
-            loop = require_loop(session=session, name=input.loop, for_update=True)
-            cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+            loop, cycle = _loop_cycle(session, input.loop, input.cycle, for_update=True)
             first_close = cycle.ended_at is None
             live_points, detail = _points_detail(session, cycle, input)
             q.close_cycle(
@@ -439,6 +427,14 @@ class LoopActivities:
         ]
 
 
+def _loop_cycle(
+    session: Session, loop_name: str, number: int, *, for_update: bool = False
+) -> tuple[Loop, Cycle]:
+    """The loop and its cycle an input names; either missing is ``NotFound``."""
+    loop = require_loop(session=session, name=loop_name, for_update=for_update)
+    return loop, q.get_cycle(session=session, loop=loop, number=number)
+
+
 def _refuse_slipping_back(session: Session, input: DeployInput) -> None:
     """Refuse a promotion's deploy that would move serving backwards (issue: a restarted
     loop replaying an old cycle's records).
@@ -447,9 +443,8 @@ def _refuse_slipping_back(session: Session, input: DeployInput) -> None:
     trained from the champion serving now and not older than it; a restore must put back
     the champion itself.
     """
-    loop = require_loop(session=session, name=input.loop)
     assert input.cycle is not None
-    cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
+    loop, cycle = _loop_cycle(session, input.loop, input.cycle)
     champion_id = loop.champion_checkpoint_id
     problem: str | None = None
     if input.purpose == "restore":
@@ -481,7 +476,7 @@ def _refuse_slipping_back(session: Session, input: DeployInput) -> None:
 
 
 def _points_detail(
-    session: Session, cycle: Any, input: CloseCycleInput
+    session: Session, cycle: Cycle, input: CloseCycleInput
 ) -> tuple[float | None, dict[str, Any]]:
     """The live delta (points) and every number's interval, for ``cycles.points_detail``."""
     detail: dict[str, Any] = {}

@@ -10,6 +10,17 @@ from hypothesis import strategies as st
 from services.curation.splits import SplitAssigner, cluster_fraction, split_for_cluster
 
 
+def new_loop_assigner(*, heldout_max_tasks: int) -> SplitAssigner:
+    """The assigner of a loop with no stored clusters, at the default policy's fractions."""
+    return SplitAssigner(
+        cluster_splits={},
+        heldout_count=0,
+        heldout_max_tasks=heldout_max_tasks,
+        eval_fraction=0.2,
+        heldout_fraction=0.1,
+    )
+
+
 def test_split_is_a_stable_function_of_the_cluster_id() -> None:
     ids = [f"cluster-{i}" for i in range(2000)]
     first = [split_for_cluster(c, eval_fraction=0.2, heldout_fraction=0.1) for c in ids]
@@ -27,13 +38,7 @@ def test_heldout_set_freezes_at_its_cap() -> None:
         for c in (f"c{i}" for i in range(500))
         if split_for_cluster(c, eval_fraction=0.2, heldout_fraction=0.1) == "heldout"
     ]
-    assigner = SplitAssigner(
-        cluster_splits={},
-        heldout_count=0,
-        heldout_max_tasks=3,
-        eval_fraction=0.2,
-        heldout_fraction=0.1,
-    )
+    assigner = new_loop_assigner(heldout_max_tasks=3)
     got = [assigner.assign(c, "failure") for c in heldout_clusters[:6]]
     assert got == ["heldout"] * 3 + ["eval"] * 3
 
@@ -102,13 +107,7 @@ def test_a_cluster_never_spans_train_and_eval(
 
 def test_heldout_samples_successes_and_failures_alike() -> None:
     """The held-out set is the served distribution: both outcomes, by the same cluster hash."""
-    assigner = SplitAssigner(
-        cluster_splits={},
-        heldout_count=0,
-        heldout_max_tasks=10_000,
-        eval_fraction=0.2,
-        heldout_fraction=0.1,
-    )
+    assigner = new_loop_assigner(heldout_max_tasks=10_000)
     clusters = [f"c{i}" for i in range(4000)]
     failures = [assigner.assign(c, "failure") for c in clusters[:2000]]
     successes = [assigner.assign(c, "success") for c in clusters[2000:]]

@@ -172,8 +172,7 @@ def test_run_page_shows_status_logs_and_workflows(
 def test_a_log_outside_the_state_directory_is_not_shown(
     seeded: Seeded, browser_page: BrowserPage
 ) -> None:
-    story = seeded.story
-    page = _open_run(seeded, browser_page, story.outside_logs_run)
+    page = _open_run(seeded, browser_page, seeded.story.outside_logs_run)
     assert "outside" in page.locator("#logs-unavailable").inner_text()
     assert "root:" not in page.content()
     assert browser_page.errors == []

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from services.artifacts import uri_to_path
 from services.cli import CliError
-from services.cli.common import database_session, loop_named, positive_int, print_json
+from services.cli.common import database_session, positive_int, print_json
 from services.cli.listing import Listing, row_summary
 from services.db.models import Dataset
 from services.db.queries import datasets as q
@@ -65,6 +65,7 @@ def _dataset_line(dataset: Dataset) -> str:
 
 
 DATASETS = Listing(
+    noun="datasets",
     columns=DATASET_COLUMNS,
     header=f"{'ID':>6}  {'HASH':<12}  {'TRAIN':>6} {'EVAL':>6} {'REGR':>6}  CREATED",
     line=_dataset_line,
@@ -72,11 +73,10 @@ DATASETS = Listing(
 
 
 def _datasets_list(args: argparse.Namespace) -> int:
-    with database_session() as session:
-        loop = loop_named(session, args.loop)
-        datasets = q.list_datasets(session=session, loop_id=loop.id, limit=args.limit)
-        DATASETS.print(datasets, as_json=args.json, empty=f"loop {loop.name!r} has no datasets yet")
-    return 0
+    return DATASETS.list_for_loop(
+        args,
+        lambda session, loop: q.list_datasets(session=session, loop_id=loop.id, limit=args.limit),
+    )
 
 
 def _dataset(session: Session, dataset_id: int) -> Dataset:

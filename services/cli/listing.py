@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from services.cli.common import print_json
+from services.cli.common import database_session, loop_named, print_json
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from services.db.models import Loop
 
 Row = TypeVar("Row")
 
@@ -24,12 +30,26 @@ def row_summary(row: object, columns: Sequence[str]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Listing(Generic[Row]):
-    """One kind of row as ``list`` prints it: the JSON columns, and the table's header and
-    line for people."""
+    """One kind of a loop's rows as ``list`` prints it: the JSON columns, and the table's
+    header and line for people; ``noun`` names the rows when there are none."""
 
+    noun: str
     columns: Sequence[str]
     header: str
     line: Callable[[Row], str]
+
+    def list_for_loop(
+        self, args: argparse.Namespace, rows_of: Callable[[Session, Loop], Sequence[Row]]
+    ) -> int:
+        """A ``list --loop NAME [--json]`` command: the rows ``rows_of`` reads for the loop."""
+        with database_session() as session:
+            loop = loop_named(session, args.loop)
+            self.print(
+                rows_of(session, loop),
+                as_json=args.json,
+                empty=f"loop {loop.name!r} has no {self.noun} yet",
+            )
+        return 0
 
     def print(self, rows: Sequence[Row], *, as_json: bool, empty: str) -> None:
         """A JSON array for scripts, else the table (and ``empty`` when it has no rows)."""

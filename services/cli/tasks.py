@@ -62,6 +62,7 @@ def _task_line(task: Task) -> str:
 
 
 TASKS = Listing(
+    noun="tasks",
     columns=TASK_COLUMNS,
     header=f"{'ID':>8}  {'SPLIT':<10} {'ORIGIN':<8} {'WEIGHT':>6}  {'CLUSTER':<12}  PROMPT",
     line=_task_line,
@@ -69,11 +70,12 @@ TASKS = Listing(
 
 
 def _tasks_list(args: argparse.Namespace) -> int:
-    with database_session() as session:
-        loop = loop_named(session, args.loop)
-        tasks = q.list_tasks(session=session, loop_id=loop.id, split=args.split, limit=args.limit)
-        TASKS.print(tasks, as_json=args.json, empty=f"loop {loop.name!r} has no tasks yet")
-    return 0
+    return TASKS.list_for_loop(
+        args,
+        lambda session, loop: q.list_tasks(
+            session=session, loop_id=loop.id, split=args.split, limit=args.limit
+        ),
+    )
 
 
 def _tasks_show(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal
 
 import httpx
@@ -171,44 +171,36 @@ class ToolcalcTools:
         return str(price) if price is not None else f"error: unknown item {args['item']}"
 
 
+@dataclass(frozen=True)
 class ToolcalcAgent:
     """An agent with the ``openai`` client and a tool loop (what users copy from the docs)."""
 
-    def __init__(
-        self,
-        client: openai.OpenAI,
-        *,
-        model: str,
-        style: Style = "transcript",
-        max_turns: int = 5,
-        max_tokens: int = 48,
-        temperature: float = 0.0,
-    ) -> None:
-        self._client = client
-        self._model = model
-        self._style = style
-        self._max_turns = max_turns
-        self._max_tokens = max_tokens
-        self._temperature = temperature
+    client: openai.OpenAI
+    _: KW_ONLY
+    model: str
+    style: Style = "transcript"
+    max_turns: int = 5
+    max_tokens: int = 48
+    temperature: float = 0.0
 
     def run(self, task: TaskSpec, api_version: str) -> AgentEpisode:
         """Answer ``task``'s question; raises ``openai.APIError`` if the model server fails."""
         started_at = dt.datetime.now(dt.UTC)
-        messages, tools = toolcalc_conversation(task, self._style)
+        messages, tools = toolcalc_conversation(task, self.style)
         service = ToolcalcTools(api_version)
         calls: list[ModelCall] = []
         runs: list[ToolRun] = []
         answer: str | None = None
         version = "unknown"
-        for _ in range(self._max_turns):
+        for _ in range(self.max_turns):
             begun = time.time_ns()
             try:
-                raw = self._client.chat.completions.with_raw_response.create(
-                    model=self._model,
+                raw = self.client.chat.completions.with_raw_response.create(
+                    model=self.model,
                     messages=messages,  # type: ignore[arg-type]
                     tools=tools,
-                    temperature=self._temperature,
-                    max_tokens=self._max_tokens,
+                    temperature=self.temperature,
+                    max_tokens=self.max_tokens,
                 )
             except openai.BadRequestError as exc:
                 if exc.code != "context_length_exceeded":

@@ -100,8 +100,28 @@ class RatchetClient:
         _raise_for_error(response)
         return response
 
-    def _model(self, model: type[T], method: str, path: str, json_body: Any = None) -> T:
-        return model.model_validate(self._request(method, path, json_body).json())
+    def _model(
+        self,
+        model: type[T],
+        method: str,
+        path: str,
+        json_body: Any = None,
+        params: Mapping[str, str] | None = None,
+    ) -> T:
+        return model.model_validate(self._request(method, path, json_body, params).json())
+
+    def _models(
+        self, model: type[T], path: str, params: Mapping[str, str] | None = None
+    ) -> list[T]:
+        """The items of a JSON array a ``GET`` answers with, each validated as ``model``."""
+        return [
+            model.model_validate(item) for item in self._request("GET", path, None, params).json()
+        ]
+
+    def _object(self, method: str, path: str, json_body: Any = None) -> dict[str, Any]:
+        """The JSON object an endpoint without a response model answers with."""
+        result: dict[str, Any] = self._request(method, path, json_body).json()
+        return result
 
     def create_loop(
         self,
@@ -137,9 +157,7 @@ class RatchetClient:
         return self._model(LoopCreated, "POST", "/v1/loops", body)
 
     def list_loops(self) -> list[LoopPublic]:
-        return [
-            LoopPublic.model_validate(item) for item in self._request("GET", "/v1/loops").json()
-        ]
+        return self._models(LoopPublic, "/v1/loops")
 
     def get_loop(self, name: str) -> LoopDetail:
         return self._model(LoopDetail, "GET", f"/v1/loops/{name}")
@@ -149,15 +167,13 @@ class RatchetClient:
     ) -> LoopConfigChange:
         """Change a loop's configuration (a merge patch per policy); see ``PATCH /v1/loops``."""
         params = {"dry_run": "true"} if dry_run else None
-        response = self._request("PATCH", f"/v1/loops/{name}", dict(patch), params=params)
-        return LoopConfigChange.model_validate(response.json())
+        return self._model(LoopConfigChange, "PATCH", f"/v1/loops/{name}", dict(patch), params)
 
     def config_versions(self, name: str, *, limit: int = 50) -> list[LoopConfigVersionPublic]:
         """The loop's configuration history, newest first."""
-        response = self._request(
-            "GET", f"/v1/loops/{name}/config/versions", params={"limit": str(limit)}
+        return self._models(
+            LoopConfigVersionPublic, f"/v1/loops/{name}/config/versions", {"limit": str(limit)}
         )
-        return [LoopConfigVersionPublic.model_validate(item) for item in response.json()]
 
     def rotate_secret(
         self, name: str, *, grace_seconds: int = 86400, kind: str = "signing_secret"
@@ -184,26 +200,22 @@ class RatchetClient:
             body["reason"] = reason
         if by:
             body["by"] = by
-        result: dict[str, Any] = self._request("POST", f"/v1/loops/{name}/{action}", body).json()
-        return result
+        return self._object("POST", f"/v1/loops/{name}/{action}", body)
 
     def start_loop(self, name: str) -> dict[str, Any]:
         """Start the loop's workflow if it is not running (idempotent)."""
-        result: dict[str, Any] = self._request("POST", f"/v1/loops/{name}/start").json()
-        return result
+        return self._object("POST", f"/v1/loops/{name}/start")
 
     def set_champion(
         self, name: str, checkpoint: str, *, reason: str | None = None
     ) -> dict[str, Any]:
         """Register a checkpoint directory as the loop's champion."""
         body = {"checkpoint": checkpoint, **({"reason": reason} if reason else {})}
-        result: dict[str, Any] = self._request("POST", f"/v1/loops/{name}/champion", body).json()
-        return result
+        return self._object("POST", f"/v1/loops/{name}/champion", body)
 
     def status(self, name: str) -> dict[str, Any]:
         """The loop's row status and its workflow's live status."""
-        result: dict[str, Any] = self._request("GET", f"/v1/loops/{name}/status").json()
-        return result
+        return self._object("GET", f"/v1/loops/{name}/status")
 
 
 def sign_and_post_traces(

@@ -39,20 +39,13 @@ class ToolCall:
     @classmethod
     def from_openai(cls, data: Any, *, where: str = "tool_call") -> ToolCall:
         """Parse an OpenAI tool call; ``arguments`` may be a JSON string (wire form) or object."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{where} must be an object")
-        call_id = data.get("id")
-        if not isinstance(call_id, str) or not call_id:
-            raise ValueError(f"{where}.id must be a non-empty string")
+        data = _object(data, where)
+        call_id = _non_empty_string(data, "id", where)
         kind = data.get("type", "function")
         if kind != "function":
             raise ValueError(f"{where}.type must be 'function', got {kind!r}")
-        function = data.get("function")
-        if not isinstance(function, Mapping):
-            raise ValueError(f"{where}.function must be an object")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{where}.function.name must be a non-empty string")
+        function = _object(data.get("function"), f"{where}.function")
+        name = _non_empty_string(function, "name", f"{where}.function")
         raw = function.get("arguments", "{}")
         if isinstance(raw, str):
             try:
@@ -90,8 +83,7 @@ class ChatMessage:
     @classmethod
     def from_openai(cls, data: Any, *, where: str = "message") -> ChatMessage:
         """Parse one OpenAI chat message; ValueError names the bad field."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{where} must be an object")
+        data = _object(data, where)
         role = data.get("role")
         if role not in ROLES:
             raise ValueError(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}")
@@ -149,13 +141,10 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
-        if not isinstance(tool, Mapping):
-            raise ValueError(f"{where} must be an object")
+        tool = _object(tool, where)
         if tool.get("type", "function") != "function":
             raise ValueError(f"{where}.type must be 'function', got {tool.get('type')!r}")
-        function = tool.get("function")
-        if not isinstance(function, Mapping):
-            raise ValueError(f"{where}.function must be an object")
+        function = _object(tool.get("function"), f"{where}.function")
         name = function.get("name")
         if not isinstance(name, str) or not _valid_name(name):
             raise ValueError(f"{where}.function.name must match ^[a-zA-Z0-9_-]{{1,64}}$")
@@ -165,14 +154,13 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise ValueError(f"{where}.function.description must be a string")
-        parameters = function.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(parameters, Mapping):
-            raise ValueError(f"{where}.function.parameters must be an object")
+        parameters = _object(
+            function.get("parameters", {"type": "object", "properties": {}}),
+            f"{where}.function.parameters",
+        )
         if parameters.get("type", "object") != "object":
             raise ValueError(f"{where}.function.parameters.type must be 'object'")
-        properties = parameters.get("properties", {})
-        if not isinstance(properties, Mapping):
-            raise ValueError(f"{where}.function.parameters.properties must be an object")
+        _object(parameters.get("properties", {}), f"{where}.function.parameters.properties")
         required = parameters.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise ValueError(f"{where}.function.parameters.required must be a list of strings")
@@ -182,6 +170,19 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
         normalised["parameters"] = dict(parameters)
         out.append({"type": "function", "function": normalised})
     return out
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be an object")
+    return value
+
+
+def _non_empty_string(data: Mapping[str, Any], key: str, where: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}.{key} must be a non-empty string")
+    return value
 
 
 def _valid_name(name: str) -> bool:

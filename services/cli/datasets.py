@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from services.artifacts import uri_to_path
 from services.cli import CliError
-from services.cli.common import database_session, loop_named, positive_int, print_json
+from services.cli.common import database_session, positive_int, print_json
+from services.cli.listing import Listing, row_summary
 from services.db.models import Dataset
 from services.db.queries import datasets as q
 from services.progress import Progress
@@ -41,37 +42,41 @@ def register(subparsers: Any) -> None:
     export.set_defaults(func=_datasets_export)
 
 
-def _dataset_summary(dataset: Dataset) -> dict[str, Any]:
-    return {
-        "id": dataset.id,
-        "content_hash": dataset.content_hash,
-        "train_count": dataset.train_count,
-        "eval_count": dataset.eval_count,
-        "regression_count": dataset.regression_count,
-        "train_uri": dataset.train_uri,
-        "eval_uri": dataset.eval_uri,
-        "regression_uri": dataset.regression_uri,
-        "stats": dataset.stats,
-        "created_at": dataset.created_at.isoformat(),
-    }
+DATASET_COLUMNS = (
+    "id",
+    "content_hash",
+    "train_count",
+    "eval_count",
+    "regression_count",
+    "train_uri",
+    "eval_uri",
+    "regression_uri",
+    "stats",
+    "created_at",
+)
+
+
+def _dataset_line(dataset: Dataset) -> str:
+    return (
+        f"{dataset.id:>6}  {dataset.content_hash[:12]:<12}  {dataset.train_count:>6} "
+        f"{dataset.eval_count:>6} {dataset.regression_count:>6}  "
+        f"{dataset.created_at:%Y-%m-%d %H:%M:%S}"
+    )
+
+
+DATASETS = Listing(
+    noun="datasets",
+    columns=DATASET_COLUMNS,
+    header=f"{'ID':>6}  {'HASH':<12}  {'TRAIN':>6} {'EVAL':>6} {'REGR':>6}  CREATED",
+    line=_dataset_line,
+)
 
 
 def _datasets_list(args: argparse.Namespace) -> int:
-    with database_session() as session:
-        loop = loop_named(session, args.loop)
-        datasets = q.list_datasets(session=session, loop_id=loop.id, limit=args.limit)
-        if args.json:
-            print_json([_dataset_summary(d) for d in datasets])
-            return 0
-        print(f"{'ID':>6}  {'HASH':<12}  {'TRAIN':>6} {'EVAL':>6} {'REGR':>6}  CREATED")
-        for d in datasets:
-            print(
-                f"{d.id:>6}  {d.content_hash[:12]:<12}  {d.train_count:>6} {d.eval_count:>6} "
-                f"{d.regression_count:>6}  {d.created_at:%Y-%m-%d %H:%M:%S}"
-            )
-        if not datasets:
-            print(f"loop {loop.name!r} has no datasets yet")
-    return 0
+    return DATASETS.list_for_loop(
+        args,
+        lambda session, loop: q.list_datasets(session=session, loop_id=loop.id, limit=args.limit),
+    )
 
 
 def _dataset(session: Session, dataset_id: int) -> Dataset:
@@ -84,7 +89,7 @@ def _dataset(session: Session, dataset_id: int) -> Dataset:
 def _datasets_show(args: argparse.Namespace) -> int:
     with database_session() as session:
         dataset = _dataset(session, args.dataset_id)
-        summary = _dataset_summary(dataset)
+        summary = row_summary(dataset, DATASET_COLUMNS)
         lineage = q.dataset_lineage(session=session, dataset_id=dataset.id)
         summary["source_traces"] = len({trace for _, _, trace in lineage})
         if args.json:

@@ -13,6 +13,7 @@ from typing import Any
 
 from services.cli import CliError
 from services.cli.common import database_session, loop_named, positive_int, print_json
+from services.cli.listing import Listing, row_summary
 from services.db.models import Task
 from services.db.queries import tasks as q
 
@@ -38,38 +39,43 @@ def register(subparsers: Any) -> None:
     pin.set_defaults(func=_tasks_pin)
 
 
-def _task_summary(task: Task) -> dict[str, Any]:
-    return {
-        "id": task.id,
-        "split": task.split,
-        "origin": task.origin,
-        "weight": task.weight,
-        "pinned": task.pinned,
-        "cluster_id": task.cluster_id,
-        "content_hash": task.content_hash,
-        "probe_pass_rate": task.probe_pass_rate,
-        "redactions": task.redactions,
-        "created_at": task.created_at.isoformat(),
-    }
+TASK_COLUMNS = (
+    "id",
+    "split",
+    "origin",
+    "weight",
+    "pinned",
+    "cluster_id",
+    "content_hash",
+    "probe_pass_rate",
+    "redactions",
+    "created_at",
+)
+
+
+def _task_line(task: Task) -> str:
+    prompt = " ".join(str(task.spec.get("prompt", "")).split())[:60]
+    return (
+        f"{task.id:>8}  {task.split:<10} {task.origin:<8} {task.weight:>6}  "
+        f"{task.cluster_id[:12]:<12}  {prompt}"
+    )
+
+
+TASKS = Listing(
+    noun="tasks",
+    columns=TASK_COLUMNS,
+    header=f"{'ID':>8}  {'SPLIT':<10} {'ORIGIN':<8} {'WEIGHT':>6}  {'CLUSTER':<12}  PROMPT",
+    line=_task_line,
+)
 
 
 def _tasks_list(args: argparse.Namespace) -> int:
-    with database_session() as session:
-        loop = loop_named(session, args.loop)
-        tasks = q.list_tasks(session=session, loop_id=loop.id, split=args.split, limit=args.limit)
-        if args.json:
-            print_json([_task_summary(t) for t in tasks])
-            return 0
-        print(f"{'ID':>8}  {'SPLIT':<10} {'ORIGIN':<8} {'WEIGHT':>6}  {'CLUSTER':<12}  PROMPT")
-        for task in tasks:
-            prompt = " ".join(str(task.spec.get("prompt", "")).split())[:60]
-            print(
-                f"{task.id:>8}  {task.split:<10} {task.origin:<8} {task.weight:>6}  "
-                f"{task.cluster_id[:12]:<12}  {prompt}"
-            )
-        if not tasks:
-            print(f"loop {loop.name!r} has no tasks yet")
-    return 0
+    return TASKS.list_for_loop(
+        args,
+        lambda session, loop: q.list_tasks(
+            session=session, loop_id=loop.id, split=args.split, limit=args.limit
+        ),
+    )
 
 
 def _tasks_show(args: argparse.Namespace) -> int:
@@ -79,7 +85,7 @@ def _tasks_show(args: argparse.Namespace) -> int:
             raise CliError(f"no task {args.task_id}", exit_code=1)
         sources = q.task_sources(session=session, task_id=task.id)
         detail = {
-            **_task_summary(task),
+            **row_summary(task, TASK_COLUMNS),
             "failure_signature": task.failure_signature,
             "spec": task.spec,
             "sources": [{"trace_id": t, "external_id": e, "relation": r} for t, e, r in sources],

@@ -43,20 +43,15 @@ def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
         "champion",
         [options.sft_hyperparameters, options.sft_tasks],
     )
-    checkpoint = work / "output" / "checkpoint"
-    if (checkpoint / "manifest.json").exists():
-        out(f"[demo] reusing the champion made earlier: {checkpoint}")
-        return checkpoint
-    seconds = sft_on_v1_demonstrations(
+    return champion_from_v1_demonstrations(
         work,
+        name="champion",
         task_count=options.sft_tasks,
         run_id="demo-champion-sft",
         hyperparameters=options.sft_hyperparameters,
         announce="[demo] making the first champion: SFT on {n} toolcalc v1 demonstrations ...",
         out=out,
     )
-    out(f"[demo] champion ready in {seconds:.0f}s")
-    return checkpoint
 
 
 def champion_work_dir(cache: Path, prefix: str, made_from: list[Any]) -> Path:
@@ -66,18 +61,25 @@ def champion_work_dir(cache: Path, prefix: str, made_from: list[Any]) -> Path:
     return cache / f"{prefix}-{key}"
 
 
-def sft_on_v1_demonstrations(
+def champion_from_v1_demonstrations(
     work: Path,
     *,
+    name: str,
     task_count: int,
     run_id: str,
     hyperparameters: dict[str, Any],
     announce: str,
     out: Printer,
     base_checkpoint: str | None = None,
-) -> float:
-    """Write ``task_count`` solved toolcalc v1 tasks into ``work``, say ``announce`` (``{n}``:
-    the task count) and run the SFT train job on them there; the seconds it took."""
+) -> Path:
+    """The checkpoint directory of the champion kept in ``work`` (``name`` in what it
+    prints), made first if it is not there: ``task_count`` solved toolcalc v1 tasks written
+    into ``work``, ``announce`` said (``{n}``: the task count), and the SFT train job run on
+    them there."""
+    checkpoint = work / "output" / "checkpoint"
+    if (checkpoint / "manifest.json").exists():
+        out(f"[demo] reusing the {name} made earlier: {checkpoint}")
+        return checkpoint
     from services.environments import get_environment, write_task_file
 
     tasks = get_environment("toolcalc").generate_tasks(task_count, seed=1, api_version="v1")
@@ -94,7 +96,8 @@ def sft_on_v1_demonstrations(
         profile={"algorithm": "sft", "hyperparameters": hyperparameters},
     )
     run_job("train", spec, work, out)
-    return time.monotonic() - started
+    out(f"[demo] {name} ready in {time.monotonic() - started:.0f}s")
+    return checkpoint
 
 
 def champion_note(options: DemoOptions) -> str:

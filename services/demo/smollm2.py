@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.demo.champion import champion_work_dir, sft_on_v1_demonstrations
+from services.demo.champion import champion_from_v1_demonstrations, champion_work_dir
 from services.demo.options import Printer
 
 SFT_TASKS = 48
@@ -52,12 +52,9 @@ def make_champion(cache_dir: Path, artifacts_dir: Path, out: Printer) -> Path:
     work = champion_work_dir(
         cache_dir, "champion-smollm2", [SFT_HYPERPARAMETERS, SFT_TASKS, base.checkpoint_id]
     )
-    checkpoint = work / "output" / "checkpoint"
-    if (checkpoint / "manifest.json").exists():
-        out(f"[demo] reusing the SmolLM2 champion made earlier: {checkpoint}")
-        return checkpoint
-    seconds = sft_on_v1_demonstrations(
+    return champion_from_v1_demonstrations(
         work,
+        name="SmolLM2 champion",
         task_count=SFT_TASKS,
         run_id="demo-champion-smollm2-sft",
         hyperparameters=SFT_HYPERPARAMETERS,
@@ -65,5 +62,3 @@ def make_champion(cache_dir: Path, artifacts_dir: Path, out: Printer) -> Path:
         out=out,
         base_checkpoint=str(base.target),
     )
-    out(f"[demo] SmolLM2 champion ready in {seconds:.0f}s")
-    return checkpoint

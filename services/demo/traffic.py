@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal
 
 import httpx
@@ -171,44 +171,36 @@ class ToolcalcTools:
         return str(price) if price is not None else f"error: unknown item {args['item']}"
 
 
+@dataclass(frozen=True)
 class ToolcalcAgent:
     """An agent with the ``openai`` client and a tool loop (what users copy from the docs)."""
 
-    def __init__(
-        self,
-        client: openai.OpenAI,
-        *,
-        model: str,
-        style: Style = "transcript",
-        max_turns: int = 5,
-        max_tokens: int = 48,
-        temperature: float = 0.0,
-    ) -> None:
-        self._client = client
-        self._model = model
-        self._style = style
-        self._max_turns = max_turns
-        self._max_tokens = max_tokens
-        self._temperature = temperature
+    client: openai.OpenAI
+    _: KW_ONLY
+    model: str
+    style: Style = "transcript"
+    max_turns: int = 5
+    max_tokens: int = 48
+    temperature: float = 0.0
 
     def run(self, task: TaskSpec, api_version: str) -> AgentEpisode:
         """Answer ``task``'s question; raises ``openai.APIError`` if the model server fails."""
         started_at = dt.datetime.now(dt.UTC)
-        messages, tools = toolcalc_conversation(task, self._style)
+        messages, tools = toolcalc_conversation(task, self.style)
         service = ToolcalcTools(api_version)
         calls: list[ModelCall] = []
         runs: list[ToolRun] = []
         answer: str | None = None
         version = "unknown"
-        for _ in range(self._max_turns):
+        for _ in range(self.max_turns):
             begun = time.time_ns()
             try:
-                raw = self._client.chat.completions.with_raw_response.create(
-                    model=self._model,
+                raw = self.client.chat.completions.with_raw_response.create(
+                    model=self.model,
                     messages=messages,  # type: ignore[arg-type]
                     tools=tools,
-                    temperature=self._temperature,
-                    max_tokens=self._max_tokens,
+                    temperature=self.temperature,
+                    max_tokens=self.max_tokens,
                 )
             except openai.BadRequestError as exc:
                 if exc.code != "context_length_exceeded":
@@ -466,52 +458,48 @@ def record_spans(tracer: Any, episode: AgentEpisode) -> None:
         },
     )
     context = otel_trace.set_span_in_context(agent)
-    events = sorted(
-        [(c.started_ns, "chat", c) for c in episode.model_calls]
-        + [(r.started_ns, "tool", r) for r in episode.tool_runs],
-        key=lambda item: item[0],
-    )
-    for _, _, item in events:
+    events: list[ModelCall | ToolRun] = [*episode.model_calls, *episode.tool_runs]
+    for item in sorted(events, key=lambda event: event.started_ns):
         if isinstance(item, ModelCall):
-            span = tracer.start_span(
-                f"chat {episode.model_version[:12]}",
-                context=context,
-                start_time=item.started_ns,
-                attributes={
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.provider.name": "ratchet",
-                    "gen_ai.request.model": episode.model_version,
-                    "gen_ai.response.model": episode.model_version,
-                    "gen_ai.tool.definitions": tools,
-                    "gen_ai.input.messages": json.dumps(
-                        [_semconv_message(m) for m in item.input_messages]
-                    ),
-                    "gen_ai.output.messages": json.dumps(
-                        [{**_semconv_message(item.output), "finish_reason": item.finish_reason}]
-                    ),
-                    "gen_ai.usage.input_tokens": item.usage["input_tokens"],
-                    "gen_ai.usage.output_tokens": item.usage["output_tokens"],
-                },
-            )
-            span.end(end_time=item.ended_ns)
-        elif isinstance(item, ToolRun):
-            span = tracer.start_span(
-                f"execute_tool {item.name}",
-                context=context,
-                start_time=item.started_ns,
-                attributes={
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": item.name,
-                    "gen_ai.tool.call.id": item.call_id,
-                    "gen_ai.tool.call.arguments": json.dumps(item.arguments),
-                    "gen_ai.tool.call.result": item.result,
-                },
-            )
-            span.end(end_time=item.ended_ns)
+            name, attributes = _chat_span(episode, item, tools)
+        else:
+            name, attributes = _tool_span(item)
+        span = tracer.start_span(
+            name, context=context, start_time=item.started_ns, attributes=attributes
+        )
+        span.end(end_time=item.ended_ns)
     if not episode.success:
         agent.set_attribute("error.type", "wrong_answer")
         agent.set_status(Status(StatusCode.ERROR, "wrong answer"))
     agent.end(end_time=int(episode.ended_at.timestamp() * 1e9))
+
+
+def _chat_span(episode: AgentEpisode, call: ModelCall, tools: str) -> tuple[str, dict[str, Any]]:
+    """The name and attributes of a model call's span (GenAI ``chat``)."""
+    return f"chat {episode.model_version[:12]}", {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "ratchet",
+        "gen_ai.request.model": episode.model_version,
+        "gen_ai.response.model": episode.model_version,
+        "gen_ai.tool.definitions": tools,
+        "gen_ai.input.messages": json.dumps([_semconv_message(m) for m in call.input_messages]),
+        "gen_ai.output.messages": json.dumps(
+            [{**_semconv_message(call.output), "finish_reason": call.finish_reason}]
+        ),
+        "gen_ai.usage.input_tokens": call.usage["input_tokens"],
+        "gen_ai.usage.output_tokens": call.usage["output_tokens"],
+    }
+
+
+def _tool_span(run: ToolRun) -> tuple[str, dict[str, Any]]:
+    """The name and attributes of a tool run's span (GenAI ``execute_tool``)."""
+    return f"execute_tool {run.name}", {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": run.name,
+        "gen_ai.tool.call.id": run.call_id,
+        "gen_ai.tool.call.arguments": json.dumps(run.arguments),
+        "gen_ai.tool.call.result": run.result,
+    }
 
 
 def _arguments(raw: str) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE
 from services.local.stack import Stack
 from services.settings import Settings
 from services.temporal import connect_temporal
+from services.training.jobspec import train_job_document
 from tests.support import assert_eventually
 
 T = TypeVar("T")
@@ -281,23 +282,22 @@ def make_tiny_champion(work_dir: Path) -> Path:
     tasks = get_environment("toolcalc").generate_tasks(64, seed=1, api_version="v1")
     dataset = work_dir / "sft.jsonl"
     write_task_file(dataset, tasks)
-    spec = {
-        "schema": "ratchet.job/v1",
-        "kind": "train",
-        "run_id": "e2e-champion",
-        "algorithm": "sft",
-        "environment": "toolcalc",
-        "dataset": str(dataset),
-        "hyperparameters": {
-            "steps": 5,
-            "batch_size": 8,
-            "warmup": 1,
-            "threads": 1,
-            "model": TINY_MODEL,
+    spec = train_job_document(
+        run_id="e2e-champion",
+        environment="toolcalc",
+        dataset=str(dataset),
+        profile={
+            "algorithm": "sft",
+            "device": "cpu",
+            "hyperparameters": {
+                "steps": 5,
+                "batch_size": 8,
+                "warmup": 1,
+                "threads": 1,
+                "model": TINY_MODEL,
+            },
         },
-        "seed": 0,
-        "device": "cpu",
-    }
+    )
     spec_path = work_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
     output = work_dir / "output"

@@ -50,6 +50,7 @@ import pytest
 from sqlalchemy import func, select
 
 from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Task, Trace
+from services.demo.options import DemoOptions
 from services.demo.server import start_model_server
 from services.demo.traffic import TrafficSimulator
 from tests.e2e.champion_fixture import FIXTURE
@@ -67,16 +68,9 @@ TRAINING_PROFILE: dict[str, Any] = {
     "algorithm": "grpo",
     "device": "cpu",
     "hyperparameters": {
+        **DemoOptions().grpo_hyperparameters,
         "steps": 30,
-        "tasks_per_step": 8,
         "group_size": 8,
-        "temperature": 1.0,
-        "lr": 3e-4,
-        "kl_coef": 0.2,
-        "max_turns": 4,
-        "max_new_tokens": 16,
-        "checkpoint_every": 0,
-        "log_every": 1,
         "threads": 1,
     },
 }

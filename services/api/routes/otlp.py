@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -50,6 +51,7 @@ JSON = "application/json"
 MAX_ERRORS_REPORTED = 5
 
 router = APIRouter(tags=["ingest"])
+Endpoint = Callable[..., Awaitable[Response]]
 
 
 async def startup(app: FastAPI) -> None:
@@ -178,37 +180,37 @@ def _decode(body: bytes, kind: str, limits: Limits, *, logs: bool) -> DecodedExp
     return read_spans(decode_export(body, ExportTraceServiceRequest, protobuf=protobuf), limits)
 
 
-@router.post(
-    "/otlp/v1/traces",
-    summary="OTLP/HTTP trace export (GenAI spans), Bearer ingest token",
-    openapi_extra=_OPENAPI,
-    responses=_ERRORS,
-    response_class=Response,
-)
-@router.post(
-    "/v1/otlp/v1/traces",
-    summary="OTLP/HTTP trace export under the versioned prefix (same as /otlp/v1/traces)",
-    openapi_extra=_OPENAPI,
-    responses=_ERRORS,
-    response_class=Response,
-)
+def _export_route(
+    signal: str, summary: str, openapi_extra: dict[str, Any]
+) -> Callable[[Endpoint], Endpoint]:
+    """Serve an export at the collector's default path ``/otlp/v1/<signal>`` and, for clients
+    that put every call under the api's version, at ``/v1/otlp/v1/<signal>`` too."""
+    default = f"/otlp/v1/{signal}"
+    versioned = f"OTLP/HTTP {signal[:-1]} export under the versioned prefix (same as {default})"
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        for path, text in ((f"/v1{default}", versioned), (default, summary)):
+            router.post(
+                path,
+                summary=text,
+                openapi_extra=openapi_extra,
+                responses=_ERRORS,
+                response_class=Response,
+            )(endpoint)
+        return endpoint
+
+    return register
+
+
+@_export_route("traces", "OTLP/HTTP trace export (GenAI spans), Bearer ingest token", _OPENAPI)
 async def export_traces(request: Request, service: IngestDep) -> Response:
     return await _export(request, service, logs=False)
 
 
-@router.post(
-    "/otlp/v1/logs",
-    summary="OTLP/HTTP log export: GenAI message content as log records, joined to spans",
-    openapi_extra=_LOGS_OPENAPI,
-    responses=_ERRORS,
-    response_class=Response,
-)
-@router.post(
-    "/v1/otlp/v1/logs",
-    summary="OTLP/HTTP log export under the versioned prefix (same as /otlp/v1/logs)",
-    openapi_extra=_LOGS_OPENAPI,
-    responses=_ERRORS,
-    response_class=Response,
+@_export_route(
+    "logs",
+    "OTLP/HTTP log export: GenAI message content as log records, joined to spans",
+    _LOGS_OPENAPI,
 )
 async def export_logs(request: Request, service: IngestDep) -> Response:
     return await _export(request, service, logs=True)

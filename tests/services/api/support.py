@@ -21,6 +21,8 @@ from fastapi import FastAPI
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
+from services.api.app import create_app
+from services.api.state import AppState
 from services.db.models import Trace
 from services.db.queries.loops import LoopFields
 from services.db.session import SessionFactory
@@ -132,6 +134,16 @@ def create_loop(
     assert response.status_code == 201, response.text
     created: dict[str, Any] = response.json()
     return created
+
+
+@contextmanager
+def serve_with_loop(state: AppState) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The api of ``state`` under uvicorn with one loop created through the admin API, as
+    the ingest tests need it: (url, the created loop with its secrets)."""
+    with serve(create_app(state.settings, state=state)) as url:
+        with httpx.Client(base_url=url) as http:
+            loop = create_loop(http)
+        yield url, loop
 
 
 def provision_toolcalc_loop(session_factory: SessionFactory, name: str) -> tuple[int, str]:

@@ -22,11 +22,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Status, StatusCode
 from sqlalchemy import select
 
-from services.api.app import create_app
 from services.api.state import AppState
 from services.db.models import OtlpSpan, Trace
 from services.db.session import SessionFactory
-from tests.services.api.support import create_loop, serve
+from tests.services.api.support import serve_with_loop
 
 TOOLS = [
     {
@@ -120,10 +119,8 @@ def record_episode(provider: TracerProvider, *, answer: str = "6", label: str = 
 
 @pytest.fixture
 def server(app_state: AppState) -> Iterator[tuple[str, dict[str, Any]]]:
-    with serve(create_app(app_state.settings, state=app_state)) as url:
-        with httpx.Client(base_url=url) as http:
-            loop = create_loop(http)
-        yield url, loop
+    with serve_with_loop(app_state) as served:
+        yield served
 
 
 def provider_with(exporter: Any) -> TracerProvider:

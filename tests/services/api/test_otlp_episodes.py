@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import httpx
 import pytest
 from opentelemetry import context
 from opentelemetry.exporter.otlp.proto.http import Compression
@@ -30,11 +29,10 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from sqlalchemy import Engine
 
-from services.api.app import create_app
 from services.api.state import AppState, TemporalConnection
 from services.db.session import SessionFactory
 from services.settings import Settings
-from tests.services.api.support import ADMIN_TOKEN, create_loop, serve
+from tests.services.api.support import ADMIN_TOKEN, serve_with_loop
 from tests.services.api.test_otlp import (
     export_batch,
     record_episode,
@@ -60,9 +58,7 @@ def ratchet(
         session_factory=session_factory,
         temporal=TemporalConnection(settings),
     )
-    with serve(create_app(settings, state=state)) as url:
-        with httpx.Client(base_url=url) as http:
-            loop = create_loop(http)
+    with serve_with_loop(state) as (url, loop):
         yield url, loop["ingest_token"]
 
 

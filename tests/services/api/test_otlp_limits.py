@@ -3,10 +3,14 @@ retrying cannot cure."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
+import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
@@ -23,6 +27,19 @@ from tests.services.api.test_otlp import (
     stored,
 )
 from tests.services.api.test_otlp_episodes import HOUR, ratchet
+
+QuietRatchet = Callable[..., AbstractContextManager[tuple[str, str]]]
+
+
+@pytest.fixture
+def quiet_ratchet(
+    database_url: str, engine: Engine, session_factory: SessionFactory
+) -> QuietRatchet:
+    """``ratchet`` whose episodes never close on their own (quiet for an hour), so a test sees
+    only what its export did; keyword arguments override more settings."""
+    return functools.partial(
+        ratchet, database_url, engine, session_factory, otlp_episode_quiet_s=HOUR
+    )
 
 
 def one_chat(attributes: dict[str, Any], service: str = "calc-service") -> list[ReadableSpan]:
@@ -53,11 +70,11 @@ def error_code(response: httpx.Response) -> str:
 
 
 def test_hostile_attribute_json_is_a_400_not_a_500(
-    database_url: str, engine: Engine, session_factory: SessionFactory
+    quiet_ratchet: QuietRatchet, session_factory: SessionFactory
 ) -> None:
     deep = "[" * 5000 + "]" * 5000  # RecursionError in json.loads
     huge_number = '[{"role": "user", "content": ' + "9" * 5000 + "}]"  # ValueError in int()
-    with ratchet(database_url, engine, session_factory, otlp_episode_quiet_s=HOUR) as (url, token):
+    with quiet_ratchet() as (url, token):
         for key in ("gen_ai.input.messages", "gen_ai.tool.definitions"):
             for value in (deep, huge_number):
                 spans = one_chat({key: value})
@@ -75,9 +92,9 @@ def test_hostile_attribute_json_is_a_400_not_a_500(
 
 
 def test_a_huge_service_name_is_not_copied_into_every_trace(
-    database_url: str, engine: Engine, session_factory: SessionFactory
+    quiet_ratchet: QuietRatchet, session_factory: SessionFactory
 ) -> None:
-    with ratchet(database_url, engine, session_factory, otlp_episode_quiet_s=HOUR) as (url, token):
+    with quiet_ratchet() as (url, token):
         huge = one_chat({}, service="s" * 200_000) + one_chat({}, service="s" * 200_000)
         response = post_protobuf(url, token, huge + one_chat({}))
         assert response.status_code == 200
@@ -89,15 +106,9 @@ def test_a_huge_service_name_is_not_copied_into_every_trace(
 
 
 def test_an_attribute_over_the_size_limit_rejects_only_its_trace(
-    database_url: str, engine: Engine, session_factory: SessionFactory
+    quiet_ratchet: QuietRatchet, session_factory: SessionFactory
 ) -> None:
-    with ratchet(
-        database_url,
-        engine,
-        session_factory,
-        otlp_episode_quiet_s=HOUR,
-        otlp_max_attribute_bytes=4096,
-    ) as (url, token):
+    with quiet_ratchet(otlp_max_attribute_bytes=4096) as (url, token):
         big = one_chat({"gen_ai.request.model": "m" * 5000})
         response = post_protobuf(url, token, big + one_chat({}))
         assert response.status_code == 200
@@ -108,16 +119,9 @@ def test_an_attribute_over_the_size_limit_rejects_only_its_trace(
 
 
 def test_more_traces_or_spans_than_an_export_may_hold_is_a_413(
-    database_url: str, engine: Engine, session_factory: SessionFactory
+    quiet_ratchet: QuietRatchet, session_factory: SessionFactory
 ) -> None:
-    with ratchet(
-        database_url,
-        engine,
-        session_factory,
-        otlp_episode_quiet_s=HOUR,
-        ingest_max_batch=3,
-        otlp_max_spans_per_export=6,
-    ) as (url, token):
+    with quiet_ratchet(ingest_max_batch=3, otlp_max_spans_per_export=6) as (url, token):
         four_traces = [span for _ in range(4) for span in one_chat({})]
         response = post_protobuf(url, token, four_traces)
         assert (response.status_code, error_code(response)) == (413, "batch_too_large")
@@ -133,11 +137,9 @@ def test_more_traces_or_spans_than_an_export_may_hold_is_a_413(
 
 
 def test_an_export_bigger_than_the_write_queue_is_stored_not_refused(
-    database_url: str, engine: Engine, session_factory: SessionFactory
+    quiet_ratchet: QuietRatchet, session_factory: SessionFactory
 ) -> None:
-    with ratchet(
-        database_url, engine, session_factory, otlp_episode_quiet_s=HOUR, ingest_queue_max=2
-    ) as (url, token):
+    with quiet_ratchet(ingest_queue_max=2) as (url, token):
         five_episodes = [span for _ in range(5) for span in spans_of_one_episode()]
         response = post_protobuf(url, token, five_episodes)
         assert response.status_code == 200, response.text
@@ -145,9 +147,7 @@ def test_an_export_bigger_than_the_write_queue_is_stored_not_refused(
         assert len(stored(session_factory)) == 5
 
 
-def test_log_records_that_join_nothing_are_rejected_by_count(
-    database_url: str, engine: Engine, session_factory: SessionFactory
-) -> None:
+def test_log_records_that_join_nothing_are_rejected_by_count(quiet_ratchet: QuietRatchet) -> None:
     logs = {
         "resourceLogs": [
             {
@@ -172,7 +172,7 @@ def test_log_records_that_join_nothing_are_rejected_by_count(
             }
         ]
     }
-    with ratchet(database_url, engine, session_factory, otlp_episode_quiet_s=HOUR) as (url, token):
+    with quiet_ratchet() as (url, token):
         response = httpx.post(
             f"{url}/otlp/v1/logs", json=logs, headers={"authorization": f"Bearer {token}"}
         )

@@ -168,9 +168,16 @@ def _checkpoint(
     )
 
 
-def _timings(start: dt.datetime, stages: list[tuple[str, float, float | None]]) -> dict[str, Any]:
+CYCLE_STAGES = ("curate", "snapshot", "train", "evaluate", "gate", "promote", "canary", "account")
+
+
+def _timings(start: dt.datetime, boundaries: list[float | None]) -> dict[str, Any]:
+    """The stage timings of a cycle whose stages ran one after another: ``boundaries`` are
+    the hours (after ``start``) where one stage ended and the next began; a last ``None``
+    leaves the stage it ends still running."""
     timings: dict[str, Any] = {}
-    for stage, begin_h, end_h in stages:
+    for stage, begin_h, end_h in zip(CYCLE_STAGES, boundaries, boundaries[1:], strict=False):
+        assert begin_h is not None, "only the last stage may still be running"
         entry: dict[str, Any] = {"started_at": (start + dt.timedelta(hours=begin_h)).isoformat()}
         if end_h is not None:
             entry["ended_at"] = (start + dt.timedelta(hours=end_h)).isoformat()
@@ -328,19 +335,7 @@ def seed_story(session: Session, *, now: dt.datetime, logs_dir: Path, name: str 
         workflow_id=f"loop/{name}",
         dataset_id=d1.id,
         champion_checkpoint_id=base.id,
-        stage_timings=_timings(
-            start,
-            [
-                ("curate", 25, 25.5),
-                ("snapshot", 25.5, 25.6),
-                ("train", 25.6, 28.5),
-                ("evaluate", 28.5, 29.5),
-                ("gate", 29.5, 29.6),
-                ("promote", 29.6, 30),
-                ("canary", 30, 32),
-                ("account", 32, 32.1),
-            ],
-        ),
+        stage_timings=_timings(start, [25, 25.5, 25.6, 28.5, 29.5, 29.6, 30, 32, 32.1]),
         compute_seconds=3.5 * 3600,
         cost_usd=Decimal("1.40"),
         points_gained=0.0,
@@ -413,19 +408,7 @@ def seed_story(session: Session, *, now: dt.datetime, logs_dir: Path, name: str 
         workflow_id=f"loop/{name}",
         dataset_id=d2.id,
         champion_checkpoint_id=base.id,
-        stage_timings=_timings(
-            start,
-            [
-                ("curate", 34, 34.5),
-                ("snapshot", 34.5, 34.6),
-                ("train", 34.6, 41),
-                ("evaluate", 41, 43),
-                ("gate", 43, 43.1),
-                ("promote", 43.1, 44),
-                ("canary", 44, 46),
-                ("account", 46, 46.1),
-            ],
-        ),
+        stage_timings=_timings(start, [34, 34.5, 34.6, 41, 43, 43.1, 44, 46, 46.1]),
         compute_seconds=8.4 * 3600,
         cost_usd=Decimal("2.10"),
         points_gained=58.3,
@@ -507,9 +490,7 @@ def seed_story(session: Session, *, now: dt.datetime, logs_dir: Path, name: str 
         workflow_id=f"loop/{name}",
         dataset_id=d3.id,
         champion_checkpoint_id=ckpt2.id,
-        stage_timings=_timings(
-            start, [("curate", 70, 70.5), ("snapshot", 70.5, 70.6), ("train", 70.6, None)]
-        ),
+        stage_timings=_timings(start, [70, 70.5, 70.6, None]),
         started_at=at(70),
     )
     session.add(c3)

@@ -38,6 +38,11 @@ def _open(browser_page: BrowserPage, url: str, status: int = 200) -> Page:
     return browser_page.page
 
 
+def _open_run(seeded: Seeded, browser_page: BrowserPage, run_id: str) -> Page:
+    """The page of one of the main loop's runs."""
+    return _open(browser_page, f"{seeded.server.url}/loops/{seeded.story.loop}/runs/{run_id}")
+
+
 def _no_xss(page: Page) -> None:
     assert page.evaluate("typeof window.__xss") == "undefined"
     assert page.locator("img[src='x']").count() == 0
@@ -145,9 +150,7 @@ def test_run_page_shows_status_logs_and_workflows(
     seeded: Seeded, browser_page: BrowserPage
 ) -> None:
     story = seeded.story
-    page = _open(
-        browser_page, f"{seeded.server.url}/loops/{story.loop}/runs/{story.cycle3_train_run}"
-    )
+    page = _open_run(seeded, browser_page, story.cycle3_train_run)
     assert "running" in page.locator("#run-summary h1").inner_text()
     log = page.locator("#log-tail").inner_text()
     assert log.splitlines() == ["INFO starting GRPO", XSS_LOG_LINE, "step 13 loss=0.40"]
@@ -158,9 +161,7 @@ def test_run_page_shows_status_logs_and_workflows(
     ]
     _no_xss(page)
 
-    page = _open(
-        browser_page, f"{seeded.server.url}/loops/{story.loop}/runs/{story.cycle2_train_run}"
-    )
+    page = _open_run(seeded, browser_page, story.cycle2_train_run)
     lines = page.locator("#log-tail").inner_text().splitlines()
     assert len(lines) == 200 and lines[-1] == "step 399 loss=0.003"
     assert "Last 200 lines" in page.locator("#logs").inner_text()
@@ -171,10 +172,7 @@ def test_run_page_shows_status_logs_and_workflows(
 def test_a_log_outside_the_state_directory_is_not_shown(
     seeded: Seeded, browser_page: BrowserPage
 ) -> None:
-    story = seeded.story
-    page = _open(
-        browser_page, f"{seeded.server.url}/loops/{story.loop}/runs/{story.outside_logs_run}"
-    )
+    page = _open_run(seeded, browser_page, seeded.story.outside_logs_run)
     assert "outside" in page.locator("#logs-unavailable").inner_text()
     assert "root:" not in page.content()
     assert browser_page.errors == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
@@ -155,10 +156,17 @@ def test_live_series_window_ends_at_the_latest_outcome(seeded_database: SeededDa
     assert sum(b.n for b in series.buckets) == 6 * 4 + 1  # one trace every 15 minutes
 
 
-def test_no_outcomes_no_series(seeded_database: SeededDatabase) -> None:
+@pytest.mark.parametrize(
+    "query",
+    [live_success_series, serving_lineage],
+    ids=["no outcomes, no series", "no champion, no lineage"],
+)
+def test_a_quiet_loop_has_nothing_to_draw(
+    seeded_database: SeededDatabase, query: Callable[..., object]
+) -> None:
     loop_id = _loop_id(seeded_database, seeded_database.story.quiet_loop)
     with seeded_database.session_factory() as session:
-        assert live_success_series(session, loop_id=loop_id) is None
+        assert query(session, loop_id=loop_id) is None
 
 
 def test_events_mark_promotions_rollbacks_and_drift(seeded_database: SeededDatabase) -> None:
@@ -246,12 +254,6 @@ def test_lineage_of_a_base_checkpoint_has_no_run(seeded_database: SeededDatabase
     assert lineage.run_id is None and lineage.dataset_id is None
     assert (lineage.task_count, lineage.trace_count) == (0, 0)
     assert lineage.promotion_id is None
-
-
-def test_no_champion_no_lineage(seeded_database: SeededDatabase) -> None:
-    loop_id = _loop_id(seeded_database, seeded_database.story.quiet_loop)
-    with seeded_database.session_factory() as session:
-        assert serving_lineage(session, loop_id=loop_id) is None
 
 
 def test_runs_and_what_they_produced(seeded_database: SeededDatabase) -> None:

@@ -12,25 +12,19 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from services.api.app import create_app
 from services.api.state import AppState
 from services.db.models import Trace
 from services.db.session import SessionFactory
 from services.demo.traffic import ToolcalcAgent, TrafficSimulator, episode_trace
 from services.serving.base import CheckpointRef
-from tests.services.api.support import create_loop
-from tests.services.api.support import serve as serve_api
+from tests.services.api.support import serve_with_loop
 from tests.services.serving.conftest import ServerThread, demo_task
 
 
 @pytest.fixture
 def api(app_state: AppState) -> Iterator[tuple[str, dict[str, Any]]]:
-    with serve_api(create_app(app_state.settings, state=app_state)) as url:
-        import httpx
-
-        with httpx.Client(base_url=url) as http:
-            loop = create_loop(http)
-        yield url, loop
+    with serve_with_loop(app_state) as served:
+        yield served
 
 
 def agent_for(server: ServerThread) -> ToolcalcAgent:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from services.executors.base import ExecutorUnavailable, JobRejected, JobSpec, JobStatus
+from services.executors.base import ExecutorUnavailable, Handle, JobRejected, JobSpec, JobStatus
 from services.executors.kubernetes.builder import job_name
 from services.executors.kubernetes.launcher import KubernetesExecutor
 from services.executors.kubernetes.template import JobTemplate, parse_template
@@ -133,20 +134,35 @@ def test_status_follows_the_job_from_pending_to_succeeded(
     assert done.cpu_seconds == 600 * 4  # reserved cores x wall time
 
 
+def states_of_a_wait(
+    cluster: EmulatedCluster,
+    executor: KubernetesExecutor,
+    handle: Handle,
+    *,
+    watches: int,
+    change: Callable[[], object],
+) -> list[str]:
+    """Run ``executor.wait`` in a thread, make ``change`` once the cluster has seen
+    ``watches`` watches of Jobs (the wait's is open), and return what the wait returned."""
+    seen: list[JobStatus] = []
+    waiter = threading.Thread(target=lambda: seen.append(executor.wait(handle, 30)))
+    waiter.start()
+    cluster.wait_for_watches(JOBS, watches)
+    change()
+    waiter.join(35)
+    return [status.state for status in seen]
+
+
 def test_wait_returns_when_the_watch_sees_the_change(
     cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
 ) -> None:
     handle = executor.submit(make_spec())
     assert executor.wait(handle, 0.5).state == "pending"  # nothing happens: times out
 
-    seen: list[JobStatus] = []
     watches = len(cluster.watches(JOBS))
-    waiter = threading.Thread(target=lambda: seen.append(executor.wait(handle, 30)))
-    waiter.start()
-    cluster.wait_for_watches(JOBS, watches + 1)
-    cluster.set_job_status(NAMESPACE, handle["job_name"], COMPLETE)
-    waiter.join(35)
-    assert [status.state for status in seen] == ["succeeded"]
+    complete = partial(cluster.set_job_status, NAMESPACE, handle["job_name"], COMPLETE)
+    states = states_of_a_wait(cluster, executor, handle, watches=watches + 1, change=complete)
+    assert states == ["succeeded"]
 
 
 def test_watch_recovers_from_410_gone_by_listing_again(
@@ -157,15 +173,11 @@ def test_watch_recovers_from_410_gone_by_listing_again(
     cluster.expire_next_watch()
     watches, lists = len(cluster.watches(JOBS)), len(job_lists(cluster))
 
-    seen: list[JobStatus] = []
-    waiter = threading.Thread(target=lambda: seen.append(executor.wait(handle, 30)))
-    waiter.start()
+    complete = partial(cluster.set_job_status, NAMESPACE, handle["job_name"], COMPLETE)
     # The resumed watch gets 410 Gone; the executor lists again and watches anew.
-    cluster.wait_for_watches(JOBS, watches + 2)
-    cluster.set_job_status(NAMESPACE, handle["job_name"], COMPLETE)
-    waiter.join(35)
+    states = states_of_a_wait(cluster, executor, handle, watches=watches + 2, change=complete)
 
-    assert [status.state for status in seen] == ["succeeded"]
+    assert states == ["succeeded"]
     assert len(job_lists(cluster)) == lists + 1
 
 
@@ -221,13 +233,8 @@ def test_a_deletion_seen_by_the_watch_ends_the_wait(
     cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
 ) -> None:
     handle = executor.submit(make_spec())
-    seen: list[JobStatus] = []
-    waiter = threading.Thread(target=lambda: seen.append(executor.wait(handle, 30)))
-    waiter.start()
-    cluster.wait_for_watches(JOBS, 1)
-    cluster.batch.delete_namespaced_job(handle["job_name"], NAMESPACE)
-    waiter.join(35)
-    assert [status.state for status in seen] == ["lost"]
+    delete = partial(cluster.batch.delete_namespaced_job, handle["job_name"], NAMESPACE)
+    assert states_of_a_wait(cluster, executor, handle, watches=1, change=delete) == ["lost"]
 
 
 def test_cancel_marks_and_deletes_the_job_with_foreground_propagation(

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.executors.base import JobSpec, JobSpecError
+from services.executors.base import Handle, JobSpec, JobSpecError
 from services.executors.local import LocalExecutor
 from tests.support import assert_eventually
 
@@ -62,11 +62,21 @@ def executor_for(script: str, *, cancel_grace_s: float = 10.0) -> LocalExecutor:
     )
 
 
+Start = Callable[..., tuple[LocalExecutor, Handle]]
+
+
 @pytest.fixture
-def cleanup() -> Iterator[list[tuple[LocalExecutor, dict[str, object]]]]:
-    """Jobs a test started; any still running at the end are killed with their group."""
-    started: list[tuple[LocalExecutor, dict[str, object]]] = []
-    yield started
+def start() -> Iterator[Start]:
+    """Submit ``spec`` to an ``executor_for(script, ...)``; the jobs still running when the
+    test ends are killed with their process group."""
+    started: list[tuple[LocalExecutor, Handle]] = []
+
+    def submit(script: str, spec: JobSpec, **options: float) -> tuple[LocalExecutor, Handle]:
+        executor = executor_for(script, **options)
+        started.append((executor, executor.submit(spec)))
+        return started[-1]
+
+    yield submit
     for executor, handle in started:
         if not executor.status(handle).terminal:
             os.killpg(int(str(handle["pid"])), signal.SIGKILL)
@@ -132,12 +142,10 @@ def test_a_missing_job_program_fails_with_the_reason(make_spec: Callable[..., Jo
 
 
 def test_submitting_a_run_twice_starts_one_job(
-    make_spec: Callable[..., JobSpec], cleanup: list[tuple[LocalExecutor, dict[str, object]]]
+    make_spec: Callable[..., JobSpec], start: Start
 ) -> None:
     spec = make_spec()
-    executor = executor_for(SLEEP)
-    first = executor.submit(spec)
-    cleanup.append((executor, first))
+    executor, first = start(SLEEP, spec)
     # Another executor (another worker, or this one after a restart) adopts it.
     second = executor_for(SLEEP).submit(spec)
 
@@ -152,12 +160,10 @@ def _assert_lines(path: Path, count: int) -> None:
 
 
 def test_cancel_kills_the_whole_process_group(
-    make_spec: Callable[..., JobSpec], cleanup: list[tuple[LocalExecutor, dict[str, object]]]
+    make_spec: Callable[..., JobSpec], start: Start
 ) -> None:
     spec = make_spec()
-    executor = executor_for(SLEEP)
-    handle = executor.submit(spec)
-    cleanup.append((executor, handle))
+    executor, handle = start(SLEEP, spec)
     assert_eventually(lambda: _assert_lines(spec.output_dir / "starts", 1))
     job_pid = json.loads((spec.run_dir / "executor" / "child.json").read_text())["pid"]
     assert executor.status(handle).state == "running"
@@ -172,12 +178,10 @@ def test_cancel_kills_the_whole_process_group(
 
 
 def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(
-    make_spec: Callable[..., JobSpec], cleanup: list[tuple[LocalExecutor, dict[str, object]]]
+    make_spec: Callable[..., JobSpec], start: Start
 ) -> None:
     spec = make_spec()
-    executor = executor_for(IGNORE_TERM, cancel_grace_s=0.5)
-    handle = executor.submit(spec)
-    cleanup.append((executor, handle))
+    executor, handle = start(IGNORE_TERM, spec, cancel_grace_s=0.5)
     assert_eventually(lambda: _assert_lines(spec.output_dir / "starts", 1))
 
     executor.cancel(handle)

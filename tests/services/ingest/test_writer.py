@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from sqlalchemy import Engine
@@ -42,6 +44,17 @@ def writer_for(engine: Engine, **overrides: float) -> GroupCommitWriter:
     )
 
 
+@asynccontextmanager
+async def running_writer(engine: Engine, **overrides: float) -> AsyncIterator[GroupCommitWriter]:
+    """A started writer, stopped (what is queued written) when the block ends."""
+    writer = writer_for(engine, **overrides)
+    await writer.start()
+    try:
+        yield writer
+    finally:
+        await writer.stop()
+
+
 def commits() -> float:
     return REGISTRY.get_sample_value("ratchet_ingest_commit_rows_count") or 0.0
 
@@ -49,11 +62,10 @@ def commits() -> float:
 async def test_concurrent_writes_share_commits(
     engine: Engine, session_factory: SessionFactory, loop_id: int
 ) -> None:
-    writer = writer_for(engine)
-    await writer.start()
     before = commits()
-    results = await asyncio.gather(*(writer.write([row(loop_id, f"t{i}")]) for i in range(300)))
-    await writer.stop()
+    async with running_writer(engine) as writer:
+        writes = (writer.write([row(loop_id, f"t{i}")]) for i in range(300))
+        results = await asyncio.gather(*writes)
 
     assert all(r[0].status == "accepted" and r[0].trace_id for r in results)
     assert commits() - before < 300 / 5  # many traces per transaction
@@ -64,11 +76,9 @@ async def test_concurrent_writes_share_commits(
 async def test_duplicates_in_and_across_groups(
     engine: Engine, session_factory: SessionFactory, loop_id: int
 ) -> None:
-    writer = writer_for(engine)
-    await writer.start()
-    first = await writer.write([row(loop_id, "a"), row(loop_id, "b"), row(loop_id, "a")])
-    second = await writer.write([row(loop_id, "b"), row(loop_id, "c")])
-    await writer.stop()
+    async with running_writer(engine) as writer:
+        first = await writer.write([row(loop_id, "a"), row(loop_id, "b"), row(loop_id, "a")])
+        second = await writer.write([row(loop_id, "b"), row(loop_id, "c")])
 
     assert [o.status for o in first] == ["accepted", "accepted", "duplicate"]
     assert [o.status for o in second] == ["duplicate", "accepted"]
@@ -79,13 +89,11 @@ async def test_duplicates_in_and_across_groups(
 async def test_a_row_postgres_refuses_is_rejected_alone(
     engine: Engine, session_factory: SessionFactory, loop_id: int
 ) -> None:
-    writer = writer_for(engine)
-    await writer.start()
     missing_loop = loop_id + 1000  # a foreign-key violation the validator cannot foresee
-    outcomes = await writer.write(
-        [row(loop_id, "ok-1"), row(missing_loop, "orphan"), row(loop_id, "ok-2")]
-    )
-    await writer.stop()
+    async with running_writer(engine) as writer:
+        outcomes = await writer.write(
+            [row(loop_id, "ok-1"), row(missing_loop, "orphan"), row(loop_id, "ok-2")]
+        )
 
     assert [o.status for o in outcomes] == ["accepted", "rejected", "accepted"]
     assert outcomes[1].reason is not None and "refused" in outcomes[1].reason
@@ -96,11 +104,9 @@ async def test_a_row_postgres_refuses_is_rejected_alone(
 async def test_stop_writes_what_is_queued_then_refuses(
     engine: Engine, session_factory: SessionFactory, loop_id: int
 ) -> None:
-    writer = writer_for(engine, max_wait_s=0.05)
-    await writer.start()
-    pending = [asyncio.create_task(writer.write([row(loop_id, f"q{i}")])) for i in range(20)]
-    await asyncio.sleep(0)
-    await writer.stop()
+    async with running_writer(engine, max_wait_s=0.05) as writer:
+        pending = [asyncio.create_task(writer.write([row(loop_id, f"q{i}")])) for i in range(20)]
+        await asyncio.sleep(0)
     assert all(task.result()[0].status == "accepted" for task in pending)
     with pytest.raises(StorageUnavailable):
         await writer.write([row(loop_id, "late")])
@@ -124,15 +130,11 @@ async def test_an_unreachable_database_refuses_without_acknowledging(loop_id: in
 
 
 async def test_a_full_queue_refuses_the_whole_request(engine: Engine, loop_id: int) -> None:
-    writer = writer_for(engine, queue_max=2)
-    await writer.start()
-    with pytest.raises(StorageUnavailable, match="queue is full"):
-        await writer.write([row(loop_id, f"r{i}") for i in range(3)])
-    assert [o.status for o in await writer.write([row(loop_id, "s1"), row(loop_id, "s2")])] == [
-        "accepted",
-        "accepted",
-    ]
-    await writer.stop()
+    async with running_writer(engine, queue_max=2) as writer:
+        with pytest.raises(StorageUnavailable, match="queue is full"):
+            await writer.write([row(loop_id, f"r{i}") for i in range(3)])
+        outcomes = await writer.write([row(loop_id, "s1"), row(loop_id, "s2")])
+    assert [o.status for o in outcomes] == ["accepted", "accepted"]
 
 
 async def test_an_error_a_retry_cannot_fix_is_not_a_503(
@@ -146,13 +148,11 @@ async def test_an_error_a_retry_cannot_fix_is_not_a_503(
 
     with engine.begin() as connection:
         connection.execute(text("ALTER TABLE traces RENAME TO traces_elsewhere"))
-    writer = writer_for(engine)
-    await writer.start()
     try:
-        with pytest.raises(StorageRefused) as caught:
-            await writer.write([row(loop_id, "x")])
+        async with running_writer(engine) as writer:
+            with pytest.raises(StorageRefused) as caught:
+                await writer.write([row(loop_id, "x")])
     finally:
-        await writer.stop()
         with engine.begin() as connection:
             connection.execute(text("ALTER TABLE traces_elsewhere RENAME TO traces"))
     assert caught.value.status_code == 500 and not caught.value.headers

@@ -52,13 +52,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
-from benchmarks.support import BENCH_SECRET_KEY, free_port, start_api_process  # noqa: E402
-from services.db.migrate import upgrade  # noqa: E402
-from services.db.queries.loops import LoopFields  # noqa: E402
-from services.db.session import create_db_engine, make_session_factory  # noqa: E402
+from benchmarks.support import create_loop_database, free_port, start_api_process  # noqa: E402
 from services.ingest.otlp import Limits, decode_protobuf, read_spans  # noqa: E402
-from services.ingest.provisioning import provision_loop  # noqa: E402
-from services.secrets import SecretBox  # noqa: E402
 
 LOOP = "otlp-bench"
 PROTOBUF = {"content-type": "application/x-protobuf"}
@@ -220,18 +215,8 @@ def main() -> None:
         server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
         api: subprocess.Popen[bytes] | None = None
         try:
-            with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
-                conn.execute("CREATE DATABASE ratchet_bench")
-            database_url = server.get_uri("ratchet_bench")
-            upgrade(database_url)
-            engine = create_db_engine(database_url, pool_size=1)
-            with make_session_factory(engine).begin() as session:
-                token = provision_loop(
-                    session,
-                    fields=LoopFields(name=LOOP, environment="toolcalc"),
-                    box=SecretBox.from_keys(BENCH_SECRET_KEY),
-                ).ingest_token
-            engine.dispose()
+            database_url, created = create_loop_database(server, LOOP)
+            token = created.ingest_token
             port = free_port()
             repo = args.api_repo.resolve()
             api = start_api_process(

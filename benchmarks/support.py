@@ -1,4 +1,5 @@
-"""What several benchmarks need to run the api as its own process, as production does."""
+"""What several benchmarks share: the api as its own process, as production does, a database
+with a loop, checkpoints to serve, the paired comparison."""
 
 from __future__ import annotations
 
@@ -8,16 +9,39 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import httpx
+import psycopg
+import torch
 
+from services.db.migrate import upgrade
+from services.db.queries.loops import LoopFields
+from services.db.session import create_db_engine, make_session_factory
 from services.environments.base import TaskSpec
 from services.evaluation.evaluator import EvaluationResult
 from services.evaluation.stats import PairedComparison, compare_paired
-from services.secrets import generate_key
+from services.ingest.provisioning import ProvisionedLoop, provision_loop
+from services.secrets import SecretBox, generate_key
+from services.serving.base import CheckpointRef
+from services.training.checkpoint import save_checkpoint
+from services.training.model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_SECRET_KEY = generate_key()  # encrypts the loop's signing secret (services.secrets)
+
+
+def random_tiny_checkpoints(root: Path, count: int) -> list[CheckpointRef]:
+    """``count`` checkpoints of the reference policy's shape under ``root``, each with its own
+    random weights (so its own checkpoint id): versions for a serving target to swap between."""
+    config = GPTConfig()
+    refs = []
+    for seed in range(count):
+        torch.manual_seed(seed)
+        path = root / f"tiny-{seed}"
+        manifest = save_checkpoint(GPT(config), config, path)
+        refs.append(CheckpointRef(id=manifest.checkpoint_id, uri=path.as_uri()))
+    return refs
 
 
 def free_port() -> int:
@@ -55,6 +79,33 @@ def start_api_process(
             time.sleep(0.2)
     process.kill()
     raise RuntimeError("the api did not start within 60 s")
+
+
+class Postgres(Protocol):
+    """What the benchmarks use of a ``pgserver`` server (imported lazily: a test extra)."""
+
+    def get_uri(self, database: str) -> str: ...
+
+
+def create_loop_database(server: Postgres, loop: str) -> tuple[str, ProvisionedLoop]:
+    """A migrated ``ratchet_bench`` database on ``server`` holding one toolcalc loop named
+    ``loop``; returns the database's URL and the loop's credentials, so that a benchmark posts
+    traces as a real client would."""
+    with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE ratchet_bench")
+    database_url = server.get_uri("ratchet_bench")
+    upgrade(database_url)
+    engine = create_db_engine(database_url, pool_size=1)
+    try:
+        with make_session_factory(engine).begin() as session:
+            created = provision_loop(
+                session,
+                fields=LoopFields(name=loop, environment="toolcalc"),
+                box=SecretBox.from_keys(BENCH_SECRET_KEY),
+            )
+    finally:
+        engine.dispose()
+    return database_url, created
 
 
 def paired_on(

@@ -36,7 +36,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -47,7 +46,12 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.support import create_loop_database, free_port, start_api_process  # noqa: E402
+from benchmarks.support import (  # noqa: E402
+    create_loop_database,
+    free_port,
+    start_api_process,
+    temporary_postgres,
+)
 from services.db.queries.traces import TRACE_COLUMNS  # noqa: E402
 from services.ingest.schema import validate_trace  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
@@ -393,11 +397,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    import pgserver
-
-    with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as tmp:
-        log("starting Postgres (pgserver)")
-        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
+    log("starting Postgres (pgserver)")
+    with temporary_postgres("ratchet-bench-") as (server, _):
         api: subprocess.Popen[bytes] | None = None
         try:
             database_url, created = create_loop_database(server, LOOP)
@@ -431,7 +432,6 @@ def main() -> None:
         finally:
             if api is not None:
                 api.kill()
-            server.cleanup()
 
     result = {
         **phase_figures("single", single),

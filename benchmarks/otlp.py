@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -52,8 +51,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
-from benchmarks.support import create_loop_database, free_port, start_api_process  # noqa: E402
-from services.ingest.otlp import Limits, decode_protobuf, read_spans  # noqa: E402
+from benchmarks.support import (  # noqa: E402
+    create_loop_database,
+    free_port,
+    start_api_process,
+    temporary_postgres,
+)
+from services.ingest.otlp import Limits, decode_export, read_spans  # noqa: E402
 
 LOOP = "otlp-bench"
 PROTOBUF = {"content-type": "application/x-protobuf"}
@@ -164,7 +168,7 @@ def stored_traces(database_url: str) -> int:
 
 def decode_peak_per_byte(body: bytes, limits: Limits) -> tuple[float, int]:
     tracemalloc.start()
-    read_spans(decode_protobuf(body), limits)
+    read_spans(decode_export(body, ExportTraceServiceRequest, protobuf=True), limits)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return peak / len(body), peak
@@ -199,8 +203,6 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    import pgserver
-
     log("building episodes with the OpenTelemetry SDK")
     pool = episodes(6_000)
     batch_jobs = [
@@ -210,9 +212,8 @@ def main() -> None:
     simple_jobs = [[encode_spans([span]).SerializeToString() for span in e] for e in pool[3_000:]]
     limits = Limits(max_traces=500, max_spans=10_000, max_attribute_bytes=1 << 20)
 
-    with tempfile.TemporaryDirectory(prefix="ratchet-otlp-bench-") as tmp:
-        log("starting Postgres (pgserver)")
-        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
+    log("starting Postgres (pgserver)")
+    with temporary_postgres("ratchet-otlp-bench-") as (server, _):
         api: subprocess.Popen[bytes] | None = None
         try:
             database_url, created = create_loop_database(server, LOOP)
@@ -238,7 +239,6 @@ def main() -> None:
             if api is not None:
                 api.terminate()
                 api.wait(timeout=30)
-            server.cleanup()
 
     log("(c) decode memory")
     typical_per_byte, _ = decode_peak_per_byte(batch_jobs[0][0], limits)

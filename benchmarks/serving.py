@@ -49,7 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.support import free_port, random_tiny_checkpoints  # noqa: E402
-from services.serving.base import VERSION_HEADER, CheckpointRef  # noqa: E402
+from services.serving.base import VERSION_HEADER, CheckpointRef, ServingUnavailable  # noqa: E402
+from services.serving.client import ModelServerClient  # noqa: E402
+from services.serving.local import wait_until_serving  # noqa: E402
 from services.serving.openai_target import OpenAIServingTarget  # noqa: E402
 
 MODEL_NAME = "agent"
@@ -205,19 +207,13 @@ def start_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> tuple
     handle = log.open("ab")
     process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"ratchet serve exited: {log.read_text()[-2000:]}")
+    with ModelServerClient(url) as client:
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
+            wait_until_serving(process, client, timeout_s=600)
+        except ServingUnavailable as exc:
             process.kill()
-            raise RuntimeError("ratchet serve did not start within 600 s")
-        time.sleep(0.2)
+            raise RuntimeError(f"ratchet serve: {exc}: {log.read_text()[-2000:]}") from None
+    return process, url
 
 
 def swaps_under_load(

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import paired_on
+from benchmarks.support import drift_recovery_figures, paired_on
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
@@ -163,12 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     c = grpo.counters
     return {
         "benchmark": "trainer",
-        "v1_pass_champion": v1_before.pass_rate,
-        "v2_pass_before": v2_before.pass_rate,
-        "v2_pass_after": v2_after.pass_rate,
-        "v1_pass_after": v1_after.pass_rate,
-        "v1_regression_drop_points": round(100.0 * (v1_before.pass_rate - v1_after.pass_rate), 2),
-        "v2_gain_points": round(100.0 * (v2_after.pass_rate - v2_before.pass_rate), 2),
+        **drift_recovery_figures((v1_before, v2_before), (v1_after, v2_after)),
         "v2_mcnemar_p": paired.p_value,
         "v2_delta_ci": [paired.ci_low, paired.ci_high],
         "grpo_wall_s": round(grpo_wall, 1),

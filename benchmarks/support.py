@@ -4,6 +4,7 @@ curation benchmarks do not need it)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import psycopg
@@ -156,4 +157,18 @@ def drift_recovery_figures(
         "v1_pass_after": v1_after.pass_rate,
         "v1_regression_drop_points": round(100.0 * (v1_before.pass_rate - v1_after.pass_rate), 2),
         "v2_gain_points": round(100.0 * (v2_after.pass_rate - v2_before.pass_rate), 2),
+    }
+
+
+def shared_machine_figures(
+    threads: int | None, load_start: tuple[float, float, float]
+) -> dict[str, Any]:
+    """What the machine was doing around a run (threads used, CPUs, load average before and
+    after), printed with every trainer benchmark's figures: machines here are shared, and a
+    figure is read against its load."""
+    return {
+        "threads": threads,
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     }

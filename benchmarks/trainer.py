@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import drift_recovery_figures, paired_on
+from benchmarks.support import drift_recovery_figures, paired_on, shared_machine_figures
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
@@ -179,10 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "eval_tasks_per_set": len(eval_v1),
         "eval_tokens_per_s": round(v2_after.tokens_per_s, 1),
         "model_parameters": model.num_parameters(),
-        "threads": args.threads,
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in load_start],
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        **shared_machine_figures(args.threads, load_start),
         "champion_id": manifest.checkpoint_id,
         "candidate_id": candidate_manifest.checkpoint_id,
         "workdir": str(work),

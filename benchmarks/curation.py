@@ -48,7 +48,6 @@ import os
 import random
 import resource
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -61,6 +60,7 @@ from sqlalchemy.engine import make_url
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.support import temporary_postgres  # noqa: E402
 from services.artifacts import ArtifactStore  # noqa: E402
 from services.curation.snapshot import snapshot  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
@@ -324,21 +324,14 @@ def main() -> None:
 
     processes = args.processes or load_settings().curation_processes
     load_before = os.getloadavg()[0]
-    import pgserver
-
     with _fresh_process() as child:
         compute_only_per_s = child.submit(compute_only, args.compute_only_traces).result()
     log(f"compute only: {compute_only_per_s:.0f} traces/s in one process")
-    with tempfile.TemporaryDirectory(prefix="ratchet-bench-curation-") as tmp:
-        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
-        try:
-            url = server.get_uri("postgres")
-            results = {
-                n: measure(url, Path(tmp) / "artifacts", n, args.batch_size, processes)
-                for n in sizes
-            }
-        finally:
-            server.cleanup()
+    with temporary_postgres("ratchet-bench-curation-") as (server, scratch):
+        url = server.get_uri("postgres")
+        results = {
+            n: measure(url, scratch / "artifacts", n, args.batch_size, processes) for n in sizes
+        }
     out: dict[str, Any] = {"batch_size": args.batch_size, "processes": processes}
     for n, figures in results.items():
         label = f"{n // 1000}k" if n % 1000 == 0 else str(n)

@@ -36,7 +36,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -47,15 +46,15 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.support import BENCH_SECRET_KEY, free_port, start_api_process  # noqa: E402
-from services.db.migrate import upgrade  # noqa: E402
-from services.db.queries.loops import LoopFields  # noqa: E402
+from benchmarks.support import (  # noqa: E402
+    create_loop_database,
+    free_port,
+    start_api_process,
+    temporary_postgres,
+)
 from services.db.queries.traces import TRACE_COLUMNS  # noqa: E402
-from services.db.session import create_db_engine, make_session_factory  # noqa: E402
-from services.ingest.provisioning import provision_loop  # noqa: E402
 from services.ingest.schema import validate_trace  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
-from services.secrets import SecretBox  # noqa: E402
 
 LOOP = "bench"
 
@@ -366,6 +365,21 @@ def copy_ceiling(database_url: str, loop_id: int, rows: int, run: int = 0) -> fl
         return rows / (time.perf_counter() - started)
 
 
+def phase_figures(name: str, phase: dict[str, float]) -> dict[str, float]:
+    """One phase's figures for the JSON line, each key prefixed with the phase's name."""
+    return {
+        f"{name}_per_s": round(phase["per_s"], 1),
+        f"{name}_p50_ms": round(phase["p50_ms"], 2),
+        f"{name}_p99_ms": round(phase["p99_ms"], 2),
+        f"{name}_non_200": phase["non_200"],
+        f"{name}_api_cpu_ms_per_trace": round(phase["api_cpu_ms"], 3),
+        f"{name}_pg_cpu_ms_per_trace": round(phase["pg_cpu_ms"], 3),
+        f"{name}_client_cpu_ms_per_trace": round(phase["client_cpu_ms"], 3),
+        f"{name}_other_cpu_share": round(phase["other_cpu_share"], 2),
+        f"{name}_load_average_1m": round(phase["load_average_1m"], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="duration of each load phase")
@@ -383,27 +397,12 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    import pgserver
-
-    with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as tmp:
-        log("starting Postgres (pgserver)")
-        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
+    log("starting Postgres (pgserver)")
+    with temporary_postgres("ratchet-bench-") as (server, _):
         api: subprocess.Popen[bytes] | None = None
         try:
-            url = server.get_uri("postgres")
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("CREATE DATABASE ratchet_bench")
-            database_url = server.get_uri("ratchet_bench")
-            upgrade(database_url)
-            engine = create_db_engine(database_url, pool_size=1)
-            with make_session_factory(engine).begin() as session:
-                created = provision_loop(
-                    session,
-                    fields=LoopFields(name=LOOP, environment="toolcalc"),
-                    box=SecretBox.from_keys(BENCH_SECRET_KEY),
-                )
-                loop_id, secret = created.loop.id, created.signing_secret
-            engine.dispose()
+            database_url, created = create_loop_database(server, LOOP)
+            loop_id, secret = created.loop.id, created.signing_secret
 
             port = free_port()
             log(f"starting the api on 127.0.0.1:{port}")
@@ -433,27 +432,10 @@ def main() -> None:
         finally:
             if api is not None:
                 api.kill()
-            server.cleanup()
 
     result = {
-        "single_per_s": round(single["per_s"], 1),
-        "single_p50_ms": round(single["p50_ms"], 2),
-        "single_p99_ms": round(single["p99_ms"], 2),
-        "single_non_200": single["non_200"],
-        "single_api_cpu_ms_per_trace": round(single["api_cpu_ms"], 3),
-        "single_pg_cpu_ms_per_trace": round(single["pg_cpu_ms"], 3),
-        "single_client_cpu_ms_per_trace": round(single["client_cpu_ms"], 3),
-        "single_other_cpu_share": round(single["other_cpu_share"], 2),
-        "single_load_average_1m": round(single["load_average_1m"], 2),
-        "batch_per_s": round(batch["per_s"], 1),
-        "batch_p50_ms": round(batch["p50_ms"], 2),
-        "batch_p99_ms": round(batch["p99_ms"], 2),
-        "batch_non_200": batch["non_200"],
-        "batch_api_cpu_ms_per_trace": round(batch["api_cpu_ms"], 3),
-        "batch_pg_cpu_ms_per_trace": round(batch["pg_cpu_ms"], 3),
-        "batch_client_cpu_ms_per_trace": round(batch["client_cpu_ms"], 3),
-        "batch_other_cpu_share": round(batch["other_cpu_share"], 2),
-        "batch_load_average_1m": round(batch["load_average_1m"], 2),
+        **phase_figures("single", single),
+        **phase_figures("batch", batch),
         "copy_per_s": round(copy_per_s, 1),
         "copy_runs_per_s": [round(r) for r in copy_runs],
         "batch_vs_copy": round(batch["per_s"] / copy_per_s, 3) if copy_per_s else None,

@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -52,13 +51,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
-from benchmarks.support import BENCH_SECRET_KEY, free_port, start_api_process  # noqa: E402
-from services.db.migrate import upgrade  # noqa: E402
-from services.db.queries.loops import LoopFields  # noqa: E402
-from services.db.session import create_db_engine, make_session_factory  # noqa: E402
-from services.ingest.otlp import Limits, decode_protobuf, read_spans  # noqa: E402
-from services.ingest.provisioning import provision_loop  # noqa: E402
-from services.secrets import SecretBox  # noqa: E402
+from benchmarks.support import (  # noqa: E402
+    create_loop_database,
+    free_port,
+    start_api_process,
+    temporary_postgres,
+)
+from services.ingest.otlp import Limits, decode_export, read_spans  # noqa: E402
 
 LOOP = "otlp-bench"
 PROTOBUF = {"content-type": "application/x-protobuf"}
@@ -169,7 +168,7 @@ def stored_traces(database_url: str) -> int:
 
 def decode_peak_per_byte(body: bytes, limits: Limits) -> tuple[float, int]:
     tracemalloc.start()
-    read_spans(decode_protobuf(body), limits)
+    read_spans(decode_export(body, ExportTraceServiceRequest, protobuf=True), limits)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return peak / len(body), peak
@@ -204,8 +203,6 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    import pgserver
-
     log("building episodes with the OpenTelemetry SDK")
     pool = episodes(6_000)
     batch_jobs = [
@@ -215,23 +212,12 @@ def main() -> None:
     simple_jobs = [[encode_spans([span]).SerializeToString() for span in e] for e in pool[3_000:]]
     limits = Limits(max_traces=500, max_spans=10_000, max_attribute_bytes=1 << 20)
 
-    with tempfile.TemporaryDirectory(prefix="ratchet-otlp-bench-") as tmp:
-        log("starting Postgres (pgserver)")
-        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
+    log("starting Postgres (pgserver)")
+    with temporary_postgres("ratchet-otlp-bench-") as (server, _):
         api: subprocess.Popen[bytes] | None = None
         try:
-            with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
-                conn.execute("CREATE DATABASE ratchet_bench")
-            database_url = server.get_uri("ratchet_bench")
-            upgrade(database_url)
-            engine = create_db_engine(database_url, pool_size=1)
-            with make_session_factory(engine).begin() as session:
-                token = provision_loop(
-                    session,
-                    fields=LoopFields(name=LOOP, environment="toolcalc"),
-                    box=SecretBox.from_keys(BENCH_SECRET_KEY),
-                ).ingest_token
-            engine.dispose()
+            database_url, created = create_loop_database(server, LOOP)
+            token = created.ingest_token
             port = free_port()
             repo = args.api_repo.resolve()
             api = start_api_process(
@@ -253,7 +239,6 @@ def main() -> None:
             if api is not None:
                 api.terminate()
                 api.wait(timeout=30)
-            server.cleanup()
 
     log("(c) decode memory")
     typical_per_byte, _ = decode_peak_per_byte(batch_jobs[0][0], limits)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,10 +45,15 @@ import httpx
 import openai
 import torch
 
-from services.serving.base import VERSION_HEADER, CheckpointRef
-from services.serving.openai_target import OpenAIServingTarget
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.support import free_port, random_tiny_checkpoints  # noqa: E402
+from services.serving.base import VERSION_HEADER, CheckpointRef, ServingUnavailable  # noqa: E402
+from services.serving.client import ModelServerClient  # noqa: E402
+from services.serving.local import wait_until_serving  # noqa: E402
+from services.serving.openai_target import OpenAIServingTarget  # noqa: E402
+
 MODEL_NAME = "agent"
 TOOLS: list[dict[str, Any]] = [
     {
@@ -162,20 +166,6 @@ def percentile(values: list[float], q: float) -> float:
 # Models ---------------------------------------------------------------------------------
 
 
-def tiny_checkpoints(root: Path, count: int) -> list[CheckpointRef]:
-    from services.training.checkpoint import save_checkpoint
-    from services.training.model import GPT, GPTConfig
-
-    config = GPTConfig()
-    refs = []
-    for seed in range(count):
-        torch.manual_seed(seed)
-        path = root / f"tiny-{seed}"
-        manifest = save_checkpoint(GPT(config), config, path)
-        refs.append(CheckpointRef(id=manifest.checkpoint_id, uri=path.as_uri()))
-    return refs
-
-
 def smollm2_checkpoints(root: Path, cache: Path, adapters: int) -> list[CheckpointRef]:
     """The converted base and ``adapters`` random LoRA adapters on it (r=16, attention)."""
     from peft import LoraConfig, get_peft_model
@@ -205,9 +195,7 @@ def smollm2_checkpoints(root: Path, cache: Path, adapters: int) -> list[Checkpoi
 
 
 def start_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> tuple[Any, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [
         sys.executable, "-m", "services", "serve", "--checkpoint", str(checkpoint),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
@@ -219,19 +207,13 @@ def start_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> tuple
     handle = log.open("ab")
     process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"ratchet serve exited: {log.read_text()[-2000:]}")
+    with ModelServerClient(url) as client:
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
+            wait_until_serving(process, client, timeout_s=600)
+        except ServingUnavailable as exc:
             process.kill()
-            raise RuntimeError("ratchet serve did not start within 600 s")
-        time.sleep(0.2)
+            raise RuntimeError(f"ratchet serve: {exc}: {log.read_text()[-2000:]}") from None
+    return process, url
 
 
 def swaps_under_load(
@@ -270,7 +252,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cache = Path(args.cache_dir).expanduser()
             checkpoints = smollm2_checkpoints(root, cache, args.swaps)
         else:
-            checkpoints = tiny_checkpoints(root, args.swaps + 1)
+            checkpoints = random_tiny_checkpoints(root, args.swaps + 1)
         first = Path(checkpoints[0].uri.removeprefix("file://"))
         process, url = start_server(first, args, root / "serve.log")
         try:

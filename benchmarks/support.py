@@ -1,23 +1,55 @@
-"""What several benchmarks need to run the api as its own process, as production does."""
+"""What several benchmarks share: the api as its own process, as production does, a database
+with a loop, checkpoints to serve, the paired comparison. Torch-free at import (the ingest and
+curation benchmarks do not need it)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
+import psycopg
 
+from services.db.migrate import upgrade
+from services.db.queries.loops import LoopFields
+from services.db.session import create_db_engine, make_session_factory
 from services.environments.base import TaskSpec
-from services.evaluation.evaluator import EvaluationResult
 from services.evaluation.stats import PairedComparison, compare_paired
-from services.secrets import generate_key
+from services.ingest.provisioning import ProvisionedLoop, provision_loop
+from services.secrets import SecretBox, generate_key
+from services.serving.base import CheckpointRef
+
+if TYPE_CHECKING:
+    from services.evaluation.evaluator import EvaluationResult
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_SECRET_KEY = generate_key()  # encrypts the loop's signing secret (services.secrets)
+
+
+def random_tiny_checkpoints(root: Path, count: int) -> list[CheckpointRef]:
+    """``count`` checkpoints of the reference policy's shape under ``root``, each with its own
+    random weights (so its own checkpoint id): versions for a serving target to swap between."""
+    import torch
+
+    from services.training.checkpoint import save_checkpoint
+    from services.training.model import GPT, GPTConfig
+
+    config = GPTConfig()
+    refs = []
+    for seed in range(count):
+        torch.manual_seed(seed)
+        path = root / f"tiny-{seed}"
+        manifest = save_checkpoint(GPT(config), config, path)
+        refs.append(CheckpointRef(id=manifest.checkpoint_id, uri=path.as_uri()))
+    return refs
 
 
 def free_port() -> int:
@@ -57,6 +89,47 @@ def start_api_process(
     raise RuntimeError("the api did not start within 60 s")
 
 
+class Postgres(Protocol):
+    """What the benchmarks use of a ``pgserver`` server (imported lazily: a test extra)."""
+
+    def get_uri(self, database: str) -> str: ...
+
+
+@contextmanager
+def temporary_postgres(prefix: str) -> Iterator[tuple[Postgres, Path]]:
+    """A Postgres of the benchmark's own (pgserver) and a scratch directory beside it, both
+    gone afterwards, so a run measures a fresh database and leaves nothing behind."""
+    import pgserver
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
+        try:
+            yield server, Path(tmp)
+        finally:
+            server.cleanup()
+
+
+def create_loop_database(server: Postgres, loop: str) -> tuple[str, ProvisionedLoop]:
+    """A migrated ``ratchet_bench`` database on ``server`` holding one toolcalc loop named
+    ``loop``; returns the database's URL and the loop's credentials, so that a benchmark posts
+    traces as a real client would."""
+    with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE ratchet_bench")
+    database_url = server.get_uri("ratchet_bench")
+    upgrade(database_url)
+    engine = create_db_engine(database_url, pool_size=1)
+    try:
+        with make_session_factory(engine).begin() as session:
+            created = provision_loop(
+                session,
+                fields=LoopFields(name=loop, environment="toolcalc"),
+                box=SecretBox.from_keys(BENCH_SECRET_KEY),
+            )
+    finally:
+        engine.dispose()
+    return database_url, created
+
+
 def paired_on(
     tasks: Sequence[TaskSpec], champion: EvaluationResult, candidate: EvaluationResult, *, seed: int
 ) -> PairedComparison:
@@ -68,3 +141,34 @@ def paired_on(
         confidence=0.95,
         seed=seed,
     )
+
+
+def drift_recovery_figures(
+    champion: tuple[EvaluationResult, EvaluationResult],
+    candidate: tuple[EvaluationResult, EvaluationResult],
+) -> dict[str, float]:
+    """The headline figures of a drift-recovery run, named alike in every trainer benchmark:
+    each model's (v1, v2) pass rates, the v1 regression and the v2 gain in points."""
+    (v1_before, v2_before), (v1_after, v2_after) = champion, candidate
+    return {
+        "v1_pass_champion": v1_before.pass_rate,
+        "v2_pass_before": v2_before.pass_rate,
+        "v2_pass_after": v2_after.pass_rate,
+        "v1_pass_after": v1_after.pass_rate,
+        "v1_regression_drop_points": round(100.0 * (v1_before.pass_rate - v1_after.pass_rate), 2),
+        "v2_gain_points": round(100.0 * (v2_after.pass_rate - v2_before.pass_rate), 2),
+    }
+
+
+def shared_machine_figures(
+    threads: int | None, load_start: tuple[float, float, float]
+) -> dict[str, Any]:
+    """What the machine was doing around a run (threads used, CPUs, load average before and
+    after), printed with every trainer benchmark's figures: machines here are shared, and a
+    figure is read against its load."""
+    return {
+        "threads": threads,
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -36,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.support import free_port, random_tiny_checkpoints
 from services.serving.base import VERSION_HEADER, CheckpointRef
 from services.serving.local import LocalServerProcess, LocalServingTarget
-from services.training.checkpoint import save_checkpoint
 from services.training.model import GPT, GPTConfig
 
 MESSAGES = [
@@ -104,25 +104,6 @@ class Load:
         return sum(len(per) for per in self.samples)
 
 
-def make_checkpoints(root: Path, count: int) -> list[CheckpointRef]:
-    """Checkpoints of the reference policy's shape, with different (random) weights."""
-    config = GPTConfig()
-    refs = []
-    for seed in range(count):
-        torch.manual_seed(seed)
-        path = root / f"ckpt-{seed}"
-        manifest = save_checkpoint(GPT(config), config, path)
-        refs.append(CheckpointRef(id=manifest.checkpoint_id, uri=path.as_uri()))
-    return refs
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -134,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     deadline = time.monotonic() + args.duration_s + 180.0
     with tempfile.TemporaryDirectory(prefix="ratchet-swap-") as tmp:
         root = Path(tmp)
-        checkpoints = make_checkpoints(root, max(2, min(args.swaps + 1, 4)))
+        checkpoints = random_tiny_checkpoints(root, max(2, min(args.swaps + 1, 4)))
         port = free_port()
         process = LocalServerProcess(
             host="127.0.0.1", port=port, logs_dir=root / "logs", device=args.device

@@ -28,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import paired_on
+from benchmarks.support import drift_recovery_figures, paired_on, shared_machine_figures
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
-from services.evaluation.evaluator import evaluate
+from services.evaluation.evaluator import EvaluationResult, evaluate
 from services.training.checkpoint import save_checkpoint
 from services.training.distributed import init_distributed
 from services.training.grpo import GRPOConfig, train_grpo
@@ -77,6 +78,33 @@ def held_out(
     return tasks
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out v1 and v2 sets that the champion and the candidate are both judged on."""
+
+    env: ToolcalcEnvironment
+    v1: list[TaskSpec]
+    v2: list[TaskSpec]
+
+    def score(
+        self, role: str, checkpoint_dir: Path, trained: tuple[str, float]
+    ) -> tuple[TinyModel, EvaluationResult, EvaluationResult]:
+        """Greedy pass@1 of the checkpoint loaded back from disk, as the gate would see it;
+        ``trained`` is (algorithm, wall seconds), for the log line."""
+        loaded = TinyModel.load(checkpoint_dir, device="cpu")
+        v1 = evaluate(loaded, self.env, self.v1)
+        v2 = evaluate(loaded, self.env, self.v2)
+        logger.info(
+            "%s %s: v1 %.3f, v2 %.3f (%s %.0fs)",
+            role,
+            (loaded.checkpoint_id or "")[:12],
+            v1.pass_rate,
+            v2.pass_rate,
+            *trained,
+        )
+        return loaded, v1, v2
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
@@ -92,6 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     train_ids = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
     eval_v1 = held_out(env, "v1", args.eval_tasks, args.seed + 3, train_ids)
     eval_v2 = held_out(env, "v2", args.eval_tasks, args.seed + 4, train_ids)
+    held = HeldOut(env, eval_v1, eval_v2)
     ctx = init_distributed("cpu")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-bench-"))
 
@@ -112,16 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ctx=ctx,
     )
     sft_wall = time.monotonic() - t0
-    champion = TinyModel.load(work / "champion", device="cpu")
-    v1_before = evaluate(champion, env, eval_v1)
-    v2_before = evaluate(champion, env, eval_v2)
-    logger.info(
-        "champion %s: v1 %.3f, v2 %.3f (sft %.0fs)",
-        manifest.checkpoint_id[:12],
-        v1_before.pass_rate,
-        v2_before.pass_rate,
-        sft_wall,
-    )
+    champion, v1_before, v2_before = held.score("champion", work / "champion", ("sft", sft_wall))
 
     logger.info(
         "GRPO on %d v2 tasks: %d steps x %d tasks x %d samples",
@@ -137,27 +157,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     candidate_manifest = save_checkpoint(
         model.cpu(), model.config, work / "candidate", parent=manifest.checkpoint_id
     )
-    candidate = TinyModel.load(work / "candidate", device="cpu")
-    v2_after = evaluate(candidate, env, eval_v2)
-    v1_after = evaluate(candidate, env, eval_v1)
-    logger.info(
-        "candidate %s: v1 %.3f, v2 %.3f (grpo %.0fs)",
-        candidate_manifest.checkpoint_id[:12],
-        v1_after.pass_rate,
-        v2_after.pass_rate,
-        grpo_wall,
-    )
+    _, v1_after, v2_after = held.score("candidate", work / "candidate", ("grpo", grpo_wall))
 
     paired = paired_on(eval_v2, v2_before, v2_after, seed=args.seed)
     c = grpo.counters
     return {
         "benchmark": "trainer",
-        "v1_pass_champion": v1_before.pass_rate,
-        "v2_pass_before": v2_before.pass_rate,
-        "v2_pass_after": v2_after.pass_rate,
-        "v1_pass_after": v1_after.pass_rate,
-        "v1_regression_drop_points": round(100.0 * (v1_before.pass_rate - v1_after.pass_rate), 2),
-        "v2_gain_points": round(100.0 * (v2_after.pass_rate - v2_before.pass_rate), 2),
+        **drift_recovery_figures((v1_before, v2_before), (v1_after, v2_after)),
         "v2_mcnemar_p": paired.p_value,
         "v2_delta_ci": [paired.ci_low, paired.ci_high],
         "grpo_wall_s": round(grpo_wall, 1),
@@ -173,10 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "eval_tasks_per_set": len(eval_v1),
         "eval_tokens_per_s": round(v2_after.tokens_per_s, 1),
         "model_parameters": model.num_parameters(),
-        "threads": args.threads,
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in load_start],
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        **shared_machine_figures(args.threads, load_start),
         "champion_id": manifest.checkpoint_id,
         "candidate_id": candidate_manifest.checkpoint_id,
         "workdir": str(work),

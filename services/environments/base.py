@@ -354,6 +354,21 @@ def build_trace(
     }
 
 
+def user_request(messages: Sequence[object]) -> str | Rejection:
+    """The text of a trace's first user message: the request a task is made from.
+
+    Every environment that turns traces into tasks reads the request this way, so a trace
+    without one is refused alike (``no_user_message``) whichever environment curates it.
+    """
+    request = next(
+        (m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"),
+        None,
+    )
+    if not isinstance(request, str) or not request.strip():
+        return Rejection("no_user_message", "trace has no user message with text")
+    return request
+
+
 Act = Callable[[str], str]
 
 

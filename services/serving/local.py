@@ -29,6 +29,30 @@ from services.serving.openai_target import Heartbeat, OpenAIServingTarget
 logger = logging.getLogger(__name__)
 
 
+class ServerExited(ServingUnavailable):
+    """The model server process ended before it answered its health check."""
+
+
+def wait_until_serving(
+    process: subprocess.Popen[bytes], client: ModelServerClient, *, timeout_s: float
+) -> None:
+    """Return once the model server that ``process`` runs answers ``/health``.
+
+    Every start of a model server process waits this way (the local target; the tests and
+    benchmarks that start ``ratchet serve``). Raises :class:`ServerExited` when the process
+    ends first and :class:`ServingUnavailable` once ``timeout_s`` has passed; stopping the
+    process is the caller's.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not client.healthy():
+        code = process.poll()
+        if code is not None:
+            raise ServerExited(f"the model server exited with code {code} before serving")
+        if time.monotonic() > deadline:
+            raise ServingUnavailable(f"the model server did not answer within {timeout_s:.0f}s")
+        time.sleep(0.1)
+
+
 class LocalServerProcess:
     """Starts and stops a model server process on this machine."""
 
@@ -90,20 +114,13 @@ class LocalServerProcess:
                 env={**os.environ, **self._env} if self._env else None,
             )
         logger.info("started the model server (pid %s) for %s", self._process.pid, checkpoint_dir)
-        deadline = time.monotonic() + self._start_timeout_s
-        while not client.healthy():
-            code = self._process.poll()
-            if code is not None:
-                raise DeployFailed(
-                    f"the model server exited with code {code} before serving; see "
-                    f"{self._logs_dir / 'serve.log'}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServingUnavailable(
-                    f"the model server did not answer within {self._start_timeout_s:.0f}s"
-                )
-            time.sleep(0.1)
+        try:
+            wait_until_serving(self._process, client, timeout_s=self._start_timeout_s)
+        except ServerExited as exc:
+            raise DeployFailed(f"{exc}; see {self._logs_dir / 'serve.log'}") from None
+        except ServingUnavailable:
+            self.stop()
+            raise
 
     def stop(self, timeout_s: float = 10.0) -> None:
         process = self._process

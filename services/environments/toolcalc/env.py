@@ -41,6 +41,7 @@ from services.environments.base import (
     ToolCall,
     Turn,
     run_episode_with,
+    user_request,
 )
 from services.environments.chat import ChatEpisode
 from services.environments.toolcalc import chat
@@ -117,9 +118,7 @@ class ToolcalcEnvironment:
     # -- rollout ------------------------------------------------------------------------
 
     def start(self, task: TaskSpec, *, max_turns: int = DEFAULT_MAX_TURNS) -> Episode:
-        if max_turns < 1:
-            raise ValueError("max_turns must be >= 1")
-        api, request = self._task_api(task)
+        api, request = self._episode_start(task, max_turns)
         return Episode(
             task_id=task.task_id,
             prompt=task.prompt,
@@ -183,6 +182,13 @@ class ToolcalcEnvironment:
         total = sum(WEIGHTS[k] * v for k, v in components.items())
         return Reward(components=components, total=round(total, 6), passed=answer == 1.0)
 
+    def _episode_start(self, task: TaskSpec, max_turns: int) -> tuple[ToolAPI, str]:
+        """What a text episode and a chat episode both start from: the task's API version and
+        request, given a turn budget an episode can use."""
+        if max_turns < 1:
+            raise ValueError("max_turns must be >= 1")
+        return self._task_api(task)
+
     def _task_api(self, task: TaskSpec) -> tuple[ToolAPI, str]:
         if task.environment != self.name:
             raise ValueError(
@@ -227,16 +233,9 @@ class ToolcalcEnvironment:
         version = self._trace_api_version(metadata, tools)
         if isinstance(version, Rejection):
             return version
-        request = next(
-            (
-                m.get("content")
-                for m in messages
-                if isinstance(m, Mapping) and m.get("role") == "user"
-            ),
-            None,
-        )
-        if not isinstance(request, str) or not request.strip():
-            return Rejection("no_user_message", "trace has no user message with text")
+        request = user_request(messages)
+        if isinstance(request, Rejection):
+            return request
         source = {
             "external_id": trace.get("external_id"),
             "model_version": trace.get("model_version"),
@@ -271,9 +270,7 @@ class ToolcalcEnvironment:
     # -- chat (OpenAI messages + tools, for the hf family; see .chat) ----------------------
 
     def chat_start(self, task: TaskSpec, *, max_turns: int = DEFAULT_MAX_TURNS) -> ChatEpisode:
-        if max_turns < 1:
-            raise ValueError("max_turns must be >= 1")
-        api, request = self._task_api(task)
+        api, request = self._episode_start(task, max_turns)
         return ChatEpisode(
             task_id=task.task_id,
             messages=chat.start_messages(request),

@@ -12,7 +12,6 @@ candidate with the package's verifier; the gate decides and the cycle closes.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from services.environments.registry import refresh_installed
 from services.settings import Settings
 from tests.e2e.support import TINY_MODEL
 from tests.services.curation.support import add_traces
+from tests.services.training.conftest import write_spec
 from workflows.loop import LoopWorkflow
 from workflows.shared import LoopInput
 from workflows.worker import WorkerDependencies, build_worker
@@ -158,21 +158,18 @@ def tiny_champion(work: Path) -> Path:
     tasks = get_environment("arith").generate_tasks(32, seed=1)
     dataset = work / "sft.jsonl"
     write_task_file(dataset, tasks)
-    spec = {
-        "schema": "ratchet.job/v1",
-        "kind": "train",
-        "run_id": "arith-champion",
-        "algorithm": "sft",
-        "environment": "arith",
-        "dataset": str(dataset),
-        "hyperparameters": {"steps": 2, "batch_size": 4, "threads": 1, "model": TINY_MODEL},
-        "seed": 0,
-        "device": "cpu",
-    }
-    (work / "spec.json").write_text(json.dumps(spec))
+    spec = write_spec(
+        work / "spec.json",
+        kind="train",
+        run_id="arith-champion",
+        algorithm="sft",
+        environment="arith",
+        dataset=str(dataset),
+        hyperparameters={"steps": 2, "batch_size": 4, "threads": 1, "model": TINY_MODEL},
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")}
     done = subprocess.run(
-        [sys.executable, "-m", "services", "job", "train", "--spec", str(work / "spec.json")],
+        [sys.executable, "-m", "services", "job", "train", "--spec", str(spec)],
         env={**env, "RATCHET_OUTPUT_DIR": str(work / "output")},
         capture_output=True,
         text=True,

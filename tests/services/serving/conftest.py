@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 import uvicorn
 
-from services.serving.base import CheckpointRef
+from services.serving.base import CheckpointRef, ServingUnavailable
+from services.serving.client import ModelServerClient
+from services.serving.local import wait_until_serving
 from services.serving.registry import ModelRegistry
 from services.serving.server import create_serving_app
 from services.training.checkpoint import save_checkpoint
@@ -138,19 +139,12 @@ class ServeProcess:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **env},
         )
-        deadline = time.monotonic() + 120
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"ratchet serve exited: {log.read_text()[-2000:]}")
+        with ModelServerClient(self.url) as client:
             try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
+                wait_until_serving(self.process, client, timeout_s=120)
+            except ServingUnavailable as exc:
                 self.stop()
-                raise RuntimeError("ratchet serve did not answer within 120 s")
-            time.sleep(0.1)
+                raise RuntimeError(f"ratchet serve: {exc}: {log.read_text()[-2000:]}") from None
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -11,7 +11,7 @@ import torch
 from services.serving.base import CheckpointRef
 from services.training.checkpoint import Manifest, read_manifest
 from services.training.hf.checkpoint import save_hf_checkpoint, save_lora_adapter
-from tests.services.training.hf_support import tiny_llama_config
+from tests.services.training.hf_support import chatml_tokenizer, tiny_llama_config
 
 # ChatML, with the tools rendered by name only: short prompts keep the test's training cheap.
 CHAT_TEMPLATE = (
@@ -27,21 +27,13 @@ CHAT_TEMPLATE = (
 
 def _tokenizer() -> object:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     vocab = {char: index for index, char in enumerate(bytes_to_unicode().values())}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|pad|>",
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return chatml_tokenizer(core, pad_token="<|pad|>", chat_template=CHAT_TEMPLATE)
 
 
 def _ref(manifest: Manifest, path: Path) -> CheckpointRef:

@@ -355,44 +355,26 @@ def test_a_missing_deployment_is_a_clear_error(
         target.deploy(checkpoints[0])
 
 
+def observed_deployment(wanted: int, /, **status: int) -> dict[str, Any]:
+    """A Deployment whose controller has seen generation 2, wanting ``wanted`` replicas,
+    with ``status``'s replica counts."""
+    return {
+        "metadata": {"generation": 2},
+        "spec": {"replicas": wanted},
+        "status": {"observedGeneration": 2, **status},
+    }
+
+
 @pytest.mark.parametrize(
     ("deployment_state", "expected"),
     [
         ({"metadata": {"generation": 2}, "status": {"observedGeneration": 1}}, "progressing"),
+        (observed_deployment(3, updatedReplicas=2), "progressing"),
         (
-            {
-                "metadata": {"generation": 2},
-                "spec": {"replicas": 3},
-                "status": {"observedGeneration": 2, "updatedReplicas": 2},
-            },
+            observed_deployment(2, replicas=3, updatedReplicas=2, availableReplicas=2),
             "progressing",
         ),
-        (
-            {
-                "metadata": {"generation": 2},
-                "spec": {"replicas": 2},
-                "status": {
-                    "observedGeneration": 2,
-                    "replicas": 3,
-                    "updatedReplicas": 2,
-                    "availableReplicas": 2,
-                },
-            },
-            "progressing",
-        ),
-        (
-            {
-                "metadata": {"generation": 2},
-                "spec": {"replicas": 2},
-                "status": {
-                    "observedGeneration": 2,
-                    "replicas": 2,
-                    "updatedReplicas": 2,
-                    "availableReplicas": 2,
-                },
-            },
-            "complete",
-        ),
+        (observed_deployment(2, replicas=2, updatedReplicas=2, availableReplicas=2), "complete"),
     ],
 )
 def test_rollout_state_follows_kubectl(deployment_state: dict[str, Any], expected: str) -> None:

@@ -40,6 +40,36 @@ def write_train_spec(
     )
 
 
+def run_train_job(root: Path, **spec: Any) -> int:
+    """The train job run in this process on a spec written by ``write_train_spec(root, ...)``;
+    its exit code (its checkpoint, on success, at ``root/out/checkpoint``)."""
+    from services.training.job import train_job_main
+
+    return train_job_main(["--spec", str(write_train_spec(root, **spec))])
+
+
+def sft_champion(
+    root: Path, dataset: Path, *, steps: int, batch_size: int, lr: float, model: dict[str, int]
+) -> Path:
+    """A tiny toolcalc model of shape ``model`` SFT'd from scratch through the real train job;
+    its checkpoint directory."""
+    code = run_train_job(
+        root,
+        algorithm="sft",
+        environment="toolcalc",
+        dataset=dataset,
+        hyperparameters={
+            "steps": steps,
+            "batch_size": batch_size,
+            "lr": lr,
+            "log_every": 0,
+            "model": model,
+        },
+    )
+    assert code == 0
+    return root / "out" / "checkpoint"
+
+
 def read_metrics(root: Path) -> dict[str, Any]:
     """The metrics a job spec'd by ``write_train_spec(root, ...)`` wrote."""
     metrics: dict[str, Any] = json.loads((root / "out" / "metrics.json").read_text())
@@ -92,21 +122,5 @@ def task_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_champion(tmp_path_factory: pytest.TempPathFactory, task_files: dict[str, Path]) -> Path:
     """A tiny policy SFT'd for a few steps through the real train job (sft)."""
-    from services.training.job import train_job_main
-
     root = tmp_path_factory.mktemp("champion")
-    spec = write_train_spec(
-        root,
-        algorithm="sft",
-        environment="toolcalc",
-        dataset=task_files["v1"],
-        hyperparameters={
-            "steps": 40,
-            "batch_size": 16,
-            "lr": 3e-3,
-            "log_every": 0,
-            "model": TINY_MODEL,
-        },
-    )
-    assert train_job_main(["--spec", str(spec)]) == 0
-    return root / "out" / "checkpoint"
+    return sft_champion(root, task_files["v1"], steps=40, batch_size=16, lr=3e-3, model=TINY_MODEL)

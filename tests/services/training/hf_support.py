@@ -22,7 +22,6 @@ CHATML = (
 
 def build_tokenizer() -> object:
     from tokenizers import ByteLevelBPETokenizer
-    from transformers import PreTrainedTokenizerFast
 
     from services.environments.toolcalc import ToolcalcEnvironment
     from services.training.hf.model import HFModel  # noqa: F401 - same import path as prod
@@ -44,13 +43,21 @@ def build_tokenizer() -> object:
         min_frequency=2,
         special_tokens=["<|im_start|>", "<|im_end|>", "<pad>"],
     )
+    return chatml_tokenizer(bpe, pad_token="<pad>", chat_template=CHATML)
+
+
+def chatml_tokenizer(core: Any, *, pad_token: str, chat_template: str) -> Any:
+    """``core`` (a ``tokenizers`` tokenizer) as a transformers fast tokenizer with ChatML's
+    turn markers as its special tokens and ``chat_template`` as its template."""
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+        tokenizer_object=core,
         bos_token="<|im_start|>",
         eos_token="<|im_end|>",
-        pad_token="<pad>",
+        pad_token=pad_token,
     )
-    tokenizer.chat_template = CHATML
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

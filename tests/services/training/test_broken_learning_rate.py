@@ -23,9 +23,8 @@ from services.evaluation.gate import decide
 from services.evaluation.job import eval_job_main
 from services.evaluation.results import read_results
 from services.loop.policies import GatePolicy
-from services.training.job import train_job_main
 from services.training.optim import TrainingDiverged, clip_and_check
-from tests.services.training.conftest import write_spec, write_train_spec
+from tests.services.training.conftest import run_train_job, sft_champion, write_spec
 
 # Small enough to SFT in about a minute on one CPU core, big enough to pass a share of the
 # v1 tasks, so a wrecked candidate has something to lose.
@@ -37,32 +36,17 @@ def capable_champion(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("capable")
     tasks = root / "v1.jsonl"
     write_task_file(tasks, ToolcalcEnvironment().generate_tasks(256, seed=11, api_version="v1"))
-    spec = write_train_spec(
-        root,
-        algorithm="sft",
-        environment="toolcalc",
-        dataset=tasks,
-        hyperparameters={
-            "steps": 300,
-            "batch_size": 32,
-            "lr": 1e-2,
-            "log_every": 0,
-            "model": CAPABLE_MODEL,
-        },
-    )
-    assert train_job_main(["--spec", str(spec)]) == 0
-    return root / "out" / "checkpoint"
+    return sft_champion(root, tasks, steps=300, batch_size=32, lr=1e-2, model=CAPABLE_MODEL)
 
 
 def grpo(root: Path, champion: Path, dataset: Path, *, lr: float) -> tuple[int, Path]:
-    spec = write_spec(
-        root / "train.json",
-        kind="train",
+    """GRPO from ``champion``: the job's exit code and its output directory."""
+    code = run_train_job(
+        root / "grpo",
         algorithm="grpo",
         environment="toolcalc",
-        dataset=str(dataset),
-        base_checkpoint=str(champion),
-        output_dir=str(root / "train"),
+        dataset=dataset,
+        base_checkpoint=champion,
         hyperparameters={
             "steps": 3,
             "tasks_per_step": 4,
@@ -72,7 +56,7 @@ def grpo(root: Path, champion: Path, dataset: Path, *, lr: float) -> tuple[int, 
             "log_every": 0,
         },
     )
-    return train_job_main(["--spec", str(spec)]), root / "train"
+    return code, root / "grpo" / "out"
 
 
 def passes(root: Path, name: str, checkpoint: Path, tasks: Path) -> dict[str, bool]:

@@ -23,11 +23,11 @@ from services.training.checkpoint import (
     write_manifest,
 )
 from services.training.hf.checkpoint import load_hf_checkpoint, merge_adapter
-from services.training.job import train_job_main
 from tests.services.training.conftest import (
     job_command,
     read_metrics,
     run_job_process,
+    run_train_job,
     torchrun_job_command,
     write_spec,
     write_train_spec,
@@ -78,14 +78,14 @@ def sft_adapter(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     root = tmp_path_factory.mktemp("sft")
-    spec = write_train_spec(
+    code = run_train_job(
         root,
         algorithm="sft",
         dataset=chat_tasks["v1"],
         base_checkpoint=tiny_llama,
         hyperparameters={**SFT_HYPER, "lora_r": 4, "lora_alpha": 8},
     )
-    assert train_job_main(["--spec", str(spec)]) == 0
+    assert code == 0
     return install_checkpoint(root / "out" / "checkpoint", store).target
 
 
@@ -105,14 +105,14 @@ def test_sft_lora_job_writes_an_adapter_naming_its_base(
 
 
 def test_sft_lowers_the_loss(tiny_llama: Path, chat_tasks: dict[str, Path], tmp_path: Path) -> None:
-    spec = write_train_spec(
+    code = run_train_job(
         tmp_path,
         algorithm="sft",
         dataset=chat_tasks["v1"],
         base_checkpoint=tiny_llama,
         hyperparameters={**SFT_HYPER, "steps": 5, "lora": False, "lr": 1e-2},
     )
-    assert train_job_main(["--spec", str(spec)]) == 0
+    assert code == 0
     metrics = read_metrics(tmp_path)
     losses = [row["loss"] for row in metrics["history"]]
     assert losses[-1] < losses[0]
@@ -124,14 +124,14 @@ def test_sft_lowers_the_loss(tiny_llama: Path, chat_tasks: dict[str, Path], tmp_
 def test_grpo_lora_job_continues_the_champion_adapter(
     sft_adapter: Path, tiny_llama: Path, chat_tasks: dict[str, Path], tmp_path: Path
 ) -> None:
-    spec = write_train_spec(
+    code = run_train_job(
         tmp_path,
         algorithm="grpo",
         dataset=chat_tasks["v2"],
         base_checkpoint=sft_adapter,
         hyperparameters={**GRPO_HYPER, "kl_coef": 0.05},
     )
-    assert train_job_main(["--spec", str(spec)]) == 0
+    assert code == 0
     metrics = read_metrics(tmp_path)
     assert metrics["steps"] == 2 and metrics["episodes"] == 8
     assert metrics["rollout_tokens"] > 0
@@ -289,17 +289,18 @@ def test_an_adapter_without_its_base_in_the_store_is_not_installed(
 
 
 @pytest.mark.parametrize(
-    ("hyper", "message"),
+    ("algorithm", "hyper", "message"),
     [
-        ({"steps": 2, "bogus": 1}, "unknown hyperparameter.*bogus"),
-        ({"lora_r": 0}, "lora_r must be >= 1"),
-        ({"lora_target_modules": 3}, "lora_target_modules must be a list"),
-        ({"lora_target_modules": ["no_such_module"]}, "cannot attach LoRA"),
-        ({"lr": "fast"}, "lr must be a number"),
-        ({"steps": 1.5}, "steps must be an integer"),
-        ({"lora": "yes"}, "lora must be true or false"),
-        ({"lr": 0}, r"lr must be > 0"),
-        ({"augment_fraction": 0.5}, "unknown hyperparameter.*augment_fraction"),
+        ("sft", {"steps": 2, "bogus": 1}, "unknown hyperparameter.*bogus"),
+        ("sft", {"lora_r": 0}, "lora_r must be >= 1"),
+        ("sft", {"lora_target_modules": 3}, "lora_target_modules must be a list"),
+        ("sft", {"lora_target_modules": ["no_such_module"]}, "cannot attach LoRA"),
+        ("sft", {"lr": "fast"}, "lr must be a number"),
+        ("sft", {"steps": 1.5}, "steps must be an integer"),
+        ("sft", {"lora": "yes"}, "lora must be true or false"),
+        ("sft", {"lr": 0}, r"lr must be > 0"),
+        ("sft", {"augment_fraction": 0.5}, "unknown hyperparameter.*augment_fraction"),
+        ("grpo", {"group_size": 1}, "group_size must be >= 2"),
     ],
 )
 def test_bad_hf_specs_fail_with_one_clear_line(
@@ -307,40 +308,24 @@ def test_bad_hf_specs_fail_with_one_clear_line(
     chat_tasks: dict[str, Path],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    algorithm: str,
     hyper: dict[str, object],
     message: str,
 ) -> None:
-    spec = write_train_spec(
+    code = run_train_job(
         tmp_path,
-        algorithm="sft",
+        algorithm=algorithm,
         dataset=chat_tasks["v1"],
         base_checkpoint=tiny_llama,
         hyperparameters=hyper,
     )
-    assert train_job_main(["--spec", str(spec)]) == 2
+    assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("ratchet job: ")
     import re
 
     assert re.search(message, err[-1]), err[-1]
     assert not (tmp_path / "out" / "checkpoint").exists()
-
-
-def test_grpo_group_of_one_is_refused(
-    tiny_llama: Path,
-    chat_tasks: dict[str, Path],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    spec = write_train_spec(
-        tmp_path,
-        algorithm="grpo",
-        dataset=chat_tasks["v1"],
-        base_checkpoint=tiny_llama,
-        hyperparameters={"group_size": 1},
-    )
-    assert train_job_main(["--spec", str(spec)]) == 2
-    assert "group_size must be >= 2" in capsys.readouterr().err
 
 
 def test_the_keys_a_profile_accepts_are_the_trainers_fields() -> None:

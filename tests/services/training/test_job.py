@@ -53,14 +53,12 @@ def test_grpo_job_outputs_and_idempotent_rerun(
     task_files: dict[str, Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec = write_spec(
-        tmp_path / "spec.json",
-        kind="train",
+    spec = write_train_spec(
+        tmp_path,
         algorithm="grpo",
         environment="toolcalc",
-        dataset=str(task_files["v2"]),
-        base_checkpoint=str(tiny_champion),
-        output_dir=str(tmp_path / "out"),
+        dataset=task_files["v2"],
+        base_checkpoint=tiny_champion,
         hyperparameters={
             "steps": 2,
             "tasks_per_step": 2,

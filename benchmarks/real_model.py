@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import paired_on
+from benchmarks.support import drift_recovery_figures, held_out, paired_on, shared_machine_figures
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
@@ -93,13 +93,6 @@ QUICK = {  # every step once, sized for a shared 2-core machine
     "eval_tasks": 3,
     "eval": {"max_turns": 2, "max_new_tokens": 40, "batch_size": 32},
 }
-
-
-def held_out(
-    env: ToolcalcEnvironment, version: str, n: int, seed: int, exclude: set[str]
-) -> list[TaskSpec]:
-    pool = env.generate_tasks(n + len(exclude), seed=seed, api_version=version)
-    return [t for t in pool if t.task_id not in exclude][:n]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -209,12 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "params_m": round(params_m, 1),
         "quick": bool(args.quick),
         "drift_api": args.drift,
-        "v1_pass_champion": v1_before.pass_rate,
-        "v2_pass_before": v2_before.pass_rate,
-        "v2_pass_after": v2_after.pass_rate,
-        "v1_pass_after": v1_after.pass_rate,
-        "v1_regression_drop_points": round(100.0 * (v1_before.pass_rate - v1_after.pass_rate), 2),
-        "v2_gain_points": round(100.0 * (v2_after.pass_rate - v2_before.pass_rate), 2),
+        **drift_recovery_figures((v1_before, v2_before), (v1_after, v2_after)),
         "v2_mcnemar_p_improvement": paired.p_value_improvement,
         "gate_significant": paired.p_value_improvement < 0.05,
         "sft_wall_s": round(sft_wall, 1) if sft_wall is not None else None,
@@ -234,10 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "convert_or_load_s": round(convert_s, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "device": str(device),
-        "threads": args.threads,
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in load_start],
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        **shared_machine_figures(args.threads, load_start),
         "champion_id": champion_manifest.checkpoint_id,
         "candidate_id": candidate_manifest.checkpoint_id,
         "workdir": str(work),

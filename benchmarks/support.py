@@ -21,7 +21,7 @@ import psycopg
 from services.db.migrate import upgrade
 from services.db.queries.loops import LoopFields
 from services.db.session import create_db_engine, make_session_factory
-from services.environments.base import TaskSpec
+from services.environments.base import Environment, TaskSpec
 from services.evaluation.stats import PairedComparison, compare_paired
 from services.ingest.provisioning import ProvisionedLoop, provision_loop
 from services.secrets import SecretBox, generate_key
@@ -128,6 +128,14 @@ def create_loop_database(server: Postgres, loop: str) -> tuple[str, ProvisionedL
     finally:
         engine.dispose()
     return database_url, created
+
+
+def held_out(
+    env: Environment, version: str, n: int, seed: int, exclude: set[str]
+) -> list[TaskSpec]:
+    """``n`` tasks of API ``version`` that no training set in ``exclude`` holds."""
+    pool = env.generate_tasks(n + len(exclude), seed=seed, api_version=version)
+    return [t for t in pool if t.task_id not in exclude][:n]
 
 
 def paired_on(

@@ -13,13 +13,14 @@ q/k/v/o_proj, fp32 on CPU):
    Ratchet's ``train_sft_hf`` against ``SFTTrainer`` on a pre-tokenized dataset whose
    ``assistant_masks`` are Ratchet's target masks. Then both adapters are evaluated greedily
    on the same held-out v1 tasks.
-2. **GRPO** from Ratchet's SFT adapter on v2 tasks: ``train_grpo_hf`` against
+2. **GRPO** from Ratchet's SFT adapter on drifted tasks (toolcalc v3, as
+   ``benchmarks/real_model.py``): ``train_grpo_hf`` against
    ``GRPOTrainer`` (DAPO loss, beta 0, clip 0.2, group-scaled rewards, constant lr) whose
    ``rollout_func`` runs Ratchet's multi-turn rollout with the trainer's own model, tool
    results masked out by ``env_mask``. TRL's built-in tool loop cannot be the rollout here:
    SmolLM2's chat template ignores ``tools=``, so TRL would prompt the model without the tool
    list (Ratchet renders it into the system message, see docs/models.md). Both candidates
-   are then evaluated greedily on the same held-out v2 tasks.
+   are then evaluated greedily on the same held-out v3 tasks.
 
 Ends with one JSON line: per phase and trainer the wall time, train tokens/s, final loss or
 mean reward, and the held-out pass rate; plus the load average (the machine may be shared).
@@ -41,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.support import held_out, shared_machine_figures
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import evaluate
@@ -59,6 +61,8 @@ from services.training.hf.train import (
 from services.training.rng import derive_seed
 
 logger = logging.getLogger("benchmarks.trl_side_by_side")
+
+DRIFT = "v3"  # the drift of benchmarks/real_model.py: the price lookup gains ``cur``
 
 FULL = {
     "sft_tasks": 48,
@@ -101,10 +105,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base_manifest = smollm2_checkpoint(base_dir)
     env = ToolcalcEnvironment()
     sft_tasks = env.generate_tasks(settings["sft_tasks"], seed=args.seed + 1, api_version="v1")
-    grpo_tasks = env.generate_tasks(settings["grpo_tasks"], seed=args.seed + 2, api_version="v2")
+    grpo_tasks = env.generate_tasks(settings["grpo_tasks"], seed=args.seed + 2, api_version=DRIFT)
     seen = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
-    eval_v1 = _held_out(env, "v1", settings["eval_tasks"], args.seed + 3, seen)
-    eval_v2 = _held_out(env, "v2", settings["eval_tasks"], args.seed + 4, seen)
+    eval_v1 = held_out(env, "v1", settings["eval_tasks"], args.seed + 3, seen)
+    eval_drifted = held_out(env, DRIFT, settings["eval_tasks"], args.seed + 4, seen)
     sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed, log_every=0)
     grpo_cfg = HFGRPOConfig(**settings["grpo"], seed=args.seed, log_every=0)
     ctx = init_distributed("cpu")
@@ -153,17 +157,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ours_grpo = train_grpo_hf(model, loaded.tokenizer, env, grpo_tasks, grpo_cfg, ctx=ctx)
     ours_grpo_s = time.monotonic() - began
     ours_rewards = [h["reward_mean"] for h in ours_grpo.history]
-    ours_grpo_pass = held_out_pass(model, loaded.tokenizer, eval_v2)
+    ours_grpo_pass = held_out_pass(model, loaded.tokenizer, eval_drifted)
     logger.info(
-        "ratchet grpo %.0fs, rewards %s, v2 %.3f", ours_grpo_s, ours_rewards, ours_grpo_pass
+        "ratchet grpo %.0fs, rewards %s, drifted %.3f", ours_grpo_s, ours_rewards, ours_grpo_pass
     )
 
     loaded = fresh(champion_dir, adapter=True)
     model = prepare_trainable(loaded, grpo_cfg)
     trl_grpo = _trl_grpo(model, loaded.tokenizer, env, grpo_tasks, grpo_cfg, work / "trl-grpo")
-    trl_grpo_pass = held_out_pass(model, loaded.tokenizer, eval_v2)
+    trl_grpo_pass = held_out_pass(model, loaded.tokenizer, eval_drifted)
     logger.info(
-        "trl grpo %.0fs, rewards %s, v2 %.3f",
+        "trl grpo %.0fs, rewards %s, drifted %.3f",
         trl_grpo["wall_s"],
         trl_grpo["rewards"],
         trl_grpo_pass,
@@ -195,23 +199,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "grpo_trl_update_s": round(trl_grpo["wall_s"] - trl_grpo["rollout_s"], 1),
         "grpo_ratchet_mean_reward": round(sum(ours_rewards) / len(ours_rewards), 4),
         "grpo_trl_mean_reward": round(sum(trl_grpo["rewards"]) / len(trl_grpo["rewards"]), 4),
-        "grpo_ratchet_v2_pass": ours_grpo_pass,
-        "grpo_trl_v2_pass": trl_grpo_pass,
+        "grpo_ratchet_drifted_pass": ours_grpo_pass,
+        "grpo_trl_drifted_pass": trl_grpo_pass,
         "grpo_trl_unpacked_episodes": trl_grpo["unpacked"],
         "eval_tasks_per_set": len(eval_v1),
-        "threads": args.threads,
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in load_start],
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        **shared_machine_figures(args.threads, load_start),
         "workdir": str(work),
     }
-
-
-def _held_out(
-    env: ToolcalcEnvironment, version: str, n: int, seed: int, exclude: set[str]
-) -> list[TaskSpec]:
-    pool = env.generate_tasks(n + len(exclude), seed=seed, api_version=version)
-    return [t for t in pool if t.task_id not in exclude][:n]
 
 
 def _trainer_args(config: HFSFTConfig | HFGRPOConfig, out: Path, seed: int) -> dict[str, Any]:

@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
         type=float,
         default=45.0,
         metavar="SECONDS",
-        help="seconds of traffic before the tool API drifts to v2 (default 45)",
+        help="seconds of traffic before the tool API drifts (default 45): to v2, its "
+        "renamed functions; with --model smollm2 to v3, a new required argument",
     )
     demo.add_argument(
         "--traffic", type=float, default=4.0, metavar="PER_S", help="traces per second (default 4)"
@@ -80,6 +81,10 @@ def _demo(args: argparse.Namespace) -> int:
         champion_cache=settings.state_dir / "demo",
         model=args.model,
     )
+    if args.model == "smollm2":
+        from services.demo import smollm2
+
+        options.drift_to = smollm2.DRIFT_TO
     try:
         with stop_children_on_signals():
             report = run_demo(options, settings)

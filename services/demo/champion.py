@@ -101,7 +101,11 @@ def champion_from_v1_demonstrations(
 
 
 def champion_note(options: DemoOptions) -> str:
-    """What every report using the toy champion must say about it."""
+    """What every report must say about the champion the loop started from."""
+    if options.model == "smollm2":
+        from services.demo import smollm2
+
+        return smollm2.CHAMPION_NOTE
     share = float(options.sft_hyperparameters.get("augment_fraction", 0.0))
     if share <= 0:
         return "champion: SFT on toolcalc v1 demonstrations only (not exposed to v2's names)"

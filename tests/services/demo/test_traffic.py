@@ -15,7 +15,13 @@ from sqlalchemy import select
 from services.api.state import AppState
 from services.db.models import Trace
 from services.db.session import SessionFactory
-from services.demo.traffic import ToolcalcAgent, TrafficSimulator, episode_trace
+from services.demo.traffic import (
+    ToolcalcAgent,
+    ToolcalcTools,
+    TrafficSimulator,
+    episode_trace,
+    toolcalc_conversation,
+)
 from services.serving.base import CheckpointRef
 from tests.services.api.support import serve_with_loop
 from tests.services.serving.conftest import ServerThread, demo_task
@@ -67,6 +73,21 @@ def test_a_drifted_api_makes_the_same_agent_fail(
     task = ToolcalcEnvironment().make_task("$pear*37", "v2")
     episode = agent_for(serve(tool_calling_tiny)).run(task, "v2")
     assert not episode.success
+
+
+def test_the_smollm2_demo_drift_declares_the_new_argument_and_enforces_it() -> None:
+    """``ratchet demo --model smollm2`` drifts to v3: the chat tool list declares ``cur`` as
+    required, and a call without it gets the usage error a real API gives."""
+    from services.demo import smollm2
+    from services.environments.toolcalc import ToolcalcEnvironment
+
+    task = ToolcalcEnvironment().make_task("$pear*37", smollm2.DRIFT_TO)
+    _, tools = toolcalc_conversation(task, "chat")
+    price = next(t["function"] for t in tools if t["function"]["name"] == "price")
+    assert price["parameters"]["required"] == ["item", "cur"]
+    service = ToolcalcTools(smollm2.DRIFT_TO)
+    assert service.call("price", {"item": "pear"}) == "error: usage price(item, cur)"
+    assert service.call("price", {"item": "pear", "cur": "usd"}) == "12"
 
 
 def stored_traces(session_factory: SessionFactory, *, least: int) -> list[Trace]:

@@ -85,6 +85,8 @@ def test_every_report_says_how_the_toy_champion_was_made() -> None:
     assert "pre-exposed to v2's names: 30%" in champion_note(DemoOptions())
     plain = DemoOptions(sft_hyperparameters={"steps": 10})
     assert "not exposed to v2's names" in champion_note(plain)
+    real = champion_note(DemoOptions(model="smollm2"))
+    assert "SmolLM2-135M-Instruct" in real and "pre-exposed" not in real
 
 
 def test_the_report_reads_the_dashboards_cycles(

@@ -16,8 +16,12 @@ The drift is toolcalc's v3 by default (``--drift``): the price lookup gains a re
 ``cur`` argument. v2's renames alone do not hurt a real LM, which reads the function names
 from the tool list (measured: the SFT champion passed 95% of held-out v2 tasks, see
 docs/models.md); a champion that learned the call's *shape* by heart is hurt by the new
-argument, which the listing declares and the tool's usage error repeats. The JSON keys keep
-the issue's names: ``v2_*`` are the figures on the drifted API named by ``drift_api``.
+argument, which the listing declares and the tool's usage error repeats. The drifted
+held-out set and the GRPO tasks are the tasks whose solution calls the changed tool (for
+v3 the price lookup: half the generated families; sums and products of plain numbers pass
+either way), as the loop's curated failures would be; the v1 regression suite has every
+family. The JSON keys keep the issue's names: ``v2_*`` are the figures on the drifted API
+named by ``drift_api``.
 
 Ends with one JSON line: model, params_m, v1_pass_champion, v2_pass_before, v2_pass_after,
 v1_regression_drop_points, sft_wall_s, grpo_wall_s, rollout_tokens_per_s,
@@ -42,7 +46,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import drift_recovery_figures, held_out, paired_on, shared_machine_figures
+from benchmarks.support import (
+    drift_recovery_figures,
+    held_out,
+    paired_on,
+    shared_machine_figures,
+    touched_by_drift,
+)
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
@@ -113,12 +123,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     convert_s = time.monotonic() - t0
 
     sft_tasks = env.generate_tasks(settings["sft_tasks"], seed=args.seed + 1, api_version="v1")
-    grpo_tasks = env.generate_tasks(
-        settings["grpo_tasks"], seed=args.seed + 2, api_version=args.drift
+    touched = touched_by_drift(args.drift)
+    grpo_pool = env.generate_tasks(
+        3 * settings["grpo_tasks"], seed=args.seed + 2, api_version=args.drift
     )
+    grpo_tasks = [t for t in grpo_pool if touched(t)][: settings["grpo_tasks"]]
     train_ids = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
     eval_v1 = held_out(env, "v1", settings["eval_tasks"], args.seed + 3, train_ids)
-    eval_v2 = held_out(env, args.drift, settings["eval_tasks"], args.seed + 4, train_ids)
+    eval_v2 = held_out(
+        env, args.drift, settings["eval_tasks"], args.seed + 4, train_ids, keep=touched
+    )
 
     # 2. SFT-LoRA champion on v1 (or a champion made by an earlier run, --champion)
     sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed)

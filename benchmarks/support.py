@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -131,11 +131,38 @@ def create_loop_database(server: Postgres, loop: str) -> tuple[str, ProvisionedL
 
 
 def held_out(
-    env: Environment, version: str, n: int, seed: int, exclude: set[str]
+    env: Environment,
+    version: str,
+    n: int,
+    seed: int,
+    exclude: set[str],
+    *,
+    keep: Callable[[TaskSpec], bool] | None = None,
 ) -> list[TaskSpec]:
-    """``n`` tasks of API ``version`` that no training set in ``exclude`` holds."""
-    pool = env.generate_tasks(n + len(exclude), seed=seed, api_version=version)
-    return [t for t in pool if t.task_id not in exclude][:n]
+    """``n`` tasks of API ``version`` that no training set in ``exclude`` holds (and that
+    ``keep`` accepts)."""
+    pool = env.generate_tasks(3 * n + len(exclude), seed=seed, api_version=version)
+    return [t for t in pool if t.task_id not in exclude and (keep is None or keep(t))][:n]
+
+
+# What each toolcalc drift changes that a real LM cannot read off the renamed tool list:
+# v2 only renames (so every task counts), v3 adds the required ``cur`` to the price lookup,
+# which only tasks with a ``$item`` call (half the generated families) meet.
+DRIFT_CHANGED_OPS: dict[str, frozenset[str] | None] = {"v2": None, "v3": frozenset({"lookup"})}
+
+
+def touched_by_drift(drift: str) -> Callable[[TaskSpec], bool]:
+    """Whether solving a task calls a tool that ``drift`` changed (its held-out set)."""
+    from services.environments.toolcalc import get_api
+    from services.environments.toolcalc.tasks import solve
+
+    changed, api = DRIFT_CHANGED_OPS[drift], get_api(drift)
+
+    def touched(task: TaskSpec) -> bool:
+        program = solve(str(task.verifier["params"]["request"]), api)
+        return changed is None or any(op in changed for op, _ in program.calls)
+
+    return touched
 
 
 def paired_on(

@@ -20,7 +20,7 @@ q/k/v/o_proj, fp32 on CPU):
    results masked out by ``env_mask``. TRL's built-in tool loop cannot be the rollout here:
    SmolLM2's chat template ignores ``tools=``, so TRL would prompt the model without the tool
    list (Ratchet renders it into the system message, see docs/models.md). Both candidates
-   are then evaluated greedily on the same held-out v3 tasks.
+   are then evaluated greedily on the same held-out v3 tasks that call the price lookup.
 
 Ends with one JSON line: per phase and trainer the wall time, train tokens/s, final loss or
 mean reward, and the held-out pass rate; plus the load average (the machine may be shared).
@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import held_out, shared_machine_figures
+from benchmarks.support import held_out, shared_machine_figures, touched_by_drift
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import evaluate
@@ -105,10 +105,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base_manifest = smollm2_checkpoint(base_dir)
     env = ToolcalcEnvironment()
     sft_tasks = env.generate_tasks(settings["sft_tasks"], seed=args.seed + 1, api_version="v1")
-    grpo_tasks = env.generate_tasks(settings["grpo_tasks"], seed=args.seed + 2, api_version=DRIFT)
+    touched = touched_by_drift(DRIFT)
+    grpo_pool = env.generate_tasks(
+        3 * settings["grpo_tasks"], seed=args.seed + 2, api_version=DRIFT
+    )
+    grpo_tasks = [t for t in grpo_pool if touched(t)][: settings["grpo_tasks"]]
     seen = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
     eval_v1 = held_out(env, "v1", settings["eval_tasks"], args.seed + 3, seen)
-    eval_drifted = held_out(env, DRIFT, settings["eval_tasks"], args.seed + 4, seen)
+    eval_drifted = held_out(env, DRIFT, settings["eval_tasks"], args.seed + 4, seen, keep=touched)
     sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed, log_every=0)
     grpo_cfg = HFGRPOConfig(**settings["grpo"], seed=args.seed, log_every=0)
     ctx = init_distributed("cpu")

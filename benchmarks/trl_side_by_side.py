@@ -267,6 +267,7 @@ def _trl_sft(
         gradient_accumulation_steps=config.batch_size // config.micro_batch,
         max_length=None,
         packing=False,
+        include_num_input_tokens_seen=True,  # padding included (Ratchet counts non-pad)
     )
     lora = LoraConfig(
         r=config.lora_r,

@@ -54,6 +54,7 @@ from services.training.hf.rollout import pack_turns, run_chat_episodes
 from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
 from services.training.hf.train import (
     demonstration_sequences,
+    lora_config,
     prepare_trainable,
     train_grpo_hf,
     train_sft_hf,
@@ -252,7 +253,6 @@ def _trl_sft(
     seed: int,
 ) -> dict[str, Any]:
     from datasets import Dataset
-    from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
     dataset = Dataset.from_dict(
@@ -269,20 +269,12 @@ def _trl_sft(
         packing=False,
         include_num_input_tokens_seen=True,  # padding included (Ratchet counts non-pad)
     )
-    lora = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=list(config.lora_target_modules),
-        task_type="CAUSAL_LM",
-        bias="none",
-    )
     trainer = SFTTrainer(
         model=loaded.model,
         args=args,
         train_dataset=dataset,
         processing_class=loaded.tokenizer,
-        peft_config=lora,
+        peft_config=lora_config(config),
     )
     began = time.monotonic()
     trainer.train()

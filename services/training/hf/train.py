@@ -95,7 +95,7 @@ class HFTrainResult:
 
 def prepare_trainable(loaded: LoadedHF, options: LoRAOptions) -> Any:
     """The model to optimise: a (new or continued) LoRA adapter, or every weight."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel, get_peft_model
 
     model = loaded.model
     if isinstance(model, PeftModel):
@@ -107,7 +107,17 @@ def prepare_trainable(loaded: LoadedHF, options: LoRAOptions) -> Any:
     if not options.lora:
         model.requires_grad_(True)
         return model
-    config = LoraConfig(
+    try:
+        return get_peft_model(model, lora_config(options))
+    except ValueError as exc:  # e.g. target modules the architecture does not have
+        raise ValueError(f"cannot attach LoRA: {exc}") from None
+
+
+def lora_config(options: LoRAOptions) -> Any:
+    """A new adapter's peft config (also what benchmarks hand TRL, so both train the same)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
         r=options.lora_r,
         lora_alpha=options.lora_alpha,
         lora_dropout=options.lora_dropout,
@@ -115,10 +125,6 @@ def prepare_trainable(loaded: LoadedHF, options: LoRAOptions) -> Any:
         task_type="CAUSAL_LM",
         bias="none",
     )
-    try:
-        return get_peft_model(model, config)
-    except ValueError as exc:  # e.g. target modules the architecture does not have
-        raise ValueError(f"cannot attach LoRA: {exc}") from None
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

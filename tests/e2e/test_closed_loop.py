@@ -83,10 +83,15 @@ GATE_POLICY: dict[str, Any] = {
     # The regression suite is 16 sampled v1 successes (max_regression_tasks): one task is
     # ~6 points, so this allows losing about one and a half of them, pass@1 summed.
     "regression_tolerance_points": 10,
+    # The canary's baseline is the champion's traces before the deploy: about 40 v1
+    # successes and 65 v2 failures, ~38 % success. On v3 the candidate still passes ~15 %
+    # (measured: 184 of 1,236 live traces), so the floor (baseline - 5 points) sits well
+    # above the interval of a 200-trace window at 15 % (up to ~21 %). With 20 v1 successes
+    # and a 10-point drop the floor was 16 % against that same 15 %: a coin toss.
     "canary_seconds": 240,
     "canary_check_interval_s": 1,
     "canary_min_traces": 10,
-    "canary_max_drop_points": 10,
+    "canary_max_drop_points": 5,
 }
 TRIGGER_POLICY: dict[str, Any] = {
     "min_new_tasks": MIN_NEW_TASKS,
@@ -176,7 +181,7 @@ def _run_the_story(
     traffic = start_production()
     # 1. The champion serves v1 traffic; its traces are stored with its version.
     wait_for(
-        lambda: _assert_at_least(_trace_count(live, champion, success=True), 20),
+        lambda: _assert_at_least(_trace_count(live, champion, success=True), 40),
         timeout=240,
         interval=0.5,
         what="successful v1 traces of the champion",
@@ -222,7 +227,11 @@ def _run_the_story(
     api[0] = "v3"
     closed = wait_for(cycle_closed(live, LOOP), timeout=300, interval=0.5, what="cycle 1 to close")
     traffic.stop()
-    assert closed.outcome == "rolled_back", (closed.outcome, closed.outcome_detail)
+    assert closed.outcome == "rolled_back", (
+        closed.outcome,
+        closed.outcome_detail,
+        _live_outcomes(live),
+    )
     with live.sessions()() as session:
         final = session.get(Promotion, promotion.id)
         assert final is not None
@@ -329,6 +338,22 @@ def _trace_count(live: LiveStack, version: str, *, success: bool | None = None) 
         if success is not None:
             query = query.where(Trace.success.is_(success))
         return int(session.scalar(query) or 0)
+
+
+def _live_outcomes(live: LiveStack) -> dict[str, int]:
+    """Traces per model version, API version and outcome: what the canary had to judge."""
+    with live.sessions()() as session:
+        rows = session.execute(
+            select(Trace.model_version, Trace.body, Trace.success)
+            .join(Loop)
+            .where(Loop.name == LOOP)
+        ).all()
+    counts: dict[str, int] = {}
+    for version, body, success in rows:
+        api_version = (body.get("metadata") or {}).get("api_version")
+        key = f"{(version or '?')[:12]} {api_version} {'pass' if success else 'fail'}"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _promotion_in_canary(live: LiveStack) -> Callable[[], Promotion]:

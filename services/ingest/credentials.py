@@ -141,7 +141,6 @@ class CredentialCache:
         ttl_s: float = 30.0,
         negative_ttl_s: float = 1.0,
         min_refresh_s: float = 1.0,
-        retry_after_s: int = 1,
         capacity: int = MAX_ENTRIES,
     ) -> None:
         self._session_factory = session_factory
@@ -149,7 +148,6 @@ class CredentialCache:
         self._ttl_s = ttl_s
         self._negative_ttl_s = negative_ttl_s
         self._min_refresh_s = min_refresh_s
-        self._retry_after_s = retry_after_s
         self._loops: LruTable[LoopKeys] = LruTable(capacity)
         self._tokens: LruTable[TokenLoop] = LruTable(capacity)
         self._unknown_tokens: LruTable[TokenLoop] = LruTable(capacity)
@@ -264,8 +262,7 @@ class CredentialCache:
             return await asyncio.to_thread(read, argument)
         except SQLAlchemyError as exc:
             raise StorageUnavailable(
-                f"Postgres is unavailable ({type(exc).__name__}); cannot check credentials",
-                self._retry_after_s,
+                f"Postgres is unavailable ({type(exc).__name__}); cannot check credentials"
             ) from exc
 
     def _read_loop(self, name: str) -> LoopKeys | None:

@@ -71,6 +71,8 @@ def retryable(exc: psycopg.Error) -> bool:
 # The Retry-After of every 503 the ingest doors answer when Postgres is down or the queue is
 # full, and how long the writer refuses new requests after losing its connection.
 RETRY_AFTER_S = 1
+# A group commit still running after this long is given up like a lost connection.
+COMMIT_TIMEOUT_S = 30.0
 
 
 class StorageUnavailable(Exception):
@@ -139,15 +141,11 @@ class GroupCommitWriter:
         queue_max: int,
         max_rows: int,
         max_wait_s: float,
-        commit_timeout_s: float = 30.0,
-        application_name: str = "ratchet-ingest",
     ) -> None:
         self._conninfo = conninfo
         self._queue_max = queue_max
         self._max_rows = max_rows
         self._max_wait_s = max_wait_s
-        self._commit_timeout_s = commit_timeout_s
-        self._application_name = application_name
         self._pending: deque[_Submission] = deque()
         self._depth = 0
         self._wake = asyncio.Event()
@@ -240,7 +238,7 @@ class GroupCommitWriter:
         rows = [row for submission in batch for row in submission.rows]
         started = time.perf_counter()
         try:
-            outcomes = await asyncio.wait_for(self._insert(rows), self._commit_timeout_s)
+            outcomes = await asyncio.wait_for(self._insert(rows), COMMIT_TIMEOUT_S)
         except _CONNECTION_ERRORS as exc:
             log.warning(
                 "ingest writer: Postgres unavailable (%s); %d traces refused", exc, len(rows)
@@ -303,7 +301,7 @@ class GroupCommitWriter:
             connection = await psycopg.AsyncConnection.connect(
                 self._conninfo,
                 autocommit=True,
-                application_name=self._application_name,
+                application_name="ratchet-ingest",
                 connect_timeout=5,
             )
             await connection.execute(CREATE_STAGE_SQL)

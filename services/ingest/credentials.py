@@ -62,12 +62,19 @@ class SigningKey:
 
 
 @dataclass(frozen=True)
-class LoopKeys:
-    """A loop as the webhook needs it: id, name, status and its signing keys."""
+class IngestLoop:
+    """A loop as an ingest door needs it: where traces go, the name in logs and metrics, and
+    whether it takes traces at all (an archived one does not)."""
 
     loop_id: int
     name: str
     status: str
+
+
+@dataclass(frozen=True)
+class LoopKeys(IngestLoop):
+    """The webhook's loop, with its signing keys."""
+
     keys: tuple[SigningKey, ...]
 
     def active(self, now: dt.datetime) -> list[bytes]:
@@ -75,12 +82,9 @@ class LoopKeys:
 
 
 @dataclass(frozen=True)
-class TokenLoop:
-    """The loop an ingest token belongs to."""
+class TokenLoop(IngestLoop):
+    """The loop an ingest token belongs to, until the token expires."""
 
-    loop_id: int
-    name: str
-    status: str
     expires_at: dt.datetime | None
 
     def valid(self, now: dt.datetime) -> bool:

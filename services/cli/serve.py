@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from services.cli.common import add_command
+
 DEFAULT_MODEL_NAME = "ratchet"
 
 
@@ -46,21 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "serve",
+        run,
         help="serve a checkpoint over the OpenAI API (chat completions, tools, hot swap)",
-        description=(
-            "Serve a checkpoint (tiny or hf family) as an OpenAI-compatible server: "
-            "POST /v1/chat/completions (tools, streaming), GET /v1/models, and vLLM's "
-            "POST /v1/load_lora_adapter and /v1/unload_lora_adapter for hot swap. "
-            "Concurrent requests are decoded in batches."
-        ),
     )
     add_arguments(parser)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve a checkpoint (tiny or hf family) as an OpenAI-compatible server:
+    POST /v1/chat/completions (tools, streaming), GET /v1/models, and vLLM's
+    POST /v1/load_lora_adapter and /v1/unload_lora_adapter for hot swap. Concurrent requests
+    are decoded in batches.
+    """
     from services.cli import CliError
     from services.cli.common import cli_settings
     from services.logs import configure_logging

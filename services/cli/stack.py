@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.cli.common import cli_settings
+from services.cli.common import add_command, cli_settings
 from services.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -23,24 +23,26 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: Any) -> None:
-    up = subparsers.add_parser(
+    add_command(
+        subparsers,
         "up",
+        _up,
         help="run everything: embedded Postgres + Temporal dev server (when unset), api, worker",
-        description=(
-            "Start Ratchet on one machine. When RATCHET_DATABASE_URL is unset an embedded "
-            "Postgres keeps its data under RATCHET_STATE_DIR; when RATCHET_TEMPORAL_ADDRESS "
-            "is unset the Temporal dev server runs with its Web UI. Then migrate and run the "
-            "api and the worker. Ctrl-C stops everything."
-        ),
     )
-    up.set_defaults(func=_up)
-    api = subparsers.add_parser("api", help="run the api: webhook, admin API, dashboard, /metrics")
-    api.set_defaults(func=_api)
-    worker = subparsers.add_parser("worker", help="run the Temporal worker (workflows, activities)")
-    worker.set_defaults(func=_worker)
+    add_command(
+        subparsers, "api", _api, help="run the api: webhook, admin API, dashboard, /metrics"
+    )
+    add_command(
+        subparsers, "worker", _worker, help="run the Temporal worker (workflows, activities)"
+    )
 
 
 def _up(args: argparse.Namespace) -> int:
+    """Start Ratchet on one machine. When RATCHET_DATABASE_URL is unset an embedded Postgres
+    keeps its data under RATCHET_STATE_DIR; when RATCHET_TEMPORAL_ADDRESS is unset the
+    Temporal dev server runs with its Web UI. Then migrate and run the api and the worker.
+    Ctrl-C stops everything.
+    """
     from services.cli import CliError
     from services.local.stack import StackError, run_up
 

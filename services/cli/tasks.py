@@ -12,7 +12,14 @@ import json
 from typing import Any
 
 from services.cli import CliError
-from services.cli.common import database_session, loop_named, positive_int, print_json
+from services.cli.common import (
+    add_command,
+    command_group,
+    database_session,
+    loop_named,
+    positive_int,
+    print_json,
+)
 from services.cli.listing import Listing, row_summary
 from services.db.models import Task
 from services.db.queries import tasks as q
@@ -21,22 +28,22 @@ SPLITS = ("train", "eval", "heldout", "regression")
 
 
 def register(subparsers: Any) -> None:
-    tasks = subparsers.add_parser("tasks", help="curated RL tasks of a loop")
-    commands = tasks.add_subparsers(dest="tasks_command", metavar="COMMAND", required=True)
-    listing = commands.add_parser("list", help="list a loop's tasks, newest first")
+    commands = command_group(subparsers, "tasks", help="curated RL tasks of a loop")
+    listing = add_command(commands, "list", _tasks_list, help="list a loop's tasks, newest first")
     listing.add_argument("--loop", required=True, help="loop name")
     listing.add_argument("--split", choices=SPLITS, help="only tasks of this split")
     listing.add_argument("--limit", type=positive_int, default=50)
     listing.add_argument("--json", action="store_true", help="print JSON")
-    listing.set_defaults(func=_tasks_list)
-    show = commands.add_parser("show", help="one task: spec, cluster, split, source traces")
+    show = add_command(
+        commands, "show", _tasks_show, help="one task: spec, cluster, split, source traces"
+    )
     show.add_argument("task_id", type=positive_int)
     show.add_argument("--json", action="store_true", help="print JSON")
-    show.set_defaults(func=_tasks_show)
-    pin = commands.add_parser("pin", help="put tasks into the loop's pinned regression suite")
+    pin = add_command(
+        commands, "pin", _tasks_pin, help="put tasks into the loop's pinned regression suite"
+    )
     pin.add_argument("--loop", required=True, help="loop name")
     pin.add_argument("task_ids", type=positive_int, nargs="+")
-    pin.set_defaults(func=_tasks_pin)
 
 
 TASK_COLUMNS = (

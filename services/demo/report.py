@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -199,26 +200,18 @@ def live_before_after(
     Before: traces of a version that was later replaced, from the drift until its
     replacement was deployed. After: traces of every promoted version since it was deployed.
     """
-    limit = 1_000_000
+    counts = partial(live_counts, session=session, loop=loop, limit=1_000_000)  # every trace
     before_n = before_ok = after_n = after_ok = 0
     for promotion in promotions:
         if promotion.deployed_at is None:
             continue
-        old = live_counts(
-            session=session,
-            loop=loop,
+        old = counts(
             model_version=promotion.previous_checkpoint_id,
             since=drift_wall,
             until=promotion.deployed_at,
-            limit=limit,
         )
-        new = live_counts(
-            session=session,
-            loop=loop,
-            model_version=promotion.candidate_checkpoint_id,
-            since=promotion.deployed_at,
-            until=None,
-            limit=limit,
+        new = counts(
+            model_version=promotion.candidate_checkpoint_id, since=promotion.deployed_at, until=None
         )
         if drift_wall is not None:
             before_n, before_ok = before_n + old.n, before_ok + old.successes

@@ -62,12 +62,19 @@ class SigningKey:
 
 
 @dataclass(frozen=True)
-class LoopKeys:
-    """A loop as the webhook needs it: id, name, status and its signing keys."""
+class IngestLoop:
+    """A loop as an ingest door needs it: where traces go, the name in logs and metrics, and
+    whether it takes traces at all (an archived one does not)."""
 
     loop_id: int
     name: str
     status: str
+
+
+@dataclass(frozen=True)
+class LoopKeys(IngestLoop):
+    """The webhook's loop, with its signing keys."""
+
     keys: tuple[SigningKey, ...]
 
     def active(self, now: dt.datetime) -> list[bytes]:
@@ -75,12 +82,9 @@ class LoopKeys:
 
 
 @dataclass(frozen=True)
-class TokenLoop:
-    """The loop an ingest token belongs to."""
+class TokenLoop(IngestLoop):
+    """The loop an ingest token belongs to, until the token expires."""
 
-    loop_id: int
-    name: str
-    status: str
     expires_at: dt.datetime | None
 
     def valid(self, now: dt.datetime) -> bool:
@@ -141,7 +145,6 @@ class CredentialCache:
         ttl_s: float = 30.0,
         negative_ttl_s: float = 1.0,
         min_refresh_s: float = 1.0,
-        retry_after_s: int = 1,
         capacity: int = MAX_ENTRIES,
     ) -> None:
         self._session_factory = session_factory
@@ -149,7 +152,6 @@ class CredentialCache:
         self._ttl_s = ttl_s
         self._negative_ttl_s = negative_ttl_s
         self._min_refresh_s = min_refresh_s
-        self._retry_after_s = retry_after_s
         self._loops: LruTable[LoopKeys] = LruTable(capacity)
         self._tokens: LruTable[TokenLoop] = LruTable(capacity)
         self._unknown_tokens: LruTable[TokenLoop] = LruTable(capacity)
@@ -264,8 +266,7 @@ class CredentialCache:
             return await asyncio.to_thread(read, argument)
         except SQLAlchemyError as exc:
             raise StorageUnavailable(
-                f"Postgres is unavailable ({type(exc).__name__}); cannot check credentials",
-                self._retry_after_s,
+                f"Postgres is unavailable ({type(exc).__name__}); cannot check credentials"
             ) from exc
 
     def _read_loop(self, name: str) -> LoopKeys | None:

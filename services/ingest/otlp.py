@@ -321,7 +321,7 @@ class SpanView:
 
     def to_payload(self) -> str:
         """The span as stored while its episode is unfinished (see services.ingest.episodes)."""
-        return json.dumps(
+        return _pending_json(
             {
                 "name": self.name,
                 "start": self.start_ns,
@@ -330,9 +330,7 @@ class SpanView:
                 "events": [[e.name, e.time_ns, e.attributes] for e in self.events],
                 "status": [self.status_code, self.status_message],
                 "service": self.service_name,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
+            }
         )
 
     @classmethod
@@ -353,6 +351,12 @@ class SpanView:
             status_message=data["status"][1],
             service_name=data["service"],
         )
+
+
+def _pending_json(document: dict[str, Any], *, sort_keys: bool = False) -> str:
+    """How a span or log record waits in Postgres for the rest of its episode: one encoding
+    for both, compact (no spaces, non-ASCII text as is, not escaped)."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
 
 
 @dataclass
@@ -381,16 +385,14 @@ class LogView:
         )
 
     def to_payload(self) -> str:
-        return json.dumps(
+        return _pending_json(
             {
                 "event": self.event_name,
                 "time": self.time_ns,
                 "attributes": self.attributes,
                 "body": self.body,
             },
-            ensure_ascii=False,
-            separators=(",", ":"),
-            sort_keys=True,
+            sort_keys=True,  # the record id hashes it: the same record, the same text
         )
 
     @classmethod

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 
 from services.db.session import SessionFactory
-from services.ingest.credentials import CredentialCache, LoopKeys, TokenLoop
+from services.ingest.credentials import CredentialCache, IngestLoop, LoopKeys, TokenLoop
 from services.ingest.errors import IngestError
 from services.ingest.schema import Rejection, StoredTrace
 from services.ingest.signature import SignatureError, SignedHeaders, parse_headers, verify
@@ -92,11 +92,12 @@ class IngestService:
         return await self.credentials.loop_keys(name) if LOOP_NAME.match(name) else None
 
     @staticmethod
-    def check_accepts_traces(keys: LoopKeys) -> None:
-        """409 for an archived loop (told only to a sender that proved it holds a secret)."""
-        if keys.status == "archived":
+    def check_accepts_traces(loop: IngestLoop) -> None:
+        """409 for an archived loop (told only to a sender that proved it holds a secret or
+        a token)."""
+        if loop.status == "archived":
             raise IngestError(
-                409, "loop_archived", f"loop {keys.name!r} is archived and takes no traces"
+                409, "loop_archived", f"loop {loop.name!r} is archived and takes no traces"
             )
 
     def signed_headers(self, headers: Mapping[str, str]) -> SignedHeaders:
@@ -148,10 +149,7 @@ class IngestService:
         found = await self.credentials.token_loop(token)
         if found is None or not found.valid(dt.datetime.now(dt.UTC)):
             raise _unauthorized("the ingest token is unknown or expired", "Bearer")
-        if found.status == "archived":
-            raise IngestError(
-                409, "loop_archived", f"loop {found.name!r} is archived and takes no traces"
-            )
+        self.check_accepts_traces(found)
         return found
 
     # Storage ------------------------------------------------------------------------------

@@ -106,12 +106,9 @@ def _node(row: tuple[Any, ...]) -> tuple[str, Node]:
 class EpisodeAssembler:
     """See the module docstring."""
 
-    def __init__(
-        self, *, settings: Settings, session_factory: SessionFactory, retry_after_s: int = 1
-    ) -> None:
+    def __init__(self, *, settings: Settings, session_factory: SessionFactory) -> None:
         self.settings = settings
         self._session_factory = session_factory
-        self._retry_after_s = retry_after_s
         self._last_purge = 0.0
         # Each export holds a pooled connection from its first read to its commit (across the
         # trace write): at most half the pool at once, so OTLP floods cannot starve the rest of
@@ -129,8 +126,7 @@ class EpisodeAssembler:
             return await asyncio.to_thread(work, *args)
         except (OperationalError, InterfaceError, PoolTimeout) as exc:
             raise StorageUnavailable(
-                f"Postgres is unavailable ({type(exc).__name__}); nothing was acknowledged",
-                self._retry_after_s,
+                f"Postgres is unavailable ({type(exc).__name__}); nothing was acknowledged"
             ) from exc
         except IntegrityError:
             raise IngestError(

@@ -12,7 +12,7 @@ Failure handling, in order of likelihood:
 - a full queue: the request is refused at once (503 + Retry-After) and nothing is queued;
 - Postgres unreachable or the connection lost: every trace of the group is answered 503 (it
   may or may not have been committed: the client retries and a committed one comes back as a
-  duplicate, still a 2xx); for ``retry_after_s`` new requests are refused without queueing;
+  duplicate, still a 2xx); for ``RETRY_AFTER_S`` new requests are refused without queueing;
 - a row Postgres refuses (a data error the validator could not foresee, a loop deleted
   meanwhile): the group is retried row by row under savepoints, so one bad row is rejected
   alone and its neighbours are stored.
@@ -68,10 +68,17 @@ def retryable(exc: psycopg.Error) -> bool:
     return state[:2] in {"08", "40", "53", "57", "58"} or state == "55P03"
 
 
+# The Retry-After of every 503 the ingest doors answer when Postgres is down or the queue is
+# full, and how long the writer refuses new requests after losing its connection.
+RETRY_AFTER_S = 1
+# A group commit still running after this long is given up like a lost connection.
+COMMIT_TIMEOUT_S = 30.0
+
+
 class StorageUnavailable(Exception):
     """The traces cannot be stored now; the client should retry after ``retry_after_s``."""
 
-    def __init__(self, message: str, retry_after_s: int) -> None:
+    def __init__(self, message: str, retry_after_s: int = RETRY_AFTER_S) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
@@ -134,17 +141,11 @@ class GroupCommitWriter:
         queue_max: int,
         max_rows: int,
         max_wait_s: float,
-        commit_timeout_s: float = 30.0,
-        retry_after_s: int = 1,
-        application_name: str = "ratchet-ingest",
     ) -> None:
         self._conninfo = conninfo
         self._queue_max = queue_max
         self._max_rows = max_rows
         self._max_wait_s = max_wait_s
-        self._commit_timeout_s = commit_timeout_s
-        self._retry_after_s = retry_after_s
-        self._application_name = application_name
         self._pending: deque[_Submission] = deque()
         self._depth = 0
         self._wake = asyncio.Event()
@@ -178,7 +179,7 @@ class GroupCommitWriter:
             except TimeoutError:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
-        self._fail_all(StorageUnavailable("the api is shutting down", self._retry_after_s))
+        self._fail_all(StorageUnavailable("the api is shutting down"))
         await self._close_connection()
 
     async def write(self, rows: list[TraceRow]) -> list[WriteOutcome]:
@@ -190,15 +191,12 @@ class GroupCommitWriter:
         if not rows:
             return []
         if not self.running:
-            raise StorageUnavailable("the trace writer is not running", self._retry_after_s)
+            raise StorageUnavailable("the trace writer is not running")
         if time.monotonic() < self._down_until:
-            raise StorageUnavailable(
-                "Postgres is unreachable; traces cannot be stored now", self._retry_after_s
-            )
+            raise StorageUnavailable("Postgres is unreachable; traces cannot be stored now")
         if self._depth + len(rows) > self._queue_max:
             raise StorageUnavailable(
-                f"the write queue is full ({self._depth} traces waiting); retry shortly",
-                self._retry_after_s,
+                f"the write queue is full ({self._depth} traces waiting); retry shortly"
             )
         future: asyncio.Future[list[WriteOutcome]] = asyncio.get_running_loop().create_future()
         self._pending.append(_Submission(rows, future))
@@ -240,18 +238,17 @@ class GroupCommitWriter:
         rows = [row for submission in batch for row in submission.rows]
         started = time.perf_counter()
         try:
-            outcomes = await asyncio.wait_for(self._insert(rows), self._commit_timeout_s)
+            outcomes = await asyncio.wait_for(self._insert(rows), COMMIT_TIMEOUT_S)
         except _CONNECTION_ERRORS as exc:
             log.warning(
                 "ingest writer: Postgres unavailable (%s); %d traces refused", exc, len(rows)
             )
-            self._down_until = time.monotonic() + self._retry_after_s
+            self._down_until = time.monotonic() + RETRY_AFTER_S
             await self._close_connection()
             self._resolve_error(
                 batch,
                 StorageUnavailable(
-                    f"Postgres is unavailable ({type(exc).__name__}); nothing was acknowledged",
-                    self._retry_after_s,
+                    f"Postgres is unavailable ({type(exc).__name__}); nothing was acknowledged"
                 ),
             )
             return
@@ -262,8 +259,7 @@ class GroupCommitWriter:
             if retryable(exc):
                 failure = StorageUnavailable(
                     f"the database could not take the write now ({type(exc).__name__}); "
-                    "nothing was acknowledged",
-                    self._retry_after_s,
+                    "nothing was acknowledged"
                 )
             else:
                 failure = StorageRefused(
@@ -305,7 +301,7 @@ class GroupCommitWriter:
             connection = await psycopg.AsyncConnection.connect(
                 self._conninfo,
                 autocommit=True,
-                application_name=self._application_name,
+                application_name="ratchet-ingest",
                 connect_timeout=5,
             )
             await connection.execute(CREATE_STAGE_SQL)

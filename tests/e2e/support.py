@@ -357,6 +357,12 @@ def toolcalc_traces(
     return traces
 
 
+def new_tasks_trigger(min_new_tasks: int) -> dict[str, Any]:
+    """The e2e trigger policy: a cycle once ``min_new_tasks`` are curated, checked every
+    second; drift detection off, so only the traffic a test posts starts a cycle."""
+    return {"min_new_tasks": min_new_tasks, "check_interval_s": 1, "drift_enabled": False}
+
+
 def wait_for(check: Callable[[], T], *, timeout: float, what: str, interval: float = 0.2) -> T:
     """Poll ``check`` (which asserts) until it passes; the last assertion says what is missing."""
     try:

@@ -31,6 +31,7 @@ from tests.e2e.support import (
     cycle_closed,
     loop_cycle,
     make_tiny_champion,
+    new_tasks_trigger,
     toolcalc_traces,
     wait_for,
 )
@@ -68,11 +69,7 @@ GATE_POLICY: dict[str, Any] = {
     # No live traffic reaches the new version: the canary holds, it never rolls back.
     "canary_min_traces": 10_000,
 }
-TRIGGER_POLICY: dict[str, Any] = {
-    "min_new_tasks": MIN_NEW_TASKS,
-    "check_interval_s": 1,
-    "drift_enabled": False,
-}
+TRIGGER_POLICY = new_tasks_trigger(MIN_NEW_TASKS)
 CURATION_POLICY: dict[str, Any] = {
     "eval_fraction": 0.3,
     "heldout_fraction": 0.0,

@@ -22,16 +22,13 @@ from services.db.models import (
     Run,
     Trace,
 )
-from services.db.queries.errors import NotFound
+from services.db.queries.errors import NotFound, existing
 from services.db.queries.tasks import row_ids_by_job_task_id
 from services.evaluation.results import pass_at_1
 
 
 def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
-    checkpoint = session.get(Checkpoint, checkpoint_id)
-    if checkpoint is None:
-        raise NotFound(f"checkpoint {checkpoint_id!r} does not exist")
-    return checkpoint
+    return existing(session.get(Checkpoint, checkpoint_id), f"checkpoint {checkpoint_id!r}")
 
 
 # Cycles --------------------------------------------------------------------------------------
@@ -48,9 +45,7 @@ def open_cycle(
 ) -> Cycle:
     """The cycle (loop, number), created if new. Any other open cycle is closed as superseded,
     so the one-open-cycle invariant holds even after a crash between stages."""
-    existing = session.scalars(
-        select(Cycle).where(Cycle.loop_id == loop.id, Cycle.number == number)
-    ).one_or_none()
+    existing = _find_cycle(session=session, loop=loop, number=number)
     if existing is not None:
         return existing
     session.execute(
@@ -79,13 +74,15 @@ def last_cycle_number(*, session: Session, loop: Loop) -> int:
     return int(number or 0)
 
 
-def get_cycle(*, session: Session, loop: Loop, number: int) -> Cycle:
-    cycle = session.scalars(
+def _find_cycle(*, session: Session, loop: Loop, number: int) -> Cycle | None:
+    return session.scalars(
         select(Cycle).where(Cycle.loop_id == loop.id, Cycle.number == number)
     ).one_or_none()
-    if cycle is None:
-        raise NotFound(f"cycle {number} of loop {loop.name!r} does not exist")
-    return cycle
+
+
+def get_cycle(*, session: Session, loop: Loop, number: int) -> Cycle:
+    cycle = _find_cycle(session=session, loop=loop, number=number)
+    return existing(cycle, f"cycle {number} of loop {loop.name!r}")
 
 
 def set_stage(
@@ -350,9 +347,9 @@ def update_promotion(
     set_champion: str | None,
     timestamp_field: str | None,
 ) -> Promotion:
-    promotion = session.get(Promotion, promotion_id, with_for_update=True)
-    if promotion is None:
-        raise NotFound(f"promotion {promotion_id} does not exist")
+    promotion = existing(
+        session.get(Promotion, promotion_id, with_for_update=True), f"promotion {promotion_id}"
+    )
     promotion.status = status
     if reason:
         promotion.reason = f"{promotion.reason}\n{reason}" if promotion.reason else reason

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.db.models import Loop, LoopConfigVersion, Trace
-from services.db.queries.errors import NotFound
+from services.db.queries.errors import existing
 from services.loop.config import CONFIG_KEYS, Change, diff
 
 
@@ -79,10 +79,7 @@ def require_loop(*, session: Session, name: str, for_update: bool = False) -> Lo
     statement = select(Loop).where(Loop.name == name)
     if for_update:
         statement = statement.with_for_update()
-    loop = session.scalars(statement).one_or_none()
-    if loop is None:
-        raise NotFound(f"loop {name!r} does not exist")
-    return loop
+    return existing(session.scalars(statement).one_or_none(), f"loop {name!r}")
 
 
 def list_loops(*, session: Session) -> Sequence[Loop]:

@@ -54,7 +54,7 @@ from services.demo.options import DemoOptions
 from services.demo.server import start_model_server
 from services.demo.traffic import TrafficSimulator
 from tests.e2e.champion_fixture import FIXTURE
-from tests.e2e.support import LiveStack, cycle_closed, loop_cycle, wait_for
+from tests.e2e.support import LiveStack, cycle_closed, loop_cycle, new_tasks_trigger, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -93,11 +93,7 @@ GATE_POLICY: dict[str, Any] = {
     "canary_min_traces": 10,
     "canary_max_drop_points": 5,
 }
-TRIGGER_POLICY: dict[str, Any] = {
-    "min_new_tasks": MIN_NEW_TASKS,
-    "check_interval_s": 1,
-    "drift_enabled": False,
-}
+TRIGGER_POLICY = new_tasks_trigger(MIN_NEW_TASKS)
 CURATION_POLICY: dict[str, Any] = {
     "success_sample_rate": 1.0,
     "eval_fraction": 0.3,

@@ -12,12 +12,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.jobs import JobActivities, run_job_from_workflow
-    from workflows.options import (
-        INSTALL_HEARTBEAT,
-        INSTALL_TIMEOUT,
-        JOB_RETRY,
-        JOB_TIMEOUT,
-    )
+    from workflows.options import INSTALL, JOB_TIMEOUT, long_activity
     from workflows.shared import (
         RegisterCheckpointInput,
         TrainInput,
@@ -68,7 +63,7 @@ class TrainWorkflow:
         )
         if job.status != "succeeded":
             return result
-        checkpoint = await workflow.execute_activity_method(
+        checkpoint = await long_activity(
             JobActivities.register_checkpoint,
             RegisterCheckpointInput(
                 loop=input.loop,
@@ -76,9 +71,7 @@ class TrainWorkflow:
                 checkpoint_dir_uri=job.output_uri.rstrip("/") + "/checkpoint",
                 parent_checkpoint_id=input.base_checkpoint_id,
             ),
-            start_to_close_timeout=INSTALL_TIMEOUT,
-            heartbeat_timeout=INSTALL_HEARTBEAT,
-            retry_policy=JOB_RETRY,
+            INSTALL,
         )
         result.checkpoint_id, result.checkpoint_uri = checkpoint.checkpoint_id, checkpoint.uri
         return result

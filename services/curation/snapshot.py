@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.curation.difficulty import select_by_difficulty
 from services.curation.policy import CurationPolicy
+from services.curation.results import DatasetFiles
 from services.db.models import Dataset, Loop
 from services.db.queries import datasets as dataset_queries
 from services.db.queries import tasks as task_queries
@@ -68,23 +69,11 @@ class SnapshotError(Exception):
     """A snapshot that cannot succeed by retrying (unknown loop, broken invariant, lost files)."""
 
 
-@dataclass(frozen=True)
-class DatasetSnapshot:
-    """A dataset as the loop sees it: ids, counts and file URIs."""
+@dataclass
+class DatasetSnapshot(DatasetFiles):
+    """A snapshot's dataset; ``created``: this call wrote it (else it existed already)."""
 
-    dataset_id: int
-    content_hash: str
-    train_count: int
-    eval_count: int
-    regression_count: int
-    train_uri: str
-    eval_uri: str
-    regression_uri: str | None
-    created: bool
-    # The difficulty filter's counts over train candidates: kept, too_easy, too_hard, unprobed.
-    difficulty: dict[str, int] = dataclasses.field(default_factory=dict)
-    heldout_count: int = 0
-    heldout_uri: str | None = None
+    created: bool = False
 
 
 @dataclass(frozen=True)

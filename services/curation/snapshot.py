@@ -52,6 +52,7 @@ from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.environments.base import TaskSpec, write_task_file
+from services.training.checkpoint_manifest import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -266,7 +267,7 @@ def _write_files(
         for split, name in FILES.items():
             members = sorted(selection.members[split], key=lambda m: m.dedup_key)
             count = write_task_file(staging / name, task_lines(session, members, split))
-            files[name] = {"count": count, "sha256": _sha256(staging / name)}
+            files[name] = {"count": count, "sha256": sha256_file(staging / name)}
         manifest = {
             "schema": DATASET_SCHEMA,
             "loop": loop.name,
@@ -314,14 +315,6 @@ def _task_line(
         "source_traces": content.sources,
     }
     return dataclasses.replace(task, metadata={**task.metadata, "ratchet": lineage})
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _manifest_hash(directory: Path) -> str | None:

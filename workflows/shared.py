@@ -11,7 +11,7 @@ inside ``imports_passed_through`` and the api imports it to start and signal wor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from temporalio.converter import TransferTypeConverter, transfer_type_convertible
 
@@ -297,6 +297,25 @@ class RunJobResult:
     compute_seconds: float = 0.0
     cost_usd: float = 0.0
     error: str | None = None
+
+
+class JobOutcome(TypedDict):
+    """How a job ended, as every stage result that ran one reports it (``TrainResult``,
+    ``ProbeResult``): ``StageResult(..., **job_outcome(job))``."""
+
+    status: str
+    compute_seconds: float
+    cost_usd: float
+    error: str | None
+
+
+def job_outcome(job: RunJobResult) -> JobOutcome:
+    return JobOutcome(
+        status=job.status,
+        compute_seconds=job.compute_seconds,
+        cost_usd=job.cost_usd,
+        error=job.error,
+    )
 
 
 @dataclass

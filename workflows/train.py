@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
         TrainInput,
         TrainResult,
         cycle_job,
+        job_outcome,
         run_id_for,
         train_job_document,
         uri_path,
@@ -53,14 +54,7 @@ class TrainWorkflow:
             ),
             timedelta(seconds=timeout_s),
         )
-        result = TrainResult(
-            run_id=run_id,
-            status=job.status,
-            compute_seconds=job.compute_seconds,
-            cost_usd=job.cost_usd,
-            metrics=job.metrics,
-            error=job.error,
-        )
+        result = TrainResult(run_id=run_id, metrics=job.metrics, **job_outcome(job))
         if job.status != "succeeded":
             return result
         checkpoint = await long_activity(

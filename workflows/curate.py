@@ -15,11 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
-    from workflows.options import (
-        CURATE_BATCH_HEARTBEAT,
-        CURATE_BATCH_RETRY,
-        CURATE_BATCH_TIMEOUT,
-    )
+    from workflows.options import CURATE_BATCH, long_activity
     from workflows.shared import CurateBatchInput, CurateInput, CurateResult
 
 
@@ -49,19 +45,12 @@ async def curate_batches(input: CurateInput) -> CurateResult:
     """
     total = CurateResult()
     for _ in range(input.max_batches):
-        batch = await workflow.execute_activity_method(
+        batch = await long_activity(
             CurationActivities.curate_batch,
             CurateBatchInput(loop=input.loop, batch_size=input.batch_size),
-            start_to_close_timeout=CURATE_BATCH_TIMEOUT,
-            heartbeat_timeout=CURATE_BATCH_HEARTBEAT,
-            retry_policy=CURATE_BATCH_RETRY,
+            CURATE_BATCH,
         )
-        total.traces_seen += batch.traces_seen
-        total.tasks_created += batch.tasks_created
-        total.duplicates += batch.duplicates
-        total.rejected += batch.rejected
-        total.skipped += batch.skipped
-        total.new_train_tasks += batch.new_train_tasks
+        total.add(batch)
         if not batch.more:
             break
     return total

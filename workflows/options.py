@@ -9,9 +9,10 @@ preset can be tuned without breaking running workflows; the architecture test al
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -58,53 +59,107 @@ async def db_activity(
     )
 
 
+# Long activities --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LongActivity:
+    """The bounds of an activity that runs for minutes or hours and heartbeats meanwhile: how
+    long it may take, how soon a silent worker counts as dead, and how it retries."""
+
+    timeout: timedelta
+    heartbeat: timedelta
+    retry: RetryPolicy
+
+
+@overload
+async def long_activity(
+    activity: Callable[[Any, ArgT], Awaitable[ResultT]], arg: ArgT, preset: LongActivity
+) -> ResultT: ...
+
+
+@overload
+async def long_activity(
+    activity: Callable[[Any, ArgT], ResultT], arg: ArgT, preset: LongActivity
+) -> ResultT: ...
+
+
+async def long_activity(
+    activity: Callable[[Any, ArgT], Any], arg: ArgT, preset: LongActivity
+) -> Any:
+    """Workflow code: run a heartbeating activity (an install, a deploy, a curation batch, a
+    purge) under one of this module's presets, async (``JobActivities``) or not."""
+    return await workflow.execute_activity_method(
+        activity,
+        arg,
+        start_to_close_timeout=preset.timeout,
+        heartbeat_timeout=preset.heartbeat,
+        retry_policy=preset.retry,
+    )
+
+
 # Jobs -------------------------------------------------------------------------------------
 
 # A job's bound: eval and probe jobs always, training when its profile names no ``timeout_s``.
 JOB_TIMEOUT = timedelta(hours=6)
-# The job activity heartbeats while it follows the job, so a dead worker is noticed soon.
-JOB_HEARTBEAT = timedelta(seconds=60)
 # Job runs adopt the job an earlier attempt started, so a retry never starts a second one.
 JOB_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=2),
     maximum_interval=timedelta(minutes=1),
     maximum_attempts=5,
 )
+# The job activity heartbeats while it follows the job, so a dead worker is noticed soon.
+JOB = LongActivity(timeout=JOB_TIMEOUT, heartbeat=timedelta(seconds=60), retry=JOB_RETRY)
 
 # Checkpoints and serving ------------------------------------------------------------------
 
-# Installing a checkpoint (copy + hash) or deploying one (a rollout, a model load).
-INSTALL_TIMEOUT = timedelta(minutes=30)
-# Both heartbeat while they copy or wait.
-INSTALL_HEARTBEAT = timedelta(minutes=2)
+# Installing a checkpoint (copy + hash) or deploying one (a rollout, a model load); both
+# heartbeat while they copy or wait.
+_INSTALL_TIMEOUT = timedelta(minutes=30)
+_INSTALL_HEARTBEAT = timedelta(minutes=2)
+# An install is retried like the job that wrote the checkpoint.
+INSTALL = LongActivity(timeout=_INSTALL_TIMEOUT, heartbeat=_INSTALL_HEARTBEAT, retry=JOB_RETRY)
 # A deploy that fails three times is a failed promotion; the previous champion is restored.
-DEPLOY_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=2),
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=3,
+DEPLOY = LongActivity(
+    timeout=_INSTALL_TIMEOUT,
+    heartbeat=_INSTALL_HEARTBEAT,
+    retry=RetryPolicy(
+        initial_interval=timedelta(seconds=2),
+        maximum_interval=timedelta(seconds=30),
+        maximum_attempts=3,
+    ),
 )
 
 # Curation ---------------------------------------------------------------------------------
 
 # A batch is one transaction of a few seconds that heartbeats between its steps, so a worker
 # that died mid-batch is noticed within the heartbeat timeout and the batch retried elsewhere.
-CURATE_BATCH_TIMEOUT = timedelta(minutes=10)
-CURATE_BATCH_HEARTBEAT = timedelta(seconds=10)
-CURATE_BATCH_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=1),
-    non_retryable_error_types=["InvalidInput", "InvalidPolicy", "NotFound", "UnknownEnvironment"],
+CURATE_BATCH = LongActivity(
+    timeout=timedelta(minutes=10),
+    heartbeat=timedelta(seconds=10),
+    retry=RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(minutes=1),
+        non_retryable_error_types=[
+            "InvalidInput",
+            "InvalidPolicy",
+            "NotFound",
+            "UnknownEnvironment",
+        ],
+    ),
 )
 
 # Retention --------------------------------------------------------------------------------
 
 # One purge walks every expired body in batches, heartbeating between them.
-PURGE_TIMEOUT = timedelta(hours=1)
-PURGE_HEARTBEAT = timedelta(minutes=2)
-PURGE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=5),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=5),
-    maximum_attempts=10,
+PURGE = LongActivity(
+    timeout=timedelta(hours=1),
+    heartbeat=timedelta(minutes=2),
+    retry=RetryPolicy(
+        initial_interval=timedelta(seconds=5),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(minutes=5),
+        maximum_attempts=10,
+    ),
 )

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         RecordProbesInput,
         cycle_eval_job_spec,
         cycle_job,
+        job_outcome,
         run_id_for,
     )
 
@@ -77,14 +78,7 @@ class ProbeWorkflow:
                 base_checkpoint_id=input.champion_checkpoint_id,
             ),
         )
-        result = ProbeResult(
-            status=job.status,
-            run_id=run_id,
-            probed=exported.count,
-            compute_seconds=job.compute_seconds,
-            cost_usd=job.cost_usd,
-            error=job.error,
-        )
+        result = ProbeResult(run_id=run_id, probed=exported.count, **job_outcome(job))
         if job.status != "succeeded":
             workflow.logger.warning("probe %s %s: %s", run_id, job.status, job.error or "")
             return result

@@ -15,13 +15,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.loop import LoopActivities
-    from workflows.options import (
-        BOUNDED_DB_RETRY,
-        DEPLOY_RETRY,
-        INSTALL_HEARTBEAT,
-        INSTALL_TIMEOUT,
-        db_activity,
-    )
+    from workflows.options import BOUNDED_DB_RETRY, DEPLOY, db_activity, long_activity
     from workflows.shared import (
         DeployInput,
         DeployResult,
@@ -118,7 +112,7 @@ class PromoteWorkflow:
         self, input: PromoteInput, checkpoint_id: str, uri: str, *, purpose: str
     ) -> DeployResult:
         """Deploy, naming the cycle so the activity can refuse a deploy that slips back."""
-        return await workflow.execute_activity_method(
+        return await long_activity(
             LoopActivities.deploy_checkpoint,
             DeployInput(
                 input.loop,
@@ -128,9 +122,7 @@ class PromoteWorkflow:
                 cycle=input.cycle,
                 purpose=purpose,
             ),
-            start_to_close_timeout=INSTALL_TIMEOUT,
-            heartbeat_timeout=INSTALL_HEARTBEAT,
-            retry_policy=DEPLOY_RETRY,
+            DEPLOY,
         )
 
     async def _live_stats(

@@ -12,7 +12,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.retention import RetentionActivities
-    from workflows.options import PURGE_HEARTBEAT, PURGE_RETRY, PURGE_TIMEOUT
+    from workflows.options import PURGE, long_activity
     from workflows.shared import (
         PurgeTraceBodiesInput,
         RetentionInput,
@@ -24,15 +24,13 @@ with workflow.unsafe.imports_passed_through():
 class RetentionWorkflow:
     @workflow.run
     async def run(self, input: RetentionInput) -> RetentionResult:
-        purge = await workflow.execute_activity_method(
+        purge = await long_activity(
             RetentionActivities.purge_trace_bodies,
             PurgeTraceBodiesInput(
                 retention_days=input.retention_days,
                 now=workflow.now().isoformat(),
                 batch_size=input.batch_size,
             ),
-            start_to_close_timeout=PURGE_TIMEOUT,
-            heartbeat_timeout=PURGE_HEARTBEAT,
-            retry_policy=PURGE_RETRY,
+            PURGE,
         )
         return RetentionResult(purged=purge.purged, cutoff=purge.cutoff)

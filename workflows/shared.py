@@ -2,19 +2,21 @@
 
 One dataclass in, one dataclass out (STYLE habit 1), so fields can be added with defaults
 without breaking running histories. Payloads are ids and URIs, never rows or files.
-This module imports the standard library, temporalio's converter hook and the policy classes
-(pydantic models in ``services.loop.policies``; no database, no torch): workflows import it
+This module imports the standard library, temporalio's converter hook, the policy classes
+(pydantic models in ``services.loop.policies``) and the base classes of curation's results
+(``services.curation.results``); no database, no torch: workflows import it
 inside ``imports_passed_through`` and the api imports it to start and signal workflows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from temporalio.converter import TransferTypeConverter, transfer_type_convertible
 
 from services.curation.policy import CurationPolicy
+from services.curation.results import CurationCounts, DatasetFiles
 from services.loop.policies import (
     RECORDED,
     GatePolicy,
@@ -61,13 +63,8 @@ class CurateInput:
 
 
 @dataclass
-class CurateResult:
-    traces_seen: int = 0
-    tasks_created: int = 0
-    duplicates: int = 0
-    rejected: int = 0
-    skipped: int = 0
-    new_train_tasks: int = 0
+class CurateResult(CurationCounts):
+    """A curate workflow's batches, their counts summed."""
 
 
 @dataclass
@@ -77,13 +74,9 @@ class CurateBatchInput:
 
 
 @dataclass
-class CurateBatchResult:
-    traces_seen: int = 0
-    tasks_created: int = 0
-    duplicates: int = 0
-    rejected: int = 0
-    skipped: int = 0
-    new_train_tasks: int = 0
+class CurateBatchResult(CurationCounts):
+    """One batch's counts; ``more``: the batch was full, so traces may be left to curate."""
+
     more: bool = False
 
 
@@ -94,20 +87,8 @@ class SnapshotInput:
 
 
 @dataclass
-class SnapshotResult:
-    dataset_id: int
-    content_hash: str
-    train_count: int
-    eval_count: int
-    regression_count: int
-    train_uri: str
-    eval_uri: str
-    regression_uri: str | None = None
-    # The difficulty filter's counts over train candidates (``datasets.stats.difficulty``).
-    difficulty: dict[str, int] = field(default_factory=dict)
-    # The frozen held-out set (all curated traffic, never trained on): points gained.
-    heldout_count: int = 0
-    heldout_uri: str | None = None
+class SnapshotResult(DatasetFiles):
+    """The dataset ``snapshot_dataset`` froze (or found already frozen) for a cycle."""
 
 
 @dataclass
@@ -316,6 +297,25 @@ class RunJobResult:
     compute_seconds: float = 0.0
     cost_usd: float = 0.0
     error: str | None = None
+
+
+class JobOutcome(TypedDict):
+    """How a job ended, as every stage result that ran one reports it (``TrainResult``,
+    ``ProbeResult``): ``StageResult(..., **job_outcome(job))``."""
+
+    status: str
+    compute_seconds: float
+    cost_usd: float
+    error: str | None
+
+
+def job_outcome(job: RunJobResult) -> JobOutcome:
+    return JobOutcome(
+        status=job.status,
+        compute_seconds=job.compute_seconds,
+        cost_usd=job.cost_usd,
+        error=job.error,
+    )
 
 
 @dataclass

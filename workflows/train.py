@@ -12,17 +12,13 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.jobs import JobActivities, run_job_from_workflow
-    from workflows.options import (
-        INSTALL_HEARTBEAT,
-        INSTALL_TIMEOUT,
-        JOB_RETRY,
-        JOB_TIMEOUT,
-    )
+    from workflows.options import INSTALL, JOB_TIMEOUT, long_activity
     from workflows.shared import (
         RegisterCheckpointInput,
         TrainInput,
         TrainResult,
         cycle_job,
+        job_outcome,
         run_id_for,
         train_job_document,
         uri_path,
@@ -58,17 +54,10 @@ class TrainWorkflow:
             ),
             timedelta(seconds=timeout_s),
         )
-        result = TrainResult(
-            run_id=run_id,
-            status=job.status,
-            compute_seconds=job.compute_seconds,
-            cost_usd=job.cost_usd,
-            metrics=job.metrics,
-            error=job.error,
-        )
+        result = TrainResult(run_id=run_id, metrics=job.metrics, **job_outcome(job))
         if job.status != "succeeded":
             return result
-        checkpoint = await workflow.execute_activity_method(
+        checkpoint = await long_activity(
             JobActivities.register_checkpoint,
             RegisterCheckpointInput(
                 loop=input.loop,
@@ -76,9 +65,7 @@ class TrainWorkflow:
                 checkpoint_dir_uri=job.output_uri.rstrip("/") + "/checkpoint",
                 parent_checkpoint_id=input.base_checkpoint_id,
             ),
-            start_to_close_timeout=INSTALL_TIMEOUT,
-            heartbeat_timeout=INSTALL_HEARTBEAT,
-            retry_policy=JOB_RETRY,
+            INSTALL,
         )
         result.checkpoint_id, result.checkpoint_uri = checkpoint.checkpoint_id, checkpoint.uri
         return result

@@ -10,6 +10,7 @@ One module per step, in the order a trace meets them:
 - ``dedup``      near-duplicate and cluster decisions (pure, order-independent);
 - ``splits``     train/eval/held-out by cluster, regression for successes and pinned tasks;
 - ``pipeline``   one batch in one transaction: the steps above plus the writes;
+- ``results``    what curation hands back: a batch's counts, a snapshot's dataset;
 - ``difficulty`` the probe-based filter (pure);
 - ``probe``      the probe run's task file and its results as pass rates of tasks;
 - ``snapshot``   immutable, content-addressed datasets and their JSONL files;

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 from services.curation import dedup
 from services.curation.adapters import TraceAdapter
 from services.curation.policy import CurationPolicy
+from services.curation.results import CurationCounts
 from services.curation.similarity import (
     band_keys,
     signature_from_bytes,
@@ -66,15 +67,9 @@ _SERIAL = PreparePool(1)
 
 
 @dataclass
-class BatchReport:
+class BatchReport(CurationCounts):
     """What one batch did; counters feed the activity result and the metrics."""
 
-    traces_seen: int = 0
-    tasks_created: int = 0
-    duplicates: int = 0
-    rejected: int = 0
-    skipped: int = 0
-    new_train_tasks: int = 0
     more: bool = False
     rejections: Counter[str] = field(default_factory=Counter)
     redactions: Counter[str] = field(default_factory=Counter)

@@ -20,12 +20,14 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from datasketch import MinHash
+
+from services.environments.base import TaskSpec
 
 NUM_PERM = 128
 SEED = 1
@@ -57,30 +59,22 @@ def canonical_json(value: Any) -> str:
     return _canonical(value)
 
 
-def dedup_key(
-    *,
-    environment: str,
-    prompt: str,
-    tools: Sequence[Mapping[str, Any]],
-    verifier: Mapping[str, Any],
-    reference_answer: str | None,
-    tools_json: str | None = None,
-) -> str:
+def dedup_key(task: TaskSpec, *, tools_json: str | None = None) -> str:
     """Curation's dedup key: sha256 of the task content with its prompt normalized; equal
     keys are exact duplicates. Stored in ``tasks.content_hash``. Not the task id
     (:func:`services.environments.base.compute_task_id`, of the content as it is).
 
-    ``tools_json``, when the caller has it, is ``canonical_json(tools)``: the tool specs are
-    most of a task's bytes, and the canonical text of the whole content is assembled from
+    ``tools_json``, when the caller has it, is ``canonical_json(task.tools)``: the tool specs
+    are most of a task's bytes, and the canonical text of the whole content is assembled from
     its sorted keys' canonical values, so they need not be encoded again.
     """
-    tools_text = tools_json if tools_json is not None else _canonical(list(tools))
+    tools_text = tools_json if tools_json is not None else _canonical(list(task.tools))
     text = (
-        f'{{"environment":{_canonical(environment)},'
-        f'"prompt":{_canonical(normalize_prompt(prompt))},'
-        f'"reference_answer":{_canonical(reference_answer)},'
+        f'{{"environment":{_canonical(task.environment)},'
+        f'"prompt":{_canonical(normalize_prompt(task.prompt))},'
+        f'"reference_answer":{_canonical(task.reference_answer)},'
         f'"tools":{tools_text},'
-        f'"verifier":{_canonical(dict(verifier))}}}'
+        f'"verifier":{_canonical(dict(task.verifier))}}}'
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

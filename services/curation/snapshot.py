@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session
 from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.curation.difficulty import select_by_difficulty
 from services.curation.policy import CurationPolicy
+from services.curation.results import DatasetFiles
 from services.db.models import Dataset, Loop
 from services.db.queries import datasets as dataset_queries
 from services.db.queries import tasks as task_queries
@@ -51,6 +52,7 @@ from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.environments.base import TaskSpec, write_task_file
+from services.training.checkpoint_manifest import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -68,23 +70,11 @@ class SnapshotError(Exception):
     """A snapshot that cannot succeed by retrying (unknown loop, broken invariant, lost files)."""
 
 
-@dataclass(frozen=True)
-class DatasetSnapshot:
-    """A dataset as the loop sees it: ids, counts and file URIs."""
+@dataclass
+class DatasetSnapshot(DatasetFiles):
+    """A snapshot's dataset; ``created``: this call wrote it (else it existed already)."""
 
-    dataset_id: int
-    content_hash: str
-    train_count: int
-    eval_count: int
-    regression_count: int
-    train_uri: str
-    eval_uri: str
-    regression_uri: str | None
-    created: bool
-    # The difficulty filter's counts over train candidates: kept, too_easy, too_hard, unprobed.
-    difficulty: dict[str, int] = dataclasses.field(default_factory=dict)
-    heldout_count: int = 0
-    heldout_uri: str | None = None
+    created: bool = False
 
 
 @dataclass(frozen=True)
@@ -277,7 +267,7 @@ def _write_files(
         for split, name in FILES.items():
             members = sorted(selection.members[split], key=lambda m: m.dedup_key)
             count = write_task_file(staging / name, task_lines(session, members, split))
-            files[name] = {"count": count, "sha256": _sha256(staging / name)}
+            files[name] = {"count": count, "sha256": sha256_file(staging / name)}
         manifest = {
             "schema": DATASET_SCHEMA,
             "loop": loop.name,
@@ -325,14 +315,6 @@ def _task_line(
         "source_traces": content.sources,
     }
     return dataclasses.replace(task, metadata={**task.metadata, "ratchet": lineage})
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _manifest_hash(directory: Path) -> str | None:

@@ -71,7 +71,7 @@ from services.executors.base import (
 from services.logs import log_context
 from services.settings import Settings
 from workflows.activities.errors import fails_as
-from workflows.options import JOB_HEARTBEAT, JOB_RETRY, JOB_TIMEOUT
+from workflows.options import JOB
 from workflows.shared import (
     CancelJobInput,
     RegisterCheckpointInput,
@@ -465,7 +465,7 @@ class JobActivities:
 
 
 async def run_job_from_workflow(
-    input: RunJobInput, start_to_close: timedelta = JOB_TIMEOUT
+    input: RunJobInput, start_to_close: timedelta | None = None
 ) -> RunJobResult:
     """For workflow code: every kind of job is followed, retried and cancelled the same way."""
     return await workflow.execute_activity_method(
@@ -473,9 +473,9 @@ async def run_job_from_workflow(
         input,
         # A cancelled cycle closes only after its job is really stopped.
         cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-        start_to_close_timeout=start_to_close,
-        heartbeat_timeout=JOB_HEARTBEAT,
-        retry_policy=JOB_RETRY,
+        start_to_close_timeout=JOB.timeout if start_to_close is None else start_to_close,
+        heartbeat_timeout=JOB.heartbeat,
+        retry_policy=JOB.retry,
     )
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from services.curation import similarity
 from services.curation.dedup import NewTask, StoredTask, deduplicate, plan
+from services.environments.base import TaskSpec
 
 BASES = [
     "Where is my order number 48213? It was supposed to arrive on Monday morning.",
@@ -120,9 +121,9 @@ def test_signatures_are_stable_and_round_trip() -> None:
 
 def test_dedup_key_normalizes_whitespace_only() -> None:
     common: dict[str, Any] = {"environment": "qa", "tools": [], "verifier": {"reward_id": "r"}}
-    a = similarity.dedup_key(prompt="Hello  world\n", reference_answer=None, **common)
-    b = similarity.dedup_key(prompt="Hello world", reference_answer=None, **common)
-    c = similarity.dedup_key(prompt="hello world", reference_answer=None, **common)
+    a = similarity.dedup_key(TaskSpec.create(prompt="Hello  world\n", **common))
+    b = similarity.dedup_key(TaskSpec.create(prompt="Hello world", **common))
+    c = similarity.dedup_key(TaskSpec.create(prompt="hello world", **common))
     assert a == b != c
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ import torch
 from services.environments.base import Environment, Episode, TaskSpec
 from services.training.checkpoint import Manifest, read_manifest, save_checkpoint
 from services.training.config import SFTConfig
+from services.training.counters import RunCounters
 from services.training.device import autocast
 from services.training.distributed import DistContext, init_distributed
 from services.training.model import GPT, GPTConfig, token_logprobs
@@ -30,14 +30,6 @@ from services.training.tokenizer import ByteTokenizer
 logger = logging.getLogger(__name__)
 
 Sequences = list[tuple[list[int], list[bool]]]
-
-
-@dataclass(frozen=True)
-class SFTResult:
-    steps: int
-    train_tokens: int
-    wall_s: float
-    final_loss: float
 
 
 def demonstration_sequences(
@@ -83,7 +75,7 @@ def train_sft(
     config: SFTConfig,
     *,
     ctx: DistContext,
-) -> SFTResult:
+) -> RunCounters:
     """Train ``model`` in place on ``sequences`` for ``config.steps`` steps."""
     if not sequences:
         raise ValueError("SFT needs at least one demonstration")
@@ -115,7 +107,12 @@ def train_sft(
         if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
             logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, loss_value)
     total_tokens = int(ctx.all_reduce_sum([float(tokens)])[0])
-    return SFTResult(config.steps, total_tokens, time.monotonic() - started, loss_value)
+    return RunCounters(
+        steps_done=config.steps,
+        train_tokens=total_tokens,
+        train_s=time.monotonic() - started,
+        final_loss=loss_value,
+    )
 
 
 def make_champion(
@@ -128,7 +125,7 @@ def make_champion(
     augment_fraction: float = 0.0,
     device: str = "auto",
     ctx: DistContext | None = None,
-) -> tuple[Manifest, SFTResult]:
+) -> tuple[Manifest, RunCounters]:
     """Train a fresh policy on demonstrations of ``tasks`` and save it as a checkpoint.
 
     ``augment_fraction`` is passed to :meth:`Environment.demonstrations` (toolcalc: the
@@ -146,7 +143,7 @@ def make_champion(
     result = train_sft(model, sequences, config, ctx=ctx)
     metadata = {
         "algorithm": "sft",
-        "steps": result.steps,
+        "steps": result.steps_done,
         "environment": env.name,
         "demonstrations": len(sequences),
         "augment_fraction": augment_fraction,

@@ -149,8 +149,17 @@ def sequence_logprobs(
     return out
 
 
-def make_optimizer(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -> Any:
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+def _trainable_and_optimizer(
+    model: Any, config: HFSFTConfig | HFGRPOConfig, ctx: DistContext
+) -> tuple[list[torch.nn.Parameter], torch.optim.AdamW]:
+    """What both hf trainers start from: the trainable weights, the same on every rank (rank
+    0's), and their AdamW (the tiny family's betas and eps)."""
+    params = trainable_parameters(model)
+    _broadcast(ctx, params)
+    optimizer = torch.optim.AdamW(
+        params, lr=config.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=config.weight_decay
+    )
+    return params, optimizer
 
 
 def demonstration_sequences(
@@ -183,9 +192,7 @@ def train_sft_hf(
         raise ValueError("SFT needs at least one demonstration")
     device = ctx.device
     model.train()
-    params = trainable_parameters(model)
-    _broadcast(ctx, params)
-    optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
+    params, optimizer = _trainable_and_optimizer(model, config, ctx)
     result = RunCounters()
     started = time.monotonic()
     for step in range(config.steps):
@@ -232,9 +239,7 @@ def train_grpo_hf(
     if not tasks:
         raise ValueError("GRPO needs at least one task")
     device = ctx.device
-    params = trainable_parameters(model)
-    _broadcast(ctx, params)
-    optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
+    params, optimizer = _trainable_and_optimizer(model, config, ctx)
     reference = [p.detach().clone() for p in params] if config.kl_coef > 0 else None
     policy = HFModel(model, tokenizer, device=device)
     pad_id = int(tokenizer.pad_token_id)

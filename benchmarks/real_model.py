@@ -91,18 +91,11 @@ FULL = {
 }
 QUICK = {  # every step once, sized for a shared 2-core machine
     "sft_tasks": 8,
-    "sft": {"steps": 4, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "log_every": 1},
+    "sft": {**FULL["sft"], "steps": 4, "batch_size": 2, "micro_batch": 2, "log_every": 1},
     "grpo_tasks": 4,
-    "grpo": {
-        "steps": 1,
-        "tasks_per_step": 1,
-        "group_size": 4,
-        "max_turns": 3,
-        "max_new_tokens": 40,
-        "lr": 2e-4,
-    },
+    "grpo": {**FULL["grpo"], "steps": 1, "tasks_per_step": 1, "max_turns": 3, "lr": 2e-4},
     "eval_tasks": 3,
-    "eval": {"max_turns": 2, "max_new_tokens": 40, "batch_size": 32},
+    "eval": {**FULL["eval"], "max_turns": 2},
 }
 
 

@@ -80,20 +80,13 @@ FULL = {
     "eval_tasks": 24,
     "eval": {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32},
 }
-QUICK = {
+QUICK = {  # the same run with fewer of everything: a smoke run of both phases
     "sft_tasks": 8,
-    "sft": {"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "warmup": 1},
+    "sft": {**FULL["sft"], "steps": 2, "batch_size": 2, "micro_batch": 2, "warmup": 1},
     "grpo_tasks": 4,
-    "grpo": {
-        "steps": 1,
-        "tasks_per_step": 1,
-        "group_size": 4,
-        "max_turns": 2,
-        "max_new_tokens": 24,
-        "lr": 2e-4,
-    },
+    "grpo": {**FULL["grpo"], "steps": 1, "tasks_per_step": 1, "max_turns": 2, "max_new_tokens": 24},
     "eval_tasks": 2,
-    "eval": {"max_turns": 2, "max_new_tokens": 24, "batch_size": 32},
+    "eval": {**FULL["eval"], "max_turns": 2, "max_new_tokens": 24},
 }
 
 

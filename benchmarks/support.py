@@ -96,6 +96,8 @@ class Postgres(Protocol):
 
     def get_uri(self, database: str) -> str: ...
 
+    def get_pid(self) -> int | None: ...
+
 
 @contextmanager
 def temporary_postgres(prefix: str) -> Iterator[tuple[Postgres, Path]]:
@@ -130,6 +132,49 @@ def create_loop_database(server: Postgres, loop: str) -> tuple[str, ProvisionedL
     finally:
         engine.dispose()
     return database_url, created
+
+
+@dataclass(frozen=True)
+class LoopApi:
+    """A benchmark's own Postgres holding one loop, and ``ratchet api`` in front of it."""
+
+    server: Postgres
+    database_url: str
+    loop: ProvisionedLoop
+    port: int
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop_api(self) -> None:
+        """Stop the api; the database stays up (to measure Postgres alone afterwards)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+@contextmanager
+def api_over_loop(
+    prefix: str, loop: str, env: Mapping[str, str], *, repo: Path = REPO
+) -> Iterator[LoopApi]:
+    """What an ingest benchmark posts to: a fresh Postgres with loop ``loop`` and the api of
+    the checkout at ``repo`` with ``env``, all gone afterwards."""
+    with temporary_postgres(prefix) as (server, _):
+        database_url, created = create_loop_database(server, loop)
+        port = free_port()
+        stack = LoopApi(
+            server,
+            database_url,
+            created,
+            port,
+            start_api_process(database_url, port, env, repo=repo),
+        )
+        try:
+            yield stack
+        finally:
+            stack.stop_api()
 
 
 def held_out(

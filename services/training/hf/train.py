@@ -55,7 +55,7 @@ from services.training.hf.model import HFModel
 from services.training.hf.rollout import pack_turns, run_chat_episodes
 from services.training.optim import clip_and_check, schedule_lr
 from services.training.rng import derive_seed
-from services.training.sft import sft_batch
+from services.training.sft import sft_steps
 
 logger = logging.getLogger(__name__)
 
@@ -188,40 +188,26 @@ def train_sft_hf(
     ctx: DistContext,
 ) -> RunCounters:
     """Train ``model``'s trainable weights on ``sequences`` for ``config.steps`` steps."""
-    if not sequences:
-        raise ValueError("SFT needs at least one demonstration")
     device = ctx.device
     model.train()
     params, optimizer = _trainable_and_optimizer(model, config, ctx)
-    result = RunCounters()
-    started = time.monotonic()
-    for step in range(config.steps):
-        targets, local = sft_batch(
-            sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
-        )
-        normalizer = max(1.0, targets)
-        lr = schedule_lr(optimizer, step, config)
-        optimizer.zero_grad(set_to_none=True)
-        local_loss = 0.0
-        for begin in range(0, len(local), config.micro_batch):
-            chunk = local[begin : begin + config.micro_batch]
-            ids, attention, target = _collate(chunk, pad_id, device)
-            with autocast(device):
-                logp = sequence_logprobs(model, ids, attention, target)  # (n, T-1)
-            loss = -(logp * target).sum() / normalizer
-            loss.backward()
-            local_loss += float(loss.detach())
-            result.train_tokens += int(attention.sum())
-        _all_reduce_grads(ctx, params)
-        clip_and_check(_ParamView(params), max_norm=config.grad_clip, step=step, lr=lr)
-        optimizer.step()
-        result.final_loss = ctx.all_reduce_sum([local_loss])[0]
-        result.history.append({"step": step + 1, "loss": result.final_loss})
-        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
-            logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, result.final_loss)
-    result.steps_done = config.steps
-    result.train_s = time.monotonic() - started
-    result.train_tokens = int(ctx.all_reduce_sum([float(result.train_tokens)])[0])
+
+    def chunk_loss(chunk: Sequences, normalizer: float) -> tuple[torch.Tensor, int]:
+        ids, attention, target = _collate(chunk, pad_id, device)
+        with autocast(device):
+            logp = sequence_logprobs(model, ids, attention, target)  # (n, T-1)
+        return -(logp * target).sum() / normalizer, int(attention.sum())
+
+    result = sft_steps(
+        sequences,
+        config,
+        ctx=ctx,
+        optimizer=optimizer,
+        trainable=_ParamView(params),
+        chunk_loss=chunk_loss,
+        micro_batch=config.micro_batch,
+        log=logger,
+    )
     model.eval()
     return result
 

@@ -1,6 +1,7 @@
 """What several benchmarks share: the api as its own process, as production does, a database
-with a loop, checkpoints to serve, the paired comparison. Torch-free at import (the ingest and
-curation benchmarks do not need it)."""
+with a loop, checkpoints to serve, the paired comparison, and the task sets and options of the
+SmolLM2 drift-recovery runs. Torch-free at import (the ingest and curation benchmarks do not
+need it)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -46,12 +45,7 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.support import (  # noqa: E402
-    create_loop_database,
-    free_port,
-    start_api_process,
-    temporary_postgres,
-)
+from benchmarks.support import api_over_loop  # noqa: E402
 from services.db.queries.traces import TRACE_COLUMNS  # noqa: E402
 from services.ingest.schema import validate_trace  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
@@ -329,12 +323,12 @@ def default_api_workers() -> int:
     return Settings.model_fields["api_workers"].get_default(call_default_factory=True)
 
 
-def start_api(database_url: str, port: int, workers: int | None) -> subprocess.Popen[bytes]:
-    """The api as ``ratchet api`` starts it; ``workers`` None leaves its default alone."""
+def api_environment(workers: int | None) -> dict[str, str]:
+    """The api's environment as ``ratchet api`` gets it; ``workers`` None leaves its default."""
     env = {key: value for key, value in os.environ.items() if key != "RATCHET_API_WORKERS"}
     if workers is not None:
         env["RATCHET_API_WORKERS"] = str(workers)
-    return start_api_process(database_url, port, env)
+    return env
 
 
 def copy_ceiling(database_url: str, loop_id: int, rows: int, run: int = 0) -> float:
@@ -397,41 +391,26 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    log("starting Postgres (pgserver)")
-    with temporary_postgres("ratchet-bench-") as (server, _):
-        api: subprocess.Popen[bytes] | None = None
-        try:
-            database_url, created = create_loop_database(server, LOOP)
-            loop_id, secret = created.loop.id, created.signing_secret
-
-            port = free_port()
-            log(f"starting the api on 127.0.0.1:{port}")
-            api = start_api(database_url, port, args.api_workers)
-            cpus = os.cpu_count() or 1
-            postmaster = server.get_pid()
-            log(f"(a) single signed traces, 32 clients, {args.seconds:.0f} s ({cpus} CPUs shared)")
-            single = measure_phase(
-                port, secret, api.pid, postmaster, batch=1, clients=32, args=args
-            )
-            log(f"    {single['per_s']:.0f} traces/s, p99 {single['p99_ms']:.1f} ms")
-            log(f"(b) batches of 100, 8 clients, {args.seconds:.0f} s")
-            batch = measure_phase(
-                port, secret, api.pid, postmaster, batch=100, clients=8, args=args
-            )
-            log(f"    {batch['per_s']:.0f} traces/s, p99 {batch['p99_ms']:.1f} ms")
-            api.terminate()
-            api.wait(timeout=30)
-            api = None
-            log(f"(c) plain COPY of {args.copy_rows} rows, {args.copy_runs} times")
-            copy_runs = [
-                copy_ceiling(database_url, loop_id, args.copy_rows, run)
-                for run in range(args.copy_runs)
-            ]
-            copy_per_s = statistics.median(copy_runs)
-            log(f"    {', '.join(f'{r:.0f}' for r in copy_runs)} rows/s")
-        finally:
-            if api is not None:
-                api.kill()
+    log("starting Postgres (pgserver) and the api")
+    with api_over_loop("ratchet-bench-", LOOP, api_environment(args.api_workers)) as stack:
+        loop_id, secret, port = stack.loop.loop.id, stack.loop.signing_secret, stack.port
+        api_pid, postmaster = stack.process.pid, stack.server.get_pid()
+        log(f"the api is on {stack.url}")
+        cpus = os.cpu_count() or 1
+        log(f"(a) single signed traces, 32 clients, {args.seconds:.0f} s ({cpus} CPUs shared)")
+        single = measure_phase(port, secret, api_pid, postmaster, batch=1, clients=32, args=args)
+        log(f"    {single['per_s']:.0f} traces/s, p99 {single['p99_ms']:.1f} ms")
+        log(f"(b) batches of 100, 8 clients, {args.seconds:.0f} s")
+        batch = measure_phase(port, secret, api_pid, postmaster, batch=100, clients=8, args=args)
+        log(f"    {batch['per_s']:.0f} traces/s, p99 {batch['p99_ms']:.1f} ms")
+        stack.stop_api()
+        log(f"(c) plain COPY of {args.copy_rows} rows, {args.copy_runs} times")
+        copy_runs = [
+            copy_ceiling(stack.database_url, loop_id, args.copy_rows, run)
+            for run in range(args.copy_runs)
+        ]
+        copy_per_s = statistics.median(copy_runs)
+        log(f"    {', '.join(f'{r:.0f}' for r in copy_runs)} rows/s")
 
     result = {
         **phase_figures("single", single),

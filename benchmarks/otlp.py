@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import tracemalloc
@@ -51,12 +50,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
-from benchmarks.support import (  # noqa: E402
-    create_loop_database,
-    free_port,
-    start_api_process,
-    temporary_postgres,
-)
+from benchmarks.support import api_over_loop  # noqa: E402
 from services.ingest.otlp import Limits, decode_export, read_spans  # noqa: E402
 
 LOOP = "otlp-bench"
@@ -212,33 +206,21 @@ def main() -> None:
     simple_jobs = [[encode_spans([span]).SerializeToString() for span in e] for e in pool[3_000:]]
     limits = Limits(max_traces=500, max_spans=10_000, max_attribute_bytes=1 << 20)
 
-    log("starting Postgres (pgserver)")
-    with temporary_postgres("ratchet-otlp-bench-") as (server, _):
-        api: subprocess.Popen[bytes] | None = None
-        try:
-            database_url, created = create_loop_database(server, LOOP)
-            token = created.ingest_token
-            port = free_port()
-            repo = args.api_repo.resolve()
-            api = start_api_process(
-                database_url, port, {**os.environ, "PYTHONPATH": str(repo)}, repo=repo
-            )
-            url = f"http://127.0.0.1:{port}"
-
-            log(f"(a) batches of 25 episodes, 4 clients, {args.seconds:.0f} s")
-            before = stored_traces(database_url)
-            batch = asyncio.run(_clients(url, token, batch_jobs, 4, args.seconds))
-            batch_traces = stored_traces(database_url) - before
-            log(f"    {batch_traces / batch['seconds']:.0f} episodes/s")
-            log(f"(b) one span per export, 8 clients, {args.seconds:.0f} s")
-            before = stored_traces(database_url)
-            simple = asyncio.run(_clients(url, token, simple_jobs, 8, args.seconds))
-            simple_traces = stored_traces(database_url) - before
-            log(f"    {simple_traces / simple['seconds']:.0f} episodes/s")
-        finally:
-            if api is not None:
-                api.terminate()
-                api.wait(timeout=30)
+    log("starting Postgres (pgserver) and the api")
+    repo = args.api_repo.resolve()
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    with api_over_loop("ratchet-otlp-bench-", LOOP, env, repo=repo) as stack:
+        token, database_url = stack.loop.ingest_token, stack.database_url
+        log(f"(a) batches of 25 episodes, 4 clients, {args.seconds:.0f} s")
+        before = stored_traces(database_url)
+        batch = asyncio.run(_clients(stack.url, token, batch_jobs, 4, args.seconds))
+        batch_traces = stored_traces(database_url) - before
+        log(f"    {batch_traces / batch['seconds']:.0f} episodes/s")
+        log(f"(b) one span per export, 8 clients, {args.seconds:.0f} s")
+        before = stored_traces(database_url)
+        simple = asyncio.run(_clients(stack.url, token, simple_jobs, 8, args.seconds))
+        simple_traces = stored_traces(database_url) - before
+        log(f"    {simple_traces / simple['seconds']:.0f} episodes/s")
 
     log("(c) decode memory")
     typical_per_byte, _ = decode_peak_per_byte(batch_jobs[0][0], limits)

@@ -48,15 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.support import (
     drift_recovery_figures,
-    held_out,
+    drift_task_sets,
     paired_on,
     shared_machine_figures,
-    touched_by_drift,
+    smollm2_arguments,
 )
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
-from services.training.checkpoint import verify_checkpoint
+from services.training.checkpoint import Manifest, verify_checkpoint
+from services.training.counters import RunCounters
 from services.training.distributed import init_distributed
 from services.training.hf.checkpoint import load_hf_checkpoint, save_lora_adapter
 from services.training.hf.model import HFModel, model_dtype
@@ -64,9 +65,9 @@ from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
 from services.training.hf.train import (
     HFGRPOConfig,
     HFSFTConfig,
-    HFTrainResult,
     demonstration_sequences,
     prepare_trainable,
+    run_metrics,
     train_grpo_hf,
     train_sft_hf,
 )
@@ -90,18 +91,11 @@ FULL = {
 }
 QUICK = {  # every step once, sized for a shared 2-core machine
     "sft_tasks": 8,
-    "sft": {"steps": 4, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "log_every": 1},
+    "sft": {**FULL["sft"], "steps": 4, "batch_size": 2, "micro_batch": 2, "log_every": 1},
     "grpo_tasks": 4,
-    "grpo": {
-        "steps": 1,
-        "tasks_per_step": 1,
-        "group_size": 4,
-        "max_turns": 3,
-        "max_new_tokens": 40,
-        "lr": 2e-4,
-    },
+    "grpo": {**FULL["grpo"], "steps": 1, "tasks_per_step": 1, "max_turns": 3, "lr": 2e-4},
     "eval_tasks": 3,
-    "eval": {"max_turns": 2, "max_new_tokens": 40, "batch_size": 32},
+    "eval": {**FULL["eval"], "max_turns": 2},
 }
 
 
@@ -122,23 +116,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base_manifest = smollm2_checkpoint(base_dir)
     convert_s = time.monotonic() - t0
 
-    sft_tasks = env.generate_tasks(settings["sft_tasks"], seed=args.seed + 1, api_version="v1")
-    touched = touched_by_drift(args.drift)
-    grpo_pool = env.generate_tasks(
-        3 * settings["grpo_tasks"], seed=args.seed + 2, api_version=args.drift
+    task_sets = drift_task_sets(
+        env,
+        args.drift,
+        sft=settings["sft_tasks"],
+        grpo=settings["grpo_tasks"],
+        evaluation=settings["eval_tasks"],
+        seed=args.seed,
     )
-    grpo_tasks = [t for t in grpo_pool if touched(t)][: settings["grpo_tasks"]]
-    train_ids = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
-    eval_v1 = held_out(env, "v1", settings["eval_tasks"], args.seed + 3, train_ids)
-    eval_v2 = held_out(
-        env, args.drift, settings["eval_tasks"], args.seed + 4, train_ids, keep=touched
-    )
+    eval_v2 = task_sets.eval_drifted
+
+    def score(
+        role: str, manifest: Manifest, checkpoint_dir: Path, trained: str
+    ) -> tuple[EvaluationResult, EvaluationResult]:
+        """Greedy pass rates on the held-out v1 and drifted sets, of the adapter on disk."""
+        policy = HFModel.load(checkpoint_dir, device=args.device, base_dir=base_dir)
+        v1 = _evaluate(policy, env, task_sets.eval_v1, args)
+        drifted = _evaluate(policy, env, eval_v2, args)
+        logger.info(
+            "%s %s: v1 %.3f, drifted %.3f (%s)",
+            role,
+            manifest.checkpoint_id[:12],
+            v1.pass_rate,
+            drifted.pass_rate,
+            trained,
+        )
+        return v1, drifted
 
     # 2. SFT-LoRA champion on v1 (or a champion made by an earlier run, --champion)
     sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed)
     loaded = load_hf_checkpoint(base_dir, device="cpu", dtype=model_dtype(device))
     params_m = sum(p.numel() for p in loaded.model.parameters()) / 1e6
-    sft: HFTrainResult | None = None
+    sft: RunCounters | None = None
     sft_wall = None
     if args.champion is not None:
         champion_dir = args.champion
@@ -148,33 +157,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = prepare_trainable(loaded, sft_cfg).to(device)
         t1 = time.monotonic()
         sequences = demonstration_sequences(
-            env, sft_tasks, HFModel(model, loaded.tokenizer, device=device)
+            env, task_sets.sft, HFModel(model, loaded.tokenizer, device=device)
         )
         sft = train_sft_hf(
             model, sequences, sft_cfg, pad_id=int(loaded.tokenizer.pad_token_id), ctx=ctx
         )
         sft_wall = time.monotonic() - t1
-        champion_manifest = save_lora_adapter(
-            model.cpu(),
-            store / "champion.tmp",
-            base=base_manifest,
-            parent=base_manifest.checkpoint_id,
+        champion_manifest, champion_dir = _save_adapter(
+            model, store, "champion", base=base_manifest, parent=base_manifest.checkpoint_id
         )
-        champion_dir = _into_store(store, "champion.tmp", champion_manifest.checkpoint_id)
         del model
     del loaded
-    champion = HFModel.load(champion_dir, device=args.device, base_dir=base_dir)
-    v1_before = _evaluate(champion, env, eval_v1, args)
-    v2_before = _evaluate(champion, env, eval_v2, args)
-    logger.info(
-        "champion %s: v1 %.3f, drifted %.3f (sft %.0fs, loss %.3f)",
-        champion_manifest.checkpoint_id[:12],
-        v1_before.pass_rate,
-        v2_before.pass_rate,
-        sft_wall or 0.0,
-        sft.final_loss if sft and sft.final_loss is not None else float("nan"),
+    sft_loss = sft.final_loss if sft and sft.final_loss is not None else float("nan")
+    v1_before, v2_before = score(
+        "champion",
+        champion_manifest,
+        champion_dir,
+        f"sft {sft_wall or 0.0:.0f}s, loss {sft_loss:.3f}",
     )
-    del champion
 
     # 4. one GRPO-LoRA job from the champion on the drifted API
     grpo_cfg = HFGRPOConfig(**settings["grpo"], seed=args.seed)
@@ -187,29 +187,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     model = prepare_trainable(loaded, grpo_cfg).to(device)
     t2 = time.monotonic()
-    grpo = train_grpo_hf(model, loaded.tokenizer, env, grpo_tasks, grpo_cfg, ctx=ctx)
+    grpo = train_grpo_hf(model, loaded.tokenizer, env, task_sets.grpo, grpo_cfg, ctx=ctx)
     grpo_wall = time.monotonic() - t2
-    candidate_manifest = save_lora_adapter(
-        model.cpu(),
-        store / "candidate.tmp",
-        base=base_manifest,
-        parent=champion_manifest.checkpoint_id,
+    candidate_manifest, candidate_dir = _save_adapter(
+        model, store, "candidate", base=base_manifest, parent=champion_manifest.checkpoint_id
     )
-    candidate_dir = _into_store(store, "candidate.tmp", candidate_manifest.checkpoint_id)
     del model, loaded
-    candidate = HFModel.load(candidate_dir, device=args.device, base_dir=base_dir)
-    v2_after = _evaluate(candidate, env, eval_v2, args)
-    v1_after = _evaluate(candidate, env, eval_v1, args)
-    logger.info(
-        "candidate %s: v1 %.3f, drifted %.3f (grpo %.0fs)",
-        candidate_manifest.checkpoint_id[:12],
-        v1_after.pass_rate,
-        v2_after.pass_rate,
-        grpo_wall,
+    v1_after, v2_after = score(
+        "candidate", candidate_manifest, candidate_dir, f"grpo {grpo_wall:.0f}s"
     )
 
     paired = paired_on(eval_v2, v2_before, v2_after, seed=args.seed)
-    metrics = grpo.metrics()
+    metrics = run_metrics(grpo)
     return {
         "benchmark": "real_model",
         "model": MODEL_NAME,
@@ -221,11 +210,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gate_significant": paired.p_value_improvement < 0.05,
         "sft_wall_s": round(sft_wall, 1) if sft_wall is not None else None,
         "sft_final_loss": sft.final_loss if sft else None,
-        "sft_train_tokens_per_s": round(sft.train_tokens / sft.train_s, 1)
-        if sft and sft.train_s
-        else None,
+        "sft_train_tokens_per_s": sft.train_tokens_per_s if sft else None,
         "grpo_wall_s": round(grpo_wall, 1),
-        "grpo_steps": grpo.steps,
+        "grpo_steps": grpo.steps_done,
         "grpo_episodes": grpo.episodes,
         "grpo_final_reward": metrics["final_reward"],
         "rollout_tokens_per_s": metrics["rollout_tokens_per_s"],
@@ -243,15 +230,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _into_store(store: Path, tmp_name: str, checkpoint_id: str) -> Path:
-    """Move a freshly written checkpoint to ``store/<id>``; equal content is already there
-    (e.g. a GRPO step whose groups all had zero variance left the weights unchanged)."""
-    target = store / checkpoint_id
+def _save_adapter(
+    model: Any, store: Path, role: str, *, base: Manifest, parent: str
+) -> tuple[Manifest, Path]:
+    """Save ``model``'s adapter as ``store/<id>`` (via ``<role>.tmp``); equal content is already
+    there (e.g. a GRPO step whose groups all had zero variance left the weights unchanged)."""
+    staging = store / f"{role}.tmp"
+    manifest = save_lora_adapter(model.cpu(), staging, base=base, parent=parent)
+    target = store / manifest.checkpoint_id
     if target.exists():
-        shutil.rmtree(store / tmp_name)
+        shutil.rmtree(staging)
     else:
-        (store / tmp_name).rename(target)
-    return target
+        staging.rename(target)
+    return manifest, target
 
 
 def _evaluate(
@@ -263,9 +254,7 @@ def _evaluate(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    smollm2_arguments(parser)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument(
         "--drift",
@@ -273,15 +262,8 @@ def main() -> None:
         default="v3",
         help="the toolcalc API the champion meets after SFT on v1 (v2: renames; v3: + cur)",
     )
-    parser.add_argument("--workdir", default=None)
     parser.add_argument(
         "--champion", type=Path, default=None, help="skip SFT: an adapter made by an earlier run"
-    )
-    parser.add_argument(
-        "--model-dir",
-        type=Path,
-        default=None,
-        help="where the converted SmolLM2 checkpoint is cached (default: <workdir>/smollm2)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

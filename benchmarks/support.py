@@ -1,9 +1,11 @@
 """What several benchmarks share: the api as its own process, as production does, a database
-with a loop, checkpoints to serve, the paired comparison. Torch-free at import (the ingest and
-curation benchmarks do not need it)."""
+with a loop, checkpoints to serve, the paired comparison, and the task sets and options of the
+SmolLM2 drift-recovery runs. Torch-free at import (the ingest and curation benchmarks do not
+need it)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
@@ -12,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -94,6 +97,8 @@ class Postgres(Protocol):
 
     def get_uri(self, database: str) -> str: ...
 
+    def get_pid(self) -> int | None: ...
+
 
 @contextmanager
 def temporary_postgres(prefix: str) -> Iterator[tuple[Postgres, Path]]:
@@ -130,6 +135,49 @@ def create_loop_database(server: Postgres, loop: str) -> tuple[str, ProvisionedL
     return database_url, created
 
 
+@dataclass(frozen=True)
+class LoopApi:
+    """A benchmark's own Postgres holding one loop, and ``ratchet api`` in front of it."""
+
+    server: Postgres
+    database_url: str
+    loop: ProvisionedLoop
+    port: int
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop_api(self) -> None:
+        """Stop the api; the database stays up (to measure Postgres alone afterwards)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+@contextmanager
+def api_over_loop(
+    prefix: str, loop: str, env: Mapping[str, str], *, repo: Path = REPO
+) -> Iterator[LoopApi]:
+    """What an ingest benchmark posts to: a fresh Postgres with loop ``loop`` and the api of
+    the checkout at ``repo`` with ``env``, all gone afterwards."""
+    with temporary_postgres(prefix) as (server, _):
+        database_url, created = create_loop_database(server, loop)
+        port = free_port()
+        stack = LoopApi(
+            server,
+            database_url,
+            created,
+            port,
+            start_api_process(database_url, port, env, repo=repo),
+        )
+        try:
+            yield stack
+        finally:
+            stack.stop_api()
+
+
 def held_out(
     env: Environment,
     version: str,
@@ -163,6 +211,49 @@ def touched_by_drift(drift: str) -> Callable[[TaskSpec], bool]:
         return changed is None or any(op in changed for op, _ in program.calls)
 
     return touched
+
+
+@dataclass(frozen=True)
+class DriftTaskSets:
+    """The task sets of a drift-recovery run on a real LM, disjoint by task id: v1
+    demonstrations for the champion, drifted tasks that call the changed tool for GRPO, and
+    a held-out set of each API version."""
+
+    sft: list[TaskSpec]
+    grpo: list[TaskSpec]
+    eval_v1: list[TaskSpec]
+    eval_drifted: list[TaskSpec]
+
+
+def drift_task_sets(
+    env: Environment, drift: str, *, sft: int, grpo: int, evaluation: int, seed: int
+) -> DriftTaskSets:
+    """The sets every SmolLM2 benchmark trains and scores on, so their figures compare."""
+    sft_tasks = env.generate_tasks(sft, seed=seed + 1, api_version="v1")
+    touched = touched_by_drift(drift)
+    grpo_pool = env.generate_tasks(3 * grpo, seed=seed + 2, api_version=drift)
+    grpo_tasks = [t for t in grpo_pool if touched(t)][:grpo]
+    seen = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
+    return DriftTaskSets(
+        sft=sft_tasks,
+        grpo=grpo_tasks,
+        eval_v1=held_out(env, "v1", evaluation, seed + 3, seen),
+        eval_drifted=held_out(env, drift, evaluation, seed + 4, seen, keep=touched),
+    )
+
+
+def smollm2_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every SmolLM2 benchmark takes (a benchmark adds its own after them)."""
+    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="where the converted SmolLM2 checkpoint is cached (default: <workdir>/smollm2)",
+    )
 
 
 def paired_on(

@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import held_out, shared_machine_figures, touched_by_drift
+from benchmarks.support import drift_task_sets, shared_machine_figures, smollm2_arguments
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import evaluate
@@ -80,20 +80,13 @@ FULL = {
     "eval_tasks": 24,
     "eval": {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32},
 }
-QUICK = {
+QUICK = {  # the same run with fewer of everything: a smoke run of both phases
     "sft_tasks": 8,
-    "sft": {"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "warmup": 1},
+    "sft": {**FULL["sft"], "steps": 2, "batch_size": 2, "micro_batch": 2, "warmup": 1},
     "grpo_tasks": 4,
-    "grpo": {
-        "steps": 1,
-        "tasks_per_step": 1,
-        "group_size": 4,
-        "max_turns": 2,
-        "max_new_tokens": 24,
-        "lr": 2e-4,
-    },
+    "grpo": {**FULL["grpo"], "steps": 1, "tasks_per_step": 1, "max_turns": 2, "max_new_tokens": 24},
     "eval_tasks": 2,
-    "eval": {"max_turns": 2, "max_new_tokens": 24, "batch_size": 32},
+    "eval": {**FULL["eval"], "max_turns": 2, "max_new_tokens": 24},
 }
 
 
@@ -105,15 +98,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base_dir = args.model_dir or work / "smollm2"
     base_manifest = smollm2_checkpoint(base_dir)
     env = ToolcalcEnvironment()
-    sft_tasks = env.generate_tasks(settings["sft_tasks"], seed=args.seed + 1, api_version="v1")
-    touched = touched_by_drift(DRIFT)
-    grpo_pool = env.generate_tasks(
-        3 * settings["grpo_tasks"], seed=args.seed + 2, api_version=DRIFT
+    task_sets = drift_task_sets(
+        env,
+        DRIFT,
+        sft=settings["sft_tasks"],
+        grpo=settings["grpo_tasks"],
+        evaluation=settings["eval_tasks"],
+        seed=args.seed,
     )
-    grpo_tasks = [t for t in grpo_pool if touched(t)][: settings["grpo_tasks"]]
-    seen = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
-    eval_v1 = held_out(env, "v1", settings["eval_tasks"], args.seed + 3, seen)
-    eval_drifted = held_out(env, DRIFT, settings["eval_tasks"], args.seed + 4, seen, keep=touched)
+    eval_v1, eval_drifted, grpo_tasks = task_sets.eval_v1, task_sets.eval_drifted, task_sets.grpo
     sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed, log_every=0)
     grpo_cfg = HFGRPOConfig(**settings["grpo"], seed=args.seed, log_every=0)
     ctx = init_distributed("cpu")
@@ -134,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # 1. SFT
     loaded = fresh(base_dir)
     sequences = demonstration_sequences(
-        env, sft_tasks, HFModel(loaded.model, loaded.tokenizer, device=ctx.device)
+        env, task_sets.sft, HFModel(loaded.model, loaded.tokenizer, device=ctx.device)
     )
     pad_id = int(loaded.tokenizer.pad_token_id)
     model = prepare_trainable(loaded, sft_cfg)
@@ -178,7 +171,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trl_grpo_pass,
     )
 
-    ours_sft_tokens = ours.train_tokens / ours.train_s if ours.train_s else 0.0
     return {
         "benchmark": "trl_side_by_side",
         "model": MODEL_NAME,
@@ -188,7 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sft_batch_size": sft_cfg.batch_size,
         "sft_ratchet_wall_s": round(ours_sft_s, 1),
         "sft_trl_wall_s": round(trl_sft["wall_s"], 1),
-        "sft_ratchet_train_tokens_per_s": round(ours_sft_tokens, 1),
+        "sft_ratchet_train_tokens_per_s": ours.train_tokens_per_s,
         "sft_trl_train_tokens_per_s": round(trl_sft["train_tokens_per_s"], 1),
         "sft_ratchet_final_loss": round(float(ours.final_loss or 0.0), 4),
         "sft_trl_final_loss": round(trl_sft["final_loss"], 4),
@@ -374,16 +366,7 @@ def _trl_grpo(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", default=None)
-    parser.add_argument(
-        "--model-dir",
-        type=Path,
-        default=None,
-        help="where the converted SmolLM2 checkpoint is cached (default: <workdir>/smollm2)",
-    )
+    smollm2_arguments(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

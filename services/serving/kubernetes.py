@@ -45,7 +45,7 @@ from services.serving.base import (
     ServingUnavailable,
 )
 from services.serving.client import ModelServerClient
-from services.serving.openai_target import Heartbeat, served_problem, version_of
+from services.serving.openai_target import Heartbeat, version_of, wait_until_served
 
 logger = logging.getLogger(__name__)
 
@@ -285,21 +285,23 @@ class KubernetesServingTarget:
 
     def _verify(self, version: str, path: str) -> None:
         """Ask the model servers (through the Service) until they serve ``version``."""
-        deadline = time.monotonic() + self._verify_timeout_s
-        while True:
-            self._heartbeat(f"verifying {self._model} at {self._servers.base_url}")
-            try:
-                problem = served_problem(self._servers, (self._model,), path, version)
-            except (ServingUnavailable, DeployFailed) as exc:
-                problem = str(exc)
-            if not problem:
-                return
-            if time.monotonic() > deadline:
-                raise DeployFailed(
-                    f"rollout of {self._namespace}/{self._name} completed but the model "
-                    f"servers do not serve {version[:12]}: {problem}"
-                )
-            time.sleep(0.5)
+        problem = wait_until_served(
+            self._servers,
+            (self._model,),
+            path,
+            version,
+            timeout_s=self._verify_timeout_s,
+            heartbeat=lambda: self._heartbeat(
+                f"verifying {self._model} at {self._servers.base_url}"
+            ),
+            # pods of the old and the new model answer side by side until the rollout settles
+            not_yet=(ServingUnavailable, DeployFailed),
+        )
+        if problem:
+            raise DeployFailed(
+                f"rollout of {self._namespace}/{self._name} completed but the model "
+                f"servers do not serve {version[:12]}: {problem}"
+            )
 
     def _read(self) -> dict[str, Any]:
         try:

@@ -156,21 +156,18 @@ class OpenAIServingTarget:
 
     def _verify(self, checkpoint: CheckpointRef, path: str, names: tuple[str, ...]) -> None:
         """The server's own word: ``names`` listed from ``path``, and each answers a probe."""
-        deadline = time.monotonic() + self._verify_timeout_s
-        problem = "no answer"
-        while True:
-            self._heartbeat(f"verifying {', '.join(names)}")
-            try:
-                problem = served_problem(self._client, names, path, checkpoint.id)
-            except ServingUnavailable as exc:
-                problem = str(exc)
-            if not problem:
-                return
-            if time.monotonic() > deadline:
-                raise DeployFailed(
-                    f"deploy of {checkpoint.id[:12]} as {self.model!r} not verified: {problem}"
-                )
-            time.sleep(0.5)
+        problem = wait_until_served(
+            self._client,
+            names,
+            path,
+            checkpoint.id,
+            timeout_s=self._verify_timeout_s,
+            heartbeat=lambda: self._heartbeat(f"verifying {', '.join(names)}"),
+        )
+        if problem:
+            raise DeployFailed(
+                f"deploy of {checkpoint.id[:12]} as {self.model!r} not verified: {problem}"
+            )
 
     def _previous_names(self) -> set[str]:
         return {self.versioned_name(self._previous.id)} if self._previous is not None else set()
@@ -227,6 +224,31 @@ def served_problem(
         if answer.version is not None and answer.version != version:
             return f"a probe of {name!r} was answered by {answer.version[:12]}"
     return ""
+
+
+def wait_until_served(
+    client: ModelServerClient,
+    names: tuple[str, ...],
+    path: str,
+    version: str,
+    *,
+    timeout_s: float,
+    heartbeat: Callable[[], None],
+    not_yet: tuple[type[Exception], ...] = (ServingUnavailable,),
+) -> str:
+    """Ask the server (:func:`served_problem`) every half second until it serves ``version``
+    ("") or ``timeout_s`` has passed (the last problem). A ``not_yet`` error counts as a
+    problem to wait out, any other is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        heartbeat()
+        try:
+            problem = served_problem(client, names, path, version)
+        except not_yet as exc:
+            problem = str(exc)
+        if not problem or time.monotonic() > deadline:
+            return problem
+        time.sleep(0.5)
 
 
 def version_of(card: ModelCard | None) -> str | None:

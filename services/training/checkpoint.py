@@ -68,6 +68,7 @@ from services.training.checkpoint_manifest import (
     required_files,
     sha256_file,
     verify_checkpoint,
+    verify_family,
     write_json,
     write_manifest,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "save_optimizer_state",
     "sha256_file",
     "verify_checkpoint",
+    "verify_family",
     "write_manifest",
 ]
 
@@ -233,13 +235,7 @@ def load_checkpoint(
 ) -> LoadedCheckpoint:
     """Verify and load a checkpoint directory (weights via safetensors, never pickle)."""
     root = Path(checkpoint_dir)
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist")
-    manifest = verify_checkpoint(root, expected_id=expected_id)
-    if manifest.family != "tiny":
-        raise CheckpointError(
-            f"checkpoint {root} is of the {manifest.family!r} family, not a tiny GPT checkpoint"
-        )
+    manifest = verify_family(root, "tiny", expected_id=expected_id)
     try:
         config = json.loads(read_regular_bytes(root / CONFIG_FILE))
         tokenizer = ByteTokenizer.load(root / TOKENIZER_FILE)

@@ -264,6 +264,21 @@ def verify_checkpoint(checkpoint_dir: Path | str, *, expected_id: str | None = N
     return manifest
 
 
+def verify_family(
+    checkpoint_dir: Path | str, family: str, *, expected_id: str | None = None
+) -> Manifest:
+    """The verified manifest of a checkpoint directory that a ``family`` loader can read."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    manifest = verify_checkpoint(root, expected_id=expected_id)
+    if manifest.family != family:
+        raise CheckpointError(
+            f"checkpoint {root} is of the {manifest.family!r} family, not {family}"
+        )
+    return manifest
+
+
 def checkpoint_files(directory: Path) -> list[str]:
     """The files a manifest of ``directory`` lists: its regular top-level files.
 

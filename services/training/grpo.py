@@ -47,14 +47,14 @@ import copy
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from services.environments.base import Environment, TaskSpec
 from services.training.config import GRPOConfig
+from services.training.counters import RunCounters
 from services.training.device import autocast
 from services.training.distributed import DistContext
 from services.training.model import GPT, TinyModel, token_logprobs
@@ -122,31 +122,9 @@ def policy_loss(
     return loss, {"clip_fraction": clip_frac, "kl": kl_mean}
 
 
-@dataclass
-class GRPOCounters:
-    """Running totals carried through resume points."""
-
-    steps_done: int = 0
-    rollout_tokens: int = 0
-    train_tokens: int = 0
-    rollout_s: float = 0.0
-    train_s: float = 0.0
-    episodes: int = 0
-    groups: int = 0
-    filtered_zero_variance_groups: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GRPOCounters:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
 @dataclass(frozen=True)
 class GRPOResult:
-    counters: GRPOCounters
+    counters: RunCounters
     resumed_from_step: int
     wall_s: float
 
@@ -170,6 +148,31 @@ def task_weights(tasks: Sequence[TaskSpec]) -> list[float] | None:
         valid = isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0
         weights.append(float(weight) if valid else 1.0)
     return None if len(set(weights)) <= 1 else weights
+
+
+def grpo_step_stats(
+    step: int,
+    *,
+    reward_sum: float,
+    passes: float,
+    episodes: float,
+    groups: float,
+    groups_kept: float,
+    loss: float,
+    **extra: float,
+) -> dict[str, float]:
+    """One GRPO step's history row: the keys every family writes and ``log_grpo_step`` reads,
+    plus the family's own (``extra``). The sums are over all ranks."""
+    per_episode = max(episodes, 1.0)
+    return {
+        "step": float(step + 1),
+        "reward_mean": reward_sum / per_episode,
+        "pass_rate": passes / per_episode,
+        "groups": groups,
+        "groups_kept": groups_kept,
+        "loss": loss,
+        **extra,
+    }
 
 
 def log_grpo_step(log: logging.Logger, step: int, steps: int, stats: dict[str, float]) -> None:
@@ -253,13 +256,13 @@ def train_grpo(
     model.to(device).train()
     optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
     reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
-    counters = GRPOCounters()
+    counters = RunCounters()
     resumed_from = 0
     point = latest_resume_point(state_dir) if state_dir is not None else None
     if point is not None:
         load_resume_point(point, model=model, optimizer=optimizer)
         model.to(device)
-        counters = GRPOCounters.from_dict(point.counters)
+        counters = RunCounters.from_dict(point.counters)
         resumed_from = point.step
         logger.info("grpo resumed from step %d (%s)", point.step, point.path)
     ctx.broadcast_model(model)
@@ -304,7 +307,7 @@ def _grpo_step(
     optimizer: torch.optim.Optimizer,
     reference: GPT | None,
     ctx: DistContext,
-    counters: GRPOCounters,
+    counters: RunCounters,
 ) -> dict[str, float]:
     device, G = ctx.device, config.group_size  # noqa: N806 - the paper's name
     order = task_order(
@@ -417,13 +420,14 @@ def _grpo_step(
     counters.episodes += int(n_episodes)
     counters.groups += int(groups)
     counters.filtered_zero_variance_groups += int(groups - kept_groups)
-    return {
-        "step": float(step + 1),
-        "reward_mean": reward_sum / max(n_episodes, 1.0),
-        "pass_rate": pass_sum / max(n_episodes, 1.0),
-        "groups": groups,
-        "groups_kept": kept_groups,
-        "loss": loss_value,
-        "clip_fraction": clip_fraction,
-        "kl": kl_value,
-    }
+    return grpo_step_stats(
+        step,
+        reward_sum=reward_sum,
+        passes=pass_sum,
+        episodes=n_episodes,
+        groups=groups,
+        groups_kept=kept_groups,
+        loss=loss_value,
+        clip_fraction=clip_fraction,
+        kl=kl_value,
+    )

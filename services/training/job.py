@@ -221,21 +221,12 @@ def _train_grpo(
     result = train_grpo(
         model, env, tasks, config, ctx=ctx, state_dir=spec.output_dir / "state", parent=parent
     )
-    c = result.counters
     return {
-        "steps": c.steps_done,
+        **result.counters.metrics(),
         "resumed_from_step": result.resumed_from_step,
-        "train_tokens": c.train_tokens,
-        "rollout_tokens": c.rollout_tokens,
-        "rollout_tokens_per_s": round(c.rollout_tokens / c.rollout_s, 1) if c.rollout_s else 0.0,
-        "train_tokens_per_s": round(c.train_tokens / c.train_s, 1) if c.train_s else 0.0,
-        "episodes": c.episodes,
-        "groups": c.groups,
-        "filtered_zero_variance_groups": c.filtered_zero_variance_groups,
         "final_reward": result.final_reward,
         "final_pass_rate": result.final_pass_rate,
         "hyperparameters": config.to_dict(),
-        "history": c.history,
     }
 
 
@@ -257,13 +248,11 @@ def _train_sft(
         raise JobError(f"cannot build demonstrations: {exc}") from None
     result = train_sft(model, sequences, config, ctx=ctx)
     return {
-        "steps": result.steps,
+        "steps": result.steps_done,
         "train_tokens": result.train_tokens,
         "rollout_tokens": 0,
         "rollout_tokens_per_s": 0.0,
-        "train_tokens_per_s": round(result.train_tokens / result.wall_s, 1)
-        if result.wall_s
-        else 0.0,
+        "train_tokens_per_s": result.train_tokens_per_s,
         "filtered_zero_variance_groups": 0,
         "final_loss": result.final_loss,
         "final_reward": None,

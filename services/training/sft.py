@@ -3,22 +3,24 @@
 The loss is token-level cross-entropy on the tokens the agent produces in a demonstration
 (its turns and their closing newlines), never on the prompt or the tool results, summed
 over the global batch and divided by its token count. Batches are drawn with replacement
-by a generator seeded with (seed, step), so a run is a pure function of its inputs.
+by a generator seeded with (seed, step), so a run is a pure function of its inputs. The
+loop (:func:`sft_steps`) is the hf family's too; only the forward pass of a chunk differs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from services.environments.base import Environment, Episode, TaskSpec
 from services.training.checkpoint import Manifest, read_manifest, save_checkpoint
-from services.training.config import SFTConfig
+from services.training.config import HFSFTConfig, SFTConfig
+from services.training.counters import RunCounters
 from services.training.device import autocast
 from services.training.distributed import DistContext, init_distributed
 from services.training.model import GPT, GPTConfig, token_logprobs
@@ -30,14 +32,6 @@ from services.training.tokenizer import ByteTokenizer
 logger = logging.getLogger(__name__)
 
 Sequences = list[tuple[list[int], list[bool]]]
-
-
-@dataclass(frozen=True)
-class SFTResult:
-    steps: int
-    train_tokens: int
-    wall_s: float
-    final_loss: float
 
 
 def demonstration_sequences(
@@ -77,45 +71,83 @@ def sft_batch(
     return targets, local
 
 
+# A family's forward pass over one chunk of a step's local demonstrations, given the global
+# batch's target-token count: the chunk's loss (already divided by that count) and its tokens.
+ChunkLoss = Callable[[Sequences, float], tuple[torch.Tensor, int]]
+
+
+def sft_steps(
+    sequences: Sequences,
+    config: SFTConfig | HFSFTConfig,
+    *,
+    ctx: DistContext,
+    optimizer: torch.optim.Optimizer,
+    trainable: nn.Module,
+    chunk_loss: ChunkLoss,
+    micro_batch: int | None,
+    log: logging.Logger,
+) -> RunCounters:
+    """The SFT loop of both families: ``config.steps`` steps, each a :func:`sft_batch` draw,
+    forward and backward in chunks of ``micro_batch`` (None: this rank's share at once),
+    gradients summed over ranks, clipped and checked (:func:`clip_and_check`), one update."""
+    if not sequences:
+        raise ValueError("SFT needs at least one demonstration")
+    result = RunCounters()
+    started = time.monotonic()
+    for step in range(config.steps):
+        targets, local = sft_batch(
+            sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
+        )
+        lr = schedule_lr(optimizer, step, config)
+        optimizer.zero_grad(set_to_none=True)
+        local_loss = 0.0
+        size = micro_batch or max(len(local), 1)
+        for begin in range(0, len(local), size):
+            loss, tokens = chunk_loss(local[begin : begin + size], max(1.0, targets))
+            loss.backward()
+            local_loss += float(loss.detach())
+            result.train_tokens += tokens
+        ctx.all_reduce_grads(trainable)
+        clip_and_check(trainable, max_norm=config.grad_clip, step=step, lr=lr)
+        optimizer.step()
+        result.final_loss = ctx.all_reduce_sum([local_loss])[0]
+        result.history.append({"step": step + 1, "loss": result.final_loss})
+        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
+            log.info("sft step %d/%d loss %.4f", step + 1, config.steps, result.final_loss)
+    result.steps_done = config.steps
+    result.train_s = time.monotonic() - started
+    result.train_tokens = int(ctx.all_reduce_sum([float(result.train_tokens)])[0])
+    return result
+
+
 def train_sft(
     model: GPT,
     sequences: Sequences,
     config: SFTConfig,
     *,
     ctx: DistContext,
-) -> SFTResult:
+) -> RunCounters:
     """Train ``model`` in place on ``sequences`` for ``config.steps`` steps."""
-    if not sequences:
-        raise ValueError("SFT needs at least one demonstration")
     device = ctx.device
     model.to(device).train()
     ctx.broadcast_model(model)
-    optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
-    started = time.monotonic()
-    tokens = 0
-    loss_value = float("nan")
-    for step in range(config.steps):
-        normalizer, local = sft_batch(
-            sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
-        )
-        schedule_lr(optimizer, step, config)
-        optimizer.zero_grad(set_to_none=True)
-        local_loss = 0.0
-        if local:
-            ids, mask = collate(local, device=device)
-            with autocast(device):
-                loss = sft_loss(model, ids, mask, max(normalizer, 1.0))
-            loss.backward()
-            local_loss = float(loss.detach())
-            tokens += sum(len(seq_ids) for seq_ids, _ in local)
-        ctx.all_reduce_grads(model)
-        clip_and_check(model, max_norm=config.grad_clip, step=step, lr=config.lr)
-        optimizer.step()
-        loss_value = ctx.all_reduce_sum([local_loss])[0]
-        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
-            logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, loss_value)
-    total_tokens = int(ctx.all_reduce_sum([float(tokens)])[0])
-    return SFTResult(config.steps, total_tokens, time.monotonic() - started, loss_value)
+
+    def chunk_loss(chunk: Sequences, normalizer: float) -> tuple[torch.Tensor, int]:
+        ids, mask = collate(chunk, device=device)
+        with autocast(device):
+            loss = sft_loss(model, ids, mask, normalizer)
+        return loss, sum(len(seq_ids) for seq_ids, _ in chunk)
+
+    return sft_steps(
+        sequences,
+        config,
+        ctx=ctx,
+        optimizer=make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay),
+        trainable=model,
+        chunk_loss=chunk_loss,
+        micro_batch=None,
+        log=logger,
+    )
 
 
 def make_champion(
@@ -128,7 +160,7 @@ def make_champion(
     augment_fraction: float = 0.0,
     device: str = "auto",
     ctx: DistContext | None = None,
-) -> tuple[Manifest, SFTResult]:
+) -> tuple[Manifest, RunCounters]:
     """Train a fresh policy on demonstrations of ``tasks`` and save it as a checkpoint.
 
     ``augment_fraction`` is passed to :meth:`Environment.demonstrations` (toolcalc: the
@@ -146,7 +178,7 @@ def make_champion(
     result = train_sft(model, sequences, config, ctx=ctx)
     metadata = {
         "algorithm": "sft",
-        "steps": result.steps,
+        "steps": result.steps_done,
         "environment": env.name,
         "demonstrations": len(sequences),
         "augment_fraction": augment_fraction,

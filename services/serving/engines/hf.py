@@ -31,7 +31,7 @@ from services.training.checkpoint import (
     CheckpointError,
     Manifest,
     read_regular_bytes,
-    verify_checkpoint,
+    verify_family,
 )
 from services.training.device import resolve_device
 from services.training.hf.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_hf_checkpoint
@@ -42,10 +42,7 @@ BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
 
 def verify_hf(path: Path) -> Manifest:
     """Verify an hf checkpoint (every file against its manifest, no pickle): its manifest."""
-    manifest = verify_checkpoint(path)
-    if manifest.family != FAMILY:
-        raise CheckpointError(f"checkpoint {path} is of the {manifest.family!r} family, not hf")
-    return manifest
+    return verify_family(path, FAMILY)
 
 
 class HFEngine:

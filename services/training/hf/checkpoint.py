@@ -37,6 +37,7 @@ from services.training.checkpoint import (
     Manifest,
     read_regular_bytes,
     verify_checkpoint,
+    verify_family,
     write_manifest,
 )
 
@@ -127,11 +128,7 @@ def load_hf_checkpoint(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist")
-    manifest = verify_checkpoint(root, expected_id=expected_id)
-    if manifest.family != "hf":
-        raise CheckpointError(f"checkpoint {root} is of the {manifest.family!r} family, not hf")
+    manifest = verify_family(root, "hf", expected_id=expected_id)
     base_manifest = None
     model_dir = root
     if manifest.kind == "lora":

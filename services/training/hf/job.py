@@ -32,6 +32,7 @@ from services.training.hf.train import (
     LoRAOptions,
     demonstration_sequences,
     prepare_trainable,
+    run_metrics,
     train_grpo_hf,
     train_sft_hf,
 )
@@ -86,7 +87,7 @@ def run_hf_train(
             )
     except TrainingDiverged as exc:
         raise JobError(str(exc), exit_code=EXIT_FAILED) from None
-    metrics = result.metrics()
+    metrics = run_metrics(result)
     metrics["wall_s"] = round(time.monotonic() - started, 3)
     metrics["hyperparameters"] = config.to_dict()
     metrics["family"] = "hf"
@@ -95,7 +96,7 @@ def run_hf_train(
     parent = loaded.manifest.checkpoint_id
     if ctx.is_main:
         out = spec.output_dir / "checkpoint"
-        meta = {"algorithm": algorithm, "run_id": spec.run_id, "steps": result.steps}
+        meta = {"algorithm": algorithm, "run_id": spec.run_id, "steps": result.steps_done}
         model.cpu()
         if config.lora:
             base = loaded.base_manifest or loaded.manifest

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,56 +40,37 @@ import torch
 from services.environments.base import TaskSpec
 from services.environments.chat import ChatEnvironment
 from services.training.config import HFGRPOConfig, HFSFTConfig, LoRAOptions
+from services.training.counters import RunCounters
 from services.training.device import autocast
 from services.training.distributed import DistContext
-from services.training.grpo import group_advantages, log_grpo_step, policy_loss, task_order
+from services.training.grpo import (
+    group_advantages,
+    grpo_step_stats,
+    log_grpo_step,
+    policy_loss,
+    task_order,
+)
 from services.training.hf.checkpoint import LoadedHF
 from services.training.hf.model import HFModel
 from services.training.hf.rollout import pack_turns, run_chat_episodes
 from services.training.optim import clip_and_check, schedule_lr
 from services.training.rng import derive_seed
-from services.training.sft import sft_batch
+from services.training.sft import sft_steps
 
 logger = logging.getLogger(__name__)
 
 Sequences = list[tuple[list[int], list[bool]]]
 
 
-@dataclass
-class HFTrainResult:
-    """What a run did, for metrics.json."""
-
-    steps: int = 0
-    train_tokens: int = 0
-    train_s: float = 0.0
-    rollout_tokens: int = 0
-    rollout_s: float = 0.0
-    episodes: int = 0
-    groups: int = 0
-    filtered_zero_variance_groups: int = 0
-    final_loss: float | None = None
-    history: list[dict[str, float]] = field(default_factory=list)
-
-    def metrics(self) -> dict[str, Any]:
-        last = self.history[-1] if self.history else {}
-        return {
-            "steps": self.steps,
-            "train_tokens": self.train_tokens,
-            "rollout_tokens": self.rollout_tokens,
-            "train_tokens_per_s": round(self.train_tokens / self.train_s, 1)
-            if self.train_s
-            else 0.0,
-            "rollout_tokens_per_s": round(self.rollout_tokens / self.rollout_s, 1)
-            if self.rollout_s
-            else 0.0,
-            "episodes": self.episodes,
-            "groups": self.groups,
-            "filtered_zero_variance_groups": self.filtered_zero_variance_groups,
-            "final_loss": self.final_loss,
-            "final_reward": last.get("reward_mean"),
-            "final_pass_rate": last.get("pass_rate"),
-            "history": self.history,
-        }
+def run_metrics(result: RunCounters) -> dict[str, Any]:
+    """An hf run's metrics.json figures: the shared totals and how the last step ended."""
+    last = result.history[-1] if result.history else {}
+    return {
+        **result.metrics(),
+        "final_loss": result.final_loss,
+        "final_reward": last.get("reward_mean"),
+        "final_pass_rate": last.get("pass_rate"),
+    }
 
 
 def prepare_trainable(loaded: LoadedHF, options: LoRAOptions) -> Any:
@@ -169,8 +149,17 @@ def sequence_logprobs(
     return out
 
 
-def make_optimizer(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -> Any:
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+def _trainable_and_optimizer(
+    model: Any, config: HFSFTConfig | HFGRPOConfig, ctx: DistContext
+) -> tuple[list[torch.nn.Parameter], torch.optim.AdamW]:
+    """What both hf trainers start from: the trainable weights, the same on every rank (rank
+    0's), and their AdamW (the tiny family's betas and eps)."""
+    params = trainable_parameters(model)
+    _broadcast(ctx, params)
+    optimizer = torch.optim.AdamW(
+        params, lr=config.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=config.weight_decay
+    )
+    return params, optimizer
 
 
 def demonstration_sequences(
@@ -197,44 +186,28 @@ def train_sft_hf(
     *,
     pad_id: int,
     ctx: DistContext,
-) -> HFTrainResult:
+) -> RunCounters:
     """Train ``model``'s trainable weights on ``sequences`` for ``config.steps`` steps."""
-    if not sequences:
-        raise ValueError("SFT needs at least one demonstration")
     device = ctx.device
     model.train()
-    params = trainable_parameters(model)
-    _broadcast(ctx, params)
-    optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
-    result = HFTrainResult()
-    started = time.monotonic()
-    for step in range(config.steps):
-        targets, local = sft_batch(
-            sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
-        )
-        normalizer = max(1.0, targets)
-        lr = schedule_lr(optimizer, step, config)
-        optimizer.zero_grad(set_to_none=True)
-        local_loss = 0.0
-        for begin in range(0, len(local), config.micro_batch):
-            chunk = local[begin : begin + config.micro_batch]
-            ids, attention, target = _collate(chunk, pad_id, device)
-            with autocast(device):
-                logp = sequence_logprobs(model, ids, attention, target)  # (n, T-1)
-            loss = -(logp * target).sum() / normalizer
-            loss.backward()
-            local_loss += float(loss.detach())
-            result.train_tokens += int(attention.sum())
-        _all_reduce_grads(ctx, params)
-        clip_and_check(_ParamView(params), max_norm=config.grad_clip, step=step, lr=lr)
-        optimizer.step()
-        result.final_loss = ctx.all_reduce_sum([local_loss])[0]
-        result.history.append({"step": step + 1, "loss": result.final_loss})
-        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
-            logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, result.final_loss)
-    result.steps = config.steps
-    result.train_s = time.monotonic() - started
-    result.train_tokens = int(ctx.all_reduce_sum([float(result.train_tokens)])[0])
+    params, optimizer = _trainable_and_optimizer(model, config, ctx)
+
+    def chunk_loss(chunk: Sequences, normalizer: float) -> tuple[torch.Tensor, int]:
+        ids, attention, target = _collate(chunk, pad_id, device)
+        with autocast(device):
+            logp = sequence_logprobs(model, ids, attention, target)  # (n, T-1)
+        return -(logp * target).sum() / normalizer, int(attention.sum())
+
+    result = sft_steps(
+        sequences,
+        config,
+        ctx=ctx,
+        optimizer=optimizer,
+        trainable=_ParamView(params),
+        chunk_loss=chunk_loss,
+        micro_batch=config.micro_batch,
+        log=logger,
+    )
     model.eval()
     return result
 
@@ -247,18 +220,16 @@ def train_grpo_hf(
     config: HFGRPOConfig,
     *,
     ctx: DistContext,
-) -> HFTrainResult:
+) -> RunCounters:
     """GRPO on ``tasks``, in place (see the module docstring for the variant)."""
     if not tasks:
         raise ValueError("GRPO needs at least one task")
     device = ctx.device
-    params = trainable_parameters(model)
-    _broadcast(ctx, params)
-    optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
+    params, optimizer = _trainable_and_optimizer(model, config, ctx)
     reference = [p.detach().clone() for p in params] if config.kl_coef > 0 else None
     policy = HFModel(model, tokenizer, device=device)
     pad_id = int(tokenizer.pad_token_id)
-    result = HFTrainResult()
+    result = RunCounters()
     for step in range(config.steps):
         stats = _grpo_step(
             step,
@@ -275,7 +246,7 @@ def train_grpo_hf(
             result,
         )
         result.history.append(stats)
-        result.steps = step + 1
+        result.steps_done = step + 1
         if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
             log_grpo_step(logger, step, config.steps, stats)
     totals = ctx.all_reduce_sum(
@@ -298,7 +269,7 @@ def _grpo_step(
     reference: list[torch.Tensor] | None,
     pad_id: int,
     ctx: DistContext,
-    result: HFTrainResult,
+    result: RunCounters,
 ) -> dict[str, float]:
     device = ctx.device
     order = task_order(step, config.tasks_per_step, len(tasks), config.seed)
@@ -385,16 +356,17 @@ def _grpo_step(
         optimizer.step()
     result.train_s += time.monotonic() - began
     loss_total = ctx.all_reduce_sum([loss_value])[0]
-    return {
-        "step": float(step + 1),
-        "reward_mean": reward_sum / max(count, 1.0),
-        "pass_rate": pass_sum / max(count, 1.0),
-        "groups": groups_total,
-        "groups_kept": kept_total,
-        "loss": loss_total,
-        "kl": kl_value / max(len(sequences), 1),
-        "target_tokens": global_tokens,
-    }
+    return grpo_step_stats(
+        step,
+        reward_sum=reward_sum,
+        passes=pass_sum,
+        episodes=count,
+        groups=groups_total,
+        groups_kept=kept_total,
+        loss=loss_total,
+        kl=kl_value / max(len(sequences), 1),
+        target_tokens=global_tokens,
+    )
 
 
 @torch.no_grad()

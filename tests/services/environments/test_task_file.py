@@ -23,23 +23,13 @@ def test_round_trip(tmp_path: Path) -> None:
 
 
 def test_task_id_is_content_hash_without_metadata() -> None:
-    a = TaskSpec.create(
-        environment="e",
-        prompt="p",
-        tools=[],
-        verifier={"reward_id": "r", "params": {}},
-        metadata={"source": 1},
-    )
-    b = TaskSpec.create(
-        environment="e",
-        prompt="p",
-        tools=[],
-        verifier={"reward_id": "r", "params": {}},
-        metadata={"source": 2},
-    )
-    c = TaskSpec.create(
-        environment="e", prompt="q", tools=[], verifier={"reward_id": "r", "params": {}}
-    )
+    def task(prompt: str, metadata: dict[str, int] | None = None) -> TaskSpec:
+        verifier = {"reward_id": "r", "params": {}}
+        return TaskSpec.create(
+            environment="e", prompt=prompt, tools=[], verifier=verifier, metadata=metadata
+        )
+
+    a, b, c = task("p", {"source": 1}), task("p", {"source": 2}), task("q")
     assert a.task_id == b.task_id != c.task_id
     assert len(a.task_id) == 64
 

@@ -93,6 +93,10 @@ def save_lora_adapter(
     config_path = tmp / ADAPTER_CONFIG
     config = json.loads(config_path.read_text())
     config["base_model_name_or_path"] = f"ratchet:{base.checkpoint_id}"
+    # peft keeps target_modules as a set and writes it in hash order, which differs per
+    # process (PYTHONHASHSEED): sorted, the same training gives the same checkpoint id.
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
     config_path.write_text(json.dumps(config, sort_keys=True, indent=2) + "\n")
     ref = BaseRef(checkpoint_id=base.checkpoint_id, sha256=base.checkpoint_id)
     manifest = write_manifest(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,10 +85,18 @@ def job_command(spec: Path) -> list[str]:
 
 
 def run_job_process(
-    command: list[str], *, timeout: float = 300
+    command: list[str], *, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a job as its own process from the repository root, as an executor would."""
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    """Run a job as its own process from the repository root, as an executor would (with
+    ``env`` added to this process's environment)."""
+    proc = subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
 

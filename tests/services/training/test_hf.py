@@ -104,6 +104,28 @@ def test_sft_lora_job_writes_an_adapter_naming_its_base(
     assert config["r"] == 4
 
 
+def test_the_same_training_gives_the_same_adapter_id_in_any_process(
+    tiny_llama: Path, chat_tasks: dict[str, Path], tmp_path: Path
+) -> None:
+    """A checkpoint id is its content's hash: peft's target-module set, written in each
+    process's hash order, must not make two identical runs two checkpoints."""
+    ids = []
+    for hash_seed in ("1", "2"):
+        root = tmp_path / f"hash-seed-{hash_seed}"
+        spec = write_train_spec(
+            root,
+            algorithm="sft",
+            dataset=chat_tasks["v1"],
+            base_checkpoint=tiny_llama,
+            hyperparameters={**SFT_HYPER, "steps": 1, "lora_r": 4, "lora_alpha": 8},
+        )
+        run_job_process(job_command(spec), env={"PYTHONHASHSEED": hash_seed})
+        config = json.loads((root / "out" / "checkpoint" / "adapter_config.json").read_text())
+        assert config["target_modules"] == sorted(config["target_modules"])
+        ids.append(read_manifest(root / "out" / "checkpoint").checkpoint_id)
+    assert ids[0] == ids[1]
+
+
 def test_sft_lowers_the_loss(tiny_llama: Path, chat_tasks: dict[str, Path], tmp_path: Path) -> None:
     code = run_train_job(
         tmp_path,

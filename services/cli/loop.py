@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.cli.common import add_command, cli_settings, command_group
+from services.cli.common import add_command, cli_settings, command_group, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -94,7 +94,7 @@ def register(subparsers: Any) -> None:
         _history,
         help="the loop's configuration versions: who changed what, when",
     )
-    history.add_argument("--limit", type=int, default=20)
+    history.add_argument("--limit", type=positive_int, default=20, help="newest versions to show")
     history.add_argument("--json", action="store_true", help="print a JSON array")
 
     _loop_command(

@@ -18,11 +18,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from services.api.deps import AdminDep, SessionDep, SettingsDep, TemporalDep
 from services.api.errors import ApiError
 from services.api.loop_control import signal_loop, start_loop_workflow
+from services.api.routes.loops import loop_or_404
 from services.artifacts import ArtifactStore, uri_to_path
 from services.checkpoints import install_checkpoint, record_checkpoint
-from services.db.models import Loop, Promotion
-from services.db.queries.errors import NotFound
-from services.db.queries.loops import require_loop
+from services.db.models import Promotion
 from services.settings import Settings
 from services.training.checkpoint_manifest import CheckpointError
 from workflows.loop import LoopWorkflow
@@ -67,13 +66,6 @@ class LoopStatusOut(BaseModel):
     cycles_done: int | None = None
 
 
-def _loop_row(session: Any, name: str) -> Loop:
-    try:
-        return require_loop(session=session, name=name)
-    except NotFound:
-        raise ApiError(404, "loop_not_found", f"loop {name!r} does not exist") from None
-
-
 _SIGNALS: dict[str, tuple[str, Any]] = {
     "pause": ("pause", PauseSignal),
     "resume": ("resume", ResumeSignal),
@@ -111,7 +103,7 @@ class ChampionOut(BaseModel):
 async def register_champion(
     loop: str, body: ChampionIn, session: SessionDep, settings: SettingsDep
 ) -> ChampionOut:
-    row = _loop_row(session, loop)
+    row = loop_or_404(session, loop)
     try:
         source = uri_to_path(body.checkpoint)
     except ValueError as exc:
@@ -162,7 +154,7 @@ def _field(path: str) -> list[dict[str, Any]]:
 async def start(
     loop: str, session: SessionDep, settings: SettingsDep, client: TemporalDep
 ) -> ActionOut:
-    _loop_row(session, loop)
+    loop_or_404(session, loop)
     workflow_id = await start_loop_workflow(client, settings, loop)
     return ActionOut(loop=loop, action="start", workflow_id=workflow_id, status="running")
 
@@ -175,7 +167,7 @@ async def _act(
     client: Client,
     body: ActionIn | None,
 ) -> ActionOut:
-    row = _loop_row(session, loop)
+    row = loop_or_404(session, loop)
     body = body or ActionIn()
     signal_name: str
     if action in ("approve", "reject"):
@@ -230,7 +222,7 @@ for _action, _summary in (
 
 @router.get("/{loop}/status", response_model=LoopStatusOut, summary="The loop's live status")
 async def status(loop: str, session: SessionDep, client: TemporalDep) -> LoopStatusOut:
-    row = _loop_row(session, loop)
+    row = loop_or_404(session, loop)
     workflow_id = loop_workflow_id(loop)
     out = LoopStatusOut(
         loop=loop,

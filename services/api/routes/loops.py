@@ -77,7 +77,8 @@ def _public_fields(loop: Loop, settings: Settings) -> dict[str, object]:
     }
 
 
-def _loop_or_404(session: SessionDep, name: str, *, for_update: bool = False) -> Loop:
+def loop_or_404(session: Session, name: str, *, for_update: bool = False) -> Loop:
+    """The loop called ``name``, or the API's one 404 for a missing loop (every route's)."""
     try:
         return require_loop(session=session, name=name, for_update=for_update)
     except NotFound:
@@ -171,7 +172,7 @@ def list_all(session: SessionDep, state: StateDep) -> list[LoopPublic]:
 
 @router.get("/{loop}", summary="Show a loop, its traffic and its active credentials")
 def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
-    row = _loop_or_404(session, loop)
+    row = loop_or_404(session, loop)
     stats = trace_stats(session=session, loop_id=row.id)
     credentials = active_credentials(session=session, loop_id=row.id, now=dt.datetime.now(dt.UTC))
     return LoopDetail(
@@ -197,7 +198,7 @@ def rotate(
     body: RotateRequest | None = None,
 ) -> RotateResult:
     body = body or RotateRequest()
-    row = _loop_or_404(session, loop)
+    row = loop_or_404(session, loop)
     rotated = rotate_credential(
         session,
         loop=row,
@@ -297,7 +298,7 @@ def patch_loop(
     dry_run: bool = Query(default=False, description="validate and show the diff, change nothing"),
 ) -> LoopConfigChange:
     with state.session_factory() as session:
-        row = _loop_or_404(session, loop, for_update=True)
+        row = loop_or_404(session, loop, for_update=True)
         current = config_document(row)
         config = _patched_config(current, body)
         if dry_run:
@@ -348,7 +349,7 @@ def list_config_versions(
     session: SessionDep,
     limit: int = Query(default=50, ge=1, le=500),
 ) -> list[LoopConfigVersionPublic]:
-    row = _loop_or_404(session, loop)
+    row = loop_or_404(session, loop)
     return [
         LoopConfigVersionPublic(
             version=v.version,

@@ -51,6 +51,8 @@ def test_unknown_loop_and_action(client: TestClient, loop: dict[str, Any]) -> No
     missing = client.post("/v1/loops/nope/pause", headers=ADMIN)
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "loop_not_found"
+    # The same 404 as GET /v1/loops/nope: one wording for a missing loop.
+    assert missing.json() == client.get("/v1/loops/nope", headers=ADMIN).json()
     unknown = client.post(f"/v1/loops/{loop['name']}/explode", headers=ADMIN)
     assert unknown.status_code in (404, 405)
 

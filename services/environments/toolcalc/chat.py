@@ -97,6 +97,33 @@ def _term(term: str) -> str:
     return f"the price of one {term[1:]}" if term.startswith("$") else term
 
 
+_QUESTION = re.compile(r"(?i)^what is (.+?)\s*\?$")
+_PRICE_WORDS = re.compile(r"the price of one ([a-z]{1,16})")
+_INTEGER_WORDS = re.compile(r"-?\d{1,9}")
+
+
+def request_from_words(text: str) -> str | None:
+    """The request a :func:`user_message` asks for ("What is the price of one pear times
+    37?" → ``$pear*37``), or None for any other text: a chat agent's trace carries the words,
+    and curation rebuilds the task from them."""
+    match = _QUESTION.match(" ".join(text.split()))
+    if match is None:
+        return None
+    body = match.group(1).lower()
+    for word, symbol in (("plus", "+"), ("times", "*")):
+        parts = body.split(f" {word} ")
+        if len(parts) == 2:
+            left, right = _term_from_words(parts[0]), _term_from_words(parts[1])
+            return None if left is None or right is None else f"{left}{symbol}{right}"
+    return _term_from_words(body)
+
+
+def _term_from_words(words: str) -> str | None:
+    if price := _PRICE_WORDS.fullmatch(words):
+        return f"${price.group(1)}"
+    return words if _INTEGER_WORDS.fullmatch(words) else None
+
+
 def start_messages(request: str) -> list[ChatMessage]:
     return [
         ChatMessage(role="system", content=SYSTEM_PROMPT),

@@ -236,6 +236,9 @@ class ToolcalcEnvironment:
         request = user_request(messages)
         if isinstance(request, Rejection):
             return request
+        # A chat agent's user asks in words (.chat.user_message); a text agent's, in the
+        # expression itself.
+        request = chat.request_from_words(request) or request
         source = {
             "external_id": trace.get("external_id"),
             "model_version": trace.get("model_version"),

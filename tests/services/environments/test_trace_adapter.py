@@ -124,3 +124,34 @@ def test_rejections(env: ToolcalcEnvironment, mutate: Any, reason: str) -> None:
 def test_non_object_trace_is_rejected(env: ToolcalcEnvironment) -> None:
     result = env.task_from_trace(["not", "a", "trace"])  # type: ignore[arg-type]
     assert isinstance(result, Rejection) and result.reason == "malformed_trace"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+def test_a_chat_agents_trace_becomes_the_task_it_was_asked(
+    env: ToolcalcEnvironment, version: str
+) -> None:
+    """A chat agent's user asks in words ("What is the price of one pear times 37?"), as the
+    hf family is prompted; curation reads the request back from them."""
+    for task in env.generate_tasks(60, seed=9, api_version=version):
+        episode = env.chat_start(task, max_turns=5)
+        trace = {
+            "messages": episode.openai_messages(),
+            "tools": [tool["function"] for tool in episode.tools],
+            "metadata": {"environment": "toolcalc", "api_version": version},
+        }
+        rebuilt = env.task_from_trace(trace)
+        assert isinstance(rebuilt, TaskSpec), (episode.openai_messages()[1], rebuilt)
+        assert rebuilt.task_id == task.task_id
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["What is love?", "What is 1 plus 2 plus 3?", "What is the price of one PEAR42 times 3?"],
+)
+def test_a_question_toolcalc_does_not_ask_is_rejected(
+    env: ToolcalcEnvironment, question: str
+) -> None:
+    trace = failed_trace()
+    trace["messages"][1] = {"role": "user", "content": question}
+    rejection = env.task_from_trace(trace)
+    assert isinstance(rejection, Rejection) and rejection.reason == "unverifiable_request"

@@ -12,6 +12,11 @@ Steps, each timed and logged:
 5. evaluate the candidate on the same held-out drifted tasks and the v1 regression suite,
    paired with the champion (McNemar, as the gate).
 
+The champion's SFT lets half its conversations first recover from a slip (a call missing
+an argument, answered by the tool's usage error; ``--recovery-fraction``): a champion that
+has seen errors followed varies its calls under the drift, which gives GRPO groups with
+reward variance (docs/models.md, run 4).
+
 The drift is toolcalc's v3 by default (``--drift``): the price lookup gains a required
 ``cur`` argument. v2's renames alone do not hurt a real LM, which reads the function names
 from the tool list (measured: the SFT champion passed 95% of held-out v2 tasks, see
@@ -53,6 +58,7 @@ from benchmarks.support import (
     shared_machine_figures,
     smollm2_arguments,
 )
+from services.cli.common import fraction
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
@@ -84,7 +90,8 @@ FULL = {
         "group_size": 4,
         "max_turns": 4,
         "max_new_tokens": 40,
-        "lr": 5e-4,
+        "lr": 3e-4,
+        "kl_coef": 0.02,
     },
     "eval_tasks": 40,
     "eval": {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32},
@@ -144,7 +151,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return v1, drifted
 
     # 2. SFT-LoRA champion on v1 (or a champion made by an earlier run, --champion)
-    sft_cfg = HFSFTConfig(**settings["sft"], seed=args.seed)
+    sft_cfg = HFSFTConfig(
+        **settings["sft"], recovery_fraction=args.recovery_fraction, seed=args.seed
+    )
     loaded = load_hf_checkpoint(base_dir, device="cpu", dtype=model_dtype(device))
     params_m = sum(p.numel() for p in loaded.model.parameters()) / 1e6
     sft: RunCounters | None = None
@@ -157,7 +166,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = prepare_trainable(loaded, sft_cfg).to(device)
         t1 = time.monotonic()
         sequences = demonstration_sequences(
-            env, task_sets.sft, HFModel(model, loaded.tokenizer, device=device)
+            env,
+            task_sets.sft,
+            HFModel(model, loaded.tokenizer, device=device),
+            recovery_fraction=sft_cfg.recovery_fraction,
+            seed=sft_cfg.seed,
         )
         sft = train_sft_hf(
             model, sequences, sft_cfg, pad_id=int(loaded.tokenizer.pad_token_id), ctx=ctx
@@ -205,6 +218,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "params_m": round(params_m, 1),
         "quick": bool(args.quick),
         "drift_api": args.drift,
+        "sft_recovery_fraction": args.recovery_fraction,
         **drift_recovery_figures((v1_before, v2_before), (v1_after, v2_after)),
         "v2_mcnemar_p_improvement": paired.p_value_improvement,
         "gate_significant": paired.p_value_improvement < 0.05,
@@ -261,6 +275,12 @@ def main() -> None:
         choices=("v2", "v3"),
         default="v3",
         help="the toolcalc API the champion meets after SFT on v1 (v2: renames; v3: + cur)",
+    )
+    parser.add_argument(
+        "--recovery-fraction",
+        type=fraction,
+        default=0.5,
+        help="share of the champion's SFT conversations that recover from a tool error first",
     )
     parser.add_argument(
         "--champion", type=Path, default=None, help="skip SFT: an adapter made by an earlier run"

@@ -59,6 +59,17 @@ def positive_int(raw: str) -> int:
     return value
 
 
+def fraction(raw: str) -> float:
+    """An argparse type: a number in [0, 1], refused with a one-line reason."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{raw} must be in [0, 1]")
+    return value
+
+
 @contextmanager
 def database_session() -> Iterator[Session]:
     """A session on the configured database (or the embedded one, as ``ratchet db`` does),

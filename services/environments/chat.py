@@ -65,8 +65,11 @@ class ChatEnvironment(Protocol):
         """Score a finished chat episode from its raw completions (recomputed, not trusted)."""
         ...
 
-    def chat_demonstration(self, task: TaskSpec) -> list[tuple[list[ChatMessage], str]]:
-        """The solved conversation as (messages before the turn, assistant text) pairs."""
+    def chat_demonstration(
+        self, task: TaskSpec, *, recover_from_slip: bool = False
+    ) -> list[tuple[list[ChatMessage], str]]:
+        """The solved conversation as (messages before the turn, assistant text) pairs;
+        ``recover_from_slip`` opens with a faulty call and its tool error as context."""
         ...
 
 

@@ -165,6 +165,9 @@ class HFSFTConfig(LoRAOptions):
     min_lr_ratio: float = field(default=0.1, metadata=_bounds(0, 1))
     weight_decay: float = field(default=0.0, metadata=_bounds(0))
     grad_clip: float = field(default=1.0, metadata=_bounds(0))
+    # share of the conversations that first recover from a tool's usage error (the slip is
+    # context, never a target): see demonstration_sequences
+    recovery_fraction: float = field(default=0.0, metadata=_bounds(0, 1))
     seed: int = 0
     log_every: int = field(default=10, metadata=_bounds(0))
 

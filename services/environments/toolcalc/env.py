@@ -294,15 +294,29 @@ class ToolcalcEnvironment:
         api, request = self._task_api(task)
         return chat.verify_completions(api, solve(request, api), list(episode.completions))
 
-    def chat_demonstration(self, task: TaskSpec) -> list[tuple[list[ChatMessage], str]]:
-        """The solved conversation, one (messages so far, assistant text) pair per turn."""
+    def chat_demonstration(
+        self, task: TaskSpec, *, recover_from_slip: bool = False
+    ) -> list[tuple[list[ChatMessage], str]]:
+        """The solved conversation, one (messages so far, assistant text) pair per turn.
+
+        ``recover_from_slip``: the first call is first made without its last argument, gets
+        the API's usage error, and is then made right, as in an agent's production traces.
+        The slip is context, never a target: the model learns to read a tool's error and
+        follow it, which is what carries it through an API change it was never shown.
+        """
         api, request = self._task_api(task)
         program = solve(request, api)
-        episode = self.chat_start(task, max_turns=len(program.calls) + 1)
+        turns = len(program.calls) + 1 + int(recover_from_slip)
+        episode = self.chat_start(task, max_turns=turns)
         pairs: list[tuple[list[ChatMessage], str]] = []
-        for op, args in program.calls:
+        for index, (op, args) in enumerate(program.calls):
             tool = api.by_op(op)
             arguments = dict(zip(tool.params, args, strict=True))
+            if recover_from_slip and index == 0:
+                slip = dict(list(arguments.items())[:-1])
+                self.chat_step(
+                    task, episode, chat.demonstration_text(ChatToolCall("", tool.name, slip))
+                )
             text = chat.demonstration_text(ChatToolCall(id="", name=tool.name, arguments=arguments))
             pairs.append((list(episode.messages), text))
             self.chat_step(task, episode, text)

@@ -79,7 +79,13 @@ def run_hf_train(
         else:
             policy = HFModel(model, tokenizer, device=ctx.device)
             try:
-                sequences = demonstration_sequences(chat_env, tasks, policy)
+                sequences = demonstration_sequences(
+                    chat_env,
+                    tasks,
+                    policy,
+                    recovery_fraction=config.recovery_fraction,
+                    seed=config.seed,
+                )
             except (NotImplementedError, ValueError) as exc:
                 raise JobError(f"cannot build demonstrations: {exc}") from None
             result = train_sft_hf(

@@ -31,6 +31,7 @@ autocast with fp32 trainable weights; CPU runs fp32.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -163,13 +164,28 @@ def _trainable_and_optimizer(
 
 
 def demonstration_sequences(
-    env: ChatEnvironment, tasks: Sequence[TaskSpec], policy: HFModel
+    env: ChatEnvironment,
+    tasks: Sequence[TaskSpec],
+    policy: HFModel,
+    *,
+    recovery_fraction: float = 0.0,
+    seed: int = 0,
 ) -> Sequences:
-    """Token sequences of the solved conversations, assistant turns (and end-of-turn) targets."""
+    """Token sequences of the solved conversations, assistant turns (and end-of-turn) targets.
+
+    A seeded share ``recovery_fraction`` of them recover from a slip first (a call missing
+    an argument, answered by the tool's usage error): a champion that has seen errors
+    followed can recover from an API change by sampling, where one that never saw an error
+    repeats its call (docs/models.md).
+    """
+    if not 0.0 <= recovery_fraction <= 1.0:
+        raise ValueError("recovery_fraction must be in [0, 1]")
     end_of_turn = policy.end_of_turn_id
     sequences: Sequences = []
+    rng = random.Random(f"hf/demonstrations/{seed}")
     for task in tasks:
-        pairs = env.chat_demonstration(task)
+        slip = rng.random() < recovery_fraction
+        pairs = env.chat_demonstration(task, recover_from_slip=slip)
         tools = env.chat_start(task, max_turns=1).tools
         turns = []
         for messages, text in pairs:

@@ -7,6 +7,8 @@ from dataclasses import replace
 import pytest
 
 from services.chat import ChatMessage
+from services.chat.render import tool_call_text
+from services.chat.toolcalls import parse_assistant_output
 from services.environments.chat import ChatEnvironment, as_chat_environment
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.environments.toolcalc.api import get_api
@@ -125,6 +127,25 @@ def test_demonstrations_solve_every_version() -> None:
             for _, text in pairs:
                 ENV.chat_step(task, episode, text)
             assert ENV.chat_verify(task, episode).total == 1.0
+
+
+def test_a_demonstration_recovers_from_a_slip_it_never_teaches() -> None:
+    for version in ("v1", "v2", "v3"):
+        for task in ENV.generate_tasks(8, seed=3, api_version=version):
+            plain = ENV.chat_demonstration(task)
+            pairs = ENV.chat_demonstration(task, recover_from_slip=True)
+            assert [text for _, text in pairs] == [text for _, text in plain]
+            slip, error = pairs[0][0][2], pairs[0][0][3]
+            first = parse_assistant_output(plain[0][1]).tool_calls[0]
+            assert slip.role == "assistant" and slip.tool_calls[0].name == first.name
+            assert len(slip.tool_calls[0].arguments) == len(first.arguments) - 1
+            assert error.role == "tool" and error.content.startswith("error: usage")
+            episode = ENV.chat_start(task, max_turns=len(pairs) + 1)
+            ENV.chat_step(task, episode, tool_call_text(first.name, slip.tool_calls[0].arguments))
+            for _, text in pairs:
+                ENV.chat_step(task, episode, text)
+            reward = ENV.chat_verify(task, episode)
+            assert reward.passed and reward.components["syntax"] < 1.0
 
 
 def test_extract_answer() -> None:

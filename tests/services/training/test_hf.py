@@ -322,6 +322,8 @@ def test_an_adapter_without_its_base_in_the_store_is_not_installed(
         ("sft", {"lora": "yes"}, "lora must be true or false"),
         ("sft", {"lr": 0}, r"lr must be > 0"),
         ("sft", {"augment_fraction": 0.5}, "unknown hyperparameter.*augment_fraction"),
+        ("sft", {"recovery_fraction": 1.5}, r"recovery_fraction must be in \[0, 1\]"),
+        ("grpo", {"recovery_fraction": 0.5}, "unknown hyperparameter.*recovery_fraction"),
         ("grpo", {"group_size": 1}, "group_size must be >= 2"),
     ],
 )
@@ -374,6 +376,29 @@ def test_a_training_profile_for_hf_refuses_unknown_hyperparameters() -> None:
         TrainingProfile.model_validate(
             {"family": "hf", "algorithm": "sft", "hyperparameters": {"augment_fraction": 0.5}}
         )
+
+
+def test_recovery_demonstrations_add_context_not_targets(tiny_llama: Path) -> None:
+    from services.training.hf.model import HFModel
+    from services.training.hf.train import demonstration_sequences
+
+    loaded = load_hf_checkpoint(tiny_llama)
+    policy = HFModel(loaded.model, loaded.tokenizer, device=torch.device("cpu"))
+    env = ToolcalcEnvironment()
+    tasks = env.generate_tasks(12, seed=6, api_version="v1")
+    plain = demonstration_sequences(env, tasks, policy)
+    recovering = demonstration_sequences(env, tasks, policy, recovery_fraction=1.0)
+    assert len(recovering) == len(plain)
+    for (ids, mask), (slip_ids, slip_mask) in zip(plain, recovering, strict=True):
+        assert len(slip_ids) > len(ids)
+        targets = [token for token, is_target in zip(ids, mask, strict=True) if is_target]
+        slip_targets = [t for t, is_target in zip(slip_ids, slip_mask, strict=True) if is_target]
+        assert slip_targets == targets
+    half = demonstration_sequences(env, tasks, policy, recovery_fraction=0.5, seed=1)
+    assert half == demonstration_sequences(env, tasks, policy, recovery_fraction=0.5, seed=1)
+    assert 0 < sum(a != b for a, b in zip(half, plain, strict=True)) < len(tasks)
+    with pytest.raises(ValueError, match="recovery_fraction"):
+        demonstration_sequences(env, tasks, policy, recovery_fraction=-0.1)
 
 
 def test_logprobs_of_kept_positions_equal_the_full_computation(tiny_llama: Path) -> None:

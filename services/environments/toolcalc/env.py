@@ -301,8 +301,9 @@ class ToolcalcEnvironment:
 
         ``recover_from_slip``: the first call is first made without its last argument, gets
         the API's usage error, and is then made right, as in an agent's production traces.
-        The slip is context, never a target: the model learns to read a tool's error and
-        follow it, which is what carries it through an API change it was never shown.
+        The slip is context, never a target: the model sees a tool's error followed, and
+        under an API change it was never shown it varies its calls instead of repeating one
+        (docs/models.md, run 4; it did not yet reach the answers there).
         """
         api, request = self._task_api(task)
         program = solve(request, api)
@@ -314,9 +315,8 @@ class ToolcalcEnvironment:
             arguments = dict(zip(tool.params, args, strict=True))
             if recover_from_slip and index == 0:
                 slip = dict(list(arguments.items())[:-1])
-                self.chat_step(
-                    task, episode, chat.demonstration_text(ChatToolCall("", tool.name, slip))
-                )
+                slip_call = ChatToolCall(id="", name=tool.name, arguments=slip)
+                self.chat_step(task, episode, chat.demonstration_text(slip_call))
             text = chat.demonstration_text(ChatToolCall(id="", name=tool.name, arguments=arguments))
             pairs.append((list(episode.messages), text))
             self.chat_step(task, episode, text)

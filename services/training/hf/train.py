@@ -174,9 +174,9 @@ def demonstration_sequences(
     """Token sequences of the solved conversations, assistant turns (and end-of-turn) targets.
 
     A seeded share ``recovery_fraction`` of them recover from a slip first (a call missing
-    an argument, answered by the tool's usage error): a champion that has seen errors
-    followed can recover from an API change by sampling, where one that never saw an error
-    repeats its call (docs/models.md).
+    an argument, answered by the tool's usage error): under an API change, a champion that
+    has seen errors followed varies its calls, where one that never saw an error repeats
+    its call (measured in docs/models.md, run 4).
     """
     if not 0.0 <= recovery_fraction <= 1.0:
         raise ValueError("recovery_fraction must be in [0, 1]")

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -37,6 +37,30 @@ class SettingsError(Exception):
 def _config_file_from_env() -> Path | None:
     raw = os.environ.get(f"{ENV_PREFIX}CONFIG_FILE")
     return Path(raw).expanduser() if raw else None
+
+
+class Endpoint(BaseModel):
+    """An HTTP endpoint the deployment lets Ratchet call, under a name.
+
+    A loop names an endpoint; it never supplies a URL or a credential of its own. That way a
+    person who may edit a loop cannot make the worker send a key (or anything else) to a host
+    the operator did not list. Given as JSON, e.g. ``RATCHET_JUDGE_ENDPOINTS='{"gpt": {"url":
+    "https://api.example.com/v1", "api_key": "..."}}'``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(min_length=1, max_length=2048)
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+    @field_validator("url", mode="after")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in {"http", "https"} or not rest.strip("/"):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
 
 
 class Settings(BaseSettings):
@@ -138,9 +162,18 @@ class Settings(BaseSettings):
     # Default: the cores this process may use (affinity and cgroup CPU quota), at most 64.
     curation_processes: int = Field(default_factory=lambda: min(usable_cores(), 64), ge=1, le=64)
 
+    # Named endpoints a loop may call by name (see Endpoint): live tools for the replay
+    # environment, and OpenAI-compatible LLM judges.
+    tool_endpoints: dict[str, Endpoint] = Field(default_factory=dict)
+    judge_endpoints: dict[str, Endpoint] = Field(default_factory=dict)
+
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(default=8100, ge=1, le=65535)
+    # The model server's own API key (vLLM's --api-key): `ratchet serve` requires it as a
+    # Bearer token when set, and the local serving target sends it. It is never the admin
+    # token: no credential of the control plane is sent to a model server.
+    serve_api_key: SecretStr | None = None
     # Bearer token for the adapter endpoints of `openai`/`kubernetes` serving targets (vLLM's
     # --api-key); unset means the admin token.
     serving_api_key: SecretStr | None = None

@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--max-batch-rows must be >= 1")
     if not args.served_model_name.strip():
         raise CliError("--served-model-name must not be empty")
+    try:
+        args.served_model_name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CliError("--served-model-name must be valid UTF-8") from None
     # The key comes from the environment or the config file only: argv is visible in ps.
     key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
     checkpoint = args.checkpoint.absolute()

@@ -184,6 +184,13 @@ class ChatCompletionRequest(_Body):
         return name
 
 
+def _valid_unicode(value: str) -> str:
+    """A name or path that can be encoded (served names end up in JSON, paths in syscalls)."""
+    if _lone_surrogate(value, "") is not None:
+        raise ValueError("is not valid Unicode (a lone surrogate)")
+    return value
+
+
 class LoadAdapterRequest(_Body):
     """vLLM's body; ``lora_path`` may also be a full-model checkpoint on this server."""
 
@@ -191,10 +198,14 @@ class LoadAdapterRequest(_Body):
     lora_path: str = Field(min_length=1, max_length=4096)
     load_inplace: bool = False
 
+    _unicode = field_validator("lora_name", "lora_path")(_valid_unicode)
+
 
 class UnloadAdapterRequest(_Body):
     lora_name: str = Field(min_length=1, max_length=256)
     lora_int_id: int | None = None
+
+    _unicode = field_validator("lora_name")(_valid_unicode)
 
 
 def _lone_surrogate(value: Any, where: str) -> str | None:

@@ -161,7 +161,7 @@ def _plain_directory(root: Path, parts: tuple[str, ...], refused: LoadRefused) -
                 raise refused
         if not stat.S_ISREG((current / MANIFEST_FILE).lstat().st_mode):
             raise refused
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name the filesystem cannot encode
         raise refused from None
     return current
 

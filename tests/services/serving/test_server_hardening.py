@@ -222,6 +222,18 @@ def test_a_lone_surrogate_is_a_400(serve: Serve, checkpoints: list[CheckpointRef
             headers={"content-type": "application/json"},
         )
         assert openai_error(response, 400)["param"] == param
+    for path, body in [
+        ("/v1/load_lora_adapter", {"lora_name": "\ud800", "lora_path": "/x"}),
+        ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/tmp/\ud800"}),
+        ("/v1/unload_lora_adapter", {"lora_name": "\udfff"}),
+    ]:
+        response = httpx.post(
+            f"{server.url}{path}",
+            content=json.dumps(body),
+            headers={"content-type": "application/json"},
+        )
+        openai_error(response, 400)
+    assert httpx.get(f"{server.url}/v1/models").status_code == 200
 
 
 @pytest.mark.parametrize(

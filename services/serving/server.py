@@ -67,7 +67,12 @@ from services.serving.engine import (
     SamplingParams,
     cut_at_stop,
 )
-from services.serving.guards import DoorPolicy, ServingDoor, adapter_access_refusal
+from services.serving.guards import (
+    DoorPolicy,
+    ServingDoor,
+    adapter_access_refusal,
+    is_loopback,
+)
 from services.serving.openai_api import (
     ChatCompletionRequest,
     LoadAdapterRequest,
@@ -720,6 +725,12 @@ def serve(
         queue_max=queue_max,
         model_roots=list(model_roots) or [checkpoint.parent],
     )
+    if api_key is None and not is_loopback(host):
+        logger.warning(
+            "listening on %s without RATCHET_SERVE_API_KEY: anyone who reaches the port may "
+            "ask for completions, and the adapter routes are refused",
+            host,
+        )
     logger.info(
         "serving %s (%s) as %r on http://%s:%d",
         served.version[:12],

@@ -357,6 +357,9 @@ def test_serving_stops_at_the_end_of_turn_when_eos_names_another_token(
     assert tokenizer.eos_token_id == pad
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end in stop_token_ids(tokenizer) and im_end in served.engine.eos_ids
+    from services.training.hf.model import HFModel
+
+    assert set(HFModel.load(directory, device="cpu").stop_ids) == served.engine.eos_ids
 
     server = serve(tool_calling_llama, registry=registry)
     answer = httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, "max_tokens": 20})

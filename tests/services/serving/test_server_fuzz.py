@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import APIOperation, Case
 from schemathesis.core.result import Ok
 
+from services.metrics import SERVING_REQUESTS
 from services.serving.base import CheckpointRef
 from tests.services.serving.conftest import ServerThread
 
@@ -64,6 +65,7 @@ def test_fuzzing_the_model_server_finds_no_server_error(
     serve: Serve, checkpoints: list[CheckpointRef]
 ) -> None:
     errors: list[str] = []
+    before = answered()
     for api_key in (None, KEY):
         server = serve(checkpoints[0], api_key=api_key, max_body_bytes=64 * 1024)
         schema = schemathesis.openapi.from_dict(server.app.openapi())
@@ -89,3 +91,9 @@ def test_fuzzing_the_model_server_finds_no_server_error(
                 if response.status_code >= 500:
                     errors.append(f"hostile {body[:40]!r} to {path}: {response.text[:300]}")
     assert errors == []
+    assert answered() - before > 150  # the cases were really sent (and answered)
+
+
+def answered() -> float:
+    """Requests the model servers of this process answered, by the door's own counter."""
+    return sum(SERVING_REQUESTS.labels(kind)._value.get() for kind in ("2xx", "4xx"))

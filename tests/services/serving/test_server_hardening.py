@@ -61,7 +61,7 @@ def test_a_conversation_too_long_for_the_context_is_refused_before_rendering(
         rendered.append(1)
         return original(*args)
 
-    engine.render = counting  # type: ignore[method-assign]
+    engine.render = counting  # type: ignore[method-assign,assignment]
     long = {**CHAT, "messages": [{"role": "user", "content": "x" * 5_000}]}
     refused = httpx.post(f"{server.url}/v1/chat/completions", json=long)
     assert openai_error(refused, 400)["code"] == "context_length_exceeded"
@@ -210,11 +210,12 @@ def test_adapter_loads_come_only_from_the_model_roots_and_say_nothing_of_what_ex
 
 def test_a_lone_surrogate_is_a_400(serve: Serve, checkpoints: list[CheckpointRef]) -> None:
     server = serve(checkpoints[0])
-    for change, param in [
+    changes: list[tuple[dict[str, Any], str]] = [
         ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages[0].content"),
         ({"stop": ["\udfff"]}, "stop[0]"),
         ({"model": "\ud800"}, "model"),
-    ]:
+    ]
+    for change, param in changes:
         body = json.dumps({**CHAT, **change})  # ensure_ascii: "\\ud800" on the wire
         response = httpx.post(
             f"{server.url}/v1/chat/completions",
@@ -222,14 +223,14 @@ def test_a_lone_surrogate_is_a_400(serve: Serve, checkpoints: list[CheckpointRef
             headers={"content-type": "application/json"},
         )
         assert openai_error(response, 400)["param"] == param
-    for path, body in [
+    for path, adapter_body in [
         ("/v1/load_lora_adapter", {"lora_name": "\ud800", "lora_path": "/x"}),
         ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/tmp/\ud800"}),
         ("/v1/unload_lora_adapter", {"lora_name": "\udfff"}),
     ]:
         response = httpx.post(
             f"{server.url}{path}",
-            content=json.dumps(body),
+            content=json.dumps(adapter_body),
             headers={"content-type": "application/json"},
         )
         openai_error(response, 400)

@@ -285,6 +285,8 @@ class ModelRegistry:
         if engine is None:
             try:
                 base_dir = resolve_base_dir(path, manifest, None)
+                if base_dir.is_symlink():  # the store's entry, not whatever it points at
+                    raise CheckpointError(f"{base_dir} is a symlink (refused)")
             except CheckpointError as exc:
                 raise LoadRefused(
                     f"adapter {path} needs base model {base_id[:12]}, which this server does not "

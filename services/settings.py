@@ -174,6 +174,15 @@ class Settings(BaseSettings):
     # Bearer token when set, and the local serving target sends it. It is never the admin
     # token: no credential of the control plane is sent to a model server.
     serve_api_key: SecretStr | None = None
+    # `ratchet serve` under careless or hostile clients: request bodies past this size are
+    # refused (413) before they are parsed, and past this many rows waiting to decode a
+    # request is answered 429 with Retry-After instead of queued.
+    serve_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    serve_queue_max: int = Field(default=256, ge=1)
+    # Directories `POST /v1/load_lora_adapter` may load checkpoints from (absolute; the path
+    # must lie inside one, symlinks refused). Empty: the artifact store and the directory
+    # holding the checkpoint `ratchet serve` started with.
+    serve_model_roots: list[Path] = Field(default_factory=list)
     # Bearer token for the adapter endpoints of `openai`/`kubernetes` serving targets (vLLM's
     # --api-key); unset means the admin token.
     serving_api_key: SecretStr | None = None

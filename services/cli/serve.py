@@ -62,6 +62,13 @@ def run(args: argparse.Namespace) -> int:
     POST /v1/chat/completions (tools, streaming), GET /v1/models, and vLLM's
     POST /v1/load_lora_adapter and /v1/unload_lora_adapter for hot swap. Concurrent requests
     are decoded in batches.
+
+    Security (environment or config file, never argv): RATCHET_SERVE_API_KEY makes every
+    route but /health need `Authorization: Bearer <key>`, and is required for the adapter
+    routes whenever --host is not a loopback address. Adapters load only from
+    RATCHET_SERVE_MODEL_ROOTS (default: the artifact store and the directory holding
+    --checkpoint). RATCHET_SERVE_MAX_BODY_BYTES caps request bodies (413);
+    RATCHET_SERVE_QUEUE_MAX bounds the rows waiting to decode (429 past it).
     """
     from services.cli import CliError
     from services.cli.common import cli_settings
@@ -79,17 +86,27 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--max-batch-rows must be >= 1")
     if not args.served_model_name.strip():
         raise CliError("--served-model-name must not be empty")
-    token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    try:
+        args.served_model_name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CliError("--served-model-name must be valid UTF-8") from None
+    # The key comes from the environment or the config file only: argv is visible in ps.
+    key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
+    checkpoint = args.checkpoint.absolute()
+    roots = settings.serve_model_roots or [settings.artifacts_dir, checkpoint.parent]
     try:
         serve(
-            args.checkpoint.absolute(),
+            checkpoint,
             host=args.host or settings.serve_host,
             port=args.port or settings.serve_port,
             model_name=args.served_model_name,
-            admin_token=token,
+            api_key=key,
             device=args.device,
             threads=args.threads,
             max_batch_rows=args.max_batch_rows,
+            max_body_bytes=settings.serve_max_body_bytes,
+            queue_max=settings.serve_queue_max,
+            model_roots=[r for r in roots if r.is_dir()],
         )
     except LoadRefused as exc:
         raise CliError(f"cannot serve {args.checkpoint}: {exc}") from None

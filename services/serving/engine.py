@@ -22,8 +22,9 @@ shares its batch and whenever it joined.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -51,18 +52,23 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
-    """One row to decode: prompt ids, sampling, and where to report tokens as they come."""
+    """One row to decode: prompt ids, sampling, and where to report tokens as they come.
+
+    ``cancelled`` is set (from any thread) when nobody waits for the row any more (its client
+    hung up): the row leaves its batch at the next step instead of decoding to its budget.
+    """
 
     prompt_ids: list[int]
     sampling: SamplingParams
     adapter: str | None = None  # a resident adapter of the engine's base model, or the base
     on_token: TokenCallback | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
 class GenerationResult:
     token_ids: list[int]
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop", "length", or "cancelled" (nobody reads that one)
     prompt_tokens: int
 
 
@@ -95,6 +101,9 @@ class Engine(Protocol):
     path: str
     device: torch.device
     eos_ids: frozenset[int]
+    # The most characters one token stands for: a conversation whose text is longer than
+    # context * this cannot fit, and is refused before its template is rendered.
+    max_chars_per_token: int
 
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[int]:
         """Prompt ids for a conversation, ending where the assistant's turn begins."""
@@ -248,6 +257,9 @@ class ActiveBatch(Generic[Tag]):
 
     def _advance(self, row: _Row[Tag], token: int) -> bool:
         """Append ``token`` to ``row``; whether the row is now finished."""
+        if row.request.cancelled.is_set():
+            row.finish = "cancelled"
+            return True
         if token in self.engine.eos_ids:
             row.finish = "stop"
             return True

@@ -34,6 +34,7 @@ class OpenAIError(Exception):
         param: str | None = None,
         code: str | None = None,
         kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -41,6 +42,7 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
         self.kind = kind
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -113,6 +115,24 @@ class ChatCompletionRequest(_Body):
             )
         return None
 
+    def unencodable(self) -> OpenAIError | None:
+        """The first text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``,
+        which JSON can carry and no tokenizer can encode)."""
+        fields: list[tuple[str, Any]] = [
+            ("model", self.model),
+            ("messages", self.messages),
+            ("tools", self.tools),
+            ("tool_choice", self.tool_choice),
+            ("stop", self.stop),
+        ]
+        for name, value in fields:
+            where = _lone_surrogate(value, name)
+            if where is not None:
+                return OpenAIError(
+                    400, f"{where} is not valid Unicode (a lone surrogate)", param=where
+                )
+        return None
+
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -164,6 +184,13 @@ class ChatCompletionRequest(_Body):
         return name
 
 
+def _valid_unicode(value: str) -> str:
+    """A name or path that can be encoded (served names end up in JSON, paths in syscalls)."""
+    if _lone_surrogate(value, "") is not None:
+        raise ValueError("is not valid Unicode (a lone surrogate)")
+    return value
+
+
 class LoadAdapterRequest(_Body):
     """vLLM's body; ``lora_path`` may also be a full-model checkpoint on this server."""
 
@@ -171,10 +198,41 @@ class LoadAdapterRequest(_Body):
     lora_path: str = Field(min_length=1, max_length=4096)
     load_inplace: bool = False
 
+    _unicode = field_validator("lora_name", "lora_path")(_valid_unicode)
+
 
 class UnloadAdapterRequest(_Body):
     lora_name: str = Field(min_length=1, max_length=256)
     lora_int_id: int | None = None
+
+    _unicode = field_validator("lora_name")(_valid_unicode)
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """The path of the first string in ``value`` that UTF-8 cannot encode, else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _lone_surrogate(key, where) or _lone_surrogate(item, f"{where}.{key}")
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _lone_surrogate(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def prompt_chars(messages: list[ChatMessage]) -> int:
+    """Characters every chat template renders at least: the messages' contents (tools and
+    calls may be rendered shorter, or not at all, so they do not count)."""
+    return sum(len(message.content or "") for message in messages)
 
 
 def _param_of(message: str, fallback: str) -> str:

@@ -16,15 +16,29 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import shutil
+import stat
+import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.artifacts import uri_to_path
 from services.serving.engine import Engine
 from services.serving.engines.hf import HFEngine, verify_hf
 from services.serving.engines.tiny import TinyEngine
-from services.training.checkpoint import CheckpointError, Manifest, read_manifest
+from services.training.checkpoint import (
+    MANIFEST_FILE,
+    CheckpointError,
+    Manifest,
+    open_regular_file,
+    read_manifest,
+    verify_checkpoint,
+)
 from services.training.hf.checkpoint import resolve_base_dir
 
 logger = logging.getLogger(__name__)
@@ -61,15 +75,95 @@ def manifest_of(path: Path) -> Manifest:
         raise LoadRefused(str(exc)) from exc
 
 
-def load_engine(path: Path, *, device: str) -> Engine:
-    """A full model checkpoint of either family, verified; :class:`LoadRefused` if not."""
+@contextmanager
+def verified_copy(path: Path) -> Iterator[Path]:
+    """A private copy of exactly the files ``path``'s manifest lists, verified, for loading.
+
+    What is served is what the manifest lists: loaders (``from_pretrained`` above all) read
+    whatever a directory holds and follow symlinks, so an unlisted ``chat_template.jinja``
+    or a ``tokenizer_config.json -> /etc/hostname`` would change the served prompt while the
+    checkpoint verifies and keeps its id. The copy holds only the listed files, each read as
+    a regular file (never through a symlink), and is verified after copying, so nothing can
+    change between the check and the load either. It is removed once loaded (the weights are
+    in memory by then)."""
     manifest = manifest_of(path)
+    with tempfile.TemporaryDirectory(prefix="ratchet-serve-") as scratch:
+        copy = Path(scratch)
+        for name in (*manifest.files, MANIFEST_FILE):
+            if Path(name).name != name or name in (".", ".."):
+                raise LoadRefused(f"manifest of {path} lists {name!r}, which is not a file name")
+            try:
+                source = os.fdopen(open_regular_file(path / name), "rb")
+            except CheckpointError as exc:
+                raise LoadRefused(str(exc)) from exc
+            with source, (copy / name).open("xb") as target:
+                shutil.copyfileobj(source, target, 1 << 20)
+        try:
+            verify_checkpoint(copy, expected_id=manifest.checkpoint_id)
+        except CheckpointError as exc:
+            raise LoadRefused(str(exc).replace(str(copy), str(path))) from exc
+        yield copy
+
+
+def load_engine(path: Path, *, device: str) -> Engine:
+    """A full model checkpoint of either family, loaded from its :func:`verified_copy`;
+    :class:`LoadRefused` if it cannot be served."""
+    with verified_copy(path) as copy:
+        manifest = read_manifest(copy)
+        try:
+            engine: HFEngine | TinyEngine
+            if manifest.family == "hf":
+                engine = HFEngine.load(copy, device=device)
+            else:
+                engine = TinyEngine.load(copy, device=device)
+        except CheckpointError as exc:
+            raise LoadRefused(str(exc).replace(str(copy), str(path))) from exc
+    engine.path = str(path)
+    return engine
+
+
+def checkpoint_dir_within(raw: str, roots: Sequence[Path]) -> Path:
+    """The checkpoint directory ``raw`` names, if a client may load it; :class:`LoadRefused`
+    otherwise, with one message whatever the reason (outside the roots, missing, a symlink,
+    not a checkpoint), so the answer tells nothing about what exists on this machine.
+
+    ``raw`` must be absolute (a path or ``file://`` URI), without ``..``, inside one of
+    ``roots``, and no component below the root may be a symlink."""
+    refused = LoadRefused(
+        f"{raw!r} is not a checkpoint directory this server loads from: lora_path must be an "
+        "absolute path to a checkpoint inside the server's model roots "
+        "(RATCHET_SERVE_MODEL_ROOTS), with no symlinks"
+    )
     try:
-        if manifest.family == "hf":
-            return HFEngine.load(path, device=device)
-        return TinyEngine.load(path, device=device)
-    except CheckpointError as exc:
-        raise LoadRefused(str(exc)) from exc
+        candidate = uri_to_path(raw)
+    except ValueError:
+        raise refused from None
+    if not candidate.is_absolute() or ".." in candidate.parts or "\x00" in raw:
+        raise refused
+    for root in roots:
+        resolved_root = root.resolve()
+        for base in dict.fromkeys((root, resolved_root)):
+            try:
+                rest = candidate.relative_to(base)
+            except ValueError:
+                continue
+            return _plain_directory(resolved_root, rest.parts, refused)
+    raise refused
+
+
+def _plain_directory(root: Path, parts: tuple[str, ...], refused: LoadRefused) -> Path:
+    """``root``/``parts`` if every step is a real directory (no symlink) holding a manifest."""
+    current = root
+    try:
+        for part in parts:
+            current = current / part
+            if not stat.S_ISDIR(current.lstat().st_mode):
+                raise refused
+        if not stat.S_ISREG((current / MANIFEST_FILE).lstat().st_mode):
+            raise refused
+    except (OSError, ValueError):  # ValueError: a name the filesystem cannot encode
+        raise refused from None
+    return current
 
 
 class ModelRegistry:
@@ -191,6 +285,8 @@ class ModelRegistry:
         if engine is None:
             try:
                 base_dir = resolve_base_dir(path, manifest, None)
+                if base_dir.is_symlink():  # the store's entry, not whatever it points at
+                    raise CheckpointError(f"{base_dir} is a symlink (refused)")
             except CheckpointError as exc:
                 raise LoadRefused(
                     f"adapter {path} needs base model {base_id[:12]}, which this server does not "
@@ -212,12 +308,14 @@ class ModelRegistry:
         with self._lock:
             self._loading.add((id(engine), key))
         try:
-            version = engine.load_adapter(key, path)
-        except BaseException as exc:
+            with verified_copy(path) as copy:
+                try:
+                    version = engine.load_adapter(key, copy)
+                except CheckpointError as exc:
+                    raise LoadRefused(str(exc).replace(str(copy), str(path))) from exc
+        except BaseException:
             with self._lock:
                 self._loading.discard((id(engine), key))
-            if isinstance(exc, CheckpointError):
-                raise LoadRefused(str(exc)) from exc
             raise
         return ServedModel(name, engine, key, version, str(path), engine.version, created)
 

@@ -9,6 +9,10 @@ decode starts at the next token instead of after the whole batch, which is where
 server's cost per request goes down (vLLM schedules the same way; measured in
 ``benchmarks/serving.py``). Engines whose batches cannot grow decode whole batches.
 
+At most ``max_waiting_rows`` wait (more are refused with :class:`QueueFull`, a 429), and a
+row whose client hung up is cancelled (:meth:`BatchScheduler.cancel`): it leaves the queue,
+or its batch at the next step, instead of decoding to its budget for nobody.
+
 Rows of another engine (a different full model after a swap) wait until the running batch
 drains, and rows of the running engine that arrived after them wait too, so no engine is
 starved. When the model falls idle with fewer rows waiting than a full batch, it keeps
@@ -37,6 +41,10 @@ from services.serving.engine import (
 logger = logging.getLogger(__name__)
 
 
+class QueueFull(Exception):
+    """More rows wait than the scheduler holds: the request is refused (429), not queued."""
+
+
 @dataclass
 class _Pending:
     engine: Engine
@@ -53,14 +61,18 @@ class BatchScheduler:
         max_batch_rows: int = 32,
         max_wait_ms: float = 5.0,
         max_collect_ms: float = 50.0,
+        max_waiting_rows: int = 256,
     ) -> None:
         if max_batch_rows < 1:
             raise ValueError("max_batch_rows must be >= 1")
+        if max_waiting_rows < 1:
+            raise ValueError("max_waiting_rows must be >= 1")
         if max_wait_ms < 0 or max_collect_ms < 0:
             raise ValueError("max_wait_ms and max_collect_ms must be >= 0")
         self._max_rows = max_batch_rows
         self._max_wait_s = max_wait_ms / 1000.0
         self._max_collect_s = max_collect_ms / 1000.0
+        self._max_waiting = max_waiting_rows
         self._queue: deque[_Pending] = deque()
         self._wake = threading.Condition()
         self._stopping = False
@@ -69,6 +81,8 @@ class BatchScheduler:
         self.rows = 0  # rows prefilled
         self.steps = 0  # forward steps (each makes one token for every running row)
         self.row_steps = 0  # running rows summed over the steps: / steps = mean batch size
+        self.cancelled = 0  # rows dropped because their client hung up
+        self.refused = 0  # rows refused because the queue was full
 
     def start(self) -> None:
         self._thread.start()
@@ -81,13 +95,40 @@ class BatchScheduler:
             self._thread.join(30)
 
     def submit(self, engine: Engine, row: GenerationRequest) -> Future[GenerationResult]:
-        future: Future[GenerationResult] = Future()
+        return self.submit_all(engine, [row])[0]
+
+    def submit_all(
+        self, engine: Engine, rows: list[GenerationRequest]
+    ) -> list[Future[GenerationResult]]:
+        """Queue all of ``rows`` or none: :class:`QueueFull` when they would not fit."""
+        futures: list[Future[GenerationResult]] = [Future() for _ in rows]
         with self._wake:
             if self._stopping:
                 raise RuntimeError("the model server is shutting down")
-            self._queue.append(_Pending(engine, row, future))
+            if len(self._queue) + len(rows) > self._max_waiting:
+                self.refused += len(rows)
+                raise QueueFull(
+                    f"{len(self._queue)} rows are waiting to decode (at most "
+                    f"{self._max_waiting}); retry later"
+                )
+            for row, future in zip(rows, futures, strict=True):
+                self._queue.append(_Pending(engine, row, future))
             self._wake.notify()
-        return future
+        return futures
+
+    def cancel(self, rows: list[GenerationRequest]) -> None:
+        """Stop decoding ``rows`` (their client left): waiting ones leave the queue, running
+        ones leave their batch at its next step."""
+        ids = {id(row) for row in rows}
+        with self._wake:
+            dropped = [item for item in self._queue if id(item.row) in ids]
+            self._queue = deque(item for item in self._queue if id(item.row) not in ids)
+        for item in dropped:
+            item.future.cancel()
+        for row in rows:
+            if not row.cancelled.is_set():
+                row.cancelled.set()
+                self.cancelled += 1
 
     def waiting(self) -> int:
         with self._wake:
@@ -150,6 +191,9 @@ class BatchScheduler:
     def _join(self, batch: ActiveBatch[_Pending], group: list[_Pending]) -> None:
         live: list[_Pending] = []
         for item in group:
+            if item.row.cancelled.is_set():
+                item.future.cancel()
+                continue
             if not item.future.set_running_or_notify_cancel():
                 continue
             try:

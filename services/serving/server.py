@@ -17,16 +17,22 @@ same API, so an agent written against the ``openai`` client runs against either 
 
 Concurrent requests are decoded together (:mod:`services.serving.scheduler`). Every
 completion names the checkpoint that produced it in ``system_fingerprint`` and in the
-``X-Ratchet-Model-Version`` header. The adapter endpoints need ``Authorization: Bearer
-$RATCHET_ADMIN_TOKEN`` when a token is configured; without one they answer only clients on
-this machine.
+``X-Ratchet-Model-Version`` header (so traffic can be tagged by the server's word, not the
+client's).
+
+Under careless or hostile clients (:mod:`services.serving.guards` is the door): with
+``RATCHET_SERVE_API_KEY`` set every route but ``/health`` needs it as a Bearer token; bodies
+are capped before parsing (413); a conversation too long for the context is refused before
+it is rendered, and rendering runs off the event loop; at most ``queue_max`` rows wait (429
+with ``Retry-After`` past that); a client that hangs up has its rows cancelled, streaming or
+not. The adapter endpoints need the key whenever the server listens beyond loopback, and
+load only checkpoints inside the model roots; a checkpoint is loaded from a private copy of
+exactly the files its manifest lists (:func:`services.serving.registry.verified_copy`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import json
 import logging
 import secrets
@@ -34,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -44,12 +50,11 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.artifacts import uri_to_path
 from services.chat.protocol import ChatMessage
 from services.metrics import (
     SERVING_REQUEST_DURATION,
-    SERVING_REQUESTS,
     SERVING_SWAPS,
     SERVING_TOKENS,
     render_latest,
@@ -62,21 +67,37 @@ from services.serving.engine import (
     SamplingParams,
     cut_at_stop,
 )
+from services.serving.guards import (
+    DoorPolicy,
+    ServingDoor,
+    adapter_access_refusal,
+    is_loopback,
+)
 from services.serving.openai_api import (
     ChatCompletionRequest,
     LoadAdapterRequest,
     OpenAIError,
     UnloadAdapterRequest,
+    prompt_chars,
     validation_error,
 )
-from services.serving.registry import LoadRefused, ModelNotFound, ModelRegistry, ServedModel
-from services.serving.scheduler import BatchScheduler
+from services.serving.registry import (
+    LoadRefused,
+    ModelNotFound,
+    ModelRegistry,
+    ServedModel,
+    checkpoint_dir_within,
+)
+from services.serving.scheduler import BatchScheduler, QueueFull
 from services.training.rng import derive_seed
 
 logger = logging.getLogger(__name__)
 
 MAX_DEFAULT_TOKENS = 1024
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_QUEUE_MAX = 256
 _DONE = -1
+_GONE = -2  # the client hung up: the stream ends
 
 
 class ServingStats:
@@ -129,13 +150,28 @@ class ServingStats:
 def create_serving_app(
     registry: ModelRegistry,
     *,
-    admin_token: str | None = None,
+    api_key: str | None = None,
+    bind_host: str = "127.0.0.1",
     max_batch_rows: int = 32,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    queue_max: int = DEFAULT_QUEUE_MAX,
+    model_roots: Sequence[Path] | None = None,
 ) -> FastAPI:
-    """The model server's app over ``registry`` (loaded by the caller: nothing loads here)."""
-    scheduler = BatchScheduler(max_batch_rows=max_batch_rows)
+    """The model server's app over ``registry`` (loaded by the caller: nothing loads here).
+
+    ``api_key``: required of every request but /health when set. ``bind_host``: where the
+    server listens (beyond loopback the adapter routes need the key). ``model_roots``: the
+    directories adapter loads may come from (default: those holding the models served now).
+    """
+    scheduler = BatchScheduler(max_batch_rows=max_batch_rows, max_waiting_rows=queue_max)
     scheduler.start()
     stats = ServingStats()
+    policy = DoorPolicy(api_key=api_key, bind_host=bind_host, max_body_bytes=max_body_bytes)
+    roots = (
+        list(model_roots)
+        if model_roots is not None
+        else list(dict.fromkeys(Path(m.root).parent for m in registry.names()))
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -152,32 +188,41 @@ def create_serving_app(
     app.state.registry = registry
     app.state.scheduler = scheduler
     app.state.stats = stats
+    app.add_middleware(ServingDoor, policy=policy)
 
     @app.exception_handler(OpenAIError)
-    async def openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def openai_error(_request: Request, exc: OpenAIError) -> Response:
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        error = validation_error(list(exc.errors()))
-        return JSONResponse(error.body(), status_code=error.status)
+    async def invalid(_request: Request, exc: RequestValidationError) -> Response:
+        return error_response(validation_error(list(exc.errors())))
 
-    @app.middleware("http")
-    async def count(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        try:
-            response = await call_next(request)
-        except Exception:
-            SERVING_REQUESTS.labels("5xx").inc()
-            raise
-        SERVING_REQUESTS.labels(f"{response.status_code // 100}xx").inc()
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        error = OpenAIError(exc.status_code, str(exc.detail), code=code)
+        response = error_response(error)
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
         return response
 
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> Response:
+        logger.exception("the model server failed on a request")
+        return error_response(
+            OpenAIError(500, "internal error", kind="server_error", code="internal_error")
+        )
+
+    def adapter_access(request: Request) -> None:
+        refusal = adapter_access_refusal(policy, request.client.host if request.client else None)
+        if refusal is not None:
+            raise refusal
+
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         started = time.perf_counter()
-        refused = body.unsupported()
+        refused = body.unsupported() or body.unencodable()
         if refused is not None:
             raise refused
         messages = body.parsed_messages()
@@ -193,17 +238,18 @@ def create_serving_app(
                 code="model_not_found",
             ) from None
         try:
-            completion = _Completion(body, served, messages, tools, forced, scheduler)
+            completion = await _Completion.create(body, served, messages, tools, forced, scheduler)
             rows = completion.submit()
         except BaseException:
             registry.release(served)
             raise
         if body.stream:
             return StreamingResponse(
-                _released(completion.stream(rows), registry, served, stats, started),
+                _released(completion, rows, request, registry, stats, started),
                 media_type="text/event-stream",
                 headers={VERSION_HEADER: served.version, "Cache-Control": "no-cache"},
             )
+        watch = asyncio.ensure_future(_watch_disconnect(request, completion.hang_up))
         try:
             results = [await asyncio.wrap_future(future) for future in rows]
         except Exception as exc:
@@ -212,7 +258,11 @@ def create_serving_app(
                 500, f"generation failed: {exc}", kind="server_error", code="generation_failed"
             ) from exc
         finally:
+            watch.cancel()
             registry.release(served)
+        if completion.gone:  # nobody reads the answer
+            stats.record(served.version, time.perf_counter() - started, failed=True)
+            return Response(status_code=499)
         payload = completion.response(results)
         elapsed = time.perf_counter() - started
         tokens = payload["usage"]["completion_tokens"]
@@ -220,26 +270,33 @@ def create_serving_app(
         SERVING_REQUEST_DURATION.observe(elapsed)
         return JSONResponse(payload, headers={VERSION_HEADER: served.version})
 
+    def shows_paths(request: Request) -> bool:
+        """Checkpoint directories are shown to who may load models, not to every client."""
+        peer = request.client.host if request.client else None
+        return adapter_access_refusal(policy, peer) is None
+
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(m) for m in registry.names()]}
+    async def models(request: Request) -> dict[str, Any]:
+        paths = shows_paths(request)
+        return {"object": "list", "data": [_model_card(m, paths) for m in registry.names()]}
 
     @app.get("/v1/models/{name:path}")
-    async def model(name: str) -> dict[str, Any]:
+    async def model(name: str, request: Request) -> dict[str, Any]:
         for served in registry.names():
             if served.name == name:
-                return _model_card(served)
+                return _model_card(served, shows_paths(request))
         raise OpenAIError(
             404, f"the model {name!r} does not exist", param="model", code="model_not_found"
         )
 
     @app.post("/v1/load_lora_adapter", response_model=None)
     async def load_adapter(body: LoadAdapterRequest, request: Request) -> Response:
-        _check_admin(request, admin_token)
+        adapter_access(request)
         try:
-            path = Path(uri_to_path(body.lora_path))
-        except ValueError as exc:
-            raise OpenAIError(400, str(exc), param="lora_path") from exc
+            path = checkpoint_dir_within(body.lora_path, roots)
+        except LoadRefused as exc:
+            SERVING_SWAPS.labels("rejected").inc()
+            raise OpenAIError(400, str(exc), param="lora_path", code="load_refused") from None
         try:
             served = await run_in_threadpool(
                 registry.load, body.lora_name, path, replace=body.load_inplace
@@ -256,7 +313,7 @@ def create_serving_app(
 
     @app.post("/v1/unload_lora_adapter", response_model=None)
     async def unload_adapter(body: UnloadAdapterRequest, request: Request) -> Response:
-        _check_admin(request, admin_token)
+        adapter_access(request)
         try:
             registry.unload(body.lora_name)
         except ModelNotFound:
@@ -280,6 +337,8 @@ def create_serving_app(
             "decode_steps": scheduler.steps,
             "decoded_rows": scheduler.row_steps,
             "waiting_rows": scheduler.waiting(),
+            "cancelled_rows": scheduler.cancelled,
+            "refused_rows": scheduler.refused,
             **stats.snapshot(),
         }
 
@@ -302,11 +361,41 @@ def create_serving_app(
 class _Completion:
     """One chat completion request: its rows, its response, its stream."""
 
+    @classmethod
+    async def create(
+        cls,
+        body: ChatCompletionRequest,
+        served: ServedModel,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]],
+        forced: str | None,
+        scheduler: BatchScheduler,
+    ) -> _Completion:
+        """The request with its prompt rendered: refused before rendering when its text alone
+        is more than the context could hold, rendered on a worker thread (a long template
+        run or tokenization never stalls the event loop, /health included)."""
+        engine = served.engine
+        context = engine.context_length()
+        chars = prompt_chars(messages)
+        if chars > context * engine.max_chars_per_token:
+            raise OpenAIError(
+                400,
+                f"the messages hold {chars} characters, more than fit in this model's "
+                f"context; this model's context is {context} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        try:
+            prompt = await run_in_threadpool(engine.render, messages, tools)
+        except EngineError as exc:
+            raise OpenAIError(400, str(exc), param="messages") from exc
+        return cls(body, served, prompt, tools, forced, scheduler)
+
     def __init__(
         self,
         body: ChatCompletionRequest,
         served: ServedModel,
-        messages: list[ChatMessage],
+        prompt: list[int],
         tools: list[dict[str, Any]],
         forced: str | None,
         scheduler: BatchScheduler,
@@ -321,10 +410,7 @@ class _Completion:
         self.scheduler = scheduler
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        try:
-            self.prompt = self.engine.render(messages, tools)
-        except EngineError as exc:
-            raise OpenAIError(400, str(exc), param="messages") from exc
+        self.prompt = prompt
         context = self.engine.context_length()
         if len(self.prompt) >= context:
             raise OpenAIError(
@@ -338,13 +424,17 @@ class _Completion:
         self.max_tokens = min(asked or MAX_DEFAULT_TOKENS, context - len(self.prompt))
         self.stream_queue: asyncio.Queue[tuple[int, int]] | None = None
         self.results: dict[int, GenerationResult] = {}
+        self.rows: list[GenerationRequest] = []
+        self.futures: list[Future[GenerationResult]] = []
+        self.gone = False  # the client hung up
 
     def submit(self) -> list[Future[GenerationResult]]:
+        """Queue the request's rows (all or none); 429 when the queue is full."""
         base_seed = self.body.seed if self.body.seed is not None else secrets.randbits(32)
         loop = asyncio.get_running_loop()
         if self.body.stream:
             self.stream_queue = asyncio.Queue()
-        futures = []
+        rows = []
         for index in range(self.body.n):
             sampling = SamplingParams(
                 max_tokens=self.max_tokens,
@@ -353,17 +443,37 @@ class _Completion:
                 seed=derive_seed(base_seed, index),
                 stop=self.stops,
             )
-            row = GenerationRequest(
-                list(self.prompt),
-                sampling,
-                adapter=self.served.adapter,
-                on_token=self._token_callback(index, loop),
+            rows.append(
+                GenerationRequest(
+                    list(self.prompt),
+                    sampling,
+                    adapter=self.served.adapter,
+                    on_token=self._token_callback(index, loop),
+                )
             )
-            future = self.scheduler.submit(self.engine, row)
-            if self.stream_queue is not None:
+        try:
+            futures = self.scheduler.submit_all(self.engine, rows)
+        except QueueFull as exc:
+            raise OpenAIError(
+                429,
+                f"the model server is busy: {exc}",
+                kind="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            ) from None
+        if self.stream_queue is not None:
+            for index, future in enumerate(futures):
                 future.add_done_callback(self._done_callback(index, loop, self.stream_queue))
-            futures.append(future)
+        self.rows, self.futures = rows, futures
         return futures
+
+    def hang_up(self) -> None:
+        """The client left: stop decoding the rows nobody will read, end the stream."""
+        self.gone = True
+        running = zip(self.rows, self.futures, strict=True)
+        self.scheduler.cancel([row for row, future in running if not future.done()])
+        if self.stream_queue is not None:
+            self.stream_queue.put_nowait((0, _GONE))
 
     @staticmethod
     def _done_callback(
@@ -448,6 +558,21 @@ class _Completion:
         }
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
+    def _safe_prefix(self, text: str) -> int:
+        """How much of a row's text may go out now: never a stop string, nor a tail that may
+        become one (the row stops only after the token that completes it), nor a character
+        still being decoded (U+FFFD at the end)."""
+        if text.endswith("\ufffd"):
+            text = text[:-1]
+        before = cut_at_stop(text, self.stops)
+        if len(before) < len(text):
+            return len(before)
+        held = max(
+            (k for stop in self.stops for k in range(1, len(stop)) if text.endswith(stop[:k])),
+            default=0,
+        )
+        return len(text) - held
+
     async def stream(self, futures: list[Future[GenerationResult]]) -> AsyncIterator[str]:
         queue = self.stream_queue
         assert queue is not None
@@ -455,14 +580,15 @@ class _Completion:
             yield self._chunk(index, {"role": "assistant", "content": ""}, None)
         ids: list[list[int]] = [[] for _ in futures]
         sent = [0] * len(futures)
-        hold = max((len(s) for s in self.stops), default=1) - 1
         open_rows = len(futures)
         while open_rows:
             index, token = await queue.get()
+            if token == _GONE:
+                return
             if token != _DONE:
                 ids[index].append(token)
                 text = self.engine.decode_text(ids[index])
-                safe = len(text) - hold - (1 if text.endswith("\ufffd") else 0)
+                safe = self._safe_prefix(text)
                 if safe > sent[index]:
                     yield self._chunk(index, {"content": text[sent[index] : safe]}, None)
                     sent[index] = safe
@@ -495,39 +621,66 @@ class _Completion:
         yield "data: [DONE]\n\n"
 
 
+async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:
+    """Call ``on_disconnect`` when the client hangs up (the body is read by then, so the next
+    ASGI message is the disconnect); cancelled when the answer is complete."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return
+
+
 async def _released(
-    chunks: AsyncIterator[str],
+    completion: _Completion,
+    rows: list[Future[GenerationResult]],
+    request: Request,
     registry: ModelRegistry,
-    served: ServedModel,
     stats: ServingStats,
     started: float,
 ) -> AsyncIterator[str]:
-    """Stream ``chunks`` and give the model back at the end, however the stream ends."""
+    """Stream the completion, cancel its rows if the client hangs up, and give the model back
+    at the end, however the stream ends."""
+    served = completion.served
     failed = True
+    watch = asyncio.ensure_future(_watch_disconnect(request, completion.hang_up))
     try:
-        async for chunk in chunks:
+        async for chunk in completion.stream(rows):
             yield chunk
-        failed = False
+        failed = completion.gone
     except Exception as exc:  # the status line is sent: the error goes in the stream
         logger.exception("streaming a completion failed")
         error = OpenAIError(500, f"generation failed: {exc}", kind="server_error")
         yield f"data: {json.dumps(error.body())}\n\n"
     finally:
+        watch.cancel()
+        if not completion.gone and not all(f.done() for f in rows):
+            completion.hang_up()  # the stream was closed early: nobody reads the rest
         registry.release(served)
         stats.record(served.version, time.perf_counter() - started, failed=failed)
+
+
+def error_response(error: OpenAIError) -> Response:
+    """OpenAI's error object as ASCII JSON (a lone surrogate in a message cannot break it)."""
+    content = json.dumps(error.body(), ensure_ascii=True)
+    return Response(
+        content, status_code=error.status, media_type="application/json", headers=error.headers
+    )
 
 
 def fingerprint(version: str) -> str:
     return f"ratchet-{version}"
 
 
-def _model_card(served: ServedModel) -> dict[str, Any]:
+def _model_card(served: ServedModel, show_path: bool) -> dict[str, Any]:
+    """vLLM's model card; ``root`` is the checkpoint directory for clients that may load
+    models (a serving target compares it with what it loaded), else only its name."""
     return {
         "id": served.name,
         "object": "model",
         "created": served.created,
         "owned_by": "ratchet",
-        "root": served.root,
+        "root": served.root if show_path else Path(served.root).name,
         "parent": served.parent,
         "max_model_len": served.engine.context_length(),
         "ratchet": {
@@ -538,45 +691,24 @@ def _model_card(served: ServedModel) -> dict[str, Any]:
     }
 
 
-def _check_admin(request: Request, admin_token: str | None) -> None:
-    """A configured token is required; without one only this machine may load models."""
-    if admin_token is not None:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), admin_token.encode()
-        ):
-            raise OpenAIError(
-                401,
-                "missing or wrong admin token",
-                kind="authentication_error",
-                code="invalid_api_key",
-            )
-        return
-    host = request.client.host if request.client else ""
-    try:
-        local = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        local = host in ("localhost", "testclient")
-    if not local:
-        raise OpenAIError(
-            403,
-            "loading models from other machines needs RATCHET_ADMIN_TOKEN on the model server",
-            kind="permission_error",
-        )
-
-
 def serve(
     checkpoint: Path,
     *,
     host: str,
     port: int,
     model_name: str,
-    admin_token: str | None = None,
+    api_key: str | None = None,
     device: str = "auto",
     threads: int | None = None,
     max_batch_rows: int = 32,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    queue_max: int = DEFAULT_QUEUE_MAX,
+    model_roots: Sequence[Path] = (),
 ) -> None:
-    """Load ``checkpoint`` as ``model_name`` (refusing an invalid one before binding), serve."""
+    """Load ``checkpoint`` as ``model_name`` (refusing an invalid one before binding), serve.
+
+    Adapter loads may come from ``model_roots``; none given means the directory holding
+    ``checkpoint``."""
     import torch
     import uvicorn
 
@@ -584,7 +716,21 @@ def serve(
         torch.set_num_threads(threads)
     registry = ModelRegistry(device=device)
     served = registry.load(model_name, checkpoint)
-    app = create_serving_app(registry, admin_token=admin_token, max_batch_rows=max_batch_rows)
+    app = create_serving_app(
+        registry,
+        api_key=api_key,
+        bind_host=host,
+        max_batch_rows=max_batch_rows,
+        max_body_bytes=max_body_bytes,
+        queue_max=queue_max,
+        model_roots=list(model_roots) or [checkpoint.parent],
+    )
+    if api_key is None and not is_loopback(host):
+        logger.warning(
+            "listening on %s without RATCHET_SERVE_API_KEY: anyone who reaches the port may "
+            "ask for completions, and the adapter routes are refused",
+            host,
+        )
     logger.info(
         "serving %s (%s) as %r on http://%s:%d",
         served.version[:12],

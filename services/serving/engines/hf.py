@@ -25,6 +25,7 @@ import torch
 
 from services.chat.protocol import ChatMessage
 from services.chat.render import messages_with_tools_prompt
+from services.chat.stops import stop_token_ids
 from services.chat.toolcalls import parse_assistant_output
 from services.serving.engine import BatchForward, EngineError
 from services.training.checkpoint import (
@@ -60,13 +61,12 @@ class HFEngine:
         self._peft: Any = None
         self._idle: str | None = None  # an unloaded adapter peft still holds (see _drop)
         self._lock = threading.Lock()  # adapter loads vs. batch forward passes
-        eos = tokenizer.eos_token_id
-        ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
-        generation = getattr(model, "generation_config", None)
-        extra = getattr(generation, "eos_token_id", None)
-        ids.update(extra if isinstance(extra, list) else [extra] if extra is not None else [])
-        self.eos_ids = frozenset(int(i) for i in ids)
+        # The turn ends where evaluation ends it (services.chat.stops): at <|im_end|> and the
+        # template's end-of-turn token too, whatever eos the tokenizer and config name.
+        self.eos_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self._template_takes_tools = _template_renders_tools(tokenizer)
+        # A token's string in the vocabulary is never shorter than the text it decodes to.
+        self.max_chars_per_token = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
         # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns).
         parameters = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
@@ -75,6 +75,7 @@ class HFEngine:
     def load(cls, path: Path, *, device: str = "auto") -> HFEngine:
         """Load a full hf checkpoint, verified by :func:`load_hf_checkpoint` (the format of
         docs/models.md: manifest of every file, safetensors only, nothing from a hub)."""
+        refuse_unsupported_architecture(path)
         target = resolve_device(device)
         dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
         loaded = load_hf_checkpoint(path, device=target, dtype=dtype)
@@ -290,6 +291,49 @@ class HFEngine:
         missing = sorted({a for a in adapters if a is not None and a not in self._adapters})
         if missing:
             raise EngineError(f"adapter {missing[0]!r} is not loaded")
+
+
+# Models whose layers keep a recurrent state instead of (or beside) keys and values: the
+# engine's cache splices and cuts key/value tensors, which these do not have, so every
+# request would fail. Refused at load instead.
+STATE_SPACE_MODEL_TYPES = frozenset(
+    {
+        "mamba",
+        "mamba2",
+        "falcon_mamba",
+        "jamba",
+        "bamba",
+        "zamba",
+        "zamba2",
+        "falcon_h1",
+        "nemotron_h",
+        "granitemoehybrid",
+    }
+)
+
+
+def refuse_unsupported_architecture(path: Path) -> None:
+    """CheckpointError, saying why, for a model this engine cannot decode (SSM or hybrid)."""
+    try:
+        config = json.loads(read_regular_bytes(path / "config.json"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"config.json of {path} is not JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"config.json of {path} is not a JSON object")
+    configs = [config, *(v for v in config.values() if isinstance(v, dict))]  # text_config
+    for part in configs:
+        model_type = str(part.get("model_type", "")).lower()
+        layer_types = part.get("layer_types") or []
+        recurrent = [
+            t for t in layer_types if isinstance(t, str) and ("mamba" in t or "linear" in t)
+        ]
+        if model_type in STATE_SPACE_MODEL_TYPES or recurrent:
+            kind = model_type or str(recurrent[0])
+            raise CheckpointError(
+                f"{path} is a state-space or hybrid model ({kind}); the model server decodes "
+                "attention-only models (its cache holds keys and values per position). Serve "
+                "it with vLLM through an openai serving target instead"
+            )
 
 
 def _left_pad(tensor: torch.Tensor, width: int, *, dim: int = -2) -> torch.Tensor:

@@ -55,6 +55,7 @@ class TinyEngine:
         self.path = str(path)
         self.device = tiny_model.device
         self.eos_ids = frozenset({tiny_model.tokenizer.stop_id})
+        self.max_chars_per_token = 1  # one byte a token: never more characters than tokens
 
     @classmethod
     def load(cls, path: Path, *, device: str = "auto") -> TinyEngine:

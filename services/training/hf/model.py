@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from services.chat.render import messages_with_tools_prompt
+from services.chat.stops import stop_token_ids
 from services.training.checkpoint import Manifest
 from services.training.device import resolve_device
 from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint
@@ -98,8 +99,9 @@ class HFModel:
 
     @property
     def stop_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id, self.end_of_turn_id}
-        return sorted(i for i in ids if isinstance(i, int))
+        """Where a generated turn ends: the rule the model server stops by too."""
+        generation = getattr(self.model, "generation_config", None)
+        return sorted(stop_token_ids(self.tokenizer, generation) | {self.end_of_turn_id})
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> str:
         """The prompt text for the next assistant turn."""

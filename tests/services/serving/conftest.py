@@ -45,9 +45,10 @@ def checkpoints(tmp_path: Path) -> list[CheckpointRef]:
 class ServerThread:
     """uvicorn serving the model server's app in a thread, on a socket bound before it starts."""
 
-    def __init__(self, registry: ModelRegistry, admin_token: str | None = None) -> None:
+    def __init__(self, registry: ModelRegistry, **options: Any) -> None:
+        """``options``: :func:`create_serving_app`'s (``api_key``, ``queue_max``...)."""
         self.registry = registry
-        self.app = create_serving_app(registry, admin_token=admin_token)
+        self.app = create_serving_app(registry, **options)
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
@@ -84,13 +85,13 @@ def serve() -> Iterator[Callable[..., ServerThread]]:
         checkpoint: CheckpointRef,
         *,
         name: str = "ratchet",
-        admin_token: str | None = None,
         registry: ModelRegistry | None = None,
+        **options: Any,
     ) -> ServerThread:
         if registry is None:
             registry = ModelRegistry(device="cpu")
             registry.load(name, path_of(checkpoint))
-        server = ServerThread(registry, admin_token)
+        server = ServerThread(registry, **options)
         running.append(server.__enter__())
         return server
 
@@ -111,7 +112,7 @@ class ServeProcess:
     def __init__(self, checkpoint: Path, *, name: str, log: Path, token: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {"RATCHET_ADMIN_TOKEN": token} if token else {}
+        env = {"RATCHET_SERVE_API_KEY": token} if token else {}
         import os
 
         self._log = log.open("ab")

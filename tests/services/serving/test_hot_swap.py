@@ -163,13 +163,15 @@ def test_refused_loads_change_nothing(
     llama_with_adapters: list[CheckpointRef],
     tmp_path: Path,
 ) -> None:
-    server = serve(checkpoints[0], name="agent")
+    roots = [tmp_path, path_of(llama_with_adapters[1]).parent]
+    server = serve(checkpoints[0], name="agent", model_roots=roots)
     before = greedy(server, "agent")
 
     exists = load(server, "agent", checkpoints[1])
     assert exists.status_code == 400 and "load_inplace" in exists.json()["error"]["message"]
     missing = load(server, "agent", tmp_path / "nowhere", load_inplace=True)
-    assert missing.status_code == 400 and "does not exist" in missing.json()["error"]["message"]
+    assert missing.status_code == 400
+    assert "not a checkpoint directory" in missing.json()["error"]["message"]
 
     tampered = tmp_path / "tampered"
     shutil.copytree(path_of(checkpoints[1]), tampered)
@@ -211,23 +213,41 @@ def test_unload_errors_are_clear(serve: Serve, llama_with_adapters: list[Checkpo
     assert empty.status_code == 400 and empty.json()["error"]["param"] == "lora_name"
 
 
-def test_the_adapter_endpoints_need_the_admin_token(
+def test_with_an_api_key_every_route_but_health_needs_it(
     serve: Serve, checkpoints: list[CheckpointRef]
 ) -> None:
     registry = ModelRegistry(device="cpu")
     registry.load("agent", path_of(checkpoints[0]))
-    server = serve(checkpoints[0], admin_token="s3cret", registry=registry)
+    server = serve(checkpoints[0], api_key="s3cret", registry=registry)
     denied = load(server, "v2", checkpoints[1])
     assert denied.status_code == 401
     assert denied.json()["error"]["type"] == "authentication_error"
+    key = {"Authorization": "Bearer s3cret"}
     allowed = httpx.post(
         f"{server.url}/v1/load_lora_adapter",
         json={"lora_name": "v2", "lora_path": str(path_of(checkpoints[1]))},
-        headers={"Authorization": "Bearer s3cret"},
+        headers=key,
     )
     assert allowed.status_code == 200
-    # Inference stays open, as on vLLM without --api-key.
-    assert greedy(server, "v2")[1] == checkpoints[1].id
+    chat = {"model": "v2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for method, path, body in [
+        ("POST", "/v1/chat/completions", chat),
+        ("GET", "/v1/models", None),
+        ("GET", "/v1/models/v2", None),
+        ("GET", "/v1/stats", None),
+        ("GET", "/metrics", None),
+        ("GET", "/openapi.json", None),
+        ("POST", "/v1/unload_lora_adapter", {"lora_name": "v2"}),
+        ("GET", "/nowhere", None),
+    ]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            refused = httpx.request(method, f"{server.url}{path}", json=body, headers=headers)
+            assert refused.status_code == 401, (path, headers)
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+    answered = httpx.post(f"{server.url}/v1/chat/completions", json=chat, headers=key)
+    assert answered.status_code == 200
+    assert answered.headers[VERSION_HEADER] == checkpoints[1].id
+    assert httpx.get(f"{server.url}/health").status_code == 200
 
 
 def test_a_fresh_checkpoint_directory_serves_under_a_new_name(

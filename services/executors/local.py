@@ -47,6 +47,7 @@ from services.executors.base import (
     tail,
     write_spec_file,
 )
+from services.executors.runfiles import UnsafeRunFile, read_text
 from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -336,10 +337,17 @@ class LocalExecutor:
                 del self._children[pid]
 
     def _read_log(self, handle: Handle, *, tail_lines: int | None) -> str:
+        """The job's log, never through a link the job planted (its reason would be the
+        first line of whatever file the link names)."""
         path = Path(handle["log_path"])
+        run_dir = Path(handle["state_dir"]).parent
+        root = run_dir if path.is_relative_to(run_dir) else path.parent
         try:
-            text = path.read_text(errors="replace")
+            text = read_text(root, path)
         except FileNotFoundError:
+            return ""
+        except UnsafeRunFile as exc:
+            logger.warning("run %s: not reading its log: %s", handle.get("run_id"), exc)
             return ""
         return tail(text, tail_lines)
 

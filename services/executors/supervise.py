@@ -73,7 +73,13 @@ def supervise(state_dir: Path, log_path: Path, command: list[str], cwd: Path | N
         signal.signal(signum, remember)
 
     started_at = time.time()
-    with log_path.open("ab") as log:
+    # Appended to, never through a link (O_NOFOLLOW): the run directory is the job's.
+    log_fd = os.open(
+        log_path,
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0),
+        0o644,
+    )
+    with os.fdopen(log_fd, "ab") as log:
         try:
             child = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd

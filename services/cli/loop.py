@@ -379,6 +379,7 @@ def _apply(args: argparse.Namespace) -> int:
         _print_json(change)
         return 0
     _print_changes(change.changes)
+    _print_warnings(change.warnings)
     if not change.changed:
         print(f"loop {manifest.name} unchanged (version {change.version})")
     elif args.dry_run:
@@ -452,6 +453,11 @@ def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:
     print(f"ingest token:   {created.ingest_token}")
     print("store both now: they are not shown again (rotate with `ratchet loop rotate-secret`)")
     return 0
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        print(f"warning: {warning}")
 
 
 def _print_changes(changes: Any) -> None:

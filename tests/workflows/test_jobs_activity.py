@@ -587,3 +587,24 @@ async def test_a_job_planted_log_link_is_not_read_into_the_run(
     assert result.status == "failed"
     assert "the-fernet-key" not in (result.error or "")
     assert "the-fernet-key" not in (world.run_row(input.run_id).error or "")
+
+
+async def test_a_loop_command_the_local_executor_refuses_fails_the_run_for_good(
+    temporal_client: Client, task_queue: str, world: World
+) -> None:
+    activities = JobActivities(
+        session_factory=world.sessions,
+        executors={"local": LocalExecutor(poll_interval_s=0.05)},
+        artifacts=world.artifacts,
+        settings=world.settings,
+    )
+    input = world.job_input(job_command=[sys.executable, "-c", "print('ran')"])
+    async with worker(temporal_client, task_queue, activities):
+        with pytest.raises(WorkflowFailureError) as failed:
+            await run_job(temporal_client, task_queue, input)
+    error = application_error(failed.value)
+    assert error.non_retryable
+    assert "RATCHET_LOCAL_JOB_COMMANDS_ENABLED" in str(error)
+    run = world.run_row(input.run_id)
+    assert run.status == "failed"
+    assert "RATCHET_LOCAL_JOB_COMMANDS_ENABLED" in (run.error or "")

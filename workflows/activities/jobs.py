@@ -152,7 +152,11 @@ class JobActivities:
         executor = self._executor(executor_name)
         if handle is None:
             assert prepared.spec is not None
-            handle = await asyncio.to_thread(executor.submit, prepared.spec)
+            try:
+                handle = await asyncio.to_thread(executor.submit, prepared.spec)
+            except JobSpecError as exc:  # the executor refused the job (e.g. a loop command)
+                await asyncio.to_thread(self._fail_before_submit, input.run_id, str(exc))
+                raise
             cancelled = await asyncio.to_thread(self._record_handle, input.run_id, handle)
             if cancelled:  # cancel_job ran while we were submitting
                 await asyncio.to_thread(executor.cancel, handle)

@@ -306,6 +306,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  waiting for  {status.get('waiting_for') or '-'}")
         print(f"  last outcome {status.get('last_outcome') or '-'}")
         print(f"  cycles done  {status.get('cycles_done')}")
+    rollback = status.get("last_rollback")
+    if rollback:
+        print(f"  rollback     {rollback['status']} {rollback['decided_at']}: {rollback['reason']}")
     return 0
 
 

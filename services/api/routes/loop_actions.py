@@ -8,6 +8,7 @@ resume are also written to ``loops.status`` so the dashboard and a restarted wor
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 from fastapi import APIRouter
@@ -22,6 +23,7 @@ from services.api.routes.loops import loop_or_404
 from services.artifacts import ArtifactStore, uri_to_path
 from services.checkpoints import install_checkpoint, record_checkpoint
 from services.db.models import Promotion
+from services.db.queries.cycles import last_rollback_record
 from services.settings import Settings
 from services.training.checkpoint_manifest import CheckpointError
 from workflows.loop import LoopWorkflow
@@ -52,6 +54,16 @@ class ActionOut(BaseModel):
     status: str
 
 
+class RollbackOut(BaseModel):
+    """The loop's latest operator rollback: ``rolled_back``, or ``failed`` with the reason
+    (the champion then stays what it was, and the loop keeps running)."""
+
+    status: str
+    reason: str
+    checkpoint_id: str | None
+    decided_at: dt.datetime
+
+
 class LoopStatusOut(BaseModel):
     loop: str
     db_status: str
@@ -64,6 +76,7 @@ class LoopStatusOut(BaseModel):
     waiting_for: str | None = None
     last_outcome: str | None = None
     cycles_done: int | None = None
+    last_rollback: RollbackOut | None = None
 
 
 _SIGNALS: dict[str, tuple[str, Any]] = {
@@ -224,12 +237,23 @@ for _action, _summary in (
 async def status(loop: str, session: SessionDep, client: TemporalDep) -> LoopStatusOut:
     row = loop_or_404(session, loop)
     workflow_id = loop_workflow_id(loop)
+    rollback = last_rollback_record(session=session, loop=row)
     out = LoopStatusOut(
         loop=loop,
         db_status=row.status,
         status_reason=row.status_reason,
         workflow_id=workflow_id,
         workflow_status=None,
+        last_rollback=(
+            RollbackOut(
+                status=rollback.status,
+                reason=rollback.reason,
+                checkpoint_id=rollback.candidate_checkpoint_id,
+                decided_at=rollback.decided_at,
+            )
+            if rollback is not None
+            else None
+        ),
     )
     handle = client.get_workflow_handle(workflow_id)
     try:

@@ -173,3 +173,33 @@ def test_missing_champion_dir(client: TestClient, loop: dict[str, Any], tmp_path
     )
     assert response.status_code == 422
     assert "not a directory" in response.json()["error"]["message"]
+
+
+async def test_status_shows_a_failed_rollback(
+    client: TestClient,
+    loop: dict[str, Any],
+    session_factory: SessionFactory,
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    handle = temporal_env.client.get_workflow_handle(f"loop/{loop['name']}")
+    await handle.terminate()  # no worker here to answer the status query
+    assert (
+        client.get(f"/v1/loops/{loop['name']}/status", headers=ADMIN).json()["last_rollback"]
+        is None
+    )
+    with session_factory.begin() as session:
+        row = session.scalars(select(Loop).where(Loop.name == loop["name"])).one()
+        session.add(
+            Promotion(
+                loop_id=row.id,
+                decision="rollback",
+                status="failed",
+                reason="rollback to ckpt-a failed (bad answers): DeployFailed: refused",
+                decided_by="operator",
+            )
+        )
+    status = client.get(f"/v1/loops/{loop['name']}/status", headers=ADMIN)
+    assert status.status_code == 200, status.text
+    rollback = status.json()["last_rollback"]
+    assert rollback["status"] == "failed"
+    assert "DeployFailed: refused" in rollback["reason"]

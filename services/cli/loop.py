@@ -219,8 +219,10 @@ def _explain(exc: Any, name: str | None) -> str:
         return exc.message
     if exc.status_code == 404:
         return f"there is no loop named {name!r} (see `ratchet loop list`)"
-    if exc.status_code == 409:
+    if exc.status_code == 409 and exc.code == "loop_exists":
         return f"a loop named {name!r} already exists; choose another name"
+    if exc.status_code == 409:
+        return str(exc.message)
     if exc.status_code == 422 and exc.fields:
         return "invalid loop: " + "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
     if exc.status_code == 422:

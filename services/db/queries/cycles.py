@@ -34,6 +34,16 @@ def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
 # Cycles --------------------------------------------------------------------------------------
 
 
+def current_open_cycle(*, session: Session, loop: Loop) -> Cycle | None:
+    """The loop's cycle that has not ended, if any (at most one: see :func:`open_cycle`)."""
+    return session.scalars(
+        select(Cycle)
+        .where(Cycle.loop_id == loop.id, Cycle.ended_at.is_(None))
+        .order_by(Cycle.number.desc())
+        .limit(1)
+    ).one_or_none()
+
+
 def open_cycle(
     *,
     session: Session,

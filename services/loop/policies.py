@@ -105,6 +105,13 @@ class JobOverride(_Policy):
     )
 
 
+# A job's bounds, checked when a loop is saved (the budget is checked only after spending):
+# the longest a training job may run, and the most accelerators one job may hold in all
+# (nodes x accelerators per node; e.g. 256 nodes of 8).
+MAX_JOB_TIMEOUT_S = 7 * 86_400
+MAX_JOB_ACCELERATORS = 2048
+
+
 class TrainingProfile(_Policy):
     """What a training job gets: algorithm, hyper-parameters, accelerators, limits."""
 
@@ -121,7 +128,9 @@ class TrainingProfile(_Policy):
     nodes: int = Field(default=1, ge=1, le=512, description="multi-node data parallel (torchrun)")
     eval_accelerators: int = Field(default=0, ge=0, le=1024)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    timeout_s: float = Field(default=6 * 3600, gt=0)
+    timeout_s: float = Field(
+        default=6 * 3600, gt=0, description=f"at most {MAX_JOB_TIMEOUT_S} s (7 days)"
+    )
     seed: int = 0
     train_job: JobOverride | None = Field(
         default=None, description="bring your own trainer: its image and command"
@@ -141,6 +150,7 @@ class TrainingProfile(_Policy):
         profile = handler(data)
         if info.context == RECORDED:
             return profile
+        _check_job_bounds(cls.__name__, profile)
         try:
             parse_hyperparameters(profile.family, profile.algorithm, profile.hyperparameters)
         except HyperparameterError as exc:
@@ -154,6 +164,42 @@ class TrainingProfile(_Policy):
                 cls.__name__, [InitErrorDetails(type=error, loc=location, input=value)]
             ) from None
         return profile
+
+
+def _check_job_bounds(title: str, profile: TrainingProfile) -> None:
+    """The profile's job limits (not for a recorded payload: see ``RECORDED``)."""
+    problems: list[tuple[str, object, str]] = []
+    if profile.timeout_s > MAX_JOB_TIMEOUT_S:
+        problems.append(
+            (
+                "timeout_s",
+                profile.timeout_s,
+                f"must be at most {MAX_JOB_TIMEOUT_S} seconds (7 days), got {profile.timeout_s}",
+            )
+        )
+    # Only training runs on several nodes; an eval job is one node (eval_accelerators).
+    total = profile.nodes * profile.accelerators
+    if total > MAX_JOB_ACCELERATORS:
+        problems.append(
+            (
+                "accelerators",
+                profile.accelerators,
+                f"nodes x accelerators is {profile.nodes} x {profile.accelerators} = {total}; "
+                f"one training job may hold at most {MAX_JOB_ACCELERATORS} accelerators",
+            )
+        )
+    if problems:
+        raise ValidationError.from_exception_data(
+            title,
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("job_bounds", "{reason}", {"reason": reason}),
+                    loc=(field,),
+                    input=value,
+                )
+                for field, value, reason in problems
+            ],
+        )
 
 
 class ServingTarget(_Policy):

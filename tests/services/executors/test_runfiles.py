@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +74,24 @@ def test_paths_outside_the_root_are_refused(root: Path, path: str) -> None:
     target = Path(path) if path.startswith("/") else root / path
     with pytest.raises(UnsafeRunFile):
         open_for_reading(root, target)
+
+
+def test_the_spec_and_state_files_are_not_written_through_a_planted_link(
+    tmp_path: Path, make_spec: Any
+) -> None:
+    """An earlier pod of the run left links under the names the worker writes next."""
+    from services.executors.base import write_spec_file
+    from services.executors.supervise import write_json_atomic
+
+    spec = make_spec()
+    spec.run_dir.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    os.symlink(victim, spec.run_dir / f".spec.json.{os.getpid()}.tmp")
+    write_spec_file(spec)
+    state = spec.run_dir / "executor"
+    state.mkdir()
+    os.symlink(victim, state / f".exit.json.{os.getpid()}.tmp")
+    write_json_atomic(state / "exit.json", {"returncode": 0})
+    assert victim.read_text() == "keep me\n"
+    assert json.loads(spec.spec_path.read_text())["run_id"] == spec.run_id

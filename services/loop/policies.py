@@ -112,6 +112,42 @@ MAX_JOB_TIMEOUT_S = 7 * 86_400
 MAX_JOB_ACCELERATORS = 2048
 
 
+def _check_job_bounds(title: str, profile: TrainingProfile) -> None:
+    """The profile's job limits (not for a recorded payload: see ``RECORDED``)."""
+    problems: list[tuple[str, object, str]] = []
+    if profile.timeout_s > MAX_JOB_TIMEOUT_S:
+        problems.append(
+            (
+                "timeout_s",
+                profile.timeout_s,
+                f"must be at most {MAX_JOB_TIMEOUT_S} seconds (7 days), got {profile.timeout_s}",
+            )
+        )
+    # Only training runs on several nodes; an eval job is one node (eval_accelerators).
+    total = profile.nodes * profile.accelerators
+    if total > MAX_JOB_ACCELERATORS:
+        problems.append(
+            (
+                "accelerators",
+                profile.accelerators,
+                f"nodes x accelerators is {profile.nodes} x {profile.accelerators} = {total}; "
+                f"one training job may hold at most {MAX_JOB_ACCELERATORS} accelerators",
+            )
+        )
+    if problems:
+        raise ValidationError.from_exception_data(
+            title,
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("job_bounds", "{reason}", {"reason": reason}),
+                    loc=(field,),
+                    input=value,
+                )
+                for field, value, reason in problems
+            ],
+        )
+
+
 class TrainingProfile(_Policy):
     """What a training job gets: algorithm, hyper-parameters, accelerators, limits."""
 
@@ -164,42 +200,6 @@ class TrainingProfile(_Policy):
                 cls.__name__, [InitErrorDetails(type=error, loc=location, input=value)]
             ) from None
         return profile
-
-
-def _check_job_bounds(title: str, profile: TrainingProfile) -> None:
-    """The profile's job limits (not for a recorded payload: see ``RECORDED``)."""
-    problems: list[tuple[str, object, str]] = []
-    if profile.timeout_s > MAX_JOB_TIMEOUT_S:
-        problems.append(
-            (
-                "timeout_s",
-                profile.timeout_s,
-                f"must be at most {MAX_JOB_TIMEOUT_S} seconds (7 days), got {profile.timeout_s}",
-            )
-        )
-    # Only training runs on several nodes; an eval job is one node (eval_accelerators).
-    total = profile.nodes * profile.accelerators
-    if total > MAX_JOB_ACCELERATORS:
-        problems.append(
-            (
-                "accelerators",
-                profile.accelerators,
-                f"nodes x accelerators is {profile.nodes} x {profile.accelerators} = {total}; "
-                f"one training job may hold at most {MAX_JOB_ACCELERATORS} accelerators",
-            )
-        )
-    if problems:
-        raise ValidationError.from_exception_data(
-            title,
-            [
-                InitErrorDetails(
-                    type=PydanticCustomError("job_bounds", "{reason}", {"reason": reason}),
-                    loc=(field,),
-                    input=value,
-                )
-                for field, value, reason in problems
-            ],
-        )
 
 
 class ServingTarget(_Policy):

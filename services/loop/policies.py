@@ -93,7 +93,9 @@ class JobOverride(_Policy):
 
     ``command`` is the entry point; the executor appends ``train|eval --spec <path>`` to it,
     as it does to the template's. ``image`` applies where jobs run in containers (the
-    kubernetes executor); the local executor runs ``command`` on the worker's machine.
+    kubernetes executor); the local executor ignores it (with a warning) and runs ``command``
+    on the worker's machine only where the deployment enables it
+    (``RATCHET_LOCAL_JOB_COMMANDS_ENABLED``, see services.executors.local.check_loop_jobs).
     """
 
     image: Text | None = Field(default=None, description="container image of the job")

@@ -419,7 +419,6 @@ class LoopActivities:
                 loop, loop.champion_checkpoint_id, input.checkpoint_id, reason, status="failed"
             )
             session.add(record)
-            LOOP_PROMOTIONS.labels(input.loop, "rollback_failed").inc()
         logger.warning("loop %s: %s", input.loop, reason)
         return RollbackResult(False, reason)
 

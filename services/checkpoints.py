@@ -157,6 +157,7 @@ def copy_atomically(
     try:
         for name in files:
             _copy_regular_file(source, staging, name)
+        _fsync_directory(staging)
         verify(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -167,6 +168,16 @@ def copy_atomically(
         # Another registration installed it first; it must verify too.
         shutil.rmtree(staging, ignore_errors=True)
         verify(target)
+        return
+    _fsync_directory(target.parent)  # the rename is durable before the row is recorded
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _copy_regular_file(source: Path, staging: Path, name: str) -> None:
@@ -175,3 +186,5 @@ def _copy_regular_file(source: Path, staging: Path, name: str) -> None:
     fd = open_regular_file(source / name)
     with os.fdopen(fd, "rb") as src, (staging / name).open("xb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
+        dst.flush()
+        os.fsync(dst.fileno())

@@ -191,6 +191,11 @@ class Settings(BaseSettings):
     accelerator_hour_price_usd: float = Field(default=2.5, ge=0)
     cpu_hour_price_usd: float = Field(default=0.04, ge=0)
 
+    # A loop's own job command (training_profile.train_job / eval_job) on the local
+    # executor. Off: such a loop is refused, since the command would run as the worker's
+    # user on the worker's machine (the kubernetes executor runs it in the loop's image).
+    local_job_commands_enabled: bool = False
+
     # Ingestion.
     ingest_max_body_bytes: int = Field(default=5 * 1024 * 1024, ge=1024)
     ingest_max_batch: int = Field(default=500, ge=1)

@@ -21,14 +21,14 @@ from temporalio.common import (
     SearchAttributeUpdate,
     TypedSearchAttributes,
 )
-from temporalio.exceptions import ChildWorkflowError, FailureError
+from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
     from workflows.activities.loop import LoopActivities
     from workflows.curate import CurateWorkflow, curate_batches
     from workflows.evaluate import EvaluateWorkflow
-    from workflows.options import LONG_DB_TIMEOUT, db_activity
+    from workflows.options import DEPLOY, LONG_DB_TIMEOUT, db_activity, long_activity
     from workflows.probe import ProbeWorkflow
     from workflows.promote import PromoteWorkflow
     from workflows.search_attributes import (
@@ -42,9 +42,11 @@ with workflow.unsafe.imports_passed_through():
         CloseCycleInput,
         CurateInput,
         CurateResult,
+        DeployInput,
         DriftInput,
         EvalTarget,
         EvaluateInput,
+        FinishRollbackInput,
         GateInput,
         GateResult,
         LoopConfig,
@@ -60,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         RecordDecisionInput,
         ResumeSignal,
         RollbackInput,
+        RollbackResult,
         RollbackSignal,
         RunNowSignal,
         SnapshotInput,
@@ -83,6 +86,9 @@ HONEST_POINTS_PATCH = "honest-points"
 # workflow.patched id of the curate stage through the child helper, like every stage: a
 # failed curation ends the cycle as failed. Histories before it let the failure end the loop.
 CURATE_STAGE_PATCH = "curate-stage-helper"
+# workflow.patched id of the operator rollback in three steps (plan, deploy with the DEPLOY
+# preset outside any transaction, record): histories before it ran one rollback_champion.
+ROLLBACK_DEPLOY_PATCH = "rollback-deploy"
 # Batches one trigger check curates at most; what is left waits for the next check.
 TRIGGER_CHECK_MAX_BATCHES = 100
 
@@ -529,13 +535,42 @@ class LoopWorkflow:
         reason = self.state.rollback_reason
         self.state.rollback_reason = None
         self._set_stage("rollback")
-        result = await db_activity(
-            LoopActivities.rollback_champion,
-            RollbackInput(self.loop, reason),
-            start_to_close=LONG_DB_TIMEOUT,
-        )
+        if workflow.patched(ROLLBACK_DEPLOY_PATCH):
+            result = await self._roll_back(reason)
+        else:
+            result = await db_activity(
+                LoopActivities.rollback_champion,
+                RollbackInput(self.loop, reason),
+                start_to_close=LONG_DB_TIMEOUT,
+            )
         workflow.logger.info("rollback of %s: %s", self.loop, result.reason)
         self._set_stage("waiting")
+
+    async def _roll_back(self, reason: str) -> RollbackResult:
+        """Plan (a read), deploy (the ``DEPLOY`` preset: heartbeats, three attempts, no row
+        lock held), record. A deploy that fails is recorded and the loop carries on."""
+        plan = await db_activity(LoopActivities.plan_rollback, RollbackInput(self.loop, reason))
+        if plan.promotion_id is None or plan.checkpoint_id is None:
+            return RollbackResult(False, plan.reason)
+        error: str | None = None
+        try:
+            await long_activity(
+                LoopActivities.deploy_checkpoint,
+                DeployInput(
+                    self.loop,
+                    plan.serving_target,
+                    plan.checkpoint_id,
+                    plan.checkpoint_uri or "",
+                    purpose="rollback",
+                ),
+                DEPLOY,
+            )
+        except ActivityError as exc:
+            error = _root_cause(exc)
+        return await db_activity(
+            LoopActivities.finish_rollback,
+            FinishRollbackInput(self.loop, reason, plan.promotion_id, plan.checkpoint_id, error),
+        )
 
     # Helpers -----------------------------------------------------------------------------
 

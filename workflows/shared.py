@@ -805,6 +805,29 @@ class RollbackResult:
 
 
 @dataclass
+class RollbackPlan:
+    """What an operator rollback undoes: the last held promotion and the champion before it
+    (``promotion_id`` None: nothing to roll back, ``reason`` says why)."""
+
+    promotion_id: int | None
+    reason: str = ""
+    checkpoint_id: str | None = None
+    checkpoint_uri: str | None = None
+    serving_target: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FinishRollbackInput:
+    """How the rollback's deploy ended: ``error`` None when the previous champion serves."""
+
+    loop: str
+    reason: str
+    promotion_id: int
+    checkpoint_id: str
+    error: str | None = None
+
+
+@dataclass
 class CloseCycleInput:
     loop: str
     cycle: int

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,7 +32,8 @@ def register(subparsers: Any) -> None:
         commands,
         "create",
         _create,
-        help="create a loop; prints its webhook signing secret and ingest token (shown once)",
+        help="create a loop; its webhook signing secret and ingest token (shown once) go to "
+        "--secret-file PATH (0600) or, with --show-secrets, to stdout",
     )
     create.add_argument("name", help="loop name: lowercase letters, digits, dashes (DNS label)")
     create.add_argument(
@@ -38,6 +42,7 @@ def register(subparsers: Any) -> None:
     create.add_argument("--executor", choices=("local", "kubernetes"), default="local")
     create.add_argument("--budget-usd", type=_budget, default=None, help="spend cap in USD")
     create.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_secret_options(create)
 
     listing = add_command(commands, "list", _list, help="list loops")
     listing.add_argument("--json", action="store_true", help="print a JSON array")
@@ -87,6 +92,7 @@ def register(subparsers: Any) -> None:
     apply.add_argument("--by", default=None, help="who makes the change (default: user@host)")
     apply.add_argument("--reason", default=None, help="why, kept in the loop's history")
     apply.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_secret_options(apply, creating="when the file creates the loop: ")
 
     history = _loop_command(
         commands,
@@ -113,6 +119,22 @@ def register(subparsers: Any) -> None:
             command.add_argument("--cycle", type=int, default=0, help="cycle (default: current)")
             command.add_argument("--by", default=None, help="who decides (default: operator)")
         command.set_defaults(action=action)
+
+
+def _add_secret_options(parser: argparse.ArgumentParser, *, creating: str = "") -> None:
+    parser.add_argument(
+        "--secret-file",
+        default=None,
+        metavar="PATH",
+        help=f"{creating}write the new loop's signing secret and ingest token to PATH, a new "
+        "file (mode 0600, JSON)",
+    )
+    parser.add_argument(
+        "--show-secrets",
+        action="store_true",
+        help=f"{creating}print the signing secret and ingest token (they are shown once; a "
+        "terminal's scrollback or a CI log keeps them)",
+    )
 
 
 def _loop_command(
@@ -197,8 +219,10 @@ def _explain(exc: Any, name: str | None) -> str:
         return exc.message
     if exc.status_code == 404:
         return f"there is no loop named {name!r} (see `ratchet loop list`)"
-    if exc.status_code == 409:
+    if exc.status_code == 409 and exc.code == "loop_exists":
         return f"a loop named {name!r} already exists; choose another name"
+    if exc.status_code == 409:
+        return str(exc.message)
     if exc.status_code == 422 and exc.fields:
         return "invalid loop: " + "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
     if exc.status_code == 422:
@@ -214,6 +238,7 @@ def _print_json(value: BaseModel | list[BaseModel]) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
+    _check_secret_destination(args)
     created = _call(
         args,
         lambda client: client.create_loop(
@@ -224,17 +249,88 @@ def _create(args: argparse.Namespace) -> int:
             changed_by=_actor(None),
         ),
     )
+    written = _write_secret_file(args, created)
     if args.json:
-        _print_json(created)
+        _print_created_json(args, created, written)
         return 0
     print(f"loop {created.name} created", end=" ")
     print(f"(environment {created.environment}, executor {created.executor})")
-    print(f"webhook:        POST {created.webhook_url}")
-    print(f"signing secret: {created.signing_secret}")
-    print(f"otlp endpoint:  POST {created.otlp_traces_url}")
-    print(f"ingest token:   {created.ingest_token}")
-    print("store both now: they are not shown again (rotate with `ratchet loop rotate-secret`)")
+    _print_created(args, created, written)
     return 0
+
+
+# What --secret-file holds: the new loop's credentials and where to use them.
+_SECRET_FIELDS = ("signing_secret", "ingest_token")
+
+
+def _check_secret_destination(args: argparse.Namespace) -> None:
+    """Before a loop is created: its secrets, shown once, must have somewhere to go."""
+    from services.cli import CliError
+
+    if args.secret_file is None and not args.show_secrets:
+        raise CliError(
+            "a new loop's signing secret and ingest token are shown once: pass --secret-file "
+            "PATH to write them to a new file (mode 0600), or --show-secrets to print them"
+        )
+    if args.secret_file is not None:
+        path = Path(args.secret_file)
+        if os.path.lexists(path):
+            raise CliError(
+                f"--secret-file {path} exists: the secrets go to a new file only; choose "
+                "another path or remove it"
+            )
+        if not path.parent.is_dir():
+            raise CliError(f"--secret-file {path}: the directory {path.parent} does not exist")
+
+
+def _write_secret_file(args: argparse.Namespace, created: Any) -> Path | None:
+    """Write the secrets to a new 0600 file; if that fails now, print them to stderr rather
+    than lose them (the loop exists already)."""
+    if args.secret_file is None:
+        return None
+    path = Path(args.secret_file)
+    document = {
+        "loop": created.name,
+        "webhook_url": created.webhook_url,
+        "otlp_traces_url": created.otlp_traces_url,
+        **{name: getattr(created, name) for name in _SECRET_FIELDS},
+    }
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        print(
+            f"ratchet: cannot write {path} ({exc.strerror}); the secrets, shown once:\n"
+            + json.dumps(document, indent=2),
+            file=sys.stderr,
+        )
+        return None
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(document, indent=2) + "\n")
+    return path
+
+
+def _print_created_json(args: argparse.Namespace, created: Any, written: Path | None) -> None:
+    document = created.model_dump(mode="json")
+    if not args.show_secrets:
+        for name in _SECRET_FIELDS:
+            document.pop(name)
+    if written is not None:
+        document["secret_file"] = str(written)
+    print(json.dumps(document, indent=2))
+
+
+def _print_created(args: argparse.Namespace, created: Any, written: Path | None) -> None:
+    print(f"webhook:        POST {created.webhook_url}")
+    if args.show_secrets:
+        print(f"signing secret: {created.signing_secret}")
+    print(f"otlp endpoint:  POST {created.otlp_traces_url}")
+    if args.show_secrets:
+        print(f"ingest token:   {created.ingest_token}")
+    if written is not None:
+        print(f"signing secret and ingest token written to {written} (mode 0600)")
+    print("they are not shown again (rotate with `ratchet loop rotate-secret`)")
+    _print_warnings(created.warnings)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -306,6 +402,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  waiting for  {status.get('waiting_for') or '-'}")
         print(f"  last outcome {status.get('last_outcome') or '-'}")
         print(f"  cycles done  {status.get('cycles_done')}")
+    rollback = status.get("last_rollback")
+    if rollback:
+        print(f"  rollback     {rollback['status']} {rollback['decided_at']}: {rollback['reason']}")
     return 0
 
 
@@ -379,6 +478,7 @@ def _apply(args: argparse.Namespace) -> int:
         _print_json(change)
         return 0
     _print_changes(change.changes)
+    _print_warnings(change.warnings)
     if not change.changed:
         print(f"loop {manifest.name} unchanged (version {change.version})")
     elif args.dry_run:
@@ -433,6 +533,7 @@ def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:
         _print_changes(diff({}, document))
         print(f"loop {manifest.name} would be created (dry run)")
         return 0
+    _check_secret_destination(args)
     created = _call(
         args,
         lambda client: client.create_loop(
@@ -442,16 +543,18 @@ def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:
             **{"executor": None, **manifest.create_arguments()},
         ),
     )
+    written = _write_secret_file(args, created)
     if args.json:
-        _print_json(created)
+        _print_created_json(args, created, written)
         return 0
     print(f"loop {created.name} created from {args.file} (version 1)")
-    print(f"webhook:        POST {created.webhook_url}")
-    print(f"signing secret: {created.signing_secret}")
-    print(f"otlp endpoint:  POST {created.otlp_traces_url}")
-    print(f"ingest token:   {created.ingest_token}")
-    print("store both now: they are not shown again (rotate with `ratchet loop rotate-secret`)")
+    _print_created(args, created, written)
     return 0
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        print(f"warning: {warning}")
 
 
 def _print_changes(changes: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from markupsafe import Markup
 from sqlalchemy.orm import Session
 
+from services.artifacts import ArtifactStore
 from services.dashboard import charts
 from services.dashboard.lineage import serving_lineage
 from services.dashboard.links import CHILD_WORKFLOW_STAGES, RUN_KIND_STAGE, TemporalLinks
@@ -347,6 +348,10 @@ def run_context(
         "run": run,
         "detail": detail,
         "duration": duration,
-        "logs": read_logs_tail(run.logs_uri, allowed_roots=log_roots),
+        "logs": read_logs_tail(
+            run.logs_uri,
+            allowed_roots=log_roots,
+            within=ArtifactStore(Path()).run_dir(loop.name, run.id),
+        ),
         "workflow_links": workflow_links,
     }

@@ -534,7 +534,8 @@ def loop_events(session: Session, *, loop_id: int, since: dt.datetime) -> list[L
             events.append(LoopEvent(at, "promote", f"{cycle}: promoted"))
         if promotion.decision == "rollback" or promotion.rolled_back_at is not None:
             at = promotion.rolled_back_at or promotion.decided_at
-            events.append(LoopEvent(at, "rollback", f"{cycle}: rolled back: {promotion.reason}"))
+            what = "rollback failed" if promotion.status == "failed" else "rolled back"
+            events.append(LoopEvent(at, "rollback", f"{cycle}: {what}: {promotion.reason}"))
     drifts = session.execute(
         select(Cycle.number, Cycle.started_at).where(
             Cycle.loop_id == loop_id, Cycle.trigger == "drift"

@@ -29,7 +29,10 @@ def build_executor(name: str, settings: Settings) -> Executor:
     if name == "local":
         from services.executors.local import LocalExecutor
 
-        return LocalExecutor(python=settings.job_python)
+        return LocalExecutor(
+            python=settings.job_python,
+            loop_commands_enabled=settings.local_job_commands_enabled,
+        )
     if name == "kubernetes":
         from services.executors.kubernetes import KubernetesExecutor, load_template
         from services.executors.kubernetes.api import api_client_from_settings

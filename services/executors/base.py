@@ -17,6 +17,7 @@ spec, the template or the cluster's answer will not change on retry).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -256,9 +257,21 @@ def write_spec_file(spec: JobSpec) -> Path:
     if path.is_file() and path.read_text() == data:
         return path
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(data)
+    write_new_file(tmp, data.encode())
     tmp.replace(path)
     return path
+
+
+def write_new_file(path: Path, data: bytes) -> None:
+    """Write ``path`` afresh, never through a link: a run directory is a job's to write, and
+    a job (an earlier pod of the run, say) may have planted ``path`` as a link elsewhere."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # removes a link itself, never its target
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def last_line(text: str) -> str | None:

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from services.executors.base import (
     tail,
     write_spec_file,
 )
+from services.executors.runfiles import UnsafeRunFile, read_text
 from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class LocalExecutor:
         *,
         python: str | None = None,
         command: Sequence[str] | None = None,
+        loop_commands_enabled: bool = False,
         cancel_grace_s: float = 10.0,
         poll_interval_s: float = 0.2,
     ) -> None:
@@ -78,11 +80,14 @@ class LocalExecutor:
 
         ``command`` replaces that: the job kind and ``--spec <path>`` are appended to it, as
         the Kubernetes job template does, so any trainer honouring the job contract fits.
+        ``command`` is the deployment's; a *loop's* own command (``JobSpec.command``) runs
+        only with ``loop_commands_enabled`` (``RATCHET_LOCAL_JOB_COMMANDS_ENABLED``).
         """
         if command is not None and not command:
             raise JobSpecError("the local job command must not be empty")
         self._python = python or sys.executable
         self._command = list(command) if command is not None else None
+        self._loop_commands_enabled = loop_commands_enabled
         self._cancel_grace_s = cancel_grace_s
         self._poll_interval_s = poll_interval_s
         # Supervisors this process started: polled so they never linger as zombies.
@@ -92,16 +97,15 @@ class LocalExecutor:
     # Submit ------------------------------------------------------------------------------
 
     def job_command(self, spec: JobSpec) -> list[str]:
-        """The loop's own command, else this executor's, else Ratchet's job module.
+        """The loop's own command (where the deployment enables it), else this executor's,
+        else Ratchet's job module.
 
-        A job image has no meaning here (jobs run on this machine, not in a container): it
-        is logged and ignored, and the command runs as it is.
+        The executor is the last line: a loop saved before the deployment turned loop
+        commands off, or written to the database directly, is refused here too.
         """
-        if spec.image:
-            logger.info(
-                "run %s: the local executor ignores the job image %s", spec.run_id, spec.image
-            )
         if spec.command:
+            if not self._loop_commands_enabled:
+                raise JobSpecError(f"run {spec.run_id}: {LOOP_COMMAND_REFUSED}")
             return [*spec.command, spec.job_kind, "--spec", str(spec.spec_path)]
         if self._command is not None:
             return [*self._command, spec.job_kind, "--spec", str(spec.spec_path)]
@@ -123,10 +127,17 @@ class LocalExecutor:
             return self._start(spec, state_dir)
 
     def _start(self, spec: JobSpec, state_dir: Path) -> Handle:
+        command = self.job_command(spec)
         write_spec_file(spec)
         spec.output_dir.mkdir(parents=True, exist_ok=True)
         spec.logs_dir.mkdir(parents=True, exist_ok=True)
         log_path = spec.logs_dir / LOG_FILE
+        if spec.image:
+            # A job image means nothing here (no container): say so where the job's owner
+            # looks, its log, before the job's own output.
+            warning = image_ignored(spec.image)
+            logger.warning("run %s: %s", spec.run_id, warning)
+            _append_line(log_path, f"ratchet: warning: {warning}")
         supervisor = [
             sys.executable,
             "-m",
@@ -138,9 +149,9 @@ class LocalExecutor:
             "--cwd",
             str(spec.run_dir),
             "--",
-            *self.job_command(spec),
+            *command,
         ]
-        env = {**_inherited_env(), **spec.env, **spec.contract_env()}
+        env = {**job_environment(os.environ), **spec.env, **spec.contract_env()}
         with (state_dir / "supervisor.log").open("ab") as supervisor_log:
             process = subprocess.Popen(
                 supervisor,
@@ -336,21 +347,119 @@ class LocalExecutor:
                 del self._children[pid]
 
     def _read_log(self, handle: Handle, *, tail_lines: int | None) -> str:
+        """The job's log, never through a link the job planted (its reason would be the
+        first line of whatever file the link names)."""
         path = Path(handle["log_path"])
+        run_dir = Path(handle["state_dir"]).parent
+        root = run_dir if path.is_relative_to(run_dir) else path.parent
         try:
-            text = path.read_text(errors="replace")
+            text = read_text(root, path)
         except FileNotFoundError:
+            return ""
+        except UnsafeRunFile as exc:
+            logger.warning("run %s: not reading its log: %s", handle.get("run_id"), exc)
             return ""
         return tail(text, tail_lines)
 
 
-def _inherited_env() -> dict[str, str]:
-    """The worker's environment without Ratchet's own settings (database URL, tokens...).
+# What a local job keeps of the worker's environment: how to find programs, libraries and
+# accelerators, the locale, thread counts and model caches. An allow-list, not a deny-list:
+# the worker's environment holds Ratchet's settings (RATCHET_DATABASE_URL, _ADMIN_TOKEN,
+# _SECRET_KEY, _SERVE_API_KEY, ...), and may hold a cloud's or a model hub's credentials,
+# none of which a job needs: it talks to nothing but its files (the job contract).
+JOB_ENV_NAMES: frozenset[str] = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TERM",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "LD_LIBRARY_PATH",
+        "CUDA_HOME",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NVIDIA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "TOKENIZERS_PARALLELISM",
+        "XDG_CACHE_HOME",
+        "TORCH_HOME",
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_HUB_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+    }
+)
+JOB_ENV_PREFIXES: tuple[str, ...] = ("LC_",)
 
-    A job talks to nothing but its files: it gets the contract's variables, not the
-    worker's configuration, and never a stale ``RATCHET_DATASET`` of another run.
-    """
-    return {key: value for key, value in os.environ.items() if not key.startswith("RATCHET_")}
+LOOP_COMMAND_REFUSED = (
+    "the local executor runs a loop's own job command only where the deployment enables "
+    "it: set RATCHET_LOCAL_JOB_COMMANDS_ENABLED=true (settings field "
+    "local_job_commands_enabled), trusting every author of a loop's configuration, as the "
+    "command runs as the worker's user on the worker's machine (docs/deploy.md, Security); "
+    "or use the kubernetes executor"
+)
+
+
+def job_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
+    """The part of the worker's environment a local job gets (see :data:`JOB_ENV_NAMES`);
+    the executor adds the job contract's variables."""
+    return {
+        key: value
+        for key, value in worker_env.items()
+        if key in JOB_ENV_NAMES or key.startswith(JOB_ENV_PREFIXES)
+    }
+
+
+def image_ignored(image: str) -> str:
+    return (
+        f"the local executor ignores the job image {image!r}: the command runs on the "
+        "worker's machine, not in a container"
+    )
+
+
+def check_loop_jobs(
+    executor: str, training_profile: Mapping[str, Any], *, commands_enabled: bool
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """What the local executor makes of a loop's ``train_job``/``eval_job``: the refusals
+    (path, message) and the warnings, so a loop is refused when it is saved, not at its
+    first job. Other executors run both the image and the command: nothing to say."""
+    errors: list[tuple[str, str]] = []
+    warnings: list[str] = []
+    if executor != "local":
+        return errors, warnings
+    for key in ("train_job", "eval_job"):
+        override = training_profile.get(key)
+        if not isinstance(override, Mapping):
+            continue
+        path = f"training_profile.{key}"
+        if override.get("command") and not commands_enabled:
+            errors.append((f"{path}.command", LOOP_COMMAND_REFUSED))
+        if override.get("image"):
+            warnings.append(f"{path}.image: {image_ignored(str(override['image']))}")
+    return errors, warnings
+
+
+def _append_line(path: Path, line: str) -> None:
+    """One line at the end of a run file, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
 
 
 def _create_time(pid: int) -> float | None:

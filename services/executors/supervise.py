@@ -16,6 +16,7 @@ Standard library only: it runs next to the job, not in the worker.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -34,7 +35,10 @@ EXIT_FILE = "exit.json"
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON so a reader sees the old file or the whole new one, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as fh:
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a link planted under the temporary name goes, its target stays
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    with os.fdopen(os.open(tmp, flags, 0o644), "w") as fh:
         json.dump(data, fh, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
@@ -73,7 +77,13 @@ def supervise(state_dir: Path, log_path: Path, command: list[str], cwd: Path | N
         signal.signal(signum, remember)
 
     started_at = time.time()
-    with log_path.open("ab") as log:
+    # Appended to, never through a link (O_NOFOLLOW): the run directory is the job's.
+    log_fd = os.open(
+        log_path,
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0),
+        0o644,
+    )
+    with os.fdopen(log_fd, "ab") as log:
         try:
             child = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd

@@ -93,7 +93,9 @@ class JobOverride(_Policy):
 
     ``command`` is the entry point; the executor appends ``train|eval --spec <path>`` to it,
     as it does to the template's. ``image`` applies where jobs run in containers (the
-    kubernetes executor); the local executor runs ``command`` on the worker's machine.
+    kubernetes executor); the local executor ignores it (with a warning) and runs ``command``
+    on the worker's machine only where the deployment enables it
+    (``RATCHET_LOCAL_JOB_COMMANDS_ENABLED``, see services.executors.local.check_loop_jobs).
     """
 
     image: Text | None = Field(default=None, description="container image of the job")
@@ -103,6 +105,49 @@ class JobOverride(_Policy):
         max_length=64,
         description="entry point; `train|eval --spec <path>` is appended",
     )
+
+
+# A job's bounds, checked when a loop is saved (the budget is checked only after spending):
+# the longest a training job may run, and the most accelerators one job may hold in all
+# (nodes x accelerators per node; e.g. 256 nodes of 8).
+MAX_JOB_TIMEOUT_S = 7 * 86_400
+MAX_JOB_ACCELERATORS = 2048
+
+
+def _check_job_bounds(title: str, profile: TrainingProfile) -> None:
+    """The profile's job limits (not for a recorded payload: see ``RECORDED``)."""
+    problems: list[tuple[str, object, str]] = []
+    if profile.timeout_s > MAX_JOB_TIMEOUT_S:
+        problems.append(
+            (
+                "timeout_s",
+                profile.timeout_s,
+                f"must be at most {MAX_JOB_TIMEOUT_S} seconds (7 days), got {profile.timeout_s}",
+            )
+        )
+    # Only training runs on several nodes; an eval job is one node (eval_accelerators).
+    total = profile.nodes * profile.accelerators
+    if total > MAX_JOB_ACCELERATORS:
+        problems.append(
+            (
+                "accelerators",
+                profile.accelerators,
+                f"nodes x accelerators is {profile.nodes} x {profile.accelerators} = {total}; "
+                f"one training job may hold at most {MAX_JOB_ACCELERATORS} accelerators",
+            )
+        )
+    if problems:
+        raise ValidationError.from_exception_data(
+            title,
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("job_bounds", "{reason}", {"reason": reason}),
+                    loc=(field,),
+                    input=value,
+                )
+                for field, value, reason in problems
+            ],
+        )
 
 
 class TrainingProfile(_Policy):
@@ -121,7 +166,9 @@ class TrainingProfile(_Policy):
     nodes: int = Field(default=1, ge=1, le=512, description="multi-node data parallel (torchrun)")
     eval_accelerators: int = Field(default=0, ge=0, le=1024)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    timeout_s: float = Field(default=6 * 3600, gt=0)
+    timeout_s: float = Field(
+        default=6 * 3600, gt=0, description=f"at most {MAX_JOB_TIMEOUT_S} s (7 days)"
+    )
     seed: int = 0
     train_job: JobOverride | None = Field(
         default=None, description="bring your own trainer: its image and command"
@@ -141,6 +188,7 @@ class TrainingProfile(_Policy):
         profile = handler(data)
         if info.context == RECORDED:
             return profile
+        _check_job_bounds(cls.__name__, profile)
         try:
             parse_hyperparameters(profile.family, profile.algorithm, profile.hyperparameters)
         except HyperparameterError as exc:

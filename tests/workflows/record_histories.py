@@ -108,6 +108,38 @@ async def _record_curate(client: Client) -> None:
         server.cleanup()
 
 
+async def _record_operator_rollback(client: Client) -> None:
+    """Two operator rollbacks (LoopWorkflow's rollback-deploy patch): the first one's deploy
+    fails every attempt and is recorded, the second serves the previous champion; then a
+    cycle runs, as the loop carries on."""
+    from tests.support import assert_eventually_async
+    from workflows.loop import LoopWorkflow
+    from workflows.shared import RollbackSignal, RunNowSignal
+
+    world = World(new_tasks=0, rollback_deploy_fails=True)
+    task_queue = f"record-{uuid.uuid4().hex[:8]}"
+    name = "rec-operator-rollback"
+    async with make_worker(client, task_queue, world):
+        handle = await start_loop(client, task_queue, name, max_cycles=1)
+        await handle.signal(LoopWorkflow.rollback, RollbackSignal(reason="bad answers"))
+
+        async def failed() -> None:
+            assert world.rollback_failures
+
+        await assert_eventually_async(failed, timeout=60)
+        world.rollback_deploy_fails = False
+        await handle.signal(LoopWorkflow.rollback, RollbackSignal(reason="still bad"))
+
+        async def rolled_back() -> None:
+            assert world.rollbacks == ["still bad"]
+
+        await assert_eventually_async(rolled_back, timeout=60)
+        world.new_tasks = 12
+        await handle.signal(LoopWorkflow.run_now, RunNowSignal())
+        await handle.result()
+    _write(HISTORIES / "loop-operator-rollback.json", await handle.fetch_history())
+
+
 @activity.defn(name="purge_trace_bodies")
 def _fake_purge(input: PurgeTraceBodiesInput) -> PurgeTraceBodiesResult:
     return PurgeTraceBodiesResult(purged=3, cutoff=input.now)
@@ -164,6 +196,7 @@ def _write(path: Path, history: WorkflowHistory) -> None:
 SCENARIOS: dict[str, World | None] = {
     "curate": None,  # a real CurateWorkflow run, see _record_curate
     "retention": None,  # see _record_retention
+    "operator-rollback": None,  # see _record_operator_rollback
     "promoted": World(new_tasks=12),
     "rejected": World(new_tasks=12, gate_decision="reject"),
     "rolled-back": World(
@@ -222,6 +255,8 @@ async def main(names: list[str]) -> None:
             world = SCENARIOS[name]
             if name == "retention":
                 await _record_retention(env.client)
+            elif name == "operator-rollback":
+                await _record_operator_rollback(env.client)
             elif world is None:
                 await _record_curate(env.client)
             else:

@@ -541,3 +541,70 @@ async def test_a_job_runs_on_the_executor_its_cycle_started_with(
     # Only "local" is configured here: the job ran on the executor of the cycle's version.
     assert result.status == "succeeded"
     assert world.run_row(input.run_id).executor == "local"
+
+
+def _replace_log_with_link(target: Path, *, then: str) -> str:
+    """A job that swaps its own log for a symbolic link to ``target``, then ``then``."""
+    return (
+        JOB_HEADER
+        + f"""
+log = out.parent / "logs" / "job.log"
+print("the real last line", flush=True)
+log.unlink()
+os.symlink({str(target)!r}, log)
+{then}
+"""
+    )
+
+
+async def test_a_job_planted_dangling_log_link_is_not_written_through(
+    temporal_client: Client, task_queue: str, world: World, tmp_path: Path
+) -> None:
+    """The worker saves a job's logs where none are: never through a dangling link."""
+    target = tmp_path / "outside" / "planted.txt"
+    target.parent.mkdir()
+    script = _replace_log_with_link(target, then='(out / "metrics.json").write_text("{}")')
+    input = world.job_input()
+    async with worker(temporal_client, task_queue, world.activities(script)):
+        result = await run_job(temporal_client, task_queue, input)
+
+    assert result.status == "succeeded"
+    assert not target.exists()
+    assert (world.artifacts.logs_dir(world.loop, input.run_id) / "job.log").is_symlink()
+
+
+async def test_a_job_planted_log_link_is_not_read_into_the_run(
+    temporal_client: Client, task_queue: str, world: World, tmp_path: Path
+) -> None:
+    """A failed job's reason is its log's last line, read without following a link."""
+    secret = tmp_path / "secret.key"
+    secret.write_text("the-fernet-key\n")
+    script = _replace_log_with_link(secret, then="sys.exit(1)")
+    input = world.job_input()
+    async with worker(temporal_client, task_queue, world.activities(script)):
+        result = await run_job(temporal_client, task_queue, input)
+
+    assert result.status == "failed"
+    assert "the-fernet-key" not in (result.error or "")
+    assert "the-fernet-key" not in (world.run_row(input.run_id).error or "")
+
+
+async def test_a_loop_command_the_local_executor_refuses_fails_the_run_for_good(
+    temporal_client: Client, task_queue: str, world: World
+) -> None:
+    activities = JobActivities(
+        session_factory=world.sessions,
+        executors={"local": LocalExecutor(poll_interval_s=0.05)},
+        artifacts=world.artifacts,
+        settings=world.settings,
+    )
+    input = world.job_input(job_command=[sys.executable, "-c", "print('ran')"])
+    async with worker(temporal_client, task_queue, activities):
+        with pytest.raises(WorkflowFailureError) as failed:
+            await run_job(temporal_client, task_queue, input)
+    error = application_error(failed.value)
+    assert error.non_retryable
+    assert "RATCHET_LOCAL_JOB_COMMANDS_ENABLED" in str(error)
+    run = world.run_row(input.run_id)
+    assert run.status == "failed"
+    assert "RATCHET_LOCAL_JOB_COMMANDS_ENABLED" in (run.error or "")

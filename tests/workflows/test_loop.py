@@ -41,6 +41,7 @@ from workflows.shared import (
     EvaluationSummary,
     ExportProbeTasksInput,
     ExportProbeTasksResult,
+    FinishRollbackInput,
     GateInput,
     GateResult,
     LiveStats,
@@ -64,6 +65,7 @@ from workflows.shared import (
     RegisterCheckpointResult,
     ResumeSignal,
     RollbackInput,
+    RollbackPlan,
     RollbackResult,
     RollbackSignal,
     RunJobInput,
@@ -127,6 +129,10 @@ class World:
     heldout_count: int = 0
     closes: dict[int, CloseCycleInput] = field(default_factory=dict)
     deploys: list[DeployInput] = field(default_factory=list)
+    # Operator rollbacks whose deploy fails (every attempt), and what was recorded of them.
+    rollback_deploy_fails: bool = False
+    rollback_deploy_attempts: int = 0
+    rollback_failures: list[str] = field(default_factory=list)
 
     @activity.defn(name="load_loop_config")
     def load_loop_config(self, input: LoopConfigInput) -> LoopConfig:
@@ -227,6 +233,10 @@ class World:
 
     @activity.defn(name="deploy_checkpoint")
     def deploy_checkpoint(self, input: DeployInput) -> DeployResult:
+        if input.purpose == "rollback":
+            self.rollback_deploy_attempts += 1
+            if self.rollback_deploy_fails:
+                raise ApplicationError("the model server did not answer", type="ServingUnavailable")
         self.deployed.append(input.checkpoint_id)
         self.deploys.append(input)
         return DeployResult(input.checkpoint_id, "2026-01-01T00:00:00+00:00")
@@ -244,6 +254,18 @@ class World:
     def rollback_champion(self, input: RollbackInput) -> RollbackResult:
         self.rollbacks.append(input.reason)
         return RollbackResult(True, input.reason, "ckpt-0")
+
+    @activity.defn(name="plan_rollback")
+    def plan_rollback(self, input: RollbackInput) -> RollbackPlan:
+        return RollbackPlan(7, checkpoint_id="ckpt-0", checkpoint_uri="file:///ck/ckpt-0")
+
+    @activity.defn(name="finish_rollback")
+    def finish_rollback(self, input: FinishRollbackInput) -> RollbackResult:
+        if input.error is not None:
+            self.rollback_failures.append(input.error)
+            return RollbackResult(False, input.error)
+        self.rollbacks.append(input.reason)
+        return RollbackResult(True, input.reason, input.checkpoint_id)
 
     @activity.defn(name="close_cycle")
     def close_cycle(self, input: CloseCycleInput) -> CloseCycleResult:
@@ -276,6 +298,8 @@ class World:
                 "live_stats",
                 "update_promotion",
                 "rollback_champion",
+                "plan_rollback",
+                "finish_rollback",
                 "close_cycle",
             ]
         ]
@@ -567,6 +591,31 @@ async def test_pause_resume_run_now_and_rollback(temporal_client: Client, task_q
         await handle.signal(LoopWorkflow.run_now, RunNowSignal())
         await handle.result()
     assert world.triggers == {1: "operator"}
+    assert world.outcomes == {1: "promoted"}
+
+
+async def test_a_failed_rollback_deploy_is_bounded_recorded_and_the_loop_runs_on(
+    temporal_client: Client, task_queue: str
+) -> None:
+    world = World(new_tasks=0, rollback_deploy_fails=True)
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=1)
+        await handle.signal(LoopWorkflow.rollback, RollbackSignal(reason="bad answers"))
+
+        async def recorded() -> None:
+            assert world.rollback_failures == [
+                "ServingUnavailable: the model server did not answer"
+            ]
+
+        await assert_eventually_async(recorded, timeout=60)
+        assert world.rollback_deploy_attempts == 3  # the DEPLOY preset's bound
+        assert world.rollbacks == []
+        status = await handle.query(LoopWorkflow.status)
+        assert status.stage != "rollback"
+        # The loop is still running: a cycle starts and ends as usual.
+        world.new_tasks = 3
+        await handle.signal(LoopWorkflow.run_now, RunNowSignal())
+        await handle.result()
     assert world.outcomes == {1: "promoted"}
 
 

@@ -18,10 +18,12 @@ from temporalio.exceptions import ApplicationError
 
 from services.db.models import Checkpoint, Cycle, Loop, Promotion, Trace
 from services.db.session import SessionFactory
+from services.serving.base import DeployFailed
 from workflows.activities.loop import LoopActivities
 from workflows.shared import (
     CloseCycleInput,
     DeployInput,
+    FinishRollbackInput,
     LiveStats,
     LiveStatsInput,
     LoopConfigInput,
@@ -241,6 +243,78 @@ def test_rollback_without_a_held_promotion_changes_nothing(
     assert not result.rolled_back
     assert target.deployed == []
     assert loop_row(session_factory, loop_id).champion_checkpoint_id == "only"
+
+
+def _rolled_back_setup(session_factory: SessionFactory) -> tuple[int, str, str, str]:
+    loop_id, name = make_loop(session_factory)
+    first = add_checkpoint(session_factory, loop_id, f"ckpt-first-{loop_id}", 0)
+    second = add_checkpoint(session_factory, loop_id, f"ckpt-second-{loop_id}", 5)
+    cycle_id = add_cycle(session_factory, loop_id, 1, champion=first, candidate=second)
+    set_champion(session_factory, loop_id, second)
+    add_held_promotion(session_factory, cycle_id, candidate=second, previous=first)
+    return loop_id, name, first, second
+
+
+def test_the_rollback_deploy_holds_no_lock_on_the_loop(session_factory: SessionFactory) -> None:
+    """A rollout takes minutes: the loop's row must stay writable meanwhile (pause, a config
+    change, the dashboard's actions all lock it)."""
+    loop_id, name, first, _ = _rolled_back_setup(session_factory)
+    seen: list[str] = []
+
+    def deploy(serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str) -> str:
+        with session_factory.begin() as other:
+            locked = other.execute(
+                select(Loop.id).where(Loop.id == loop_id).with_for_update(nowait=True)
+            ).scalar_one()
+            assert locked == loop_id
+        seen.append(checkpoint_id)
+        return checkpoint_id
+
+    result = LoopActivities(session_factory, deploy).rollback_champion(
+        RollbackInput(name, "live complaints")
+    )
+    assert seen == [first]
+    assert (result.rolled_back, result.checkpoint_id) == (True, first)
+
+
+def test_a_failed_rollback_deploy_is_recorded_and_changes_nothing_else(
+    session_factory: SessionFactory,
+) -> None:
+    loop_id, name, first, second = _rolled_back_setup(session_factory)
+
+    def deploy(serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str) -> str:
+        raise DeployFailed("the model server refused the adapter")
+
+    activities = LoopActivities(session_factory, deploy)
+    result = activities.rollback_champion(RollbackInput(name, "live complaints"))
+    assert not result.rolled_back
+    assert "failed" in result.reason and "refused the adapter" in result.reason
+    assert loop_row(session_factory, loop_id).champion_checkpoint_id == second
+
+    def rows() -> list[tuple[str, str, str | None, str]]:
+        with session_factory() as session:
+            return [
+                (p.decision, p.status, p.candidate_checkpoint_id, p.reason)
+                for p in session.scalars(
+                    select(Promotion).where(Promotion.loop_id == loop_id).order_by(Promotion.id)
+                )
+            ]
+
+    recorded = rows()
+    assert [(d, s, c) for d, s, c, _ in recorded] == [
+        ("promote", "held", second),
+        ("rollback", "failed", first),
+    ]
+    assert "refused the adapter" in recorded[1][3]
+    # Recording the same outcome again (a retried activity) adds nothing.
+    plan = activities.plan_rollback(RollbackInput(name, "live complaints"))
+    assert (plan.promotion_id is not None, plan.checkpoint_id) == (True, first)
+    assert plan.promotion_id is not None
+    error = "the model server refused the adapter"
+    finish = FinishRollbackInput(name, "again", plan.promotion_id, first, error)
+    activities.finish_rollback(finish)
+    activities.finish_rollback(finish)
+    assert len(rows()) == 3
 
 
 # A restarted loop never replays an old cycle (issue 15, item 3) ----------------------------

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -68,6 +69,7 @@ from services.executors.base import (
     JobSpecError,
     JobStatus,
 )
+from services.executors.runfiles import UnsafeRunFile, create_exclusive
 from services.logs import log_context
 from services.settings import Settings
 from workflows.activities.errors import fails_as
@@ -150,7 +152,11 @@ class JobActivities:
         executor = self._executor(executor_name)
         if handle is None:
             assert prepared.spec is not None
-            handle = await asyncio.to_thread(executor.submit, prepared.spec)
+            try:
+                handle = await asyncio.to_thread(executor.submit, prepared.spec)
+            except JobSpecError as exc:  # the executor refused the job (e.g. a loop command)
+                await asyncio.to_thread(self._fail_before_submit, input.run_id, str(exc))
+                raise
             cancelled = await asyncio.to_thread(self._record_handle, input.run_id, handle)
             if cancelled:  # cancel_job ran while we were submitting
                 await asyncio.to_thread(executor.cancel, handle)
@@ -378,16 +384,26 @@ class JobActivities:
         return result
 
     def _save_logs(self, executor_name: str, handle: Handle, path: Path) -> None:
-        """Keep the job's logs beside its outputs (a cluster deletes pods, and their logs)."""
-        if path.exists():
+        """Keep the job's logs beside its outputs (a cluster deletes pods, and their logs).
+
+        The run directory is the job's to write, so the file is created with ``O_EXCL`` and
+        no link is followed on the way: a dangling ``logs/job.log`` the job planted is left
+        as it is, and nothing is written outside the run's own directory.
+        """
+        if os.path.lexists(path):
             return
         try:
             text = self._executor(executor_name).logs(handle)
         except ExecutorError as exc:
             logger.warning("could not save the logs of run %s: %s", handle.get("run_id"), exc)
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        try:
+            fd = create_exclusive(self._artifacts.root, path)
+        except (FileExistsError, UnsafeRunFile) as exc:
+            logger.warning("not saving the logs of run %s: %s", handle.get("run_id"), exc)
+            return
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+            fh.write(text)
 
     def _output_dir(self, input: RunJobInput) -> Path:
         return self._artifacts.run_dir(input.loop, input.run_id) / OUTPUT_SUBDIR

@@ -53,6 +53,7 @@ from workflows.shared import (
     DeployInput,
     DeployResult,
     EvaluationSummary,
+    FinishRollbackInput,
     GateInput,
     GateResult,
     LiveStats,
@@ -64,6 +65,7 @@ from workflows.shared import (
     RecordDecisionResult,
     RecordEvaluationInput,
     RollbackInput,
+    RollbackPlan,
     RollbackResult,
     StageInput,
     StartCycleInput,
@@ -328,39 +330,97 @@ class LoopActivities:
 
     @activity.defn(name="rollback_champion")
     def rollback_champion(self, input: RollbackInput) -> RollbackResult:
-        """Operator rollback to the champion before the last held promotion.
-
-        Idempotent: once rolled back, that promotion is no longer 'held', so a retry finds
-        nothing further to undo unless an earlier promotion is held too (then the operator
-        asked for two rollbacks, which a single signal never does: the workflow clears the
-        request before running this).
+        """Operator rollback in one activity, as LoopWorkflow ran it before its
+        rollback-deploy patch (kept for those histories): plan, deploy, record, each step as
+        :meth:`plan_rollback`, ``deploy_checkpoint`` and :meth:`finish_rollback` do it, so
+        the deploy never holds the loop's row lock and a failed one is recorded, not raised.
         """
+        plan = self.plan_rollback(input)
+        if plan.promotion_id is None or plan.checkpoint_id is None:
+            return RollbackResult(False, plan.reason)
+        error: str | None = None
+        try:
+            with log_context(loop=input.loop):
+                served = self._deploy_verified(
+                    plan.serving_target, plan.checkpoint_id, plan.checkpoint_uri or ""
+                )
+            if served != plan.checkpoint_id:
+                error = f"serving {served!r} after the deploy, expected {plan.checkpoint_id!r}"
+        except ApplicationError as exc:
+            error = str(exc)
+        return self.finish_rollback(
+            FinishRollbackInput(
+                input.loop, input.reason, plan.promotion_id, plan.checkpoint_id, error
+            )
+        )
+
+    @activity.defn(name="plan_rollback")
+    def plan_rollback(self, input: RollbackInput) -> RollbackPlan:
+        """Read-only: the held promotion to undo and the checkpoint to serve again. The
+        deploy runs after this transaction, never inside it (a rollout takes minutes)."""
         with log_context(loop=input.loop), self._transaction() as session:
-            loop = require_loop(session=session, name=input.loop, for_update=True)
+            loop = require_loop(session=session, name=input.loop)
             promotion = q.last_held_promotion(session=session, loop=loop)
             if promotion is None or promotion.previous_checkpoint_id is None:
-                return RollbackResult(False, "no promotion to roll back")
+                return RollbackPlan(None, "no promotion to roll back")
             previous = q.get_checkpoint(
                 session=session, checkpoint_id=promotion.previous_checkpoint_id
             )
-            served = self._deploy_verified(loop.serving_target, previous.id, previous.uri)
-            if served != previous.id:
-                raise ApplicationError(
-                    f"rollback deploy not verified: serving {served!r}, expected {previous.id!r}"
+            return RollbackPlan(
+                promotion.id,
+                checkpoint_id=previous.id,
+                checkpoint_uri=previous.uri,
+                serving_target=dict(loop.serving_target or {}),
+            )
+
+    @activity.defn(name="finish_rollback")
+    def finish_rollback(self, input: FinishRollbackInput) -> RollbackResult:
+        """Record how the rollback's deploy ended, on the loop's row lock.
+
+        Served: the promotion is rolled back and the previous champion is the champion again.
+        Failed: a ``rollback`` promotion row with status ``failed`` and the error says so
+        (the dashboard's events and ``GET /v1/loops/{loop}/status`` show it); the champion
+        and the held promotion stay as they were. Idempotent: a retry finds the promotion
+        rolled back already, or the same failure recorded.
+        """
+        with log_context(loop=input.loop), self._transaction() as session:
+            loop = require_loop(session=session, name=input.loop, for_update=True)
+            promotion = q.get_promotion(session=session, promotion_id=input.promotion_id)
+            if input.error is not None:
+                return self._record_failed_rollback(session, loop, input)
+            if promotion.status == "held":
+                q.update_promotion(
+                    session=session,
+                    promotion_id=promotion.id,
+                    status="rolled_back",
+                    reason=f"rolled back by operator: {input.reason}",
+                    set_champion=input.checkpoint_id,
+                    timestamp_field="rolled_back_at",
                 )
-            q.update_promotion(
-                session=session,
-                promotion_id=promotion.id,
-                status="rolled_back",
-                reason=f"rolled back by operator: {input.reason}",
-                set_champion=previous.id,
-                timestamp_field="rolled_back_at",
+                session.add(
+                    _rollback_record(
+                        loop, promotion.candidate_checkpoint_id, input.checkpoint_id, input.reason
+                    )
+                )
+                LOOP_PROMOTIONS.labels(input.loop, "rollback").inc()
+            return RollbackResult(
+                True, f"serving {input.checkpoint_id} again: {input.reason}", input.checkpoint_id
             )
-            session.add(
-                _rollback_record(loop, promotion.candidate_checkpoint_id, previous.id, input.reason)
+
+    def _record_failed_rollback(
+        self, session: Session, loop: Loop, input: FinishRollbackInput
+    ) -> RollbackResult:
+        reason = (
+            f"rollback to {input.checkpoint_id} failed ({input.reason}): {input.error}; "
+            f"the champion is still {loop.champion_checkpoint_id}"
+        )
+        if not q.has_rollback_record(session=session, loop=loop, status="failed", reason=reason):
+            record = _rollback_record(
+                loop, loop.champion_checkpoint_id, input.checkpoint_id, reason, status="failed"
             )
-            LOOP_PROMOTIONS.labels(input.loop, "rollback").inc()
-            return RollbackResult(True, f"serving {previous.id} again: {input.reason}", previous.id)
+            session.add(record)
+        logger.warning("loop %s: %s", input.loop, reason)
+        return RollbackResult(False, reason)
 
     # Accounting --------------------------------------------------------------------------
 
@@ -423,6 +483,8 @@ class LoopActivities:
             self.live_stats,
             self.update_promotion,
             self.rollback_champion,
+            self.plan_rollback,
+            self.finish_rollback,
             self.close_cycle,
         ]
 
@@ -511,7 +573,12 @@ def _points_detail(
 
 
 def _rollback_record(
-    loop: Loop, from_checkpoint: str | None, to_checkpoint: str, reason: str
+    loop: Loop,
+    from_checkpoint: str | None,
+    to_checkpoint: str,
+    reason: str,
+    *,
+    status: str = "rolled_back",
 ) -> Any:
     from services.db.models import Promotion
 
@@ -519,13 +586,13 @@ def _rollback_record(
         loop_id=loop.id,
         cycle_id=None,
         decision="rollback",
-        status="rolled_back",
+        status=status,
         reason=reason,
         candidate_checkpoint_id=to_checkpoint,
         previous_checkpoint_id=from_checkpoint,
         serving_target=loop.serving_target,
         decided_by="operator",
-        rolled_back_at=_now(),
+        rolled_back_at=_now() if status == "rolled_back" else None,
     )
 
 

@@ -8,6 +8,7 @@ resume are also written to ``loops.status`` so the dashboard and a restarted wor
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 from fastapi import APIRouter
@@ -21,7 +22,8 @@ from services.api.loop_control import signal_loop, start_loop_workflow
 from services.api.routes.loops import loop_or_404
 from services.artifacts import ArtifactStore, uri_to_path
 from services.checkpoints import install_checkpoint, record_checkpoint
-from services.db.models import Promotion
+from services.db.models import Loop, Promotion
+from services.db.queries.cycles import current_open_cycle, last_rollback_record
 from services.settings import Settings
 from services.training.checkpoint_manifest import CheckpointError
 from workflows.loop import LoopWorkflow
@@ -52,6 +54,16 @@ class ActionOut(BaseModel):
     status: str
 
 
+class RollbackOut(BaseModel):
+    """The loop's latest operator rollback: ``rolled_back``, or ``failed`` with the reason
+    (the champion then stays what it was, and the loop keeps running)."""
+
+    status: str
+    reason: str
+    checkpoint_id: str | None
+    decided_at: dt.datetime
+
+
 class LoopStatusOut(BaseModel):
     loop: str
     db_status: str
@@ -64,6 +76,7 @@ class LoopStatusOut(BaseModel):
     waiting_for: str | None = None
     last_outcome: str | None = None
     cycles_done: int | None = None
+    last_rollback: RollbackOut | None = None
 
 
 _SIGNALS: dict[str, tuple[str, Any]] = {
@@ -104,6 +117,7 @@ async def register_champion(
     loop: str, body: ChampionIn, session: SessionDep, settings: SettingsDep
 ) -> ChampionOut:
     row = loop_or_404(session, loop)
+    _refuse_while_a_cycle_is_open(session, row)
     try:
         source = uri_to_path(body.checkpoint)
     except ValueError as exc:
@@ -123,6 +137,10 @@ async def register_champion(
         raise ApiError(
             422, "invalid_checkpoint", f"checkpoint rejected: {exc}", fields=_field("checkpoint")
         ) from exc
+    # Serialized with a cycle's start on the loop's row (start_cycle locks it too), and
+    # checked again under the lock: the install above may have taken minutes.
+    row = loop_or_404(session, loop, for_update=True)
+    _refuse_while_a_cycle_is_open(session, row)
     checkpoint = record_checkpoint(
         session=session, installed=installed, loop_id=row.id, parent_id=None, run_id=None
     )
@@ -144,6 +162,20 @@ async def register_champion(
     return ChampionOut(
         loop=loop, checkpoint_id=checkpoint.id, uri=checkpoint.uri, promotion_id=promotion.id
     )
+
+
+def _refuse_while_a_cycle_is_open(session: Any, loop: Loop) -> None:
+    """A cycle trains from, evaluates against and may restore the champion it started with;
+    a champion registered meanwhile would be compared with the wrong model or overwritten."""
+    cycle = current_open_cycle(session=session, loop=loop)
+    if cycle is not None:
+        raise ApiError(
+            409,
+            "cycle_open",
+            f"loop {loop.name!r} has cycle {cycle.number} open (stage {cycle.stage}); register "
+            "a champion once it has ended (pause the loop first so no new cycle starts: "
+            "`ratchet loop pause`, then `ratchet loop status` until no cycle runs)",
+        )
 
 
 def _field(path: str) -> list[dict[str, Any]]:
@@ -224,12 +256,23 @@ for _action, _summary in (
 async def status(loop: str, session: SessionDep, client: TemporalDep) -> LoopStatusOut:
     row = loop_or_404(session, loop)
     workflow_id = loop_workflow_id(loop)
+    rollback = last_rollback_record(session=session, loop=row)
     out = LoopStatusOut(
         loop=loop,
         db_status=row.status,
         status_reason=row.status_reason,
         workflow_id=workflow_id,
         workflow_status=None,
+        last_rollback=(
+            RollbackOut(
+                status=rollback.status,
+                reason=rollback.reason,
+                checkpoint_id=rollback.candidate_checkpoint_id,
+                decided_at=rollback.decided_at,
+            )
+            if rollback is not None
+            else None
+        ),
     )
     handle = client.get_workflow_handle(workflow_id)
     try:

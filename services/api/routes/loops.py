@@ -130,6 +130,26 @@ def _serving_endpoint_errors(target: ServingTarget, settings: Settings) -> list[
     return [{"path": "serving_target.endpoint", "message": problem}] if problem else []
 
 
+def _check_loop_jobs(
+    executor: str, training_profile: dict[str, Any], settings: Settings
+) -> list[str]:
+    """Refuse (422 naming the field and the setting) a loop's own job command the local
+    executor may not run; return what it will ignore (a job image) as warnings."""
+    from services.executors.local import check_loop_jobs
+
+    errors, warnings = check_loop_jobs(
+        executor, training_profile, commands_enabled=settings.local_job_commands_enabled
+    )
+    if errors:
+        raise ApiError(
+            422,
+            "local_job_command_disabled",
+            "the local executor does not run a loop's own job command in this deployment",
+            fields=[{"path": path, "message": message} for path, message in errors],
+        )
+    return warnings
+
+
 @router.post("", status_code=201, summary="Create a loop, its ingest credentials and workflow")
 async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
     _check_environment(body.environment)
@@ -139,6 +159,11 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         raise ApiError(
             422, "unknown_serving_endpoint", endpoint_errors[0]["message"], fields=endpoint_errors
         )
+    warnings = _check_loop_jobs(
+        body.executor or state.settings.executor,
+        body.training_profile.model_dump(mode="json"),
+        state.settings,
+    )
     fields = LoopFields(
         name=body.name,
         environment=body.environment,
@@ -178,6 +203,7 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         ingest_token=ingest_token,
         workflow_id=loop_workflow_id(body.name),
         workflow_started=started,
+        warnings=warnings,
     )
 
 
@@ -323,6 +349,9 @@ def patch_loop(
         row = loop_or_404(session, loop, for_update=True)
         current = config_document(row)
         config = _patched_config(current, body, state.settings)
+        warnings = _check_loop_jobs(
+            config["executor"], config.get("training_profile") or {}, state.settings
+        )
         if dry_run:
             changes = diff(current, config)
             session.rollback()
@@ -333,6 +362,7 @@ def patch_loop(
                 version=_current_version(session, row),
                 changes=_change_public(changes),
                 config=config,
+                warnings=warnings,
             )
         update = update_loop_config(
             session=session,
@@ -352,6 +382,7 @@ def patch_loop(
             ),
             changes=_change_public(update.changes),
             config=config_document(row),
+            warnings=warnings,
         )
         session.commit()
     if result.changed:

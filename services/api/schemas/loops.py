@@ -133,6 +133,11 @@ class LoopCreated(LoopPublic):
     workflow_started: bool = Field(
         description="False when Temporal was unreachable; POST /v1/loops/{loop}/start later"
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the loop's executor ignores of its configuration (a job image on "
+        "the local executor)",
+    )
 
 
 class RotateRequest(BaseModel):
@@ -203,6 +208,11 @@ class LoopConfigChange(BaseModel):
     version: int = Field(description="The version now current (the new one when changed)")
     changes: list[ConfigChangePublic]
     config: dict[str, Any] = Field(description="The loop's configuration after the change")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the loop's executor ignores of its configuration (a job image on "
+        "the local executor)",
+    )
 
 
 class LoopConfigVersionPublic(BaseModel):

@@ -34,6 +34,16 @@ def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
 # Cycles --------------------------------------------------------------------------------------
 
 
+def current_open_cycle(*, session: Session, loop: Loop) -> Cycle | None:
+    """The loop's cycle that has not ended, if any (at most one: see :func:`open_cycle`)."""
+    return session.scalars(
+        select(Cycle)
+        .where(Cycle.loop_id == loop.id, Cycle.ended_at.is_(None))
+        .order_by(Cycle.number.desc())
+        .limit(1)
+    ).one_or_none()
+
+
 def open_cycle(
     *,
     session: Session,
@@ -363,6 +373,35 @@ def update_promotion(
         assert loop is not None
         loop.champion_checkpoint_id = set_champion
     return promotion
+
+
+def get_promotion(*, session: Session, promotion_id: int) -> Promotion:
+    return existing(session.get(Promotion, promotion_id), f"promotion {promotion_id}")
+
+
+def has_rollback_record(*, session: Session, loop: Loop, status: str, reason: str) -> bool:
+    """Whether an operator rollback with this outcome was recorded (a retry records once)."""
+    return (
+        session.scalars(
+            select(Promotion.id).where(
+                Promotion.loop_id == loop.id,
+                Promotion.decision == "rollback",
+                Promotion.status == status,
+                Promotion.reason == reason,
+            )
+        ).first()
+        is not None
+    )
+
+
+def last_rollback_record(*, session: Session, loop: Loop) -> Promotion | None:
+    """The loop's latest operator rollback, rolled back or failed."""
+    return session.scalars(
+        select(Promotion)
+        .where(Promotion.loop_id == loop.id, Promotion.decision == "rollback")
+        .order_by(Promotion.decided_at.desc(), Promotion.id.desc())
+        .limit(1)
+    ).one_or_none()
 
 
 def last_held_promotion(*, session: Session, loop: Loop) -> Promotion | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from sqlalchemy import select
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from services.db.models import Checkpoint, Loop, Promotion
+from services.db.models import Checkpoint, Cycle, Loop, Promotion
 from services.db.session import SessionFactory
 from services.settings import Settings
 from services.training.checkpoint import save_checkpoint
@@ -173,3 +174,68 @@ def test_missing_champion_dir(client: TestClient, loop: dict[str, Any], tmp_path
     )
     assert response.status_code == 422
     assert "not a directory" in response.json()["error"]["message"]
+
+
+async def test_status_shows_a_failed_rollback(
+    client: TestClient,
+    loop: dict[str, Any],
+    session_factory: SessionFactory,
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    handle = temporal_env.client.get_workflow_handle(f"loop/{loop['name']}")
+    await handle.terminate()  # no worker here to answer the status query
+    assert (
+        client.get(f"/v1/loops/{loop['name']}/status", headers=ADMIN).json()["last_rollback"]
+        is None
+    )
+    with session_factory.begin() as session:
+        row = session.scalars(select(Loop).where(Loop.name == loop["name"])).one()
+        session.add(
+            Promotion(
+                loop_id=row.id,
+                decision="rollback",
+                status="failed",
+                reason="rollback to ckpt-a failed (bad answers): DeployFailed: refused",
+                decided_by="operator",
+            )
+        )
+    status = client.get(f"/v1/loops/{loop['name']}/status", headers=ADMIN)
+    assert status.status_code == 200, status.text
+    rollback = status.json()["last_rollback"]
+    assert rollback["status"] == "failed"
+    assert "DeployFailed: refused" in rollback["reason"]
+
+
+def test_register_champion_is_refused_while_a_cycle_is_open(
+    client: TestClient,
+    loop: dict[str, Any],
+    checkpoint_dir: Path,
+    session_factory: SessionFactory,
+) -> None:
+    """A cycle trains from, evaluates against and restores the champion it started with: a
+    new champion registered meanwhile would be overwritten or compared against the wrong
+    model. The registration waits for the cycle to end."""
+    with session_factory.begin() as session:
+        row = session.scalars(select(Loop).where(Loop.name == loop["name"])).one()
+        session.add(Cycle(loop_id=row.id, number=3, trigger="operator", stage="train"))
+    response = client.post(
+        f"/v1/loops/{loop['name']}/champion",
+        headers=ADMIN,
+        json={"checkpoint": str(checkpoint_dir)},
+    )
+    assert response.status_code == 409, response.text
+    error = response.json()["error"]
+    assert error["code"] == "cycle_open"
+    assert "cycle 3" in error["message"] and "train" in error["message"]
+    with session_factory.begin() as session:
+        row = session.scalars(select(Loop).where(Loop.name == loop["name"])).one()
+        assert row.champion_checkpoint_id is None
+        assert session.scalars(select(Promotion).where(Promotion.loop_id == row.id)).all() == []
+        cycle = session.scalars(select(Cycle).where(Cycle.loop_id == row.id)).one()
+        cycle.ended_at = dt.datetime.now(dt.UTC)
+    ended = client.post(
+        f"/v1/loops/{loop['name']}/champion",
+        headers=ADMIN,
+        json={"checkpoint": str(checkpoint_dir)},
+    )
+    assert ended.status_code == 200, ended.text

@@ -46,7 +46,7 @@ def test_apply_round_trip(
     with session_factory() as session:
         assert session.scalars(select(Loop)).all() == []
 
-    code, out, _ = run(capsys, "loop", "apply", "-f", str(path), "--by", "ana")
+    code, out, _ = run(capsys, "loop", "apply", "-f", str(path), "--by", "ana", "--show-secrets")
     assert code == 0, out
     assert "created" in out and "signing secret: whsec_" in out
 
@@ -135,7 +135,7 @@ def test_apply_refuses_bad_files_and_invalid_values(
     code, _, err = run(capsys, "loop", "apply", "-f", str(path), "--dry-run")
     assert code == 1 and "gate_policy.confidence" in err
     path.write_text(LOOP_FILE)
-    assert run(capsys, "loop", "apply", "-f", str(path))[0] == 0
+    assert run(capsys, "loop", "apply", "-f", str(path), "--show-secrets")[0] == 0
     path.write_text(LOOP_FILE.replace("min_new_tasks: 16", "min_new_tasks: 0"))
     code, _, err = run(capsys, "loop", "apply", "-f", str(path))
     assert code == 1 and "invalid loop: trigger_policy.min_new_tasks" in err

@@ -16,7 +16,16 @@ from tests.services.cli.support import run
 
 def test_create_list_show_rotate(api_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(
-        capsys, "loop", "create", "calc", "--env", "toolcalc", "--budget-usd", "12.5", "--json"
+        capsys,
+        "loop",
+        "create",
+        "calc",
+        "--env",
+        "toolcalc",
+        "--budget-usd",
+        "12.5",
+        "--json",
+        "--show-secrets",
     )
     assert code == 0
     created: dict[str, Any] = json.loads(out)
@@ -47,22 +56,22 @@ def test_create_list_show_rotate(api_url: str, capsys: pytest.CaptureFixture[str
     for secret in (created["signing_secret"], rotated["secret"]):
         [ok] = sign_and_post_traces(api_url, "calc", secret, [make_trace()], batch=False)
         assert ok.accepted == 1
-    code, out, _ = run(capsys, "loop", "create", "plain", "--env", "toolcalc")
+    code, out, _ = run(capsys, "loop", "create", "plain", "--env", "toolcalc", "--show-secrets")
     assert code == 0 and "signing secret: whsec_" in out and "ingest token:   rit_" in out
 
 
 def test_errors_are_one_clear_line(
     api_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert run(capsys, "loop", "create", "dup", "--env", "toolcalc")[0] == 0
+    assert run(capsys, "loop", "create", "dup", "--env", "toolcalc", "--show-secrets")[0] == 0
 
-    code, _, err = run(capsys, "loop", "create", "dup", "--env", "toolcalc")
+    code, _, err = run(capsys, "loop", "create", "dup", "--env", "toolcalc", "--show-secrets")
     assert code == 1 and err.strip() == (
         "ratchet: error: a loop named 'dup' already exists; choose another name"
     )
     code, _, err = run(capsys, "loop", "show", "ghost")
     assert code == 1 and "there is no loop named 'ghost'" in err
-    code, _, err = run(capsys, "loop", "create", "Bad_Name", "--env", "toolcalc")
+    code, _, err = run(capsys, "loop", "create", "Bad_Name", "--env", "toolcalc", "--show-secrets")
     assert code == 1 and "invalid loop: name:" in err
     assert len(err.strip().splitlines()) == 1
 

@@ -119,7 +119,9 @@ def test_import_with_loop_makes_it_the_champion(
         monkeypatch.setenv("RATCHET_PUBLIC_URL", url)
         monkeypatch.setenv("RATCHET_ADMIN_TOKEN", ADMIN_TOKEN)
         get_settings.cache_clear()
-        assert run(capsys, "loop", "create", "agents", "--env", "toolcalc")[0] == 0
+        assert (
+            run(capsys, "loop", "create", "agents", "--env", "toolcalc", "--show-secrets")[0] == 0
+        )
         code, out, _ = run(capsys, "models", "import", str(model_dir), "--loop", "agents", "--json")
         assert code == 0, out
         result = json.loads(out)

@@ -132,7 +132,7 @@ def seeded_database(
             session_factory = make_session_factory(engine)
             with session_factory.begin() as session:
                 story = seed_story(
-                    session, now=dt.datetime.now(dt.UTC), logs_dir=state_dir / "runs"
+                    session, now=dt.datetime.now(dt.UTC), artifacts_dir=state_dir / "artifacts"
                 )
             yield SeededDatabase(url, engine, session_factory, story, state_dir)
         finally:

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from services.artifacts import ArtifactStore
 from services.db.models import (
     Checkpoint,
     Cycle,
@@ -285,8 +286,13 @@ def write_log(path: Path, lines: list[str]) -> str:
     return path.as_uri()
 
 
-def seed_story(session: Session, *, now: dt.datetime, logs_dir: Path, name: str = LOOP) -> Story:
-    """Insert the whole story under the loop ``name``; the caller commits."""
+def seed_story(
+    session: Session, *, now: dt.datetime, artifacts_dir: Path, name: str = LOOP
+) -> Story:
+    """Insert the whole story under the loop ``name``; the caller commits.
+
+    Logs are written where the worker keeps them: ``<artifacts>/loops/<loop>/runs/<run>/logs``.
+    """
     start = now - dt.timedelta(hours=72)
 
     def at(hours: float) -> dt.datetime:
@@ -425,7 +431,7 @@ def seed_story(session: Session, *, now: dt.datetime, logs_dir: Path, name: str 
     session.add(c2)
     session.flush()
     train_log = write_log(
-        logs_dir / f"{name}-c2-train" / "stderr.log",
+        ArtifactStore(artifacts_dir).logs_dir(name, f"{name}-c2-train") / "job.log",
         [f"step {i} loss={1 / (i + 1):.3f}" for i in range(400)],
     )
     r2 = _run(
@@ -496,7 +502,7 @@ def seed_story(session: Session, *, now: dt.datetime, logs_dir: Path, name: str 
     session.add(c3)
     session.flush()
     live_log = write_log(
-        logs_dir / f"{name}-c3-train" / "stderr.log",
+        ArtifactStore(artifacts_dir).logs_dir(name, f"{name}-c3-train") / "job.log",
         ["\x1b[32mINFO\x1b[0m starting GRPO", XSS_LOG_LINE, "step 13 loss=0.40"],
     )
     r3 = _run(

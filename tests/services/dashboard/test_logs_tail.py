@@ -75,7 +75,7 @@ def test_a_symlink_out_of_the_roots_is_not_followed(root: Path, tmp_path: Path) 
     os.symlink(secret, link)
     tail = read_logs_tail(link.as_uri(), allowed_roots=[root])
     assert tail.lines == []
-    assert "outside" in (tail.unavailable or "")
+    assert "symbolic link" in (tail.unavailable or "")
 
 
 def test_dot_dot_cannot_climb_out(root: Path, tmp_path: Path) -> None:
@@ -111,11 +111,64 @@ def test_a_missing_file_and_a_directory(root: Path) -> None:
     assert "does not exist" in (
         read_logs_tail((root / "nope.log").as_uri(), allowed_roots=[root]).unavailable or ""
     )
+    (root / "runs").mkdir()
     assert "not a regular file" in (
-        read_logs_tail(root.as_uri(), allowed_roots=[root]).unavailable or ""
+        read_logs_tail((root / "runs").as_uri(), allowed_roots=[root]).unavailable or ""
     )
 
 
 def test_limits_must_be_positive(root: Path) -> None:
     with pytest.raises(ValueError, match="positive"):
         read_logs_tail("file:///x", allowed_roots=[root], max_lines=0)
+
+
+def _run_logs(root: Path) -> Path:
+    logs = root / "artifacts" / "loops" / "l1" / "runs" / "r1" / "logs"
+    logs.mkdir(parents=True)
+    return logs
+
+
+def test_a_job_planted_symlink_to_a_file_inside_the_roots_is_not_followed(root: Path) -> None:
+    """A job replaced its log with a link to the state dir's key: the link is inside the
+    allowed roots, and still nothing is read through it."""
+    (root / "secret.key").write_text("the fernet key\n")
+    logs = _run_logs(root)
+    os.symlink(root / "secret.key", logs / "job.log")
+    tail = read_logs_tail((logs / "job.log").as_uri(), allowed_roots=[root])
+    assert tail.lines == []
+    assert "symbolic link" in (tail.unavailable or "")
+
+
+def test_a_symlinked_directory_on_the_way_is_not_followed(root: Path) -> None:
+    (root / "elsewhere").mkdir()
+    (root / "elsewhere" / "job.log").write_text("not this run's\n")
+    run = root / "artifacts" / "loops" / "l1" / "runs" / "r1"
+    run.mkdir(parents=True)
+    os.symlink(root / "elsewhere", run / "logs")
+    tail = read_logs_tail((run / "logs" / "job.log").as_uri(), allowed_roots=[root])
+    assert tail.lines == []
+    assert "symbolic link" in (tail.unavailable or "")
+
+
+def test_a_fifo_is_not_opened(root: Path) -> None:
+    logs = _run_logs(root)
+    os.mkfifo(logs / "job.log")
+    tail = read_logs_tail((logs / "job.log").as_uri(), allowed_roots=[root])
+    assert tail.lines == []
+    assert "not a regular file" in (tail.unavailable or "")
+
+
+def test_only_the_runs_own_directory_is_read(root: Path) -> None:
+    logs = _run_logs(root)
+    (logs / "job.log").write_text("mine\n")
+    other = root / "artifacts" / "loops" / "l1" / "runs" / "r2" / "logs"
+    other.mkdir(parents=True)
+    (other / "job.log").write_text("another run's\n")
+    own = Path("loops/l1/runs/r1")
+    roots = [root, root / "artifacts"]  # the state dir holds the artifact root
+    assert read_logs_tail((logs / "job.log").as_uri(), allowed_roots=roots, within=own).lines == [
+        "mine"
+    ]
+    tail = read_logs_tail((other / "job.log").as_uri(), allowed_roots=roots, within=own)
+    assert tail.lines == []
+    assert "outside the run's own directory" in (tail.unavailable or "")

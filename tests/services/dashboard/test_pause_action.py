@@ -39,7 +39,10 @@ def test_pause_action_pauses_the_loop(
         session_factory = make_session_factory(engine)
         with session_factory.begin() as session:
             story = seed_story(
-                session, now=dt.datetime.now(dt.UTC), logs_dir=tmp_path / "runs", name=name
+                session,
+                now=dt.datetime.now(dt.UTC),
+                artifacts_dir=tmp_path / "artifacts",
+                name=name,
             )
         settings = dashboard_settings(
             database_url,

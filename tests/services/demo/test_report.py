@@ -95,7 +95,7 @@ def test_the_report_reads_the_dashboards_cycles(
     """Every row comes from the stored cycles, evaluations, runs and promotions."""
     now = dt.datetime.now(dt.UTC)
     with session_factory.begin() as session:
-        seed_story(session, now=now, logs_dir=tmp_path, name="demo")
+        seed_story(session, now=now, artifacts_dir=tmp_path, name="demo")
         promoted = session.scalars(select(Cycle).where(Cycle.outcome == "promoted")).one()
         eval_row = session.scalars(
             select(Evaluation).where(Evaluation.cycle_id == promoted.id)

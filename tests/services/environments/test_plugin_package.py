@@ -192,6 +192,7 @@ async def test_a_plugin_loop_with_a_plain_script_trainer_completes_a_cycle(
         state_dir=tmp_path / "state",
         artifact_root=tmp_path / "artifacts",
         executor="local",
+        local_job_commands_enabled=True,  # the loop's train_job.command is a plain script
         temporal_task_queue=task_queue,
     )
     artifacts = ArtifactStore(settings.artifacts_dir)

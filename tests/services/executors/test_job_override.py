@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,9 +13,10 @@ from pydantic import ValidationError
 
 from services.executors.base import JobSpec, JobSpecError
 from services.executors.kubernetes.builder import build_job
-from services.executors.local import LocalExecutor
+from services.executors.local import LocalExecutor, job_environment
 from services.loop.policies import TrainingProfile
 from tests.services.executors.test_kubernetes_builder import assert_valid, container, template
+from tests.support import assert_eventually
 from workflows.shared import job_override
 
 
@@ -37,7 +41,7 @@ def test_the_kubernetes_job_runs_the_loops_image_and_command(
 
 
 def test_the_local_executor_runs_the_loops_command(make_spec: Callable[..., JobSpec]) -> None:
-    executor = LocalExecutor(command=["ratchet-default"])
+    executor = LocalExecutor(command=["ratchet-default"], loop_commands_enabled=True)
     spec = make_spec(command=("/opt/trainer/bin/train", "--fast"), image="ignored:1")
     assert executor.job_command(spec) == [
         "/opt/trainer/bin/train",
@@ -71,3 +75,73 @@ def test_the_workflow_reads_the_override_from_the_profile() -> None:
     assert job_override(profile, "train_job") == ("img:1", ["python", "t.py"])
     assert job_override(profile, "eval_job") == (None, None)
     assert job_override({}, "train_job") == (None, None)
+
+
+def test_the_local_executor_refuses_a_loops_command_unless_enabled(
+    make_spec: Callable[..., JobSpec],
+) -> None:
+    """The executor is the last line: a loop saved before the deployment said no (or written
+    to the database directly) still does not run its command on the worker's machine."""
+    spec = make_spec(command=(sys.executable, "-c", "print('ran')"))
+    with pytest.raises(JobSpecError, match="RATCHET_LOCAL_JOB_COMMANDS_ENABLED") as refused:
+        LocalExecutor().submit(spec)
+    assert not refused.value.retryable
+    assert not (spec.output_dir).exists()  # nothing started
+    # The deployment's own command (the executor's) is not the loop's: it runs.
+    assert LocalExecutor(command=["ratchet-default"]).job_command(make_spec())[0] == (
+        "ratchet-default"
+    )
+
+
+DUMP_ENV = """
+import json, os, pathlib
+out = pathlib.Path(os.environ["RATCHET_OUTPUT_DIR"])
+(out / "env.json").write_text(json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}))
+(out / "metrics.json").write_text("{}")
+"""
+
+
+def test_a_local_job_gets_an_allow_list_of_the_workers_environment(
+    make_spec: Callable[..., JobSpec], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name, value in {
+        "RATCHET_ADMIN_TOKEN": "admin-secret",
+        "RATCHET_SECRET_KEY": "fernet-secret",
+        "RATCHET_DATABASE_URL": "postgresql://u:p@h/db",
+        "RATCHET_SERVE_API_KEY": "serve-secret",
+        "AWS_SECRET_ACCESS_KEY": "cloud-secret",
+        "HF_TOKEN": "hub-secret",
+        "OMP_NUM_THREADS": "1",
+        "LC_ALL": "C.UTF-8",
+    }.items():
+        monkeypatch.setenv(name, value)
+    executor = LocalExecutor(
+        command=[sys.executable, "-c", DUMP_ENV], loop_commands_enabled=True, poll_interval_s=0.05
+    )
+    spec = make_spec(image="ghcr.io/acme/trainer:1")
+    handle = executor.submit(spec)
+
+    def succeeded() -> None:
+        assert executor.status(handle).state == "succeeded"
+
+    assert_eventually(succeeded, timeout=60)
+    seen = json.loads((spec.output_dir / "env.json").read_text())
+    env = seen["env"]
+    for secret in ("admin-secret", "fernet-secret", "u:p@h", "serve-secret", "cloud-secret"):
+        assert secret not in json.dumps(env)
+    assert "HF_TOKEN" not in env
+    assert env["OMP_NUM_THREADS"] == "1" and env["LC_ALL"] == "C.UTF-8"
+    assert env["RATCHET_OUTPUT_DIR"] == str(spec.output_dir)
+    assert set(env) - set(job_environment(os.environ)) <= {
+        "RATCHET_JOB_SPEC",
+        "RATCHET_OUTPUT_DIR",
+        "RATCHET_RUN_ID",
+        "RATCHET_DATASET",
+        "RATCHET_BASE_CHECKPOINT",
+        "PWD",
+        "_",
+    }
+    # It works in its run directory, never the state dir; the ignored image is in its log.
+    assert Path(seen["cwd"]) == spec.run_dir
+    log = executor.logs(handle)
+    assert "ignores the job image 'ghcr.io/acme/trainer:1'" in log.splitlines()[0]

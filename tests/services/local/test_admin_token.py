@@ -128,7 +128,7 @@ def local_api(
 def test_loop_create_works_right_after_up(
     local_api: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["loop", "create", "myloop", "--env", "toolcalc"]) == 0
+    assert main(["loop", "create", "myloop", "--env", "toolcalc", "--show-secrets"]) == 0
     assert "loop myloop created" in capsys.readouterr().out
     token_path(local_api).write_text("not-the-token\n")
     assert main(["loop", "list"]) == 1

@@ -155,7 +155,9 @@ def _base_family(spec: JobSpec) -> str:
     except CheckpointError as exc:
         raise JobError(f"base checkpoint rejected: {exc}") from None
     if declared is not None and declared != family:
-        raise JobError(f"spec 'family' is {declared!r} but the base checkpoint is a {family} model")
+        raise JobError(
+            f"spec 'family' is {declared!r} but the base checkpoint's family is {family!r}"
+        )
     return family
 
 

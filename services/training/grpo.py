@@ -45,8 +45,12 @@ per-family trainers this replaces disagreed, the behaviour kept is:
 - **KL** is computed by swapping the starting trainable weights in (the hf way), not from
   a deep copy of the model (the tiny way): one copy of what is trained, for any family.
 - **AdamW** decays matrices only, for every family (the hf trainer decayed norms too).
+- **Training sequences are the sampled token ids** (``TokenEpisode.sequences``, turns
+  joined where prefixes agree), never a re-tokenized transcript (the tiny trainer
+  re-encoded its text: the same bytes, but an episode without a model turn was scored).
 - ``kl`` and ``clip_fraction`` in the history are means over the step's micro-batches
-  (the tiny trainer reported the last micro-batch's).
+  (the tiny trainer reported the last micro-batch's), and every family's history has
+  ``target_tokens``.
 
 Task sampling: a dataset task carries its dedup weight (``metadata.ratchet.weight``, the
 traces folded into it). With equal weights every task is seen once per epoch (seeded
@@ -56,8 +60,8 @@ weight, so a failure production hit twenty times is trained on as often as produ
 Determinism: the task order is a pure function of (seed, step), episode ``g`` of task ``j``
 at step ``s`` samples with seed ``derive_seed(seed, s, j, g)`` (counter-based noise, see
 :mod:`services.training.rng`), and a resume point stores the trainable weights, optimizer
-and counters.
-A run resumed after a kill, or split over ranks, reproduces the single uninterrupted run.
+and counters. A run resumed after a kill, or split over ranks, reproduces the single
+uninterrupted run.
 """
 
 from __future__ import annotations

@@ -354,3 +354,41 @@ def test_a_new_family_plugs_in_with_one_registry_entry(
     manifest = model.save(tmp_path / "ckpt", parent=None, metadata={"algorithm": "grpo"})
     assert verify_checkpoint(tmp_path / "ckpt").checkpoint_id == manifest.checkpoint_id
     assert family_module.family_names() == ["bigram", "hf", "tiny"]
+
+
+def test_an_hf_grpo_job_resumes_from_its_last_point_to_the_same_adapter(
+    tmp_path: Path,
+) -> None:
+    """Resume points hold the trainable weights of any family: an hf LoRA job restarted
+    from step 1 of 2 ends with the adapter the uninterrupted job wrote."""
+    import shutil
+
+    from services.artifacts import ArtifactStore
+    from services.checkpoints import install_checkpoint
+    from services.environments import write_task_file
+    from services.training.checkpoint import read_manifest
+    from tests.services.training.conftest import read_metrics
+
+    store = ArtifactStore(tmp_path / "store")
+    build_tiny_llama(tmp_path / "llama")
+    base = install_checkpoint(tmp_path / "llama", store).target
+    tasks = tmp_path / "tasks.jsonl"
+    write_task_file(tasks, ToolcalcEnvironment().generate_tasks(4, seed=4, api_version="v2"))
+    hyper = {**GRPO_STEP, "steps": 2, "tasks_per_step": 2, "sft_coef": 0.5, "checkpoint_every": 1}
+    spec = {"algorithm": "grpo", "dataset": tasks, "base_checkpoint": base}
+    spec["hyperparameters"] = hyper
+    assert run_train_job(tmp_path / "run", **spec) == 0
+    out = tmp_path / "run" / "out"
+    first = read_metrics(tmp_path / "run")
+    assert sorted(p.name for p in (out / "state").iterdir()) == ["step-000001", "step-000002"]
+    # a kill after step 1's point: later outputs gone
+    shutil.rmtree(out / "state" / "step-000002")
+    shutil.rmtree(out / "checkpoint")
+    (out / "metrics.json").unlink()
+    assert run_train_job(tmp_path / "run", **spec) == 0
+    resumed = read_metrics(tmp_path / "run")
+    assert resumed["resumed_from_step"] == 1 and first["resumed_from_step"] == 0
+    assert resumed["checkpoint_id"] == first["checkpoint_id"]
+    assert read_manifest(out / "checkpoint").kind == "lora"
+    for key in ("rollout_tokens", "train_tokens", "episodes", "history"):
+        assert resumed[key] == first[key], key

@@ -20,7 +20,6 @@ where bf16 matmuls are slower on most hosts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +32,8 @@ from services.training.checkpoint import Manifest
 from services.training.device import resolve_device
 from services.training.family import Rollouts, TokenEpisode
 from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint
-from services.training.hf.rollout import run_chat_episodes
+from services.training.hf.rollout import Completion, run_chat_episodes
 from services.training.rng import derive_seed, gumbel
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One generated turn: the prompt's token ids, the generated ids and their text."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    text: str
-    truncated: bool
 
 
 def model_dtype(device: torch.device) -> torch.dtype:

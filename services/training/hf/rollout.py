@@ -17,15 +17,44 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from services.environments.base import TaskSpec
 from services.environments.chat import ChatEnvironment, ChatEpisode
 from services.training.family import TokenSequence, TokenTurn, pack_turns
 from services.training.rng import derive_seed
 
-if TYPE_CHECKING:  # hf.model builds its rollouts from this module
-    from services.training.hf.model import HFModel
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated turn: the prompt's token ids, the generated ids and their text."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    truncated: bool
+
+
+class ChatGenerator(Protocol):
+    """What chat rollouts need from a model (:class:`services.training.hf.model.HFModel`)."""
+
+    @property
+    def end_of_turn_id(self) -> int: ...
+
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
+    ) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | Sequence[int] = 0,
+    ) -> list[Completion]: ...
 
 
 @dataclass
@@ -46,7 +75,7 @@ class ChatRolloutStats:
 def run_chat_episodes(
     env: ChatEnvironment,
     tasks: Sequence[TaskSpec],
-    policy: HFModel,
+    policy: ChatGenerator,
     *,
     seeds: Sequence[int],
     max_turns: int,
@@ -95,7 +124,7 @@ def run_chat_episodes(
 def demonstration_sequences(
     env: ChatEnvironment,
     tasks: Sequence[TaskSpec],
-    policy: HFModel,
+    policy: ChatGenerator,
     *,
     recovery_fraction: float = 0.0,
     seed: int = 0,

@@ -13,8 +13,8 @@ A *family* is a kind of checkpoint (``tiny``: the byte-level GPT of
   token sequences, and saving a checkpoint with its manifest.
 
 Everything between those calls — advantages, the loss, the KL to the starting weights
-(the trainable weights are swapped, so no second model lives in memory), optimizer, DDP,
-resume points — is the trainer's, identical for every family.
+(:class:`StartingWeights`: the trainable weights are swapped, so no second model lives in
+memory), optimizer, DDP, resume points — is the trainer's, identical for every family.
 
 Rollouts take one seed per episode and return token ids, never text to re-tokenize, so an
 inference engine (prefix cache, KV kept across turns, a remote server) can replace a
@@ -169,6 +169,28 @@ class Family(Protocol):
     ) -> FamilyModel:
         """A fresh model of ``shape`` (ValueError where the family never trains from scratch)."""
         ...
+
+
+class StartingWeights:
+    """A model's trainable weights as they are now, kept to score batches under them later
+    (GRPO's KL anchor, a DPO reference): swapped in for the forward pass and back out, so
+    only one copy of what is trained lives in memory, whatever the family."""
+
+    def __init__(self, model: FamilyModel) -> None:
+        self.params = [p for _, p in model.trainable_parameters()]
+        self.values = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def logprobs(self, model: FamilyModel, batch: PackedBatch) -> torch.Tensor:
+        """``model.logprobs(batch)`` under the kept weights: (N, T-1), no gradients."""
+        current = [p.detach().clone() for p in self.params]
+        for param, kept in zip(self.params, self.values, strict=True):
+            param.copy_(kept)
+        try:
+            return model.logprobs(batch)
+        finally:
+            for param, value in zip(self.params, current, strict=True):
+                param.copy_(value)
 
 
 _REGISTRY: dict[str, str | Callable[[], Family]] = {

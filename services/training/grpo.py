@@ -82,6 +82,7 @@ from services.training.family import (
     DemonstrationOptions,
     FamilyModel,
     PackedBatch,
+    StartingWeights,
     TokenSequence,
     collate,
 )
@@ -256,7 +257,7 @@ def train_grpo(
     params = [p for _, p in named]
     optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
     ctx.broadcast_parameters(params)
-    reference = [p.detach().clone() for p in params] if config.kl_coef > 0 else None
+    reference = StartingWeights(model) if config.kl_coef > 0 else None
     counters = RunCounters()
     resumed_from = 0
     point = latest_resume_point(state_dir) if state_dir is not None else None
@@ -304,7 +305,7 @@ def _grpo_step(
     config: GRPOConfig,
     optimizer: torch.optim.Optimizer,
     params: list[torch.nn.Parameter],
-    reference: list[torch.Tensor] | None,
+    reference: StartingWeights | None,
     ctx: DistContext,
     counters: RunCounters,
 ) -> dict[str, float]:
@@ -370,11 +371,7 @@ def _grpo_step(
         adv_t = torch.tensor(seq_adv, dtype=torch.float32, device=model.device)  # (N,)
         with torch.no_grad():
             old = [model.logprobs(b) for b in batches] if config.ppo_epochs > 1 else None
-            ref = (
-                [_reference_logprobs(model, params, reference, b) for b in batches]
-                if reference is not None
-                else None
-            )
+            ref = [reference.logprobs(model, b) for b in batches] if reference is not None else None
         for _ in range(config.ppo_epochs):
             optimizer.zero_grad(set_to_none=True)
             loss_sum = clip_sum = kl_sum = 0.0
@@ -446,21 +443,3 @@ def _batches(
         collate(sequences[begin : begin + micro_batch], pad_id=model.pad_id, device=model.device)
         for begin in range(0, len(sequences), micro_batch)
     ]
-
-
-@torch.no_grad()
-def _reference_logprobs(
-    model: FamilyModel,
-    params: list[torch.nn.Parameter],
-    reference: list[torch.Tensor],
-    batch: PackedBatch,
-) -> torch.Tensor:
-    """Log-probs under the starting weights, swapped in and out (no second model)."""
-    current = [p.detach().clone() for p in params]
-    for param, ref in zip(params, reference, strict=True):
-        param.copy_(ref)
-    try:
-        return model.logprobs(batch)
-    finally:
-        for param, value in zip(params, current, strict=True):
-            param.copy_(value)

@@ -392,3 +392,21 @@ def test_an_hf_grpo_job_resumes_from_its_last_point_to_the_same_adapter(
     assert read_manifest(out / "checkpoint").kind == "lora"
     for key in ("rollout_tokens", "train_tokens", "episodes", "history"):
         assert resumed[key] == first[key], key
+
+
+def test_starting_weights_score_under_the_kept_weights_and_put_the_current_back() -> None:
+    from services.training.family import StartingWeights, collate
+
+    model = family_for("tiny").create(TINY_SHAPE, seed=0, device=torch.device("cpu"))
+    batch = collate([([1, 2, 3, 4], [False, True, True, True])], pad_id=0, device=model.device)
+    with torch.no_grad():
+        at_start = model.logprobs(batch)
+    kept = StartingWeights(model)
+    with torch.no_grad():
+        for _, param in model.trainable_parameters():
+            param.add_(0.05)
+        moved = model.logprobs(batch)
+    assert not torch.equal(moved, at_start)
+    torch.testing.assert_close(kept.logprobs(model, batch), at_start, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(model.logprobs(batch), moved, rtol=0, atol=0)

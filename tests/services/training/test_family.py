@@ -410,3 +410,45 @@ def test_starting_weights_score_under_the_kept_weights_and_put_the_current_back(
     torch.testing.assert_close(kept.logprobs(model, batch), at_start, rtol=0, atol=0)
     with torch.no_grad():
         torch.testing.assert_close(model.logprobs(batch), moved, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_hf_grpo_on_two_torchrun_ranks_matches_one_process(tmp_path: Path) -> None:
+    """Per-episode seeds: an hf GRPO step samples the same episodes on one rank or two, so
+    the adapters agree (the trainer this replaced seeded per rank)."""
+    from safetensors.torch import load_file
+
+    from services.artifacts import ArtifactStore
+    from services.checkpoints import install_checkpoint
+    from services.environments import write_task_file
+    from tests.services.training.conftest import (
+        job_command,
+        read_metrics,
+        run_job_process,
+        torchrun_job_command,
+        write_train_spec,
+    )
+
+    build_tiny_llama(tmp_path / "llama")
+    base = install_checkpoint(tmp_path / "llama", ArtifactStore(tmp_path / "store")).target
+    tasks = tmp_path / "tasks.jsonl"
+    write_task_file(tasks, ToolcalcEnvironment().generate_tasks(4, seed=4, api_version="v2"))
+    hyper = {**GRPO_STEP, "tasks_per_step": 2, "sft_coef": 0.5, "threads": 1}
+    for name, command in (("single", job_command), ("ddp", torchrun_job_command)):
+        spec = write_train_spec(
+            tmp_path / name,
+            algorithm="grpo",
+            dataset=tasks,
+            base_checkpoint=base,
+            hyperparameters=hyper,
+        )
+        run_job_process(command(spec), timeout=600)
+    one, two = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "ddp")
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    for key in ("rollout_tokens", "train_tokens", "episodes", "groups"):
+        assert one[key] == two[key], key
+    a = load_file(str(tmp_path / "single" / "out" / "checkpoint" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "ddp" / "out" / "checkpoint" / "adapter_model.safetensors"))
+    assert set(a) == set(b)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)

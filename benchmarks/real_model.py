@@ -63,20 +63,16 @@ from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
 from services.training.checkpoint import Manifest, verify_checkpoint
+from services.training.config import HFGRPOConfig, HFSFTConfig
 from services.training.counters import RunCounters
 from services.training.distributed import init_distributed
+from services.training.family import DemonstrationOptions, FamilyModel
+from services.training.grpo import train_grpo
 from services.training.hf.checkpoint import load_hf_checkpoint, save_lora_adapter
-from services.training.hf.model import HFModel, model_dtype
+from services.training.hf.family import HFFamily
+from services.training.hf.model import model_dtype
 from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
-from services.training.hf.train import (
-    HFGRPOConfig,
-    HFSFTConfig,
-    demonstration_sequences,
-    prepare_trainable,
-    run_metrics,
-    train_grpo_hf,
-    train_sft_hf,
-)
+from services.training.sft import train_sft
 
 logger = logging.getLogger("benchmarks.real_model")
 
@@ -117,6 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(store / stale, ignore_errors=True)
     ctx = init_distributed(args.device)
     device = ctx.device
+    family = HFFamily()
 
     t0 = time.monotonic()
     base_dir = args.model_dir or work / "smollm2"
@@ -137,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         role: str, manifest: Manifest, checkpoint_dir: Path, trained: str
     ) -> tuple[EvaluationResult, EvaluationResult]:
         """Greedy pass rates on the held-out v1 and drifted sets, of the adapter on disk."""
-        policy = HFModel.load(checkpoint_dir, device=args.device, base_dir=base_dir)
+        policy = family.load(checkpoint_dir, device=device, base_dir=base_dir)
         v1 = _evaluate(policy, env, task_sets.eval_v1, args)
         drifted = _evaluate(policy, env, eval_v2, args)
         logger.info(
@@ -163,21 +160,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         champion_manifest = verify_checkpoint(champion_dir)
         logger.info("champion %s from an earlier run", champion_manifest.checkpoint_id[:12])
     else:
-        model = prepare_trainable(loaded, sft_cfg).to(device)
+        model = family.load(base_dir, device=device, training=sft_cfg)
         t1 = time.monotonic()
-        sequences = demonstration_sequences(
-            env,
-            task_sets.sft,
-            HFModel(model, loaded.tokenizer, device=device),
-            recovery_fraction=sft_cfg.recovery_fraction,
-            seed=sft_cfg.seed,
+        options = DemonstrationOptions(
+            seed=sft_cfg.seed, recovery_fraction=sft_cfg.recovery_fraction
         )
-        sft = train_sft_hf(
-            model, sequences, sft_cfg, pad_id=int(loaded.tokenizer.pad_token_id), ctx=ctx
-        )
+        sequences = model.demonstrations(env, task_sets.sft, options)
+        sft = train_sft(model, sequences, sft_cfg, ctx=ctx)
         sft_wall = time.monotonic() - t1
         champion_manifest, champion_dir = _save_adapter(
-            model, store, "champion", base=base_manifest, parent=base_manifest.checkpoint_id
+            model.module, store, "champion", base=base_manifest, parent=base_manifest.checkpoint_id
         )
         del model
     del loaded
@@ -191,27 +183,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     # 4. one GRPO-LoRA job from the champion on the drifted API
     grpo_cfg = HFGRPOConfig(**settings["grpo"], seed=args.seed)
-    loaded = load_hf_checkpoint(
-        champion_dir,
-        device="cpu",
-        dtype=model_dtype(device),
-        trainable_adapter=True,
-        base_dir=base_dir,
-    )
-    model = prepare_trainable(loaded, grpo_cfg).to(device)
+    model = family.load(champion_dir, device=device, base_dir=base_dir, training=grpo_cfg)
     t2 = time.monotonic()
-    grpo = train_grpo_hf(model, loaded.tokenizer, env, task_sets.grpo, grpo_cfg, ctx=ctx)
+    grpo = train_grpo(model, env, task_sets.grpo, grpo_cfg, ctx=ctx).counters
     grpo_wall = time.monotonic() - t2
     candidate_manifest, candidate_dir = _save_adapter(
-        model, store, "candidate", base=base_manifest, parent=champion_manifest.checkpoint_id
+        model.module, store, "candidate", base=base_manifest, parent=champion_manifest.checkpoint_id
     )
-    del model, loaded
+    del model
     v1_after, v2_after = score(
         "candidate", candidate_manifest, candidate_dir, f"grpo {grpo_wall:.0f}s"
     )
 
     paired = paired_on(eval_v2, v2_before, v2_after, seed=args.seed)
-    metrics = run_metrics(grpo)
+    metrics = {**grpo.metrics(), "final_reward": grpo.history[-1]["reward_mean"]}
     return {
         "benchmark": "real_model",
         "model": MODEL_NAME,
@@ -260,7 +245,7 @@ def _save_adapter(
 
 
 def _evaluate(
-    policy: HFModel, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
+    policy: FamilyModel, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
 ) -> EvaluationResult:
     settings = QUICK if args.quick else FULL
     return evaluate(policy, env, tasks, seed=args.seed, **settings["eval"])

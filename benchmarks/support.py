@@ -43,7 +43,7 @@ def random_tiny_checkpoints(root: Path, count: int) -> list[CheckpointRef]:
     import torch
 
     from services.training.checkpoint import save_checkpoint
-    from services.training.model import GPT, GPTConfig
+    from services.training.tiny.model import GPT, GPTConfig
 
     config = GPTConfig()
     refs = []

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.support import free_port, random_tiny_checkpoints
 from services.serving.base import VERSION_HEADER, CheckpointRef
 from services.serving.local import LocalServerProcess, LocalServingTarget
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.model import GPT, GPTConfig
 
 MESSAGES = [
     {"role": "system", "content": "tools: #add(a,b) &mul(a,b) @get(item)"},

@@ -40,11 +40,11 @@ from benchmarks.support import drift_recovery_figures, paired_on, shared_machine
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
-from services.training.checkpoint import save_checkpoint
 from services.training.distributed import init_distributed
+from services.training.family import FamilyModel, family_for
 from services.training.grpo import GRPOConfig, train_grpo
-from services.training.model import GPTConfig, TinyModel
 from services.training.sft import SFTConfig, make_champion
+from services.training.tiny.model import GPTConfig
 
 logger = logging.getLogger("benchmarks.trainer")
 
@@ -88,10 +88,10 @@ class HeldOut:
 
     def score(
         self, role: str, checkpoint_dir: Path, trained: tuple[str, float]
-    ) -> tuple[TinyModel, EvaluationResult, EvaluationResult]:
+    ) -> tuple[FamilyModel, EvaluationResult, EvaluationResult]:
         """Greedy pass@1 of the checkpoint loaded back from disk, as the gate would see it;
         ``trained`` is (algorithm, wall seconds), for the log line."""
-        loaded = TinyModel.load(checkpoint_dir, device="cpu")
+        loaded = family_for("tiny").load(checkpoint_dir, device=torch.device("cpu"))
         v1 = evaluate(loaded, self.env, self.v1)
         v2 = evaluate(loaded, self.env, self.v2)
         logger.info(
@@ -150,12 +150,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         grpo_cfg.tasks_per_step,
         grpo_cfg.group_size,
     )
-    model = champion.model
     t1 = time.monotonic()
-    grpo = train_grpo(model, env, grpo_tasks, grpo_cfg, ctx=ctx, parent=manifest.checkpoint_id)
+    grpo = train_grpo(champion, env, grpo_tasks, grpo_cfg, ctx=ctx)
     grpo_wall = time.monotonic() - t1
-    candidate_manifest = save_checkpoint(
-        model.cpu(), model.config, work / "candidate", parent=manifest.checkpoint_id
+    candidate_manifest = champion.save(
+        work / "candidate", parent=manifest.checkpoint_id, metadata={}
     )
     _, v1_after, v2_after = held.score("candidate", work / "candidate", ("grpo", grpo_wall))
 
@@ -178,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sft_train_tokens_per_s": sft_result.train_tokens_per_s,
         "eval_tasks_per_set": len(eval_v1),
         "eval_tokens_per_s": round(v2_after.tokens_per_s, 1),
-        "model_parameters": model.num_parameters(),
+        "model_parameters": sum(p.numel() for _, p in champion.trainable_parameters()),
         **shared_machine_figures(args.threads, load_start),
         "champion_id": manifest.checkpoint_id,
         "candidate_id": candidate_manifest.checkpoint_id,

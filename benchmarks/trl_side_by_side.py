@@ -10,11 +10,11 @@ q/k/v/o_proj, fp32 on CPU):
 
 1. **SFT**: the same tokenized toolcalc v1 demonstrations (assistant turns as targets) for
    the same steps, batch, lr schedule (warmup + cosine to 10%), AdamW betas, clipping.
-   Ratchet's ``train_sft_hf`` against ``SFTTrainer`` on a pre-tokenized dataset whose
+   Ratchet's ``train_sft`` against ``SFTTrainer`` on a pre-tokenized dataset whose
    ``assistant_masks`` are Ratchet's target masks. Then both adapters are evaluated greedily
    on the same held-out v1 tasks.
 2. **GRPO** from Ratchet's SFT adapter on drifted tasks (toolcalc v3, as
-   ``benchmarks/real_model.py``): ``train_grpo_hf`` against
+   ``benchmarks/real_model.py``): ``train_grpo`` against
    ``GRPOTrainer`` (DAPO loss, beta 0, clip 0.2, group-scaled rewards, constant lr) whose
    ``rollout_func`` runs Ratchet's multi-turn rollout with the trainer's own model, tool
    results masked out by ``env_mask``. TRL's built-in tool loop cannot be the rollout here:
@@ -48,18 +48,15 @@ from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import evaluate
 from services.training.config import HFGRPOConfig, HFSFTConfig
 from services.training.distributed import init_distributed
+from services.training.family import pack_turns
+from services.training.grpo import train_grpo
 from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint, save_lora_adapter
+from services.training.hf.family import HFFamilyModel, lora_config, prepare_trainable
 from services.training.hf.model import HFModel
-from services.training.hf.rollout import pack_turns, run_chat_episodes
+from services.training.hf.rollout import demonstration_sequences, run_chat_episodes
 from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
-from services.training.hf.train import (
-    demonstration_sequences,
-    lora_config,
-    prepare_trainable,
-    train_grpo_hf,
-    train_sft_hf,
-)
 from services.training.rng import derive_seed
+from services.training.sft import train_sft
 
 logger = logging.getLogger("benchmarks.trl_side_by_side")
 
@@ -129,10 +126,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sequences = demonstration_sequences(
         env, task_sets.sft, HFModel(loaded.model, loaded.tokenizer, device=ctx.device)
     )
-    pad_id = int(loaded.tokenizer.pad_token_id)
     model = prepare_trainable(loaded, sft_cfg)
+    trainee = HFFamilyModel(model, loaded.tokenizer, device=ctx.device, loaded=loaded, lora=True)
     began = time.monotonic()
-    ours = train_sft_hf(model, sequences, sft_cfg, pad_id=pad_id, ctx=ctx)
+    ours = train_sft(trainee, sequences, sft_cfg, ctx=ctx)
     ours_sft_s = time.monotonic() - began
     champion_manifest = save_lora_adapter(
         model, work / "sft-ratchet", base=base_manifest, parent=base_manifest.checkpoint_id
@@ -152,7 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loaded = fresh(champion_dir, adapter=True)
     model = prepare_trainable(loaded, grpo_cfg)
     began = time.monotonic()
-    ours_grpo = train_grpo_hf(model, loaded.tokenizer, env, grpo_tasks, grpo_cfg, ctx=ctx)
+    trainee = HFFamilyModel(model, loaded.tokenizer, device=ctx.device, loaded=loaded, lora=True)
+    ours_grpo = train_grpo(trainee, env, grpo_tasks, grpo_cfg, ctx=ctx).counters
     ours_grpo_s = time.monotonic() - began
     ours_rewards = [h["reward_mean"] for h in ours_grpo.history]
     ours_grpo_pass = held_out_pass(model, loaded.tokenizer, eval_drifted)
@@ -305,7 +303,9 @@ def _trl_grpo(
             env,
             [by_id[p] for p in prompts],
             policy,
-            seed=derive_seed(config.seed, trainer.state.global_step),
+            seeds=[
+                derive_seed(config.seed, trainer.state.global_step, i) for i in range(len(prompts))
+            ],
             max_turns=config.max_turns,
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,

@@ -9,12 +9,11 @@ pass@1 (``services.evaluation.results.pass_at_1``): the number the gate and the 
 points use, since a majority vote over samples is not what one request to the served model
 gets.
 
-Both model families go through the same function and give the same per-task results: a
-tiny :class:`TinyModel` rolls out text transcripts (:func:`run_episodes`), an
-:class:`HFModel` rolls out chat conversations with tools (:func:`run_chat_episodes`),
-scored by the environment's chat verifier. Chat rollouts sample one batch at a time with
-one seed per batch (``transformers.generate`` draws from one generator), so with
-``temperature > 0`` an hf evaluation is reproducible for the same batch size.
+Every model family goes through the same function and gives the same per-task results:
+the model's :meth:`~services.training.family.FamilyModel.rollouts` (tiny: text
+transcripts; hf: chat conversations with tools, scored by the environment's chat
+verifier). Sample ``s`` of task ``t`` draws from ``derive_seed(seed, t, s)`` alone, so a
+sampled evaluation is reproducible whatever the batch size.
 """
 
 from __future__ import annotations
@@ -22,17 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.environments.base import Environment, Reward, TaskSpec
-from services.environments.chat import as_chat_environment
 from services.evaluation.stats import wilson_interval
-from services.training.model import TinyModel
+from services.training.family import RolloutModel, TokenEpisode
 from services.training.rng import derive_seed
-from services.training.rollout import run_episodes
-
-if TYPE_CHECKING:
-    from services.training.hf.model import HFModel
 
 
 @dataclass(frozen=True)
@@ -100,7 +94,7 @@ class EvaluationResult:
 
 
 def evaluate(
-    policy: TinyModel | HFModel,
+    policy: RolloutModel,
     env: Environment,
     tasks: Sequence[TaskSpec],
     *,
@@ -123,30 +117,17 @@ def evaluate(
     generated = 0
     for begin in range(0, len(jobs), batch_size):
         chunk = jobs[begin : begin + batch_size]
-        chunk_tasks = [tasks[t] for t, _ in chunk]
-        if isinstance(policy, TinyModel):
-            chunk_outcomes, tokens = _tiny_rollouts(
-                policy,
-                env,
-                chunk_tasks,
-                [derive_seed(seed, t, s) for t, s in chunk],
-                max_turns=max_turns,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-            )
-        else:
-            chunk_outcomes, tokens = _chat_rollouts(
-                policy,
-                env,
-                chunk_tasks,
-                derive_seed(seed, begin),
-                max_turns=max_turns,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-            )
-        generated += tokens
-        for (t, _), outcome in zip(chunk, chunk_outcomes, strict=True):
-            outcomes[t].append(outcome)
+        rollouts = policy.rollouts(
+            env,
+            [tasks[t] for t, _ in chunk],
+            seeds=[derive_seed(seed, t, s) for t, s in chunk],
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
+        generated += rollouts.generated_tokens
+        for (t, _), episode in zip(chunk, rollouts.episodes, strict=True):
+            outcomes[t].append(_outcome(episode))
     results = [_task_result(tasks[t], outcomes[t]) for t in range(len(tasks))]
     passed = sum(r.passed for r in results)
     low, high = wilson_interval(passed, len(results), confidence)
@@ -165,38 +146,8 @@ def evaluate(
     )
 
 
-def _tiny_rollouts(
-    policy: TinyModel,
-    env: Environment,
-    tasks: list[TaskSpec],
-    seeds: list[int],
-    **options: Any,
-) -> tuple[list[_Outcome], int]:
-    episodes, stats = run_episodes(env, tasks, policy, seeds=seeds, **options)
-    outcomes = [
-        _Outcome(env.verify(task, ep), len(ep.agent_turns), ep.end_reason, ep.final_answer)
-        for task, ep in zip(tasks, episodes, strict=True)
-    ]
-    return outcomes, stats.generated_tokens
-
-
-def _chat_rollouts(
-    policy: HFModel,
-    env: Environment,
-    tasks: list[TaskSpec],
-    seed: int,
-    **options: Any,
-) -> tuple[list[_Outcome], int]:
-    from services.training.hf.rollout import run_chat_episodes
-
-    chat_env = as_chat_environment(env)
-    rollouts, stats = run_chat_episodes(chat_env, tasks, policy, seed=seed, **options)
-    outcomes = []
-    for task, rollout in zip(tasks, rollouts, strict=True):
-        ep = rollout.episode
-        reward = chat_env.chat_verify(task, ep)
-        outcomes.append(_Outcome(reward, ep.assistant_turns, ep.end_reason, ep.final_answer))
-    return outcomes, stats.generated_tokens
+def _outcome(episode: TokenEpisode) -> _Outcome:
+    return _Outcome(episode.reward, episode.model_turns, episode.end_reason, episode.answer)
 
 
 def _task_result(task: TaskSpec, outcomes: list[_Outcome]) -> TaskResult:

@@ -19,6 +19,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,7 +28,8 @@ from services.environments.registry import get_environment
 from services.evaluation.evaluator import evaluate
 from services.evaluation.results import RESULTS_FILE
 from services.training.checkpoint import CheckpointError, read_manifest
-from services.training.device import DeviceError
+from services.training.device import DeviceError, resolve_device
+from services.training.family import FamilyModel, family_for
 from services.training.jobspec import (
     JobError,
     JobSpec,
@@ -35,12 +37,9 @@ from services.training.jobspec import (
     run_job_main,
     write_json,
 )
-from services.training.model import TinyModel
 
 logger = logging.getLogger("services.evaluation.job")
 
-HF_MAX_NEW_TOKENS = 48
-HF_BATCH_SIZE = 32
 _HYPER = {
     "temperature": float,
     "max_turns": int,
@@ -93,14 +92,13 @@ def _run(spec: JobSpec) -> int:
     if threads:
         torch.set_num_threads(threads)
     try:
-        policy = _load_policy(spec)
+        policy, defaults = _load_policy(spec)
     except CheckpointError as exc:
         raise JobError(f"checkpoint rejected: {exc}") from None
     except DeviceError as exc:
         raise JobError(str(exc)) from None
-    if not isinstance(policy, TinyModel):  # hf: chat turns are longer, batches on CPU smaller
-        options.setdefault("max_new_tokens", HF_MAX_NEW_TOKENS)
-        options.setdefault("batch_size", HF_BATCH_SIZE)
+    for key, value in defaults.items():  # e.g. hf: chat turns are longer, CPU batches smaller
+        options.setdefault(key, value)
     started = time.monotonic()
     try:
         result = evaluate(policy, env, tasks, seed=spec.seed, **options)
@@ -131,15 +129,14 @@ def _run(spec: JobSpec) -> int:
     return 0
 
 
-def _load_policy(spec: JobSpec) -> Any:
-    """The checkpoint as a policy of its family (tiny GPT or hf), verified on load."""
+def _load_policy(spec: JobSpec) -> tuple[FamilyModel, Mapping[str, int]]:
+    """The checkpoint as a model of its family, verified on load, for inference; and the
+    family's evaluation defaults."""
     assert spec.checkpoint is not None
-    if read_manifest(spec.checkpoint).family == "hf":
-        # Imported here: only the hf family needs transformers and peft.
-        from services.training.hf.model import HFModel
-
-        return HFModel.load(spec.checkpoint, device=spec.device, base_dir=spec.base_model)
-    return TinyModel.load(spec.checkpoint, device=spec.device)
+    family = family_for(read_manifest(spec.checkpoint).family)
+    device = resolve_device(spec.device)
+    model = family.load(spec.checkpoint, device=device, base_dir=spec.base_model)
+    return model, family.eval_defaults
 
 
 def main() -> None:

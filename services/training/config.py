@@ -6,9 +6,13 @@ out-of-range value is refused at the door instead of failing a train job hours l
 curation. Every train job checks its spec with the same code again, because a job trusts
 nothing it is handed.
 
-Each (family, algorithm) pair has one config dataclass; the trainers (``grpo``, ``sft``,
-``hf.train``) take these very classes. A bound a value must keep lives next to its field
-(``field(metadata=_bounds(...))``), so the error names the key and the range. The few keys a
+Each algorithm has one config dataclass (:class:`GRPOConfig`, :class:`SFTConfig`) that its
+one trainer (``grpo``, ``sft``) takes for every family; a family with other defaults or
+fields of its own has a subclass (hf: :class:`HFGRPOConfig`, :class:`HFSFTConfig`, with
+LoRA and ``recovery_fraction``). ``CONFIGS`` names the class of each (family, algorithm)
+pair, so a job or a loop profile refuses another family's keys. A bound a value must keep
+lives next to its field (``field(metadata=_bounds(...))``), so the error names the key and
+the range. The few keys a
 job reads besides its trainer's config (``threads``; for tiny SFT ``augment_fraction``; for
 a tiny model built from scratch ``model``) are listed in ``_JOB_OPTIONS``.
 """
@@ -91,7 +95,8 @@ class _Checked:
 
 @dataclass(frozen=True)
 class GRPOConfig(_Checked):
-    """GRPO hyper-parameters; the defaults are the toolcalc drift-recovery run."""
+    """GRPO hyper-parameters of every family; the defaults are the tiny toolcalc
+    drift-recovery run (:class:`HFGRPOConfig` has the hf defaults and LoRA)."""
 
     steps: int = field(default=40, metadata=_bounds(0))
     tasks_per_step: int = field(default=8, metadata=_bounds(1))
@@ -118,10 +123,13 @@ class GRPOConfig(_Checked):
 
 @dataclass(frozen=True)
 class SFTConfig(_Checked):
-    """SFT hyper-parameters; the defaults make the toolcalc champion on two CPU cores."""
+    """SFT hyper-parameters of every family; the defaults make the tiny toolcalc champion on
+    two CPU cores (:class:`HFSFTConfig` has the hf defaults, LoRA and recovery)."""
 
     steps: int = field(default=1200, metadata=_bounds(0))
     batch_size: int = field(default=48, metadata=_bounds(1))
+    # sequences per forward/backward pass (a step's gradient is the same whatever it is)
+    micro_batch: int = field(default=64, metadata=_bounds(1))
     lr: float = field(default=3e-3, metadata=_bounds(0, low_open=True))
     warmup: int = field(default=30, metadata=_bounds(0))
     min_lr_ratio: float = field(default=0.05, metadata=_bounds(0, 1))
@@ -133,7 +141,7 @@ class SFTConfig(_Checked):
 
 @dataclass(frozen=True)
 class LoRAOptions(_Checked):
-    """Whether and how to train an adapter rather than every weight."""
+    """Whether and how to train an adapter rather than every weight (hf only)."""
 
     lora: bool = True
     lora_r: int = field(default=16, metadata=_bounds(1))
@@ -154,8 +162,9 @@ class LoRAOptions(_Checked):
 
 
 @dataclass(frozen=True)
-class HFSFTConfig(LoRAOptions):
-    """SFT hyper-parameters for hf models (defaults: SmolLM2-135M, LoRA, toolcalc chat)."""
+class HFSFTConfig(SFTConfig, LoRAOptions):
+    """:class:`SFTConfig` for hf models (defaults: SmolLM2-135M, LoRA, toolcalc chat), plus
+    the hf-only ``recovery_fraction``."""
 
     steps: int = field(default=60, metadata=_bounds(0))
     batch_size: int = field(default=8, metadata=_bounds(1))
@@ -164,38 +173,27 @@ class HFSFTConfig(LoRAOptions):
     warmup: int = field(default=5, metadata=_bounds(0))
     min_lr_ratio: float = field(default=0.1, metadata=_bounds(0, 1))
     weight_decay: float = field(default=0.0, metadata=_bounds(0))
-    grad_clip: float = field(default=1.0, metadata=_bounds(0))
     # share of the conversations that first recover from a tool's usage error (the slip is
-    # context, never a target): see demonstration_sequences
+    # context, never a target): see services.training.hf.rollout.demonstration_sequences
     recovery_fraction: float = field(default=0.0, metadata=_bounds(0, 1))
-    seed: int = 0
     log_every: int = field(default=10, metadata=_bounds(0))
 
 
 @dataclass(frozen=True)
-class HFGRPOConfig(LoRAOptions):
-    """GRPO hyper-parameters for hf models (defaults sized for SmolLM2-135M on CPU)."""
+class HFGRPOConfig(GRPOConfig, LoRAOptions):
+    """:class:`GRPOConfig` for hf models (defaults sized for SmolLM2-135M on CPU), plus LoRA."""
 
     steps: int = field(default=8, metadata=_bounds(0))
     tasks_per_step: int = field(default=4, metadata=_bounds(1))
     group_size: int = field(default=4, metadata=_bounds(2, why=_GROUP))
-    temperature: float = field(default=1.0, metadata=_bounds(0, low_open=True, why=_SAMPLING))
-    max_turns: int = field(default=4, metadata=_bounds(1))
     max_new_tokens: int = field(default=40, metadata=_bounds(1))
     lr: float = field(default=2e-4, metadata=_bounds(0, low_open=True))
-    warmup: int = field(default=0, metadata=_bounds(0))
-    min_lr_ratio: float = field(default=1.0, metadata=_bounds(0, 1))
-    weight_decay: float = field(default=0.0, metadata=_bounds(0))
-    grad_clip: float = field(default=1.0, metadata=_bounds(0))
-    clip_eps: float = field(default=0.2, metadata=_bounds(0, low_open=True))
-    kl_coef: float = field(default=0.0, metadata=_bounds(0))
-    adv_eps: float = field(default=1e-4, metadata=_bounds(0))
     micro_batch: int = field(default=4, metadata=_bounds(1))
-    seed: int = 0
-    log_every: int = field(default=1, metadata=_bounds(0))
+    # an hf step takes minutes on CPU; a LoRA resume point is a few MB
+    checkpoint_every: int = field(default=2, metadata=_bounds(0))
 
 
-TrainerConfig = GRPOConfig | SFTConfig | HFGRPOConfig | HFSFTConfig
+TrainerConfig = GRPOConfig | SFTConfig  # HFGRPOConfig and HFSFTConfig are subclasses
 
 CONFIGS: dict[tuple[str, str], type[TrainerConfig]] = {
     ("tiny", "grpo"): GRPOConfig,

@@ -11,6 +11,7 @@ communication happens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,21 +50,22 @@ class DistContext:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return [float(v) for v in tensor.cpu().tolist()]
 
-    def all_reduce_grads(self, model: torch.nn.Module) -> None:
+    def all_reduce_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Sum every parameter's gradient across ranks (a missing gradient counts as zero)."""
         if not self.distributed:
             return
-        for param in model.parameters():
+        for param in params:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
 
-    def broadcast_model(self, model: torch.nn.Module) -> None:
-        """Make every rank start from rank 0's weights."""
+    def broadcast_parameters(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Make every rank start from rank 0's trainable weights (the frozen ones are loaded
+        from the same verified checkpoint everywhere)."""
         if not self.distributed:
             return
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+        for param in params:
+            dist.broadcast(param.data, src=0)
 
     def barrier(self) -> None:
         if self.distributed:

@@ -1,4 +1,4 @@
-"""GRPO: group-relative policy optimisation with verifier rewards.
+"""GRPO: group-relative policy optimisation with verifier rewards, for every model family.
 
 The variant is GRPO as introduced in DeepSeekMath (Shao et al., 2024) and implemented in
 TRL's ``GRPOTrainer``: for each task, sample a group of G episodes from the current policy,
@@ -30,6 +30,28 @@ Deviations, each on purpose:
    first epoch; with ``ppo_epochs = 1`` clipping is therefore inactive and the update is
    the plain policy gradient, as in TRL's default ``num_iterations = 1``.
 
+Written once over :class:`services.training.family.FamilyModel` (tiny and hf alike): the
+family rolls episodes out and scores token batches; everything else is here. Where the two
+per-family trainers this replaces disagreed, the behaviour kept is:
+
+- **Dedup weights** drive the task draw for every family (the hf trainer ignored them).
+- **Seeding** is counter-based per episode for every family, ``derive_seed(seed, step, j,
+  g)`` (the hf trainer seeded one generator per rank and step, so its samples changed with
+  the world size and the batch).
+- **``ppo_epochs``** (with old log-probs frozen before the first epoch) and the **SFT
+  term** are available to every family (the hf trainer had neither).
+- **Resume points** (trainable weights + optimizer + counters, see
+  :mod:`services.training.resume`) for every family (the hf trainer had none).
+- **KL** is computed by swapping the starting trainable weights in (the hf way), not from
+  a deep copy of the model (the tiny way): one copy of what is trained, for any family.
+- **AdamW** decays matrices only, for every family (the hf trainer decayed norms too).
+- **Training sequences are the sampled token ids** (``TokenEpisode.sequences``, turns
+  joined where prefixes agree), never a re-tokenized transcript (the tiny trainer
+  re-encoded its text: the same bytes, but an episode without a model turn was scored).
+- ``kl`` and ``clip_fraction`` in the history are means over the step's micro-batches
+  (the tiny trainer reported the last micro-batch's), and every family's history has
+  ``target_tokens``.
+
 Task sampling: a dataset task carries its dedup weight (``metadata.ratchet.weight``, the
 traces folded into it). With equal weights every task is seen once per epoch (seeded
 shuffles); with unequal ones each step draws its tasks with replacement in proportion to
@@ -37,13 +59,13 @@ weight, so a failure production hit twenty times is trained on as often as produ
 
 Determinism: the task order is a pure function of (seed, step), episode ``g`` of task ``j``
 at step ``s`` samples with seed ``derive_seed(seed, s, j, g)`` (counter-based noise, see
-:mod:`services.training.rng`), and a resume point stores weights, optimizer and counters.
-A run resumed after a kill, or split over ranks, reproduces the single uninterrupted run.
+:mod:`services.training.rng`), and a resume point stores the trainable weights, optimizer
+and counters. A run resumed after a kill, or split over ranks, reproduces the single
+uninterrupted run.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Sequence
@@ -55,13 +77,18 @@ import torch
 from services.environments.base import Environment, TaskSpec
 from services.training.config import GRPOConfig
 from services.training.counters import RunCounters
-from services.training.device import autocast
 from services.training.distributed import DistContext
-from services.training.model import GPT, TinyModel, token_logprobs
+from services.training.family import (
+    DemonstrationOptions,
+    FamilyModel,
+    PackedBatch,
+    StartingWeights,
+    TokenSequence,
+    collate,
+)
 from services.training.optim import clip_and_check, make_optimizer, schedule_lr
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
 from services.training.rng import derive_seed
-from services.training.rollout import collate, episode_tokens, run_episodes
 
 logger = logging.getLogger(__name__)
 
@@ -213,64 +240,37 @@ def task_order(
     return indices
 
 
-def _masked_logprobs(
-    model: GPT,
-    sequences: Sequence[tuple[list[int], list[bool]]],
-    micro_batch: int,
-    device: torch.device,
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Micro-batches of (ids (n, T), mask (n, T-1), log-probs (n, T-1)) with gradients."""
-    out = []
-    for begin in range(0, len(sequences), micro_batch):
-        ids, mask = collate(sequences[begin : begin + micro_batch], device=device)
-        with autocast(device):
-            logp = token_logprobs(model, ids)  # (n, T-1)
-        out.append((ids, mask, logp))
-    return out
-
-
-@torch.no_grad()
-def _frozen_logprobs(
-    model: GPT,
-    sequences: Sequence[tuple[list[int], list[bool]]],
-    micro_batch: int,
-    device: torch.device,
-) -> list[torch.Tensor]:
-    return [logp for _, _, logp in _masked_logprobs(model, sequences, micro_batch, device)]
-
-
 def train_grpo(
-    model: GPT,
+    model: FamilyModel,
     env: Environment,
     tasks: Sequence[TaskSpec],
     config: GRPOConfig,
     *,
     ctx: DistContext,
     state_dir: Path | None = None,
-    parent: str | None = None,
 ) -> GRPOResult:
     """Run GRPO on ``tasks``, in place; resumes from ``state_dir`` if it has a point."""
     if not tasks:
         raise ValueError("GRPO needs at least one task")
-    device = ctx.device
-    model.to(device).train()
-    optimizer = make_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
+    model.train()
+    named = model.trainable_parameters()
+    params = [p for _, p in named]
+    optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
+    ctx.broadcast_parameters(params)
+    reference = StartingWeights(model) if config.kl_coef > 0 else None
     counters = RunCounters()
     resumed_from = 0
     point = latest_resume_point(state_dir) if state_dir is not None else None
     if point is not None:
-        load_resume_point(point, model=model, optimizer=optimizer)
-        model.to(device)
+        load_resume_point(point, params=named, optimizer=optimizer)
         counters = RunCounters.from_dict(point.counters)
         resumed_from = point.step
         logger.info("grpo resumed from step %d (%s)", point.step, point.path)
-    ctx.broadcast_model(model)
-    policy = TinyModel(model, device=device)
+    weights = task_weights(tasks)
     started = time.monotonic()
     for step in range(counters.steps_done, config.steps):
         stats = _grpo_step(
-            step, model, policy, env, tasks, config, optimizer, reference, ctx, counters
+            step, model, env, tasks, weights, config, optimizer, params, reference, ctx, counters
         )
         counters.history.append(stats)
         counters.steps_done = step + 1
@@ -285,13 +285,12 @@ def train_grpo(
                 save_resume_point(
                     state_dir,
                     step=step + 1,
-                    model=model,
-                    config=model.config,
+                    params=named,
                     optimizer=optimizer,
                     counters=counters.to_dict(),
-                    parent=parent,
                 )
             ctx.barrier()
+    model.train(False)
     return GRPOResult(
         counters=counters, resumed_from_step=resumed_from, wall_s=time.monotonic() - started
     )
@@ -299,67 +298,65 @@ def train_grpo(
 
 def _grpo_step(
     step: int,
-    model: GPT,
-    policy: TinyModel,
+    model: FamilyModel,
     env: Environment,
     tasks: Sequence[TaskSpec],
+    weights: list[float] | None,
     config: GRPOConfig,
     optimizer: torch.optim.Optimizer,
-    reference: GPT | None,
+    params: list[torch.nn.Parameter],
+    reference: StartingWeights | None,
     ctx: DistContext,
     counters: RunCounters,
 ) -> dict[str, float]:
-    device, G = ctx.device, config.group_size  # noqa: N806 - the paper's name
-    order = task_order(
-        step, config.tasks_per_step, len(tasks), config.seed, weights=task_weights(tasks)
-    )
+    G = config.group_size  # noqa: N806 - the paper's name
+    order = task_order(step, config.tasks_per_step, len(tasks), config.seed, weights=weights)
     local = ctx.shard(config.tasks_per_step)
 
     # 1. Rollouts: G episodes per local task, each with its own (step, task, sample) seed.
     t0 = time.monotonic()
-    model.eval()
     rollout_tasks = [tasks[order[j]] for j in local for _ in range(G)]
     seeds = [derive_seed(config.seed, step, j, g) for j in local for g in range(G)]
-    episodes, rollout = run_episodes(
+    rollouts = model.rollouts(
         env,
         rollout_tasks,
-        policy,
         seeds=seeds,
         max_turns=config.max_turns,
         max_new_tokens=config.max_new_tokens,
         temperature=config.temperature,
     )
-    model.train()
-    rewards_list = [env.verify(t, e) for t, e in zip(rollout_tasks, episodes, strict=True)]
+    rewards_list = [episode.reward for episode in rollouts.episodes]
     rollout_s = time.monotonic() - t0
 
     # 2. Group-relative advantages; groups without variance are dropped.
     t1 = time.monotonic()
-    rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32).view(len(local), G)
-    advantages, keep = group_advantages(rewards, eps=config.adv_eps)  # (groups, G), (groups,)
-    sequences, seq_adv = [], []
-    for k in range(len(local)):
-        if bool(keep[k]):
-            for g in range(G):
-                sequences.append(episode_tokens(episodes[k * G + g], policy.tokenizer))
-                seq_adv.append(float(advantages[k, g]))
-    demos = []
-    if config.sft_coef > 0:
+    sequences: list[TokenSequence] = []
+    seq_adv: list[float] = []
+    kept_local = 0
+    if local:
+        rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
+        advantages, keep = group_advantages(rewards.view(len(local), G), eps=config.adv_eps)
+        kept_local = int(keep.sum())  # advantages (groups, G), keep (groups,)
+        for index, episode in enumerate(rollouts.episodes):
+            if bool(keep[index // G]):
+                for sequence in episode.sequences:
+                    sequences.append(sequence)
+                    seq_adv.append(float(advantages.view(-1)[index]))
+    demos: list[TokenSequence] = []
+    if config.sft_coef > 0 and local:
         demo_tasks = [tasks[order[j]] for j in local]
-        demo_episodes = env.demonstrations(demo_tasks, seed=derive_seed(config.seed, step))
-        demos = [episode_tokens(e, policy.tokenizer) for e in demo_episodes]
-    local_tokens = sum(sum(m[1:]) for _, m in sequences)
-    local_demo_tokens = sum(sum(m[1:]) for _, m in demos)
-    passes = sum(r.passed for r in rewards_list)
+        demos = model.demonstrations(
+            env, demo_tasks, DemonstrationOptions(seed=derive_seed(config.seed, step))
+        )
     totals = ctx.all_reduce_sum(
         [
-            float(local_tokens),
-            float(local_demo_tokens),
-            float(int(keep.sum())),
+            float(_targets(sequences)),
+            float(_targets(demos)),
+            float(kept_local),
             float(len(local)),
-            float(rollout.generated_tokens),
+            float(rollouts.generated_tokens),
             float(sum(r.total for r in rewards_list)),
-            float(passes),
+            float(sum(r.passed for r in rewards_list)),
             float(len(rewards_list)),
         ]
     )
@@ -367,32 +364,26 @@ def _grpo_step(
 
     # 3. Policy update(s) on the kept episodes (+ the optional SFT term).
     loss_value, clip_fraction, kl_value, trained = 0.0, 0.0, 0.0, 0
-    schedule_lr(optimizer, step, config)
+    lr = schedule_lr(optimizer, step, config)
     if tokens > 0 or demo_tokens > 0:
-        old = (
-            _frozen_logprobs(model, sequences, config.micro_batch, device)
-            if config.ppo_epochs > 1
-            else None
-        )
-        ref = (
-            _frozen_logprobs(reference, sequences, config.micro_batch, device)
-            if reference is not None
-            else None
-        )
-        adv_t = torch.tensor(seq_adv, dtype=torch.float32, device=device)
+        batches = _batches(model, sequences, config.micro_batch)
+        demo_batches = _batches(model, demos, config.micro_batch)
+        adv_t = torch.tensor(seq_adv, dtype=torch.float32, device=model.device)  # (N,)
+        with torch.no_grad():
+            old = [model.logprobs(b) for b in batches] if config.ppo_epochs > 1 else None
+            ref = [reference.logprobs(model, b) for b in batches] if reference is not None else None
         for _ in range(config.ppo_epochs):
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for i, (ids, mask, logp) in enumerate(
-                _masked_logprobs(model, sequences, config.micro_batch, device)
-            ):
-                begin = i * config.micro_batch
-                old_logp = old[i] if old is not None else logp.detach()
+            loss_sum = clip_sum = kl_sum = 0.0
+            begin = 0
+            for i, batch in enumerate(batches):
+                rows = batch.ids.shape[0]
+                logp = model.logprobs(batch)  # (n, T-1)
                 loss, info = policy_loss(
                     logp,
-                    old_logp,
-                    adv_t[begin : begin + ids.shape[0]],
-                    mask,
+                    old[i] if old is not None else logp.detach(),
+                    adv_t[begin : begin + rows],
+                    batch.target,
                     clip_eps=config.clip_eps,
                     ref_logp=ref[i] if ref is not None else None,
                     kl_coef=config.kl_coef,
@@ -400,16 +391,21 @@ def _grpo_step(
                 )
                 loss.backward()
                 loss_sum += float(loss.detach())
-                clip_fraction, kl_value = info["clip_fraction"], info["kl"]
-            for _, mask, logp in _masked_logprobs(model, demos, config.micro_batch, device):
-                sft = -(logp * mask).sum() / demo_tokens * config.sft_coef
+                clip_sum += info["clip_fraction"] * rows
+                kl_sum += info["kl"] * rows
+                begin += rows
+            for batch in demo_batches:
+                logp = model.logprobs(batch)  # (n, T-1)
+                sft = -(logp * batch.target).sum() / max(demo_tokens, 1.0) * config.sft_coef
                 sft.backward()
                 loss_sum += float(sft.detach())
-            trained += sum(len(seq) for seq, _ in sequences) + sum(len(seq) for seq, _ in demos)
-            ctx.all_reduce_grads(model)
-            clip_and_check(model, max_norm=config.grad_clip, step=step, lr=config.lr)
+            trained += sum(b.tokens for b in batches) + sum(b.tokens for b in demo_batches)
+            ctx.all_reduce_grads(params)
+            clip_and_check(params, max_norm=config.grad_clip, step=step, lr=lr)
             optimizer.step()
             loss_value = ctx.all_reduce_sum([loss_sum])[0]
+            clip_fraction = clip_sum / max(len(sequences), 1)
+            kl_value = kl_sum / max(len(sequences), 1)
     train_s = time.monotonic() - t1
     trained_total = int(ctx.all_reduce_sum([float(trained)])[0])
 
@@ -430,4 +426,20 @@ def _grpo_step(
         loss=loss_value,
         clip_fraction=clip_fraction,
         kl=kl_value,
+        target_tokens=tokens,
     )
+
+
+def _targets(sequences: Sequence[TokenSequence]) -> int:
+    """Target tokens of ``sequences`` (a first token is never predicted, so never a target)."""
+    return sum(sum(mask[1:]) for _, mask in sequences)
+
+
+def _batches(
+    model: FamilyModel, sequences: Sequence[TokenSequence], micro_batch: int
+) -> list[PackedBatch]:
+    """``sequences`` packed into micro-batches on the model's device, once per step."""
+    return [
+        collate(sequences[begin : begin + micro_batch], pad_id=model.pad_id, device=model.device)
+        for begin in range(0, len(sequences), micro_batch)
+    ]

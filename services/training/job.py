@@ -13,6 +13,12 @@ sets its shape). Outputs: ``<output_dir>/checkpoint/`` and ``<output_dir>/metric
 GRPO keeps resume points under ``<output_dir>/state/`` and a restarted job continues from
 the last one. A job whose outputs are already complete exits 0 without retraining, so an
 executor may retry it safely. Under ``torchrun`` every rank trains and rank 0 writes.
+
+The model family is the base checkpoint's (``tiny`` without one; an optional spec
+``family`` must agree), looked up in :func:`services.training.family.family_for`; the
+trainers are the same for every family. ``base_model`` in the spec (or
+``RATCHET_BASE_MODEL``) is the directory of an hf adapter champion's base when it does not
+lie beside the adapter in the checkpoint store.
 """
 
 from __future__ import annotations
@@ -28,19 +34,23 @@ import torch
 
 from services.environments.base import Environment, TaskSpec
 from services.environments.registry import get_environment
-from services.training.checkpoint import (
-    CheckpointError,
-    read_manifest,
-    save_checkpoint,
-    verify_checkpoint,
+from services.training.checkpoint import CheckpointError, read_manifest, verify_checkpoint
+from services.training.config import (
+    GRPOConfig,
+    HFSFTConfig,
+    Hyperparameters,
+    SFTConfig,
+    known_keys,
 )
-from services.training.config import TrainerConfig
-from services.training.distributed import (
-    DistContext,
-    init_job_distributed,
-    shutdown_distributed,
+from services.training.distributed import DistContext, init_job_distributed, shutdown_distributed
+from services.training.family import (
+    DemonstrationOptions,
+    Family,
+    FamilyModel,
+    family_for,
+    family_names,
 )
-from services.training.grpo import GRPOConfig, train_grpo
+from services.training.grpo import train_grpo
 from services.training.jobspec import (
     EXIT_FAILED,
     JobError,
@@ -50,10 +60,8 @@ from services.training.jobspec import (
     run_job_main,
     write_json,
 )
-from services.training.model import GPT, GPTConfig, TinyModel
 from services.training.optim import TrainingDiverged
-from services.training.sft import SFTConfig, demonstration_sequences, train_sft
-from services.training.tokenizer import ByteTokenizer
+from services.training.sft import train_sft
 
 logger = logging.getLogger("services.training.job")
 
@@ -77,31 +85,31 @@ def _run(spec: JobSpec) -> int:
         logger.info("outputs of run %s are already complete in %s", spec.run_id, spec.output_dir)
         return 0
     tasks = _dataset(spec)
-    family = _base_family(spec)
-    hyper = job_hyperparameters(spec, family=family, algorithm=algorithm)
+    family_name = _base_family(spec)
+    hyper = job_hyperparameters(spec, family=family_name, algorithm=algorithm)
     if hyper.options.threads is not None:
         torch.set_num_threads(hyper.options.threads)
-    if family == "hf":
-        return _run_hf(spec, algorithm, env, tasks, hyper.config, checkpoint_dir, metrics_path)
-    model, parent = _initial_model(spec, algorithm, hyper.options.model)
     ctx = init_job_distributed(spec.device)
+    model = _initial_model(spec, algorithm, family_for(family_name), hyper, ctx)
+    parent = model.checkpoint_id
     started = time.monotonic()
     try:
-        config = hyper.config
-        if isinstance(config, GRPOConfig):
-            metrics = _train_grpo(spec, env, tasks, model, parent, config, ctx)
-        elif isinstance(config, SFTConfig):
-            augment = hyper.options.augment_fraction
-            metrics = _train_sft(spec, env, tasks, model, config, augment, ctx)
-        else:  # parse_hyperparameters gives a tiny family a tiny config
-            raise JobError(f"{type(config).__name__} is not a tiny trainer's config")
+        if algorithm == "grpo":
+            assert isinstance(hyper.config, GRPOConfig)  # parse_hyperparameters' class for grpo
+            metrics = _train_grpo(spec, env, tasks, model, hyper.config, ctx)
+        else:
+            assert isinstance(hyper.config, SFTConfig)
+            metrics = _train_sft(env, tasks, model, hyper, ctx)
     except TrainingDiverged as exc:
         raise JobError(str(exc), exit_code=EXIT_FAILED) from None
+    except ValueError as exc:  # e.g. an environment without the family's rendering
+        raise JobError(str(exc)) from None
     metrics["wall_s"] = round(time.monotonic() - started, 3)
     metrics.update(
         run_id=spec.run_id,
         kind="train",
         algorithm=algorithm,
+        family=family_name,
         environment=env.name,
         device=str(ctx.device),
         world_size=ctx.world_size,
@@ -114,12 +122,14 @@ def _run(spec: JobSpec) -> int:
         round(total_tokens / metrics["wall_s"], 1) if metrics["wall_s"] else 0.0
     )
     if ctx.is_main:
-        meta = {"algorithm": algorithm, "run_id": spec.run_id, "steps": metrics["steps"]}
+        meta: dict[str, object] = {
+            "algorithm": algorithm,
+            "run_id": spec.run_id,
+            "steps": metrics["steps"],
+        }
         if checkpoint_dir.exists():
             _remove_partial(checkpoint_dir)
-        manifest = save_checkpoint(
-            model.cpu(), model.config, checkpoint_dir, parent=parent, metadata=meta
-        )
+        manifest = model.save(checkpoint_dir, parent=parent, metadata=meta)
         metrics["checkpoint_id"] = manifest.checkpoint_id
         write_json(metrics_path, metrics)
         logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
@@ -128,47 +138,53 @@ def _run(spec: JobSpec) -> int:
 
 
 def _base_family(spec: JobSpec) -> str:
-    """The model family the job trains: the base checkpoint's (``tiny`` without one)."""
+    """The model family the job trains: the base checkpoint's (``tiny`` without one); a
+    ``family`` the spec declares must agree."""
+    declared = spec.raw.get("family")
+    if declared is not None and declared not in family_names():
+        raise JobError(
+            f"unknown model family {declared!r} in the spec; known: {', '.join(family_names())}"
+        )
     if spec.base_checkpoint is None or not spec.base_checkpoint.is_dir():
-        family = spec.raw.get("family", "tiny")
-        if family == "hf":
-            raise JobError("hf training needs a base checkpoint: set 'base_checkpoint'")
+        family = declared or "tiny"
+        if family != "tiny":
+            raise JobError(f"{family} training needs a base checkpoint: set 'base_checkpoint'")
         return "tiny"
     try:
-        return read_manifest(spec.base_checkpoint).family
+        family = read_manifest(spec.base_checkpoint).family
     except CheckpointError as exc:
         raise JobError(f"base checkpoint rejected: {exc}") from None
-
-
-def _run_hf(
-    spec: JobSpec,
-    algorithm: str,
-    env: Environment,
-    tasks: list[TaskSpec],
-    config: TrainerConfig,
-    checkpoint_dir: Path,
-    metrics_path: Path,
-) -> int:
-    # Imported here: the hf family needs transformers and peft, the tiny family does not.
-    from services.training.hf.job import run_hf_train
-
-    if checkpoint_dir.exists():
-        _remove_partial(checkpoint_dir)
-    metrics = run_hf_train(spec, algorithm, env, tasks, config)
-    if "checkpoint_id" in metrics:  # rank 0 wrote the checkpoint
-        metrics.update(
-            run_id=spec.run_id,
-            kind="train",
-            algorithm=algorithm,
-            environment=env.name,
-            tasks=len(tasks),
-            schema="ratchet.metrics/v1",
+    if declared is not None and declared != family:
+        raise JobError(
+            f"spec 'family' is {declared!r} but the base checkpoint's family is {family!r}"
         )
-        total = metrics["train_tokens"] + metrics["rollout_tokens"]
-        metrics["tokens_per_s"] = round(total / metrics["wall_s"], 1) if metrics["wall_s"] else 0.0
-        write_json(metrics_path, metrics)
-        logger.info("run %s wrote hf checkpoint %s", spec.run_id, metrics["checkpoint_id"])
-    return 0
+    return family
+
+
+def _initial_model(
+    spec: JobSpec, algorithm: str, family: Family, hyper: Hyperparameters, ctx: DistContext
+) -> FamilyModel:
+    """The base checkpoint with its trainable setup, or (SFT only) a fresh model."""
+    torch.manual_seed(spec.seed)  # a fresh model's or a new LoRA adapter's initial weights
+    if spec.base_checkpoint is None:
+        if algorithm == "grpo":
+            raise JobError(
+                "grpo needs a base checkpoint: set 'base_checkpoint' or RATCHET_BASE_CHECKPOINT"
+            )
+        try:
+            return family.create(hyper.options.model, seed=spec.seed, device=ctx.device)
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
+    if not spec.base_checkpoint.is_dir():
+        raise JobError(f"base checkpoint {spec.base_checkpoint} does not exist")
+    try:
+        return family.load(
+            spec.base_checkpoint, device=ctx.device, base_dir=spec.base_model, training=hyper.config
+        )
+    except CheckpointError as exc:
+        raise JobError(f"base checkpoint rejected: {exc}") from None
+    except ValueError as exc:  # e.g. LoRA target modules the architecture lacks
+        raise JobError(str(exc)) from None
 
 
 def _environment(name: str) -> Environment:
@@ -188,42 +204,19 @@ def _dataset(spec: JobSpec) -> list[TaskSpec]:
     return tasks
 
 
-def _initial_model(spec: JobSpec, algorithm: str, model_hyper: Any) -> tuple[GPT, str | None]:
-    if spec.base_checkpoint is None:
-        if algorithm == "grpo":
-            raise JobError(
-                "grpo needs a base checkpoint: set 'base_checkpoint' or RATCHET_BASE_CHECKPOINT"
-            )
-        try:
-            config = GPTConfig(**(model_hyper or {}))
-        except (TypeError, ValueError) as exc:
-            raise JobError(f"invalid hyperparameters.model: {exc}") from None
-        torch.manual_seed(spec.seed)
-        return GPT(config), None
-    if not spec.base_checkpoint.is_dir():
-        raise JobError(f"base checkpoint {spec.base_checkpoint} does not exist")
-    try:
-        policy = TinyModel.load(spec.base_checkpoint, device="cpu")
-    except CheckpointError as exc:
-        raise JobError(f"base checkpoint rejected: {exc}") from None
-    return policy.model, policy.checkpoint_id
-
-
 def _train_grpo(
     spec: JobSpec,
     env: Environment,
     tasks: list[TaskSpec],
-    model: GPT,
-    parent: str | None,
+    model: FamilyModel,
     config: GRPOConfig,
     ctx: DistContext,
 ) -> dict[str, Any]:
-    result = train_grpo(
-        model, env, tasks, config, ctx=ctx, state_dir=spec.output_dir / "state", parent=parent
-    )
+    result = train_grpo(model, env, tasks, config, ctx=ctx, state_dir=spec.output_dir / "state")
     return {
         **result.counters.metrics(),
         "resumed_from_step": result.resumed_from_step,
+        "final_loss": result.counters.history[-1]["loss"] if result.counters.history else None,
         "final_reward": result.final_reward,
         "final_pass_rate": result.final_pass_rate,
         "hyperparameters": config.to_dict(),
@@ -231,33 +224,35 @@ def _train_grpo(
 
 
 def _train_sft(
-    spec: JobSpec,
     env: Environment,
     tasks: list[TaskSpec],
-    model: GPT,
-    config: SFTConfig,
-    augment: float,
+    model: FamilyModel,
+    hyper: Hyperparameters,
     ctx: DistContext,
 ) -> dict[str, Any]:
+    config = hyper.config
+    assert isinstance(config, SFTConfig)
+    augment = hyper.options.augment_fraction
+    options = DemonstrationOptions(
+        seed=config.seed,
+        augment_fraction=augment,
+        recovery_fraction=config.recovery_fraction if isinstance(config, HFSFTConfig) else 0.0,
+    )
     try:
-        episodes = env.demonstrations(tasks, seed=config.seed, augment_fraction=float(augment))
-        sequences = demonstration_sequences(
-            episodes, ByteTokenizer(), max_seq_len=model.config.max_seq_len
-        )
+        sequences = model.demonstrations(env, tasks, options)
     except (NotImplementedError, ValueError) as exc:
         raise JobError(f"cannot build demonstrations: {exc}") from None
     result = train_sft(model, sequences, config, ctx=ctx)
+    hyperparameters = config.to_dict()
+    if "augment_fraction" in known_keys(model.family, "sft"):  # a job option of this family
+        hyperparameters["augment_fraction"] = augment
     return {
-        "steps": result.steps_done,
-        "train_tokens": result.train_tokens,
-        "rollout_tokens": 0,
-        "rollout_tokens_per_s": 0.0,
-        "train_tokens_per_s": result.train_tokens_per_s,
-        "filtered_zero_variance_groups": 0,
+        **result.metrics(),
         "final_loss": result.final_loss,
         "final_reward": None,
+        "final_pass_rate": None,
         "demonstrations": len(sequences),
-        "hyperparameters": {**config.to_dict(), "augment_fraction": float(augment)},
+        "hyperparameters": hyperparameters,
     }
 
 

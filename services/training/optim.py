@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import torch
 
 
-def make_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW; weight decay only on matrices (not biases, norms or embeddings' rows alike)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+def make_optimizer(
+    params: Sequence[torch.nn.Parameter], *, lr: float, weight_decay: float
+) -> torch.optim.AdamW:
+    """AdamW over the trainable ``params`` of any family; weight decay only on matrices
+    (not biases or norms)."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -31,14 +35,17 @@ class TrainingDiverged(RuntimeError):
     """The loss or gradient became NaN or infinite: the weights can no longer be trusted."""
 
 
-def clip_and_check(model: torch.nn.Module, *, max_norm: float, step: int, lr: float) -> float:
+def clip_and_check(
+    model: torch.nn.Module | Iterable[torch.nn.Parameter], *, max_norm: float, step: int, lr: float
+) -> float:
     """Clip the gradient norm and refuse to step on a non-finite one.
 
     One NaN in an update poisons every weight, and a checkpoint full of NaN would still be
     evaluated and compared. Stopping here turns a broken learning rate or loss into a failed
     run with a reason, before the optimizer writes the damage into the weights.
     """
-    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    params = model.parameters() if isinstance(model, torch.nn.Module) else model
+    norm = float(torch.nn.utils.clip_grad_norm_(list(params), max_norm))
     if not math.isfinite(norm):
         raise TrainingDiverged(
             f"training diverged at step {step + 1}: gradient norm is {norm} "

@@ -1,8 +1,11 @@
 """Periodic training state and resume-from-last, so a killed job continues where it stopped.
 
-A resume point is ``<state_dir>/step-<NNNNNN>/`` holding a full checkpoint
-(``checkpoint/``), the optimizer state (``optimizer.safetensors``) and ``state.json`` (the
-step, the trainer's counters and the optimizer file's sha256). It is assembled in a temp
+A resume point is ``<state_dir>/step-<NNNNNN>/`` holding the trainable weights by name
+(``weights.safetensors``: every weight of a tiny model, the adapter of an hf LoRA run), the
+optimizer state (``optimizer.safetensors``) and ``state.json`` (the step, the trainer's
+counters and both files' sha256). The frozen weights are the job's base checkpoint, loaded
+and verified again on resume, so a point of any family is as small as what it trains. A
+point written before this layout (a tiny ``checkpoint/``) still loads. It is assembled in a temp
 directory and renamed into place, so a kill during the write leaves the previous point
 intact. Together with counter-based sampling (:mod:`services.training.rng`) and a data
 order that is a pure function of (seed, step), resuming reproduces the uninterrupted run.
@@ -21,13 +24,15 @@ import torch
 
 from services.training.checkpoint import (
     CheckpointError,
-    HasConfigDict,
     load_checkpoint,
     load_optimizer_state,
-    save_checkpoint,
+    read_safetensors,
+    safetensors_bytes,
     save_optimizer_state,
     sha256_file,
 )
+
+NamedParameters = list[tuple[str, torch.nn.Parameter]]
 
 _PREFIX = "step-"
 KEEP_POINTS = 2
@@ -44,11 +49,9 @@ def save_resume_point(
     state_dir: Path,
     *,
     step: int,
-    model: torch.nn.Module,
-    config: HasConfigDict,
+    params: NamedParameters,
     optimizer: torch.optim.Optimizer,
     counters: dict[str, Any],
-    parent: str | None,
 ) -> ResumePoint:
     """Write the resume point for ``step`` (steps done so far) and prune older ones."""
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -57,12 +60,14 @@ def save_resume_point(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_checkpoint(model, config, tmp / "checkpoint", parent=parent, metadata={"step": step})
+    weights = {name: param.detach() for name, param in params}
+    (tmp / "weights.safetensors").write_bytes(safetensors_bytes(weights, {"format": "pt"}))
     save_optimizer_state(optimizer, tmp / "optimizer.safetensors")
     state = {
         "step": step,
         "counters": counters,
         "optimizer_sha256": sha256_file(tmp / "optimizer.safetensors"),
+        "weights_sha256": sha256_file(tmp / "weights.safetensors"),
     }
     (tmp / "state.json").write_text(json.dumps(state, sort_keys=True, indent=2) + "\n")
     if final.exists():
@@ -87,12 +92,24 @@ def latest_resume_point(state_dir: Path) -> ResumePoint | None:
 
 
 def load_resume_point(
-    point: ResumePoint, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    point: ResumePoint, *, params: NamedParameters, optimizer: torch.optim.Optimizer
 ) -> None:
-    """Restore weights and optimizer state (both verified) from ``point``."""
-    loaded = load_checkpoint(point.path / "checkpoint")
-    model.load_state_dict(loaded.state_dict)
+    """Restore the trainable weights and optimizer state (both verified) from ``point``."""
     state = json.loads((point.path / "state.json").read_text())
+    weights_file = point.path / "weights.safetensors"
+    if weights_file.is_file():
+        if sha256_file(weights_file) != state.get("weights_sha256"):
+            raise CheckpointError(f"weights in {point.path} do not match their sha256")
+        weights = read_safetensors(weights_file)
+    else:  # a tiny point of the earlier layout: a whole checkpoint
+        weights = load_checkpoint(point.path / "checkpoint").state_dict
+    names = [name for name, _ in params]
+    missing = sorted(set(names) - set(weights))
+    if missing:
+        raise CheckpointError(f"resume point {point.path} lacks weights {missing[:3]}")
+    with torch.no_grad():
+        for name, param in params:
+            param.copy_(weights[name].to(device=param.device, dtype=param.dtype))
     optimizer_file = point.path / "optimizer.safetensors"
     if sha256_file(optimizer_file) != state.get("optimizer_sha256"):
         raise CheckpointError(f"optimizer state in {point.path} does not match its sha256")

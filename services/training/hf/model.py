@@ -6,10 +6,12 @@ by :func:`services.chat.render.messages_with_tools_prompt` (SmolLM2-Instruct's t
 of this kind). The model's output is parsed into tool calls by
 :func:`services.chat.toolcalls.parse_assistant_output`.
 
-Generation is batched with left padding. Each call seeds torch's generator with the
-caller's seed, so a greedy or sampled batch is reproducible for the same batch; unlike the
-tiny family's counter-based sampler a row's sample does depend on its batch neighbours,
-which is what ``transformers.generate`` offers.
+Generation is batched with left padding. Sampling is the tiny family's counter-based
+Gumbel-max (:mod:`services.training.rng`): ``transformers.generate`` runs greedy over
+``logits / T + gumbel(row seed, token index)`` (:class:`GumbelNoise`), so a row's sample
+depends on its own seed alone, not on its batch neighbours or on torch's global generator
+(a GRPO group sampled on one rank or two draws the same tokens, up to float rounding of
+the padded batch).
 
 On CUDA the weights are bf16 (the usual serving precision for these models); on CPU fp32,
 where bf16 matmuls are slower on most hosts.
@@ -18,7 +20,6 @@ where bf16 matmuls are slower on most hosts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +27,14 @@ import torch
 
 from services.chat.render import messages_with_tools_prompt
 from services.chat.stops import stop_token_ids
+from services.environments.base import Environment, TaskSpec
+from services.environments.chat import as_chat_environment
 from services.training.checkpoint import Manifest
 from services.training.device import resolve_device
+from services.training.family import Rollouts, TokenEpisode
 from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One generated turn: the prompt's token ids, the generated ids and their text."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    text: str
-    truncated: bool
+from services.training.hf.rollout import Completion, run_chat_episodes
+from services.training.rng import derive_seed, gumbel
 
 
 def model_dtype(device: torch.device) -> torch.dtype:
@@ -120,6 +116,40 @@ class HFModel:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def rollouts(
+        self,
+        env: Environment,
+        tasks: Sequence[TaskSpec],
+        *,
+        seeds: Sequence[int],
+        max_turns: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> Rollouts:
+        """One chat episode per task through :meth:`generate`, scored by the environment's
+        chat verifier (ValueError for an environment without a chat rendering)."""
+        chat_env = as_chat_environment(env)
+        rollouts, stats = run_chat_episodes(
+            chat_env,
+            tasks,
+            self,
+            seeds=seeds,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
+        episodes = [
+            TokenEpisode(
+                task=task,
+                turns=rollout.turns,
+                reward=chat_env.chat_verify(task, rollout.episode),
+                end_reason=rollout.episode.end_reason,
+                answer=rollout.episode.final_answer,
+            )
+            for task, rollout in zip(tasks, rollouts, strict=True)
+        ]
+        return Rollouts(episodes, stats.generated_tokens, stats.prompt_tokens)
+
     @torch.no_grad()
     def generate(
         self,
@@ -127,11 +157,21 @@ class HFModel:
         *,
         max_new_tokens: int,
         temperature: float = 0.0,
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> list[Completion]:
-        """Complete each prompt up to an end-of-turn token or ``max_new_tokens``."""
+        """Complete each prompt up to an end-of-turn token or ``max_new_tokens``.
+
+        ``seed`` is one run seed (row ``i`` uses ``derive_seed(seed, i)``) or one per row.
+        """
         if not prompts:
             return []
+        seeds = (
+            [derive_seed(seed, i) for i in range(len(prompts))]
+            if isinstance(seed, int)
+            else list(seed)
+        )
+        if len(seeds) != len(prompts):
+            raise ValueError("need one seed per prompt")
         encoded = [self.encode(p) for p in prompts]
         width = max(len(ids) for ids in encoded)
         pad = int(self.tokenizer.pad_token_id)
@@ -140,12 +180,12 @@ class HFModel:
         for row, ids in enumerate(encoded):
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[row, width - len(ids) :] = 1
-        torch.manual_seed(seed)
-        sampling: dict[str, Any] = (
-            {"do_sample": True, "temperature": float(temperature), "top_k": 0, "top_p": 1.0}
-            if temperature > 0
-            else {"do_sample": False}
-        )
+        from transformers import LogitsProcessorList
+
+        sampling: dict[str, Any] = {"do_sample": False}
+        if temperature > 0:
+            noise = GumbelNoise(seeds, temperature, prompt_width=width, device=self.device)
+            sampling["logits_processor"] = LogitsProcessorList([noise])
         stop = self.stop_ids
         output = self.model.generate(
             input_ids=input_ids.to(self.device),
@@ -170,3 +210,21 @@ class HFModel:
                 )
             )
         return completions
+
+
+class GumbelNoise:
+    """A logits processor that turns greedy decoding into sampling at ``temperature``:
+    ``logits / T + gumbel(seed of the row, index of the token)``, whose argmax is a sample
+    of softmax(logits / T) (Gumbel-max), keyed by each row's seed alone."""
+
+    def __init__(
+        self, seeds: Sequence[int], temperature: float, *, prompt_width: int, device: torch.device
+    ):
+        self.seeds = torch.tensor([s & 0xFFFFFFFF for s in seeds], dtype=torch.int64, device=device)
+        self.temperature = float(temperature)
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = int(input_ids.shape[1]) - self.prompt_width  # index of the token being drawn
+        noise = gumbel(self.seeds, step, scores.shape[-1])  # (B, V) float64
+        return scores.double() / self.temperature + noise  # (B, V)

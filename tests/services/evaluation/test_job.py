@@ -15,7 +15,7 @@ from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import evaluate
 from services.evaluation.job import eval_job_main
 from services.training.checkpoint import save_checkpoint
-from services.training.model import GPT, GPTConfig, TinyModel
+from services.training.tiny.model import GPT, GPTConfig, TinyModel
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = GPTConfig(max_seq_len=128, n_layer=1, n_head=2, d_model=16)

@@ -17,7 +17,7 @@ from services.training.checkpoint import (
     save_checkpoint,
     save_optimizer_state,
 )
-from services.training.model import GPT, GPTConfig, TinyModel
+from services.training.tiny.model import GPT, GPTConfig, TinyModel
 
 TINY = GPTConfig(max_seq_len=32, n_layer=1, n_head=2, d_model=16)
 

@@ -19,7 +19,8 @@ from services.training.grpo import (
     task_weights,
     train_grpo,
 )
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.family import TinyFamilyModel
+from services.training.tiny.model import GPT, GPTConfig
 
 TINY = GPTConfig(max_seq_len=160, n_layer=1, n_head=2, d_model=16)
 
@@ -131,7 +132,8 @@ def test_every_parameter_changes_after_one_step(tmp_path: Path) -> None:
     config = GRPOConfig(
         steps=1, tasks_per_step=4, group_size=4, max_new_tokens=12, max_turns=2, lr=1e-2, seed=0
     )
-    result = train_grpo(model, env, tasks, config, ctx=init_distributed("cpu"))
+    trainee = TinyFamilyModel(model, device=torch.device("cpu"), checkpoint_id=None)
+    result = train_grpo(trainee, env, tasks, config, ctx=init_distributed("cpu"))
     assert result.counters.steps_done == 1
     assert result.counters.groups == 4
     assert result.counters.filtered_zero_variance_groups < 4

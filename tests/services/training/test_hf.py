@@ -168,23 +168,24 @@ def test_grpo_step_changes_every_adapter_weight(
     sft_adapter: Path, chat_tasks: dict[str, Path]
 ) -> None:
     from services.environments import read_task_file
+    from services.training.config import HFGRPOConfig
     from services.training.distributed import init_distributed
-    from services.training.hf.train import HFGRPOConfig, prepare_trainable, train_grpo_hf
+    from services.training.grpo import train_grpo
+    from services.training.hf.family import HFFamily
 
-    loaded = load_hf_checkpoint(sft_adapter, trainable_adapter=True)
     config = HFGRPOConfig(**{**GRPO_HYPER, "steps": 1, "group_size": 4, "temperature": 1.5})
-    model = prepare_trainable(loaded, config)
+    trainee = HFFamily().load(sft_adapter, device=torch.device("cpu"), training=config)
+    model = trainee.module
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     assert before and all("lora_" in n for n in before)
     env = LengthRewardToolcalc()
-    result = train_grpo_hf(
-        model,
-        loaded.tokenizer,
+    result = train_grpo(
+        trainee,
         env,
         read_task_file(chat_tasks["v1"]),
         config,
         ctx=init_distributed("cpu"),
-    )
+    ).counters
     after = dict(model.named_parameters())
     assert result.history[0]["groups_kept"] == 2
     changed = {n for n, p in before.items() if not torch.equal(p, after[n].detach())}
@@ -355,8 +356,7 @@ def test_bad_hf_specs_fail_with_one_clear_line(
 def test_the_keys_a_profile_accepts_are_the_trainers_fields() -> None:
     from dataclasses import fields
 
-    from services.training.config import known_keys
-    from services.training.hf.train import HFGRPOConfig, HFSFTConfig
+    from services.training.config import HFGRPOConfig, HFSFTConfig, known_keys
 
     for algorithm, config_cls in (("sft", HFSFTConfig), ("grpo", HFGRPOConfig)):
         trainer_keys = {f.name for f in fields(config_cls)} - {"seed"}
@@ -380,7 +380,7 @@ def test_a_training_profile_for_hf_refuses_unknown_hyperparameters() -> None:
 
 def test_recovery_demonstrations_add_context_not_targets(tiny_llama: Path) -> None:
     from services.training.hf.model import HFModel
-    from services.training.hf.train import demonstration_sequences
+    from services.training.hf.rollout import demonstration_sequences
 
     loaded = load_hf_checkpoint(tiny_llama)
     policy = HFModel(loaded.model, loaded.tokenizer, device=torch.device("cpu"))
@@ -402,7 +402,7 @@ def test_recovery_demonstrations_add_context_not_targets(tiny_llama: Path) -> No
 
 
 def test_logprobs_of_kept_positions_equal_the_full_computation(tiny_llama: Path) -> None:
-    from services.training.hf.train import sequence_logprobs
+    from services.training.hf.family import sequence_logprobs
 
     model = load_hf_checkpoint(tiny_llama).model
     ids = torch.tensor([[0, 5, 9, 17, 33, 64, 3], [0, 7, 7, 8, 2, 2, 2]])

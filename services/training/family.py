@@ -1,0 +1,258 @@
+"""The model-family interface every trainer and the evaluator work through, and its registry.
+
+A *family* is a kind of checkpoint (``tiny``: the byte-level GPT of
+:mod:`services.training.tiny`; ``hf``: any transformers causal LM of
+:mod:`services.training.hf`). The trainers (:mod:`services.training.grpo`,
+:mod:`services.training.sft`) are written once over two small protocols:
+
+- :class:`Family` — what the registry holds: load a checkpoint for inference or with its
+  trainable setup (every weight, or a LoRA adapter for hf), or build a fresh model.
+- :class:`FamilyModel` — a loaded model: **token rollouts** (one episode per task, with the
+  exact prompt and completion ids of every model turn and the environment's reward),
+  **per-token log-probs** of a packed batch under the current weights, demonstrations as
+  token sequences, and saving a checkpoint with its manifest.
+
+Everything between those calls — advantages, the loss, the KL to the starting weights
+(:class:`StartingWeights`: the trainable weights are swapped, so no second model lives in
+memory), optimizer, DDP, resume points — is the trainer's, identical for every family.
+
+Rollouts take one seed per episode and return token ids, never text to re-tokenize, so an
+inference engine (prefix cache, KV kept across turns, a remote server) can replace a
+family's generation path behind :meth:`FamilyModel.rollouts` without touching a trainer.
+
+The registry maps a family name to where its implementation lives, imported on first use:
+a tiny job never imports transformers. :func:`register_family` adds one (tests plug a toy
+family in with one entry).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from services.environments.base import Environment, Reward, TaskSpec
+from services.training.checkpoint import Manifest
+
+TokenTurn = tuple[list[int], list[int]]  # (prompt ids the model saw, completion ids it sampled)
+TokenSequence = tuple[list[int], list[bool]]  # (ids, which ids are training targets)
+
+
+@dataclass(frozen=True)
+class TokenEpisode:
+    """One rolled-out episode as training and evaluation need it."""
+
+    task: TaskSpec
+    turns: list[TokenTurn]  # every model turn, in order (end-of-turn token included if sampled)
+    reward: Reward
+    end_reason: str | None
+    answer: str | None
+
+    @property
+    def model_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def sequences(self) -> list[TokenSequence]:
+        """The episode as training sequences (completions are the only targets)."""
+        return pack_turns(self.turns)
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """A batch of episodes and what generating them cost."""
+
+    episodes: list[TokenEpisode]
+    generated_tokens: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class DemonstrationOptions:
+    """How an SFT job asks a family for demonstrations (each family reads its own knob)."""
+
+    seed: int = 0
+    augment_fraction: float = 0.0  # tiny: share of demonstrations with a drifted tool API
+    recovery_fraction: float = 0.0  # hf: share that recover from a tool's usage error first
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Right-padded sequences: ids (N, T), attention (N, T), targets (N, T-1)."""
+
+    ids: torch.Tensor  # (N, T)
+    attention: torch.Tensor  # (N, T), 1 on real tokens
+    target: torch.Tensor  # (N, T-1) bool, aligned with ids[:, 1:]
+
+    @property
+    def tokens(self) -> int:
+        """Real (unpadded) tokens in the batch: what a forward pass processed."""
+        return int(self.attention.sum())
+
+
+class RolloutModel(Protocol):
+    """What evaluation needs of a model: verified episodes of tasks."""
+
+    device: torch.device
+    checkpoint_id: str | None
+
+    def rollouts(
+        self,
+        env: Environment,
+        tasks: Sequence[TaskSpec],
+        *,
+        seeds: Sequence[int],
+        max_turns: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> Rollouts:
+        """One verified episode per task (tasks may repeat: a GRPO group). Episode ``i``
+        samples from ``seeds[i]`` alone, whatever else shares its batch."""
+        ...
+
+
+class FamilyModel(RolloutModel, Protocol):
+    """A loaded model of some family, for rollouts, scoring and (if loaded so) training."""
+
+    family: str
+    pad_id: int
+
+    def trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The weights an optimizer updates, by name (all of them, or a LoRA adapter's)."""
+        ...
+
+    def train(self, mode: bool = True) -> None:
+        """Put the network in training (or evaluation) mode."""
+        ...
+
+    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        """log p(ids[:, t+1] | ids[:, :t+1]) under the current weights: (N, T-1), float32,
+        with gradients; positions outside ``batch.target`` may be 0."""
+        ...
+
+    def demonstrations(
+        self, env: Environment, tasks: Sequence[TaskSpec], options: DemonstrationOptions
+    ) -> list[TokenSequence]:
+        """The environment's solved episodes of ``tasks`` as training sequences."""
+        ...
+
+    def save(self, out_dir: Path, *, parent: str | None, metadata: dict[str, object]) -> Manifest:
+        """Write the model as a checkpoint (manifest included); the trainable part for LoRA."""
+        ...
+
+
+class Family(Protocol):
+    """A model family: how its checkpoints load and how its fresh models are built."""
+
+    name: str
+    # evaluation defaults where the family differs (hf chat turns are longer, batches smaller)
+    eval_defaults: Mapping[str, int]
+
+    def load(
+        self,
+        path: Path,
+        *,
+        device: torch.device,
+        base_dir: Path | None = None,
+        training: object | None = None,
+    ) -> FamilyModel:
+        """Verify and load a checkpoint. ``training`` (the trainer's config) asks for its
+        trainable setup; None loads for inference."""
+        ...
+
+    def create(
+        self, shape: Mapping[str, object] | None, *, seed: int, device: torch.device
+    ) -> FamilyModel:
+        """A fresh model of ``shape`` (ValueError where the family never trains from scratch)."""
+        ...
+
+
+class StartingWeights:
+    """A model's trainable weights as they are now, kept to score batches under them later
+    (GRPO's KL anchor, a DPO reference): swapped in for the forward pass and back out, so
+    only one copy of what is trained lives in memory, whatever the family."""
+
+    def __init__(self, model: FamilyModel) -> None:
+        self.params = [p for _, p in model.trainable_parameters()]
+        self.values = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def logprobs(self, model: FamilyModel, batch: PackedBatch) -> torch.Tensor:
+        """``model.logprobs(batch)`` under the kept weights: (N, T-1), no gradients."""
+        current = [p.detach().clone() for p in self.params]
+        for param, kept in zip(self.params, self.values, strict=True):
+            param.copy_(kept)
+        try:
+            return model.logprobs(batch)
+        finally:
+            for param, value in zip(self.params, current, strict=True):
+                param.copy_(value)
+
+
+_REGISTRY: dict[str, str | Callable[[], Family]] = {
+    "tiny": "services.training.tiny.family:TinyFamily",
+    "hf": "services.training.hf.family:HFFamily",
+}
+
+
+def register_family(name: str, factory: Callable[[], Family]) -> None:
+    """Add (or replace) a family: ``family_for(name)`` then returns ``factory()``."""
+    _REGISTRY[name] = factory
+
+
+def family_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def family_for(name: str) -> Family:
+    """The family called ``name``; ValueError naming the known ones otherwise."""
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"unknown model family {name!r}; known: {', '.join(family_names())}")
+    if isinstance(entry, str):
+        module, _, attribute = entry.partition(":")
+        factory: Callable[[], Family] = getattr(importlib.import_module(module), attribute)
+        return factory()
+    return entry()
+
+
+def pack_turns(turns: Sequence[TokenTurn]) -> list[TokenSequence]:
+    """An episode's turns as (ids, target mask) sequences, merged where prefixes agree.
+
+    When turn ``k+1``'s prompt starts with turn ``k``'s prompt and completion (text
+    transcripts always; chat templates once the completion is the canonical call text),
+    the two are one sequence with both completions as targets; otherwise a turn is its own
+    sequence. Tool results and prompts are context, never targets.
+    """
+    sequences: list[TokenSequence] = []
+    for prompt, completion in turns:
+        if sequences:
+            ids, mask = sequences[-1]
+            if len(prompt) >= len(ids) and prompt[: len(ids)] == ids:
+                extra = prompt[len(ids) :]
+                ids.extend(extra + completion)
+                mask.extend([False] * len(extra) + [True] * len(completion))
+                continue
+        sequences.append(
+            (list(prompt) + list(completion), [False] * len(prompt) + [True] * len(completion))
+        )
+    return sequences
+
+
+def collate(
+    sequences: Sequence[TokenSequence], *, pad_id: int, device: torch.device
+) -> PackedBatch:
+    """Right-pad ``sequences`` into one :class:`PackedBatch` on ``device``."""
+    width = max(len(ids) for ids, _ in sequences)
+    ids_t = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (N, T)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)  # (N, T)
+    target = torch.zeros((len(sequences), width), dtype=torch.bool)  # (N, T)
+    for row, (ids, mask) in enumerate(sequences):
+        ids_t[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[row, : len(ids)] = 1
+        target[row, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
+    return PackedBatch(ids_t.to(device), attention.to(device), target[:, 1:].to(device))

@@ -1,0 +1,216 @@
+"""The ``hf`` family behind :class:`services.training.family.Family`: any transformers causal
+LM, prompted in chat, trained as a LoRA adapter (default) or in full.
+
+LoRA: a full champion gets a fresh adapter (``lora_r``, ``lora_alpha``,
+``lora_target_modules``); an adapter champion is trained further (its own rank and
+targets), so the result is again an adapter on the same full base. ``lora: false`` trains
+every weight (an adapter champion is merged into its base first). For training on CUDA a
+LoRA base is held in bf16 (its weights are frozen) and trainable weights in fp32, under
+bf16 autocast; CPU runs fp32. For inference an adapter is merged into its base.
+
+Log-probs project only the positions some row trains on through the output head
+(``logits_to_keep``): chat prompts are mostly system text and tools, so this skips most of
+the (positions x vocabulary) logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.environments.base import Environment, TaskSpec
+from services.environments.chat import as_chat_environment
+from services.training.checkpoint import Manifest
+from services.training.config import LoRAOptions
+from services.training.device import autocast
+from services.training.family import (
+    DemonstrationOptions,
+    PackedBatch,
+    Rollouts,
+    TokenSequence,
+)
+from services.training.hf.checkpoint import (
+    LoadedHF,
+    load_hf_checkpoint,
+    save_hf_checkpoint,
+    save_lora_adapter,
+)
+from services.training.hf.model import HFModel, model_dtype
+from services.training.hf.rollout import demonstration_sequences
+
+MAX_NEW_TOKENS = 48  # evaluation default: a chat tool call is longer than a tiny turn
+BATCH_SIZE = 32  # evaluation default: batches of chat prompts on CPU stay small
+
+
+class HFFamily:
+    """The registry's ``hf`` entry."""
+
+    name = "hf"
+    eval_defaults: Mapping[str, int] = {"max_new_tokens": MAX_NEW_TOKENS, "batch_size": BATCH_SIZE}
+
+    def load(
+        self,
+        path: Path,
+        *,
+        device: torch.device,
+        base_dir: Path | None = None,
+        training: object | None = None,
+    ) -> HFFamilyModel:
+        """An hf checkpoint (a LoRA adapter onto its verified base), for inference or, given
+        the trainer's config (a :class:`LoRAOptions`), with its trainable setup."""
+        if training is None:
+            loaded = load_hf_checkpoint(
+                path, device=device, dtype=model_dtype(device), base_dir=base_dir
+            )
+            inference = HFModel.from_loaded(loaded, device)
+            return HFFamilyModel(
+                inference.model, loaded.tokenizer, device=device, loaded=loaded, lora=False
+            )
+        if not isinstance(training, LoRAOptions):
+            raise ValueError(f"{type(training).__name__} is not an hf trainer's config")
+        dtype = torch.bfloat16 if device.type == "cuda" and training.lora else torch.float32
+        loaded = load_hf_checkpoint(
+            path, device="cpu", dtype=dtype, base_dir=base_dir, trainable_adapter=training.lora
+        )
+        module = prepare_trainable(loaded, training).to(device)
+        return HFFamilyModel(
+            module, loaded.tokenizer, device=device, loaded=loaded, lora=training.lora
+        )
+
+    def create(
+        self, shape: Mapping[str, object] | None, *, seed: int, device: torch.device
+    ) -> HFFamilyModel:
+        raise ValueError("hf training needs a base checkpoint: set 'base_checkpoint'")
+
+
+class HFFamilyModel:
+    """A loaded hf model: chat rollouts, log-probs, demonstrations, save."""
+
+    family = "hf"
+
+    def __init__(
+        self, module: Any, tokenizer: Any, *, device: torch.device, loaded: LoadedHF, lora: bool
+    ):
+        self.module = module
+        self.device = device
+        self.loaded = loaded
+        self.lora = lora
+        self.checkpoint_id: str | None = loaded.manifest.checkpoint_id
+        self.chat = HFModel(module, tokenizer, device=device, manifest=loaded.manifest)
+        self.tokenizer = tokenizer  # HFModel gives it a pad token when it has none
+        self.pad_id = int(tokenizer.pad_token_id)
+
+    def trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)
+
+    def rollouts(
+        self,
+        env: Environment,
+        tasks: Sequence[TaskSpec],
+        *,
+        seeds: Sequence[int],
+        max_turns: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> Rollouts:
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            return self.chat.rollouts(
+                env,
+                tasks,
+                seeds=seeds,
+                max_turns=max_turns,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+            )
+        finally:
+            self.module.train(was_training)
+
+    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        with autocast(self.device):
+            return sequence_logprobs(self.module, batch.ids, batch.attention, batch.target)
+
+    def demonstrations(
+        self, env: Environment, tasks: Sequence[TaskSpec], options: DemonstrationOptions
+    ) -> list[TokenSequence]:
+        return demonstration_sequences(
+            as_chat_environment(env),
+            tasks,
+            self.chat,
+            recovery_fraction=options.recovery_fraction,
+            seed=options.seed,
+        )
+
+    def save(self, out_dir: Path, *, parent: str | None, metadata: dict[str, object]) -> Manifest:
+        """A LoRA adapter on the champion's full base, or a full model."""
+        if self.lora:
+            base = self.loaded.base_manifest or self.loaded.manifest
+            return save_lora_adapter(
+                self.module, out_dir, base=base, parent=parent, metadata=metadata
+            )
+        return save_hf_checkpoint(
+            self.module, self.tokenizer, out_dir, parent=parent, metadata=metadata
+        )
+
+
+def prepare_trainable(loaded: LoadedHF, options: LoRAOptions) -> Any:
+    """The model to optimise: a (new or continued) LoRA adapter, or every weight."""
+    from peft import PeftModel, get_peft_model
+
+    model = loaded.model
+    if isinstance(model, PeftModel):
+        if options.lora:
+            for name, param in model.named_parameters():
+                param.requires_grad = "lora_" in name
+            return model
+        model = model.merge_and_unload()
+    if not options.lora:
+        model.requires_grad_(True)
+        return model
+    try:
+        return get_peft_model(model, lora_config(options))
+    except ValueError as exc:  # e.g. target modules the architecture does not have
+        raise ValueError(f"cannot attach LoRA: {exc}") from None
+
+
+def lora_config(options: LoRAOptions) -> Any:
+    """A new adapter's peft config (also what benchmarks hand TRL, so both train the same)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=options.lora_r,
+        lora_alpha=options.lora_alpha,
+        lora_dropout=options.lora_dropout,
+        target_modules=list(options.lora_target_modules),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+
+
+def sequence_logprobs(
+    model: Any, ids: torch.Tensor, attention: torch.Tensor, target: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Log-probability of each next token: (N, T-1) for ids (N, T).
+
+    With ``target`` (N, T-1), only the positions some row trains on are projected through
+    the output head (``logits_to_keep``); other positions come back 0.
+    """
+    n, width = ids.shape
+    if target is None or not bool(target.any()):
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (N, T-1, V)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
+        return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (N, T-1)
+    keep = target.any(dim=0).nonzero().squeeze(-1)  # (K,) positions p predicting token p+1
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits  # (N, K, V)
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (N, K, V)
+    picked = logp.gather(-1, ids[:, keep + 1, None]).squeeze(-1)  # (N, K)
+    out = torch.zeros((n, width - 1), dtype=picked.dtype, device=ids.device)  # (N, T-1)
+    out[:, keep] = picked
+    return out

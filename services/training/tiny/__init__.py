@@ -1,0 +1,1 @@
+"""The tiny family: a small byte-level GPT, its batched generation and text rollouts."""

@@ -9,12 +9,13 @@ pass@1 (``services.evaluation.results.pass_at_1``): the number the gate and the 
 points use, since a majority vote over samples is not what one request to the served model
 gets.
 
-Both model families go through the same function and give the same per-task results: a
-tiny :class:`TinyModel` rolls out text transcripts (:func:`run_episodes`), an
+Both model families go through the one inference engine (:mod:`services.inference`): a
+tiny :class:`TinyModel` rolls out text transcripts (:func:`run_text_episodes`), an
 :class:`HFModel` rolls out chat conversations with tools (:func:`run_chat_episodes`),
-scored by the environment's chat verifier. Chat rollouts sample one batch at a time with
-one seed per batch (``transformers.generate`` draws from one generator), so with
-``temperature > 0`` an hf evaluation is reproducible for the same batch size.
+scored by the environment's chat verifier. Sample ``s`` of task ``t`` draws with seed
+``derive_seed(seed, t, s)`` and the engine's counter-based sampler, so an evaluation is
+reproducible whatever ``batch_size`` (the rows decoding at once) is; the prefix cache
+computes the system text and tool list every task starts with once.
 """
 
 from __future__ import annotations
@@ -25,11 +26,18 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from services.environments.base import Environment, Reward, TaskSpec
-from services.environments.chat import as_chat_environment
+from services.environments.chat import ChatEnvironment, as_chat_environment
 from services.evaluation.stats import wilson_interval
+from services.inference.hf import HFEngine
+from services.inference.rollout import (
+    ChatRollout,
+    TextRollout,
+    run_chat_episodes,
+    run_text_episodes,
+)
+from services.inference.tiny import TinyEngine
 from services.training.model import TinyModel
 from services.training.rng import derive_seed
-from services.training.rollout import run_episodes
 
 if TYPE_CHECKING:
     from services.training.hf.model import HFModel
@@ -119,34 +127,35 @@ def evaluate(
         raise ValueError("cannot evaluate on an empty task set")
     started = time.monotonic()
     jobs = [(t, s) for t in range(len(tasks)) for s in range(samples)]
+    job_tasks = [tasks[t] for t, _ in jobs]
+    seeds = [derive_seed(seed, t, s) for t, s in jobs]
+    options: dict[str, Any] = {
+        "seeds": seeds,
+        "max_turns": max_turns,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "max_rows": batch_size,
+    }
+    if isinstance(policy, TinyModel):
+        episodes, stats = run_text_episodes(
+            TinyEngine(policy, policy_path(policy)), env, job_tasks, **options
+        )
+        sampled = [_text_outcome(env, task, r) for task, r in zip(job_tasks, episodes, strict=True)]
+    else:
+        chat_env = as_chat_environment(env)
+        engine = HFEngine(
+            policy.model,
+            policy.tokenizer,
+            path=policy_path(policy),
+            version=policy.checkpoint_id or "",
+        )
+        chats, stats = run_chat_episodes(engine, chat_env, job_tasks, **options)
+        sampled = [
+            _chat_outcome(chat_env, task, r) for task, r in zip(job_tasks, chats, strict=True)
+        ]
     outcomes: dict[int, list[_Outcome]] = {t: [] for t in range(len(tasks))}
-    generated = 0
-    for begin in range(0, len(jobs), batch_size):
-        chunk = jobs[begin : begin + batch_size]
-        chunk_tasks = [tasks[t] for t, _ in chunk]
-        if isinstance(policy, TinyModel):
-            chunk_outcomes, tokens = _tiny_rollouts(
-                policy,
-                env,
-                chunk_tasks,
-                [derive_seed(seed, t, s) for t, s in chunk],
-                max_turns=max_turns,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-            )
-        else:
-            chunk_outcomes, tokens = _chat_rollouts(
-                policy,
-                env,
-                chunk_tasks,
-                derive_seed(seed, begin),
-                max_turns=max_turns,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-            )
-        generated += tokens
-        for (t, _), outcome in zip(chunk, chunk_outcomes, strict=True):
-            outcomes[t].append(outcome)
+    for (t, _), outcome in zip(jobs, sampled, strict=True):
+        outcomes[t].append(outcome)
     results = [_task_result(tasks[t], outcomes[t]) for t in range(len(tasks))]
     passed = sum(r.passed for r in results)
     low, high = wilson_interval(passed, len(results), confidence)
@@ -160,43 +169,26 @@ def evaluate(
         ci_high=high,
         confidence=confidence,
         sample_pass_rate=sample_passes / (len(results) * samples),
-        generated_tokens=generated,
+        generated_tokens=stats.generated_tokens,
         wall_s=time.monotonic() - started,
     )
 
 
-def _tiny_rollouts(
-    policy: TinyModel,
-    env: Environment,
-    tasks: list[TaskSpec],
-    seeds: list[int],
-    **options: Any,
-) -> tuple[list[_Outcome], int]:
-    episodes, stats = run_episodes(env, tasks, policy, seeds=seeds, **options)
-    outcomes = [
-        _Outcome(env.verify(task, ep), len(ep.agent_turns), ep.end_reason, ep.final_answer)
-        for task, ep in zip(tasks, episodes, strict=True)
-    ]
-    return outcomes, stats.generated_tokens
+def policy_path(policy: TinyModel | HFModel) -> str:
+    """What the engine calls the policy (its checkpoint id; policies in memory have none)."""
+    checkpoint = policy.checkpoint_id
+    return f"checkpoint:{checkpoint}" if checkpoint else "memory"
 
 
-def _chat_rollouts(
-    policy: HFModel,
-    env: Environment,
-    tasks: list[TaskSpec],
-    seed: int,
-    **options: Any,
-) -> tuple[list[_Outcome], int]:
-    from services.training.hf.rollout import run_chat_episodes
+def _text_outcome(env: Environment, task: TaskSpec, rollout: TextRollout) -> _Outcome:
+    ep = rollout.episode
+    return _Outcome(env.verify(task, ep), len(ep.agent_turns), ep.end_reason, ep.final_answer)
 
-    chat_env = as_chat_environment(env)
-    rollouts, stats = run_chat_episodes(chat_env, tasks, policy, seed=seed, **options)
-    outcomes = []
-    for task, rollout in zip(tasks, rollouts, strict=True):
-        ep = rollout.episode
-        reward = chat_env.chat_verify(task, ep)
-        outcomes.append(_Outcome(reward, ep.assistant_turns, ep.end_reason, ep.final_answer))
-    return outcomes, stats.generated_tokens
+
+def _chat_outcome(env: ChatEnvironment, task: TaskSpec, rollout: ChatRollout) -> _Outcome:
+    ep = rollout.episode
+    reward = env.chat_verify(task, ep)
+    return _Outcome(reward, ep.assistant_turns, ep.end_reason, ep.final_answer)
 
 
 def _task_result(task: TaskSpec, outcomes: list[_Outcome]) -> TaskResult:

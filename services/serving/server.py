@@ -53,6 +53,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.chat.protocol import ChatMessage
+from services.inference.engine import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    cut_at_stop,
+)
 from services.metrics import (
     SERVING_REQUEST_DURATION,
     SERVING_SWAPS,
@@ -60,13 +67,6 @@ from services.metrics import (
     render_latest,
 )
 from services.serving.base import VERSION_HEADER
-from services.serving.engine import (
-    EngineError,
-    GenerationRequest,
-    GenerationResult,
-    SamplingParams,
-    cut_at_stop,
-)
 from services.serving.guards import (
     DoorPolicy,
     ServingDoor,

@@ -17,7 +17,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -61,6 +69,54 @@ class Endpoint(BaseModel):
         if not sep or scheme not in {"http", "https"} or not rest.strip("/"):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
+
+
+# Names Kubernetes gives objects and containers (DNS-1123 labels), and environment variables.
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class ServingEndpoint(Endpoint):
+    """A model server a loop's ``openai`` or ``kubernetes`` serving target deploys to, by name.
+
+    Everything that says where a checkpoint goes and with which credential lives here, in the
+    deployment's settings, never in a loop: the URL and API key (vLLM's ``--api-key``) of the
+    model servers, where they see the artifact store, and for ``kubernetes`` the Deployment,
+    container and environment variable a deploy patches. A person who may edit a loop can
+    then only pick one of the servers the operator listed; they cannot send the key elsewhere
+    or point a deploy at another Deployment (the worker's own, say). Given as JSON in
+    ``RATCHET_SERVING_ENDPOINTS``, e.g. ``{"vllm": {"kind": "kubernetes", "url":
+    "http://vllm.serving:8000", "api_key": "...", "namespace": "serving", "deployment":
+    "vllm", "container": "vllm", "artifacts_dir": "/artifacts"}}``.
+    """
+
+    kind: Literal["openai", "kubernetes"]
+    # Where the model server sees Ratchet's artifact store, when it mounts it elsewhere.
+    artifacts_dir: str | None = Field(default=None, min_length=1, max_length=1024)
+    # kubernetes: the Deployment of model servers; namespace defaults to
+    # RATCHET_KUBERNETES_NAMESPACE, container to the only one.
+    namespace: str | None = Field(default=None, pattern=_DNS_LABEL)
+    deployment: str | None = Field(default=None, pattern=_DNS_SUBDOMAIN)
+    container: str | None = Field(default=None, pattern=_DNS_LABEL)
+    env_var: str = Field(default="RATCHET_MODEL_PATH", pattern=_ENV_NAME)
+    rollout_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self) -> ServingEndpoint:
+        if self.kind == "kubernetes" and not self.deployment:
+            raise ValueError("a kubernetes serving endpoint needs `deployment`")
+        if self.kind == "openai":
+            given = [
+                name
+                for name in ("namespace", "deployment", "container")
+                if getattr(self, name) is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} belong to a kubernetes serving endpoint, not openai"
+                )
+        return self
 
 
 class Settings(BaseSettings):
@@ -183,9 +239,9 @@ class Settings(BaseSettings):
     # must lie inside one, symlinks refused). Empty: the artifact store and the directory
     # holding the checkpoint `ratchet serve` started with.
     serve_model_roots: list[Path] = Field(default_factory=list)
-    # Bearer token for the adapter endpoints of `openai`/`kubernetes` serving targets (vLLM's
-    # --api-key); unset means the admin token.
-    serving_api_key: SecretStr | None = None
+    # The model servers of `openai` and `kubernetes` serving targets, by name (see
+    # ServingEndpoint): a loop's serving target names one; each carries its own API key.
+    serving_endpoints: dict[str, ServingEndpoint] = Field(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(
@@ -315,23 +371,26 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(f"cannot read settings: {exc}") from None
 
 
-def _secret_fields() -> frozenset[str]:
-    """Settings whose values must never appear in a message: every SecretStr, and the
-    database URL (it usually holds a password)."""
+def secret_field_names() -> frozenset[str]:
+    """Settings whose values must never appear in a message: every SecretStr, every map of
+    endpoints (their entries hold API keys), and the database URL (it usually holds a
+    password)."""
     secret = {
-        name for name, info in Settings.model_fields.items() if "SecretStr" in str(info.annotation)
+        name
+        for name, info in Settings.model_fields.items()
+        if "SecretStr" in str(info.annotation) or "Endpoint" in str(info.annotation)
     }
     return frozenset(secret | {"database_url"})
 
 
 def _describe_validation_error(exc: ValidationError) -> str:
     parts = []
-    hidden = _secret_fields()
+    hidden = secret_field_names()
     for error in exc.errors():
-        field = ".".join(str(item) for item in error["loc"])
-        variable = f"{ENV_PREFIX}{field.upper()}"
+        top, *inner = (str(item) for item in error["loc"])
+        variable = f"{ENV_PREFIX}{top.upper()}" + (f" ({'.'.join(inner)})" if inner else "")
         message = error["msg"].removeprefix("Value error, ")
-        shown = "value hidden" if field in hidden else f"got {error.get('input')!r}"
+        shown = "value hidden" if top in hidden else f"got {error.get('input')!r}"
         parts.append(f"{variable}: {message} ({shown})")
     return "invalid setting " + "; ".join(parts)
 

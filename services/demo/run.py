@@ -56,7 +56,13 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
     wall_started = time.monotonic()
     settings.logs_dir.mkdir(parents=True, exist_ok=True)
     out(f"[demo] state in {settings.state_dir}")
-    settings = settings.model_copy(update={"admin_token": SecretStr(token)})
+    # The model server gets a key of its own: the admin token never goes to a model server.
+    settings = settings.model_copy(
+        update={
+            "admin_token": SecretStr(token),
+            "serve_api_key": SecretStr(secrets.token_urlsafe(24)),
+        }
+    )
     stack = Stack(settings, extra_env={"RATCHET_ADMIN_TOKEN": token})
     server: subprocess.Popen[bytes] | None = None
     traffic: TrafficSimulator | None = None
@@ -71,13 +77,12 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
             f"{settings.effective_temporal_ui_url}  logs {settings.logs_dir}"
         )
         champion = make_demo_champion(options, settings, out)
-        server = start_model_server(settings, champion, token)
-        serve_url = f"http://{settings.serve_host}:{settings.serve_port}"
+        server = start_model_server(settings, champion)
         client = RatchetClient(settings.api_base_url, token)
         created = client.create_loop(
             LOOP_NAME,
             "toolcalc",
-            serving_target={"kind": "local", "url": serve_url},
+            serving_target={"kind": "local"},
             trigger_policy={
                 "min_new_tasks": options.min_new_tasks,
                 "check_interval_s": 2,
@@ -98,8 +103,10 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
         client.set_champion(LOOP_NAME, str(champion))
         client.start_loop(LOOP_NAME)
         api_version = ["v1"]
+        assert settings.serve_api_key is not None
         traffic = TrafficSimulator(
-            serve_url=serve_url,
+            serve_url=f"http://{settings.serve_host}:{settings.serve_port}",
+            serve_api_key=settings.serve_api_key.get_secret_value(),
             api_url=settings.api_base_url,
             loop=LOOP_NAME,
             signing_secret=created.signing_secret,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import time
@@ -15,10 +14,16 @@ from services.local.stack import StackError
 from services.settings import Settings
 
 
-def start_model_server(settings: Settings, checkpoint: Path, token: str) -> subprocess.Popen[bytes]:
-    """Start ``ratchet serve`` and wait until it answers its health check."""
+def start_model_server(settings: Settings, checkpoint: Path) -> subprocess.Popen[bytes]:
+    """Start ``ratchet serve`` and wait until it answers its health check.
+
+    It gets the model server's key (``settings.serve_api_key``, which the worker's local
+    serving target sends) and none of the control plane's secrets."""
+    from services.serving.targets import model_server_environment
+
     log = (settings.logs_dir / "serve.log").open("ab")
-    env = {**os.environ, "RATCHET_ADMIN_TOKEN": token}
+    key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
+    env = model_server_environment(key)
     process = subprocess.Popen(
         [
             sys.executable,

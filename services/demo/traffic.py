@@ -279,8 +279,10 @@ class TrafficSimulator:
         style: Style = "transcript",
         transport: Transport = "webhook",
         ingest_token: str | None = None,
+        serve_api_key: str | None = None,
     ) -> None:
-        """``model``: the served name; ``transport="otlp"`` needs the loop's ``ingest_token``."""
+        """``model``: the served name; ``transport="otlp"`` needs the loop's ``ingest_token``;
+        ``serve_api_key``: the model server's key (RATCHET_SERVE_API_KEY), when it has one."""
         if rate_per_s <= 0:
             raise ValueError("rate_per_s must be > 0")
         if transport == "otlp" and not ingest_token:
@@ -297,6 +299,7 @@ class TrafficSimulator:
         self._seed = seed
         self._batch_size = batch_size
         self._model = model
+        self._serve_api_key = serve_api_key
         self._style: Style = style
         self._transport: Transport = transport
         self._ingest_token = ingest_token
@@ -325,7 +328,10 @@ class TrafficSimulator:
     def _run(self, index: int) -> None:
         rng = random.Random(f"traffic/{self._seed}/{index}")
         client = openai.OpenAI(
-            base_url=f"{self._serve_url}/v1", api_key="unused", max_retries=0, timeout=60
+            base_url=f"{self._serve_url}/v1",
+            api_key=self._serve_api_key or "unused",
+            max_retries=0,
+            timeout=60,
         )
         agent = ToolcalcAgent(client, model=self._model, style=self._style)
         exporter = OtlpExport(self._api_url, self._ingest_token) if self._ingest_token else None

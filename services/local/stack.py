@@ -319,9 +319,14 @@ class Stack:
             RATCHET_API_PORT=str(settings.api_port),
             RATCHET_WORKER_HOST=settings.worker_host,
             RATCHET_WORKER_PORT=str(settings.worker_port),
+            # where a loop's local serving target deploys: the built-in model server
+            RATCHET_SERVE_HOST=settings.serve_host,
+            RATCHET_SERVE_PORT=str(settings.serve_port),
         )
         if settings.admin_token is not None:
             env["RATCHET_ADMIN_TOKEN"] = settings.admin_token.get_secret_value()
+        if settings.serve_api_key is not None:
+            env["RATCHET_SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
         ui = settings.effective_temporal_ui_url
         if ui:
             env.setdefault("RATCHET_TEMPORAL_UI_URL", ui)
@@ -430,6 +435,22 @@ def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
     return settings.model_copy(update={"admin_token": SecretStr(token)}), token
 
 
+def with_local_serve_api_key(settings: Settings) -> Settings:
+    """The settings with the model server's key: the one set, else the state dir's (made if
+    needed). The worker sends it to the local model server; never the admin token."""
+    if settings.serve_api_key is not None:
+        return settings
+    from pydantic import SecretStr
+
+    from services.local.admin_token import AdminTokenError, ensure_local_serve_api_key
+
+    try:
+        key = ensure_local_serve_api_key(settings.state_dir)
+    except (AdminTokenError, OSError) as exc:
+        raise StackError(f"cannot set up the local model server's key: {exc}") from exc
+    return settings.model_copy(update={"serve_api_key": SecretStr(key)})
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived; raised like Ctrl-C so every ``finally`` that stops children runs."""
 
@@ -481,6 +502,7 @@ def run_up(settings: Settings, *, announce: Callable[[str], None]) -> int:
     stack = Stack(settings)
     stack.preflight()  # first: a state dir that cannot hold the token is named as such
     stack.settings, stack.generated_admin_token = with_local_admin_token(settings)
+    stack.settings = with_local_serve_api_key(stack.settings)
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:

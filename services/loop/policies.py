@@ -156,42 +156,154 @@ class TrainingProfile(_Policy):
         return profile
 
 
+# A serving endpoint's name, as listed in RATCHET_SERVING_ENDPOINTS.
+EndpointName = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+]
+
+# What a serving target held before serving endpoints became deployment settings, with the
+# value the old model wrote for each when it was not given. A loop no longer sets any of them:
+# a URL, a Deployment or an environment variable a loop may name is a URL the worker sends
+# its key to and a Deployment it patches (its own, say). Stored loops and recorded workflow
+# histories still carry them.
+RETIRED_SERVING_KEYS: dict[str, object] = {
+    "url": None,
+    "version_url": None,
+    "artifacts_dir": None,
+    "namespace": None,
+    "deployment": None,
+    "container": None,
+    "env_var": "RATCHET_MODEL_PATH",
+    "rollout_timeout_s": 600,
+}
+_ENDPOINTS_HINT = (
+    "list the model server in RATCHET_SERVING_ENDPOINTS on the api and the worker (the "
+    "chart's serving.endpoints) and set `endpoint` to its name"
+)
+
+
 class ServingTarget(_Policy):
-    """Where the champion serves: the local model server, any OpenAI-compatible server with
-    vLLM's adapter endpoints, or a Kubernetes Deployment (see docs/executors.md)."""
+    """Where the champion serves: the local model server, or one of the deployment's serving
+    endpoints (an OpenAI-compatible server with vLLM's adapter endpoints, or a Kubernetes
+    Deployment of them), picked by name (see docs/executors.md).
+
+    The loop says which endpoint and under which name its agents call the model; where the
+    endpoint is, its key and the Deployment a deploy patches are the deployment's settings
+    (``services.settings.ServingEndpoint``). Whether ``endpoint`` names a configured one is
+    checked where the settings are known: by the api when a loop is saved
+    (:func:`serving_endpoint_problem`) and by the worker when it deploys.
+    """
 
     kind: Literal["local", "openai", "kubernetes", "none"] = "local"
-    url: Text | None = None
+    endpoint: EndpointName | None = Field(
+        default=None,
+        description="openai and kubernetes: the name of a serving endpoint the deployment "
+        "lists (RATCHET_SERVING_ENDPOINTS)",
+    )
     model: Text | None = Field(
         default=None, description="the served name the loop's agents call (the alias)"
     )
-    artifacts_dir: Text | None = Field(
-        default=None, description="where the model server sees Ratchet's artifact store"
-    )
     verify_timeout_s: float = Field(default=60, gt=0, le=3600)
-    namespace: Text | None = None
-    deployment: Text | None = None
-    container: Text | None = None
-    env_var: Text = "RATCHET_MODEL_PATH"
-    version_url: Text | None = Field(
-        default=None, description="deprecated: the old /v1/model URL; use `url`"
+    retired_keys: tuple[str, ...] = Field(
+        default=(),
+        description="set only on a loop saved before serving endpoints: the keys it named "
+        "that no longer apply; such a target cannot deploy until it names an endpoint",
     )
-    rollout_timeout_s: float = Field(default=600, gt=0)
 
-    @model_validator(mode="after")
-    def _check_kind_fields(self) -> ServingTarget:
-        if self.kind == "kubernetes" and not self.deployment:
-            raise ValueError("a kubernetes serving target needs `deployment`")
-        if self.kind == "openai" and not self.url:
-            raise ValueError("an openai serving target needs `url` (the server's base URL)")
-        if self.kind == "openai" and not self.model:
-            raise ValueError("an openai serving target needs `model` (the loop's served name)")
-        if self.kind == "kubernetes" and not (self.url or self.version_url):
-            raise ValueError(
-                "a kubernetes serving target needs `url` (the model servers' OpenAI base URL, "
-                "e.g. http://agent-model.serving:8000): a deploy is verified by asking them"
+    @model_validator(mode="wrap")
+    @classmethod
+    def _retire_keys(
+        cls, data: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
+    ) -> Self:
+        """A new or changed loop naming a retired key (or ``retired_keys``) is refused, the
+        error naming the key; a stored or recorded one keeps parsing, with the keys it
+        named in ``retired_keys`` (so its deploy can say what to configure)."""
+        if not isinstance(data, Mapping):
+            return handler(data)
+        recorded = info.context == RECORDED
+        named = [key for key in RETIRED_SERVING_KEYS if key in data]
+        if recorded:
+            given = {
+                key
+                for key in named
+                if data[key] is not None and data[key] != RETIRED_SERVING_KEYS[key]
+            }
+            kept = {k: v for k, v in data.items() if k not in RETIRED_SERVING_KEYS}
+            if given:
+                kept["retired_keys"] = tuple(sorted(given | set(data.get("retired_keys") or ())))
+            return handler(kept)
+        errors = [
+            _field_error(
+                key, data[key], f"a loop no longer names a model server's {key}: {_ENDPOINTS_HINT}"
             )
-        return self
+            for key in named
+        ]
+        if data.get("retired_keys"):
+            errors.append(
+                _field_error(
+                    "retired_keys",
+                    data["retired_keys"],
+                    "is set only on loops saved before serving endpoints",
+                )
+            )
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        target = handler(data)
+        problem = target._kind_problem()
+        if problem is not None:
+            field, message = problem
+            raise ValidationError.from_exception_data(
+                cls.__name__, [_field_error(field, getattr(target, field), message)]
+            )
+        return target
+
+    def _kind_problem(self) -> tuple[str, str] | None:
+        """The field a new or changed target lacks (or must not set) for its kind, and why;
+        a recorded target is a fact and is not asked."""
+        if self.kind in ("openai", "kubernetes") and not self.endpoint:
+            return "endpoint", f"an {self.kind} serving target needs `endpoint`: {_ENDPOINTS_HINT}"
+        if self.kind in ("local", "none") and self.endpoint:
+            return "endpoint", (
+                f"a {self.kind} serving target takes no `endpoint` (the local one is the "
+                "built-in model server at RATCHET_SERVE_HOST:RATCHET_SERVE_PORT)"
+            )
+        if self.kind == "openai" and not self.model:
+            return "model", "an openai serving target needs `model` (the loop's served name)"
+        return None
+
+
+def _field_error(field: str, value: object, message: str) -> InitErrorDetails:
+    error = PydanticCustomError("serving_target", "{reason}", {"reason": message})
+    return InitErrorDetails(type=error, loc=(field,), input=value)
+
+
+def serving_endpoint_problem(target: ServingTarget, endpoint_kinds: Mapping[str, str]) -> str:
+    """Why ``target`` cannot deploy with these configured endpoints (name -> kind), or "".
+
+    The api asks this when a loop is saved and the worker when it deploys, so the answer
+    (and its wording) is the same on both sides."""
+    if target.retired_keys:
+        return (
+            f"this loop's serving target names {', '.join(target.retired_keys)}, which a loop "
+            f"no longer sets: {_ENDPOINTS_HINT} (`ratchet loop apply`)"
+        )
+    if target.kind not in ("openai", "kubernetes"):
+        return ""
+    if target.endpoint is None:
+        return f"an {target.kind} serving target needs `endpoint`: {_ENDPOINTS_HINT}"
+    configured = ", ".join(sorted(endpoint_kinds)) or "none"
+    kind = endpoint_kinds.get(target.endpoint)
+    if kind is None:
+        return (
+            f"no serving endpoint is named {target.endpoint!r} in RATCHET_SERVING_ENDPOINTS "
+            f"(configured: {configured})"
+        )
+    if kind != target.kind:
+        return (
+            f"serving endpoint {target.endpoint!r} is of kind {kind}, not {target.kind}; "
+            f"set `kind: {kind}` or name another (configured: {configured})"
+        )
+    return ""
 
 
 def describe_errors(policy: str, exc: ValidationError) -> str:
@@ -213,5 +325,7 @@ def parse_policies(
         TriggerPolicy.model_validate(trigger or {}),
         GatePolicy.model_validate(gate or {}),
         TrainingProfile.model_validate(training or {}),
-        ServingTarget.model_validate(serving or {}),
+        # A stored serving target is read as recorded: one saved before serving endpoints
+        # still loads (its deploy says what to configure) instead of stopping the loop.
+        ServingTarget.model_validate(serving or {}, context=RECORDED),
     )

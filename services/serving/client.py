@@ -4,18 +4,41 @@ Works against vLLM and SGLang (runtime LoRA updating enabled) and ``ratchet serv
 adapter endpoints are vLLM's, ``/v1/models`` is OpenAI's with vLLM's ``root`` (the
 directory a name was loaded from) and ``parent`` fields, and the probe is an ordinary chat
 completion. Agents do not use this: they use the ``openai`` client.
+
+What a server answers never reaches an error message beyond its status code: errors land in
+Temporal histories, logs and the dashboard, and a server (or whoever answers at its address)
+could put anything in a body, a credential it was sent included. Each status gets a fixed
+description instead (:data:`STATUS_DESCRIPTIONS`); short fields read from a model list are
+quoted and cut (:func:`quoted`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from services.serving.base import VERSION_HEADER, DeployFailed, ServingUnavailable
 
 PROBE_MESSAGES = [{"role": "user", "content": "ping"}]
+SHOWN_CHARS = 80  # of a field a server reported, in an error message
+
+# What a refusal means for a deploy, by status code: the only words of an error that are not
+# Ratchet's own are the status code itself.
+STATUS_DESCRIPTIONS = {
+    400: "the request was refused as invalid (a checkpoint the server cannot load?)",
+    401: "the server wants an API key, or refused the one sent: check the serving "
+    "endpoint's api_key (or RATCHET_SERVE_API_KEY for the local model server)",
+    403: "the server refused this client: check the serving endpoint's api_key",
+    404: "the route or model is not there (for adapters, vLLM needs "
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora)",
+    405: "the server does not take this method on this route",
+    409: "the server refused it as a conflict (a name already loaded?)",
+    413: "the request was too large for the server",
+    422: "the server could not process the request",
+}
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,7 @@ class ModelServerClient:
         load_timeout_s: float = 600.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.display_url = _without_userinfo(self.base_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
         self._load_timeout_s = load_timeout_s
@@ -71,7 +95,7 @@ class ModelServerClient:
         data = self._request("GET", "/v1/models").json()
         entries = data.get("data") if isinstance(data, dict) else None
         if not isinstance(entries, list):
-            raise ServingUnavailable(f"{self.base_url}/v1/models did not answer a model list")
+            raise ServingUnavailable(f"{self.display_url}/v1/models did not answer a model list")
         cards = {}
         for entry in entries:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
@@ -109,36 +133,39 @@ class ModelServerClient:
         return ProbeAnswer(model=data["model"], version=version)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        where = f"model server {self.display_url}"
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise ServingUnavailable(
-                f"model server {self.base_url} did not answer {method} {path}: {exc}"
-            ) from exc
-        if response.status_code >= 500 or response.status_code in (408, 429):
-            raise ServingUnavailable(
-                f"model server {self.base_url} failed {method} {path}: "
-                f"{response.status_code} {response.text[:500]}"
-            )
-        if response.status_code >= 400:
-            raise DeployFailed(
-                f"model server {self.base_url} refused {method} {path} "
-                f"({response.status_code}): {_detail(response)}"
-            )
+                f"{where} did not answer {method} {path} ({type(exc).__name__})"
+            ) from None
+        status = response.status_code
+        if status >= 500 or status in (408, 429):
+            raise ServingUnavailable(f"{where} failed {method} {path} with status {status}")
+        if status >= 400:
+            description = STATUS_DESCRIPTIONS.get(status, "the server refused the request")
+            raise DeployFailed(f"{where} refused {method} {path} ({status}): {description}")
         return response
+
+
+def quoted(value: str | None) -> str:
+    """A value a server reported, as an error shows it: quoted, and cut to a few words."""
+    if value is None:
+        return "None"
+    shown = value if len(value) <= SHOWN_CHARS else value[:SHOWN_CHARS] + "..."
+    return repr(shown)
 
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _detail(response: httpx.Response) -> str:
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text[:500]
-    if isinstance(data, dict) and isinstance(data.get("error"), dict):
-        return str(data["error"].get("message"))
-    if isinstance(data, dict) and "detail" in data:
-        return str(data["detail"])
-    return str(data)[:500]
+def _without_userinfo(url: str) -> str:
+    """``url`` without ``user:password@``: what error messages may show of it."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit(parts._replace(netloc=netloc))

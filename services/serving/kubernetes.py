@@ -76,13 +76,15 @@ class KubernetesServingTarget:
         lora_env_var: str = "RATCHET_LORA_PATH",
         server_path: Callable[[CheckpointRef], str] | None = None,
         api_key: str | None = None,
+        timeout_s: float = 30.0,
         rollout_timeout_s: float = 600.0,
         verify_timeout_s: float = 60.0,
         watch_read_slack_s: float = 5.0,
         heartbeat: Heartbeat | None = None,
     ) -> None:
         """``url``: the model servers' OpenAI base URL (the Service); ``model``: the name they
-        serve the loop's model under; ``server_path``: where the pods read a checkpoint."""
+        serve the loop's model under; ``server_path``: where the pods read a checkpoint.
+        All but ``model`` come from the deployment's serving endpoint, never from a loop."""
         self._api_client = api_client
         self._apps = client.AppsV1Api(api_client)
         self._namespace = namespace
@@ -91,7 +93,7 @@ class KubernetesServingTarget:
         self._env_var = env_var
         self._lora_env_var = lora_env_var
         self._server_path = server_path or (lambda ref: str(uri_to_path(ref.uri)))
-        self._servers = ModelServerClient(url, api_key=api_key)
+        self._servers = ModelServerClient(url, api_key=api_key, timeout_s=timeout_s)
         self._model = model
         self._rollout_timeout_s = rollout_timeout_s
         self._verify_timeout_s = verify_timeout_s
@@ -292,7 +294,7 @@ class KubernetesServingTarget:
             version,
             timeout_s=self._verify_timeout_s,
             heartbeat=lambda: self._heartbeat(
-                f"verifying {self._model} at {self._servers.base_url}"
+                f"verifying {self._model} at {self._servers.display_url}"
             ),
             # pods of the old and the new model answer side by side until the rollout settles
             not_yet=(ServingUnavailable, DeployFailed),

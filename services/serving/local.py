@@ -68,6 +68,8 @@ class LocalServerProcess:
         start_timeout_s: float = 120.0,
         env: dict[str, str] | None = None,
     ) -> None:
+        """``env``: the server's whole environment (default: this process's). Secrets go
+        there, never into argv, which every user of the machine can read."""
         self.host, self.port = host, port
         self._logs_dir = logs_dir
         self._device = device
@@ -111,7 +113,7 @@ class LocalServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, **self._env} if self._env else None,
+                env=self._env,
             )
         logger.info("started the model server (pid %s) for %s", self._process.pid, checkpoint_dir)
         try:
@@ -137,7 +139,10 @@ class LocalServerProcess:
 
 
 class LocalServingTarget(OpenAIServingTarget):
-    """Deploys to the local model server at ``base_url``, starting it when asked to."""
+    """Deploys to the local model server at ``base_url``, starting it when asked to.
+
+    ``api_key`` is the model server's own (``RATCHET_SERVE_API_KEY``), never the admin
+    token: no credential of the control plane goes to a model server."""
 
     kind = "local"
 
@@ -146,7 +151,7 @@ class LocalServingTarget(OpenAIServingTarget):
         base_url: str,
         *,
         model: str = "ratchet",
-        admin_token: str | None = None,
+        api_key: str | None = None,
         process: LocalServerProcess | None = None,
         heartbeat: Heartbeat | None = None,
         verify_timeout_s: float = 60.0,
@@ -154,7 +159,7 @@ class LocalServingTarget(OpenAIServingTarget):
         super().__init__(
             base_url,
             model=model,
-            api_key=admin_token,
+            api_key=api_key,
             heartbeat=heartbeat,
             verify_timeout_s=verify_timeout_s,
         )
@@ -164,7 +169,7 @@ class LocalServingTarget(OpenAIServingTarget):
         if self.client.healthy():
             return super().deploy(checkpoint)
         if self._process is None:
-            raise ServingUnavailable(f"the model server at {self.client.base_url} is down")
+            raise ServingUnavailable(f"the model server at {self.client.display_url} is down")
         self._process.start(uri_to_path(checkpoint.uri), self.model, self.client)
         outcome = super().deploy(checkpoint)  # verifies it, as every deploy
         return dataclasses.replace(outcome, previous_version=None, changed=True)

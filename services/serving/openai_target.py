@@ -40,7 +40,7 @@ from services.serving.base import (
     ServedVersion,
     ServingUnavailable,
 )
-from services.serving.client import ModelCard, ModelServerClient
+from services.serving.client import ModelCard, ModelServerClient, quoted
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class OpenAIServingTarget:
         *,
         model: str,
         api_key: str | None = None,
+        timeout_s: float = 30.0,
         artifacts_root: Path | None = None,
         server_artifacts_dir: str | None = None,
         verify_timeout_s: float = 60.0,
@@ -67,9 +68,12 @@ class OpenAIServingTarget:
         heartbeat: Heartbeat | None = None,
     ) -> None:
         """``artifacts_root``/``server_artifacts_dir``: the artifact store here and on the
-        server; a checkpoint under the first is loaded from the same place under the second."""
+        server; a checkpoint under the first is loaded from the same place under the second.
+        ``timeout_s``: of each call but an adapter load (``load_timeout_s``)."""
         self.model = model
-        self._client = ModelServerClient(base_url, api_key=api_key, load_timeout_s=load_timeout_s)
+        self._client = ModelServerClient(
+            base_url, api_key=api_key, timeout_s=timeout_s, load_timeout_s=load_timeout_s
+        )
         self._artifacts_root = artifacts_root
         self._server_artifacts_dir = server_artifacts_dir
         self._verify_timeout_s = verify_timeout_s
@@ -215,14 +219,14 @@ def served_problem(
         if card is None:
             return f"/v1/models does not list {name!r}"
         if card.root != path:
-            return f"{name!r} is served from {card.root!r}, not {path!r}"
+            return f"{name!r} is served from {quoted(card.root)}, not {path!r}"
         if card.version is not None and card.version != version:
-            return f"{name!r} serves {card.version[:12]}, not {version[:12]}"
+            return f"{name!r} serves {quoted(card.version[:12])}, not {version[:12]}"
         answer = client.probe(name)
         if answer.model != name:
-            return f"a probe of {name!r} was answered by {answer.model!r}"
+            return f"a probe of {name!r} was answered by {quoted(answer.model)}"
         if answer.version is not None and answer.version != version:
-            return f"a probe of {name!r} was answered by {answer.version[:12]}"
+            return f"a probe of {name!r} was answered by {quoted(answer.version[:12])}"
     return ""
 
 

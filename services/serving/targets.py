@@ -1,31 +1,43 @@
 """Serving targets from a loop's ``serving_target`` configuration.
 
-The configuration is the loop's JSON column (validated by the API with
-``services.loop.policies.ServingTarget``)::
+A loop picks where its champion serves; the deployment says what that place is. The loop's
+JSON column (``services.loop.policies.ServingTarget``) names a kind, and for ``openai`` and
+``kubernetes`` one of the serving endpoints in the worker's settings
+(``RATCHET_SERVING_ENDPOINTS``, ``services.settings.ServingEndpoint``)::
 
-    {"kind": "local", "url": "http://127.0.0.1:8100", "model": "ratchet"}
-    {"kind": "openai", "url": "http://vllm.serving:8000", "model": "agent",
-     "artifacts_dir": "/artifacts"}
-    {"kind": "kubernetes", "namespace": "serving", "deployment": "agent-model",
-     "url": "http://agent-model.serving:8000", "model": "agent",
-     "artifacts_dir": "/artifacts", "rollout_timeout_s": 600}
+    {"kind": "local", "model": "ratchet"}
+    {"kind": "openai", "endpoint": "vllm", "model": "agent"}
+    {"kind": "kubernetes", "endpoint": "vllm-prod", "model": "agent"}
     {"kind": "none"}
+
+The URL, the API key, where the server sees the artifact store and the Deployment a deploy
+patches come only from the endpoint, so editing a loop cannot send a credential anywhere
+the operator did not list, nor patch another Deployment. The admin token is never sent to
+a model server: the local target sends ``RATCHET_SERVE_API_KEY`` (the model server's own
+key), an endpoint its own ``api_key``.
 
 :class:`ServingTargets` builds (and reuses) one target per configuration and is itself the
 worker's deploy callable: ``deploy(serving_target, checkpoint_id, checkpoint_uri)`` returns
-the version the target verified it serves.
+the version the target verified it serves. A configuration that cannot deploy (an unknown
+endpoint, or a loop saved with a URL before serving endpoints) fails with
+:class:`DeployFailed`, which is not retried, saying what to configure.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
+from services.loop import policies
+from services.loop.policies import RECORDED, describe_errors, serving_endpoint_problem
 from services.serving.base import CheckpointRef, DeployFailed, ServingTarget
-from services.settings import Settings
+from services.settings import ENV_PREFIX, ServingEndpoint, Settings, secret_field_names
 
 logger = logging.getLogger(__name__)
 
@@ -56,112 +68,130 @@ class ServingTargets:
         self, serving_target: Mapping[str, Any], checkpoint_id: str, checkpoint_uri: str
     ) -> str:
         """Deploy and return the version the target verified it serves."""
-        if serving_target.get("kind", "local") == "none":
+        if parse_serving_target(serving_target).kind == "none":
             logger.info("loop has no serving target; %s is champion offline", checkpoint_id[:12])
             return checkpoint_id
         target = self.target(serving_target)
         return target.deploy(CheckpointRef(id=checkpoint_id, uri=checkpoint_uri)).version
 
     def target(self, config: Mapping[str, Any]) -> ServingTarget:
-        key = json.dumps(dict(config), sort_keys=True, default=str)
+        policy = parse_serving_target(config)
+        key = json.dumps(policy.model_dump(mode="json"), sort_keys=True)
         with self._lock:
             if key not in self._targets:
-                self._targets[key] = self._build(config)
+                self._targets[key] = self._build(policy)
             return self._targets[key]
 
-    def _build(self, config: Mapping[str, Any]) -> ServingTarget:
-        kind = config.get("kind", "local")
-        if kind == "local":
-            return self._local(config)
-        if kind == "openai":
-            return self._openai(config)
-        if kind == "kubernetes":
-            return self._kubernetes(config)
+    def _build(self, policy: policies.ServingTarget) -> ServingTarget:
+        endpoints = self._settings.serving_endpoints
+        problem = serving_endpoint_problem(
+            policy, {name: endpoint.kind for name, endpoint in endpoints.items()}
+        )
+        if problem:
+            raise DeployFailed(problem)
+        if policy.kind == "local":
+            return self._local(policy)
+        assert policy.endpoint is not None  # serving_endpoint_problem checked it
+        endpoint = endpoints[policy.endpoint]
+        if policy.kind == "openai":
+            return self._openai(policy, endpoint)
+        if policy.kind == "kubernetes":
+            return self._kubernetes(policy, endpoint)
         raise DeployFailed(
-            f"serving target kind {kind!r} cannot deploy; expected one of {', '.join(TARGET_KINDS)}"
+            f"serving target kind {policy.kind!r} cannot deploy; expected one of "
+            f"{', '.join(TARGET_KINDS)}"
         )
 
-    def _local(self, config: Mapping[str, Any]) -> ServingTarget:
+    def _local(self, policy: policies.ServingTarget) -> ServingTarget:
         from services.serving.local import LocalServerProcess, LocalServingTarget
 
         settings = self._settings
-        default_url = f"http://{settings.serve_host}:{settings.serve_port}"
-        url = str(config.get("url") or default_url)
+        key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
         process = None
-        if self._start_local_server and url == default_url:
+        if self._start_local_server:
             process = LocalServerProcess(
-                host=settings.serve_host, port=settings.serve_port, logs_dir=settings.logs_dir
+                host=settings.serve_host,
+                port=settings.serve_port,
+                logs_dir=settings.logs_dir,
+                env=model_server_environment(key),
             )
-        token = settings.admin_token.get_secret_value() if settings.admin_token else None
         return LocalServingTarget(
-            url,
-            model=str(config.get("model") or DEFAULT_MODEL),
-            admin_token=token,
+            f"http://{settings.serve_host}:{settings.serve_port}",
+            model=policy.model or DEFAULT_MODEL,
+            api_key=key,
             process=process,
             heartbeat=self._heartbeat,
-            verify_timeout_s=float(config.get("verify_timeout_s") or 60.0),
+            verify_timeout_s=policy.verify_timeout_s,
         )
 
-    def _openai(self, config: Mapping[str, Any]) -> ServingTarget:
+    def _openai(self, policy: policies.ServingTarget, endpoint: ServingEndpoint) -> ServingTarget:
         from services.serving.openai_target import OpenAIServingTarget
 
-        url, model = config.get("url"), config.get("model")
-        if not url or not model:
-            raise DeployFailed("an openai serving target needs `url` and `model`")
-        artifacts_dir = config.get("artifacts_dir")
+        assert policy.model is not None  # the policy requires it of a new openai target
         return OpenAIServingTarget(
-            str(url),
-            model=str(model),
-            api_key=self._api_key(),
-            artifacts_root=self._settings.artifacts_dir if artifacts_dir else None,
-            server_artifacts_dir=str(artifacts_dir) if artifacts_dir else None,
-            verify_timeout_s=float(config.get("verify_timeout_s") or 60.0),
+            endpoint.url,
+            model=policy.model,
+            api_key=_key(endpoint),
+            timeout_s=endpoint.timeout_s,
+            artifacts_root=self._settings.artifacts_dir if endpoint.artifacts_dir else None,
+            server_artifacts_dir=endpoint.artifacts_dir,
+            verify_timeout_s=policy.verify_timeout_s,
             heartbeat=self._heartbeat,
         )
 
-    def _api_key(self) -> str | None:
-        settings = self._settings
-        key = settings.serving_api_key or settings.admin_token
-        return key.get_secret_value() if key is not None else None
-
-    def _kubernetes(self, config: Mapping[str, Any]) -> ServingTarget:
+    def _kubernetes(
+        self, policy: policies.ServingTarget, endpoint: ServingEndpoint
+    ) -> ServingTarget:
         from services.executors.kubernetes.api import api_client_from_settings
         from services.serving.kubernetes import KubernetesServingTarget
         from services.serving.openai_target import server_path
 
-        deployment = config.get("deployment")
-        if not deployment:
-            raise DeployFailed("a kubernetes serving target needs `deployment`")
+        assert endpoint.deployment is not None  # ServingEndpoint requires it of kubernetes
         api_client = (
             self._kubernetes_client()
             if self._kubernetes_client is not None
             else api_client_from_settings(self._settings)
         )
-        url = config.get("url") or _url_from_version_url(config.get("version_url"))
-        if not url:
-            raise DeployFailed(
-                "a kubernetes serving target needs `url` (the model servers' OpenAI base URL)"
-            )
-        artifacts_dir = config.get("artifacts_dir")
         root = self._settings.artifacts_dir
         return KubernetesServingTarget(
             api_client,
-            namespace=str(config.get("namespace") or self._settings.kubernetes_namespace),
-            deployment=str(deployment),
-            url=str(url),
-            model=str(config.get("model") or DEFAULT_MODEL),
-            container=config.get("container"),
-            env_var=str(config.get("env_var") or "RATCHET_MODEL_PATH"),
-            server_path=lambda ref: server_path(ref, root, artifacts_dir or None),
-            api_key=self._api_key(),
-            rollout_timeout_s=float(config.get("rollout_timeout_s") or 600.0),
-            verify_timeout_s=float(config.get("verify_timeout_s") or 60.0),
+            namespace=endpoint.namespace or self._settings.kubernetes_namespace,
+            deployment=endpoint.deployment,
+            url=endpoint.url,
+            model=policy.model or DEFAULT_MODEL,
+            container=endpoint.container,
+            env_var=endpoint.env_var,
+            server_path=lambda ref: server_path(ref, root, endpoint.artifacts_dir),
+            api_key=_key(endpoint),
+            timeout_s=endpoint.timeout_s,
+            rollout_timeout_s=endpoint.rollout_timeout_s,
+            verify_timeout_s=policy.verify_timeout_s,
             heartbeat=self._heartbeat,
         )
 
 
-def _url_from_version_url(version_url: Any) -> str | None:
-    """The base URL behind the deprecated ``version_url`` (``.../v1/model``)."""
-    if isinstance(version_url, str) and version_url.rstrip("/").endswith("/v1/model"):
-        return version_url.rstrip("/").removesuffix("/v1/model")
-    return None
+def parse_serving_target(config: Mapping[str, Any]) -> policies.ServingTarget:
+    """A loop's serving target as stored or recorded (a retired key parses, and is refused
+    when the target is built); one that does not parse at all cannot deploy."""
+    try:
+        return policies.ServingTarget.model_validate(dict(config), context=RECORDED)
+    except ValidationError as exc:
+        raise DeployFailed(
+            f"the loop's serving target is invalid: {describe_errors('serving_target', exc)}"
+        ) from None
+
+
+def model_server_environment(api_key: str | None) -> dict[str, str]:
+    """The environment of a model server this worker starts: its own, minus every secret
+    setting (the admin token, the database URL, the secret key, endpoint keys), plus the
+    model server's API key. The model server loads checkpoints; it holds no credential of
+    the control plane."""
+    hidden = {f"{ENV_PREFIX}{name.upper()}" for name in secret_field_names()}
+    env = {name: value for name, value in os.environ.items() if name not in hidden}
+    if api_key:
+        env[f"{ENV_PREFIX}SERVE_API_KEY"] = api_key
+    return env
+
+
+def _key(endpoint: ServingEndpoint) -> str | None:
+    return endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None

@@ -11,6 +11,14 @@ Files are read as job output is read everywhere: only the files the manifest lis
 opened with ``O_NOFOLLOW`` after an ``lstat`` that shows a regular file, never a symlink
 (a job could plant ``x -> /proc/self/environ`` and have the worker copy its secrets), and
 pickle weights (``.bin``, ``.pt``, ``.pth``, ``.pkl``, ``.ckpt``) are refused by name.
+
+Nor does a checkpoint carry code: Python sources and bytecode, import hooks (``.pth``,
+``sitecustomize``, ``usercustomize``), native libraries (``.so``, ``.dylib``, ``.dll``) and
+files with an executable bit are refused wherever a checkpoint is written, verified,
+installed or loaded (:func:`refuse_unsafe_file`). A checkpoint directory is mounted into
+model servers and put on paths by a serving target; a file there that an interpreter would
+import is code run with whatever credentials that process holds. Ratchet never runs a
+checkpoint's own code (``trust_remote_code`` stays off), so nothing legitimate is lost.
 """
 
 from __future__ import annotations
@@ -34,6 +42,25 @@ CONTENT_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)
 FAMILIES = ("tiny", "hf")
 KINDS = ("full", "lora")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# Files an interpreter or a dynamic loader would run: sources, bytecode, import hooks, native
+# libraries (``libx.so.1`` too), scripts and executables.
+CODE_SUFFIXES = (
+    ".py",
+    ".pyc",
+    ".pyo",
+    ".pyd",
+    ".pyw",
+    ".pyz",
+    ".pth",
+    ".so",
+    ".dylib",
+    ".dll",
+    ".exe",
+    ".sh",
+    ".egg",
+    ".whl",
+)
+IMPORT_HOOK_STEMS = ("sitecustomize", "usercustomize")
 
 
 class CheckpointError(Exception):
@@ -205,6 +232,26 @@ def refuse_pickle(name: str, where: Path | str) -> None:
         )
 
 
+def refuse_unsafe_file(name: str, where: Path | str, mode: int | None = None) -> None:
+    """Refuse a file no checkpoint may hold: pickle weights (:func:`refuse_pickle`), code or
+    an import hook (by name), or a file with an executable bit (``mode``, from ``lstat``)."""
+    lowered = name.lower()
+    stem = lowered.split(".", 1)[0]
+    suffixes = [f".{part}" for part in lowered.split(".")[1:]]
+    native = any(suffix in (".so", ".dylib", ".dll") for suffix in suffixes)
+    if stem in IMPORT_HOOK_STEMS or lowered.endswith(CODE_SUFFIXES) or native:
+        raise CheckpointError(
+            f"{name} in {where} is code or an import hook; a checkpoint holds weights, config "
+            "and tokenizer files only (Ratchet never runs a checkpoint's code): remove it"
+        )
+    refuse_pickle(name, where)
+    if mode is not None and mode & 0o111:
+        raise CheckpointError(
+            f"{name} in {where} is executable (mode {stat.S_IMODE(mode):o}); a checkpoint holds "
+            f"no programs: `chmod a-x` it if it is data"
+        )
+
+
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n")
 
@@ -238,10 +285,11 @@ def verify_checkpoint(checkpoint_dir: Path | str, *, expected_id: str | None = N
         raise CheckpointError(f"manifest of {root} does not list {', '.join(missing)}")
     if manifest.family == "hf" and not any(n.endswith(".safetensors") for n in manifest.files):
         raise CheckpointError(f"manifest of {root} lists no .safetensors weights")
+    _refuse_unlisted_code(root, manifest)
     for name, entry in sorted(manifest.files.items()):
         if Path(name).name != name or name in (MANIFEST_FILE, ".", ".."):
             raise CheckpointError(f"manifest of {root} lists {name!r}, which is not a file name")
-        refuse_pickle(name, root)
+        refuse_unsafe_file(name, root, _lstat_mode(root / name))
         actual = sha256_file(root / name)
         if actual != entry.sha256:
             raise CheckpointError(
@@ -264,6 +312,31 @@ def verify_checkpoint(checkpoint_dir: Path | str, *, expected_id: str | None = N
     return manifest
 
 
+def _refuse_unlisted_code(root: Path, manifest: Manifest) -> None:
+    """Code beside a checkpoint is refused too, listed or not: the directory is what a model
+    server mounts, and an interpreter imports ``sitecustomize.py`` (or a ``sitecustomize/``
+    package) from a directory on its path whether a manifest names it or not."""
+    try:
+        entries = sorted(entry.name for entry in os.scandir(root))
+    except OSError as exc:
+        raise CheckpointError(f"cannot list {root}: {exc.strerror or exc}") from None
+    for name in entries:
+        if name in manifest.files or name == MANIFEST_FILE:
+            continue
+        try:
+            refuse_unsafe_file(name, root)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc} (it is not in the manifest either)") from None
+
+
+def _lstat_mode(path: Path) -> int | None:
+    """The mode of ``path`` itself; None when it is absent (opening it says so)."""
+    try:
+        return path.lstat().st_mode
+    except FileNotFoundError:
+        return None
+
+
 def verify_family(
     checkpoint_dir: Path | str, family: str, *, expected_id: str | None = None
 ) -> Manifest:
@@ -283,9 +356,9 @@ def checkpoint_files(directory: Path) -> list[str]:
     """The files a manifest of ``directory`` lists: its regular top-level files.
 
     Hidden entries (``.gitattributes``, ``.cache/``) and an existing ``manifest.json`` are
-    left out. Symlinks, sub-directories, other non-regular files and pickle weights are
-    refused: a checkpoint is a flat directory of plain files, and what it holds is exactly
-    what its manifest says.
+    left out. Symlinks, sub-directories, other non-regular files, pickle weights, code and
+    executables are refused: a checkpoint is a flat directory of plain data files, and what
+    it holds is exactly what its manifest says.
     """
     if not directory.is_dir() or directory.is_symlink():
         raise CheckpointError(f"{directory} is not a directory")
@@ -301,7 +374,7 @@ def checkpoint_files(directory: Path) -> list[str]:
             )
         if not entry.is_file(follow_symlinks=False):
             raise CheckpointError(f"{entry.name} in {directory} is not a regular file")
-        refuse_pickle(entry.name, directory)
+        refuse_unsafe_file(entry.name, directory, entry.stat(follow_symlinks=False).st_mode)
         names.append(entry.name)
     return names
 

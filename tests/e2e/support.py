@@ -117,6 +117,7 @@ class LiveStack:
             temporal_ui_port=free_port(),
             serve_port=free_port(),
             admin_token=SecretStr(token),
+            serve_api_key=SecretStr(secrets.token_urlsafe(24)),
             executor="local",
         )
         extra_env = {

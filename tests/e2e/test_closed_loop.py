@@ -107,7 +107,7 @@ CURATION_POLICY: dict[str, Any] = {
 @pytest.fixture
 def model_server(live: LiveStack) -> Iterator[str]:
     """``ratchet serve`` with the champion, on the stack's serve port; its URL."""
-    process = start_model_server(live.settings, FIXTURE, live.token)
+    process = start_model_server(live.settings, FIXTURE)
     try:
         yield f"http://{live.settings.serve_host}:{live.settings.serve_port}"
     finally:
@@ -125,7 +125,7 @@ def test_the_closed_loop_promotes_serves_watches_and_rolls_back(
         created = client.create_loop(
             LOOP,
             "toolcalc",
-            serving_target={"kind": "local", "url": model_server},
+            serving_target={"kind": "local"},
             training_profile=TRAINING_PROFILE,
             gate_policy=GATE_POLICY,
             trigger_policy=TRIGGER_POLICY,
@@ -134,7 +134,7 @@ def test_the_closed_loop_promotes_serves_watches_and_rolls_back(
         client.set_champion(LOOP, str(FIXTURE))
         champion = _loop(live).champion_checkpoint_id
         assert champion is not None
-        assert _served_version(model_server) == champion
+        assert _served_version(model_server, _serve_key(live)) == champion
 
         api = ["v1"]
 
@@ -142,6 +142,7 @@ def test_the_closed_loop_promotes_serves_watches_and_rolls_back(
             """Production traffic from now on (a simulator runs once: start, then stop)."""
             return TrafficSimulator(
                 serve_url=model_server,
+                serve_api_key=_serve_key(live),
                 api_url=live.api_url,
                 loop=LOOP,
                 signing_secret=created.signing_secret,
@@ -209,7 +210,7 @@ def _run_the_story(
     _assert_every_set_was_evaluated(live, cycle, champion, candidate, promotion)
 
     # 4. The served version changed; the canary reads the candidate's new traces.
-    assert _served_version(model_server) == candidate
+    assert _served_version(model_server, _serve_key(live)) == candidate
     assert _loop(live).champion_checkpoint_id == champion  # moves only when the canary holds
     traffic = start_production()
     wait_for(
@@ -240,7 +241,7 @@ def _run_the_story(
         )
     assert after_deploy and after_deploy >= GATE_POLICY["canary_min_traces"]
     assert _loop(live).champion_checkpoint_id == champion
-    assert _served_version(model_server) == champion
+    assert _served_version(model_server, _serve_key(live)) == champion
 
     # The cycle's three numbers: the gate's eval-set delta as measured, no held-out points
     # (serving did not keep the candidate), and the measured live drop with its interval.
@@ -311,9 +312,15 @@ def _assert_at_least(value: int, minimum: int) -> None:
     assert value >= minimum, f"{value} < {minimum}"
 
 
-def _served_version(model_server: str) -> str:
+def _serve_key(live: LiveStack) -> str:
+    assert live.settings.serve_api_key is not None
+    return live.settings.serve_api_key.get_secret_value()
+
+
+def _served_version(model_server: str, key: str | None = None) -> str:
     """The checkpoint the server answers the loop's model name with (its own model card)."""
-    card = httpx.get(f"{model_server}/v1/models/ratchet", timeout=30).json()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    card = httpx.get(f"{model_server}/v1/models/ratchet", headers=headers, timeout=30).json()
     version: str = card["ratchet"]["version"]
     return version
 

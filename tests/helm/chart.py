@@ -3,13 +3,15 @@
 Rendering goes through helm-python-sdk (Helm's own Go SDK, no helm binary). The helpers
 here turn the output into Kubernetes objects and resolve a container's environment the
 way the kubelet does (envFrom first, then env; secretKeyRef and configMapKeyRef looked up
-in the rendered objects or, for a Secret the user manages, in the data a test supplies).
+in the rendered objects or, for a Secret the user manages, in the data a test supplies;
+``$(NAME)`` in a value expanded from the variables defined before it).
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -117,7 +119,7 @@ class Rendered:
                 env.update(self.secret_data(source["secretRef"]["name"]))
         for var in container.get("env", []):
             if "value" in var:
-                env[var["name"]] = var["value"]
+                env[var["name"]] = _expand(var["value"], env)
                 continue
             ref = var["valueFrom"]
             if "resourceFieldRef" in ref:
@@ -136,6 +138,16 @@ class Rendered:
                     f"{var['name']} needs key {selector['key']} of {selector['name']}, absent"
                 )
         return env
+
+
+def _expand(value: str, env: Mapping[str, str]) -> str:
+    """The kubelet's dependent variables: ``$(NAME)`` of a variable defined earlier becomes
+    its value, ``$$`` escapes, anything else stays as written."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        value,
+    )
 
 
 def _resource_field(container: Manifest, selector: Mapping[str, Any]) -> str:

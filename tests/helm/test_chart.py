@@ -32,6 +32,8 @@ CUSTOM_KINDS = {"ServiceMonitor"}
 MINIMAL = {
     "database": {"url": "postgresql://u:p@db:5432/ratchet"},
     "temporal": {"address": "temporal:7233"},
+    # rendered without a cluster: the API server's address cannot be looked up
+    "networkPolicy": {"kubernetesApiCidrs": ["10.0.0.1/32"]},
 }
 
 

@@ -39,6 +39,8 @@ from tests.services.serving.test_kubernetes_target import (
 MINIMAL = {
     "database": {"url": "postgresql://u:p@db:5432/ratchet"},
     "temporal": {"address": "temporal:7233"},
+    # rendered without a cluster: the API server's address cannot be looked up
+    "networkPolicy": {"kubernetesApiCidrs": ["10.0.0.1/32"]},
 }
 USER_AGENT = "ratchet-worker"
 
@@ -118,11 +120,18 @@ def test_the_audit_saw_both_components(used: set[tuple[str, str, str]]) -> None:
 @pytest.mark.parametrize(
     "values",
     [
-        MINIMAL,
         {**MINIMAL, "rbac": {"servingTarget": {"deploymentNames": [NAME]}}},
+        {
+            **MINIMAL,
+            "serving": {
+                "endpoints": {
+                    "prod": {"kind": "kubernetes", "url": "http://m:8000", "deployment": NAME}
+                }
+            },
+        },
         {**MINIMAL, "serving": {"vllm": {"enabled": True}}},
     ],
-    ids=["any-deployment", "named-deployments", "with-vllm"],
+    ids=["named-deployments", "endpoint-deployment", "with-vllm"],
 )
 def test_the_role_grants_every_verb_the_code_uses(
     used: set[tuple[str, str, str]], values: dict[str, Any]

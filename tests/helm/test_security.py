@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import helm_python as helm
 import pytest
 from cryptography.fernet import Fernet
 
 from tests.helm.chart import (
+    CHART_DIR,
     CI_FILES,
     EXTERNAL_SECRET_DATA,
     Manifest,
@@ -120,7 +122,10 @@ def test_rbac_is_one_namespaced_role_without_wildcards(rendered: Rendered) -> No
     covered = {
         (g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
     }
-    assert covered == set(ALLOWED_RULES)
+    assert covered - {("apps", "deployments")} == set(ALLOWED_RULES) - {("apps", "deployments")}
+    for rule in role["rules"]:  # Deployments only ever by name: never every one, its own
+        if "deployments" in rule["resources"]:
+            assert rule["resourceNames"], rule
     (binding,) = rendered.of_kind("RoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -137,6 +142,74 @@ def test_serving_target_access_can_be_narrowed_to_named_deployments() -> None:
     (deployments,) = [rule for rule in role["rules"] if rule["resources"] == ["deployments"]]
     assert deployments["resourceNames"] == ["agent-policy-server"]
     assert deployments["verbs"] == ["get", "list", "watch", "patch"]
+
+
+def _deployment_rules(values: dict[str, Any]) -> list[dict[str, Any]]:
+    (role,) = render(values).of_kind("Role")
+    return [rule for rule in role["rules"] if "deployments" in rule["resources"]]
+
+
+def test_the_worker_may_patch_only_the_serving_deployments_never_its_own() -> None:
+    """A Role rule on Deployments without resourceNames would let the worker rewrite any of
+    them, its own included (a loop once could name it and an env var such as PYTHONPATH)."""
+    minimal = ci_values("minimal-values.yaml")
+    assert _deployment_rules(minimal) == []  # nothing to serve to, nothing granted
+    endpoints = {
+        "prod": {"kind": "kubernetes", "url": "http://vllm-prod:8000", "deployment": "vllm-prod"},
+        "ext": {"kind": "openai", "url": "http://sglang:30000"},
+    }
+    (rule,) = _deployment_rules(
+        {**minimal, "serving": {"endpoints": endpoints, "vllm": {"enabled": True}}}
+    )
+    assert rule["resourceNames"] == ["rel-ratchet-vllm", "vllm-prod"]
+    for own in ("rel-ratchet-worker", "rel-ratchet-api"):  # the schema knows the pattern
+        prod = {"kind": "kubernetes", "url": "http://x:8000", "deployment": own}
+        for values in (
+            {**minimal, "rbac": {"servingTarget": {"deploymentNames": [own]}}},
+            {**minimal, "serving": {"endpoints": {"prod": prod}}},
+        ):
+            with pytest.raises(Exception, match="schema"):
+                render(values)
+    for own in ("acme-worker", "acme-api"):  # ... the templates know the names
+        prod = {"kind": "kubernetes", "url": "http://x:8000", "deployment": own}
+        for values in (
+            {**minimal, "rbac": {"servingTarget": {"deploymentNames": [own]}}},
+            {**minimal, "serving": {"endpoints": {"prod": prod}}},
+        ):
+            with pytest.raises(Exception, match=f"never patch Ratchet's own .* {own}"):
+                render({**values, "fullnameOverride": "acme"})
+
+
+def test_the_schema_refuses_serving_endpoints_a_process_would_refuse() -> None:
+    minimal = ci_values("minimal-values.yaml")
+    bad = [
+        {"kind": "kubernetes", "url": "http://x:8000"},  # no deployment
+        {"kind": "openai", "url": "http://x:8000", "deployment": "d"},
+        {"kind": "ssh", "url": "http://x"},
+        {"kind": "openai", "url": "ftp://x"},
+        {"kind": "openai", "url": "http://x", "apiKey": "inline"},  # keys come from Secrets
+    ]
+    with helm.Chart.load(CHART_DIR) as chart:
+        for endpoint in bad:
+            with pytest.raises(Exception, match="endpoints"):
+                chart.validate_schema({**minimal, "serving": {"endpoints": {"e": endpoint}}})
+
+
+def test_the_worker_reaches_the_api_servers_ports_only_at_the_api_server() -> None:
+    rendered = render_ci("ingress-networkpolicy-values.yaml")
+    policy = rendered.named("NetworkPolicy", "worker")["spec"]
+    api_rules = [
+        rule
+        for rule in policy["egress"]
+        if {port["port"] for port in rule.get("ports", [])} & {443, 6443}
+    ]
+    assert api_rules and all(rule.get("to") for rule in api_rules)
+    (rule,) = api_rules
+    assert rule["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+    values = ci_values("ingress-networkpolicy-values.yaml")
+    values["networkPolicy"]["kubernetesApiCidrs"] = []
+    with pytest.raises(Exception, match="kubernetesApiCidrs is empty"):
+        render(values)  # no cluster to look the API server up in: refused, not opened
 
 
 def test_secrets_never_land_in_a_config_map(case: Case) -> None:

@@ -88,3 +88,45 @@ def test_broken_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setenv("RATCHET_CONFIG_FILE", str(config))
     with pytest.raises(SettingsError, match="cannot read settings"):
         load_settings()
+
+
+def test_serving_endpoints_come_from_json_with_their_kind_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "RATCHET_SERVING_ENDPOINTS",
+        '{"vllm": {"kind": "openai", "url": "http://vllm:8000/", "api_key": "k1"},'
+        ' "prod": {"kind": "kubernetes", "url": "http://prod:8000", "deployment": "prod",'
+        ' "container": "vllm", "artifacts_dir": "/artifacts"}}',
+    )
+    endpoints = load_settings().serving_endpoints
+    assert endpoints["vllm"].url == "http://vllm:8000"
+    assert endpoints["vllm"].api_key is not None
+    assert endpoints["vllm"].api_key.get_secret_value() == "k1"
+    prod = endpoints["prod"]
+    assert (prod.deployment, prod.container, prod.env_var) == ("prod", "vllm", "RATCHET_MODEL_PATH")
+    assert prod.namespace is None  # RATCHET_KUBERNETES_NAMESPACE
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ('{"kind": "kubernetes", "url": "http://p:8000"}', "needs `deployment`"),
+        ('{"kind": "openai", "url": "http://p:8000", "deployment": "d"}', "kubernetes"),
+        ('{"kind": "ssh", "url": "http://p:8000"}', "kind"),
+        ('{"kind": "openai", "url": "ftp://p"}', "http"),
+        ('{"kind": "kubernetes", "url": "http://p", "deployment": "Bad_Name"}', "deployment"),
+        ('{"kind": "openai", "url": "http://p", "token": "x"}', "token"),
+    ],
+)
+def test_bad_serving_endpoints_name_the_entry_and_never_show_its_key(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str, message: str
+) -> None:
+    key = "do-not-print-this-key"
+    spliced = endpoint[:-1] + f', "api_key": "{key}"}}'
+    monkeypatch.setenv("RATCHET_SERVING_ENDPOINTS", f'{{"vllm": {spliced}}}')
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    text = str(refused.value)
+    assert "RATCHET_SERVING_ENDPOINTS (vllm" in text and message in text
+    assert key not in text

@@ -267,3 +267,119 @@ hold the same key.
 {{- end }}
 {{- .Values.secrets._resolvedSecretKey }}
 {{- end }}
+
+{{/* The Secret holding vLLM's --api-key, and its key: the user's, or the chart's own. */}}
+{{- define "ratchet.vllmApiKeySecretName" -}}
+{{- .Values.serving.vllm.apiKey.existingSecret | default (include "ratchet.componentName" (list . "vllm-api-key")) }}
+{{- end }}
+
+{{/*
+vLLM's generated API key: the one already in the release's Secret (so upgrades keep it),
+else a new one. Worked out once per render.
+*/}}
+{{- define "ratchet.vllmApiKey" -}}
+{{- if not (hasKey .Values.serving.vllm "_resolvedApiKey") }}
+{{- $name := include "ratchet.vllmApiKeySecretName" . }}
+{{- $key := .Values.serving.vllm.apiKey.key }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $name }}
+{{- $value := "" }}
+{{- if and $existing $existing.data (hasKey $existing.data $key) }}
+{{- $value = index $existing.data $key | b64dec }}
+{{- else }}
+{{- $value = randAlphaNum 48 }}
+{{- end }}
+{{- $_ := set .Values.serving.vllm "_resolvedApiKey" $value }}
+{{- end }}
+{{- .Values.serving.vllm._resolvedApiKey }}
+{{- end }}
+
+{{/*
+The serving endpoints loops may name, as YAML: serving.endpoints plus the chart's vLLM as
+`vllm`. Each entry keeps the values' spelling plus its Secret reference; ratchet.servingEnv
+turns them into RATCHET_SERVING_ENDPOINTS.
+*/}}
+{{- define "ratchet.servingEndpoints" -}}
+{{- $endpoints := dict }}
+{{- range $name, $endpoint := .Values.serving.endpoints }}
+{{- $_ := set $endpoints $name $endpoint }}
+{{- end }}
+{{- if .Values.serving.vllm.enabled }}
+{{- $vllm := dict "kind" "kubernetes" "url" (printf "http://%s:%v" (include "ratchet.componentName" (list . "vllm")) .Values.serving.vllm.port) "deployment" (include "ratchet.componentName" (list . "vllm")) "container" "vllm" "apiKeySecret" (dict "name" (include "ratchet.vllmApiKeySecretName" .) "key" .Values.serving.vllm.apiKey.key) }}
+{{- $_ := set $endpoints "vllm" $vllm }}
+{{- end }}
+{{- toYaml $endpoints }}
+{{- end }}
+
+{{/*
+RATCHET_SERVING_ENDPOINTS for the api (withKeys false: names, kinds, URLs; it checks what a
+loop names) or the worker (withKeys true: each api_key comes from its Secret through an
+env var the kubelet expands into the JSON, so no key is written in the pod spec).
+*/}}
+{{- define "ratchet.servingEnv" -}}
+{{- $ctx := index . 0 }}
+{{- $withKeys := index . 1 }}
+{{- $endpoints := include "ratchet.servingEndpoints" $ctx | fromYaml }}
+{{- $json := dict }}
+{{- $index := 0 }}
+{{- range $name, $e := $endpoints }}
+{{- $entry := dict "kind" $e.kind "url" $e.url }}
+{{- range $from, $to := dict "deployment" "deployment" "container" "container" "envVar" "env_var" "artifactsDir" "artifacts_dir" "rolloutTimeoutS" "rollout_timeout_s" "timeoutS" "timeout_s" }}
+{{- if hasKey $e $from }}
+{{- $_ := set $entry $to (index $e $from) }}
+{{- end }}
+{{- end }}
+{{- if and $withKeys $e.apiKeySecret }}
+{{- $var := printf "SERVING_ENDPOINT_KEY_%d" $index }}
+{{- $_ := set $entry "api_key" (printf "$(%s)" $var) }}
+- name: {{ $var }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $e.apiKeySecret.name }}
+      key: {{ $e.apiKeySecret.key }}
+{{- end }}
+{{- $_ := set $json $name $entry }}
+{{- $index = add1 $index }}
+{{- end }}
+{{- if $endpoints }}
+- name: RATCHET_SERVING_ENDPOINTS
+  value: {{ toJson $json | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Deployments the worker may patch, by name: every kubernetes serving endpoint's, plus
+rbac.servingTarget.deploymentNames. Never Ratchet's own api or worker.
+*/}}
+{{- define "ratchet.servingDeploymentNames" -}}
+{{- $names := list }}
+{{- range $name, $e := include "ratchet.servingEndpoints" . | fromYaml }}
+{{- if eq $e.kind "kubernetes" }}
+{{- $names = append $names $e.deployment }}
+{{- end }}
+{{- end }}
+{{- $names = concat $names .Values.rbac.servingTarget.deploymentNames | uniq | sortAlpha }}
+{{- range $own := list "api" "worker" }}
+{{- $ownName := include "ratchet.componentName" (list $ $own) }}
+{{- if has $ownName $names }}
+{{- fail (printf "the worker may never patch Ratchet's own %s Deployment %s: remove it from serving.endpoints and rbac.servingTarget.deploymentNames" $own $ownName) }}
+{{- end }}
+{{- end }}
+{{- toYaml $names }}
+{{- end }}
+
+{{/* The Kubernetes API server's addresses for the worker's egress: configured, else looked up. */}}
+{{- define "ratchet.kubernetesApiCidrs" -}}
+{{- $cidrs := .Values.networkPolicy.kubernetesApiCidrs }}
+{{- if not $cidrs }}
+{{- $endpoints := lookup "v1" "Endpoints" "default" "kubernetes" }}
+{{- range $subset := (default dict $endpoints).subsets }}
+{{- range $address := $subset.addresses }}
+{{- $cidrs = append $cidrs (printf "%s/%s" $address.ip (ternary "128" "32" (contains ":" $address.ip))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if not $cidrs }}
+{{- fail "networkPolicy.kubernetesApiCidrs is empty and the API server's addresses could not be looked up (helm template, Argo CD): set it, e.g. from `kubectl get endpoints kubernetes -n default`" }}
+{{- end }}
+{{- toYaml $cidrs }}
+{{- end }}

@@ -46,7 +46,13 @@ from services.db.queries.loops import (
 )
 from services.ingest.provisioning import provision_loop, rotate_credential
 from services.loop.config import POLICY_KEYS, Change, diff, merge_patch
-from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
+from services.loop.policies import (
+    GatePolicy,
+    ServingTarget,
+    TrainingProfile,
+    TriggerPolicy,
+    serving_endpoint_problem,
+)
 from services.settings import Settings
 from workflows.shared import loop_workflow_id
 
@@ -117,10 +123,22 @@ def _check_curation_policy(policy: dict[str, Any]) -> None:
         ) from exc
 
 
+def _serving_endpoint_errors(target: ServingTarget, settings: Settings) -> list[dict[str, str]]:
+    """A serving target must name one of this deployment's serving endpoints, of its kind."""
+    kinds = {name: endpoint.kind for name, endpoint in settings.serving_endpoints.items()}
+    problem = serving_endpoint_problem(target, kinds)
+    return [{"path": "serving_target.endpoint", "message": problem}] if problem else []
+
+
 @router.post("", status_code=201, summary="Create a loop, its ingest credentials and workflow")
 async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
     _check_environment(body.environment)
     _check_curation_policy(body.curation_policy)
+    endpoint_errors = _serving_endpoint_errors(body.serving_target, state.settings)
+    if endpoint_errors:
+        raise ApiError(
+            422, "unknown_serving_endpoint", endpoint_errors[0]["message"], fields=endpoint_errors
+        )
     fields = LoopFields(
         name=body.name,
         environment=body.environment,
@@ -225,7 +243,7 @@ _POLICY_MODELS: dict[str, type[BaseModel]] = {
 }
 
 
-def _patched_config(current: dict[str, Any], body: LoopPatch) -> dict[str, Any]:
+def _patched_config(current: dict[str, Any], body: LoopPatch, settings: Settings) -> dict[str, Any]:
     """The loop's configuration after ``body``, validated as a whole; 422 naming each field."""
     given = body.model_fields_set
     config = dict(current)
@@ -250,7 +268,11 @@ def _patched_config(current: dict[str, Any], body: LoopPatch) -> dict[str, Any]:
             continue
         patch = getattr(body, key)
         config[key] = merge_patch(current.get(key) or {}, patch) if patch is not None else {}
-        errors.extend(_policy_errors(key, config[key]))
+        policy_errors = _policy_errors(key, config[key])
+        if key == "serving_target" and not policy_errors:
+            target = ServingTarget.model_validate(config[key])
+            policy_errors = _serving_endpoint_errors(target, settings)
+        errors.extend(policy_errors)
     if errors:
         raise ApiError(422, "invalid_loop_config", "the change is not a valid loop", fields=errors)
     return config
@@ -300,7 +322,7 @@ def patch_loop(
     with state.session_factory() as session:
         row = loop_or_404(session, loop, for_update=True)
         current = config_document(row)
-        config = _patched_config(current, body)
+        config = _patched_config(current, body, state.settings)
         if dry_run:
             changes = diff(current, config)
             session.rollback()

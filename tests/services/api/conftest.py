@@ -12,13 +12,24 @@ from sqlalchemy import Engine
 from services.api.app import create_app
 from services.api.state import AppState, TemporalConnection
 from services.db.session import SessionFactory
-from services.settings import Settings
+from services.settings import ServingEndpoint, Settings
 from tests.services.api.support import ADMIN_TOKEN, SECRET_KEY, create_loop
+
+# The deployment's serving endpoints a loop may name (RATCHET_SERVING_ENDPOINTS).
+SERVING_ENDPOINTS = {
+    "vllm": ServingEndpoint(kind="openai", url="http://vllm.serving:8000"),
+    "prod": ServingEndpoint(kind="kubernetes", url="http://prod:8000", deployment="prod"),
+}
 
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, admin_token=ADMIN_TOKEN, secret_key=SECRET_KEY)
+    return Settings(
+        database_url=database_url,
+        admin_token=ADMIN_TOKEN,
+        secret_key=SECRET_KEY,
+        serving_endpoints=SERVING_ENDPOINTS,
+    )
 
 
 @pytest.fixture

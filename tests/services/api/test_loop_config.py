@@ -111,7 +111,7 @@ def test_invalid_changes_are_422_per_field_and_lose_nothing(
         "gate_policy.confidence",
         "gate_policy.confidense",
         "trigger_policy.min_new_tasks",
-        "serving_target",
+        "serving_target.endpoint",
         "curation_policy",
     }
     # Shape errors are the schema's 422 with the field's path.
@@ -236,3 +236,48 @@ def test_a_change_to_hyperparameters_is_checked_against_the_trainer_and_loses_no
     assert list(versions) == [1]
     fixed = {"training_profile": {"algorithm": "sft", "hyperparameters": {"group_size": None}}}
     assert patch(client, "tuned", fixed).status_code == 200
+
+
+def test_a_serving_target_names_a_configured_endpoint_of_its_kind(
+    client: TestClient, session_factory: SessionFactory
+) -> None:
+    """No URL, key or Deployment comes from a loop: it picks one of the deployment's serving
+    endpoints by name, and an unknown name is refused with the configured ones listed."""
+    refused = client.post(
+        "/v1/loops",
+        json={
+            "name": "unknown-endpoint",
+            "environment": "toolcalc",
+            "serving_target": {"kind": "openai", "endpoint": "elsewhere", "model": "agent"},
+        },
+        headers=ADMIN,
+    )
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["code"] == "unknown_serving_endpoint"
+    assert error["fields"][0]["path"] == "serving_target.endpoint"
+    assert "'elsewhere'" in error["message"] and "configured: prod, vllm" in error["message"]
+
+    create_loop(client, "served", serving_target={"kind": "local"})
+    cases = {
+        "serving_target.endpoint": {"kind": "kubernetes", "endpoint": "vllm"},  # an openai one
+        "serving_target.url": {"kind": "openai", "url": "http://127.0.0.1:9", "model": "agent"},
+        "serving_target.deployment": {"kind": "kubernetes", "deployment": "rel-ratchet-worker"},
+    }
+    for path, target in cases.items():
+        response = patch(client, "served", {"serving_target": target})
+        assert response.status_code == 422, target
+        fields = response.json()["error"]["fields"]
+        assert path in {field["path"] for field in fields}, fields
+        assert (
+            "RATCHET_SERVING_ENDPOINTS" in fields[0]["message"]
+            or "configured: prod, vllm" in (fields[0]["message"])
+        )
+
+    applied = patch(
+        client, "served", {"serving_target": {"kind": "kubernetes", "endpoint": "prod"}}
+    )
+    assert applied.status_code == 200, applied.text
+    with session_factory() as session:
+        stored = session.scalars(select(Loop).where(Loop.name == "served")).one()
+        assert stored.serving_target == {"kind": "kubernetes", "endpoint": "prod"}

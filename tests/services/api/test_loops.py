@@ -30,7 +30,7 @@ def test_create_returns_the_credentials_once(
         budget_usd=125.5,
         trigger_policy={"min_new_tasks": 20, "drift_enabled": True},
         gate_policy={"mode": "manual", "confidence": 0.95},
-        serving_target={"kind": "local", "url": "http://127.0.0.1:8100"},
+        serving_target={"kind": "openai", "endpoint": "vllm", "model": "agent"},
         training_profile={"hyperparameters": {"lr": 0.0003}},
     )
     assert created["name"] == "checkout-bot"

@@ -15,7 +15,8 @@ tiny :class:`TinyModel` rolls out text transcripts (:func:`run_text_episodes`), 
 scored by the environment's chat verifier. Sample ``s`` of task ``t`` draws with seed
 ``derive_seed(seed, t, s)`` and the engine's counter-based sampler, so an evaluation is
 reproducible whatever ``batch_size`` (the rows decoding at once) is; the prefix cache
-computes the system text and tool list every task starts with once.
+computes the system text and tool list every task starts with once. A scripted tiny policy
+(one that overrides ``generate``: a replay in a test) runs through its own ``generate``.
 """
 
 from __future__ import annotations
@@ -25,19 +26,19 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from services.environments.base import Environment, Reward, TaskSpec
+from services.environments.base import Environment, Episode, Reward, TaskSpec
 from services.environments.chat import ChatEnvironment, as_chat_environment
 from services.evaluation.stats import wilson_interval
 from services.inference.hf import HFEngine
 from services.inference.rollout import (
     ChatRollout,
-    TextRollout,
     run_chat_episodes,
     run_text_episodes,
 )
 from services.inference.tiny import TinyEngine
 from services.training.model import TinyModel
 from services.training.rng import derive_seed
+from services.training.rollout import run_episodes
 
 if TYPE_CHECKING:
     from services.training.hf.model import HFModel
@@ -136,11 +137,21 @@ def evaluate(
         "temperature": temperature,
         "max_rows": batch_size,
     }
-    if isinstance(policy, TinyModel):
+    if isinstance(policy, TinyModel) and type(policy).generate is not TinyModel.generate:
+        # A scripted policy (a replay in a test or a demo) answers through its own
+        # ``generate``, not its weights: the engine cannot run it, its generate can.
+        del options["max_rows"]
+        played, played_stats = run_episodes(env, job_tasks, policy, **options)
+        sampled = [_text_outcome(env, task, ep) for task, ep in zip(job_tasks, played, strict=True)]
+        generated = played_stats.generated_tokens
+    elif isinstance(policy, TinyModel):
         episodes, stats = run_text_episodes(
             TinyEngine(policy, policy_path(policy)), env, job_tasks, **options
         )
-        sampled = [_text_outcome(env, task, r) for task, r in zip(job_tasks, episodes, strict=True)]
+        sampled = [
+            _text_outcome(env, task, r.episode) for task, r in zip(job_tasks, episodes, strict=True)
+        ]
+        generated = stats.generated_tokens
     else:
         chat_env = as_chat_environment(env)
         engine = HFEngine(
@@ -169,7 +180,7 @@ def evaluate(
         ci_high=high,
         confidence=confidence,
         sample_pass_rate=sample_passes / (len(results) * samples),
-        generated_tokens=stats.generated_tokens,
+        generated_tokens=generated,
         wall_s=time.monotonic() - started,
     )
 
@@ -180,8 +191,7 @@ def policy_path(policy: TinyModel | HFModel) -> str:
     return f"checkpoint:{checkpoint}" if checkpoint else "memory"
 
 
-def _text_outcome(env: Environment, task: TaskSpec, rollout: TextRollout) -> _Outcome:
-    ep = rollout.episode
+def _text_outcome(env: Environment, task: TaskSpec, ep: Episode) -> _Outcome:
     return _Outcome(env.verify(task, ep), len(ep.agent_turns), ep.end_reason, ep.final_answer)
 
 

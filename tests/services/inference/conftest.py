@@ -1,5 +1,10 @@
-"""The model server's test checkpoints (a random tiny Llama with two LoRA adapters)."""
+"""The model server's test checkpoints and server fixture, shared with the engine's tests."""
 
-from tests.services.serving.conftest import llama_with_adapters
+from tests.services.serving.conftest import (
+    llama_with_adapters,
+    serve,
+    tool_calling_llama,
+    tool_calling_tiny,
+)
 
-__all__ = ["llama_with_adapters"]
+__all__ = ["llama_with_adapters", "serve", "tool_calling_llama", "tool_calling_tiny"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.inference.hf import HFEngine
 from services.inference.rollout import run_chat_episodes, run_text_episodes

@@ -164,6 +164,7 @@ def evaluate(
         sampled = [
             _chat_outcome(chat_env, task, r) for task, r in zip(job_tasks, chats, strict=True)
         ]
+        generated = stats.generated_tokens
     outcomes: dict[int, list[_Outcome]] = {t: [] for t in range(len(tasks))}
     for (t, _), outcome in zip(jobs, sampled, strict=True):
         outcomes[t].append(outcome)

@@ -118,3 +118,20 @@ def test_a_rollout_leaves_nothing_pinned(tool_calling_tiny: CheckpointRef) -> No
     )
     assert all(block.pins == 0 for block in engine.prefix_cache._lru.values())
     assert engine.prefix_cache.bytes > 0  # what is not pinned stays cached for the next round
+
+
+def test_hf_evaluation_through_the_engine_scores_as_the_generate_path(
+    tool_calling_llama: CheckpointRef,
+) -> None:
+    from services.evaluation.evaluator import evaluate
+
+    policy = HFModel.load(path_of(tool_calling_llama), device="cpu")
+    tasks = ENV.generate_tasks(4, seed=6, api_version="v1")
+    options: dict[str, Any] = {"max_turns": 2, "max_new_tokens": 6, "temperature": 0.0}
+    result = evaluate(policy, ENV, tasks, batch_size=3, **options)
+    before, _ = generate_chat_episodes(ENV, tasks, policy, seed=0, **options)
+    rewards = [ENV.chat_verify(t, r.episode) for t, r in zip(tasks, before, strict=True)]
+    assert [r.passed for r in result.results] == [w.passed for w in rewards]
+    assert [r.reward for r in result.results] == [w.total for w in rewards]
+    assert [r.turns for r in result.results] == [r.episode.assistant_turns for r in before]
+    assert result.generated_tokens == sum(len(c) for r in before for _, c in r.turns)

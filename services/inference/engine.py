@@ -10,11 +10,13 @@ family's template and runs its model over the keys/values the engine owns
 of given rows of the engine's buffers and attends to the columns before them). The engine
 does the rest, the same for every family:
 
-- **a preallocated cache**: each layer's keys and values live in one buffer (L, R, H, S, D)
-  sized for the rows and tokens the batch needs; a decode step writes one column per row in
-  place (no concatenation of the whole cache per step). Rows are left-aligned (row ``b``'s
-  token ``t`` sits in column ``t`` at position ``t``), so a row joining needs no shift of the
-  others and a row leaving moves only the rows after it, once.
+- **a preallocated cache**: each layer's keys and values live in one buffer (L, R, H, S, D);
+  a decode step writes one column per row in place (no concatenation of the whole cache per
+  step). The buffer is sized for the joining rows' prompts and their first tokens and
+  doubles when rows or columns run out, so a long budget costs memory only as it decodes.
+  Rows are left-aligned (row ``b``'s token ``t`` sits in column ``t`` at position ``t``), so
+  a row joining needs no shift of the others and a row leaving moves only the rows after
+  it, once.
 - **prefix reuse**: a joining row's prompt is looked up in the engine's
   :class:`~services.inference.prefix_cache.PrefixCache` (keyed by ``Engine.prefix_key``:
   model, adapter and adapter load) and only the part after the longest cached prefix is
@@ -219,6 +221,8 @@ def sample_next(
 
 Tag = TypeVar("Tag")
 
+HEADROOM = 256  # decode columns reserved when rows join, before the buffers grow
+
 
 @dataclass
 class _Row(Generic[Tag]):
@@ -278,7 +282,9 @@ class ActiveBatch(Generic[Tag]):
         rows = [_Row(request, tag, self.budget(request), []) for request, tag in requests]
         if self._forward is None:
             self._forward = self.engine.forward([row.request.adapter for row in rows])
-        need = max(len(row.request.prompt_ids) + row.budget for row in rows)
+        # Room for the prompts and the first tokens; decoding grows it (doubling) as it goes,
+        # so a row asking for a long budget costs memory only for what it decodes.
+        need = max(len(row.request.prompt_ids) + min(row.budget, HEADROOM) for row in rows)
         self._reserve(len(self._rows) + len(rows), need)
         logits = [self._prefill(row, len(self._rows)) for row in rows]
         joined = torch.cat(logits).float().cpu()  # (B2, V)
@@ -346,8 +352,9 @@ class ActiveBatch(Generic[Tag]):
         if rows <= have_rows and columns <= have_columns:
             return
         layout = self.engine.kv_layout()
-        new_rows = max(rows, 2 * have_rows)
-        new_columns = max(columns, have_columns)
+        new_rows = rows if rows <= have_rows else max(rows, 2 * have_rows)
+        new_columns = have_columns if columns <= have_columns else max(columns, 2 * have_columns)
+        new_columns = min(new_columns, self.engine.context_length())
         shape = (layout.layers, new_rows, layout.heads, new_columns, layout.head_dim)
         device = self.engine.device
         keys = torch.zeros(shape, dtype=layout.dtype, device=device)
@@ -395,6 +402,7 @@ class ActiveBatch(Generic[Tag]):
         device = self.engine.device
         lengths = torch.tensor([len(row.fed) for row in self._rows], device=device)  # (B,)
         width = int(lengths.max()) + 1
+        self._reserve(len(self._rows), width)
         columns = torch.arange(width, device=device)  # (W,)
         mask = (columns[None, :] <= lengths[:, None])[:, None, None]  # (B, 1, 1, W)
         ids = tokens.to(device)[:, None]  # (B, 1)

@@ -127,6 +127,18 @@ def test_hf_greedy_rows_equal_transformers_generate(cache_bytes: int) -> None:
         assert hits == [0] * len(prompts) and len(engine.prefix_cache) == 0
 
 
+def test_a_long_budget_grows_the_buffers_and_keeps_its_tokens() -> None:
+    engine = hf_engine()
+    engine.eos_ids = frozenset()  # decode the whole budget
+    prompts = chat_prompts(engine, 2)
+    results = staggered(engine, [request(prompts[0], 300), request(prompts[1], 20)], [0, 5])
+    assert len(results[0].sampled_ids) == 300
+    assert [r.sampled_ids for r in results] == [
+        hf_generate(engine, prompts[0], 300),
+        hf_generate(engine, prompts[1], 20),
+    ]
+
+
 def test_the_shared_system_prompt_is_computed_once() -> None:
     engine = hf_engine()
     prompts = chat_prompts(engine, 4)

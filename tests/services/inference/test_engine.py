@@ -283,3 +283,30 @@ def test_bad_cache_settings_are_refused() -> None:
         PrefixCache(-1)
     with pytest.raises(ValueError, match="block_tokens"):
         PrefixCache(block_tokens=0)
+
+
+def test_a_live_lora_model_decodes_and_forgets_its_prefixes_when_its_weights_change() -> None:
+    """Training's case: the engine over the peft model being trained, stepped in place."""
+    from peft import LoraConfig, get_peft_model
+
+    base = hf_engine()
+    model = get_peft_model(base.model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    engine = HFEngine(model, base.tokenizer, path="memory", version="v0")
+    prompt = chat_prompts(engine, 1)[0]
+    row = request(prompt, 8, temperature=1.0, seed=5)
+    first = staggered(engine, [row], [0])[0]
+    assert staggered(engine, [row], [0])[0].cached_tokens > 0
+    with torch.no_grad():  # an optimizer step
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    engine.weights_changed()
+    after = staggered(engine, [row], [0])[0]
+    assert after.cached_tokens == 0
+    ids = torch.tensor([prompt + after.sampled_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double()
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    expected = logp.gather(1, torch.tensor(after.sampled_ids)[:, None])[:, 0].tolist()
+    assert after.logprobs == pytest.approx(expected, abs=1e-4)
+    assert after.sampled_ids != first.sampled_ids or after.logprobs != first.logprobs

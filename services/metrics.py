@@ -228,6 +228,13 @@ SERVING_TOKENS = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+SERVING_PROMPT_TOKENS = Counter(
+    "ratchet_serving_prompt_tokens_total",
+    "Prompt tokens of the model server's rows, by source: cached (keys and values reused "
+    "from the prefix cache) or computed (prefilled).",
+    ["source"],
+    registry=REGISTRY,
+)
 SERVING_SWAP_DURATION = Histogram(
     "ratchet_serving_swap_duration_seconds",
     "Time from a deploy request to the new version being served.",

@@ -5,7 +5,7 @@ names, at ChatML's ``<|im_end|>`` when the vocabulary has it, and at the token t
 template writes right after an assistant's content (``<|eot_id|>``, ``<end_of_turn>``...).
 The last two matter for base models: a Qwen2-base or GPT-2-style tokenizer with a ChatML
 template names ``<|endoftext|>`` as its eos, and a reply that only stops there runs on to
-``max_tokens`` past the end of its turn. The model server (:mod:`services.serving.engines.hf`)
+``max_tokens`` past the end of its turn. The model server (:mod:`services.inference.hf`)
 and evaluation (:class:`services.training.hf.model.HFModel`) both stop by this rule, so what
 is served is what was measured.
 """

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.artifacts import uri_to_path
-from services.serving.engine import Engine
-from services.serving.engines.hf import HFEngine, verify_hf
-from services.serving.engines.tiny import TinyEngine
+from services.inference.engine import Engine
+from services.inference.hf import HFEngine, verify_hf
+from services.inference.tiny import TinyEngine
 from services.training.checkpoint import (
     MANIFEST_FILE,
     CheckpointError,

@@ -1,7 +1,7 @@
 """Continuous batching: one running batch per engine, which rows join and leave every step.
 
 One thread owns the model (a CPU has few cores and a GPU one stream; two threads decoding
-at once only fight over them). It keeps an :class:`~services.serving.engine.ActiveBatch`
+at once only fight over them). It keeps an :class:`~services.inference.engine.ActiveBatch`
 running: before every forward step, rows waiting for the same engine (a base model and all
 its adapters decode in one batch) join it, up to ``max_batch_rows``; rows leave the moment
 they finish and their requests are answered then. A request that arrives while others
@@ -30,7 +30,7 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from services.serving.engine import (
+from services.inference.engine import (
     ActiveBatch,
     Engine,
     EngineError,

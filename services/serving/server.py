@@ -53,20 +53,21 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.chat.protocol import ChatMessage
-from services.metrics import (
-    SERVING_REQUEST_DURATION,
-    SERVING_SWAPS,
-    SERVING_TOKENS,
-    render_latest,
-)
-from services.serving.base import VERSION_HEADER
-from services.serving.engine import (
+from services.inference.engine import (
     EngineError,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
     cut_at_stop,
 )
+from services.metrics import (
+    SERVING_PROMPT_TOKENS,
+    SERVING_REQUEST_DURATION,
+    SERVING_SWAPS,
+    SERVING_TOKENS,
+    render_latest,
+)
+from services.serving.base import VERSION_HEADER
 from services.serving.guards import (
     DoorPolicy,
     ServingDoor,
@@ -512,14 +513,23 @@ class _Completion:
         message = ChatMessage(role="assistant", content=message.content, tool_calls=calls)
         return message, "tool_calls" if calls else result.finish_reason
 
-    def usage(self, results: list[GenerationResult]) -> dict[str, int]:
+    def usage(self, results: list[GenerationResult]) -> dict[str, Any]:
+        """OpenAI's usage: the prompt counts once (all choices share it); ``cached_tokens`` is
+        the part of it every choice reused from the prefix cache instead of computing."""
         completion = sum(len(r.token_ids) for r in results)
+        cached = min((r.cached_tokens for r in results), default=0)
         SERVING_TOKENS.labels("prompt").inc(len(self.prompt))
         SERVING_TOKENS.labels("completion").inc(completion)
+        for result in results:
+            SERVING_PROMPT_TOKENS.labels("cached").inc(result.cached_tokens)
+            SERVING_PROMPT_TOKENS.labels("computed").inc(
+                result.prompt_tokens - result.cached_tokens
+            )
         return {
             "prompt_tokens": len(self.prompt),
             "completion_tokens": completion,
             "total_tokens": len(self.prompt) + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
 
     def _envelope(self, kind: str) -> dict[str, Any]:

@@ -210,7 +210,7 @@ def train_tool_calling_tiny(path: Path) -> CheckpointRef:
     toolcalc's ``$pear*37`` (v1), as the environment renders it."""
     from services.chat.protocol import ChatMessage, ToolCall
     from services.environments.toolcalc import ToolcalcEnvironment
-    from services.serving.engines.tiny import render_transcript
+    from services.inference.tiny import render_transcript
     from services.training.tokenizer import ByteTokenizer
     from tests.services.serving.hf_models import train_to_answer
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from services.inference.engine import ActiveBatch, Engine, GenerationRequest, SamplingParams
+from services.inference.hf import HFEngine
+from services.inference.tiny import TinyEngine
 from services.serving.base import CheckpointRef
-from services.serving.engine import ActiveBatch, Engine, GenerationRequest, SamplingParams
-from services.serving.engines.hf import HFEngine
-from services.serving.engines.tiny import TinyEngine
 from services.serving.scheduler import BatchScheduler
 from tests.services.serving.conftest import path_of
 
@@ -179,7 +179,7 @@ def test_another_engines_rows_wait_for_the_batch_to_drain_and_are_not_overtaken(
 def test_a_model_with_sliding_window_layers_decodes_whole_batches() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-    from services.serving.engines.hf import _plain_dynamic_cache
+    from services.inference.hf import _plain_dynamic_cache
 
     small = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32}
     small |= {"num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2}

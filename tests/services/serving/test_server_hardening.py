@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from services.inference.engine import BatchForward
 from services.serving.base import VERSION_HEADER, CheckpointRef
-from services.serving.engine import BatchForward
 from services.serving.registry import ModelRegistry
 from tests.services.serving.conftest import LISTING, ServerThread, path_of
 from tests.support import assert_eventually

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.chat.protocol import ChatMessage, ToolCall
 from services.environments.toolcalc import ToolcalcEnvironment
-from services.serving.engines.tiny import format_call, parse_turn, render_transcript
+from services.inference.tiny import format_call, parse_turn, render_transcript
 from tests.services.serving.conftest import LISTING, TOOLCALC_TOOLS
 
 

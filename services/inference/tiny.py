@@ -1,4 +1,4 @@
-"""The tiny GPT family behind the OpenAI API: its chat template and its tool-call syntax.
+"""The tiny GPT family on the engine: its chat template and its tool-call syntax.
 
 The byte-level GPT was trained on transcripts, one line per turn (see
 :mod:`services.environments.base`)::
@@ -24,16 +24,22 @@ where the schema says so), anything else → content as written.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from services.chat.protocol import ChatMessage, ToolCall
-from services.serving.engine import BatchForward, EngineError
+from services.inference.engine import (
+    BatchForward,
+    EngineError,
+    ForwardCall,
+    KVLayout,
+    write_columns,
+)
+from services.inference.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from services.training.checkpoint import CheckpointError
 from services.training.device import autocast
 from services.training.model import KVCache, TinyModel
@@ -49,8 +55,16 @@ class TinyEngine:
 
     family = FAMILY
 
-    def __init__(self, tiny_model: TinyModel, path: Path) -> None:
+    def __init__(
+        self,
+        tiny_model: TinyModel,
+        path: Path | str,
+        *,
+        prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES,
+    ) -> None:
         self.tiny_model = tiny_model
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._weights = 0  # bumped when the weights change in place
         self.version = tiny_model.checkpoint_id or ""
         self.path = str(path)
         self.device = tiny_model.device
@@ -84,99 +98,49 @@ class TinyEngine:
     def parse_reply(self, text: str, tools: Sequence[dict[str, Any]]) -> ChatMessage:
         return parse_turn(text, tools)
 
+    def kv_layout(self) -> KVLayout:
+        config = self.tiny_model.model.config
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        return KVLayout(config.n_layer, config.n_head, config.d_model // config.n_head, dtype)
+
+    def prefix_key(self, adapter: str | None) -> Hashable:
+        return (FAMILY, self.version, self._weights)
+
+    def weights_changed(self) -> None:
+        """The model's weights were updated in place (a training step): forget its prefixes."""
+        self._weights += 1
+        self.prefix_cache.clear()
+
     def forward(self, adapters: Sequence[str | None]) -> BatchForward:
         if any(adapter is not None for adapter in adapters):
             raise EngineError("the tiny family has no adapters")
         model, device = self.tiny_model.model, self.device
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        state: dict[str, Any] = {}
 
-        def run_prefill(
-            ids: torch.Tensor, valid: torch.Tensor, capacity: int
-        ) -> tuple[torch.Tensor, KVCache, torch.Tensor, torch.Tensor]:
-            batch, width = ids.shape  # (B, P)
-            # Positions are per row (so padding shifts nothing): the cache only has to hold
-            # this batch's longest prompt plus the new tokens, not the model's whole context.
-            cache = KVCache(
-                dataclasses.replace(model.config, max_seq_len=capacity), batch, device, dtype
-            )
-            keys = torch.zeros(batch, capacity, dtype=torch.bool, device=device)  # (B, S)
-            keys[:, :width] = valid
-            pos = (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
-            causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()  # (P, P)
-            eye = torch.eye(width, dtype=torch.bool, device=device)  # pad rows see themselves
-            mask = causal & (valid[:, None, :] | eye)  # (B, P, P)
+        def call(forward: ForwardCall) -> torch.Tensor:
+            if any(adapter is not None for adapter in forward.adapters):
+                raise EngineError("the tiny family has no adapters")
             with autocast(device):
-                logits = model(ids, pos, mask[:, None], cache)[:, -1]  # (B, V)
-            return logits, cache, keys, pos[:, -1] + 1
-
-        def prefill(ids: torch.Tensor, valid: torch.Tensor, new_tokens: int) -> torch.Tensor:
-            logits, cache, keys, next_pos = run_prefill(ids, valid, ids.shape[1] + new_tokens)
-            state.update(cache=cache, keys=keys, next_pos=next_pos)
-            return logits
-
-        def admit(
-            ids: torch.Tensor, valid: torch.Tensor, _adapters: Sequence[str | None], new_tokens: int
-        ) -> torch.Tensor:
-            logits, cache, keys, next_pos = run_prefill(ids, valid, ids.shape[1])
-            old, old_keys = state["cache"], state["keys"]
-            width = max(old.length, cache.length)
-            merged = KVCache(
-                dataclasses.replace(model.config, max_seq_len=width + new_tokens),
-                old.k.shape[1] + cache.k.shape[1],
-                device,
-                dtype,
-            )
-            # Both parts end at column ``width`` (left-padded), so the next step appends for all.
-            _place(merged, old, rows=slice(0, old.k.shape[1]), end=width)
-            _place(merged, cache, rows=slice(old.k.shape[1], None), end=width)
-            merged_keys = torch.zeros(
-                merged.k.shape[1], merged.k.shape[3], dtype=torch.bool, device=device
-            )
-            merged_keys[: old.k.shape[1], width - old.length : width] = old_keys[:, : old.length]
-            merged_keys[old.k.shape[1] :, width - cache.length : width] = keys[:, : cache.length]
-            merged.length = width
-            state.update(
-                cache=merged, keys=merged_keys, next_pos=torch.cat([state["next_pos"], next_pos])
-            )
-            return logits
-
-        def retain(rows: torch.Tensor) -> None:
-            cache, keys = state["cache"], state["keys"]
-            kept = keys[rows]  # (K, S)
-            used = kept[:, : cache.length].any(dim=0).nonzero()
-            start = int(used[0]) if len(used) else cache.length  # columns no kept row sees
-            cache.k = cache.k[:, rows, :, start:].contiguous()
-            cache.v = cache.v[:, rows, :, start:].contiguous()
-            cache.length -= start
-            state.update(keys=kept[:, start:].contiguous(), next_pos=state["next_pos"][rows])
-
-        def step(tokens: torch.Tensor) -> torch.Tensor:
-            cache, keys = state["cache"], state["keys"]
-            length = cache.length
-            keys[:, length] = True
-            mask = keys[:, None, None, : length + 1]  # (B, 1, 1, S)
-            with autocast(device):
-                logits = model(tokens[:, None], state["next_pos"][:, None], mask, cache)
-            # Without ``retain`` a finished row keeps being fed until the batch ends; its
-            # position is clamped so it never runs past the model's context (output ignored).
-            state["next_pos"] = (state["next_pos"] + 1).clamp(max=self.context_length() - 1)
+                logits = model(forward.ids, forward.positions, forward.mask, _Columns(forward))
             return logits[:, -1]  # (B, V)
 
-        return BatchForward(
-            prefill=prefill,
-            step=step,
-            admit=admit,
-            retain=retain,
-            cache_width=lambda: int(state["cache"].length),
-        )
+        return BatchForward(prefill=call, step=call)
 
 
-def _place(target: KVCache, source: KVCache, *, rows: slice, end: int) -> None:
-    """Copy ``source``'s cached positions into ``target``'s ``rows``, ending at column ``end``."""
-    begin = end - source.length
-    target.k[:, rows, :, begin:end] = source.k[:, :, :, : source.length]
-    target.v[:, rows, :, begin:end] = source.v[:, :, :, : source.length]
+class _Columns(KVCache):
+    """The tiny GPT's cache interface over the engine's buffers (see ``ForwardCall``)."""
+
+    def __init__(self, forward: ForwardCall) -> None:  # the buffers exist: nothing to allocate
+        self.call = forward
+        self.length = 0
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # k, v: (B, H, T, Dh) for the new positions; returns columns [0, width) (B, H, W, Dh)
+        return write_columns(self.call, layer, k, v)
+
+    def advance(self, n: int) -> None:
+        return None
 
 
 def render_transcript(messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> str:

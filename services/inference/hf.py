@@ -14,10 +14,11 @@ evaluation use, so what is served is what was trained and measured.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,14 @@ from services.chat.protocol import ChatMessage
 from services.chat.render import messages_with_tools_prompt
 from services.chat.stops import stop_token_ids
 from services.chat.toolcalls import parse_assistant_output
-from services.serving.engine import BatchForward, EngineError
+from services.inference.engine import (
+    BatchForward,
+    EngineError,
+    ForwardCall,
+    KVLayout,
+    write_columns,
+)
+from services.inference.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from services.training.checkpoint import (
     CheckpointError,
     Manifest,
@@ -51,8 +59,20 @@ class HFEngine:
 
     family = FAMILY
 
-    def __init__(self, model: Any, tokenizer: Any, *, path: Path, version: str) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        path: Path | str,
+        version: str,
+        prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES,
+    ) -> None:
         self.model = model
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._weights = 0  # bumped when the weights change in place
+        self._loads: dict[str, int] = {}  # adapter name -> the load that put it there
+        self._load_count = 0
         self.tokenizer = tokenizer
         self.path = str(path)
         self.version = version
@@ -141,6 +161,8 @@ class HFEngine:
                 )
             self._peft.eval()
             self._adapters[name] = manifest.checkpoint_id
+            self._load_count += 1
+            self._loads[name] = self._load_count
             if self._idle is not None:
                 idle, self._idle = self._idle, None
                 self._drop(idle)
@@ -151,6 +173,7 @@ class HFEngine:
             if name not in self._adapters:
                 return
             del self._adapters[name]
+            self._loads.pop(name, None)
             self._drop(name)
 
     def _drop(self, name: str) -> None:
@@ -194,98 +217,57 @@ class HFEngine:
         names = [tool.get("function", tool).get("name") for tool in tools]
         return parse_assistant_output(text, tool_names=[n for n in names if isinstance(n, str)])
 
-    def forward(self, adapters: Sequence[str | None]) -> BatchForward:
-        from transformers import DynamicCache
+    def kv_layout(self) -> KVLayout:
+        config = self.model.config.get_text_config(decoder=True)
+        heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        return KVLayout(int(config.num_hidden_layers), heads, head_dim, self.model.dtype)
 
+    def prefix_key(self, adapter: str | None) -> Hashable:
+        """The base model (and how often its weights changed in place), or the adapter's
+        checkpoint and the load that put it here: a reloaded adapter starts a new key."""
+        if adapter is None:
+            return (FAMILY, self.version, self._weights)
+        return (FAMILY, self.version, self._weights, adapter, self._loads.get(adapter))
+
+    def weights_changed(self) -> None:
+        """The model's weights were updated in place (a training step): forget its prefixes."""
+        self._weights += 1
+        self.prefix_cache.clear()
+
+    def forward(self, adapters: Sequence[str | None]) -> BatchForward:
+        if not _plain_dynamic_cache(self.model):
+            raise EngineError(
+                "this model has sliding-window attention layers, which the engine's cache "
+                "does not implement; serve it with vLLM through an openai serving target"
+            )
         self._check_adapters(adapters)
         cache_key = self._cache_kwarg
-        state: dict[str, Any] = {"names": [a or BASE_ADAPTER for a in adapters]}
+        layers = self.kv_layout().layers
 
-        def call(names: list[str], **inputs: Any) -> torch.Tensor:
+        def call(forward: ForwardCall) -> torch.Tensor:
+            self._check_adapters(forward.adapters)
+            # An additive mask works with every attention implementation (eager adds it).
+            mask = torch.zeros(forward.mask.shape, dtype=self.model.dtype, device=self.device)
+            mask.masked_fill_(~forward.mask, torch.finfo(self.model.dtype).min)
+            inputs: dict[str, Any] = {
+                "input_ids": forward.ids,
+                "position_ids": forward.positions,
+                "attention_mask": mask,
+                cache_key: _columns_cache()(forward, layers),
+            }
             with self._lock:
                 # Read under the lock: an adapter load may wrap the base in peft mid-batch, and
                 # from then on its layers carry LoRA, so base rows must say "__base__".
                 model = self._peft if self._peft is not None else self.model
                 if self._peft is not None:
-                    inputs["adapter_names"] = names
+                    inputs["adapter_names"] = [a or BASE_ADAPTER for a in forward.adapters]
                 out = model(**inputs, use_cache=True, logits_to_keep=1)
             return out.logits[:, -1]  # (B, V)
 
-        def run_prefill(
-            ids: torch.Tensor, valid: torch.Tensor, names: list[str]
-        ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-            mask = valid.long()  # (B, P)
-            pos = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
-            cache = DynamicCache()
-            logits = call(
-                names, input_ids=ids, attention_mask=mask, position_ids=pos, **{cache_key: cache}
-            )
-            return logits, cache, mask, pos[:, -1]
-
-        def prefill(ids: torch.Tensor, valid: torch.Tensor, _new_tokens: int) -> torch.Tensor:
-            logits, cache, mask, pos = run_prefill(ids, valid, state["names"])
-            state.update(cache=cache, mask=mask, pos=pos)
-            return logits
-
-        def admit(
-            ids: torch.Tensor, valid: torch.Tensor, joining: Sequence[str | None], _new: int
-        ) -> torch.Tensor:
-            self._check_adapters(joining)
-            names = [a or BASE_ADAPTER for a in joining]
-            logits, cache, mask, pos = run_prefill(ids, valid, names)
-            width = max(state["mask"].shape[1], mask.shape[1])
-            for old_layer, new_layer in zip(state["cache"].layers, cache.layers, strict=True):
-                old_layer.keys = torch.cat(
-                    [_left_pad(old_layer.keys, width), _left_pad(new_layer.keys, width)]
-                )
-                old_layer.values = torch.cat(
-                    [_left_pad(old_layer.values, width), _left_pad(new_layer.values, width)]
-                )
-            state["mask"] = torch.cat(
-                [_left_pad(state["mask"], width, dim=1), _left_pad(mask, width, dim=1)]
-            )
-            state["pos"] = torch.cat([state["pos"], pos])
-            state["names"] = [*state["names"], *names]
-            return logits
-
-        def retain(rows: torch.Tensor) -> None:
-            mask = state["mask"][rows]  # (K, S)
-            used = mask.any(dim=0).nonzero()
-            start = int(used[0]) if len(used) else mask.shape[1]  # columns no kept row sees
-            for layer in state["cache"].layers:
-                layer.keys = layer.keys[rows, :, start:].contiguous()
-                layer.values = layer.values[rows, :, start:].contiguous()
-            keep = rows.tolist()
-            state.update(
-                mask=mask[:, start:].contiguous(),
-                pos=state["pos"][rows],
-                names=[state["names"][b] for b in keep],
-            )
-
-        def step(tokens: torch.Tensor) -> torch.Tensor:
-            ones = torch.ones_like(state["mask"][:, :1])
-            state["mask"] = torch.cat([state["mask"], ones], dim=1)  # (B, S)
-            # Without ``retain`` finished rows are fed until the batch ends; clamp them
-            # inside the context.
-            state["pos"] = (state["pos"] + 1).clamp(max=self.context_length() - 1)  # (B,)
-            return call(
-                state["names"],
-                input_ids=tokens[:, None],
-                attention_mask=state["mask"],
-                position_ids=state["pos"][:, None],
-                **{cache_key: state["cache"]},
-            )
-
-        # Rows join and leave by editing the cache's per-layer tensors: only plain
-        # DynamicLayers (every layer keeps every position) can be cut and joined that way.
-        joinable = _plain_dynamic_cache(self.model)
-        return BatchForward(
-            prefill=prefill,
-            step=step,
-            admit=admit if joinable else None,
-            retain=retain if joinable else None,
-            cache_width=lambda: int(state["mask"].shape[1]),
-        )
+        return BatchForward(prefill=call, step=call)
 
     def _check_adapters(self, adapters: Sequence[str | None]) -> None:
         missing = sorted({a for a in adapters if a is not None and a not in self._adapters})
@@ -336,22 +318,51 @@ def refuse_unsupported_architecture(path: Path) -> None:
             )
 
 
-def _left_pad(tensor: torch.Tensor, width: int, *, dim: int = -2) -> torch.Tensor:
-    """``tensor`` with zeros prepended along ``dim`` up to ``width`` (keys: (B, H, S, D))."""
-    missing = width - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+@functools.cache
+def _columns_cache() -> Any:
+    """The transformers ``Cache`` class over one :class:`ForwardCall`'s rows of the engine's
+    buffers: each new token's keys/values are written in their column, nothing is
+    concatenated. Built on first use so importing this module does not import transformers."""
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    class ColumnsLayer(CacheLayerMixin):
+        is_sliding = False
+
+        def __init__(self, forward: ForwardCall, layer: int) -> None:
+            super().__init__()
+            self.call, self.layer = forward, layer
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            return None
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            return write_columns(self.call, self.layer, key_states, value_states)
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.call.width, 0
+
+        def get_seq_length(self) -> int:
+            return int(self.call.positions[0, 0])
+
+        def get_max_length(self) -> int:
+            return int(self.call.keys.shape[3])
+
+    class Columns(Cache):
+        def __init__(self, forward: ForwardCall, layers: int) -> None:
+            super().__init__(layers=[ColumnsLayer(forward, i) for i in range(layers)])
+
+    return Columns
 
 
 def _plain_dynamic_cache(model: Any) -> bool:
     """Whether every layer of ``model`` attends to every cached position.
 
-    The cache the engine builds (``DynamicCache()`` with no config) keeps every position in
-    plain layers, which rows can be spliced into and cut from. Models with sliding-window or
-    other non-full attention layers decode whole batches instead.
+    The engine's cache keeps every position of every layer and passes one attention mask
+    for all layers, so models with sliding-window or other non-full attention layers are
+    refused (they would attend past their window).
     """
     config = model.config.get_text_config(decoder=True)
     layer_types = getattr(config, "layer_types", None) or []

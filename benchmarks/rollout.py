@@ -1,0 +1,271 @@
+"""One GRPO step's rollouts on SmolLM2: the inference engine against ``transformers.generate``.
+
+The same drifted toolcalc tasks (``--tasks`` lookup tasks of the drifted API x ``--samples``
+per task, multi-turn with tool results, T=1) are rolled out twice in one run:
+
+1. through today's ``transformers.generate`` path (``services.training.hf.rollout``: every
+   round re-renders and re-prefills every conversation, left-padded, ``DynamicCache``);
+2. through the engine (``services.inference.rollout.run_chat_episodes``: the shared system
+   text and tool list and each GRPO group's prompt prefilled once, each episode's earlier
+   turns kept, a preallocated cache, rows joining as episodes need their next turn);
+
+then both again while a ``ratchet serve`` process on the same machine answers chat requests
+(unless ``--no-colocated``). The engine's prefill rate is read against a plain matmul on the
+same threads: prefill work is the waste this measures, not the kernels.
+
+Usage: ``python benchmarks/rollout.py [--quick] [--threads 2] [--tasks 16] [--samples 4]``.
+Ends with one JSON line: episodes_per_s, generated_tokens_per_s, prefill_tokens_computed,
+prefill_tokens_cached, generate_s, engine_s, speedup_vs_generate, speedup_colocated,
+prefill_gflops, matmul_gflops, prefill_vs_matmul, and the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.support import (
+    drift_task_sets,
+    free_port,
+    shared_machine_figures,
+    smollm2_arguments,
+)
+from services.environments.base import TaskSpec
+from services.environments.toolcalc import ToolcalcEnvironment
+from services.inference.engine import ActiveBatch, GenerationRequest, SamplingParams
+from services.inference.hf import HFEngine
+from services.inference.rollout import RolloutStats, run_chat_episodes
+from services.serving.base import ServingUnavailable
+from services.serving.client import ModelServerClient
+from services.serving.local import wait_until_serving
+from services.training.hf.model import HFModel
+from services.training.hf.rollout import run_chat_episodes as generate_chat_episodes
+from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
+from services.training.rng import derive_seed
+
+logger = logging.getLogger("benchmarks.rollout")
+ROOT = Path(__file__).resolve().parents[1]
+
+FULL = {"tasks": 16, "samples": 4, "max_turns": 4, "max_new_tokens": 40}
+QUICK = {"tasks": 2, "samples": 2, "max_turns": 2, "max_new_tokens": 8}
+
+
+def rollout_tasks(env: ToolcalcEnvironment, args: argparse.Namespace) -> list[TaskSpec]:
+    """GRPO's tasks of the SmolLM2 benchmarks (drifted lookups), each ``samples`` times."""
+    sets = drift_task_sets(env, args.drift, sft=1, grpo=args.tasks, evaluation=1, seed=args.seed)
+    return [task for task in sets.grpo for _ in range(args.samples)]
+
+
+def through_generate(
+    policy: HFModel, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
+) -> tuple[float, int]:
+    """Today's path: seconds, generated tokens."""
+    started = time.perf_counter()
+    _, stats = generate_chat_episodes(
+        env,
+        tasks,
+        policy,
+        seed=args.seed,
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+    )
+    return time.perf_counter() - started, stats.generated_tokens
+
+
+def through_engine(
+    engine: HFEngine, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
+) -> tuple[float, RolloutStats]:
+    """The engine, from a cold prefix cache: seconds, its stats."""
+    engine.prefix_cache.clear()
+    started = time.perf_counter()
+    _, stats = run_chat_episodes(
+        engine,
+        env,
+        tasks,
+        seeds=[derive_seed(args.seed, i) for i in range(len(tasks))],
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+    )
+    return time.perf_counter() - started, stats
+
+
+def prefill_gflops(engine: HFEngine, prompt: list[int], repeats: int) -> float:
+    """GFLOP/s of the engine prefilling ``prompt`` with nothing cached (2 x params x tokens
+    for the weights, plus attention's two (T x T) products per layer)."""
+    engine.prefix_cache.clear()
+    config = engine.model.config
+    params = sum(p.numel() for n, p in engine.model.named_parameters() if "embed" not in n)
+    attention = 4 * config.num_hidden_layers * config.hidden_size * len(prompt) ** 2 / 2
+    flops = 2 * params * len(prompt) + attention
+    best = float("inf")
+    for _ in range(repeats):
+        engine.prefix_cache.clear()
+        batch: ActiveBatch[int] = ActiveBatch(engine)
+        started = time.perf_counter()
+        batch.join([(GenerationRequest(prompt, SamplingParams(max_tokens=1)), 0)])
+        best = min(best, time.perf_counter() - started)
+    return flops / best / 1e9
+
+
+def matmul_gflops(rows: int, hidden: int, inner: int, repeats: int) -> float:
+    """GFLOP/s of the prefill's biggest matmul shape (tokens x hidden @ hidden x MLP)."""
+    a, b = torch.randn(rows, hidden), torch.randn(hidden, inner)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(10):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - started) / 10)
+    return 2 * rows * hidden * inner / best / 1e9
+
+
+@contextmanager
+def colocated_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> Iterator[None]:
+    """A ``ratchet serve`` process on ``checkpoint``, answering chat requests from one client
+    thread for as long as the block runs."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "services", "serve", "--checkpoint", str(checkpoint),
+        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+        "--device", "cpu", "--threads", str(args.threads),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RATCHET_LOG_LEVEL": "WARNING"}
+    with log.open("ab") as handle:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    done = threading.Event()
+    answered = [0]
+
+    def load() -> None:
+        body = {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "What is 17 times 23?"}],
+            "max_tokens": 16,
+            "temperature": 0,
+        }
+        with httpx.Client(timeout=600) as client:
+            while not done.is_set():
+                if client.post(f"{url}/v1/chat/completions", json=body).is_success:
+                    answered[0] += 1
+
+    try:
+        with ModelServerClient(url) as client:
+            try:
+                wait_until_serving(process, client, timeout_s=600)
+            except ServingUnavailable as exc:
+                raise RuntimeError(f"ratchet serve: {exc}: {log.read_text()[-2000:]}") from None
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        yield
+        done.set()
+        loader.join(600)
+        logger.info("the co-located server answered %d requests", answered[0])
+    finally:
+        done.set()
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-rollout-"))
+    base_dir = args.model_dir or work / "smollm2"
+    manifest = smollm2_checkpoint(base_dir)
+    policy = HFModel.load(base_dir, device="cpu")
+    engine = HFEngine(policy.model, policy.tokenizer, path=base_dir, version=manifest.checkpoint_id)
+    env = ToolcalcEnvironment()
+    tasks = rollout_tasks(env, args)
+    logger.info("%d episodes (%d tasks x %d samples)", len(tasks), args.tasks, args.samples)
+
+    generate_s, generate_tokens = through_generate(policy, env, tasks, args)
+    engine_s, stats = through_engine(engine, env, tasks, args)
+    logger.info("generate %.1f s, engine %.1f s", generate_s, engine_s)
+    figures: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "episodes": len(tasks),
+        "turns": stats.turns,
+        "generate_s": round(generate_s, 2),
+        "engine_s": round(engine_s, 2),
+        "generate_generated_tokens": generate_tokens,
+        "episodes_per_s": round(len(tasks) / engine_s, 3),
+        "generated_tokens_per_s": round(stats.generated_tokens / engine_s, 1),
+        "prefill_tokens_computed": stats.prefill_tokens_computed,
+        "prefill_tokens_cached": stats.prefill_tokens_cached,
+        "speedup_vs_generate": round(generate_s / engine_s, 2),
+    }
+
+    episode = env.chat_start(tasks[0], max_turns=1)
+    prompt = engine.render(episode.messages, episode.tools)
+    config = policy.model.config
+    repeats = 1 if args.quick else 3
+    prefill = prefill_gflops(engine, prompt, repeats)
+    matmul = matmul_gflops(len(prompt), config.hidden_size, config.intermediate_size, repeats)
+    figures |= {
+        "prefill_gflops": round(prefill, 1),
+        "matmul_gflops": round(matmul, 1),
+        "prefill_vs_matmul": round(prefill / matmul, 3),
+        "prompt_tokens": len(prompt),
+    }
+
+    if args.colocated:
+        with colocated_server(base_dir, args, work / "serve.log"):
+            generate_colocated_s, _ = through_generate(policy, env, tasks, args)
+            engine_colocated_s, _ = through_engine(engine, env, tasks, args)
+        figures |= {
+            "generate_colocated_s": round(generate_colocated_s, 2),
+            "engine_colocated_s": round(engine_colocated_s, 2),
+            "speedup_colocated": round(generate_colocated_s / engine_colocated_s, 2),
+        }
+    figures |= shared_machine_figures(args.threads, load_start)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    smollm2_arguments(parser)
+    parser.add_argument("--drift", choices=("v2", "v3"), default="v3")
+    parser.add_argument("--tasks", type=int, default=None, help="drifted tasks (default 16)")
+    parser.add_argument("--samples", type=int, default=None, help="per task: a GRPO group")
+    parser.add_argument("--max-turns", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--no-colocated",
+        dest="colocated",
+        action="store_false",
+        help="skip the second measurement beside a ratchet serve process",
+    )
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per co-located request
+    print(json.dumps(run(args), sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The one inference engine that serving, training rollouts and evaluation share."""

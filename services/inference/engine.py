@@ -1,0 +1,484 @@
+"""The one inference engine: what a model family provides, and the decode loop they share.
+
+Serving (:mod:`services.serving.scheduler`), training rollouts and evaluation
+(:mod:`services.inference.rollout`) all decode through :class:`ActiveBatch`, so every
+token of a served request, a rollout and an evaluation is computed the same way, once.
+
+A *model family engine* (:class:`Engine`) turns chat messages into token ids with the
+family's template and runs its model over the keys/values the engine owns
+(:class:`BatchForward`: one call writes the new tokens' keys and values into given columns
+of given rows of the engine's buffers and attends to the columns before them). The engine
+does the rest, the same for every family:
+
+- **a preallocated cache**: each layer's keys and values live in one buffer (L, R, H, S, D);
+  a decode step writes one column per row in place (no concatenation of the whole cache per
+  step). The buffer is sized for the joining rows' prompts and their first tokens and
+  doubles when rows or columns run out, so a long budget costs memory only as it decodes.
+  Rows are left-aligned (row ``b``'s token ``t`` sits in column ``t`` at position ``t``), so
+  a row joining needs no shift of the others and a row leaving moves only the rows after
+  it, once.
+- **prefix reuse**: a joining row's prompt is looked up in the engine's
+  :class:`~services.inference.prefix_cache.PrefixCache` (keyed by ``Engine.prefix_key``:
+  model, adapter and adapter load) and only the part after the longest cached prefix is
+  prefilled; its full blocks are stored for the rows after it.
+- **episodes that keep their KV**: a request with a :class:`Session` stores its whole
+  conversation (prompt and completion) when it finishes and pins it, so the episode's next
+  turn prefills only the tool result and the new turn's header.
+- **what was sampled, exactly**: every result carries the sampled ids (the stop token
+  included when one was sampled) and each one's log-probability under the model
+  (``log_softmax`` of its logits, temperature 1), which training scores as they are.
+
+Each forward step makes one new token for every row, each row sampled with its own
+temperature, top-p and seed and stopping on its own stop ids, stop strings or token budget.
+Rows join between steps and leave as soon as they finish (continuous batching, as vLLM
+schedules). Sampling is Gumbel-max on nucleus-masked logits with counter-based noise keyed
+by the row's seed and the row's own token count (:mod:`services.training.rng`), so a seeded
+request gets the same tokens whatever else shares its batch and whenever it joined.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+
+from services.chat.protocol import ChatMessage
+from services.inference.prefix_cache import PrefixCache, Session
+from services.training.rng import gumbel
+
+TokenCallback = Callable[[int], None]
+
+
+class EngineError(ValueError):
+    """A request the engine cannot answer as asked (too long a context, a bad template)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one row is sampled; ``temperature == 0`` is greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class GenerationRequest:
+    """One row to decode: prompt ids, sampling, and where to report tokens as they come.
+
+    ``cancelled`` is set (from any thread) when nobody waits for the row any more (its client
+    hung up): the row leaves its batch at the next step instead of decoding to its budget.
+    ``session`` keeps the row's conversation cached for the episode's next turn.
+    """
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    adapter: str | None = None  # a resident adapter of the engine's base model, or the base
+    on_token: TokenCallback | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    session: Session | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A finished row. ``token_ids`` is the text's tokens; ``sampled_ids`` every token
+    sampled (the stop token too, when one ended the row), ``logprobs`` one per sampled id."""
+
+    token_ids: list[int]
+    finish_reason: str  # "stop", "length", or "cancelled" (nobody reads that one)
+    prompt_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
+    sampled_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The shape of a family's keys and values per token: layers, kv heads, head size."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+
+@dataclass
+class ForwardCall:
+    """One model call over the engine's buffers.
+
+    ``ids`` and ``positions`` are (B, T); the new tokens' keys/values go to column
+    ``positions[b, t]`` of buffer row ``rows.start + b``; attention reads columns
+    ``[0, width)`` of those rows where ``mask`` (B, 1, T, width) allows. ``keys`` and
+    ``values`` are (L, R, H, S, D). The call returns the last position's logits (B, V).
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    rows: slice
+    width: int
+    mask: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    adapters: list[str | None]
+
+
+@dataclass
+class BatchForward:
+    """A running batch's model calls: ``prefill`` for a joining row's prompt, ``step`` for
+    one new token of every row (two names for one kind of call, so each can be watched)."""
+
+    prefill: Callable[[ForwardCall], torch.Tensor]
+    step: Callable[[ForwardCall], torch.Tensor]
+
+
+def write_columns(
+    call: ForwardCall, layer: int, keys: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write one layer's new keys/values (B, H, T, D) into their positions' columns of the
+    call's buffer rows, in place; that layer's columns ``[0, width)`` of those rows
+    (B, H, W, D), views of the buffers (nothing is concatenated or copied)."""
+    key_rows = call.keys[layer, call.rows]  # (B, H, S, D) view
+    value_rows = call.values[layer, call.rows]  # (B, H, S, D) view
+    batch, _, tokens, _ = keys.shape
+    row = torch.arange(batch, device=keys.device)[:, None].expand(batch, tokens)  # (B, T)
+    key_rows[row, :, call.positions] = keys.transpose(1, 2).to(key_rows.dtype)  # (B, T, H, D)
+    value_rows[row, :, call.positions] = values.transpose(1, 2).to(value_rows.dtype)
+    return key_rows[:, :, : call.width], value_rows[:, :, : call.width]
+
+
+class Engine(Protocol):
+    """A loaded model of one family, ready to decode batches."""
+
+    family: str
+    version: str  # the checkpoint id: what answers is named by its content
+    path: str
+    device: torch.device
+    eos_ids: frozenset[int]
+    # The most characters one token stands for: a conversation whose text is longer than
+    # context * this cannot fit, and is refused before its template is rendered.
+    max_chars_per_token: int
+    prefix_cache: PrefixCache
+
+    def render(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[int]:
+        """Prompt ids for a conversation, ending where the assistant's turn begins."""
+        ...
+
+    def decode_text(self, ids: Sequence[int]) -> str: ...
+
+    def parse_reply(self, text: str, tools: Sequence[dict[str, Any]]) -> ChatMessage:
+        """The assistant message in generated ``text``: tool calls, else content."""
+        ...
+
+    def forward(self, adapters: Sequence[str | None]) -> BatchForward:
+        """Model calls for a batch whose first rows use ``adapters`` (None: the base model)."""
+        ...
+
+    def kv_layout(self) -> KVLayout: ...
+
+    def prefix_key(self, adapter: str | None) -> Hashable:
+        """What computed a prefix under ``adapter``: its keys are reused only under this key."""
+        ...
+
+    def adapters(self) -> frozenset[str]:
+        """Resident adapter names on this engine's base model."""
+        ...
+
+    def context_length(self) -> int: ...
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_ps: torch.Tensor,
+    seeds: torch.Tensor,
+    counter: int | torch.Tensor,
+) -> torch.Tensor:
+    """Next token ids (B,) for logits (B, V): greedy where temperature is 0, else Gumbel-max
+    over the nucleus (the smallest set of tokens whose probability reaches top_p).
+
+    ``counter`` is the draw number: one for the whole batch, or one per row (B,)."""
+    logits = logits.double()  # (B, V)
+    greedy = logits.argmax(dim=-1)  # (B,)
+    if bool((temperatures <= 0).all()):
+        return greedy
+    scaled = logits / temperatures.clamp(min=1e-6)[:, None]  # (B, V)
+    probs = torch.softmax(scaled, dim=-1)  # (B, V)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V) mass of strictly better tokens
+    keep_sorted = before < top_ps[:, None]  # (B, V); the best token is always kept
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)  # (B, V)
+    masked = scaled.masked_fill(~keep, -math.inf)  # (B, V)
+    noise = gumbel(seeds, counter, logits.shape[-1])  # (B, V)
+    sampled = (masked + noise).argmax(dim=-1)  # (B,)
+    return torch.where(temperatures <= 0, greedy, sampled)
+
+
+Tag = TypeVar("Tag")
+
+HEADROOM = 256  # decode columns reserved when rows join, before the buffers grow
+
+
+@dataclass
+class _Row(Generic[Tag]):
+    request: GenerationRequest
+    tag: Tag
+    budget: int
+    fed: list[int]  # the tokens whose keys/values are in the row's cache columns [0, len)
+    cached: int = 0
+    generated: list[int] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+
+class ActiveBatch(Generic[Tag]):
+    """Rows of one engine decoding together; rows join between steps and leave when done.
+
+    Each row carries a ``tag`` (the scheduler's handle for its request) that comes back with
+    its result. Not thread-safe: one decode thread owns it.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._forward: BatchForward | None = None
+        self._rows: list[_Row[Tag]] = []  # row b's cache is buffer row b
+        self._logits: torch.Tensor | None = None  # (B, V) each row's next-token logits
+        self._keys: torch.Tensor | None = None  # (L, R, H, S, D)
+        self._values: torch.Tensor | None = None  # (L, R, H, S, D)
+
+    def __len__(self) -> int:
+        return sum(1 for row in self._rows if row.finish is None)
+
+    def can_join(self) -> bool:
+        """Rows may always join between steps."""
+        return True
+
+    def budget(self, request: GenerationRequest) -> int:
+        """The tokens ``request`` may still make; EngineError if its prompt fills the context."""
+        limit = self.engine.context_length()
+        if not request.prompt_ids:
+            raise EngineError("the prompt is empty")
+        if len(request.prompt_ids) >= limit:
+            raise EngineError(
+                f"the prompt is {len(request.prompt_ids)} tokens; this model's context is "
+                f"{limit} tokens"
+            )
+        return min(request.sampling.max_tokens, limit - len(request.prompt_ids))
+
+    @torch.no_grad()
+    def join(self, requests: Sequence[tuple[GenerationRequest, Tag]]) -> None:
+        """Prefill ``requests`` (each passed :meth:`budget`) and add them to the batch.
+
+        Rows are prefilled one after another, each on the prefix cache as the rows before it
+        left it, so a group of rows with one prompt computes that prompt once."""
+        if not requests:
+            return
+        rows = [_Row(request, tag, self.budget(request), []) for request, tag in requests]
+        if self._forward is None:
+            self._forward = self.engine.forward([row.request.adapter for row in rows])
+        # Room for the prompts and the first tokens; decoding grows it (doubling) as it goes,
+        # so a row asking for a long budget costs memory only for what it decodes.
+        need = max(len(row.request.prompt_ids) + min(row.budget, HEADROOM) for row in rows)
+        self._reserve(len(self._rows) + len(rows), need)
+        logits = [self._prefill(row, len(self._rows)) for row in rows]
+        joined = torch.cat(logits).float().cpu()  # (B2, V)
+        self._logits = joined if self._logits is None else torch.cat([self._logits, joined])
+
+    def _prefill(self, row: _Row[Tag], slot: int) -> torch.Tensor:
+        """Prefill ``row`` into buffer row ``slot`` on top of its longest cached prefix."""
+        assert self._forward is not None and self._keys is not None and self._values is not None
+        prompt = row.request.prompt_ids
+        cache = self.engine.prefix_cache
+        namespace = self.engine.prefix_key(row.request.adapter)
+        at = 0
+        for block in cache.lookup(namespace, prompt, len(prompt) - 1):
+            assert block.keys is not None and block.values is not None
+            end = at + len(block.tokens)
+            self._keys[:, slot, :, at:end] = block.keys
+            self._values[:, slot, :, at:end] = block.values
+            at = end
+        device = self.engine.device
+        ids = torch.tensor([prompt[at:]], dtype=torch.long, device=device)  # (1, T)
+        positions = torch.arange(at, len(prompt), device=device)[None]  # (1, T)
+        columns = torch.arange(len(prompt), device=device)  # (W,)
+        mask = (columns[None, :] <= positions[0][:, None])[None, None]  # (1, 1, T, W)
+        call = self._call(ids, positions, slice(slot, slot + 1), len(prompt), mask, row)
+        logits = self._forward.prefill(call)  # (1, V)
+        row.fed, row.cached = list(prompt), at
+        self._rows.append(row)
+        cache.insert(namespace, prompt, self._reader(slot))
+        return logits
+
+    def _call(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        rows: slice,
+        width: int,
+        mask: torch.Tensor,
+        *only: _Row[Tag],
+    ) -> ForwardCall:
+        assert self._keys is not None and self._values is not None
+        chosen = only or tuple(self._rows)
+        return ForwardCall(
+            ids=ids,
+            positions=positions,
+            rows=rows,
+            width=width,
+            mask=mask,
+            keys=self._keys,
+            values=self._values,
+            adapters=[row.request.adapter for row in chosen],
+        )
+
+    def _reader(self, slot: int) -> Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]:
+        def read(start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+            assert self._keys is not None and self._values is not None
+            keys = self._keys[:, slot, :, start:end].clone()  # (L, H, n, D)
+            return keys, self._values[:, slot, :, start:end].clone()
+
+        return read
+
+    def _reserve(self, rows: int, columns: int) -> None:
+        """Buffers for at least ``rows`` rows of ``columns`` positions (grown, never per step)."""
+        have_rows = 0 if self._keys is None else self._keys.shape[1]
+        have_columns = 0 if self._keys is None else self._keys.shape[3]
+        if rows <= have_rows and columns <= have_columns:
+            return
+        layout = self.engine.kv_layout()
+        new_rows = rows if rows <= have_rows else max(rows, 2 * have_rows)
+        new_columns = have_columns if columns <= have_columns else max(columns, 2 * have_columns)
+        new_columns = min(new_columns, self.engine.context_length())
+        shape = (layout.layers, new_rows, layout.heads, new_columns, layout.head_dim)
+        device = self.engine.device
+        keys = torch.zeros(shape, dtype=layout.dtype, device=device)
+        values = torch.zeros(shape, dtype=layout.dtype, device=device)
+        if self._keys is not None and self._values is not None and self._rows:
+            live, width = len(self._rows), max(len(row.fed) for row in self._rows)
+            keys[:, :live, :, :width] = self._keys[:, :live, :, :width]
+            values[:, :live, :, :width] = self._values[:, :live, :, :width]
+        self._keys, self._values = keys, values
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Tag, GenerationResult]]:
+        """Sample one token for every row; the rows that finished, with their results."""
+        if self._forward is None or self._logits is None:
+            return []
+        rows = self._rows
+        logits = self._logits
+        tokens = sample_next(
+            logits,
+            torch.tensor([r.request.sampling.temperature for r in rows], dtype=torch.float64),
+            torch.tensor([r.request.sampling.top_p for r in rows], dtype=torch.float64),
+            torch.tensor([r.request.sampling.seed & 0xFFFFFFFF for r in rows], dtype=torch.int64),
+            torch.tensor([len(r.sampled) for r in rows]),  # each row's draw number
+        )  # (B,)
+        logprobs = torch.log_softmax(logits.double(), dim=-1).gather(1, tokens[:, None])[:, 0]
+        done: list[tuple[Tag, GenerationResult]] = []
+        for slot, (row, token, logprob) in enumerate(
+            zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)
+        ):
+            if self._advance(row, token, logprob):
+                self._keep_session(slot, row)
+                done.append((row.tag, self._result(row)))
+        if done:
+            self._retain([b for b, row in enumerate(rows) if row.finish is None])
+            tokens = torch.tensor([row.sampled[-1] for row in self._rows], dtype=torch.long)
+        if not self._rows:
+            self._forward, self._logits, self._keys, self._values = None, None, None, None
+            return done
+        self._logits = self._forward.step(self._decode_call(tokens)).float().cpu()
+        for row, token in zip(self._rows, tokens.tolist(), strict=True):
+            row.fed.append(token)
+        return done
+
+    def _decode_call(self, tokens: torch.Tensor) -> ForwardCall:
+        device = self.engine.device
+        lengths = torch.tensor([len(row.fed) for row in self._rows], device=device)  # (B,)
+        width = int(lengths.max()) + 1
+        self._reserve(len(self._rows), width)
+        columns = torch.arange(width, device=device)  # (W,)
+        mask = (columns[None, :] <= lengths[:, None])[:, None, None]  # (B, 1, 1, W)
+        ids = tokens.to(device)[:, None]  # (B, 1)
+        return self._call(ids, lengths[:, None], slice(0, len(self._rows)), width, mask)
+
+    def _retain(self, keep: list[int]) -> None:
+        """Keep rows ``keep`` (in order), moving each to the first free buffer row."""
+        assert self._keys is not None and self._values is not None
+        for new, old in enumerate(keep):
+            if new != old:
+                width = len(self._rows[old].fed)
+                self._keys[:, new, :, :width] = self._keys[:, old, :, :width]
+                self._values[:, new, :, :width] = self._values[:, old, :, :width]
+        self._rows = [self._rows[b] for b in keep]
+
+    def _keep_session(self, slot: int, row: _Row[Tag]) -> None:
+        """Store a finished row's conversation for its session's next turn."""
+        session = row.request.session
+        if session is None or row.finish == "cancelled":
+            return
+        cache = self.engine.prefix_cache
+        namespace = self.engine.prefix_key(row.request.adapter)
+        blocks = cache.insert(namespace, row.fed, self._reader(slot), tail=True)
+        cache.hold(session, blocks)
+
+    def _advance(self, row: _Row[Tag], token: int, logprob: float) -> bool:
+        """Append ``token`` to ``row``; whether the row is now finished."""
+        if row.request.cancelled.is_set():
+            row.finish = "cancelled"
+            return True
+        row.sampled.append(token)
+        row.logprobs.append(logprob)
+        if token in self.engine.eos_ids:
+            row.finish = "stop"
+            return True
+        row.generated.append(token)
+        if row.request.on_token is not None:
+            row.request.on_token(token)
+        if _hit_stop_string(self.engine, row.generated, row.request.sampling.stop):
+            row.finish = "stop"
+        elif len(row.generated) >= row.budget:
+            row.finish = "length"
+        return row.finish is not None
+
+    @staticmethod
+    def _result(row: _Row[Tag]) -> GenerationResult:
+        return GenerationResult(
+            token_ids=row.generated,
+            finish_reason=row.finish or "length",
+            prompt_tokens=len(row.request.prompt_ids),
+            cached_tokens=row.cached,
+            sampled_ids=row.sampled,
+            logprobs=row.logprobs,
+        )
+
+    def cache_width(self) -> int:
+        """Positions the running batch attends to per row (its longest live row; 0 idle)."""
+        return max((len(row.fed) for row in self._rows), default=0)
+
+    def rows(self) -> list[Tag]:
+        """The tags of the rows still decoding."""
+        return [row.tag for row in self._rows if row.finish is None]
+
+
+def _hit_stop_string(engine: Engine, ids: list[int], stops: tuple[str, ...]) -> bool:
+    if not stops:
+        return False
+    tail = engine.decode_text(ids[-64:])
+    return any(stop in tail for stop in stops)
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """The text before the first stop string (OpenAI never returns the stop sequence)."""
+    cut = len(text)
+    for stop in stops:
+        index = text.find(stop)
+        if index != -1:
+            cut = min(cut, index)
+    return text[:cut]

@@ -1,1 +1,0 @@
-"""Model family engines: what the model server drives to decode one family's checkpoints."""

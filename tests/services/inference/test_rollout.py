@@ -1,0 +1,137 @@
+"""Episodes through the engine equal today's rollouts token for token, keep their KV between
+turns, and return each turn's prompt ids, completion ids and log-probs; the model server
+reports the prompt tokens it reused as OpenAI's ``cached_tokens``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from services.environments.toolcalc import ToolcalcEnvironment
+from services.inference.hf import HFEngine
+from services.inference.rollout import run_chat_episodes, run_text_episodes
+from services.inference.tiny import TinyEngine
+from services.serving.base import CheckpointRef
+from services.training.hf.model import HFModel
+from services.training.hf.rollout import run_chat_episodes as generate_chat_episodes
+from services.training.model import TinyModel
+from services.training.rollout import run_episodes
+from tests.services.serving.conftest import LISTING, TOOLCALC_TOOLS, demo_task, path_of
+
+ENV = ToolcalcEnvironment()
+
+
+def test_chat_episodes_equal_the_transformers_generate_path(
+    tool_calling_llama: CheckpointRef,
+) -> None:
+    policy = HFModel.load(path_of(tool_calling_llama), device="cpu")
+    engine = HFEngine(policy.model, policy.tokenizer, path="memory", version="v0")
+    tasks = [t for t in ENV.generate_tasks(3, seed=2, api_version="v2") for _ in range(2)]
+    options: dict[str, Any] = {"max_turns": 3, "max_new_tokens": 6, "temperature": 0.0}
+    old, _ = generate_chat_episodes(ENV, tasks, policy, seed=0, **options)
+    new, stats = run_chat_episodes(engine, ENV, tasks, seeds=list(range(len(tasks))), **options)
+    for before, after in zip(old, new, strict=True):
+        assert after.episode.completions == before.episode.completions
+        assert after.episode.end_reason == before.episode.end_reason
+        assert [(t.prompt_ids, t.completion_ids) for t in after.turns] == before.turns
+    assert max(len(r.turns) for r in new) == 3  # multi-turn: it calls a tool every turn
+    for rollout in new:
+        for turn in rollout.turns:
+            assert len(turn.logprobs) == len(turn.completion_ids)
+            assert all(lp <= 0.0 for lp in turn.logprobs)
+        # Every later turn reused the episode's earlier turns: only what was added is prefilled.
+        for earlier, later in zip(rollout.turns, rollout.turns[1:], strict=False):
+            fed = len(earlier.prompt_ids) + len(earlier.completion_ids) - 1
+            assert later.cached_tokens >= fed - engine.prefix_cache.block_tokens
+    assert stats.prefill_tokens_cached > stats.prefill_tokens_computed
+    assert stats.prompt_tokens == sum(len(t.prompt_ids) for r in new for t in r.turns)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_text_episodes_equal_the_tiny_familys_rollouts(
+    tool_calling_tiny: CheckpointRef, temperature: float
+) -> None:
+    policy = TinyModel.load(path_of(tool_calling_tiny), device="cpu")
+    engine = TinyEngine(policy, "memory")
+    tasks = [demo_task()] * 3 + ENV.generate_tasks(3, seed=1, api_version="v1")
+    seeds = [7 * i + 3 for i in range(len(tasks))]
+    options: dict[str, Any] = {"max_turns": 4, "max_new_tokens": 16, "temperature": temperature}
+    old, old_stats = run_episodes(ENV, tasks, policy, seeds=seeds, **options)
+    new, stats = run_text_episodes(engine, ENV, tasks, seeds=seeds, max_rows=4, **options)
+    assert [r.episode.transcript() for r in new] == [e.transcript() for e in old]
+    assert stats.generated_tokens == old_stats.generated_tokens
+    if temperature == 0.0:
+        assert ENV.verify(tasks[0], new[0].episode).passed  # the demo task, in several turns
+        assert len(new[0].turns) == len(new[0].episode.agent_turns) > 1
+
+
+def test_bad_rollout_arguments_are_refused(tool_calling_tiny: CheckpointRef) -> None:
+    engine = TinyEngine(TinyModel.load(path_of(tool_calling_tiny), device="cpu"), "memory")
+    tasks = [demo_task()]
+    base: dict[str, Any] = {"max_turns": 2, "max_new_tokens": 4, "temperature": 0.0}
+    for change, message in [
+        ({"seeds": []}, "one seed per task"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_rows": 0}, "max_rows"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            run_text_episodes(engine, ENV, tasks, **{"seeds": [0], **base, **change})
+
+
+def test_the_model_server_reports_cached_prompt_tokens(
+    serve: Any, tool_calling_tiny: CheckpointRef
+) -> None:
+    server = serve(tool_calling_tiny, name="agent")
+    body = {
+        "model": "agent",
+        "messages": [{"role": "system", "content": LISTING}, {"role": "user", "content": "$pear"}],
+        "tools": TOOLCALC_TOOLS,
+        "temperature": 0,
+    }
+    first = httpx.post(f"{server.url}/v1/chat/completions", json=body).json()
+    second = httpx.post(f"{server.url}/v1/chat/completions", json=body).json()
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < second["usage"]["prompt_tokens"]
+    assert second["choices"] == first["choices"] or (
+        [c["message"]["tool_calls"][0]["function"] for c in second["choices"]]
+        == [c["message"]["tool_calls"][0]["function"] for c in first["choices"]]
+    )
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert f'ratchet_serving_prompt_tokens_total{{source="cached"}} {float(cached)}' in metrics
+
+
+def test_a_rollout_leaves_nothing_pinned(tool_calling_tiny: CheckpointRef) -> None:
+    engine = TinyEngine(TinyModel.load(path_of(tool_calling_tiny), device="cpu"), "memory")
+    run_text_episodes(
+        engine,
+        ENV,
+        [demo_task()] * 2,
+        seeds=[1, 2],
+        max_turns=3,
+        max_new_tokens=12,
+        temperature=0.0,
+    )
+    assert all(block.pins == 0 for block in engine.prefix_cache._lru.values())
+    assert engine.prefix_cache.bytes > 0  # what is not pinned stays cached for the next round
+
+
+def test_hf_evaluation_through_the_engine_scores_as_the_generate_path(
+    tool_calling_llama: CheckpointRef,
+) -> None:
+    from services.evaluation.evaluator import evaluate
+
+    policy = HFModel.load(path_of(tool_calling_llama), device="cpu")
+    tasks = ENV.generate_tasks(4, seed=6, api_version="v1")
+    options: dict[str, Any] = {"max_turns": 2, "max_new_tokens": 6, "temperature": 0.0}
+    result = evaluate(policy, ENV, tasks, batch_size=3, **options)
+    before, _ = generate_chat_episodes(ENV, tasks, policy, seed=0, **options)
+    rewards = [ENV.chat_verify(t, r.episode) for t, r in zip(tasks, before, strict=True)]
+    assert [r.passed for r in result.results] == [w.passed for w in rewards]
+    assert [r.reward for r in result.results] == [w.total for w in rewards]
+    assert [r.turns for r in result.results] == [r.episode.assistant_turns for r in before]
+    assert result.generated_tokens == sum(len(c) for r in before for _, c in r.turns)

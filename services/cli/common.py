@@ -48,6 +48,34 @@ def add_command(
     return parser
 
 
+LOOP_HELP = "the loop's name (`--loop NAME`; a command about one loop also takes it as NAME)"
+
+
+def add_loop_argument(parser: argparse.ArgumentParser, *, positional: bool) -> None:
+    """The one way to name a loop: ``--loop NAME`` on every command about a loop; a command
+    whose only argument is the loop also takes it as a positional ``NAME`` (``ratchet loop
+    show NAME`` and ``ratchet loop show --loop NAME`` are the same). :func:`loop_name` reads
+    it back, so handlers never care which form was used."""
+    parser.add_argument("--loop", dest="loop_option", metavar="NAME", help=LOOP_HELP)
+    if positional:
+        parser.add_argument("loop_positional", nargs="?", metavar="NAME", help=LOOP_HELP)
+
+
+def loop_name(args: argparse.Namespace) -> str:
+    """The loop named by :func:`add_loop_argument`'s forms; a CliError when none, or two
+    different ones, were given."""
+    from services.cli import CliError
+
+    option = getattr(args, "loop_option", None)
+    positional = getattr(args, "loop_positional", None)
+    if option and positional and option != positional:
+        raise CliError(f"two loops named: {positional!r} and --loop {option!r}; give one")
+    name = option or positional
+    if not name:
+        raise CliError("name the loop: --loop NAME (see `ratchet loop list`)")
+    return str(name)
+
+
 def positive_int(raw: str) -> int:
     """An argparse type: a whole number of at least 1, refused with a one-line reason."""
     try:

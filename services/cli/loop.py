@@ -15,14 +15,22 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.cli.common import add_command, cli_settings, command_group, positive_int
+from services.cli.common import (
+    add_command,
+    add_loop_argument,
+    cli_settings,
+    command_group,
+    loop_name,
+    positive_int,
+)
 
 
 def register(subparsers: Any) -> None:
     commands = command_group(
         subparsers,
         "loop",
-        help="create, list, show loops; rotate secrets; pause, resume, approve, rollback",
+        help="create, list, show loops; apply a loop file, its history and export; rotate "
+        "secrets; set the champion; pause, resume, approve, rollback",
     )
 
     create = add_command(
@@ -118,9 +126,16 @@ def register(subparsers: Any) -> None:
 def _loop_command(
     commands: Any, command: str, handler: Callable[[argparse.Namespace], int], *, help: str
 ) -> argparse.ArgumentParser:
-    """A command about one loop, named first as in ``ratchet loop show NAME``."""
+    """A command about one loop: ``ratchet loop show NAME`` or ``... show --loop NAME``
+    (services.cli.common.add_loop_argument); the handler reads ``args.name``."""
     parser = add_command(commands, command, handler, help=help)
-    parser.add_argument("name")
+    add_loop_argument(parser, positional=True)
+
+    def named(args: argparse.Namespace) -> int:
+        args.name = loop_name(args)
+        return handler(args)
+
+    parser.set_defaults(func=named)
     return parser
 
 

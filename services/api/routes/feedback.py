@@ -122,7 +122,7 @@ def _same_content_or_409(stored: TraceFeedback, feedback: FeedbackIn) -> None:
 
 
 @router.post(
-    "/v1/loops/{loop}/traces/{external_id}/feedback",
+    "/v1/loops/{loop}/traces/{external_id:path}/feedback",
     summary="Post feedback on a trace (score, label, correction, comment), signed as the webhook",
     response_model=FeedbackResult,
     status_code=201,

@@ -148,7 +148,7 @@ def list_loop_traces(
 
 
 @router.get(
-    "/{loop}/traces/{external_id}",
+    "/{loop}/traces/{external_id:path}",
     summary="One trace: its curation outcome and reason, the tasks it became, its feedback",
 )
 def show_trace(loop: str, external_id: str, session: SessionDep) -> TraceDetail:

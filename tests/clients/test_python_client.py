@@ -103,7 +103,6 @@ def test_batches_buffering_and_errors_against_the_api(
     assert missing.value.status_code in (401, 404)
 
 
-
 def test_feedback_after_the_fact(
     api: tuple[str, dict[str, object]], session_factory: SessionFactory
 ) -> None:

@@ -130,3 +130,29 @@ def loop_named(session: Session, name: str) -> Loop:
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def call_api(action: Callable[[Any], Any]) -> Any:
+    """Run ``action(client)`` against the admin API (``settings.api_base_url`` with the admin
+    token, as ``ratchet loop`` does); its failures become one line: the api's own message,
+    which names the loop, trace or field at fault."""
+    from services.cli import CliError
+    from services.cli.loop import admin_token_for_cli
+    from services.client import ApiRequestError, ApiUnreachable, RatchetClient
+
+    settings = cli_settings()
+    try:
+        with RatchetClient(settings.api_base_url, admin_token_for_cli(settings)) as client:
+            return action(client)
+    except ApiUnreachable as exc:
+        raise CliError(f"{exc} (is `ratchet api` or `ratchet up` running?)", exit_code=1) from None
+    except ApiRequestError as exc:
+        if exc.status_code == 401:
+            message = (
+                "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin "
+                "token (a local `ratchet up` prints it and keeps it in <state dir>/admin-token)"
+            )
+        else:
+            fields = "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
+            message = exc.message + (f" ({fields})" if fields else "")
+        raise CliError(message, exit_code=1) from None

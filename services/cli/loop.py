@@ -287,7 +287,20 @@ def _show(args: argparse.Namespace) -> int:
     for credential in loop.credentials:
         until = f"expires {credential.expires_at}" if credential.expires_at else "no expiry"
         print(f"  credential   {credential.kind} created {credential.created_at}, {until}")
+    _print_curation(loop)
     return 0
+
+
+def _print_curation(loop: Any) -> None:
+    """What curation made of the loop's traces, by outcome and reason, with an example each:
+    why traces did (or did not) become tasks, and the command that shows one."""
+    if not loop.curation:
+        return
+    print("  curation     traces by outcome and reason (example trace)")
+    for count in loop.curation:
+        what = count.outcome + (f" {count.reason}" if count.reason else "")
+        print(f"    {count.count:>8}  {what}  (e.g. {count.example_external_id})")
+    print(f"  see one with `ratchet traces show ID --loop {loop.name}`")
 
 
 def _rotate(args: argparse.Namespace) -> int:

@@ -36,6 +36,7 @@ from services.dashboard.render import pct, usd, when
 from services.dashboard.timeline import Step, cycle_steps
 from services.db.models import Loop
 from services.db.queries.loops import config_versions
+from services.db.queries.traces import curation_counts
 from services.evaluation.stats import wilson_interval
 
 
@@ -304,6 +305,7 @@ def loop_context(session: Session, *, loop: Loop, links: TemporalLinks) -> dict[
         "live_chart": live_chart(live, events) if live else None,
         "events": events,
         "clusters": failure_clusters(session, loop_id=loop.id),
+        "curation": curation_counts(session=session, loop_id=loop.id),
         "lineage": serving_lineage(session, loop_id=loop.id),
         "cost_chart": cost_chart(cycles),
         "ppd": ppd,

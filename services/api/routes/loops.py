@@ -97,11 +97,14 @@ def _check_environment(name: str) -> None:
 
     known = environment_names()
     if name not in known:
+        # The field's message carries the list too: clients that print the fields (the CLI
+        # does) must still say which environments there are.
+        listed = ", ".join(sorted(known))
         raise ApiError(
             422,
             "unknown_environment",
-            f"environment {name!r} is not installed; known: {', '.join(sorted(known))}",
-            fields=[{"path": "environment", "message": "unknown environment"}],
+            f"environment {name!r} is not installed; known: {listed}",
+            fields=[{"path": "environment", "message": f"unknown environment; known: {listed}"}],
         )
 
 

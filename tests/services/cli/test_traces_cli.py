@@ -119,3 +119,19 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         run(capsys, "--version")
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("ratchet 0.")
+
+
+def test_first_hour_errors_say_what_to_do(
+    api_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    code, _, err = run(capsys, "loop", "create", "x1", "--env", "nope")
+    assert code == 1 and "unknown environment; known: " in err and "toolcalc" in err
+    make_loop(capsys)
+    missing = tmp_path / "no-such-checkpoint"
+    code, _, err = run(capsys, "loop", "set-champion", "helpdesk", str(missing))
+    assert code == 1
+    assert f"{missing} is not a directory readable by the api" in err
+    assert "see the error message" not in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "loop", "set-champion", "helpdesk", str(tmp_path / "empty"))
+    assert code == 1 and "checkpoint rejected: " in err, err

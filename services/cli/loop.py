@@ -214,6 +214,8 @@ def _explain(exc: Any, name: str | None) -> str:
         return f"there is no loop named {name!r} (see `ratchet loop list`)"
     if exc.status_code == 409:
         return f"a loop named {name!r} already exists; choose another name"
+    if exc.code == "invalid_checkpoint":  # set-champion: the reason the api gave, as it is
+        return f"checkpoint refused: {exc.message}"
     if exc.status_code == 422 and exc.fields:
         return "invalid loop: " + "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
     if exc.status_code == 422:

@@ -130,7 +130,7 @@ def test_first_hour_errors_say_what_to_do(
     missing = tmp_path / "no-such-checkpoint"
     code, _, err = run(capsys, "loop", "set-champion", "helpdesk", str(missing))
     assert code == 1
-    assert f"{missing} is not a directory readable by the api" in err
+    assert f"checkpoint refused: {missing} is not a directory readable by the api" in err
     assert "see the error message" not in err
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "loop", "set-champion", "helpdesk", str(tmp_path / "empty"))

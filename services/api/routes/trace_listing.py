@@ -32,6 +32,7 @@ from services.api.schemas.traces import (
 )
 from services.db.queries.traces import (
     TraceFilter,
+    TraceKey,
     TraceSummary,
     list_traces,
     trace_body,
@@ -45,29 +46,35 @@ router = APIRouter(prefix="/v1/loops", tags=["traces"], dependencies=[AdminDep])
 _CURSOR_VERSION = 1
 
 
-def encode_cursor(before_id: int) -> str:
+def encode_cursor(last: TraceKey) -> str:
     """An opaque cursor: clients pass it back and never build one."""
-    raw = json.dumps({"v": _CURSOR_VERSION, "before": before_id}, separators=(",", ":"))
+    raw = json.dumps(
+        {"v": _CURSOR_VERSION, "at": last.received_at.isoformat(), "id": last.id},
+        separators=(",", ":"),
+    )
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> int:
-    """The row id a cursor continues before, or a 400 naming the ``cursor`` field."""
+def decode_cursor(cursor: str) -> TraceKey:
+    """Where the previous page ended, or a 400 naming the ``cursor`` field."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw)
-        before = data["before"] if data.get("v") == _CURSOR_VERSION else None
+        if data.get("v") != _CURSOR_VERSION:
+            raise ValueError("another cursor version")
+        at = dt.datetime.fromisoformat(data["at"])
+        row_id = data["id"]
+        if at.tzinfo is None or not isinstance(row_id, int) or isinstance(row_id, bool):
+            raise ValueError("not a cursor of this API")
+        return TraceKey(at, row_id)
     except (binascii.Error, ValueError, TypeError, KeyError, AttributeError):
-        before = None
-    if not isinstance(before, int) or isinstance(before, bool) or before < 1:
         raise ApiError(
             400,
             "invalid_cursor",
             "the cursor is not one this API gave out: pass next_cursor from the previous "
             "page unchanged, or leave it out for the first page",
             fields=[{"path": "cursor", "message": "not a cursor from this API"}],
-        )
-    return before
+        ) from None
 
 
 def reported_outcome(row: TraceSummary) -> ReportedOutcome:
@@ -135,15 +142,15 @@ def list_loop_traces(
         since=_aware(since, "since"),
         until=_aware(until, "until"),
     )
-    before = decode_cursor(cursor) if cursor is not None else None
+    after = decode_cursor(cursor) if cursor is not None else None
     rows = list_traces(
-        session=session, loop_id=row.id, filters=filters, before_id=before, limit=limit + 1
+        session=session, loop_id=row.id, filters=filters, after=after, limit=limit + 1
     )
     page = rows[:limit]
     more = len(rows) > limit
     return TracePage(
         traces=[summary_public(r) for r in page],
-        next_cursor=encode_cursor(page[-1].id) if more else None,
+        next_cursor=encode_cursor(TraceKey(page[-1].received_at, page[-1].id)) if more else None,
     )
 
 

@@ -30,6 +30,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -263,6 +264,14 @@ class TraceFilter:
 
 
 @dataclass(frozen=True)
+class TraceKey:
+    """Where a page of the listing ends: the last row's ``(received_at, id)``."""
+
+    received_at: dt.datetime
+    id: int
+
+
+@dataclass(frozen=True)
 class TraceSummary:
     """One trace as the listing shows it."""
 
@@ -338,12 +347,13 @@ def list_traces(
     session: Session,
     loop_id: int,
     filters: TraceFilter,
-    before_id: int | None,
+    after: TraceKey | None,
     limit: int,
 ) -> list[TraceSummary]:
-    """A page of a loop's traces, newest first (by row id, which only grows); ``before_id``
-    is the last id of the previous page (keyset pagination: no page skips or repeats a row
-    while traces keep arriving)."""
+    """A page of a loop's traces, newest first: by ``(received_at, id)``, the order of the
+    ``ix_traces_loop_received`` index, so a page reads only its rows even in a loop of
+    millions. ``after`` is the last row of the previous page (keyset pagination: no page
+    skips or repeats a row while traces keep arriving)."""
     query = select(*_SUMMARY_COLUMNS).where(Trace.loop_id == loop_id)
     if filters.outcome is not None:
         query = query.where(_outcome_condition(filters.outcome))
@@ -355,9 +365,11 @@ def list_traces(
         query = query.where(Trace.received_at >= filters.since)
     if filters.until is not None:
         query = query.where(Trace.received_at < filters.until)
-    if before_id is not None:
-        query = query.where(Trace.id < before_id)
-    rows = session.execute(query.order_by(Trace.id.desc()).limit(limit)).all()
+    if after is not None:
+        query = query.where(tuple_(Trace.received_at, Trace.id) < (after.received_at, after.id))
+    rows = session.execute(
+        query.order_by(Trace.received_at.desc(), Trace.id.desc()).limit(limit)
+    ).all()
     return [TraceSummary(*row) for row in rows]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -92,6 +94,32 @@ def test_the_listing_pages_newest_first_without_gaps_or_repeats(
     assert pages == 3
 
 
+def test_traces_received_together_page_by_id(
+    client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
+) -> None:
+    """A batch is one transaction, so its traces share received_at: pages still split them
+    without a gap or a repeat."""
+    names = [f"batch-{i}" for i in range(5)]
+    body = body_of({"traces": [make_trace(name) for name in names]})
+    response = client.post(
+        f"/v1/loops/{loop['name']}/traces",
+        content=body,
+        headers=signed_headers(loop["signing_secret"], body),
+    )
+    assert response.json()["accepted"] == 5
+    with session_factory() as session:
+        assert len(set(session.scalars(select(Trace.received_at)))) == 1
+    seen: list[str] = []
+    params: dict[str, Any] = {"limit": 2}
+    while True:
+        page = listing(client, loop, **params).json()
+        seen += [t["external_id"] for t in page["traces"]]
+        if page["next_cursor"] is None:
+            break
+        params["cursor"] = page["next_cursor"]
+    assert seen == list(reversed(names))
+
+
 def test_the_listing_filters_by_outcome_curation_reason_and_time(
     client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
 ) -> None:
@@ -128,7 +156,22 @@ def test_bad_listing_parameters_name_the_field(
     client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
 ) -> None:
     seed(client, loop, session_factory)
-    for cursor in ("garbage", "eyJ2IjoxfQ", "eyJ2IjoxLCJiZWZvcmUiOiJ4In0", "%%%", "e30"):
+
+    def forged(document: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(document).encode()).decode()
+
+    for cursor in (
+        "garbage",
+        "%%%",
+        forged({}),
+        forged({"v": 1}),
+        forged({"v": 2, "at": "2026-01-01T00:00:00+00:00", "id": 5}),
+        forged({"v": 1, "at": "2026-01-01T00:00:00", "id": 5}),  # no time zone
+        forged({"v": 1, "at": "yesterday", "id": 5}),
+        forged({"v": 1, "at": "2026-01-01T00:00:00+00:00", "id": "5"}),
+        forged({"v": 1, "at": "2026-01-01T00:00:00+00:00", "id": True}),
+        forged([1, 2]),
+    ):
         response = listing(client, loop, cursor=cursor)
         assert response.status_code == 400, (cursor, response.text)
         error = response.json()["error"]

@@ -25,13 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.curation import pipeline
-from services.curation.adapters import default_resolver
-from services.curation.policy import CurationPolicy
-from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.environments.registry import environment_names
-from tests.services.api.support import ADMIN
+from tests.services.api.support import ADMIN, curate_once
 
 REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "quickstart.md"
@@ -89,19 +85,6 @@ def bash(script: str, env: dict[str, str], cwd: Path) -> str:
     return done.stdout
 
 
-def curate(session_factory: SessionFactory, name: str) -> None:
-    """One curation pass over the loop, as the worker's curate_batch activity runs it."""
-    with session_factory.begin() as session:
-        loop = require_loop(session=session, name=name)
-        pipeline.curate_batch(
-            session,
-            loop=loop,
-            policy=CurationPolicy.from_json(loop.curation_policy),
-            adapter=default_resolver(loop.environment),
-            limit=100,
-        )
-
-
 def test_the_quickstart_verbatim(
     api_url: str, shell_env: dict[str, str], session_factory: SessionFactory, tmp_path: Path
 ) -> None:
@@ -137,7 +120,7 @@ def test_the_quickstart_verbatim(
     assert "accepted=2" in done.stdout and "status='accepted'" in done.stdout, done.stdout
 
     # 5. See what became of each trace (after the pass the worker makes within seconds).
-    curate(session_factory, "myloop")
+    curate_once(session_factory, "myloop")
     [see] = blocks("5", "bash")
     shown = bash(as_written(see, api_url, replay), shell_env, work)
     for external_id in TRACES:

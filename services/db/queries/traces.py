@@ -442,8 +442,8 @@ def add_feedback(
 ) -> tuple[int, bool]:
     """Store feedback on a trace: ``(row id, True)`` when new, ``(the earlier row's id,
     False)`` when the same feedback was stored before (a no-op). New feedback sends the trace
-    back to curation (``curated_at`` and its verdict cleared), since it may change the
-    reward the trace can be given or the reason it was refused."""
+    back to curation (:func:`_send_back_to_curation`), since it may change the reward the
+    trace can be given or the reason it was refused."""
     inserted = session.execute(
         pg_insert(TraceFeedback)
         .values(
@@ -465,12 +465,34 @@ def add_feedback(
             )
         ).scalar_one()
         return int(existing), False
+    _send_back_to_curation(session=session, trace_id=trace_id)
+    return int(inserted), True
+
+
+def _send_back_to_curation(*, session: Session, trace_id: int) -> None:
+    """Clear a trace's verdict and its links to tasks, so the next curation pass reads it
+    as new. The links go too: curation links the trace again (to the same task as a
+    duplicate, or as the origin of a new one when the feedback changed its reward), and a
+    link left behind would collide with that one (``task_sources`` is keyed by task and
+    trace) and fail the whole batch. A task's weight counts the traces folded into it, so
+    each task it leaves loses one."""
+    session.execute(
+        text(
+            """
+            WITH removed AS (
+                DELETE FROM task_sources WHERE trace_id = :trace_id RETURNING task_id
+            )
+            UPDATE tasks SET weight = greatest(weight - 1, 0)
+              FROM removed WHERE tasks.id = removed.task_id
+            """
+        ),
+        {"trace_id": trace_id},
+    )
     session.execute(
         update(Trace)
         .where(Trace.id == trace_id)
         .values(curated_at=None, curation_outcome=None, curation_detail=None)
     )
-    return int(inserted), True
 
 
 def trace_id_by_external_id(*, session: Session, loop_id: int, external_id: str) -> int | None:

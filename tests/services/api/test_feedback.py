@@ -8,7 +8,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from services.db.models import Trace, TraceFeedback
+from services.db.models import Task, TaskSource, Trace, TraceFeedback
 from services.db.session import SessionFactory
 from tests.services.api.support import body_of, make_trace, signed_headers
 
@@ -171,3 +171,40 @@ def test_bad_feedback_bodies_name_the_field(client: TestClient, loop: dict[str, 
         error = response.json()["error"]
         assert error["code"] == code, (payload, error)
         assert [f["path"] for f in error.get("fields", [])] == paths, (payload, error)
+
+
+def test_feedback_unlinks_a_curated_trace_from_its_task(
+    client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
+) -> None:
+    """Curation links the trace again when it re-curates it; the old link must be gone by
+    then (task_sources is keyed by task and trace), and the task's weight, the number of
+    traces folded into it, loses this one."""
+    post_trace(client, loop, make_trace("ticket-6"))
+    post_trace(client, loop, make_trace("ticket-7"))
+    with session_factory.begin() as session:
+        ids = dict(session.execute(select(Trace.external_id, Trace.id)).all())
+        task = Task(
+            loop_id=session.scalars(select(Trace.loop_id)).first(),
+            content_hash="f" * 64,
+            environment="toolcalc",
+            spec={},
+            cluster_id="c1",
+            split="train",
+            weight=2,
+        )
+        session.add(task)
+        session.flush()
+        task_id = task.id
+        session.add(TaskSource(task_id=task_id, trace_id=ids["ticket-6"], relation="origin"))
+        session.add(TaskSource(task_id=task_id, trace_id=ids["ticket-7"], relation="duplicate"))
+    mark_curated(session_factory, "ticket-6")
+
+    assert post_feedback(client, loop, "ticket-6", {"label": "wrong"}).status_code == 201
+    with session_factory() as session:
+        links = session.execute(select(TaskSource.trace_id, TaskSource.relation)).all()
+        assert links == [(ids["ticket-7"], "duplicate")]
+        assert session.get_one(Task, task_id).weight == 1
+    # A repeat is a no-op: nothing more is unlinked or counted down.
+    assert post_feedback(client, loop, "ticket-6", {"label": "wrong"}).status_code == 200
+    with session_factory() as session:
+        assert session.get_one(Task, task_id).weight == 1

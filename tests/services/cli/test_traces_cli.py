@@ -135,3 +135,11 @@ def test_first_hour_errors_say_what_to_do(
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "loop", "set-champion", "helpdesk", str(tmp_path / "empty"))
     assert code == 1 and "checkpoint rejected: " in err, err
+
+
+def test_the_help_lists_every_loop_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        run(capsys, "--help")
+    listed = " ".join(capsys.readouterr().out.split())
+    for word in ("apply", "history", "export", "set the champion", "traces", "--version"):
+        assert word in listed, word

@@ -1,8 +1,9 @@
-"""A small typed client of Ratchet's HTTP API: the loop admin API and signed trace posting.
+"""A small typed client of Ratchet's HTTP API: the loop admin API, the traces listing and
+signed trace posting.
 
-Used by the ``ratchet loop`` commands and by ``ratchet demo`` (which posts simulated
-production traffic with :func:`sign_and_post_traces`, signed exactly as an agent runtime
-would sign it with the Standard Webhooks scheme).
+Used by the ``ratchet loop`` and ``ratchet traces`` commands and by ``ratchet demo`` (which
+posts simulated production traffic with :func:`sign_and_post_traces`, signed exactly as an
+agent runtime would sign it with the Standard Webhooks scheme).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
@@ -27,7 +29,7 @@ from services.api.schemas.loops import (
     LoopPublic,
     RotateResult,
 )
-from services.api.schemas.traces import IngestResult
+from services.api.schemas.traces import IngestResult, TraceDetail, TracePage
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -216,6 +218,38 @@ class RatchetClient:
     def status(self, name: str) -> dict[str, Any]:
         """The loop's row status and its workflow's live status."""
         return self._object("GET", f"/v1/loops/{name}/status")
+
+    def list_traces(
+        self,
+        name: str,
+        *,
+        outcome: str | None = None,
+        curation: str | None = None,
+        reason: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> TracePage:
+        """A page of the loop's traces, newest first, with what curation made of each;
+        pass the page's ``next_cursor`` as ``cursor`` for the next one."""
+        params = {"limit": str(limit)}
+        for key, value in (
+            ("outcome", outcome),
+            ("curation", curation),
+            ("reason", reason),
+            ("since", since.isoformat() if since else None),
+            ("until", until.isoformat() if until else None),
+            ("cursor", cursor),
+        ):
+            if value is not None:
+                params[key] = value
+        return self._model(TracePage, "GET", f"/v1/loops/{name}/traces", params=params)
+
+    def get_trace(self, name: str, external_id: str) -> TraceDetail:
+        """One trace: its curation outcome and reason, the tasks it became, its feedback."""
+        path = f"/v1/loops/{name}/traces/{quote(external_id, safe='')}"
+        return self._model(TraceDetail, "GET", path)
 
 
 def sign_and_post_traces(

@@ -178,6 +178,9 @@ def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
         version="0.1.0",
         summary="Continuous post-training for AI agents.",
         lifespan=lifespan,
+        # /docs is services.api.routes.docs (Swagger UI from the package, offline too).
+        docs_url=None,
+        redoc_url=None,
         # Ratchet's metrics are Prometheus (services.metrics). FastAPI's native OpenTelemetry
         # layer, on by default, looks for a configured provider on every request: three
         # failed environment lookups, ~4.6 us of every request's CPU on the dev machine.

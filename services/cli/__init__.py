@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from services.settings import SettingsError
 
 # The command groups, in the order `ratchet --help` lists them.
-COMMAND_MODULES = ("stack", "db", "loop", "tasks", "datasets", "job", "serve", "demo", "models")
+COMMAND_MODULES = (
+    "stack",
+    "db",
+    "loop",
+    "traces",
+    "tasks",
+    "datasets",
+    "job",
+    "serve",
+    "demo",
+    "models",
+)
 
 
 class CliError(Exception):
@@ -27,6 +38,16 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+def _version() -> str:
+    """The installed package's version (the checkout's pyproject when run from source)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ratchet")
+    except PackageNotFoundError:
+        return "0.1.0 (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ratchet",
@@ -35,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
             "better models out, serving quality only moves one way."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"ratchet {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

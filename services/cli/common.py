@@ -48,6 +48,34 @@ def add_command(
     return parser
 
 
+LOOP_HELP = "the loop's name (`--loop NAME`; a command about one loop also takes it as NAME)"
+
+
+def add_loop_argument(parser: argparse.ArgumentParser, *, positional: bool) -> None:
+    """The one way to name a loop: ``--loop NAME`` on every command about a loop; a command
+    whose only argument is the loop also takes it as a positional ``NAME`` (``ratchet loop
+    show NAME`` and ``ratchet loop show --loop NAME`` are the same). :func:`loop_name` reads
+    it back, so handlers never care which form was used."""
+    parser.add_argument("--loop", dest="loop_option", metavar="NAME", help=LOOP_HELP)
+    if positional:
+        parser.add_argument("loop_positional", nargs="?", metavar="NAME", help=LOOP_HELP)
+
+
+def loop_name(args: argparse.Namespace) -> str:
+    """The loop named by :func:`add_loop_argument`'s forms; a CliError when none, or two
+    different ones, were given."""
+    from services.cli import CliError
+
+    option = getattr(args, "loop_option", None)
+    positional = getattr(args, "loop_positional", None)
+    if option and positional and option != positional:
+        raise CliError(f"two loops named: {positional!r} and --loop {option!r}; give one")
+    name = option or positional
+    if not name:
+        raise CliError("name the loop: --loop NAME (see `ratchet loop list`)")
+    return str(name)
+
+
 def positive_int(raw: str) -> int:
     """An argparse type: a whole number of at least 1, refused with a one-line reason."""
     try:
@@ -102,3 +130,29 @@ def loop_named(session: Session, name: str) -> Loop:
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def call_api(action: Callable[[Any], Any]) -> Any:
+    """Run ``action(client)`` against the admin API (``settings.api_base_url`` with the admin
+    token, as ``ratchet loop`` does); its failures become one line: the api's own message,
+    which names the loop, trace or field at fault."""
+    from services.cli import CliError
+    from services.cli.loop import admin_token_for_cli
+    from services.client import ApiRequestError, ApiUnreachable, RatchetClient
+
+    settings = cli_settings()
+    try:
+        with RatchetClient(settings.api_base_url, admin_token_for_cli(settings)) as client:
+            return action(client)
+    except ApiUnreachable as exc:
+        raise CliError(f"{exc} (is `ratchet api` or `ratchet up` running?)", exit_code=1) from None
+    except ApiRequestError as exc:
+        if exc.status_code == 401:
+            message = (
+                "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin "
+                "token (a local `ratchet up` prints it and keeps it in <state dir>/admin-token)"
+            )
+        else:
+            fields = "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
+            message = exc.message + (f" ({fields})" if fields else "")
+        raise CliError(message, exit_code=1) from None

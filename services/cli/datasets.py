@@ -19,6 +19,7 @@ from services.artifacts import uri_to_path
 from services.cli import CliError
 from services.cli.common import (
     add_command,
+    add_loop_argument,
     command_group,
     database_session,
     positive_int,
@@ -35,7 +36,7 @@ def register(subparsers: Any) -> None:
     listing = add_command(
         commands, "list", _datasets_list, help="list a loop's datasets, newest first"
     )
-    listing.add_argument("--loop", required=True, help="loop name")
+    add_loop_argument(listing, positional=True)
     listing.add_argument("--limit", type=positive_int, default=50)
     listing.add_argument("--json", action="store_true", help="print JSON")
     show = add_command(

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from services.cli.common import database_session, loop_named, print_json
+from services.cli.common import database_session, loop_name, loop_named, print_json
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -43,7 +43,7 @@ class Listing(Generic[Row]):
     ) -> int:
         """A ``list --loop NAME [--json]`` command: the rows ``rows_of`` reads for the loop."""
         with database_session() as session:
-            loop = loop_named(session, args.loop)
+            loop = loop_named(session, loop_name(args))
             self.print(
                 rows_of(session, loop),
                 as_json=args.json,

@@ -18,14 +18,22 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.cli.common import add_command, cli_settings, command_group, positive_int
+from services.cli.common import (
+    add_command,
+    add_loop_argument,
+    cli_settings,
+    command_group,
+    loop_name,
+    positive_int,
+)
 
 
 def register(subparsers: Any) -> None:
     commands = command_group(
         subparsers,
         "loop",
-        help="create, list, show loops; rotate secrets; pause, resume, approve, rollback",
+        help="create, list, show loops; apply a loop file, its history and export; rotate "
+        "secrets; set the champion; pause, resume, approve, rollback",
     )
 
     create = add_command(
@@ -140,9 +148,16 @@ def _add_secret_options(parser: argparse.ArgumentParser, *, creating: str = "") 
 def _loop_command(
     commands: Any, command: str, handler: Callable[[argparse.Namespace], int], *, help: str
 ) -> argparse.ArgumentParser:
-    """A command about one loop, named first as in ``ratchet loop show NAME``."""
+    """A command about one loop: ``ratchet loop show NAME`` or ``... show --loop NAME``
+    (services.cli.common.add_loop_argument); the handler reads ``args.name``."""
     parser = add_command(commands, command, handler, help=help)
-    parser.add_argument("name")
+    add_loop_argument(parser, positional=True)
+
+    def named(args: argparse.Namespace) -> int:
+        args.name = loop_name(args)
+        return handler(args)
+
+    parser.set_defaults(func=named)
     return parser
 
 
@@ -221,6 +236,8 @@ def _explain(exc: Any, name: str | None) -> str:
         return f"there is no loop named {name!r} (see `ratchet loop list`)"
     if exc.status_code == 409 and exc.code == "loop_exists":
         return f"a loop named {name!r} already exists; choose another name"
+    if exc.code == "invalid_checkpoint":  # set-champion: the reason the api gave, as it is
+        return f"checkpoint refused: {exc.message}"
     if exc.status_code == 409:
         return str(exc.message)
     if exc.status_code == 422 and exc.fields:
@@ -368,7 +385,20 @@ def _show(args: argparse.Namespace) -> int:
     for credential in loop.credentials:
         until = f"expires {credential.expires_at}" if credential.expires_at else "no expiry"
         print(f"  credential   {credential.kind} created {credential.created_at}, {until}")
+    _print_curation(loop)
     return 0
+
+
+def _print_curation(loop: Any) -> None:
+    """What curation made of the loop's traces, by outcome and reason, with an example each:
+    why traces did (or did not) become tasks, and the command that shows one."""
+    if not loop.curation:
+        return
+    print("  curation     traces by outcome and reason (example trace)")
+    for count in loop.curation:
+        what = count.outcome + (f" {count.reason}" if count.reason else "")
+        print(f"    {count.count:>8}  {what}  (e.g. {count.example_external_id})")
+    print(f"  see one with `ratchet traces show ID --loop {loop.name}`")
 
 
 def _rotate(args: argparse.Namespace) -> int:

@@ -14,8 +14,10 @@ from typing import Any
 from services.cli import CliError
 from services.cli.common import (
     add_command,
+    add_loop_argument,
     command_group,
     database_session,
+    loop_name,
     loop_named,
     positive_int,
     print_json,
@@ -30,7 +32,7 @@ SPLITS = ("train", "eval", "heldout", "regression")
 def register(subparsers: Any) -> None:
     commands = command_group(subparsers, "tasks", help="curated RL tasks of a loop")
     listing = add_command(commands, "list", _tasks_list, help="list a loop's tasks, newest first")
-    listing.add_argument("--loop", required=True, help="loop name")
+    add_loop_argument(listing, positional=True)
     listing.add_argument("--split", choices=SPLITS, help="only tasks of this split")
     listing.add_argument("--limit", type=positive_int, default=50)
     listing.add_argument("--json", action="store_true", help="print JSON")
@@ -42,7 +44,7 @@ def register(subparsers: Any) -> None:
     pin = add_command(
         commands, "pin", _tasks_pin, help="put tasks into the loop's pinned regression suite"
     )
-    pin.add_argument("--loop", required=True, help="loop name")
+    add_loop_argument(pin, positional=False)
     pin.add_argument("task_ids", type=positive_int, nargs="+")
 
 
@@ -116,7 +118,7 @@ def _tasks_show(args: argparse.Namespace) -> int:
 
 def _tasks_pin(args: argparse.Namespace) -> int:
     with database_session() as session:
-        loop = loop_named(session, args.loop)
+        loop = loop_named(session, loop_name(args))
         pinned = q.pin_tasks(session=session, loop_id=loop.id, task_ids=args.task_ids)
         refused = sorted(set(args.task_ids) - set(pinned))
         if refused:  # raising rolls the whole pin back
@@ -125,5 +127,5 @@ def _tasks_pin(args: argparse.Namespace) -> int:
                 "held out (the held-out set is frozen); nothing was pinned",
                 exit_code=1,
             )
-    print(f"pinned {len(pinned)} task(s) to the regression suite of {args.loop}")
+    print(f"pinned {len(pinned)} task(s) to the regression suite of {loop_name(args)}")
     return 0

@@ -37,6 +37,7 @@ from services.dashboard.render import pct, usd, when
 from services.dashboard.timeline import Step, cycle_steps
 from services.db.models import Loop
 from services.db.queries.loops import config_versions
+from services.db.queries.traces import curation_counts
 from services.evaluation.stats import wilson_interval
 
 
@@ -82,11 +83,38 @@ def _epoch(value: dt.datetime) -> float:
     return value.timestamp()
 
 
+# Tick label formats, shortest first; a time-of-day format only when every tick is on one
+# date, a month-day one only within one year.
+_TIME_FORMATS = (
+    ("%H:%M", "date"),
+    ("%H:%M:%S", "date"),
+    ("%m-%d", "year"),
+    ("%m-%d %H:%M", "year"),
+    ("%Y-%m-%d", None),
+    ("%Y-%m-%d %H:%M", None),
+    ("%Y-%m-%d %H:%M:%S", None),
+)
+
+
+def time_tick_labels(ticks: Sequence[dt.datetime]) -> list[str]:
+    """The shortest labels that tell every tick apart: a two-day chart labelled only with
+    times of day read "10:00, 22:00, 10:00, 22:00, 10:00"."""
+    same_date = len({t.date() for t in ticks}) == 1
+    same_year = len({t.year for t in ticks}) == 1
+    labels: list[str] = []
+    for fmt, needs in _TIME_FORMATS:
+        if (needs == "date" and not same_date) or (needs == "year" and not same_year):
+            continue
+        labels = [t.strftime(fmt) for t in ticks]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
+
+
 def _time_axis(start: dt.datetime, end: dt.datetime) -> charts.Axis:
     span = (end - start).total_seconds()
-    fmt = "%H:%M" if span <= 2 * 86400 else "%m-%d %H:%M" if span <= 7 * 86400 else "%Y-%m-%d"
     ticks = [_epoch(start) + span * i / 4 for i in range(5)] if span > 0 else [_epoch(start)]
-    labels = [dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime(fmt) for t in ticks]
+    labels = time_tick_labels([dt.datetime.fromtimestamp(t, tz=dt.UTC) for t in ticks])
     return charts.Axis(
         ticks=ticks,
         format=str,
@@ -305,6 +333,7 @@ def loop_context(session: Session, *, loop: Loop, links: TemporalLinks) -> dict[
         "live_chart": live_chart(live, events) if live else None,
         "events": events,
         "clusters": failure_clusters(session, loop_id=loop.id),
+        "curation": curation_counts(session=session, loop_id=loop.id),
         "lineage": serving_lineage(session, loop_id=loop.id),
         "cost_chart": cost_chart(cycles),
         "ppd": ppd,

@@ -596,6 +596,20 @@ LIMIT :limit
 )
 
 
+def signature_label(signature: str | None) -> str | None:
+    """A failure signature as people read it. Curation stores ``"<error kind>|<tool,...>"``
+    (services.curation.selection.failure_signature), so an episode that called no tool is
+    ``"wrong_answer|"``: shown as ``wrong_answer``, and with tools as
+    ``wrong_answer · tools: add, mul``, never with the separator."""
+    if signature is None:
+        return None
+    kind, separator, tools = signature.partition("|")
+    if not separator:
+        return signature
+    names = [name for name in tools.split(",") if name]
+    return f"{kind} · tools: {', '.join(names)}" if names else kind
+
+
 def _example(task: Task, source_traces: int) -> ClusterExample:
     spec = task.spec or {}
     prompt = spec.get("prompt")
@@ -653,7 +667,7 @@ def failure_clusters(
             train=int(row["train"]),
             eval=int(row["eval"]),
             source_traces=int(row["source_traces"]),
-            signature=row["signature"],
+            signature=signature_label(row["signature"]),
             latest_at=row["latest_at"],
             examples=picked.get(row["cluster_id"], []),
         )

@@ -514,3 +514,26 @@ __all__ = [
     "TaskSource",
     "Trace",
 ]
+
+
+class TraceFeedback(Base):
+    """What a user said about a trace after the fact (a score, a label, a correction), the
+    convention of Langfuse's scores and LangSmith's feedback.
+
+    ``content_hash`` is unique per trace, so posting the same feedback twice stores one row
+    (a retrying client cannot double-count a verdict); different feedback adds a row.
+    """
+
+    __tablename__ = "trace_feedback"
+    __table_args__ = (UniqueConstraint("trace_id", "content_hash"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    # No index of its own: the unique (trace_id, content_hash) index leads with it.
+    trace_id: Mapped[int] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"))
+    score: Mapped[float | None] = mapped_column(Float)
+    label: Mapped[str | None] = mapped_column(Text)
+    correction: Mapped[str | None] = mapped_column(Text)
+    comment: Mapped[str | None] = mapped_column(Text)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = _now_column()

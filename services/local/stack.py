@@ -510,22 +510,41 @@ def run_up(settings: Settings, *, announce: Callable[[str], None]) -> int:
         stopping = True
 
     previous = signal.signal(signal.SIGTERM, request_stop)
+    previous_int = signal.getsignal(signal.SIGINT)
     try:
         stack.start_servers()
         stack.migrate()
         stack.start_children()
         stack.wait_api_ready()
         announce(stack.banner())
+        # From here Ctrl-C is a stop like SIGTERM. A terminal sends it to the whole process
+        # group, so api and worker get it too and may exit first: that is the stop the user
+        # asked for, not a crash to log as an error.
+        signal.signal(signal.SIGINT, request_stop)
         while not stopping:
             exited = stack.first_exited_child()
-            if exited is not None:
-                name, code = exited
-                logger.error("`ratchet %s` exited with code %s; stopping the stack", name, code)
-                return 1
+            if exited is not None and not stopping:
+                return _child_exited(*exited)
             time.sleep(0.5)
+        logger.info("stopping the stack")
         return 0
     except KeyboardInterrupt:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         stack.stop()
+
+
+# How a child ends when it was asked to stop: exit 0 (uvicorn and the worker on SIGINT or
+# SIGTERM), 130 (Python's KeyboardInterrupt exit), or killed by either signal.
+_STOPPED_CODES = frozenset({0, 130, -signal.SIGINT, -signal.SIGTERM})
+
+
+def _child_exited(name: str, code: int) -> int:
+    """The stack's exit code when a child ended on its own; only a crash is an error."""
+    if code in _STOPPED_CODES:
+        logger.info("`ratchet %s` stopped (exit code %s); stopping the stack", name, code)
+        return 0
+    logger.error("`ratchet %s` exited with code %s; stopping the stack", name, code)
+    return 1

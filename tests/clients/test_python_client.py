@@ -18,7 +18,7 @@ from sqlalchemy import Engine, func, select
 
 from services.api.app import create_app
 from services.api.state import AppState, TemporalConnection
-from services.db.models import Trace
+from services.db.models import Trace, TraceFeedback
 from services.db.session import SessionFactory
 from services.ingest.signature import sign as server_sign
 from services.settings import Settings
@@ -103,6 +103,29 @@ def test_batches_buffering_and_errors_against_the_api(
     assert missing.value.status_code in (401, 404)
 
 
+def test_feedback_after_the_fact(
+    api: tuple[str, dict[str, object]], session_factory: SessionFactory
+) -> None:
+    """Feedback goes to the trace it names (buffered traces are sent first), a repeat is a
+    no-op, an unknown trace is a RatchetError 404, and feedback that says nothing never
+    leaves the client."""
+    url, loop = api
+    secret = str(loop["signing_secret"])
+    with TraceClient(url, "client-test", secret) as client:
+        client.add(make_trace("ticket/7"))  # a slash in the id is path-quoted
+        first = client.feedback("ticket/7", score=0.0, label="wrong", correction="42")
+        assert (first.external_id, first.status) == ("ticket/7", "accepted")
+        again = client.feedback("ticket/7", score=0.0, label="wrong", correction="42")
+        assert (again.id, again.status) == (first.id, "duplicate")
+        with pytest.raises(RatchetError) as unknown:
+            client.feedback("never-posted", score=1.0)
+        assert (unknown.value.status_code, unknown.value.code) == (404, "trace_not_found")
+        with pytest.raises(ValueError, match="at least one"):
+            client.feedback("ticket/7", comment="only a comment")
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(TraceFeedback)) == 1
+
+
 def test_retries_honour_retry_after_and_keep_the_webhook_id() -> None:
     seen: list[tuple[float, str]] = []
 
@@ -150,6 +173,8 @@ async def test_the_async_client_posts_and_retries(
     async with AsyncTraceClient(url, "client-test", secret, batch_size=4) as client:
         result = await client.post([make_trace(f"a{i}") for i in range(6)])
         await client.add(make_trace("a-buffered"))
+        said = await client.feedback("a-buffered", label="helpful")  # flushes the trace first
+        assert said.status == "accepted"
     assert result.accepted == 6
     assert stored(session_factory) == 7
 

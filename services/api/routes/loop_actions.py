@@ -121,21 +121,20 @@ async def register_champion(
     try:
         source = uri_to_path(body.checkpoint)
     except ValueError as exc:
-        raise ApiError(422, "invalid_checkpoint", str(exc), fields=_field("checkpoint")) from exc
-    if not source.is_dir():
         raise ApiError(
-            422,
-            "invalid_checkpoint",
-            f"{source} is not a directory readable by the api",
-            fields=_field("checkpoint"),
-        )
+            422, "invalid_checkpoint", str(exc), fields=_field("checkpoint", str(exc))
+        ) from exc
+    if not source.is_dir():
+        message = f"{source} is not a directory readable by the api"
+        raise ApiError(422, "invalid_checkpoint", message, fields=_field("checkpoint", message))
     try:
         installed = await asyncio.to_thread(
             install_checkpoint, source, ArtifactStore(settings.artifacts_dir)
         )
     except CheckpointError as exc:
+        message = f"checkpoint rejected: {exc}"
         raise ApiError(
-            422, "invalid_checkpoint", f"checkpoint rejected: {exc}", fields=_field("checkpoint")
+            422, "invalid_checkpoint", message, fields=_field("checkpoint", message)
         ) from exc
     # Serialized with a cycle's start on the loop's row (start_cycle locks it too), and
     # checked again under the lock: the install above may have taken minutes.
@@ -178,8 +177,9 @@ def _refuse_while_a_cycle_is_open(session: Any, loop: Loop) -> None:
         )
 
 
-def _field(path: str) -> list[dict[str, Any]]:
-    return [{"path": path, "message": "see the error message"}]
+def _field(path: str, message: str) -> list[dict[str, Any]]:
+    """The field at fault with the real reason, which `ratchet loop set-champion` prints."""
+    return [{"path": path, "message": message}]
 
 
 @router.post("/{loop}/start", response_model=ActionOut, summary="Start the loop's workflow")

@@ -31,6 +31,7 @@ from services.api.schemas.loops import (
     RotateRequest,
     RotateResult,
 )
+from services.api.schemas.traces import CurationCountPublic
 from services.db.models import Loop
 from services.db.queries.credentials import active_credentials
 from services.db.queries.errors import NotFound
@@ -44,6 +45,7 @@ from services.db.queries.loops import (
     trace_stats,
     update_loop_config,
 )
+from services.db.queries.traces import curation_counts
 from services.ingest.provisioning import provision_loop, rotate_credential
 from services.loop.config import POLICY_KEYS, Change, diff, merge_patch
 from services.loop.policies import (
@@ -101,11 +103,14 @@ def _check_environment(name: str) -> None:
 
     known = environment_names()
     if name not in known:
+        # The field's message carries the list too: clients that print the fields (the CLI
+        # does) must still say which environments there are.
+        listed = ", ".join(sorted(known))
         raise ApiError(
             422,
             "unknown_environment",
-            f"environment {name!r} is not installed; known: {', '.join(sorted(known))}",
-            fields=[{"path": "environment", "message": "unknown environment"}],
+            f"environment {name!r} is not installed; known: {listed}",
+            fields=[{"path": "environment", "message": f"unknown environment; known: {listed}"}],
         )
 
 
@@ -228,6 +233,15 @@ def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
             for c in credentials
         ],
         config_version=_current_version(session, row),
+        curation=[
+            CurationCountPublic(
+                outcome=c.outcome,
+                reason=c.reason,
+                count=c.count,
+                example_external_id=c.example_external_id,
+            )
+            for c in curation_counts(session=session, loop_id=row.id)
+        ],
     )
 
 

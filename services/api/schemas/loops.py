@@ -14,6 +14,7 @@ from pydantic import (
     StringConstraints,
 )
 
+from services.api.schemas.traces import CurationCountPublic
 from services.ingest.schema import MAX_FREE_DEPTH, depth_exceeded
 from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
 
@@ -121,6 +122,11 @@ class LoopDetail(LoopPublic):
     credentials: list[CredentialPublic]
     config_version: int = Field(
         default=0, description="The current configuration version (see /config/versions)"
+    )
+    curation: list[CurationCountPublic] = Field(
+        default_factory=list,
+        description="Traces by curation outcome and reason, each with an example trace "
+        "(see GET /v1/loops/{loop}/traces?curation=...&reason=...)",
     )
 
 

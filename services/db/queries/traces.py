@@ -1,5 +1,6 @@
-"""Trace rows: the group-commit insert of the ingest writer, lookups by external id, and
-what curation and the drift signal read and stamp (uncurated traces, failure windows).
+"""Trace rows: the group-commit insert of the ingest writer, lookups by external id, what
+curation and the drift signal read and stamp (uncurated traces, failure windows), and what
+the traces listing, the loop page and feedback read and write.
 
 Every function takes the session keyword-only and never commits. The writer's insert is
 plain SQL for psycopg (the hot path). A group of traces is COPYed into
@@ -13,13 +14,29 @@ order, so concurrent writers (other api replicas) take row locks in one order.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Text, cast, func, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Text,
+    and_,
+    case,
+    cast,
+    func,
+    not_,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from services.db.models import Trace
+from services.db.models import Task, TaskSource, Trace, TraceFeedback
 
 TRACE_COLUMNS = (
     "loop_id",
@@ -211,3 +228,282 @@ def failure_window(
         },
     ).one()
     return int(row[0]), int(row[1])
+
+
+# Reading traces back (the listing, one trace, the counts by curation outcome) -------------
+
+CURATION_OUTCOMES = ("pending", "task", "duplicate", "rejected", "skipped")
+"""What curation made of a trace; ``pending`` is a trace it has not looked at yet."""
+
+REPORTED_OUTCOMES = ("success", "failure", "unknown")
+"""What the agent reported: a failure is ``success: false`` or an error kind (as curation's
+classify reads it, less the loop's score threshold), a success is ``success: true`` without
+an error, and unknown is neither."""
+
+# The reason of a verdict: a rejection's detail is "<reason>: <message>" (the reason code of
+# the environment or the screen), a skip's detail is its reason; a task or duplicate has none.
+_reason = case(
+    (Trace.curation_outcome == "rejected", func.split_part(Trace.curation_detail, ":", 1)),
+    (Trace.curation_outcome == "skipped", Trace.curation_detail),
+    else_=None,
+)
+_curation = func.coalesce(Trace.curation_outcome, "pending")
+_failed = or_(Trace.success.is_(False), func.coalesce(Trace.error_kind, "") != "")
+_succeeded = and_(Trace.success.is_(True), func.coalesce(Trace.error_kind, "") == "")
+
+
+@dataclass(frozen=True)
+class TraceFilter:
+    """The listing's filters; None means any."""
+
+    outcome: str | None = None  # one of REPORTED_OUTCOMES
+    curation: str | None = None  # one of CURATION_OUTCOMES
+    reason: str | None = None
+    since: dt.datetime | None = None  # received at or after
+    until: dt.datetime | None = None  # received before
+
+
+@dataclass(frozen=True)
+class TraceKey:
+    """Where a page of the listing ends: the last row's ``(received_at, id)``."""
+
+    received_at: dt.datetime
+    id: int
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """One trace as the listing shows it."""
+
+    id: int
+    external_id: str
+    model_version: str | None
+    success: bool | None
+    score: float | None
+    error_kind: str | None
+    received_at: dt.datetime
+    curated_at: dt.datetime | None
+    curation_outcome: str
+    reason: str | None
+    curation_detail: str | None
+
+
+@dataclass(frozen=True)
+class TraceTask:
+    """A task a trace became (or was folded into), and how: origin, duplicate, near_duplicate."""
+
+    task_id: int
+    relation: str
+    environment: str
+    split: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class FeedbackRow:
+    id: int
+    score: float | None
+    label: str | None
+    correction: str | None
+    comment: str | None
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class CurationCount:
+    """How many traces of a loop had one curation outcome and reason, with an example."""
+
+    outcome: str
+    reason: str | None
+    count: int
+    example_external_id: str
+
+
+_SUMMARY_COLUMNS = (
+    Trace.id,
+    Trace.external_id,
+    Trace.model_version,
+    Trace.success,
+    Trace.score,
+    Trace.error_kind,
+    Trace.received_at,
+    Trace.curated_at,
+    _curation,
+    _reason,
+    Trace.curation_detail,
+)
+
+
+def _outcome_condition(outcome: str) -> ColumnElement[bool]:
+    if outcome == "failure":
+        return _failed
+    if outcome == "success":
+        return _succeeded
+    return and_(not_(_failed), not_(_succeeded))
+
+
+def list_traces(
+    *,
+    session: Session,
+    loop_id: int,
+    filters: TraceFilter,
+    after: TraceKey | None,
+    limit: int,
+) -> list[TraceSummary]:
+    """A page of a loop's traces, newest first: by ``(received_at, id)``, the order of the
+    ``ix_traces_loop_received`` index, so a page reads only its rows even in a loop of
+    millions. ``after`` is the last row of the previous page (keyset pagination: no page
+    skips or repeats a row while traces keep arriving)."""
+    query = select(*_SUMMARY_COLUMNS).where(Trace.loop_id == loop_id)
+    if filters.outcome is not None:
+        query = query.where(_outcome_condition(filters.outcome))
+    if filters.curation is not None:
+        query = query.where(_curation == filters.curation)
+    if filters.reason is not None:
+        query = query.where(_reason == filters.reason)
+    if filters.since is not None:
+        query = query.where(Trace.received_at >= filters.since)
+    if filters.until is not None:
+        query = query.where(Trace.received_at < filters.until)
+    if after is not None:
+        query = query.where(tuple_(Trace.received_at, Trace.id) < (after.received_at, after.id))
+    rows = session.execute(
+        query.order_by(Trace.received_at.desc(), Trace.id.desc()).limit(limit)
+    ).all()
+    return [TraceSummary(*row) for row in rows]
+
+
+def trace_summary(*, session: Session, loop_id: int, external_id: str) -> TraceSummary | None:
+    row = session.execute(
+        select(*_SUMMARY_COLUMNS).where(Trace.loop_id == loop_id, Trace.external_id == external_id)
+    ).first()
+    return TraceSummary(*row) if row is not None else None
+
+
+def trace_tasks(*, session: Session, trace_id: int) -> list[TraceTask]:
+    """The tasks a trace became or was counted into (its lineage one step on)."""
+    rows = session.execute(
+        select(TaskSource.task_id, TaskSource.relation, Task.environment, Task.split, Task.origin)
+        .join(Task, Task.id == TaskSource.task_id)
+        .where(TaskSource.trace_id == trace_id)
+        .order_by(TaskSource.task_id)
+    ).all()
+    return [TraceTask(*row) for row in rows]
+
+
+def trace_feedback(*, session: Session, trace_id: int) -> list[FeedbackRow]:
+    rows = session.execute(
+        select(
+            TraceFeedback.id,
+            TraceFeedback.score,
+            TraceFeedback.label,
+            TraceFeedback.correction,
+            TraceFeedback.comment,
+            TraceFeedback.created_at,
+        )
+        .where(TraceFeedback.trace_id == trace_id)
+        .order_by(TraceFeedback.id)
+    ).all()
+    return [FeedbackRow(*row) for row in rows]
+
+
+def curation_counts(*, session: Session, loop_id: int) -> list[CurationCount]:
+    """Traces by curation outcome and reason, each with its newest trace as the example:
+    the answer to "why did my traces not become tasks?" in one query."""
+    reason = _reason.label("reason")
+    outcome = _curation.label("outcome")
+    rows = session.execute(
+        select(outcome, reason, func.count(), func.max(Trace.id))
+        .where(Trace.loop_id == loop_id)
+        .group_by(outcome, reason)
+    ).all()
+    if not rows:
+        return []
+    examples = dict(
+        session.execute(
+            select(Trace.id, Trace.external_id).where(Trace.id.in_([row[3] for row in rows]))
+        ).all()
+    )
+    counts = [CurationCount(row[0], row[1], int(row[2]), examples[row[3]]) for row in rows]
+    order = {name: i for i, name in enumerate(CURATION_OUTCOMES)}
+    return sorted(counts, key=lambda c: (order.get(c.outcome, len(order)), -c.count))
+
+
+def add_feedback(
+    *,
+    session: Session,
+    loop_id: int,
+    trace_id: int,
+    score: float | None,
+    label: str | None,
+    correction: str | None,
+    comment: str | None,
+    content_hash: str,
+) -> tuple[int, bool]:
+    """Store feedback on a trace: ``(row id, True)`` when new, ``(the earlier row's id,
+    False)`` when the same feedback was stored before (a no-op). New feedback sends the trace
+    back to curation (:func:`_send_back_to_curation`), since it may change the reward the
+    trace can be given or the reason it was refused."""
+    inserted = session.execute(
+        pg_insert(TraceFeedback)
+        .values(
+            loop_id=loop_id,
+            trace_id=trace_id,
+            score=score,
+            label=label,
+            correction=correction,
+            comment=comment,
+            content_hash=content_hash,
+        )
+        .on_conflict_do_nothing(index_elements=["trace_id", "content_hash"])
+        .returning(TraceFeedback.id)
+    ).scalar_one_or_none()
+    if inserted is None:
+        existing = session.execute(
+            select(TraceFeedback.id).where(
+                TraceFeedback.trace_id == trace_id, TraceFeedback.content_hash == content_hash
+            )
+        ).scalar_one()
+        return int(existing), False
+    _send_back_to_curation(session=session, trace_id=trace_id)
+    return int(inserted), True
+
+
+def _send_back_to_curation(*, session: Session, trace_id: int) -> None:
+    """Clear a trace's verdict and its links to tasks, so the next curation pass reads it
+    as new. The links go too: curation links the trace again (to the same task as a
+    duplicate, or as the origin of a new one when the feedback changed its reward), and a
+    link left behind would collide with that one (``task_sources`` is keyed by task and
+    trace) and fail the whole batch. A task's weight counts the traces folded into it, so
+    each task it leaves loses one."""
+    session.execute(
+        text(
+            """
+            WITH removed AS (
+                DELETE FROM task_sources WHERE trace_id = :trace_id RETURNING task_id
+            )
+            UPDATE tasks SET weight = greatest(weight - 1, 0)
+              FROM removed WHERE tasks.id = removed.task_id
+            """
+        ),
+        {"trace_id": trace_id},
+    )
+    session.execute(
+        update(Trace)
+        .where(Trace.id == trace_id)
+        .values(curated_at=None, curation_outcome=None, curation_detail=None)
+    )
+
+
+def trace_id_by_external_id(*, session: Session, loop_id: int, external_id: str) -> int | None:
+    return session.execute(
+        select(Trace.id).where(Trace.loop_id == loop_id, Trace.external_id == external_id)
+    ).scalar_one_or_none()
+
+
+def trace_body(*, session: Session, trace_id: int) -> tuple[dict[str, Any], dt.datetime | None]:
+    """The stored body and when retention purged it (None while it is the agent's own)."""
+    body, purged_at = session.execute(
+        select(Trace.body, Trace.body_purged_at).where(Trace.id == trace_id)
+    ).one()
+    return body, purged_at

@@ -209,3 +209,22 @@ def existing_external_ids(
         )
     )
     return set(found)
+
+
+def curate_once(session_factory: SessionFactory, name: str, *, limit: int = 100) -> None:
+    """One curation pass over the loop called ``name``, as the worker's curate_batch activity
+    runs it (same pipeline, policy and environment), for tests that serve the api alone."""
+    from services.curation import pipeline
+    from services.curation.adapters import default_resolver
+    from services.curation.policy import CurationPolicy
+    from services.db.queries.loops import require_loop
+
+    with session_factory.begin() as session:
+        loop = require_loop(session=session, name=name)
+        pipeline.curate_batch(
+            session,
+            loop=loop,
+            policy=CurationPolicy.from_json(loop.curation_policy),
+            adapter=default_resolver(loop.environment),
+            limit=limit,
+        )

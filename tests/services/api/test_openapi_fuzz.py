@@ -195,7 +195,9 @@ def run_fuzz(app: Any) -> None:
             fuzz_operation(operation, url, {}, server_errors, UNAUTHENTICATED)
 
         webhook = next(
-            op for op in operations if op.path.endswith("/traces") and "loops" in op.path
+            op
+            for op in operations
+            if op.path.endswith("/traces") and "loops" in op.path and op.method.upper() == "POST"
         )
 
         @FUZZ

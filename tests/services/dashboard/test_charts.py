@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -137,3 +138,48 @@ def test_nice_ticks(low: float, high: float, expected: list[float]) -> None:
 def test_nice_ticks_refuses_an_inverted_range() -> None:
     with pytest.raises(ValueError, match="must not be below"):
         nice_ticks(2, 1)
+
+
+def test_time_tick_labels_tell_every_tick_apart() -> None:
+    from services.dashboard.pages import time_tick_labels
+
+    def ticks(start: dt.datetime, step: dt.timedelta) -> list[dt.datetime]:
+        return [start + step * i for i in range(5)]
+
+    morning = dt.datetime(2026, 12, 2, 10, 0, tzinfo=dt.UTC)
+    assert time_tick_labels(ticks(morning, dt.timedelta(hours=1))) == [
+        "10:00",
+        "11:00",
+        "12:00",
+        "13:00",
+        "14:00",
+    ]
+    assert time_tick_labels(ticks(morning, dt.timedelta(seconds=10)))[:2] == [
+        "10:00:00",
+        "10:00:10",
+    ]
+    # Two days in 12-hour steps: times of day alone would repeat (10:00, 22:00, 10:00, ...).
+    assert time_tick_labels(ticks(morning, dt.timedelta(hours=12))) == [
+        "12-02 10:00",
+        "12-02 22:00",
+        "12-03 10:00",
+        "12-03 22:00",
+        "12-04 10:00",
+    ]
+    assert time_tick_labels(ticks(morning, dt.timedelta(days=1))) == [
+        "12-02",
+        "12-03",
+        "12-04",
+        "12-05",
+        "12-06",
+    ]
+    assert time_tick_labels(ticks(morning, dt.timedelta(days=20)))[-1] == "2027-02-20"
+
+
+def test_failure_signatures_are_shown_without_the_separator() -> None:
+    from services.dashboard.queries import signature_label
+
+    assert signature_label("wrong_answer|") == "wrong_answer"
+    assert signature_label("failed|add,mul") == "failed · tools: add, mul"
+    assert signature_label("no separator") == "no separator"
+    assert signature_label(None) is None

@@ -207,6 +207,7 @@ def test_user_data_is_escaped_everywhere(seeded: Seeded, browser_page: BrowserPa
 def test_empty_states(seeded: Seeded, empty_server: LiveServer, browser_page: BrowserPage) -> None:
     page = _open(browser_page, empty_server.url + "/")
     assert "No loops yet" in page.locator("#empty-loops").inner_text()
+    assert "/v1/loops/{loop}/traces" in page.locator("#empty-loops").inner_text()
     assert page.locator("#loops-table").count() == 0
 
     page = _open(browser_page, f"{seeded.server.url}/loops/{seeded.story.quiet_loop}")
@@ -215,6 +216,8 @@ def test_empty_states(seeded: Seeded, empty_server: LiveServer, browser_page: Br
         assert page.locator(f"{section} .empty").count() == 1, section
         assert page.locator(f"{section} svg").count() == 0, section
     assert "idle" in page.locator("#summary").inner_text()
+    live_hint = page.locator("#live .empty").inner_text()
+    assert f"/v1/loops/{seeded.story.quiet_loop}/traces" in live_hint
     assert browser_page.errors == []
 
 

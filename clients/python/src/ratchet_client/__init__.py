@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ratchet_client._client import (
     AsyncTraceClient,
+    FeedbackResult,
     IngestResult,
     RatchetError,
     RatchetUnreachable,
@@ -18,6 +19,7 @@ from ratchet_client._signing import sign, signed_headers
 
 __all__ = [
     "AsyncTraceClient",
+    "FeedbackResult",
     "IngestResult",
     "RatchetError",
     "RatchetUnreachable",

@@ -1,4 +1,5 @@
-"""Trace posting clients, sync and async, sharing one retry policy and one result type."""
+"""Trace posting clients, sync and async, sharing one retry policy and one result type; they
+also post feedback on a trace after the fact (``feedback``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -51,6 +53,45 @@ class IngestResult:
         self.rejected += int(answer.get("rejected", 0))
         for item in answer.get("results", []):
             self.results.append({**item, "index": int(item.get("index", 0)) + offset})
+
+
+@dataclass(frozen=True)
+class FeedbackResult:
+    """The api's answer to feedback: ``accepted`` (stored now; the trace goes back to
+    curation) or ``duplicate`` (the same feedback was stored before; nothing changed)."""
+
+    id: int
+    external_id: str
+    status: str
+
+
+def feedback_body(
+    *,
+    score: float | None,
+    label: str | None,
+    correction: str | None,
+    comment: str | None,
+    feedback_id: str | None,
+) -> bytes:
+    """The JSON body of a feedback post; at least one of score, label and correction."""
+    if score is None and label is None and correction is None:
+        raise ValueError("feedback needs at least one of score, label and correction")
+    document = {
+        key: value
+        for key, value in (
+            ("id", feedback_id),
+            ("score", score),
+            ("label", label),
+            ("correction", correction),
+            ("comment", comment),
+        )
+        if value is not None
+    }
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _feedback_result(answer: Mapping[str, Any]) -> FeedbackResult:
+    return FeedbackResult(int(answer["id"]), str(answer["external_id"]), str(answer["status"]))
 
 
 def _error(response: httpx.Response) -> RatchetError:
@@ -104,6 +145,10 @@ class _Options:
             raise ValueError("max_retries must be >= 0")
         url = f"{base_url.rstrip('/')}/v1/loops/{loop}/traces"
         return cls(url, signing_secret, batch_size, max_retries, backoff_s, max_retry_after_s)
+
+    def feedback_url(self, external_id: str) -> str:
+        """``POST /v1/loops/{loop}/traces/{external_id}/feedback`` (the id path-quoted)."""
+        return f"{self.url}/{quote(external_id, safe='')}/feedback"
 
     def batches(self, traces: Sequence[Mapping[str, Any]]) -> list[tuple[int, bytes]]:
         out = []
@@ -202,19 +247,43 @@ class TraceClient(_BufferedClient[httpx.Client]):
         """Send ``traces`` now, in batches; the result adds the batches' answers up."""
         result = IngestResult()
         for offset, body in self._options.batches(list(traces)):
-            result.add(self._send(body), offset)
+            result.add(self._send(self._options.url, body), offset)
         return result
 
     def add(self, trace: Mapping[str, Any]) -> IngestResult | None:
         """Buffer one trace; sends the buffer (and returns its result) once it is full."""
         return self.flush() if self._buffer_is_full(trace) else None
 
+    def feedback(
+        self,
+        external_id: str,
+        *,
+        score: float | None = None,
+        label: str | None = None,
+        correction: str | None = None,
+        comment: str | None = None,
+        feedback_id: str | None = None,
+    ) -> FeedbackResult:
+        """Feedback on a posted trace, after the fact: a score, a label, a correction (what
+        the answer should have been), a comment. Posting the same feedback again (or the
+        same ``feedback_id``) is a no-op; an unknown trace raises RatchetError (404). Traces
+        buffered by ``add`` are sent first, so feedback never races its own trace."""
+        body = feedback_body(
+            score=score,
+            label=label,
+            correction=correction,
+            comment=comment,
+            feedback_id=feedback_id,
+        )
+        self.flush()
+        return _feedback_result(self._send(self._options.feedback_url(external_id), body))
+
     def flush(self) -> IngestResult:
         """Send whatever is buffered (nothing to send: an empty result)."""
         pending = self._take_buffer()
         return self.post(pending) if pending else IngestResult()
 
-    def _send(self, body: bytes) -> dict[str, Any]:
+    def _send(self, url: str, body: bytes) -> dict[str, Any]:
         msg_id = f"msg_{uuid.uuid4().hex}"
         attempt = 0
         while True:
@@ -222,7 +291,7 @@ class TraceClient(_BufferedClient[httpx.Client]):
             failure: httpx.TransportError | None = None
             headers = signed_headers(self._options.secret, body, msg_id=msg_id)
             try:
-                response = self._http.post(self._options.url, content=body, headers=headers)
+                response = self._http.post(url, content=body, headers=headers)
             except httpx.TransportError as exc:
                 failure = exc
             answer = self._options.answer(response, failure, attempt)
@@ -254,17 +323,38 @@ class AsyncTraceClient(_BufferedClient[httpx.AsyncClient]):
     async def post(self, traces: Iterable[Mapping[str, Any]]) -> IngestResult:
         result = IngestResult()
         for offset, body in self._options.batches(list(traces)):
-            result.add(await self._send(body), offset)
+            result.add(await self._send(self._options.url, body), offset)
         return result
 
     async def add(self, trace: Mapping[str, Any]) -> IngestResult | None:
         return await self.flush() if self._buffer_is_full(trace) else None
 
+    async def feedback(
+        self,
+        external_id: str,
+        *,
+        score: float | None = None,
+        label: str | None = None,
+        correction: str | None = None,
+        comment: str | None = None,
+        feedback_id: str | None = None,
+    ) -> FeedbackResult:
+        """:meth:`TraceClient.feedback`."""
+        body = feedback_body(
+            score=score,
+            label=label,
+            correction=correction,
+            comment=comment,
+            feedback_id=feedback_id,
+        )
+        await self.flush()
+        return _feedback_result(await self._send(self._options.feedback_url(external_id), body))
+
     async def flush(self) -> IngestResult:
         pending = self._take_buffer()
         return await self.post(pending) if pending else IngestResult()
 
-    async def _send(self, body: bytes) -> dict[str, Any]:
+    async def _send(self, url: str, body: bytes) -> dict[str, Any]:
         msg_id = f"msg_{uuid.uuid4().hex}"
         attempt = 0
         while True:
@@ -272,7 +362,7 @@ class AsyncTraceClient(_BufferedClient[httpx.AsyncClient]):
             failure: httpx.TransportError | None = None
             headers = signed_headers(self._options.secret, body, msg_id=msg_id)
             try:
-                response = await self._http.post(self._options.url, content=body, headers=headers)
+                response = await self._http.post(url, content=body, headers=headers)
             except httpx.TransportError as exc:
                 failure = exc
             answer = self._options.answer(response, failure, attempt)

@@ -1,0 +1,196 @@
+"""Every rejection explained: the admin API's view of a loop's traces and their curation.
+
+``GET /v1/loops/{loop}/traces`` lists traces newest first with what curation made of each
+(task, duplicate, rejected with its reason, skipped, or still pending), filtered by the
+reported outcome, the curation outcome, the reason and the time received, in pages joined by
+an opaque cursor. ``GET /v1/loops/{loop}/traces/{external_id}`` shows one trace with the
+tasks it became and the feedback it got. (``POST /v1/loops/{loop}/traces`` is the webhook,
+in services.api.routes.traces.)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from services.api.deps import AdminDep, SessionDep
+from services.api.errors import ApiError
+from services.api.routes.loops import loop_or_404
+from services.api.schemas.traces import (
+    CurationOutcome,
+    FeedbackPublic,
+    ReportedOutcome,
+    TraceDetail,
+    TracePage,
+    TraceSummaryPublic,
+    TraceTaskPublic,
+)
+from services.db.queries.traces import (
+    TraceFilter,
+    TraceKey,
+    TraceSummary,
+    list_traces,
+    trace_body,
+    trace_feedback,
+    trace_summary,
+    trace_tasks,
+)
+
+router = APIRouter(prefix="/v1/loops", tags=["traces"], dependencies=[AdminDep])
+
+_CURSOR_VERSION = 1
+
+
+def encode_cursor(last: TraceKey) -> str:
+    """An opaque cursor: clients pass it back and never build one."""
+    raw = json.dumps(
+        {"v": _CURSOR_VERSION, "at": last.received_at.isoformat(), "id": last.id},
+        separators=(",", ":"),
+    )
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> TraceKey:
+    """Where the previous page ended, or a 400 naming the ``cursor`` field."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+        if data.get("v") != _CURSOR_VERSION:
+            raise ValueError("another cursor version")
+        at = dt.datetime.fromisoformat(data["at"])
+        row_id = data["id"]
+        if at.tzinfo is None or not isinstance(row_id, int) or isinstance(row_id, bool):
+            raise ValueError("not a cursor of this API")
+        return TraceKey(at, row_id)
+    except (binascii.Error, ValueError, TypeError, KeyError, AttributeError):
+        raise ApiError(
+            400,
+            "invalid_cursor",
+            "the cursor is not one this API gave out: pass next_cursor from the previous "
+            "page unchanged, or leave it out for the first page",
+            fields=[{"path": "cursor", "message": "not a cursor from this API"}],
+        ) from None
+
+
+def reported_outcome(row: TraceSummary) -> ReportedOutcome:
+    """As services.db.queries.traces.REPORTED_OUTCOMES defines it."""
+    if row.success is False or row.error_kind:
+        return "failure"
+    if row.success is True:
+        return "success"
+    return "unknown"
+
+
+def summary_public(row: TraceSummary) -> TraceSummaryPublic:
+    return TraceSummaryPublic(
+        external_id=row.external_id,
+        model_version=row.model_version,
+        outcome=reported_outcome(row),
+        success=row.success,
+        score=row.score,
+        error_kind=row.error_kind,
+        received_at=row.received_at,
+        curated_at=row.curated_at,
+        curation_outcome=row.curation_outcome,
+        reason=row.reason,
+        curation_detail=row.curation_detail,
+    )
+
+
+def _aware(value: dt.datetime | None, field: str) -> dt.datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{field} needs a time zone, e.g. 2026-12-02T14:00:00Z",
+            fields=[{"path": field, "message": "needs a time zone"}],
+        )
+    return value
+
+
+@router.get(
+    "/{loop}/traces",
+    summary="List a loop's traces, newest first, with what curation made of each",
+    responses={400: {"description": "A cursor this API did not give out (field: cursor)"}},
+)
+def list_loop_traces(
+    loop: str,
+    session: SessionDep,
+    outcome: Annotated[ReportedOutcome | None, Query(description="What the agent reported")] = None,
+    curation: Annotated[
+        CurationOutcome | None, Query(description="What curation made of the trace")
+    ] = None,
+    reason: Annotated[
+        str | None,
+        Query(max_length=1000, description="Rejection reason code, e.g. unknown_api_version"),
+    ] = None,
+    since: Annotated[dt.datetime | None, Query(description="Received at or after")] = None,
+    until: Annotated[dt.datetime | None, Query(description="Received before")] = None,
+    cursor: Annotated[str | None, Query(max_length=200, description="next_cursor")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> TracePage:
+    row = loop_or_404(session, loop)
+    filters = TraceFilter(
+        outcome=outcome,
+        curation=curation,
+        reason=reason,
+        since=_aware(since, "since"),
+        until=_aware(until, "until"),
+    )
+    after = decode_cursor(cursor) if cursor is not None else None
+    rows = list_traces(
+        session=session, loop_id=row.id, filters=filters, after=after, limit=limit + 1
+    )
+    page = rows[:limit]
+    more = len(rows) > limit
+    return TracePage(
+        traces=[summary_public(r) for r in page],
+        next_cursor=encode_cursor(TraceKey(page[-1].received_at, page[-1].id)) if more else None,
+    )
+
+
+@router.get(
+    "/{loop}/traces/{external_id:path}",
+    summary="One trace: its curation outcome and reason, the tasks it became, its feedback",
+)
+def show_trace(loop: str, external_id: str, session: SessionDep) -> TraceDetail:
+    row = loop_or_404(session, loop)
+    found = trace_summary(session=session, loop_id=row.id, external_id=external_id)
+    if found is None:
+        raise ApiError(
+            404,
+            "trace_not_found",
+            f"loop {loop!r} has no trace with external_id {external_id[:256]!r}",
+        )
+    body, purged_at = trace_body(session=session, trace_id=found.id)
+    return TraceDetail(
+        **summary_public(found).model_dump(),
+        tasks=[
+            TraceTaskPublic(
+                task_id=t.task_id,
+                relation=t.relation,
+                environment=t.environment,
+                split=t.split,
+                origin=t.origin,
+            )
+            for t in trace_tasks(session=session, trace_id=found.id)
+        ],
+        feedback=[
+            FeedbackPublic(
+                id=f.id,
+                score=f.score,
+                label=f.label,
+                correction=f.correction,
+                comment=f.comment,
+                created_at=f.created_at,
+            )
+            for f in trace_feedback(session=session, trace_id=found.id)
+        ],
+        body=body,
+        body_purged_at=purged_at,
+    )

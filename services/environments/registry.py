@@ -88,9 +88,10 @@ def _factory(name: str) -> Callable[[], Environment]:
 
         return ToolcalcEnvironment
     if name == "replay":
-        from services.environments.replay import ReplayEnvironment
+        # A job's replay tasks may name judge and tool endpoints (job-contract variables).
+        from services.environments.replay.endpoints import from_job_env
 
-        return ReplayEnvironment
+        return from_job_env
     point = installed_entry_points().get(name)
     if point is None:
         known = ", ".join(environment_names())

@@ -75,6 +75,7 @@ POSITIVE_LABELS = frozenset(
     {"good", "correct", "positive", "pass", "passed", "success", "thumbs_up", "up", "accept"}
 )
 _STORES_MAX = 4
+_OWN_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class ReplayEnvironment:
         self.judges = dict(judges or {})
         self.live_tools = dict(live_tools or {})
         self._stores: dict[str, dict[tuple[str, str, str], str]] = {}
+        self._own: dict[str, dict[tuple[str, str, str], str]] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -136,7 +138,7 @@ class ReplayEnvironment:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.judges, self.live_tools = {}, {}
-        self._stores = {}
+        self._stores, self._own = {}, {}
         self._lock = threading.Lock()
 
     # -- tasks --------------------------------------------------------------------------
@@ -328,9 +330,19 @@ class ReplayEnvironment:
         return {name: judge.usage.to_dict() for name, judge in sorted(self.judges.items())}
 
     def _own_records(self, task: TaskSpec) -> dict[tuple[str, str, str], str]:
-        replay = task.metadata.get("replay") or {}
-        recorded = replay.get("recorded") or [] if isinstance(replay, Mapping) else []
-        return as_table([RecordedCall.from_dict(r) for r in recorded])
+        """The calls the task's own trace recorded, parsed once per task (a GRPO group
+        replays the same task many times)."""
+        with self._lock:
+            table = self._own.get(task.task_id)
+        if table is None:
+            replay = task.metadata.get("replay") or {}
+            recorded = replay.get("recorded") or [] if isinstance(replay, Mapping) else []
+            table = as_table([RecordedCall.from_dict(r) for r in recorded])
+            with self._lock:
+                if len(self._own) >= _OWN_MAX:
+                    self._own.clear()
+                self._own[task.task_id] = table
+        return table
 
     def _store(self, task: TaskSpec) -> dict[tuple[str, str, str], str]:
         lineage = task.metadata.get("ratchet")

@@ -159,10 +159,8 @@ class ReplayEnvironment:
             (i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages)
         )
         prefix = [_prefix_message(m) for m in messages[:first_assistant]]
-        context = trace.get("ratchet") if isinstance(trace.get("ratchet"), Mapping) else {}
-        assert isinstance(context, Mapping)
-        settings = context.get("policy") if isinstance(context.get("policy"), Mapping) else {}
-        assert isinstance(settings, Mapping)
+        context = _object(trace.get("ratchet"))
+        settings = _object(context.get("policy"))
         reward = _choose_reward(trace, messages, context, settings)
         if isinstance(reward, Rejection):
             return reward
@@ -501,6 +499,11 @@ def _trace_shape(
     return flat, list(messages)
 
 
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (optional trace fields)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _prefix_message(message: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.get("role"), "content": message.get("content")}
     if message.get("name") is not None:
@@ -515,8 +518,7 @@ def _choose_reward(
     settings: Mapping[str, Any],
 ) -> tuple[dict[str, Any], str | None] | Rejection:
     """The most trusted reward the trace allows (docs/curation.md, "Rewards"), or why none."""
-    metadata = trace.get("metadata") if isinstance(trace.get("metadata"), Mapping) else {}
-    assert isinstance(metadata, Mapping)
+    metadata = _object(trace.get("metadata"))
     try:
         rule = matching.parse_rule(
             metadata.get("reference_match", settings.get("reference_match", "text")),
@@ -526,8 +528,7 @@ def _choose_reward(
         return Rejection("bad_reference_match", str(exc))
     feedback = context.get("feedback") if isinstance(context.get("feedback"), Mapping) else None
     answer = final_answer(messages)
-    outcome = trace.get("outcome") if isinstance(trace.get("outcome"), Mapping) else {}
-    assert isinstance(outcome, Mapping)
+    outcome = _object(trace.get("outcome"))
     candidates: list[tuple[str, Any]] = []
     if feedback is not None:
         candidates.append(("feedback_correction", feedback.get("correction")))

@@ -66,8 +66,8 @@ def canonical_arguments(arguments: Mapping[str, Any] | str) -> str:
 def flat_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     """A tool as ``ratchet.trace/v1`` lists it (``name``, ``description``, ``parameters``),
     from that form or OpenAI's ``{"type": "function", "function": {...}}``."""
-    inner = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-    assert isinstance(inner, Mapping)
+    function = tool.get("function")
+    inner: Mapping[str, Any] = function if isinstance(function, Mapping) else tool
     out: dict[str, Any] = {"name": inner.get("name")}
     if inner.get("description") is not None:
         out["description"] = inner.get("description")

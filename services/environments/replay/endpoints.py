@@ -90,11 +90,22 @@ def _parse(raw: str | None, variable: str) -> dict[str, dict[str, Any]]:
         unknown = sorted(set(config) - {"url", "api_key", "timeout_s"})
         if unknown:
             raise EndpointConfigError(f"{variable}.{name} has unknown field(s) {unknown}")
-        timeout = config.get("timeout_s", 30.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        timeout = _seconds(config.get("timeout_s", 30.0))
+        if timeout is None:
             raise EndpointConfigError(f"{variable}.{name}.timeout_s must be a number > 0")
         key = config.get("api_key")
         if key is not None and not isinstance(key, str):
             raise EndpointConfigError(f"{variable}.{name}.api_key must be a string")
-        out[name] = {"url": config["url"], "api_key": key, "timeout_s": float(timeout)}
+        out[name] = {"url": config["url"].rstrip("/"), "api_key": key, "timeout_s": timeout}
     return out
+
+
+def _seconds(value: Any) -> float | None:
+    """A positive number of seconds, also as text (settings accept ``"30"`` too)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds > 0 else None

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 from services.curation import dedup
 from services.curation.adapters import TraceAdapter
 from services.curation.policy import CurationPolicy
+from services.curation.replay import batch_contexts
 from services.curation.results import CurationCounts
 from services.curation.similarity import (
     band_keys,
@@ -47,7 +48,7 @@ from services.curation.similarity import (
     verifier_key,
 )
 from services.curation.splits import ClusterSplit, SplitAssigner
-from services.curation.workers import Prepared, PrepareJob, PreparePool
+from services.curation.workers import Prepared, PrepareJob, PreparePool, batch_redactor
 from services.db.models import Loop
 from services.db.queries import tasks as task_queries
 from services.db.queries import traces as trace_queries
@@ -109,12 +110,23 @@ def curate_batch(
     if not traces:
         return report
     heartbeat()
-    job = PrepareJob(loop.id, loop.environment, policy, adapter, traces)
+    with report.timed("lookup"):
+        contexts = batch_contexts(
+            session,
+            loop_id=loop.id,
+            environment=loop.environment,
+            policy=policy,
+            traces=traces,
+            redactor=batch_redactor(policy),
+        )
+    job = PrepareJob(loop.id, loop.environment, policy, adapter, traces, contexts)
     with report.timed("prepare"):
         results = (pool or _SERIAL).prepare(job, heartbeat=heartbeat)
-    if pool is not None and pool.processes > 1 and report.more:
+    if pool is not None and pool.processes > 1 and report.more and not contexts:
         # The workers prepare the likely next batch while this one is deduplicated and
-        # written here (see PreparePool.prefetch); the next batch checks every row.
+        # written here (see PreparePool.prefetch); the next batch checks every row. A batch
+        # whose traces need their context (feedback, replay's store) reads it when it
+        # locks them, so it cannot be prepared ahead.
         with report.timed("lock"):
             upcoming = trace_queries.peek_uncurated_traces(
                 session=session, loop_id=loop.id, after_id=traces[-1].id, limit=limit

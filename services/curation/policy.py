@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from services.environments.replay.matching import MatchRule, MatchRuleError, parse_rule
+
 _PATTERN_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_ENDPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class CurationPolicyError(ValueError):
@@ -55,6 +58,16 @@ class CurationPolicy:
     max_regression_tasks: int = 1_000
     # Drift: fewest traces of a model version before its failure rate counts.
     drift_min_traces: int = 20
+    # Rewards of the replay environment (docs/curation.md, "Rewards"): the rule a reference
+    # answer is checked by, and the judge for traces no reference or feedback can score; the
+    # endpoints are names from the deployment's settings (judge_endpoints, tool_endpoints),
+    # never URLs.
+    reference_match: MatchRule = field(default_factory=MatchRule)
+    judge_endpoint: str | None = None
+    judge_model: str | None = None
+    judge_rubric: str | None = None
+    judge_cost_per_1k_tokens: float = 0.0
+    tool_endpoint: str | None = None
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any] | None) -> CurationPolicy:
@@ -84,10 +97,28 @@ class CurationPolicy:
             value = getattr(self, f.name)
             if f.name == "redact_patterns":
                 value = [{"name": p.name, "pattern": p.pattern} for p in value]
+            elif f.name == "reference_match":
+                value = value.to_dict()
             out[f.name] = value
         return out
 
+    def replay_settings(self) -> dict[str, Any]:
+        """What the replay environment reads of the policy when it builds a task."""
+        return {
+            "reference_match": self.reference_match.to_dict(),
+            "judge_endpoint": self.judge_endpoint,
+            "judge_model": self.judge_model,
+            "judge_rubric": self.judge_rubric,
+            "judge_cost_per_1k_tokens": self.judge_cost_per_1k_tokens,
+            "tool_endpoint": self.tool_endpoint,
+        }
+
     def _check_relations(self) -> None:
+        if self.judge_endpoint is not None and not self.judge_rubric:
+            raise CurationPolicyError(
+                "curation_policy.judge_rubric is required with judge_endpoint: the judge "
+                "grades answers by it"
+            )
         if self.cluster_threshold > self.near_duplicate_threshold:
             raise CurationPolicyError(
                 f"cluster_threshold ({self.cluster_threshold}) must not exceed "
@@ -172,6 +203,40 @@ def _patterns(key: str, value: Any) -> tuple[CustomPattern, ...]:
     return tuple(patterns)
 
 
+def _endpoint_name(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ENDPOINT_NAME.match(value):
+        raise CurationPolicyError(
+            f"curation_policy.{key} must be the name of an endpoint in the deployment's "
+            f"settings (matching {_ENDPOINT_NAME.pattern}), got {value!r}"
+        )
+    return value
+
+
+def _optional_text(key: str, value: Any, *, limit: int = 8_000) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise CurationPolicyError(
+            f"curation_policy.{key} must be a non-empty string of at most {limit} characters"
+        )
+    return value
+
+
+def _match_rule(key: str, value: Any) -> MatchRule:
+    try:
+        return parse_rule(value, where=f"curation_policy.{key}")
+    except MatchRuleError as exc:
+        raise CurationPolicyError(str(exc)) from None
+
+
+def _price(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1e6:
+        raise CurationPolicyError(f"curation_policy.{key} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
 _PARSERS: dict[str, Any] = {
     "success_sample_rate": _fraction,
     "failure_score_threshold": _optional_fraction,
@@ -189,4 +254,10 @@ _PARSERS: dict[str, Any] = {
     "max_eval_tasks": lambda k, v: _count(k, v, low=1),
     "max_regression_tasks": _count,
     "drift_min_traces": lambda k, v: _count(k, v, low=1),
+    "reference_match": _match_rule,
+    "judge_endpoint": _endpoint_name,
+    "judge_model": lambda k, v: _optional_text(k, v, limit=200),
+    "judge_rubric": _optional_text,
+    "judge_cost_per_1k_tokens": _price,
+    "tool_endpoint": _endpoint_name,
 }

@@ -16,10 +16,11 @@
 hashes the selection (sha256 over the sorted ``split, task content hash, weight`` lines),
 and either returns the dataset that already has that hash or writes the JSONL task files
 (``train.jsonl``, ``eval.jsonl``, ``regression.jsonl``, ``heldout.jsonl``, ``ratchet.task/v1``)
-plus a
-``manifest.json`` under ``ArtifactStore.dataset_dir(loop, hash)`` and records the
-``datasets`` and ``dataset_tasks`` rows. Same content, same dataset: calling it twice, or
-from a retried activity, never makes a second row or different files.
+plus a ``manifest.json`` (and, for a replay loop, its tool-response store as
+``tool_responses.jsonl``, whose version the manifest records) under
+``ArtifactStore.dataset_dir(loop, hash)`` and records the ``datasets`` and
+``dataset_tasks`` rows. Same content, same dataset: calling it twice, or from a retried
+activity, never makes a second row or different files.
 
 Each task line's ``metadata.ratchet`` carries its lineage: task id, cluster, split, weight
 and the ids of the traces it came from.
@@ -47,11 +48,14 @@ from services.curation.policy import CurationPolicy
 from services.curation.results import DatasetFiles
 from services.db.models import Dataset, Loop
 from services.db.queries import datasets as dataset_queries
+from services.db.queries import replay as replay_queries
 from services.db.queries import tasks as task_queries
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.environments.base import TaskSpec, write_task_file
+from services.environments.replay.env import ENVIRONMENT_NAME as REPLAY
+from services.environments.replay.records import STORE_FILE, write_store_file
 from services.training.checkpoint_manifest import sha256_file
 
 logger = logging.getLogger(__name__)
@@ -264,11 +268,14 @@ def _write_files(
     staging.mkdir()
     try:
         files: dict[str, dict[str, Any]] = {}
+        tool_store = _write_tool_store(session, staging, loop=loop)
+        store_path = directory / STORE_FILE if tool_store is not None else None
         for split, name in FILES.items():
             members = sorted(selection.members[split], key=lambda m: m.dedup_key)
-            count = write_task_file(staging / name, task_lines(session, members, split))
+            lines = task_lines(session, members, split, tool_store=store_path)
+            count = write_task_file(staging / name, lines)
             files[name] = {"count": count, "sha256": sha256_file(staging / name)}
-        manifest = {
+        manifest: dict[str, Any] = {
             "schema": DATASET_SCHEMA,
             "loop": loop.name,
             "environment": loop.environment,
@@ -276,6 +283,8 @@ def _write_files(
             "files": files,
             "difficulty": selection.difficulty,
         }
+        if tool_store is not None:
+            manifest["tool_store"] = tool_store
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
         try:
             staging.rename(directory)
@@ -290,20 +299,44 @@ def _write_files(
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def _write_tool_store(session: Session, staging: Path, *, loop: Loop) -> dict[str, Any] | None:
+    """A replay loop's tool-response store as ``tool_responses.jsonl`` beside the task
+    files, the store's version (its newest row id) and the file's hash for the manifest;
+    None for other environments. Jobs read this file, never the table."""
+    if loop.environment != REPLAY:
+        return None
+    version, calls = replay_queries.tool_store(session=session, loop_id=loop.id)
+    count = write_store_file(staging / STORE_FILE, calls)
+    return {
+        "file": STORE_FILE,
+        "version": version,
+        "count": count,
+        "sha256": sha256_file(staging / STORE_FILE),
+    }
+
+
 def task_lines(
-    session: Session, members: Sequence[task_queries.SplitMember], split: str
+    session: Session,
+    members: Sequence[task_queries.SplitMember],
+    split: str,
+    *,
+    tool_store: Path | None = None,
 ) -> Iterator[TaskSpec]:
     """Task file lines with their ``metadata.ratchet`` lineage, fetched a chunk at a time so
-    memory stays flat for large files (datasets and the probe's task file)."""
+    memory stays flat for large files (datasets and the probe's task file); ``tool_store``
+    names the replay store file the tasks' tools answer from."""
     for start in range(0, len(members), _CHUNK):
         chunk = members[start : start + _CHUNK]
         contents = task_queries.task_contents(session=session, task_ids=[m.task_id for m in chunk])
         for member in chunk:
-            yield _task_line(member, split, contents[member.task_id])
+            yield _task_line(member, split, contents[member.task_id], tool_store)
 
 
 def _task_line(
-    member: task_queries.SplitMember, split: str, content: task_queries.TaskContent
+    member: task_queries.SplitMember,
+    split: str,
+    content: task_queries.TaskContent,
+    tool_store: Path | None = None,
 ) -> TaskSpec:
     task = TaskSpec.from_json(content.spec)
     lineage = {
@@ -314,6 +347,8 @@ def _task_line(
         "weight": member.weight,
         "source_traces": content.sources,
     }
+    if tool_store is not None:
+        lineage["tool_store"] = str(tool_store)
     return dataclasses.replace(task, metadata={**task.metadata, "ratchet": lineage})
 
 

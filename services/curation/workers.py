@@ -27,16 +27,17 @@ import pickle
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
 from services.curation.adapters import TraceAdapter, adapt, similarity_text
 from services.curation.policy import CurationPolicy
 from services.curation.redaction import Redactor
+from services.curation.replay import feedback_outcome
 from services.curation.selection import (
     Outcome,
     classify,
@@ -92,18 +93,21 @@ class PrepareJob:
     policy: CurationPolicy
     adapter: TraceAdapter
     traces: Sequence[TraceRow]
+    # What the batch knows of each trace beyond its body (services.curation.replay): given
+    # to the adapter as the body's ``ratchet`` key.
+    contexts: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def prepare_traces(job: PrepareJob) -> list[Prepared | Verdict]:
     """One result per trace of ``job``, in the same order: a task ready for dedup, or why not."""
-    redactor = _redactor(job.policy)
+    redactor = batch_redactor(job.policy)
     return [_prepare(trace, job=job, redactor=redactor) for trace in job.traces]
 
 
 _REDACTORS: dict[tuple[Any, ...], Redactor] = {}
 
 
-def _redactor(policy: CurationPolicy) -> Redactor:
+def batch_redactor(policy: CurationPolicy) -> Redactor:
     """One redactor per policy per process, so its caches stay warm from batch to batch."""
     key = (tuple((p.name, p.pattern) for p in policy.redact_patterns), policy.redact_high_entropy)
     redactor = _REDACTORS.get(key)
@@ -117,7 +121,11 @@ def _redactor(policy: CurationPolicy) -> Redactor:
 
 def _prepare(trace: TraceRow, *, job: PrepareJob, redactor: Redactor) -> Prepared | Verdict:
     policy = job.policy
+    context = job.contexts.get(trace.id)
     outcome = Outcome(trace.success, trace.score, trace.error_kind)
+    said = feedback_outcome(context)
+    if said is not None:  # the user's word after the fact outranks the runtime's
+        outcome = Outcome(said, None, None if said else (trace.error_kind or "feedback"))
     verdict = classify(outcome, failure_score_threshold=policy.failure_score_threshold)
     if verdict == "unknown":
         return Verdict(trace.id, "skipped", "no outcome reported")
@@ -126,6 +134,8 @@ def _prepare(trace: TraceRow, *, job: PrepareJob, redactor: Redactor) -> Prepare
     ):
         return Verdict(trace.id, "skipped", "success outside the regression sample")
     body = json.loads(trace.body_json)
+    if context is not None and isinstance(body, dict):
+        body["ratchet"] = dict(context)
     rejection = screen_trace(
         body, size_bytes=trace.size_bytes, max_trace_bytes=policy.max_trace_bytes
     )
@@ -257,7 +267,8 @@ def _context(job: PrepareJob) -> tuple[Any, ...] | None:
         adapter = pickle.dumps(job.adapter)
     except (pickle.PicklingError, TypeError, AttributeError):
         return None
-    return (job.loop_id, job.environment, job.policy, type(job.adapter), adapter)
+    contexts = json.dumps({str(k): v for k, v in job.contexts.items()}, sort_keys=True)
+    return (job.loop_id, job.environment, job.policy, type(job.adapter), adapter, contexts)
 
 
 class PreparePool:

@@ -537,3 +537,30 @@ class TraceFeedback(Base):
     comment: Mapped[str | None] = mapped_column(Text)
     content_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = _now_column()
+
+
+class ToolResponse(Base):
+    """A loop's tool-response store: the result production got for one call, so the replay
+    environment can answer the same call in any task of the loop (services.environments.
+    replay). Keyed by tool name, tool schema hash and canonical arguments (their sha256):
+    the first result recorded for a key is kept, later ones are the same call again.
+
+    The reserved tool name ``<answer>`` (no real tool can have it: OpenAI names are
+    ``[a-zA-Z0-9_-]``) keeps the final answer of a successful trace under its conversation
+    key, the reference a later failure of the same conversation is scored against. The
+    store's version is its newest row id; a dataset snapshot ships the rows up to it as a
+    file and records the version in its manifest.
+    """
+
+    __tablename__ = "tool_responses"
+    __table_args__ = (UniqueConstraint("loop_id", "tool", "schema_hash", "arguments_key"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    tool: Mapped[str] = mapped_column(String(64))
+    schema_hash: Mapped[str] = mapped_column(String(16))
+    arguments_key: Mapped[str] = mapped_column(String(64))
+    arguments: Mapped[str] = mapped_column(Text)
+    result: Mapped[str] = mapped_column(Text)
+    trace_id: Mapped[int | None] = mapped_column(ForeignKey("traces.id", ondelete="SET NULL"))
+    created_at: Mapped[dt.datetime] = _now_column()

@@ -1,4 +1,5 @@
-"""Verifiable environments: the interface (``base``), the registry and toolcalc."""
+"""Verifiable environments: the interface (``base``), the registry, toolcalc and replay (any
+OpenAI-tools agent's traces)."""
 
 from services.environments.base import (
     Environment,

@@ -1,7 +1,8 @@
 """Environments by name, so a task's ``environment`` field or a job spec can name one.
 
 Three sources, looked up in this order: environments registered in-process with
-:func:`register_environment`, the built-in ``toolcalc``, and installed packages that
+:func:`register_environment`, the built-ins ``toolcalc`` and ``replay`` (any OpenAI-tools
+agent's traces), and installed packages that
 declare an entry point in the ``ratchet.environments`` group::
 
     # pyproject.toml of a team's own environment package
@@ -27,7 +28,7 @@ from services.environments.base import Environment
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "ratchet.environments"
-BUILTIN = frozenset({"toolcalc"})
+BUILTIN = frozenset({"replay", "toolcalc"})
 
 _FACTORIES: dict[str, Callable[[], Environment]] = {}
 _discovered: dict[str, EntryPoint] | None = None
@@ -86,6 +87,11 @@ def _factory(name: str) -> Callable[[], Environment]:
         from services.environments.toolcalc import ToolcalcEnvironment
 
         return ToolcalcEnvironment
+    if name == "replay":
+        # A job's replay tasks may name judge and tool endpoints (job-contract variables).
+        from services.environments.replay.endpoints import from_job_env
+
+        return from_job_env
     point = installed_entry_points().get(name)
     if point is None:
         known = ", ".join(environment_names())

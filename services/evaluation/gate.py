@@ -20,7 +20,7 @@ the admin API validates, so a bound holds in one place.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +43,43 @@ def decide(
     policy: GatePolicy,
     *,
     seed: int = 0,
+    judge_only_tasks: int = 0,
 ) -> GateDecision:
-    """The decision for one cycle, from per-task scores (pass/fail or pass@1) paired by task."""
+    """The decision for one cycle, from per-task scores (pass/fail or pass@1) paired by task.
+
+    ``judge_only_tasks``: how many of the eval tasks only an LLM judge scores (replay tasks
+    with ``verifier_kind: judge``, see :func:`judge_only_count`); the report says so, since a
+    judge's verdict is the least trusted reward a task can have.
+    """
+    decision = _decide(
+        eval_champion, eval_candidate, regression_champion, regression_candidate, policy, seed
+    )
+    if judge_only_tasks <= 0:
+        return decision
+    n = len(eval_champion)
+    statistics = {**decision.statistics, "judge_only_tasks": judge_only_tasks}
+    note = f"; {judge_only_tasks} of {n} eval tasks are scored by an LLM judge only"
+    return GateDecision(decision.decision, decision.reason + note, statistics)
+
+
+def judge_only_count(task_specs: Sequence[Mapping[str, Any]]) -> int:
+    """How many of these tasks (``ratchet.task/v1`` objects) only an LLM judge scores."""
+    return sum(
+        1
+        for spec in task_specs
+        if isinstance(spec.get("metadata"), Mapping)
+        and spec["metadata"].get("verifier_kind") == "judge"
+    )
+
+
+def _decide(
+    eval_champion: Sequence[float],
+    eval_candidate: Sequence[float],
+    regression_champion: Sequence[float],
+    regression_candidate: Sequence[float],
+    policy: GatePolicy,
+    seed: int,
+) -> GateDecision:
     if not eval_champion:
         return GateDecision("reject", "no paired eval results to compare", {"n": 0})
     main = compare_paired(eval_champion, eval_candidate, confidence=policy.confidence, seed=seed)

@@ -9,8 +9,9 @@ Spec (``ratchet.job/v1``, kind ``eval``)::
 ``RATCHET_BASE_CHECKPOINT`` (the checkpoint to evaluate), ``RATCHET_DATASET`` and
 ``RATCHET_OUTPUT_DIR`` override the spec's paths. Writes ``<output_dir>/results.jsonl``
 (one line per task: task_id, passed, reward, components, turns, …) and
-``<output_dir>/metrics.json`` (n, passed, pass_rate, ci_low, ci_high, tokens_per_s, …), then
-exits 0; a bad spec or input exits non-zero with one ``ratchet job: <reason>`` line.
+``<output_dir>/metrics.json`` (n, passed, pass_rate, ci_low, ci_high, tokens_per_s, …, and
+``judge``: each LLM judge's calls, cache hits, tokens and cost, when replay tasks used one),
+then exits 0; a bad spec or input exits non-zero with one ``ratchet job: <reason>`` line.
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ def _run(spec: JobSpec) -> int:
         "device": str(policy.device),
         "job_wall_s": round(time.monotonic() - started, 3),
     }
+    judge_usage = getattr(env, "judge_usage", None)
+    if callable(judge_usage) and (usage := judge_usage()):
+        # Calls, cache hits, tokens and cost of each LLM judge the tasks named.
+        metrics["judge"] = usage
     write_json(spec.output_dir / "metrics.json", metrics)
     logger.info(
         "eval %s: %d/%d passed (%.3f)", spec.run_id, result.passed, result.n, result.pass_rate

@@ -72,3 +72,32 @@ def test_bad_policies_name_the_key(raw: dict[str, Any], message: str) -> None:
 def test_policy_must_be_an_object() -> None:
     with pytest.raises(CurationPolicyError, match="must be a JSON object"):
         CurationPolicy.from_json([1, 2])  # type: ignore[arg-type]
+
+
+def test_replay_reward_keys_are_checked_by_name() -> None:
+    policy = CurationPolicy.from_json(
+        {
+            "reference_match": {"rule": "number", "tolerance": 0.5},
+            "judge_endpoint": "grader",
+            "judge_rubric": "Refuse holds for overdue patrons.",
+            "judge_cost_per_1k_tokens": 0.002,
+            "tool_endpoint": "library",
+        }
+    )
+    assert policy.replay_settings()["reference_match"] == {
+        "rule": "number",
+        "tolerance": 0.5,
+        "relative": False,
+    }
+    assert CurationPolicy.from_json(policy.to_json()) == policy
+    bad = {
+        "reference_match": "fuzzy",
+        "judge_endpoint": "https://judge.example.com/v1",
+        "tool_endpoint": 3,
+        "judge_cost_per_1k_tokens": -1,
+    }
+    for key, value in bad.items():
+        with pytest.raises(CurationPolicyError, match=f"curation_policy.{key}"):
+            CurationPolicy.from_json({key: value})
+    with pytest.raises(CurationPolicyError, match="judge_rubric is required"):
+        CurationPolicy.from_json({"judge_endpoint": "grader"})

@@ -72,3 +72,16 @@ def test_no_results_is_a_rejection() -> None:
 def test_bad_policy(confidence: float) -> None:
     with pytest.raises(ValueError, match="confidence"):
         GatePolicy(confidence=confidence)
+
+
+def test_judge_only_tasks_are_named_in_the_report() -> None:
+    from services.evaluation.gate import judge_only_count
+
+    champion, candidate = pairs(both=10, only_champion=1, only_candidate=20, neither=9)
+    specs = [{"metadata": {"verifier_kind": "judge"}}] * 3 + [{"metadata": {}}, {}]
+    decision = decide(champion, candidate, [], [], POLICY, judge_only_tasks=judge_only_count(specs))
+    assert decision.decision == "promote"
+    assert decision.reason.endswith("; 3 of 40 eval tasks are scored by an LLM judge only")
+    assert decision.statistics["judge_only_tasks"] == 3
+    plain = decide(champion, candidate, [], [], POLICY)
+    assert "judge" not in plain.reason and "judge_only_tasks" not in plain.statistics

@@ -1,0 +1,23 @@
+"""replay: tasks from any OpenAI-tools agent's traces, tools replayed from recorded results."""
+
+from services.environments.replay.env import (
+    ENVIRONMENT_NAME,
+    REWARD_ID,
+    LiveToolEndpoint,
+    ReplayEnvironment,
+)
+from services.environments.replay.judge import Judge, JudgeEndpoint, JudgeError
+from services.environments.replay.records import STORE_FILE, RecordedCall, recorded_calls
+
+__all__ = [
+    "ENVIRONMENT_NAME",
+    "REWARD_ID",
+    "STORE_FILE",
+    "Judge",
+    "JudgeEndpoint",
+    "JudgeError",
+    "LiveToolEndpoint",
+    "RecordedCall",
+    "ReplayEnvironment",
+    "recorded_calls",
+]

@@ -42,7 +42,7 @@ from services.inference.engine import (
 from services.inference.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from services.training.checkpoint import CheckpointError
 from services.training.device import autocast
-from services.training.model import KVCache, TinyModel
+from services.training.tiny.model import KVCache, TinyModel
 
 FAMILY = "tiny"
 

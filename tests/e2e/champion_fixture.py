@@ -31,8 +31,8 @@ def build(out_dir: Path) -> None:
     import torch
 
     from services.environments import get_environment
-    from services.training.model import GPTConfig
     from services.training.sft import SFTConfig, make_champion
+    from services.training.tiny.model import GPTConfig
 
     torch.set_num_threads(1)
     env = get_environment("toolcalc")

@@ -12,7 +12,7 @@ import pytest
 from services.artifacts import ArtifactStore
 from services.checkpoints import install_checkpoint
 from services.training.checkpoint import save_checkpoint
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.model import GPT, GPTConfig
 
 
 def test_install_fsyncs_the_files_and_the_directories(

@@ -38,7 +38,7 @@ from services.executors.base import ExecutorUnavailable, JobStatus
 from services.executors.local import LocalExecutor
 from services.settings import Settings
 from services.training.checkpoint import save_checkpoint
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.model import GPT, GPTConfig
 from tests.support import assert_eventually_async
 from workflows.activities.jobs import JobActivities
 from workflows.shared import (

@@ -17,7 +17,7 @@ from services.db.models import Checkpoint, Cycle, Loop, Promotion
 from services.db.session import SessionFactory
 from services.settings import Settings
 from services.training.checkpoint import save_checkpoint
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.model import GPT, GPTConfig
 from tests.services.api.support import ADMIN, ADMIN_TOKEN
 from workflows.loop import LoopWorkflow
 

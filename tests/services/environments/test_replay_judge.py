@@ -22,7 +22,7 @@ from services.environments.replay.endpoints import (
 from services.environments.replay.env import prompt_text
 from services.environments.replay.judge import JUDGE_SYSTEM, _judge_messages, parse_verdict
 from services.training.checkpoint import save_checkpoint
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.model import GPT, GPTConfig
 from tests.services.environments.replay_traces import failing_trace
 from tests.services.serving.conftest import ServeProcess
 

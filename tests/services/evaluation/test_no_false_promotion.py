@@ -27,7 +27,7 @@ from services.evaluation.results import pass_at_1
 from services.evaluation.stats import compare_paired
 from services.loop.policies import GatePolicy
 from services.training.checkpoint import save_checkpoint
-from services.training.model import GPT, GPTConfig, TinyModel
+from services.training.tiny.model import GPT, GPTConfig, TinyModel
 
 TINY = GPTConfig(max_seq_len=160, n_layer=1, n_head=2, d_model=16)
 ENV = ToolcalcEnvironment()

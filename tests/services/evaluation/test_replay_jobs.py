@@ -18,7 +18,7 @@ from services.environments.replay import ReplayEnvironment
 from services.environments.replay.records import recorded_calls, write_store_file
 from services.evaluation.job import eval_job_main
 from services.training.checkpoint import save_checkpoint
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.model import GPT, GPTConfig
 from tests.services.environments.replay_traces import USER, failing_trace
 from tests.services.serving.conftest import ServeProcess
 from tests.services.training.conftest import read_metrics, run_train_job, write_spec

@@ -16,7 +16,7 @@ from services.inference.tiny import TinyEngine
 from services.serving.base import CheckpointRef
 from services.training.hf.model import HFModel
 from services.training.hf.rollout import run_chat_episodes as generate_chat_episodes
-from services.training.model import TinyModel
+from services.training.tiny.model import TinyModel
 from services.training.tiny.rollout import run_episodes
 from tests.services.serving.conftest import LISTING, TOOLCALC_TOOLS, demo_task, path_of
 

@@ -21,7 +21,7 @@ from services.serving.local import wait_until_serving
 from services.serving.registry import ModelRegistry
 from services.serving.server import create_serving_app
 from services.training.checkpoint import save_checkpoint
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.model import GPT, GPTConfig
 
 TINY = GPTConfig(n_layer=1, n_head=2, d_model=16, max_seq_len=96)
 

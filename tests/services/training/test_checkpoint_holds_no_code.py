@@ -25,7 +25,7 @@ from services.training.checkpoint import (
     verify_checkpoint,
     write_manifest,
 )
-from services.training.model import GPT, GPTConfig
+from services.training.tiny.model import GPT, GPTConfig
 
 TINY = GPTConfig(max_seq_len=32, n_layer=1, n_head=2, d_model=16)
 CODE = [

@@ -10,6 +10,8 @@ reading the executor's status and writing the run row.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -47,6 +49,26 @@ def job_cost(
     )
     cost = Decimal(str(dollars)).quantize(_CENT_FRACTION, rounding=ROUND_HALF_UP)
     return JobCost(compute_seconds, cost)
+
+
+# What one job may add to the ledger for the LLM judge it called; the figure is the job's
+# own report (metrics.json), so it is bounded and a malformed one counts as nothing.
+MAX_JUDGE_COST_USD = 10_000.0
+
+
+def judge_cost_usd(metrics: Mapping[str, Any]) -> Decimal:
+    """The dollars a job reports spending on LLM judges (``metrics["judge"][name]
+    ["cost_usd"]``, see services.environments.replay.judge), to add to the run's cost."""
+    judges = metrics.get("judge")
+    total = 0.0
+    if isinstance(judges, Mapping):
+        for usage in judges.values():
+            value = usage.get("cost_usd") if isinstance(usage, Mapping) else None
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if number and math.isfinite(value) and value > 0:
+                total += float(value)
+    total = min(total, MAX_JUDGE_COST_USD)
+    return Decimal(str(total)).quantize(_CENT_FRACTION, rounding=ROUND_HALF_UP)
 
 
 def read_job_metrics(path: Path) -> dict[str, Any]:

@@ -53,9 +53,11 @@ from services.db.queries import runs as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
+from services.environments.replay.endpoints import job_env as replay_job_env
 from services.executors.accounting import (
     FinishedJob,
     job_cost,
+    judge_cost_usd,
     observe_finished_job,
     read_job_metrics,
 )
@@ -71,7 +73,7 @@ from services.executors.base import (
 )
 from services.executors.runfiles import UnsafeRunFile, create_exclusive
 from services.logs import log_context
-from services.settings import Settings
+from services.settings import Endpoint, Settings
 from workflows.activities.errors import fails_as
 from workflows.options import JOB
 from workflows.shared import (
@@ -192,7 +194,9 @@ class JobActivities:
                 return _Prepared(run.executor, run.handle, None, _result_of(run))
             executor, handle = run.executor, run.handle
             dataset, base = self._inputs(session, input)
+            curation_policy = dict(loop.curation_policy or {})
         try:
+            env = endpoint_env(curation_policy, self._settings)
             spec = JobSpec(
                 run_id=input.run_id,
                 loop=input.loop,
@@ -208,6 +212,7 @@ class JobActivities:
                 nodes=_nodes(input.job_spec),
                 image=input.job_image,
                 command=tuple(input.job_command) if input.job_command else None,
+                env=env,
             )
         except JobSpecError as exc:
             self._fail_before_submit(input.run_id, str(exc))
@@ -346,7 +351,7 @@ class JobActivities:
                 metrics=metrics,
                 compute_seconds=cost.compute_seconds,
                 cpu_seconds=status.cpu_seconds,
-                cost_usd=cost.cost_usd,
+                cost_usd=cost.cost_usd + judge_cost_usd(metrics),
                 accelerators=accelerators,
                 started_at=_datetime(status.started_at),
                 ended_at=_datetime(status.ended_at) or dt.datetime.now(dt.UTC),
@@ -549,3 +554,43 @@ def _application_error(exc: ExecutorError) -> ApplicationError:
 
 def _datetime(timestamp: float | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(timestamp, dt.UTC) if timestamp else None
+
+
+class EndpointNotListed(JobSpecError):
+    """A loop names a judge or tool endpoint the deployment no longer lists."""
+
+
+def endpoint_env(curation_policy: Mapping[str, Any], settings: Settings) -> dict[str, str]:
+    """The job-contract variables that hand a job the judge and live tool endpoints its
+    loop names (services.environments.replay.endpoints), and only those: a job never holds
+    a key its loop does not use. A name the settings do not list fails the run before it is
+    submitted, naming what to configure."""
+    names = {
+        "judge": curation_policy.get("judge_endpoint"),
+        "tool": curation_policy.get("tool_endpoint"),
+    }
+    if not any(isinstance(name, str) for name in names.values()):
+        return {}
+
+    def listed(endpoints: Mapping[str, Endpoint]) -> dict[str, dict[str, Any]]:
+        return {
+            name: {
+                "url": endpoint.url,
+                "api_key": endpoint.api_key.get_secret_value() if endpoint.api_key else None,
+                "timeout_s": endpoint.timeout_s,
+            }
+            for name, endpoint in endpoints.items()
+        }
+
+    try:
+        return replay_job_env(
+            judges=listed(settings.judge_endpoints),
+            tools=listed(settings.tool_endpoints),
+            judge_names=[names["judge"]] if isinstance(names["judge"], str) else [],
+            tool_names=[names["tool"]] if isinstance(names["tool"], str) else [],
+        )
+    except ValueError as exc:
+        raise EndpointNotListed(
+            f"{exc}: set RATCHET_JUDGE_ENDPOINTS / RATCHET_TOOL_ENDPOINTS on the worker, or "
+            "change the loop's curation_policy"
+        ) from None

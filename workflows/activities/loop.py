@@ -28,7 +28,7 @@ from services.db.queries import cycles as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
-from services.evaluation.gate import decide
+from services.evaluation.gate import decide, judge_only_count
 from services.evaluation.results import ResultsFileError, pass_at_1, read_results
 from services.evaluation.stats import (
     compare_paired,
@@ -238,13 +238,25 @@ class LoopActivities:
                 )
                 for task_set in ("eval", "regression", "heldout")
             )
+            eval_specs = q.evaluated_task_specs(
+                session=session,
+                cycle=cycle,
+                checkpoint_id=input.candidate_checkpoint_id,
+                task_set="eval",
+            )
         policy = GatePolicy(
             confidence=input.confidence,
             min_improvement_points=input.min_improvement_points,
             regression_tolerance_points=input.regression_tolerance_points,
             min_discordant_pairs=input.min_discordant_pairs,
         )
-        decision = decide(*eval_pairs, *regression_pairs, policy, seed=input.cycle)
+        decision = decide(
+            *eval_pairs,
+            *regression_pairs,
+            policy,
+            seed=input.cycle,
+            judge_only_tasks=judge_only_count(eval_specs),
+        )
         statistics = dict(decision.statistics)
         if heldout_pairs[0]:
             heldout = compare_paired(*heldout_pairs, confidence=input.confidence, seed=input.cycle)

@@ -114,18 +114,34 @@ def _check_environment(name: str) -> None:
         )
 
 
-def _check_curation_policy(policy: dict[str, Any]) -> None:
+def _check_curation_policy(policy: dict[str, Any], settings: Settings) -> None:
+    errors = _curation_policy_errors(policy, settings)
+    if errors:
+        raise ApiError(422, "invalid_curation_policy", errors[0]["message"], fields=errors)
+
+
+def _curation_policy_errors(policy: dict[str, Any], settings: Settings) -> list[dict[str, str]]:
+    """The policy parses, and the judge and live tool endpoints it names are ones this
+    deployment lists (a loop names an endpoint; it never brings a URL of its own)."""
     from services.curation.policy import CurationPolicy, CurationPolicyError
 
     try:
-        CurationPolicy.from_json(policy)
+        parsed = CurationPolicy.from_json(policy)
     except CurationPolicyError as exc:
-        raise ApiError(
-            422,
-            "invalid_curation_policy",
-            str(exc),
-            fields=[{"path": "curation_policy", "message": str(exc)}],
-        ) from exc
+        return [{"path": "curation_policy", "message": str(exc)}]
+    errors = []
+    for key, name, known, variable in (
+        ("judge_endpoint", parsed.judge_endpoint, settings.judge_endpoints, "JUDGE"),
+        ("tool_endpoint", parsed.tool_endpoint, settings.tool_endpoints, "TOOL"),
+    ):
+        if name is not None and name not in known:
+            listed = ", ".join(sorted(known)) or "none"
+            message = (
+                f"{name!r} is not an endpoint of this deployment "
+                f"(RATCHET_{variable}_ENDPOINTS lists: {listed})"
+            )
+            errors.append({"path": f"curation_policy.{key}", "message": message})
+    return errors
 
 
 def _serving_endpoint_errors(target: ServingTarget, settings: Settings) -> list[dict[str, str]]:
@@ -158,7 +174,7 @@ def _check_loop_jobs(
 @router.post("", status_code=201, summary="Create a loop, its ingest credentials and workflow")
 async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
     _check_environment(body.environment)
-    _check_curation_policy(body.curation_policy)
+    _check_curation_policy(body.curation_policy, state.settings)
     endpoint_errors = _serving_endpoint_errors(body.serving_target, state.settings)
     if endpoint_errors:
         raise ApiError(
@@ -308,7 +324,11 @@ def _patched_config(current: dict[str, Any], body: LoopPatch, settings: Settings
             continue
         patch = getattr(body, key)
         config[key] = merge_patch(current.get(key) or {}, patch) if patch is not None else {}
-        policy_errors = _policy_errors(key, config[key])
+        policy_errors = (
+            _curation_policy_errors(config[key], settings)
+            if key == "curation_policy"
+            else _policy_errors(key, config[key])
+        )
         if key == "serving_target" and not policy_errors:
             target = ServingTarget.model_validate(config[key])
             policy_errors = _serving_endpoint_errors(target, settings)
@@ -319,14 +339,6 @@ def _patched_config(current: dict[str, Any], body: LoopPatch, settings: Settings
 
 
 def _policy_errors(key: str, policy: dict[str, Any]) -> list[dict[str, str]]:
-    if key == "curation_policy":
-        from services.curation.policy import CurationPolicy, CurationPolicyError
-
-        try:
-            CurationPolicy.from_json(policy)
-        except CurationPolicyError as exc:
-            return [{"path": key, "message": str(exc)}]
-        return []
     try:
         _POLICY_MODELS[key].model_validate(policy)
     except ValidationError as exc:

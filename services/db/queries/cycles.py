@@ -20,6 +20,7 @@ from services.db.models import (
     Loop,
     Promotion,
     Run,
+    Task,
     Trace,
 )
 from services.db.queries.errors import NotFound, existing
@@ -285,6 +286,25 @@ def paired_results(
     candidate = _results_by_task(session, cycle, candidate_id, task_set)
     shared = sorted(set(champion) & set(candidate))
     return [champion[t] for t in shared], [candidate[t] for t in shared]
+
+
+def evaluated_task_specs(
+    *, session: Session, cycle: Cycle, checkpoint_id: str, task_set: str
+) -> list[dict[str, Any]]:
+    """The ``ratchet.task/v1`` specs of the tasks ``checkpoint_id`` was evaluated on."""
+    return list(
+        session.scalars(
+            select(Task.spec)
+            .join(EvaluationResult, EvaluationResult.task_id == Task.id)
+            .join(Evaluation, Evaluation.id == EvaluationResult.evaluation_id)
+            .where(
+                Evaluation.cycle_id == cycle.id,
+                Evaluation.checkpoint_id == checkpoint_id,
+                Evaluation.task_set == task_set,
+            )
+            .distinct()
+        )
+    )
 
 
 def _results_by_task(

@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 from services.api.app import create_app
 from services.api.state import AppState, TemporalConnection
 from services.db.session import SessionFactory
-from services.settings import ServingEndpoint, Settings
+from services.settings import Endpoint, ServingEndpoint, Settings
 from tests.services.api.support import ADMIN_TOKEN, SECRET_KEY, create_loop
 
 # The deployment's serving endpoints a loop may name (RATCHET_SERVING_ENDPOINTS).
@@ -29,6 +29,7 @@ def settings(database_url: str) -> Settings:
         admin_token=ADMIN_TOKEN,
         secret_key=SECRET_KEY,
         serving_endpoints=SERVING_ENDPOINTS,
+        judge_endpoints={"grader": Endpoint(url="http://127.0.0.1:9/v1")},
     )
 
 

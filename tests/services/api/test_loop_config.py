@@ -281,3 +281,34 @@ def test_a_serving_target_names_a_configured_endpoint_of_its_kind(
     with session_factory() as session:
         stored = session.scalars(select(Loop).where(Loop.name == "served")).one()
         assert stored.serving_target == {"kind": "kubernetes", "endpoint": "prod"}
+
+
+def test_a_replay_loop_names_only_judge_and_tool_endpoints_the_deployment_lists(
+    client: TestClient,
+) -> None:
+    """A loop names a judge or a live tool endpoint; the URL and key are the deployment's.
+    An unlisted name is refused on create and on change, naming the field and the setting."""
+    judged = {"judge_endpoint": "grader", "judge_rubric": "Is the answer right?"}
+    refused = client.post(
+        "/v1/loops",
+        json={
+            "name": "judged",
+            "environment": "replay",
+            "curation_policy": {**judged, "judge_endpoint": "elsewhere"},
+        },
+        headers=ADMIN,
+    )
+    assert refused.status_code == 422, refused.text
+    field = refused.json()["error"]["fields"][0]
+    assert field["path"] == "curation_policy.judge_endpoint"
+    assert (
+        "'elsewhere'" in field["message"]
+        and "RATCHET_JUDGE_ENDPOINTS lists: grader" in (field["message"])
+    )
+
+    create_loop(client, "judged", environment="replay", curation_policy=judged)
+    tool = patch(client, "judged", {"curation_policy": {"tool_endpoint": "orders"}})
+    assert tool.status_code == 422
+    field = tool.json()["error"]["fields"][0]
+    assert field["path"] == "curation_policy.tool_endpoint"
+    assert "RATCHET_TOOL_ENDPOINTS lists: none" in field["message"]

@@ -1,0 +1,41 @@
+"""What a replay loop's jobs are handed of the deployment's judge and tool endpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.environments.replay.endpoints import ENV_JUDGES, ENV_TOOLS, from_job_env
+from services.settings import Endpoint, Settings
+from workflows.activities.jobs import EndpointNotListed, endpoint_env
+
+SETTINGS = Settings(
+    judge_endpoints={
+        "grader": Endpoint(url="http://judge.internal/v1", api_key="judge-key", timeout_s=5),
+        "other": Endpoint(url="http://other.internal/v1", api_key="other-key"),
+    },
+    tool_endpoints={"orders": Endpoint(url="http://orders.internal")},
+)
+
+
+def test_a_job_gets_only_the_endpoints_its_loop_names() -> None:
+    env = endpoint_env({"judge_endpoint": "grader", "tool_endpoint": "orders"}, SETTINGS)
+    judges = json.loads(env[ENV_JUDGES])
+    assert judges == {
+        "grader": {"url": "http://judge.internal/v1", "api_key": "judge-key", "timeout_s": 5.0}
+    }
+    assert "other-key" not in json.dumps(env)
+    assert json.loads(env[ENV_TOOLS])["orders"]["url"] == "http://orders.internal"
+    replay = from_job_env(env)  # what the job side reads back
+    assert replay is not None
+
+
+def test_a_loop_without_endpoints_hands_its_jobs_nothing() -> None:
+    assert endpoint_env({}, SETTINGS) == {}
+    assert endpoint_env({"eval_fraction": 0.2}, SETTINGS) == {}
+
+
+def test_an_endpoint_the_deployment_no_longer_lists_fails_the_run_naming_it() -> None:
+    with pytest.raises(EndpointNotListed, match=r"'gone'.*grader, other.*RATCHET_JUDGE_ENDPOINTS"):
+        endpoint_env({"judge_endpoint": "gone"}, SETTINGS)

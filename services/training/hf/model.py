@@ -33,7 +33,7 @@ from services.training.checkpoint import Manifest
 from services.training.device import resolve_device
 from services.training.family import Rollouts, TokenEpisode
 from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint
-from services.training.hf.rollout import Completion, run_chat_episodes
+from services.training.hf.rollout import Completion
 from services.training.rng import derive_seed, gumbel
 
 
@@ -126,22 +126,37 @@ class HFModel:
         max_new_tokens: int,
         temperature: float,
     ) -> Rollouts:
-        """One chat episode per task through :meth:`generate`, scored by the environment's
-        chat verifier (ValueError for an environment without a chat rendering)."""
+        """One chat episode per task through the inference engine (:mod:`services.inference`:
+        the system text and tool list every prompt starts with, a GRPO group's shared prompt
+        and each episode's earlier turns are prefilled once), scored by the environment's
+        chat verifier (ValueError for an environment without a chat rendering).
+
+        The engine is made per call, so its prefix cache never outlives the weights it was
+        computed under (a trainer updates them between calls)."""
+        from services.inference.hf import HFEngine
+        from services.inference.rollout import run_chat_episodes as run_on_engine
+
         chat_env = as_chat_environment(env)
-        rollouts, stats = run_chat_episodes(
+        engine = HFEngine(
+            self.model,
+            self.tokenizer,
+            path=f"checkpoint:{self.checkpoint_id}" if self.checkpoint_id else "memory",
+            version=self.checkpoint_id or "",
+        )
+        rollouts, stats = run_on_engine(
+            engine,
             chat_env,
             tasks,
-            self,
             seeds=seeds,
             max_turns=max_turns,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
+            max_prompt_tokens=engine.context_length(),
         )
         episodes = [
             TokenEpisode(
                 task=task,
-                turns=rollout.turns,
+                turns=[(turn.prompt_ids, turn.completion_ids) for turn in rollout.turns],
                 reward=chat_env.chat_verify(task, rollout.episode),
                 end_reason=rollout.episode.end_reason,
                 answer=rollout.episode.final_answer,

@@ -30,7 +30,7 @@ def test_chat_episodes_equal_the_transformers_generate_path(
     engine = HFEngine(policy.model, policy.tokenizer, path="memory", version="v0")
     tasks = [t for t in ENV.generate_tasks(3, seed=2, api_version="v2") for _ in range(2)]
     options: dict[str, Any] = {"max_turns": 3, "max_new_tokens": 6, "temperature": 0.0}
-    old, _ = generate_chat_episodes(ENV, tasks, policy, seed=0, **options)
+    old, _ = generate_chat_episodes(ENV, tasks, policy, seeds=list(range(len(tasks))), **options)
     new, stats = run_chat_episodes(engine, ENV, tasks, seeds=list(range(len(tasks))), **options)
     for before, after in zip(old, new, strict=True):
         assert after.episode.completions == before.episode.completions
@@ -58,9 +58,11 @@ def test_text_episodes_equal_the_tiny_familys_rollouts(
     tasks = [demo_task()] * 3 + ENV.generate_tasks(3, seed=1, api_version="v1")
     seeds = [7 * i + 3 for i in range(len(tasks))]
     options: dict[str, Any] = {"max_turns": 4, "max_new_tokens": 16, "temperature": temperature}
-    old, old_stats = run_episodes(ENV, tasks, policy, seeds=seeds, **options)
+    old, old_stats = run_episodes(
+        ENV, tasks, policy, seeds=seeds, context_limit=policy.model.config.max_seq_len, **options
+    )
     new, stats = run_text_episodes(engine, ENV, tasks, seeds=seeds, max_rows=4, **options)
-    assert [r.episode.transcript() for r in new] == [e.transcript() for e in old]
+    assert [r.episode.transcript() for r in new] == [e.episode.transcript() for e in old]
     assert stats.generated_tokens == old_stats.generated_tokens
     if temperature == 0.0:
         assert ENV.verify(tasks[0], new[0].episode).passed  # the demo task, in several turns
@@ -129,7 +131,7 @@ def test_hf_evaluation_through_the_engine_scores_as_the_generate_path(
     tasks = ENV.generate_tasks(4, seed=6, api_version="v1")
     options: dict[str, Any] = {"max_turns": 2, "max_new_tokens": 6, "temperature": 0.0}
     result = evaluate(policy, ENV, tasks, batch_size=3, **options)
-    before, _ = generate_chat_episodes(ENV, tasks, policy, seed=0, **options)
+    before, _ = generate_chat_episodes(ENV, tasks, policy, seeds=[0] * len(tasks), **options)
     rewards = [ENV.chat_verify(t, r.episode) for t, r in zip(tasks, before, strict=True)]
     assert [r.passed for r in result.results] == [w.passed for w in rewards]
     assert [r.reward for r in result.results] == [w.total for w in rewards]

@@ -64,8 +64,12 @@ def judge_cost_usd(metrics: Mapping[str, Any]) -> Decimal:
     if isinstance(judges, Mapping):
         for usage in judges.values():
             value = usage.get("cost_usd") if isinstance(usage, Mapping) else None
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if number and math.isfinite(value) and value > 0:
+            if (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
                 total += float(value)
     total = min(total, MAX_JUDGE_COST_USD)
     return Decimal(str(total)).quantize(_CENT_FRACTION, rounding=ROUND_HALF_UP)

@@ -81,7 +81,7 @@ def through_generate(
         env,
         tasks,
         policy,
-        seed=args.seed,
+        seeds=[derive_seed(args.seed, i) for i in range(len(tasks))],
         max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

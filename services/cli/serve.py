@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             max_batch_rows=args.max_batch_rows,
             max_body_bytes=settings.serve_max_body_bytes,
             queue_max=settings.serve_queue_max,
-            model_roots=[r for r in roots if r.is_dir()],
+            # Kept even before they exist: the artifact store is made by the first job.
+            model_roots=[root.absolute() for root in roots],
         )
     except LoadRefused as exc:
         raise CliError(f"cannot serve {args.checkpoint}: {exc}") from None

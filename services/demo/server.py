@@ -18,12 +18,12 @@ def start_model_server(settings: Settings, checkpoint: Path) -> subprocess.Popen
     """Start ``ratchet serve`` and wait until it answers its health check.
 
     It gets the model server's key (``settings.serve_api_key``, which the worker's local
-    serving target sends) and none of the control plane's secrets."""
+    serving target sends), the stack's artifact store as the root it loads adapters from,
+    and none of the control plane's secrets."""
     from services.serving.targets import model_server_environment
 
     log = (settings.logs_dir / "serve.log").open("ab")
-    key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
-    env = model_server_environment(key)
+    env = model_server_environment(settings)
     process = subprocess.Popen(
         [
             sys.executable,

@@ -113,7 +113,7 @@ class ServingTargets:
                 host=settings.serve_host,
                 port=settings.serve_port,
                 logs_dir=settings.logs_dir,
-                env=model_server_environment(key),
+                env=model_server_environment(settings),
             )
         return LocalServingTarget(
             f"http://{settings.serve_host}:{settings.serve_port}",
@@ -181,15 +181,18 @@ def parse_serving_target(config: Mapping[str, Any]) -> policies.ServingTarget:
         ) from None
 
 
-def model_server_environment(api_key: str | None) -> dict[str, str]:
+def model_server_environment(settings: Settings) -> dict[str, str]:
     """The environment of a model server this worker starts: its own, minus every secret
     setting (the admin token, the database URL, the secret key, endpoint keys), plus the
-    model server's API key. The model server loads checkpoints; it holds no credential of
-    the control plane."""
+    model server's API key and the roots it may load checkpoints from (this worker's
+    artifact store, whatever the worker's settings came from). The model server loads
+    checkpoints; it holds no credential of the control plane."""
     hidden = {f"{ENV_PREFIX}{name.upper()}" for name in secret_field_names()}
     env = {name: value for name, value in os.environ.items() if name not in hidden}
-    if api_key:
-        env[f"{ENV_PREFIX}SERVE_API_KEY"] = api_key
+    if settings.serve_api_key is not None:
+        env[f"{ENV_PREFIX}SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+    roots = settings.serve_model_roots or [settings.artifacts_dir]
+    env[f"{ENV_PREFIX}SERVE_MODEL_ROOTS"] = json.dumps([str(root.absolute()) for root in roots])
     return env
 
 

@@ -280,16 +280,18 @@ def test_a_kubernetes_target_patches_only_its_endpoints_deployment(settings: Set
 
 
 def test_the_model_server_the_worker_starts_holds_no_control_plane_secret(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("RATCHET_ADMIN_TOKEN", ADMIN_TOKEN)
     monkeypatch.setenv("RATCHET_DATABASE_URL", "postgresql://u:p@db/ratchet")
     monkeypatch.setenv("RATCHET_SERVING_ENDPOINTS", "{}")
     monkeypatch.setenv("RATCHET_LOG_LEVEL", "DEBUG")
 
-    env = model_server_environment(SERVE_KEY)
+    settings = Settings(serve_api_key=SERVE_KEY, artifact_root=tmp_path / "store")
+    env = model_server_environment(settings)
 
     assert env["RATCHET_SERVE_API_KEY"] == SERVE_KEY
+    assert json.loads(env["RATCHET_SERVE_MODEL_ROOTS"]) == [str(tmp_path / "store")]
     assert env["RATCHET_LOG_LEVEL"] == "DEBUG"
     for name in ("RATCHET_ADMIN_TOKEN", "RATCHET_DATABASE_URL", "RATCHET_SERVING_ENDPOINTS"):
         assert name not in env

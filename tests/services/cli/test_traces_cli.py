@@ -19,7 +19,9 @@ from tests.services.cli.support import run
 
 
 def make_loop(capsys: pytest.CaptureFixture[str], name: str = "helpdesk") -> dict[str, Any]:
-    code, out, err = run(capsys, "loop", "create", name, "--env", "toolcalc", "--json")
+    code, out, err = run(
+        capsys, "loop", "create", name, "--env", "toolcalc", "--json", "--show-secrets"
+    )
     assert code == 0, err
     created: dict[str, Any] = json.loads(out)
     return created
@@ -124,7 +126,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_first_hour_errors_say_what_to_do(
     api_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Any
 ) -> None:
-    code, _, err = run(capsys, "loop", "create", "x1", "--env", "nope")
+    code, _, err = run(capsys, "loop", "create", "x1", "--env", "nope", "--show-secrets")
     assert code == 1 and "unknown environment; known: " in err and "toolcalc" in err
     make_loop(capsys)
     missing = tmp_path / "no-such-checkpoint"

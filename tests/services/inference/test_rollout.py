@@ -94,6 +94,7 @@ def test_the_model_server_reports_cached_prompt_tokens(
         "tools": TOOLCALC_TOOLS,
         "temperature": 0,
     }
+    before = _cached_prompt_tokens(httpx.get(f"{server.url}/metrics").text)
     first = httpx.post(f"{server.url}/v1/chat/completions", json=body).json()
     second = httpx.post(f"{server.url}/v1/chat/completions", json=body).json()
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
@@ -103,8 +104,8 @@ def test_the_model_server_reports_cached_prompt_tokens(
         [c["message"]["tool_calls"][0]["function"] for c in second["choices"]]
         == [c["message"]["tool_calls"][0]["function"] for c in first["choices"]]
     )
-    metrics = httpx.get(f"{server.url}/metrics").text
-    assert f'ratchet_serving_prompt_tokens_total{{source="cached"}} {float(cached)}' in metrics
+    after = _cached_prompt_tokens(httpx.get(f"{server.url}/metrics").text)
+    assert after - before == cached  # the process's counter: other tests may have counted too
 
 
 def test_a_rollout_leaves_nothing_pinned(tool_calling_tiny: CheckpointRef) -> None:
@@ -137,3 +138,11 @@ def test_hf_evaluation_through_the_engine_scores_as_the_generate_path(
     assert [r.reward for r in result.results] == [w.total for w in rewards]
     assert [r.turns for r in result.results] == [r.episode.assistant_turns for r in before]
     assert result.generated_tokens == sum(len(c) for r in before for _, c in r.turns)
+
+
+def _cached_prompt_tokens(exposition: str) -> float:
+    prefix = 'ratchet_serving_prompt_tokens_total{source="cached"} '
+    values = [
+        float(line[len(prefix) :]) for line in exposition.splitlines() if line.startswith(prefix)
+    ]
+    return values[0] if values else 0.0

@@ -101,6 +101,10 @@ class ServingEndpoint(Endpoint):
     container: str | None = Field(default=None, pattern=_DNS_LABEL)
     env_var: str = Field(default="RATCHET_MODEL_PATH", pattern=_ENV_NAME)
     rollout_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    # The server signs its response ids with RATCHET_SERVE_ATTESTATION_KEY (it is a
+    # `ratchet serve` given this deployment's key): the canary then counts only the traces
+    # it served, by the server's word (services/serving/attestation.py).
+    attests: bool = False
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> ServingEndpoint:
@@ -235,6 +239,11 @@ class Settings(BaseSettings):
     # Bearer token when set, and the local serving target sends it. It is never the admin
     # token: no credential of the control plane is sent to a model server.
     serve_api_key: SecretStr | None = None
+    # Signs each response id of `ratchet serve` for the checkpoint that answered, so the
+    # canary counts a trace for the version the server names, not the one the agent reports
+    # (services/serving/attestation.py). The worker sends it to the model servers it starts
+    # (the local stack keeps one in <state_dir>); agents never get it.
+    serve_attestation_key: SecretStr | None = None
     # `ratchet serve` under careless or hostile clients: request bodies past this size are
     # refused (413) before they are parsed, and past this many rows waiting to decode a
     # request is answered 429 with Retry-After instead of queued.

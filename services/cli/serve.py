@@ -68,11 +68,13 @@ def run(args: argparse.Namespace) -> int:
     routes whenever --host is not a loopback address. Adapters load only from
     RATCHET_SERVE_MODEL_ROOTS (default: the artifact store and the directory holding
     --checkpoint). RATCHET_SERVE_MAX_BODY_BYTES caps request bodies (413);
-    RATCHET_SERVE_QUEUE_MAX bounds the rows waiting to decode (429 past it).
+    RATCHET_SERVE_QUEUE_MAX bounds the rows waiting to decode (429 past it);
+    RATCHET_SERVE_ATTESTATION_KEY signs each response id for the checkpoint that answered.
     """
     from services.cli import CliError
     from services.cli.common import cli_settings
     from services.logs import configure_logging
+    from services.serving.attestation import attestation_key
     from services.serving.registry import LoadRefused
     from services.serving.server import serve
 
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             queue_max=settings.serve_queue_max,
             # Kept even before they exist: the artifact store is made by the first job.
             model_roots=[root.absolute() for root in roots],
+            attestation_key=attestation_key(settings),
         )
     except LoadRefused as exc:
         raise CliError(f"cannot serve {args.checkpoint}: {exc}") from None

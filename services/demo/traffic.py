@@ -108,6 +108,7 @@ class ModelCall:
     usage: dict[str, int]
     started_ns: int
     ended_ns: int
+    response_id: str  # the model server's id of the completion (signed for its version)
 
 
 @dataclass
@@ -226,6 +227,7 @@ class ToolcalcAgent:
                     },
                     started_ns=begun,
                     ended_ns=time.time_ns(),
+                    response_id=completion.id,
                 )
             )
             messages = [*messages, reply]
@@ -389,6 +391,7 @@ def episode_trace(episode: AgentEpisode) -> dict[str, Any]:
         "schema": "ratchet.trace/v1",
         "external_id": f"demo-{uuid.uuid4().hex}",
         "model_version": episode.model_version,
+        "response_ids": [call.response_id for call in episode.model_calls],
         "started_at": episode.started_at.isoformat(),
         "ended_at": episode.ended_at.isoformat(),
         "tools": [_function(tool) for tool in episode.tools],
@@ -487,6 +490,7 @@ def _chat_span(episode: AgentEpisode, call: ModelCall, tools: str) -> tuple[str,
         "gen_ai.provider.name": "ratchet",
         "gen_ai.request.model": episode.model_version,
         "gen_ai.response.model": episode.model_version,
+        "gen_ai.response.id": call.response_id,
         "gen_ai.tool.definitions": tools,
         "gen_ai.input.messages": json.dumps([_semconv_message(m) for m in call.input_messages]),
         "gen_ai.output.messages": json.dumps(

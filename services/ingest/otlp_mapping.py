@@ -12,7 +12,8 @@
   episode's span is the trace's root, else ``<trace id>:<span id>`` (so two agents in one
   upstream request are two traces, and the same episode always gets the same id);
 - model version: ``ratchet.model_version``, else the response (or request) model of the
-  first model call.
+  first model call; the model calls' ``gen_ai.response.id`` become ``response_ids`` (a
+  Ratchet model server signs them for the version that answered).
 
 Content sent as log records is applied to its span first (:func:`apply_logs`): the pre-1.37
 message events (``gen_ai.system.message``, ``gen_ai.user.message``,
@@ -55,6 +56,9 @@ _PASS_LABELS = {"pass", "passed", "success", "succeeded", "true", "correct", "go
 _FAIL_LABELS = {"fail", "failed", "failure", "false", "incorrect", "wrong", "bad", "no"}
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _ROLES |= {"tool": "tool", "model": "assistant"}
+
+# Response attributes an operation-details log record may carry for its span.
+RESPONSE_KEYS = ("gen_ai.request.model", "gen_ai.response.model", "gen_ai.response.id")
 
 
 class MappingError(Exception):
@@ -123,7 +127,7 @@ def apply_logs(spans: list[SpanView], logs: list[LogView]) -> None:
                 outputs.append(
                     _legacy_message(role if isinstance(role, str) else "assistant", message)
                 )
-            for key in (*STRUCTURED_KEYS, "gen_ai.request.model", "gen_ai.response.model"):
+            for key in (*STRUCTURED_KEYS, *RESPONSE_KEYS):
                 if key in record.attributes:
                     span.attributes.setdefault(key, record.attributes[key])
         if inputs:
@@ -443,6 +447,7 @@ def map_episode(
         model_version = _attribute(chats, "gen_ai.response.model") or _attribute(
             [*chats, agent], "gen_ai.request.model"
         )
+    response_ids = [s.attributes.get("gen_ai.response.id") for s in chats]
     outcome, evaluation = _outcome(ordered, anchor)
     usage = {
         key: sum(
@@ -470,6 +475,7 @@ def map_episode(
         "schema": "ratchet.trace/v1",
         "external_id": given_id if isinstance(given_id, str) and given_id else external_id,
         "model_version": model_version if isinstance(model_version, str) else None,
+        "response_ids": list(dict.fromkeys(i for i in response_ids if isinstance(i, str) and i)),
         "started_at": _timestamp(started),
         "ended_at": _timestamp(ended),
         "tools": _tools([*chats, agent, *ordered]),

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 TOKEN_FILE = "admin-token"
 SERVE_KEY_FILE = "serve-api-key"
+SERVE_ATTESTATION_KEY_FILE = "serve-attestation-key"
 
 
 class AdminTokenError(Exception):
@@ -57,6 +58,11 @@ def ensure_local_admin_token(state_dir: Path) -> str:
 def ensure_local_serve_api_key(state_dir: Path) -> str:
     """The local model server's key, generated (0600) like the admin token on first use."""
     return _ensure_secret_file(state_dir / SERVE_KEY_FILE)
+
+
+def ensure_local_serve_attestation_key(state_dir: Path) -> str:
+    """The key the local model server signs its response ids with (never given to agents)."""
+    return _ensure_secret_file(state_dir / SERVE_ATTESTATION_KEY_FILE)
 
 
 def _ensure_secret_file(path: Path) -> str:

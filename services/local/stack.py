@@ -327,6 +327,9 @@ class Stack:
             env["RATCHET_ADMIN_TOKEN"] = settings.admin_token.get_secret_value()
         if settings.serve_api_key is not None:
             env["RATCHET_SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+        if settings.serve_attestation_key is not None:
+            key = settings.serve_attestation_key.get_secret_value()
+            env["RATCHET_SERVE_ATTESTATION_KEY"] = key
         ui = settings.effective_temporal_ui_url
         if ui:
             env.setdefault("RATCHET_TEMPORAL_UI_URL", ui)
@@ -435,20 +438,28 @@ def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
     return settings.model_copy(update={"admin_token": SecretStr(token)}), token
 
 
-def with_local_serve_api_key(settings: Settings) -> Settings:
-    """The settings with the model server's key: the one set, else the state dir's (made if
-    needed). The worker sends it to the local model server; never the admin token."""
-    if settings.serve_api_key is not None:
-        return settings
+def with_local_serve_keys(settings: Settings) -> Settings:
+    """The settings with the model server's API key and attestation key: the ones set, else
+    the state dir's (made if needed). The worker sends both to the local model server; never
+    the admin token."""
     from pydantic import SecretStr
 
-    from services.local.admin_token import AdminTokenError, ensure_local_serve_api_key
+    from services.local.admin_token import (
+        AdminTokenError,
+        ensure_local_serve_api_key,
+        ensure_local_serve_attestation_key,
+    )
 
+    update: dict[str, SecretStr] = {}
     try:
-        key = ensure_local_serve_api_key(settings.state_dir)
+        if settings.serve_api_key is None:
+            update["serve_api_key"] = SecretStr(ensure_local_serve_api_key(settings.state_dir))
+        if settings.serve_attestation_key is None:
+            key = ensure_local_serve_attestation_key(settings.state_dir)
+            update["serve_attestation_key"] = SecretStr(key)
     except (AdminTokenError, OSError) as exc:
-        raise StackError(f"cannot set up the local model server's key: {exc}") from exc
-    return settings.model_copy(update={"serve_api_key": SecretStr(key)})
+        raise StackError(f"cannot set up the local model server's keys: {exc}") from exc
+    return settings.model_copy(update=update) if update else settings
 
 
 class Terminated(KeyboardInterrupt):
@@ -502,7 +513,7 @@ def run_up(settings: Settings, *, announce: Callable[[str], None]) -> int:
     stack = Stack(settings)
     stack.preflight()  # first: a state dir that cannot hold the token is named as such
     stack.settings, stack.generated_admin_token = with_local_admin_token(settings)
-    stack.settings = with_local_serve_api_key(stack.settings)
+    stack.settings = with_local_serve_keys(stack.settings)
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:

@@ -17,8 +17,9 @@ same API, so an agent written against the ``openai`` client runs against either 
 
 Concurrent requests are decoded together (:mod:`services.serving.scheduler`). Every
 completion names the checkpoint that produced it in ``system_fingerprint`` and in the
-``X-Ratchet-Model-Version`` header (so traffic can be tagged by the server's word, not the
-client's).
+``X-Ratchet-Model-Version`` header; with ``RATCHET_SERVE_ATTESTATION_KEY`` set its response
+``id`` is signed for that checkpoint, so a trace that records the id is tagged by the server's
+word, not the client's (:mod:`services.serving.attestation`).
 
 Under careless or hostile clients (:mod:`services.serving.guards` is the door): with
 ``RATCHET_SERVE_API_KEY`` set every route but ``/health`` needs it as a Bearer token; bodies
@@ -67,6 +68,7 @@ from services.metrics import (
     SERVING_TOKENS,
     render_latest,
 )
+from services.serving.attestation import response_id
 from services.serving.base import VERSION_HEADER
 from services.serving.guards import (
     DoorPolicy,
@@ -157,12 +159,15 @@ def create_serving_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     queue_max: int = DEFAULT_QUEUE_MAX,
     model_roots: Sequence[Path] | None = None,
+    attestation_key: bytes | None = None,
 ) -> FastAPI:
     """The model server's app over ``registry`` (loaded by the caller: nothing loads here).
 
     ``api_key``: required of every request but /health when set. ``bind_host``: where the
     server listens (beyond loopback the adapter routes need the key). ``model_roots``: the
     directories adapter loads may come from (default: those holding the models served now).
+    ``attestation_key``: signs each response id for the version that answered
+    (:mod:`services.serving.attestation`).
     """
     scheduler = BatchScheduler(max_batch_rows=max_batch_rows, max_waiting_rows=queue_max)
     scheduler.start()
@@ -240,6 +245,7 @@ def create_serving_app(
             ) from None
         try:
             completion = await _Completion.create(body, served, messages, tools, forced, scheduler)
+            completion.id = response_id("chatcmpl", served.version, attestation_key)
             rows = completion.submit()
         except BaseException:
             registry.release(served)
@@ -409,7 +415,7 @@ class _Completion:
         self.parse_tools = bool(tools) and body.tool_choice != "none"
         self.stops = body.stops()
         self.scheduler = scheduler
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = response_id("chatcmpl", served.version, None)  # signed by the route
         self.created = int(time.time())
         self.prompt = prompt
         context = self.engine.context_length()
@@ -714,6 +720,7 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     queue_max: int = DEFAULT_QUEUE_MAX,
     model_roots: Sequence[Path] = (),
+    attestation_key: bytes | None = None,
 ) -> None:
     """Load ``checkpoint`` as ``model_name`` (refusing an invalid one before binding), serve.
 
@@ -734,6 +741,7 @@ def serve(
         max_body_bytes=max_body_bytes,
         queue_max=queue_max,
         model_roots=list(model_roots) or [checkpoint.parent],
+        attestation_key=attestation_key,
     )
     if api_key is None and not is_loopback(host):
         logger.warning(

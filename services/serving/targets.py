@@ -30,12 +30,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 
 from services.loop import policies
 from services.loop.policies import RECORDED, describe_errors, serving_endpoint_problem
+from services.serving.attestation import TraceAttestation, attestation_key, attested
 from services.serving.base import CheckpointRef, DeployFailed, ServingTarget
 from services.settings import ENV_PREFIX, ServingEndpoint, Settings, secret_field_names
 
@@ -73,6 +75,23 @@ class ServingTargets:
             return checkpoint_id
         target = self.target(serving_target)
         return target.deploy(CheckpointRef(id=checkpoint_id, uri=checkpoint_uri)).version
+
+    def attestation(self, config: Mapping[str, Any]) -> TraceAttestation | None:
+        """How the canary tells traces this target served from traces that only say so:
+        a ``local`` target is the model server this worker starts with the attestation key;
+        an endpoint is one when the operator marked it ``attests`` (a ``ratchet serve`` given
+        the same key). None: the serving path cannot sign, and the clients' word is all the
+        canary has."""
+        key = attestation_key(self._settings)
+        if key is None:
+            return None
+        policy = parse_serving_target(config)
+        if policy.kind == "local":
+            return partial(attested, key=key)
+        endpoint = self._settings.serving_endpoints.get(policy.endpoint or "")
+        if endpoint is not None and endpoint.attests:
+            return partial(attested, key=key)
+        return None
 
     def target(self, config: Mapping[str, Any]) -> ServingTarget:
         policy = parse_serving_target(config)
@@ -184,13 +203,16 @@ def parse_serving_target(config: Mapping[str, Any]) -> policies.ServingTarget:
 def model_server_environment(settings: Settings) -> dict[str, str]:
     """The environment of a model server this worker starts: its own, minus every secret
     setting (the admin token, the database URL, the secret key, endpoint keys), plus the
-    model server's API key and the roots it may load checkpoints from (this worker's
-    artifact store, whatever the worker's settings came from). The model server loads
-    checkpoints; it holds no credential of the control plane."""
+    model server's API key, its attestation key and the roots it may load checkpoints from
+    (this worker's artifact store, whatever the worker's settings came from). The model
+    server loads checkpoints; it holds no credential of the control plane."""
     hidden = {f"{ENV_PREFIX}{name.upper()}" for name in secret_field_names()}
     env = {name: value for name, value in os.environ.items() if name not in hidden}
     if settings.serve_api_key is not None:
         env[f"{ENV_PREFIX}SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+    if settings.serve_attestation_key is not None:
+        key = settings.serve_attestation_key.get_secret_value()
+        env[f"{ENV_PREFIX}SERVE_ATTESTATION_KEY"] = key
     roots = settings.serve_model_roots or [settings.artifacts_dir]
     env[f"{ENV_PREFIX}SERVE_MODEL_ROOTS"] = json.dumps([str(root.absolute()) for root in roots])
     return env

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from services.db.models import Checkpoint, Cycle, Loop, Promotion, Trace
 from services.db.session import SessionFactory
+from services.serving.attestation import attested, response_id
 from services.serving.base import DeployFailed
 from workflows.activities.loop import LoopActivities
 from workflows.shared import (
@@ -198,6 +200,44 @@ def test_live_stats_counts_a_versions_newest_traces_in_the_window(
     assert (none.n, none.success_rate) == (0, None)
     # Before the window opens the new version has no traces.
     assert activities.live_stats(LiveStatsInput(name, "v-new", until=deployed_at)).n == 0
+
+
+def test_where_the_server_signs_the_canary_counts_only_the_traces_it_served(
+    session_factory: SessionFactory, target: RecordingTarget
+) -> None:
+    """A client that claims the new version for failures it got elsewhere (or sends no ids)
+    no longer moves the canary: only traces whose response ids the server signed for the
+    version they claim are counted (issue 28)."""
+    key = b"k" * 32
+    activities = LoopActivities(
+        session_factory, target, attestation=lambda _target: partial(attested, key=key)
+    )
+    loop_id, name = make_loop(session_factory)
+    with session_factory.begin() as session:
+        for index, (ids, success) in enumerate(
+            [
+                ([response_id("chatcmpl", "v-new", key)], True),
+                ([response_id("chatcmpl", "v-new", key)] * 2, True),
+                ([response_id("chatcmpl", "v-old", key)], False),  # served by the old one
+                ([], False),  # the client's word only
+                (["chatcmpl-made-up"], False),
+            ]
+        ):
+            session.add(
+                Trace(
+                    loop_id=loop_id,
+                    external_id=f"signed-{index}",
+                    model_version="v-new",
+                    success=success,
+                    body={"response_ids": ids},
+                    size_bytes=2,
+                    received_at=T0 + dt.timedelta(seconds=index),
+                )
+            )
+    stats = activities.live_stats(LiveStatsInput(name, "v-new"))
+    assert (stats.n, stats.successes) == (2, 2)
+    trusting = LoopActivities(session_factory, target).live_stats(LiveStatsInput(name, "v-new"))
+    assert (trusting.n, trusting.successes) == (5, 2)
 
 
 # rollback_champion ---------------------------------------------------------------------

@@ -45,6 +45,7 @@ from services.metrics import (
     LOOP_PROMOTIONS,
     LOOP_SPEND,
 )
+from services.serving.attestation import TraceAttestation
 from services.serving.base import ServingError
 from workflows.activities.errors import fails_as
 from workflows.shared import (
@@ -83,10 +84,21 @@ class ServingDeployer(Protocol):
     ) -> str: ...
 
 
+# How the canary tells the traces a loop's serving target served (by the model server's
+# signed response ids) from those that only say so; None: only the clients' word exists.
+Attestation = Callable[[dict[str, Any]], TraceAttestation | None]
+
+
 class LoopActivities:
-    def __init__(self, session_factory: SessionFactory, deploy: ServingDeployer) -> None:
+    def __init__(
+        self,
+        session_factory: SessionFactory,
+        deploy: ServingDeployer,
+        attestation: Attestation | None = None,
+    ) -> None:
         self._sessions = session_factory
         self._deploy = deploy
+        self._attestation = attestation
 
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
@@ -311,9 +323,12 @@ class LoopActivities:
 
     @activity.defn(name="live_stats")
     def live_stats(self, input: LiveStatsInput) -> LiveStats:
-        """Read-only."""
+        """Read-only. Where the serving target signs its responses, only the traces whose
+        response ids it signed for their version count: an agent's say-so cannot move the
+        canary."""
         with self._transaction() as session:
             loop = require_loop(session=session, name=input.loop)
+            attested = self._attestation(loop.serving_target) if self._attestation else None
             counts = q.live_counts(
                 session=session,
                 loop=loop,
@@ -321,6 +336,7 @@ class LoopActivities:
                 since=_parse(input.since),
                 until=_parse(input.until),
                 limit=input.limit,
+                attested=attested,
             )
         if counts.n == 0:
             return LiveStats(n=0, successes=0, success_rate=None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -450,8 +450,12 @@ def live_counts(
     since: dt.datetime | None,
     until: dt.datetime | None,
     limit: int,
+    attested: Callable[[str | None, list[Any]], bool] | None = None,
 ) -> LiveCounts:
-    """Outcomes of the newest ``limit`` traces of a model version in a time window."""
+    """Outcomes of the newest ``limit`` traces of a model version in a time window; with
+    ``attested`` (a trace's claimed version and ``response_ids`` in, whether the model
+    server vouches for them out), of those among them it accepts: the others are the
+    client's word only."""
     recent = (
         select(Trace.success)
         .where(Trace.loop_id == loop.id, Trace.success.is_not(None))
@@ -464,11 +468,21 @@ def live_counts(
         recent = recent.where(Trace.received_at >= since)
     if until is not None:
         recent = recent.where(Trace.received_at < until)
+    if attested is not None:
+        rows = session.execute(
+            recent.add_columns(Trace.model_version, Trace.body["response_ids"])
+        ).all()
+        kept = [success for success, version, ids in rows if attested(version, _list(ids))]
+        return LiveCounts(len(kept), sum(1 for success in kept if success))
     window = recent.subquery()
     n, successes = session.execute(
         select(func.count(), func.coalesce(func.sum(cast(window.c.success, Integer)), 0))
     ).one()
     return LiveCounts(int(n), int(successes))
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _now_iso() -> str:

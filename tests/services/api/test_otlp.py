@@ -70,6 +70,7 @@ def record_episode(provider: TracerProvider, *, answer: str = "6", label: str = 
                 "gen_ai.provider.name": "ratchet",
                 "gen_ai.request.model": "small-gpt",
                 "gen_ai.response.model": "small-gpt-2026-01",
+                "gen_ai.response.id": "chatcmpl-first",
                 "gen_ai.system_instructions": system,
                 "gen_ai.tool.definitions": json.dumps(TOOLS),
                 "gen_ai.input.messages": json.dumps([user]),
@@ -96,6 +97,7 @@ def record_episode(provider: TracerProvider, *, answer: str = "6", label: str = 
                 "gen_ai.operation.name": "chat",
                 "gen_ai.request.model": "small-gpt",
                 "gen_ai.response.model": "small-gpt-2026-01",
+                "gen_ai.response.id": "chatcmpl-second",
                 "gen_ai.system_instructions": system,
                 "gen_ai.input.messages": json.dumps([user, call, result]),
                 "gen_ai.output.messages": json.dumps([final]),
@@ -178,6 +180,8 @@ def test_the_sdk_exporter_posts_an_episode_that_becomes_one_trace(
     assert row.external_id == trace_id
     assert row.source == "otlp"
     assert row.model_version == "small-gpt-2026-01"
+    # the model server's ids of its completions, in order: what the canary checks
+    assert row.body["response_ids"] == ["chatcmpl-first", "chatcmpl-second"]
     assert (row.success, row.score, row.error_kind) == (False, 0.0, "wrong_answer")
     body = row.body
     assert [m["role"] for m in body["messages"]] == [

@@ -16,6 +16,7 @@ from services.cli import main
 from services.cli.loop import admin_token_for_cli
 from services.db.session import SessionFactory
 from services.local.admin_token import (
+    SERVE_ATTESTATION_KEY_FILE,
     SERVE_KEY_FILE,
     AdminTokenError,
     ensure_local_admin_token,
@@ -28,7 +29,7 @@ from services.local.stack import (
     Stack,
     StackError,
     with_local_admin_token,
-    with_local_serve_api_key,
+    with_local_serve_keys,
 )
 from services.settings import Settings, get_settings
 from tests.services.api.support import serve
@@ -67,28 +68,38 @@ def test_ratchet_up_uses_a_set_token_else_the_local_one(tmp_path: Path) -> None:
         with_local_admin_token(Settings(state_dir=tmp_path / "c"))
 
 
-def test_ratchet_up_makes_a_model_server_key_of_its_own_for_the_worker(tmp_path: Path) -> None:
+def test_ratchet_up_makes_model_server_keys_of_their_own_for_the_worker(tmp_path: Path) -> None:
     """The local model server's key is generated like the admin token, is another secret,
     and reaches the worker through its environment (the worker hands it to the model
     server it starts the same way, never on a command line)."""
     state = tmp_path / "state"
     settings, token = with_local_admin_token(Settings(state_dir=state))
-    settings = with_local_serve_api_key(settings)
+    settings = with_local_serve_keys(settings)
     assert settings.serve_api_key is not None
     key = settings.serve_api_key.get_secret_value()
     assert len(key) >= 32 and key != token
     assert stat.S_IMODE((state / SERVE_KEY_FILE).stat().st_mode) == 0o600
     assert ensure_local_serve_api_key(state) == key  # reused
+    assert settings.serve_attestation_key is not None
+    attesting = settings.serve_attestation_key.get_secret_value()
+    assert len(attesting) >= 32 and attesting not in (key, token)
+    assert stat.S_IMODE((state / SERVE_ATTESTATION_KEY_FILE).stat().st_mode) == 0o600
     environment = Stack(settings, database_url="postgresql://x/y").child_environment()
     assert environment["RATCHET_SERVE_API_KEY"] == key
+    assert environment["RATCHET_SERVE_ATTESTATION_KEY"] == attesting
 
-    explicit = Settings(state_dir=tmp_path / "set", serve_api_key=SecretStr("operator-key"))
-    assert with_local_serve_api_key(explicit) is explicit
+    explicit = Settings(
+        state_dir=tmp_path / "set",
+        serve_api_key=SecretStr("operator-key"),
+        serve_attestation_key=SecretStr("operator-attestation-key"),
+    )
+    assert with_local_serve_keys(explicit) is explicit
     assert not (tmp_path / "set" / SERVE_KEY_FILE).exists()
+    assert not (tmp_path / "set" / SERVE_ATTESTATION_KEY_FILE).exists()
 
     (state / SERVE_KEY_FILE).chmod(0o644)
     with pytest.raises(StackError, match="readable by other users"):
-        with_local_serve_api_key(Settings(state_dir=state))
+        with_local_serve_keys(Settings(state_dir=state))
 
 
 def test_the_cli_sends_the_local_token_only_to_this_machine(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from services.secret_keys import generate_key, parse_keys
 from services.settings import Settings, SettingsError
 
 PREFIX = "fernet:"
@@ -30,28 +31,6 @@ KEY_FILE_NAME = "secret.key"
 class SecretKeyError(Exception):
     """A stored secret cannot be decrypted with any configured key (the key was lost or
     removed too early); the message never holds the secret or the key."""
-
-
-def parse_keys(raw: str) -> list[Fernet]:
-    """Fernet keys from a comma-separated list (newest first). The error names the position
-    of the bad key, never its value."""
-    keys = [part.strip() for part in raw.split(",") if part.strip()]
-    if not keys:
-        raise ValueError("must hold at least one Fernet key")
-    fernets = []
-    for position, key in enumerate(keys, start=1):
-        try:
-            fernets.append(Fernet(key))
-        except ValueError:
-            raise ValueError(
-                f"key {position} of {len(keys)} is not a Fernet key (32 url-safe base64 bytes; "
-                "make one with `ratchet db generate-key`)"
-            ) from None
-    return fernets
-
-
-def generate_key() -> str:
-    return Fernet.generate_key().decode("ascii")
 
 
 class SecretBox:

@@ -292,7 +292,7 @@ class Settings(BaseSettings):
     def _check_secret_key(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or not value.get_secret_value().strip():
             return None
-        from services.secrets import parse_keys  # it imports this module
+        from services.secret_keys import parse_keys  # cryptography: loaded when a key is set
 
         parse_keys(value.get_secret_value())
         return value

@@ -13,7 +13,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STDLIB = set(sys.stdlib_module_names)
 
-WORKFLOW_MODULES = ["loop", "curate", "probe", "train", "evaluate", "promote"]
+
+def _workflow_modules() -> list[str]:
+    """The modules of the workflows the worker registers (its registry, not a list kept here
+    by hand: a new workflow is checked the day it is registered)."""
+    from workflows.registry import WORKFLOWS
+
+    return sorted({cls.__module__.removeprefix("workflows.") for cls in WORKFLOWS})
+
+
+WORKFLOW_MODULES = _workflow_modules()
 # Packages that run inside a GPU job image with no database (the inference engine too: train
 # and eval jobs roll out through it).
 JOB_PACKAGES = ["services/training", "services/environments", "services/inference"]
@@ -362,39 +371,33 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def import_time_imports(path: Path, known: set[str]) -> list[str]:
-    """The modules a file imports when it is imported: top-level statements, including those
-    under ``if``/``try``/``with`` (``imports_passed_through``), but not ``TYPE_CHECKING``
-    blocks or function bodies, which run later and cannot make an import cycle."""
+def module_imports(path: Path, known: set[str]) -> list[str]:
+    """The modules a file imports anywhere: top-level statements and function bodies alike
+    (a function-level import closes a circle as surely, only later: two modules that need
+    each other are one module or a third is missing). ``TYPE_CHECKING`` blocks are skipped:
+    they never run."""
     names: list[str] = []
 
-    def visit(statements: list[ast.stmt]) -> None:
-        for node in statements:
-            if isinstance(node, ast.Import):
-                names.extend(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    submodule = f"{node.module}.{alias.name}"
-                    names.append(submodule if submodule in known else node.module)
-            elif isinstance(node, ast.If):
-                if not _is_type_checking(node.test):
-                    visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-                for handler in node.handlers:
-                    visit(handler.body)
-                visit(node.orelse)
-                visit(node.finalbody)
-            elif isinstance(node, ast.With):
-                visit(node.body)
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                names.append(submodule if submodule in known else node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
 
-    visit(ast.parse(path.read_text(), filename=str(path)).body)
+    visit(ast.parse(path.read_text(), filename=str(path)))
     return names
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module → the modules of services/ and workflows/ it loads at import time. Importing
+    """Module → the modules of services/ and workflows/ it imports (anywhere). Importing
     ``a.b.c`` loads the packages ``a`` and ``a.b`` too, except the importer's own packages
     (a submodule importing its package's ``__init__`` is how packages work, not a cycle)."""
     paths = {module_of(path): path for path in python_files("services", "workflows")}
@@ -402,7 +405,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in paths.items():
         edges: set[str] = set()
-        for name in import_time_imports(path, known):
+        for name in module_imports(path, known):
             while name:
                 if name in known and not f"{module}.".startswith(f"{name}."):
                     edges.add(name)
@@ -457,6 +460,18 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_cycle_finder_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert strongly_connected(graph) == [["a", "b", "c"]]
+
+
+def test_the_cycle_rule_sees_function_level_imports_but_not_type_checking_ones(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from services.a import A\n"
+        "def f():\n    from services.b import c\n    import services.d\n"
+    )
+    assert module_imports(source, {"services.b.c"}) == ["typing", "services.b.c", "services.d"]
 
 
 def test_no_import_cycles() -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from services.artifacts import ArtifactStore
+from services.db.session import SessionFactory
+from services.settings import Settings
 from workflows.curate import CurateWorkflow
 from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
@@ -12,9 +16,6 @@ from workflows.probe import ProbeWorkflow
 from workflows.promote import PromoteWorkflow
 from workflows.retention import RetentionWorkflow
 from workflows.train import TrainWorkflow
-
-if TYPE_CHECKING:
-    from workflows.worker import WorkerDependencies
 
 WORKFLOWS: list[type] = [
     LoopWorkflow,
@@ -25,6 +26,15 @@ WORKFLOWS: list[type] = [
     PromoteWorkflow,
     RetentionWorkflow,
 ]
+
+
+@dataclass
+class WorkerDependencies:
+    """Everything activities need, built once per worker process."""
+
+    settings: Settings
+    session_factory: SessionFactory
+    artifacts: ArtifactStore
 
 
 def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:

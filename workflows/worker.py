@@ -14,7 +14,6 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -26,34 +25,22 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from services.artifacts import ArtifactStore
-from services.db.session import SessionFactory, engine_from_settings, make_session_factory, ping
+from services.db.session import engine_from_settings, make_session_factory, ping
 from services.metrics import render_latest
 from services.settings import Settings
 from services.temporal import connect_temporal, metrics_runtime
+from workflows.registry import WORKFLOWS, WorkerDependencies, build_activities
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class WorkerDependencies:
-    """Everything activities need, built once per worker process."""
-
-    settings: Settings
-    session_factory: SessionFactory
-    artifacts: ArtifactStore
-
-
 def workflow_classes() -> list[type]:
     """Every workflow type Ratchet runs."""
-    from workflows.registry import WORKFLOWS
-
     return list(WORKFLOWS)
 
 
 def activity_callables(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Every activity, bound to its dependencies."""
-    from workflows.registry import build_activities
-
     return build_activities(deps)
 
 

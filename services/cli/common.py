@@ -99,10 +99,32 @@ def fraction(raw: str) -> float:
 
 
 @contextmanager
+def database_url() -> Iterator[str]:
+    """The configured database, or the embedded one under the state dir for the command."""
+    from services.cli import CliError
+    from services.local.stack import EmbeddedPostgres, StackError, check_postgres_reachable
+
+    settings = cli_settings()
+    if settings.database_url is not None:
+        try:
+            check_postgres_reachable(settings.database_url)
+        except StackError as exc:
+            raise CliError(str(exc), exit_code=1) from None
+        yield settings.database_url
+        return
+    embedded = EmbeddedPostgres(settings.embedded_postgres_dir)
+    try:
+        yield embedded.start()
+    except StackError as exc:
+        raise CliError(str(exc), exit_code=1) from None
+    finally:
+        embedded.stop()
+
+
+@contextmanager
 def database_session() -> Iterator[Session]:
     """A session on the configured database (or the embedded one, as ``ratchet db`` does),
     committed when the block ends without an error."""
-    from services.cli.db import database_url
     from services.db.session import create_db_engine, make_session_factory
 
     with database_url() as url:
@@ -132,12 +154,22 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
+def admin_token_for_cli(settings: Any) -> str | None:
+    """RATCHET_ADMIN_TOKEN, else the local stack's (`ratchet up`) for an api on this machine."""
+    if settings.admin_token is not None:
+        return str(settings.admin_token.get_secret_value())
+    from services.local.admin_token import is_loopback_url, read_local_admin_token
+
+    if is_loopback_url(settings.api_base_url):
+        return read_local_admin_token(settings.state_dir)
+    return None
+
+
 def call_api(action: Callable[[Any], Any]) -> Any:
     """Run ``action(client)`` against the admin API (``settings.api_base_url`` with the admin
     token, as ``ratchet loop`` does); its failures become one line: the api's own message,
     which names the loop, trace or field at fault."""
     from services.cli import CliError
-    from services.cli.loop import admin_token_for_cli
     from services.client import ApiRequestError, ApiUnreachable, RatchetClient
 
     settings = cli_settings()

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from services.cli.common import add_command, cli_settings, command_group
+from services.cli.common import add_command, cli_settings, command_group, database_url
 
 
 def register(subparsers: Any) -> None:
@@ -33,29 +31,6 @@ def register(subparsers: Any) -> None:
         _reencrypt,
         help="re-encrypt stored signing secrets under the first key of RATCHET_SECRET_KEY",
     )
-
-
-@contextmanager
-def database_url() -> Iterator[str]:
-    """The configured database, or the embedded one under the state dir for the command."""
-    from services.cli import CliError
-    from services.local.stack import EmbeddedPostgres, StackError, check_postgres_reachable
-
-    settings = cli_settings()
-    if settings.database_url is not None:
-        try:
-            check_postgres_reachable(settings.database_url)
-        except StackError as exc:
-            raise CliError(str(exc), exit_code=1) from None
-        yield settings.database_url
-        return
-    embedded = EmbeddedPostgres(settings.embedded_postgres_dir)
-    try:
-        yield embedded.start()
-    except StackError as exc:
-        raise CliError(str(exc), exit_code=1) from None
-    finally:
-        embedded.stop()
 
 
 def _upgrade(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from services.cli.common import (
     add_command,
     add_loop_argument,
+    admin_token_for_cli,
     cli_settings,
     command_group,
     loop_name,
@@ -196,17 +197,6 @@ def _client() -> Any:
 
     settings = cli_settings()
     return RatchetClient(settings.api_base_url, admin_token_for_cli(settings))
-
-
-def admin_token_for_cli(settings: Any) -> str | None:
-    """RATCHET_ADMIN_TOKEN, else the local stack's (`ratchet up`) for an api on this machine."""
-    if settings.admin_token is not None:
-        return str(settings.admin_token.get_secret_value())
-    from services.local.admin_token import is_loopback_url, read_local_admin_token
-
-    if is_loopback_url(settings.api_base_url):
-        return read_local_admin_token(settings.state_dir)
-    return None
 
 
 def _call(args: argparse.Namespace, action: Any) -> Any:

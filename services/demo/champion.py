@@ -9,23 +9,17 @@ LM's champion instead (services/demo/smollm2.py).
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from pathlib import Path
-from typing import Any
 
-from services.demo.jobs import run_job
+from services.demo import smollm2
 from services.demo.options import DemoOptions, Printer
+from services.demo.sft import champion_from_v1_demonstrations, champion_work_dir
 from services.settings import Settings
-from services.training.jobspec import train_job_document
 
 
 def make_demo_champion(options: DemoOptions, settings: Settings, out: Printer) -> Path:
     """The checkpoint directory of the champion ``options.model`` asks for."""
     if options.model == "smollm2":
-        from services.demo import smollm2
-
         return smollm2.make_champion(
             options.champion_cache or settings.state_dir, settings.artifacts_dir, out
         )
@@ -54,57 +48,9 @@ def make_champion(state_dir: Path, options: DemoOptions, out: Printer) -> Path:
     )
 
 
-def champion_work_dir(cache: Path, prefix: str, made_from: list[Any]) -> Path:
-    """Where a champion made from ``made_from`` (its SFT settings, JSON) is kept: one
-    directory per distinct recipe, so a changed setting never reuses a stale champion."""
-    key = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
-    return cache / f"{prefix}-{key}"
-
-
-def champion_from_v1_demonstrations(
-    work: Path,
-    *,
-    name: str,
-    task_count: int,
-    run_id: str,
-    hyperparameters: dict[str, Any],
-    announce: str,
-    out: Printer,
-    base_checkpoint: str | None = None,
-) -> Path:
-    """The checkpoint directory of the champion kept in ``work`` (``name`` in what it
-    prints), made first if it is not there: ``task_count`` solved toolcalc v1 tasks written
-    into ``work``, ``announce`` said (``{n}``: the task count), and the SFT train job run on
-    them there."""
-    checkpoint = work / "output" / "checkpoint"
-    if (checkpoint / "manifest.json").exists():
-        out(f"[demo] reusing the {name} made earlier: {checkpoint}")
-        return checkpoint
-    from services.environments import get_environment, write_task_file
-
-    tasks = get_environment("toolcalc").generate_tasks(task_count, seed=1, api_version="v1")
-    work.mkdir(parents=True, exist_ok=True)
-    dataset = work / "sft-v1.jsonl"
-    write_task_file(dataset, tasks)
-    out(announce.format(n=len(tasks)))
-    started = time.monotonic()
-    spec = train_job_document(
-        run_id=run_id,
-        environment="toolcalc",
-        dataset=str(dataset),
-        base_checkpoint=base_checkpoint,
-        profile={"algorithm": "sft", "hyperparameters": hyperparameters},
-    )
-    run_job("train", spec, work, out)
-    out(f"[demo] {name} ready in {time.monotonic() - started:.0f}s")
-    return checkpoint
-
-
 def champion_note(options: DemoOptions) -> str:
     """What every report must say about the champion the loop started from."""
     if options.model == "smollm2":
-        from services.demo import smollm2
-
         return smollm2.CHAMPION_NOTE
     share = float(options.sft_hyperparameters.get("augment_fraction", 0.0))
     if share <= 0:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.demo.champion import champion_from_v1_demonstrations, champion_work_dir
 from services.demo.options import Printer
+from services.demo.sft import champion_from_v1_demonstrations, champion_work_dir
 
 # Renames alone (v2) do not hurt a real LM, which reads the function names from the tool
 # list: the SFT champion passes ~95% of v2 tasks (docs/models.md). v3's new required ``cur``

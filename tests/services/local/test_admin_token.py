@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from services.api.app import create_app
 from services.api.state import AppState, TemporalConnection
 from services.cli import main
-from services.cli.loop import admin_token_for_cli
+from services.cli.common import admin_token_for_cli
 from services.db.session import SessionFactory
 from services.local.admin_token import (
     SERVE_ATTESTATION_KEY_FILE,

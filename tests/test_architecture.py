@@ -255,6 +255,35 @@ def test_workflows_start_activities_and_children_by_reference() -> None:
     assert offenders == []
 
 
+def test_signals_are_named_after_their_handlers() -> None:
+    """The api signals a loop by handler (``LoopWorkflow.pause``) and sends its function name:
+    that is the signal's name only while no ``@workflow.signal`` names itself otherwise, and
+    while no signal is sent by a string."""
+    named = []
+    for path in python_files("workflows"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "workflow.signal":
+                named.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    by_string = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in python_files("services", "workflows")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (
+            isinstance(node, ast.keyword)
+            and node.arg == "start_signal"
+            and isinstance(node.value, ast.Constant)
+        )
+        or (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "signal"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        )
+    ]
+    assert named == [] and by_string == []
+
+
 def test_retry_presets_are_defined_in_one_module() -> None:
     """Every ``RetryPolicy`` (and every ``*_RETRY`` name) under workflows/ is a preset of
     workflows/options.py, so one kind of call retries one way everywhere."""

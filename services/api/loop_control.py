@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from temporalio.client import Client
@@ -26,14 +27,20 @@ async def start_loop_workflow(client: Client, settings: Settings, name: str) -> 
     return workflow_id
 
 
-async def signal_loop(client: Client, settings: Settings, name: str, signal: str, arg: Any) -> None:
-    """Signal-with-start: an action on a loop whose workflow is not running starts it."""
+async def signal_loop(
+    client: Client, settings: Settings, name: str, signal: Callable[..., None], arg: Any
+) -> None:
+    """Signal-with-start: an action on a loop whose workflow is not running starts it.
+
+    ``signal`` is the workflow's handler itself (``LoopWorkflow.pause``): signal-with-start
+    takes a name, and a handler declared with a bare ``@workflow.signal`` is named after its
+    function (tests/test_architecture.py checks that every one is)."""
     await client.start_workflow(
         LoopWorkflow.run,
         LoopInput(loop=name),
         id=loop_workflow_id(name),
         task_queue=settings.temporal_task_queue,
-        start_signal=signal,
+        start_signal=signal.__name__,
         start_signal_args=[arg],
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
@@ -79,11 +80,13 @@ class LoopStatusOut(BaseModel):
     last_rollback: RollbackOut | None = None
 
 
-_SIGNALS: dict[str, tuple[str, Any]] = {
-    "pause": ("pause", PauseSignal),
-    "resume": ("resume", ResumeSignal),
-    "run-now": ("run_now", RunNowSignal),
-    "rollback": ("rollback", RollbackSignal),
+# Each action's signal handler, by reference (a renamed handler breaks here, at import, not
+# as a signal the workflow never handles), and the payload it takes.
+_SIGNALS: dict[str, tuple[Callable[..., None], type]] = {
+    "pause": (LoopWorkflow.pause, PauseSignal),
+    "resume": (LoopWorkflow.resume, ResumeSignal),
+    "run-now": (LoopWorkflow.run_now, RunNowSignal),
+    "rollback": (LoopWorkflow.rollback, RollbackSignal),
 }
 
 
@@ -201,19 +204,19 @@ async def _act(
 ) -> ActionOut:
     row = loop_or_404(session, loop)
     body = body or ActionIn()
-    signal_name: str
+    handler: Callable[..., None]
     if action in ("approve", "reject"):
-        signal_name = action
+        handler = LoopWorkflow.approve if action == "approve" else LoopWorkflow.reject
         arg: Any = ApprovalSignal(cycle=body.cycle, by=body.by, reason=body.reason or "")
     else:
-        signal_name, signal_type = _SIGNALS[action]
+        handler, signal_type = _SIGNALS[action]
         arg = signal_type(reason=body.reason) if body.reason else signal_type()
     if action == "pause":
         row.status, row.status_reason = "paused", body.reason or "paused by operator"
     elif action == "resume":
         row.status, row.status_reason = "active", None
     session.flush()
-    await signal_loop(client, settings, loop, signal_name, arg)
+    await signal_loop(client, settings, loop, handler, arg)
     return ActionOut(
         loop=loop, action=action, workflow_id=loop_workflow_id(loop), status="signalled"
     )

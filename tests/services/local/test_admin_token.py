@@ -81,6 +81,8 @@ def test_ratchet_up_makes_a_model_server_key_of_its_own_for_the_worker(tmp_path:
     assert ensure_local_serve_api_key(state) == key  # reused
     environment = Stack(settings, database_url="postgresql://x/y").child_environment()
     assert environment["RATCHET_SERVE_API_KEY"] == key
+    # api and worker run one torch thread each; the servers and jobs get their shares.
+    assert environment["OMP_NUM_THREADS"] == environment["MKL_NUM_THREADS"] == "1"
 
     explicit = Settings(state_dir=tmp_path / "set", serve_api_key=SecretStr("operator-key"))
     assert with_local_serve_api_key(explicit) is explicit

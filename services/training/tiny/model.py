@@ -395,20 +395,9 @@ class TinyModel:
         (:func:`services.training.tiny.rollout.run_episodes`): the engine samples from the
         network's logits and would never call it. Both paths give the same token record, and
         for the network itself the same tokens."""
-        if type(self).generate is not TinyModel.generate:
-            rollouts, stats = run_episodes(
-                env,
-                tasks,
-                self,
-                seeds=seeds,
-                max_turns=max_turns,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                context_limit=self.model.config.max_seq_len,
-            )
-            records = [(r.episode, r.turns) for r in rollouts]
-            return _verified(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
-        return self._engine_rollouts(
+        scripted = type(self).generate is not TinyModel.generate
+        roll_out = self._generate_rollouts if scripted else self._engine_rollouts
+        return roll_out(
             env,
             tasks,
             seeds=seeds,
@@ -416,6 +405,29 @@ class TinyModel:
             max_new_tokens=max_new_tokens,
             temperature=temperature,
         )
+
+    def _generate_rollouts(
+        self,
+        env: Environment,
+        tasks: Sequence[TaskSpec],
+        *,
+        seeds: Sequence[int],
+        max_turns: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> Rollouts:
+        rollouts, stats = run_episodes(
+            env,
+            tasks,
+            self,
+            seeds=seeds,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            context_limit=self.model.config.max_seq_len,
+        )
+        records = [(r.episode, r.turns) for r in rollouts]
+        return _verified(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
 
     def _engine_rollouts(
         self,

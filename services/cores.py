@@ -6,12 +6,19 @@ to 2 CPUs on a 64-core node would start 64 processes that the CFS quota then thr
 turn. The usable count is the affinity mask (``taskset``, cpusets) capped by the cgroup CPU
 quota (what a Kubernetes CPU limit becomes), rounded up as the Downward API rounds
 ``limits.cpu``, and never below one.
+
+The same count is the *thread budget* of the torch processes that one machine runs side by
+side (:class:`ThreadBudget`): the model server, the job running beside it (train or eval),
+and the one-thread processes (api, worker, curation), so that together they never ask for
+more threads than there are cores.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -91,3 +98,62 @@ def _v1_quotas(cgroup_root: Path) -> list[float | None]:
             continue
         found.append(quota / period if quota > 0 and period > 0 else None)
     return found
+
+
+# What torch (OpenMP) and the BLAS libraries read for their thread pools at start-up.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    """How ``cores`` usable cores are divided between co-located torch processes.
+
+    The rule: the model server gets ``max(1, cores // 2)`` threads, a job (train or eval,
+    one at a time beside the server) the rest, ``max(1, cores - cores // 2)``; every other
+    process (api and its workers, the Temporal worker, each curation process) runs one
+    thread, as those are one process per core already. On 2 cores each torch process gets
+    1 thread; on 8, the server 4 and the job 4. A single core cannot be divided: each
+    process then gets 1.
+    """
+
+    cores: int
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ValueError(f"a thread budget needs at least 1 core, got {self.cores}")
+
+    @property
+    def server(self) -> int:
+        """Threads of the model server."""
+        return max(1, self.cores // 2)
+
+    @property
+    def job(self) -> int:
+        """Threads of the one job (train or eval) running beside the model server."""
+        return max(1, self.cores - self.cores // 2)
+
+    @property
+    def single(self) -> int:
+        """Threads of every process that is one of a process-per-core set (api, curation)."""
+        return 1
+
+
+def thread_budget(cores: int | None = None) -> ThreadBudget:
+    """The budget of ``cores`` (default: this process's :func:`usable_cores`)."""
+    return ThreadBudget(usable_cores() if cores is None else cores)
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment variables that start a child's torch/BLAS pools at ``threads``."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return dict.fromkeys(THREAD_VARIABLES, str(threads))
+
+
+def job_threads(hyperparameters: Mapping[str, object]) -> int | None:
+    """A job's own ``hyperparameters.threads`` when it is a positive integer (the job sets
+    torch to it too), else None: the job takes its share, ``ThreadBudget.job``."""
+    threads = hyperparameters.get("threads")
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
+        return threads
+    return None

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.cores import thread_budget, thread_env
 from services.demo.options import Printer
 from services.local.stack import StackError
 
@@ -25,7 +26,13 @@ def run_job(kind: str, spec: dict[str, Any], work_dir: Path, out: Printer) -> Pa
     work_dir.mkdir(parents=True, exist_ok=True)
     spec_path = work_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "RATCHET_OUTPUT_DIR": str(work_dir / "output")}
+    # The job's share of the cores (the model server may run beside it), as the local
+    # executor gives one; a spec's own hyperparameters.threads is the job's to apply.
+    env = {
+        **os.environ,
+        **thread_env(thread_budget().job),
+        "RATCHET_OUTPUT_DIR": str(work_dir / "output"),
+    }
     log_path = work_dir / "job.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(

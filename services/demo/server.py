@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from services.cores import thread_budget
 from services.local.stack import StackError
 from services.settings import Settings
 
@@ -36,9 +37,9 @@ def start_model_server(settings: Settings, checkpoint: Path) -> subprocess.Popen
             settings.serve_host,
             "--port",
             str(settings.serve_port),
-            # One core for serving (requests are batched), the other for training.
+            # Its share of the cores; the jobs the demo runs beside it take the rest.
             "--threads",
-            "1",
+            str(thread_budget().server),
         ],
         env=env,
         stdout=log,

@@ -23,13 +23,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from services.environments.registry import get_environment
 from services.evaluation.evaluator import evaluate
 from services.evaluation.results import RESULTS_FILE
 from services.training.checkpoint import CheckpointError, read_manifest
-from services.training.device import DeviceError, resolve_device
+from services.training.device import DeviceError, resolve_device, use_threads
 from services.training.family import FamilyModel, family_for
 from services.training.jobspec import (
     JobError,
@@ -70,6 +68,8 @@ def _options(spec: JobSpec) -> dict[str, Any]:
             or (kind is int and not isinstance(value, int))
         ):
             raise JobError(f"hyperparameters.{key} must be a {kind.__name__}")
+        if key == "threads" and value < 1:
+            raise JobError("hyperparameters.threads must be a positive integer")
         options[key] = kind(value)
     samples = spec.raw.get("samples", 1)
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
@@ -89,9 +89,7 @@ def _run(spec: JobSpec) -> int:
     if not spec.checkpoint.is_dir():
         raise JobError(f"checkpoint {spec.checkpoint} does not exist")
     tasks = read_job_dataset(spec)
-    threads = options.pop("threads", None)
-    if threads:
-        torch.set_num_threads(threads)
+    use_threads(options.pop("threads", None))
     try:
         policy, defaults = _load_policy(spec)
     except CheckpointError as exc:

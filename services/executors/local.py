@@ -38,6 +38,7 @@ from typing import Any
 
 import psutil
 
+from services.cores import ThreadBudget, job_threads, thread_budget, thread_env
 from services.executors.base import (
     Handle,
     JobSpec,
@@ -151,7 +152,7 @@ class LocalExecutor:
             "--",
             *command,
         ]
-        env = {**job_environment(os.environ), **spec.env, **spec.contract_env()}
+        env = {**job_environment(os.environ), **job_thread_env(spec), **spec.contract_env()}
         with (state_dir / "supervisor.log").open("ab") as supervisor_log:
             process = subprocess.Popen(
                 supervisor,
@@ -424,6 +425,20 @@ def job_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
         for key, value in worker_env.items()
         if key in JOB_ENV_NAMES or key.startswith(JOB_ENV_PREFIXES)
     }
+
+
+def job_thread_env(spec: JobSpec, budget: ThreadBudget | None = None) -> dict[str, str]:
+    """The loop's ``env`` for the job, with the thread variables set to the job's threads:
+    its ``hyperparameters.threads`` where set (over the loop's env too: the job sets torch
+    to it), else the loop's env where it names them, else the job's share of the machine
+    (``ThreadBudget.job``: the model server beside it keeps the other half)."""
+    budget = budget or thread_budget()
+    hyperparameters = spec.document.get("hyperparameters")
+    own = job_threads(hyperparameters) if isinstance(hyperparameters, Mapping) else None
+    env = {**thread_env(budget.job), **spec.env}
+    if own is not None:
+        env.update(thread_env(own))
+    return env
 
 
 def image_ignored(image: str) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from services.cores import thread_budget, thread_env
 from services.local.binaries import temporal_cli_path
 from services.settings import Settings
 
@@ -307,7 +308,9 @@ class Stack:
         """The api's and worker's environment: this stack's settings, spelled out."""
         settings = self.settings
         assert self.database_url is not None
-        env = {**os.environ, **self.extra_env}
+        # One thread each (api workers and curation processes are one per core already);
+        # the model servers and jobs the worker starts get their shares (ThreadBudget).
+        env = {**os.environ, **thread_env(thread_budget().single), **self.extra_env}
         env.update(
             RATCHET_DATABASE_URL=self.database_url,
             RATCHET_TEMPORAL_ADDRESS=settings.effective_temporal_address,

@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from services.cores import thread_budget
 from services.loop import policies
 from services.loop.policies import RECORDED, describe_errors, serving_endpoint_problem
 from services.serving.attestation import TraceAttestation, attestation_key, attested
@@ -132,6 +133,7 @@ class ServingTargets:
                 host=settings.serve_host,
                 port=settings.serve_port,
                 logs_dir=settings.logs_dir,
+                threads=thread_budget().server,  # the jobs beside it take the rest
                 env=model_server_environment(settings),
             )
         return LocalServingTarget(

@@ -8,11 +8,14 @@ small enough that fp32 costs nothing.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+logger = logging.getLogger(__name__)
 
 
 class DeviceError(ValueError):
@@ -38,3 +41,23 @@ def autocast(device: torch.device) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def use_threads(threads: int | None) -> None:
+    """Run torch's intra-op and inter-op pools at ``threads`` (a job's ``threads`` setting),
+    so a job beside a model server takes only its share of the cores; None keeps torch's
+    defaults (``OMP_NUM_THREADS``, which the local executor sets to the job's share).
+
+    The inter-op pool can be sized only before torch first uses it; a process that already
+    has (a test running jobs in-process) keeps its pool and says so in the log line."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(threads)
+        except RuntimeError:
+            logger.debug("torch's inter-op pool was already started; it keeps its size")
+    logger.info(
+        "torch threads: %d intra-op, %d inter-op",
+        torch.get_num_threads(),
+        torch.get_num_interop_threads(),
+    )

@@ -42,6 +42,7 @@ from services.training.config import (
     SFTConfig,
     known_keys,
 )
+from services.training.device import use_threads
 from services.training.distributed import DistContext, init_job_distributed, shutdown_distributed
 from services.training.family import (
     DemonstrationOptions,
@@ -87,8 +88,7 @@ def _run(spec: JobSpec) -> int:
     tasks = _dataset(spec)
     family_name = _base_family(spec)
     hyper = job_hyperparameters(spec, family=family_name, algorithm=algorithm)
-    if hyper.options.threads is not None:
-        torch.set_num_threads(hyper.options.threads)
+    use_threads(hyper.options.threads)
     ctx = init_job_distributed(spec.device)
     model = _initial_model(spec, algorithm, family_for(family_name), hyper, ctx)
     parent = model.checkpoint_id

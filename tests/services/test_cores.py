@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from services.cores import cgroup_cpu_quota, usable_cores
+from services.cores import (
+    ThreadBudget,
+    cgroup_cpu_quota,
+    job_threads,
+    thread_budget,
+    thread_env,
+    usable_cores,
+)
 from services.settings import Settings
 
 AFFINITY = len(os.sched_getaffinity(0))
@@ -79,3 +86,47 @@ def test_process_settings_default_to_the_usable_cores(monkeypatch: pytest.Monkey
     assert settings.api_workers == settings.curation_processes == min(usable_cores(), 64)
     monkeypatch.setenv("RATCHET_CURATION_PROCESSES", "1")
     assert Settings().curation_processes == 1
+
+
+@pytest.mark.parametrize(
+    ("cores", "server", "job"), [(1, 1, 1), (2, 1, 1), (3, 1, 2), (4, 2, 2), (8, 4, 4), (9, 4, 5)]
+)
+def test_the_thread_budget_gives_the_server_half_and_the_job_the_rest(
+    cores: int, server: int, job: int
+) -> None:
+    budget = ThreadBudget(cores)
+    assert (budget.server, budget.job, budget.single) == (server, job, 1)
+    assert budget.server + budget.job <= max(cores, 2)  # one core cannot be divided
+
+
+def test_the_default_budget_is_the_usable_cores() -> None:
+    assert thread_budget().cores == usable_cores()
+    assert thread_budget(3) == ThreadBudget(3)
+
+
+def test_thread_variables_and_bad_counts() -> None:
+    assert thread_env(3) == {
+        "OMP_NUM_THREADS": "3",
+        "MKL_NUM_THREADS": "3",
+        "OPENBLAS_NUM_THREADS": "3",
+    }
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        thread_env(0)
+    with pytest.raises(ValueError, match="at least 1 core, got 0"):
+        ThreadBudget(0)
+
+
+@pytest.mark.parametrize(
+    ("hyperparameters", "threads"),
+    [
+        ({"threads": 2}, 2),
+        ({}, None),
+        ({"threads": True}, None),
+        ({"threads": 0}, None),
+        ({"threads": "2"}, None),
+    ],
+)
+def test_a_jobs_own_threads_setting(
+    hyperparameters: dict[str, object], threads: int | None
+) -> None:
+    assert job_threads(hyperparameters) == threads

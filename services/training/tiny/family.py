@@ -2,8 +2,8 @@
 :mod:`services.training.tiny.model`, every weight trainable, over text transcripts.
 
 A tiny model is built from scratch for SFT (``hyperparameters.model`` is its
-:class:`GPTConfig`) or loaded from a checkpoint; rollouts are
-:func:`services.training.tiny.rollout.run_episodes` within the model's context length.
+:class:`GPTConfig`) or loaded from a checkpoint; rollouts go through the inference engine
+(:meth:`services.training.tiny.model.TinyModel.rollouts`) within the model's context length.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The tiny family's model: a small decoder-only GPT over bytes, and batched generation.
+"""The tiny family's model: a small decoder-only GPT over bytes, and its rollouts.
 
 The model is nanoGPT's shape, written to be read top to bottom: token embeddings,
 ``n_layer`` pre-norm blocks (causal self-attention, GELU MLP), a final LayerNorm and an
@@ -8,10 +8,13 @@ rather than learned: attention then sees *relative* offsets, so "attend to the t
 the one that matches" — the induction-head copy that reading a tool name out of the
 listing needs — is learned in a few hundred steps instead of thousands.
 
-Generation is batched and multi-turn friendly: prompts of different lengths are
-left-padded, every row carries its own position ids (so padding never shifts a token's
-position) and a key mask (so no row attends to padding), and decoding reuses a key/value
-cache. Sampling draws Gumbel noise from :mod:`services.training.rng`, keyed by each row's
+Rollouts (training and evaluation) go through the inference engine
+(:class:`services.inference.tiny.TinyEngine`), as serving does. :meth:`TinyModel.generate`
+is the model's own batched sampler, kept for single transcripts (``act``) and for scripted
+policies that override it: prompts of different lengths are left-padded, every row carries
+its own position ids (so padding never shifts a token's position) and a key mask (so no row
+attends to padding), and decoding reuses a key/value cache. Sampling draws Gumbel noise
+from :mod:`services.training.rng`, keyed by each row's
 seed and the token index, so a row's sample does not depend on its batch neighbours.
 """
 
@@ -27,10 +30,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the usual torch alias
 from torch import nn
 
-from services.environments.base import Environment, TaskSpec
+from services.environments.base import Environment, Episode, TaskSpec
 from services.training.checkpoint import CheckpointError, load_checkpoint
 from services.training.device import autocast, resolve_device
-from services.training.family import Rollouts, TokenEpisode
+from services.training.family import Rollouts, TokenEpisode, TokenTurn
 from services.training.rng import derive_seed, gumbel
 from services.training.tiny.rollout import run_episodes
 from services.training.tokenizer import ByteTokenizer
@@ -379,8 +382,40 @@ class TinyModel:
         max_new_tokens: int,
         temperature: float,
     ) -> Rollouts:
-        """One verified episode per task through :meth:`generate`, episode ``i`` sampled from
-        ``seeds[i]`` (:func:`services.training.tiny.rollout.run_episodes`)."""
+        """One verified episode per task, episode ``i`` sampled from ``seeds[i]``.
+
+        The model rolls out through the inference engine
+        (:func:`services.inference.rollout.run_text_episodes`: rows join and leave a running
+        batch, a GRPO group's shared prompt and each episode's earlier turns are prefilled
+        once), the path serving and evaluation share. The engine is made per call, so its
+        prefix cache never outlives the weights it was computed under.
+
+        A subclass that overrides :meth:`generate` (a scripted policy: tests replay
+        demonstrations that way) rolls out through its ``generate`` instead
+        (:func:`services.training.tiny.rollout.run_episodes`): the engine samples from the
+        network's logits and would never call it. Both paths give the same token record, and
+        for the network itself the same tokens."""
+        scripted = type(self).generate is not TinyModel.generate
+        roll_out = self._generate_rollouts if scripted else self._engine_rollouts
+        return roll_out(
+            env,
+            tasks,
+            seeds=seeds,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
+
+    def _generate_rollouts(
+        self,
+        env: Environment,
+        tasks: Sequence[TaskSpec],
+        *,
+        seeds: Sequence[int],
+        max_turns: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> Rollouts:
         rollouts, stats = run_episodes(
             env,
             tasks,
@@ -391,17 +426,38 @@ class TinyModel:
             temperature=temperature,
             context_limit=self.model.config.max_seq_len,
         )
-        episodes = [
-            TokenEpisode(
-                task=task,
-                turns=rollout.turns,
-                reward=env.verify(task, rollout.episode),
-                end_reason=rollout.episode.end_reason,
-                answer=rollout.episode.final_answer,
-            )
-            for task, rollout in zip(tasks, rollouts, strict=True)
+        records = [(r.episode, r.turns) for r in rollouts]
+        return _verified(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
+
+    def _engine_rollouts(
+        self,
+        env: Environment,
+        tasks: Sequence[TaskSpec],
+        *,
+        seeds: Sequence[int],
+        max_turns: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> Rollouts:
+        from services.inference.rollout import run_text_episodes
+        from services.inference.tiny import TinyEngine
+
+        engine = TinyEngine(
+            self, f"checkpoint:{self.checkpoint_id}" if self.checkpoint_id else "memory"
+        )
+        rollouts, stats = run_text_episodes(
+            engine,
+            env,
+            tasks,
+            seeds=seeds,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
+        records = [
+            (r.episode, [(t.prompt_ids, t.completion_ids) for t in r.turns]) for r in rollouts
         ]
-        return Rollouts(episodes, stats.generated_tokens, stats.prompt_tokens)
+        return _verified(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
 
     def act(self, transcript: str) -> str:
         """Greedy next turn for one transcript: usable as ``Environment.run_episode``'s ``act``."""
@@ -424,3 +480,24 @@ class TinyModel:
             )[0]
 
         return act
+
+
+def _verified(
+    env: Environment,
+    tasks: Sequence[TaskSpec],
+    records: Sequence[tuple[Episode, list[TokenTurn]]],
+    generated_tokens: int,
+    prompt_tokens: int,
+) -> Rollouts:
+    """Rolled-out episodes and their token turns, scored by the environment's verifier."""
+    episodes = [
+        TokenEpisode(
+            task=task,
+            turns=turns,
+            reward=env.verify(task, episode),
+            end_reason=episode.end_reason,
+            answer=episode.final_answer,
+        )
+        for task, (episode, turns) in zip(tasks, records, strict=True)
+    ]
+    return Rollouts(episodes, generated_tokens, prompt_tokens)

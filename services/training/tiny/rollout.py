@@ -10,7 +10,10 @@ stop byte was sampled): :func:`services.training.family.pack_turns` joins them i
 sequence a loss trains on, the agent's tokens as the only targets.
 
 Any model with a byte tokenizer and a ``generate(prompts, max_new_tokens=, temperature=,
-seed=[...])`` that returns text runs through it (:class:`TextGenerator`).
+seed=[...])`` that returns text runs through it (:class:`TextGenerator`). The tiny GPT itself
+rolls out through the inference engine (:func:`services.inference.rollout.run_text_episodes`,
+the same token record); this loop is the path for text generators the engine cannot run:
+scripted policies that override ``TinyModel.generate`` and families with their own sampler.
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ def test_evaluator_passes_a_solving_policy(inputs: tuple[Path, Path]) -> None:
         ({"dataset": "/nonexistent.jsonl"}, "dataset /nonexistent.jsonl does not exist"),
         ({"samples": 0}, "'samples' must be a positive integer"),
         ({"hyperparameters": {"temprature": 1}}, "unknown eval hyperparameter(s): temprature"),
+        ({"hyperparameters": {"threads": 0}}, "hyperparameters.threads must be a positive integer"),
         ({"kind": "train"}, "unknown job kind 'train'"),
     ],
 )

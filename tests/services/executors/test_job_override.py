@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from services.cores import THREAD_VARIABLES, ThreadBudget, thread_budget, thread_env
 from services.executors.base import JobSpec, JobSpecError
 from services.executors.kubernetes.builder import build_job
-from services.executors.local import LocalExecutor, job_environment
+from services.executors.local import LocalExecutor, job_environment, job_thread_env
 from services.loop.policies import TrainingProfile
 from tests.services.executors.test_kubernetes_builder import assert_valid, container, template
 from tests.support import assert_eventually
@@ -130,7 +131,9 @@ def test_a_local_job_gets_an_allow_list_of_the_workers_environment(
     for secret in ("admin-secret", "fernet-secret", "u:p@h", "serve-secret", "cloud-secret"):
         assert secret not in json.dumps(env)
     assert "HF_TOKEN" not in env
-    assert env["OMP_NUM_THREADS"] == "1" and env["LC_ALL"] == "C.UTF-8"
+    assert env["LC_ALL"] == "C.UTF-8"
+    # The thread variables are the job's share of the machine, whatever the worker's were.
+    assert env["OMP_NUM_THREADS"] == str(thread_budget().job)
     assert env["RATCHET_OUTPUT_DIR"] == str(spec.output_dir)
     assert set(env) - set(job_environment(os.environ)) <= {
         "RATCHET_JOB_SPEC",
@@ -140,8 +143,38 @@ def test_a_local_job_gets_an_allow_list_of_the_workers_environment(
         "RATCHET_BASE_CHECKPOINT",
         "PWD",
         "_",
+        *THREAD_VARIABLES,
     }
     # It works in its run directory, never the state dir; the ignored image is in its log.
     assert Path(seen["cwd"]) == spec.run_dir
     log = executor.logs(handle)
     assert "ignores the job image 'ghcr.io/acme/trainer:1'" in log.splitlines()[0]
+
+
+def test_a_local_jobs_threads_are_its_setting_else_the_loops_env_else_its_share(
+    make_spec: Callable[..., JobSpec],
+) -> None:
+    budget = ThreadBudget(8)
+    share = make_spec()
+    assert job_thread_env(share, budget)["OMP_NUM_THREADS"] == "4"  # the server keeps 4
+    loop_env = make_spec(env={"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"})
+    assert job_thread_env(loop_env, budget)["OMP_NUM_THREADS"] == "3"
+    own = make_spec(env={"OMP_NUM_THREADS": "3"}, document={"hyperparameters": {"threads": 2}})
+    assert job_thread_env(own, budget) == thread_env(2)
+
+
+def test_a_started_local_job_gets_its_threads_setting_in_its_environment(
+    make_spec: Callable[..., JobSpec],
+) -> None:
+    executor = LocalExecutor(
+        command=[sys.executable, "-c", DUMP_ENV], loop_commands_enabled=True, poll_interval_s=0.05
+    )
+    spec = make_spec(document={"hyperparameters": {"threads": 3}})
+    handle = executor.submit(spec)
+
+    def succeeded() -> None:
+        assert executor.status(handle).state == "succeeded"
+
+    assert_eventually(succeeded, timeout=60)
+    env = json.loads((spec.output_dir / "env.json").read_text())["env"]
+    assert {name: env[name] for name in THREAD_VARIABLES} == thread_env(3)

@@ -57,9 +57,12 @@ def test_the_trainer_job_runs_to_a_verified_checkpoint(
     spec = sft_spec(make_spec, dataset, steps=2)
     executor = LocalExecutor(poll_interval_s=0.1)
 
-    status = run_to_end(executor, executor.submit(spec))
+    handle = executor.submit(spec)
+    status = run_to_end(executor, handle)
 
     assert status.state == "succeeded", status.describe()
+    # Its hyperparameters.threads is 1: torch ran on one intra-op and one inter-op thread.
+    assert "torch threads: 1 intra-op, 1 inter-op" in executor.logs(handle)
     assert status.cpu_seconds > 0
     metrics = json.loads((spec.output_dir / "metrics.json").read_text())
     assert metrics["run_id"] == spec.run_id

@@ -69,6 +69,76 @@ def test_text_episodes_equal_the_tiny_familys_rollouts(
         assert len(new[0].turns) == len(new[0].episode.agent_turns) > 1
 
 
+@pytest.mark.parametrize(("cache_bytes", "max_rows"), [(0, 2), (256 * 1024 * 1024, 2), (0, 64)])
+def test_greedy_tiny_episodes_through_the_engine_are_token_identical_to_generate(
+    tool_calling_tiny: CheckpointRef, cache_bytes: int, max_rows: int
+) -> None:
+    """Every turn's prompt and completion ids equal the old generate path's, with rows
+    joining and leaving (more episodes than rows, turns of different lengths), with and
+    without prefix hits (a GRPO-like group of one task, and a cache of 0 bytes)."""
+    policy = TinyModel.load(path_of(tool_calling_tiny), device="cpu")
+    engine = TinyEngine(policy, "memory", prefix_cache_bytes=cache_bytes)
+    tasks = [demo_task()] * 3 + ENV.generate_tasks(4, seed=5, api_version="v1")
+    seeds = list(range(len(tasks)))
+    options: dict[str, Any] = {"max_turns": 4, "max_new_tokens": 12, "temperature": 0.0}
+    old, old_stats = run_episodes(
+        ENV, tasks, policy, seeds=seeds, context_limit=policy.model.config.max_seq_len, **options
+    )
+    new, stats = run_text_episodes(engine, ENV, tasks, seeds=seeds, max_rows=max_rows, **options)
+    assert [[(t.prompt_ids, t.completion_ids) for t in r.turns] for r in new] == [
+        r.turns for r in old
+    ]
+    assert [r.episode.end_reason for r in new] == [r.episode.end_reason for r in old]
+    assert (stats.generated_tokens, stats.prompt_tokens) == (
+        old_stats.generated_tokens,
+        old_stats.prompt_tokens,
+    )
+    assert len({len(r.turns) for r in new}) > 1  # episodes leave at different turns
+    if cache_bytes:
+        assert stats.prefill_tokens_cached > 0
+    else:
+        assert stats.prefill_tokens_cached == 0
+
+
+def test_tiny_family_rollouts_go_through_the_engine(tool_calling_tiny: CheckpointRef) -> None:
+    """``TinyModel.rollouts`` runs on the engine (the prefix cache is hit) and scores what the
+    old generate path scored; a subclass that scripts ``generate`` still rolls out through it."""
+    policy = TinyModel.load(path_of(tool_calling_tiny), device="cpu")
+    tasks = [demo_task()] * 2 + ENV.generate_tasks(2, seed=5, api_version="v1")
+    options: dict[str, Any] = {"max_turns": 4, "max_new_tokens": 12, "temperature": 0.0}
+    seen: list[str] = []
+    caches: list[str] = []  # the kind of cache each forward pass of the GPT wrote to
+    hook = policy.model.register_forward_pre_hook(
+        lambda _, args: caches.append(type(args[3]).__name__) if len(args) > 3 else None
+    )
+    try:
+        rollouts = policy.rollouts(ENV, tasks, seeds=[0, 1, 2, 3], **options)
+    finally:
+        hook.remove()
+    assert caches and set(caches) == {"_Columns"}  # the engine's buffers, never generate's
+    old, _ = run_episodes(
+        ENV,
+        tasks,
+        policy,
+        seeds=[0, 1, 2, 3],
+        context_limit=policy.model.config.max_seq_len,
+        **options,
+    )
+    assert [e.turns for e in rollouts.episodes] == [r.turns for r in old]
+    assert [e.reward for e in rollouts.episodes] == [
+        ENV.verify(t, r.episode) for t, r in zip(tasks, old, strict=True)
+    ]
+    assert rollouts.episodes[0].reward.passed
+
+    class Scripted(TinyModel):
+        def generate(self, prompts: Any, **_: Any) -> list[str]:
+            seen.extend(prompts)
+            return ["ans 0"] * len(prompts)
+
+    scripted = Scripted(policy.model).rollouts(ENV, tasks[:1], seeds=[0], **options)
+    assert seen and scripted.episodes[0].answer == "0"
+
+
 def test_bad_rollout_arguments_are_refused(tool_calling_tiny: CheckpointRef) -> None:
     engine = TinyEngine(TinyModel.load(path_of(tool_calling_tiny), device="cpu"), "memory")
     tasks = [demo_task()]

@@ -87,6 +87,8 @@ def test_ratchet_up_makes_model_server_keys_of_their_own_for_the_worker(tmp_path
     environment = Stack(settings, database_url="postgresql://x/y").child_environment()
     assert environment["RATCHET_SERVE_API_KEY"] == key
     assert environment["RATCHET_SERVE_ATTESTATION_KEY"] == attesting
+    # api and worker run one torch thread each; the servers and jobs get their shares.
+    assert environment["OMP_NUM_THREADS"] == environment["MKL_NUM_THREADS"] == "1"
 
     explicit = Settings(
         state_dir=tmp_path / "set",

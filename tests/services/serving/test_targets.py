@@ -319,3 +319,14 @@ def test_deploy_heartbeats_from_inside_the_activity(
     assert served == checkpoints[1].id
     assert any("verifying" in str(beat) for beat in beats)
     _heartbeat_if_in_activity("outside an activity: a no-op")
+
+
+def test_the_model_server_the_worker_starts_takes_its_share_of_the_cores(
+    settings: Settings,
+) -> None:
+    from services.cores import thread_budget
+
+    target = ServingTargets(settings).target({"kind": "local", "model": "ratchet"})
+    assert isinstance(target, LocalServingTarget) and target._process is not None
+    command = target._process.command(Path("/ckpt"), "ratchet")
+    assert command[command.index("--threads") + 1] == str(thread_budget().server)

@@ -234,3 +234,40 @@ def test_module_entry_point(tmp_path: Path) -> None:
         "ratchet job: unknown job kind 'eval' for this job (expected 'train')"
     )
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("threads", "expected"), [(1, 1), (None, 2)])
+def test_a_job_runs_torch_on_its_threads_setting(
+    tmp_path: Path, threads: int | None, expected: int
+) -> None:
+    """``hyperparameters.threads`` sizes torch's intra-op and inter-op pools, over the
+    OMP_NUM_THREADS it was started with; without it the job keeps what it was given."""
+    from services.environments import write_task_file
+    from services.environments.toolcalc import ToolcalcEnvironment
+
+    dataset = tmp_path / "tasks.jsonl"
+    write_task_file(dataset, ToolcalcEnvironment().generate_tasks(2, seed=0, api_version="v1"))
+    hyper: dict[str, object] = {
+        "steps": 1,
+        "batch_size": 2,
+        "model": {"n_layer": 1, "n_head": 1, "d_model": 8, "max_seq_len": 192},
+    }
+    if threads is not None:
+        hyper["threads"] = threads
+    spec = write_train_spec(
+        tmp_path, algorithm="sft", environment="toolcalc", dataset=dataset, hyperparameters=hyper
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.training.job", "--spec", str(spec)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stdout + proc.stderr
+    assert f"torch threads: {expected} intra-op" in log
+    if threads is not None:
+        assert f"torch threads: {threads} intra-op, {threads} inter-op" in log

@@ -3,7 +3,7 @@
 
 A tiny model is built from scratch for SFT (``hyperparameters.model`` is its
 :class:`GPTConfig`) or loaded from a checkpoint; rollouts go through the inference engine
-(:meth:`services.training.tiny.model.TinyModel.rollouts`) within the model's context length.
+(:class:`services.inference.tiny.TinyEngine`) within the model's context length.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from services.environments.base import Environment, Episode, TaskSpec
+from services.inference.rollout import run_text_episodes
+from services.inference.tiny import TinyEngine
 from services.training.checkpoint import Manifest, save_checkpoint
 from services.training.device import autocast
 from services.training.family import (
@@ -22,7 +24,13 @@ from services.training.family import (
     Rollouts,
     TokenSequence,
 )
-from services.training.tiny.model import GPT, GPTConfig, TinyModel, token_logprobs
+from services.training.tiny.model import (
+    GPT,
+    GPTConfig,
+    TinyModel,
+    token_logprobs,
+    verified_rollouts,
+)
 from services.training.tiny.rollout import episode_tokens
 from services.training.tokenizer import ByteTokenizer
 
@@ -97,10 +105,15 @@ class TinyFamilyModel:
         max_new_tokens: int,
         temperature: float,
     ) -> Rollouts:
+        """Through the inference engine (rows join and leave a running batch; a GRPO
+        group's shared prompt and each episode's earlier turns are prefilled once), the path
+        serving shares. The engine is made per call, so its prefix cache never outlives the
+        weights it was computed under."""
         was_training = self.net.training
         sampler = TinyModel(self.net, tokenizer=self.tokenizer, device=self.device)  # eval mode
         try:
-            return sampler.rollouts(
+            return engine_rollouts(
+                sampler,
                 env,
                 tasks,
                 seeds=seeds,
@@ -152,3 +165,30 @@ def demonstration_sequences(
             )
         sequences.append((ids, mask))
     return sequences
+
+
+def engine_rollouts(
+    model: TinyModel,
+    env: Environment,
+    tasks: Sequence[TaskSpec],
+    *,
+    seeds: Sequence[int],
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+) -> Rollouts:
+    """One verified episode per task, episode ``i`` sampled from ``seeds[i]``, through a
+    :class:`TinyEngine` over ``model``; token for token what :meth:`TinyModel.rollouts`
+    (its own ``generate``) gives."""
+    key = f"checkpoint:{model.checkpoint_id}" if model.checkpoint_id else "memory"
+    rollouts, stats = run_text_episodes(
+        TinyEngine(model, key),
+        env,
+        tasks,
+        seeds=seeds,
+        max_turns=max_turns,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+    )
+    records = [(r.episode, [(t.prompt_ids, t.completion_ids) for t in r.turns]) for r in rollouts]
+    return verified_rollouts(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)

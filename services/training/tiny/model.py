@@ -8,8 +8,9 @@ rather than learned: attention then sees *relative* offsets, so "attend to the t
 the one that matches" — the induction-head copy that reading a tool name out of the
 listing needs — is learned in a few hundred steps instead of thousands.
 
-Rollouts (training and evaluation) go through the inference engine
-(:class:`services.inference.tiny.TinyEngine`), as serving does. :meth:`TinyModel.generate`
+Rollouts of training and evaluation go through the inference engine
+(:class:`services.inference.tiny.TinyEngine`, driven by the family,
+:mod:`services.training.tiny.family`), as serving does. :meth:`TinyModel.generate`
 is the model's own batched sampler, kept for single transcripts (``act``) and for scripted
 policies that override it: prompts of different lengths are left-padded, every row carries
 its own position ids (so padding never shifts a token's position) and a key mask (so no row
@@ -382,40 +383,14 @@ class TinyModel:
         max_new_tokens: int,
         temperature: float,
     ) -> Rollouts:
-        """One verified episode per task, episode ``i`` sampled from ``seeds[i]``.
+        """One verified episode per task, episode ``i`` sampled from ``seeds[i]``, through
+        :meth:`generate` (:func:`services.training.tiny.rollout.run_episodes`).
 
-        The model rolls out through the inference engine
-        (:func:`services.inference.rollout.run_text_episodes`: rows join and leave a running
-        batch, a GRPO group's shared prompt and each episode's earlier turns are prefilled
-        once), the path serving and evaluation share. The engine is made per call, so its
-        prefix cache never outlives the weights it was computed under.
-
-        A subclass that overrides :meth:`generate` (a scripted policy: tests replay
-        demonstrations that way) rolls out through its ``generate`` instead
-        (:func:`services.training.tiny.rollout.run_episodes`): the engine samples from the
-        network's logits and would never call it. Both paths give the same token record, and
-        for the network itself the same tokens."""
-        scripted = type(self).generate is not TinyModel.generate
-        roll_out = self._generate_rollouts if scripted else self._engine_rollouts
-        return roll_out(
-            env,
-            tasks,
-            seeds=seeds,
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-        )
-
-    def _generate_rollouts(
-        self,
-        env: Environment,
-        tasks: Sequence[TaskSpec],
-        *,
-        seeds: Sequence[int],
-        max_turns: int,
-        max_new_tokens: int,
-        temperature: float,
-    ) -> Rollouts:
+        This is the reference path, and the one a subclass that scripts :meth:`generate`
+        (tests replay demonstrations that way) rolls out through. Training and evaluation
+        roll the network out through the inference engine instead
+        (:meth:`services.training.tiny.family.TinyFamilyModel.rollouts`), which gives the
+        same token record and, for the network itself, the same tokens."""
         rollouts, stats = run_episodes(
             env,
             tasks,
@@ -427,37 +402,7 @@ class TinyModel:
             context_limit=self.model.config.max_seq_len,
         )
         records = [(r.episode, r.turns) for r in rollouts]
-        return _verified(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
-
-    def _engine_rollouts(
-        self,
-        env: Environment,
-        tasks: Sequence[TaskSpec],
-        *,
-        seeds: Sequence[int],
-        max_turns: int,
-        max_new_tokens: int,
-        temperature: float,
-    ) -> Rollouts:
-        from services.inference.rollout import run_text_episodes
-        from services.inference.tiny import TinyEngine
-
-        engine = TinyEngine(
-            self, f"checkpoint:{self.checkpoint_id}" if self.checkpoint_id else "memory"
-        )
-        rollouts, stats = run_text_episodes(
-            engine,
-            env,
-            tasks,
-            seeds=seeds,
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-        )
-        records = [
-            (r.episode, [(t.prompt_ids, t.completion_ids) for t in r.turns]) for r in rollouts
-        ]
-        return _verified(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
+        return verified_rollouts(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
 
     def act(self, transcript: str) -> str:
         """Greedy next turn for one transcript: usable as ``Environment.run_episode``'s ``act``."""
@@ -482,7 +427,7 @@ class TinyModel:
         return act
 
 
-def _verified(
+def verified_rollouts(
     env: Environment,
     tasks: Sequence[TaskSpec],
     records: Sequence[tuple[Episode, list[TokenTurn]]],

@@ -8,12 +8,14 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.inference.hf import HFEngine
 from services.inference.rollout import run_chat_episodes, run_text_episodes
 from services.inference.tiny import TinyEngine
 from services.serving.base import CheckpointRef
+from services.training.family import family_for
 from services.training.hf.model import HFModel
 from services.training.hf.rollout import run_chat_episodes as generate_chat_episodes
 from services.training.tiny.model import TinyModel
@@ -101,18 +103,20 @@ def test_greedy_tiny_episodes_through_the_engine_are_token_identical_to_generate
 
 
 def test_tiny_family_rollouts_go_through_the_engine(tool_calling_tiny: CheckpointRef) -> None:
-    """``TinyModel.rollouts`` runs on the engine (the prefix cache is hit) and scores what the
-    old generate path scored; a subclass that scripts ``generate`` still rolls out through it."""
+    """The tiny family rolls out on the engine and scores what the generate path
+    (``TinyModel.rollouts``) scores; a subclass that scripts ``generate`` still rolls out
+    through it."""
     policy = TinyModel.load(path_of(tool_calling_tiny), device="cpu")
+    family_model = family_for("tiny").load(path_of(tool_calling_tiny), device=torch.device("cpu"))
     tasks = [demo_task()] * 2 + ENV.generate_tasks(2, seed=5, api_version="v1")
     options: dict[str, Any] = {"max_turns": 4, "max_new_tokens": 12, "temperature": 0.0}
     seen: list[str] = []
     caches: list[str] = []  # the kind of cache each forward pass of the GPT wrote to
-    hook = policy.model.register_forward_pre_hook(
+    hook = family_model.net.register_forward_pre_hook(
         lambda _, args: caches.append(type(args[3]).__name__) if len(args) > 3 else None
     )
     try:
-        rollouts = policy.rollouts(ENV, tasks, seeds=[0, 1, 2, 3], **options)
+        rollouts = family_model.rollouts(ENV, tasks, seeds=[0, 1, 2, 3], **options)
     finally:
         hook.remove()
     assert caches and set(caches) == {"_Columns"}  # the engine's buffers, never generate's

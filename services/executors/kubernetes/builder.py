@@ -23,6 +23,7 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
+from services.cores import THREAD_VARIABLES
 from services.executors.base import CONFIG_EXIT_CODES, JobSpec, JobSpecError
 from services.executors.kubernetes.template import GPU_RESOURCE, JobTemplate
 
@@ -194,9 +195,34 @@ def _env(spec: JobSpec, template: JobTemplate, name: str) -> list[dict[str, Any]
     env: list[dict[str, Any]] = [{"name": var.name, "value": var.value} for var in template.env]
     env += [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     env += [{"name": key, "value": value} for key, value in sorted(spec.contract_env().items())]
+    env += _thread_env({e["name"] for e in env})
     if spec.nodes > 1:
         env += _rendezvous_env(spec, template, name)
     return env
+
+
+def _thread_env(already_set: set[str]) -> list[dict[str, Any]]:
+    """torch's and the BLAS libraries' thread pools sized to the container's CPU limit.
+
+    Left alone they size themselves from the node's core count: a pod limited to 4 CPUs on
+    a 64-core node runs 64 threads that the CFS quota then throttles in turn. The Downward
+    API gives ``limits.cpu`` rounded up to whole cores (the node's allocatable CPU when the
+    template sets no limit). A variable the template or the loop sets wins, and a job's own
+    ``hyperparameters.threads`` still sets torch in the job (services.cores)."""
+    return [
+        {
+            "name": variable,
+            "valueFrom": {
+                "resourceFieldRef": {
+                    "containerName": CONTAINER_NAME,
+                    "resource": "limits.cpu",
+                    "divisor": "1",
+                }
+            },
+        }
+        for variable in THREAD_VARIABLES
+        if variable not in already_set
+    ]
 
 
 def _rendezvous_env(spec: JobSpec, template: JobTemplate, name: str) -> list[dict[str, Any]]:

@@ -109,6 +109,24 @@ def test_single_node_job_carries_command_env_volume_and_labels(
     assert build_headless_service(spec, template(tmp_path), namespace="ml") is None
 
 
+def test_thread_pools_follow_the_containers_cpu_limit_unless_set(
+    tmp_path: Path, make_spec: Callable[..., JobSpec]
+) -> None:
+    """A pod's torch must not size its pools from the node's cores (64 threads throttled
+    under a 4-CPU limit): the Downward API hands it the limit; what the loop sets wins."""
+    job = build_job(make_spec(), template(tmp_path), namespace="ml")
+    assert_valid(job)
+    limit = {"resourceFieldRef": {"containerName": "job", "resource": "limits.cpu", "divisor": "1"}}
+    env = env_of(job)
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == limit
+    assert env["OPENBLAS_NUM_THREADS"] == limit
+    pinned = build_job(make_spec(env={"OMP_NUM_THREADS": "2"}), template(tmp_path), namespace="ml")
+    names = [e["name"] for e in container(pinned)["env"]]
+    assert names.count("OMP_NUM_THREADS") == 1
+    assert env_of(pinned)["OMP_NUM_THREADS"] == "2"
+    assert env_of(pinned)["MKL_NUM_THREADS"] == limit
+
+
 def test_default_pod_failure_policy_ignores_disruptions_and_fails_on_config_codes(
     tmp_path: Path, make_spec: Callable[..., JobSpec]
 ) -> None:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from services.environments.base import Environment, Reward, TaskSpec
+from services.evaluation.results import mean_pass_at_k, reported_ks
 from services.evaluation.stats import wilson_interval
 from services.training.family import RolloutModel, TokenEpisode
 from services.training.rng import derive_seed
@@ -83,10 +84,19 @@ class EvaluationResult:
             "ci_high": self.ci_high,
             "confidence": self.confidence,
             "sample_pass_rate": self.sample_pass_rate,
+            "pass_at_k": self.pass_at_k(),
             "generated_tokens": self.generated_tokens,
             "wall_s": round(self.wall_s, 3),
             "tokens_per_s": round(self.tokens_per_s, 1),
         }
+
+    def pass_at_k(self) -> dict[str, float]:
+        """pass@k for k in 1, 2, 4, ..., samples (unbiased, Chen et al. 2021): pass@k above
+        pass@1 is what sampling still reaches and RL can turn into pass@1."""
+        rows = [r.to_dict() for r in self.results]
+        samples = min((r.samples for r in self.results), default=1)
+        values = {k: mean_pass_at_k(rows, k) for k in reported_ks(samples)}
+        return {str(k): round(v, 6) for k, v in values.items() if v is not None}
 
     def passes(self) -> dict[str, bool]:
         """task_id -> passed, the input of a paired comparison."""

@@ -62,6 +62,56 @@ def pass_at_1(row: dict[str, Any]) -> float:
     The evaluator rolls every task out ``samples`` times; the unbiased estimate of the
     probability that one rollout passes is the share of samples that passed.
     """
+    counts = _sample_counts(row)
+    if counts is not None:
+        samples, passes = counts
+        return passes / samples
+    return 1.0 if row.get("passed") else 0.0
+
+
+def pass_at_k(row: dict[str, Any], k: int) -> float | None:
+    """A task's pass@k: the chance that at least one of ``k`` rollouts passes, estimated
+    without bias from its ``n`` samples of which ``c`` passed (Chen et al. 2021, the Codex
+    paper): ``1 - C(n-c, k) / C(n, k)``, computed as a product so large ``n`` never
+    overflows. None when the task has fewer than ``k`` samples (the estimate needs ``k``
+    draws without replacement); a row without sample counts has pass@k = its pass@1.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    counts = _sample_counts(row)
+    if counts is None:
+        return pass_at_1(row) if k == 1 else None
+    n, c = counts
+    if n < k:
+        return None
+    if n - c < k:
+        return 1.0
+    all_fail = 1.0
+    for drawn in range(n - c + 1, n + 1):
+        all_fail *= 1.0 - k / drawn
+    return 1.0 - all_fail
+
+
+def mean_pass_at_k(rows: list[dict[str, Any]], k: int) -> float | None:
+    """pass@k over a task set: the mean of its tasks' (None if any task has < k samples)."""
+    values = [pass_at_k(row, k) for row in rows]
+    if not values or any(value is None for value in values):
+        return None
+    return sum(value for value in values if value is not None) / len(values)
+
+
+def reported_ks(samples: int) -> list[int]:
+    """The k an evaluation of ``samples`` samples per task reports: 1, the powers of two
+    below ``samples``, and ``samples`` itself (what RL could still reach at that budget)."""
+    ks = [1]
+    while ks[-1] * 2 < samples:
+        ks.append(ks[-1] * 2)
+    if samples > 1:
+        ks.append(samples)
+    return ks
+
+
+def _sample_counts(row: dict[str, Any]) -> tuple[int, int] | None:
     samples = row.get("samples")
     passes = row.get("sample_passes")
     if (
@@ -72,5 +122,5 @@ def pass_at_1(row: dict[str, Any]) -> float:
         and not isinstance(passes, bool)
         and 0 <= passes <= samples
     ):
-        return passes / samples
-    return 1.0 if row.get("passed") else 0.0
+        return samples, passes
+    return None

@@ -67,7 +67,7 @@ class PromoteWorkflow:
         self.phase = "held"
         reason = (
             f"canary held: {_rate(latest)} live success on {latest.n} traces "
-            f"(previous champion {_rate(baseline)})"
+            f"(previous champion {_rate(baseline)}){_unattested(latest)}"
         )
         await self._set_status(
             input,
@@ -179,6 +179,17 @@ def _after_canary(
         live_after=latest.success_rate,
         live_baseline=baseline,
         live_canary=latest,
+    )
+
+
+def _unattested(stats: LiveStats) -> str:
+    """Said in the reason, so a canary blinded by a server that does not sign its responses
+    (or by clients that drop the ids) is seen, not trusted."""
+    if not stats.unattested:
+        return ""
+    return (
+        f"; {stats.unattested} traces not counted: their response ids are not signed for the "
+        "version they claim"
     )
 
 

@@ -779,6 +779,8 @@ class LiveStats:
     success_rate: float | None
     ci_low: float | None = None
     ci_high: float | None = None
+    # Traces of the window not counted: their response ids are not signed for their version.
+    unattested: int = 0
 
 
 @dataclass

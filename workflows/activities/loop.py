@@ -339,9 +339,10 @@ class LoopActivities:
                 attested=attested,
             )
         if counts.n == 0:
-            return LiveStats(n=0, successes=0, success_rate=None)
+            return LiveStats(n=0, successes=0, success_rate=None, unattested=counts.unattested)
         low, high = wilson_interval(counts.successes, counts.n)
-        return LiveStats(counts.n, counts.successes, counts.successes / counts.n, low, high)
+        rate = counts.successes / counts.n
+        return LiveStats(counts.n, counts.successes, rate, low, high, counts.unattested)
 
     @activity.defn(name="update_promotion")
     def update_promotion(self, input: PromotionStatusInput) -> None:

@@ -440,6 +440,8 @@ def last_held_promotion(*, session: Session, loop: Loop) -> Promotion | None:
 class LiveCounts:
     n: int
     successes: int
+    # Traces left out because the model server did not vouch for the version they claim.
+    unattested: int = 0
 
 
 def live_counts(
@@ -473,7 +475,7 @@ def live_counts(
             recent.add_columns(Trace.model_version, Trace.body["response_ids"])
         ).all()
         kept = [success for success, version, ids in rows if attested(version, _list(ids))]
-        return LiveCounts(len(kept), sum(1 for success in kept if success))
+        return LiveCounts(len(kept), sum(1 for success in kept if success), len(rows) - len(kept))
     window = recent.subquery()
     n, successes = session.execute(
         select(func.count(), func.coalesce(func.sum(cast(window.c.success, Integer)), 0))

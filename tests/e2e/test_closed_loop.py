@@ -270,6 +270,11 @@ def _assert_the_gate_saw_a_real_win(promotion: Promotion) -> None:
     assert -regression["delta_points"] <= GATE_POLICY["regression_tolerance_points"], regression
     # The win carries over to the frozen held-out set, which training never saw.
     assert statistics["heldout"]["delta"] > 0, statistics["heldout"]
+    # pass@k beside pass@1 (4 samples per task): what sampling still reaches, both sides.
+    for side in ("champion", "candidate"):
+        reach = statistics["pass_at_k"][side]
+        assert set(reach) == {"1", "2", "4"}, reach
+        assert reach["1"] <= reach["2"] <= reach["4"], reach
 
 
 def _assert_every_set_was_evaluated(

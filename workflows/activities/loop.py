@@ -250,6 +250,16 @@ class LoopActivities:
                 )
                 for task_set in ("eval", "regression", "heldout")
             )
+            # What sampling still reaches beside pass@1, for both sides of the comparison.
+            reach = {
+                role: q.pass_at_k_of(
+                    session=session, cycle=cycle, checkpoint_id=checkpoint, task_set="eval"
+                )
+                for role, checkpoint in (
+                    ("champion", input.champion_checkpoint_id),
+                    ("candidate", input.candidate_checkpoint_id),
+                )
+            }
             eval_specs = q.evaluated_task_specs(
                 session=session,
                 cycle=cycle,
@@ -270,6 +280,7 @@ class LoopActivities:
             judge_only_tasks=judge_only_count(eval_specs),
         )
         statistics = dict(decision.statistics)
+        statistics["pass_at_k"] = reach
         if heldout_pairs[0]:
             heldout = compare_paired(*heldout_pairs, confidence=input.confidence, seed=input.cycle)
             statistics["heldout"] = heldout.to_dict()

@@ -25,7 +25,7 @@ from services.db.models import (
 )
 from services.db.queries.errors import NotFound, existing
 from services.db.queries.tasks import row_ids_by_job_task_id
-from services.evaluation.results import pass_at_1
+from services.evaluation.results import mean_pass_at_k, pass_at_1, reported_ks
 
 
 def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
@@ -307,9 +307,35 @@ def evaluated_task_specs(
     )
 
 
+def pass_at_k_of(
+    *, session: Session, cycle: Cycle, checkpoint_id: str, task_set: str
+) -> dict[str, float]:
+    """The checkpoint's pass@k on a task set of the cycle, k = 1, 2, 4, ..., its samples per
+    task (unbiased estimator, :func:`services.evaluation.results.pass_at_k`); {} if it was
+    not evaluated there."""
+    rows = [
+        {**(details or {}), "passed": passed}
+        for _, passed, details in _result_rows(session, cycle, checkpoint_id, task_set)
+    ]
+    if not rows:
+        return {}
+    samples = min(int(row.get("samples") or 1) for row in rows)
+    values = {k: mean_pass_at_k(rows, k) for k in reported_ks(samples)}
+    return {str(k): round(v, 6) for k, v in values.items() if v is not None}
+
+
 def _results_by_task(
     session: Session, cycle: Cycle, checkpoint_id: str, task_set: str
 ) -> dict[int, float]:
+    return {
+        task_id: pass_at_1({**(details or {}), "passed": passed})
+        for task_id, passed, details in _result_rows(session, cycle, checkpoint_id, task_set)
+    }
+
+
+def _result_rows(
+    session: Session, cycle: Cycle, checkpoint_id: str, task_set: str
+) -> list[tuple[int, bool, dict[str, Any] | None]]:
     rows = session.execute(
         select(EvaluationResult.task_id, EvaluationResult.passed, EvaluationResult.details)
         .join(Evaluation, Evaluation.id == EvaluationResult.evaluation_id)
@@ -319,10 +345,7 @@ def _results_by_task(
             Evaluation.task_set == task_set,
         )
     ).all()
-    return {
-        task_id: pass_at_1({**(details or {}), "passed": passed})
-        for task_id, passed, details in rows
-    }
+    return [(task_id, passed, details) for task_id, passed, details in rows]
 
 
 # Promotions ---------------------------------------------------------------------------------

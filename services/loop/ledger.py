@@ -13,8 +13,8 @@ counter is read as a restart, and its own values (what was counted since the res
 the delta. A delta is never negative.
 
 **Prices.** The serving cost of a sample is its busy compute-seconds (wall seconds served,
-where the server does not measure busy time) × ``RATCHET_SERVING_HOUR_PRICE_USD`` / 3600.
-$/Mtok served = cost / (prompt + completion tokens) × 1e6: the blended figure shown per
+where the server does not measure busy time) * ``RATCHET_SERVING_HOUR_PRICE_USD`` / 3600.
+$/Mtok served = cost / (prompt + completion tokens) * 1e6: the blended figure shown per
 champion. Cached prompt tokens are priced separately: the cost is shared over tokens where a
 cached prompt token weighs ``RATCHET_SERVING_CACHED_TOKEN_WEIGHT`` (default 0.1, the discount
 hosted APIs give cached input) of a computed one, which gives a price per computed token and
@@ -23,7 +23,9 @@ one per cached token whose total is exactly the cost.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from services.serving.usage import VersionUsage
 
@@ -36,6 +38,15 @@ class ServingPrices:
 
     hour_usd: float
     cached_token_weight: float
+
+
+@dataclass(frozen=True)
+class ServingLedger:
+    """What the worker needs to keep the ledger: a reader of a loop's serving target's
+    counters (``read(serving_target)``, raising on an unreadable server) and the prices."""
+
+    read: Callable[[Mapping[str, Any]], Mapping[str, VersionUsage]]
+    prices: ServingPrices
 
 
 @dataclass(frozen=True)

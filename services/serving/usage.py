@@ -26,15 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.metrics import SERVING_BUSY_SECONDS, SERVING_PROMPT_TOKENS, SERVING_TOKENS
-
-if TYPE_CHECKING:  # the api reads usage without importing torch
-    from services.inference.engine import GenerationResult
 
 WHOLE_SERVER = "*"  # the key of a server whose counters are not per version (vLLM)
 
@@ -70,7 +67,21 @@ class VersionUsage:
 # Counting ---------------------------------------------------------------------------------
 
 
-def count_completion(version: str, prompt_tokens: int, results: Sequence[GenerationResult]) -> None:
+class FinishedRow(Protocol):
+    """What counting reads of a finished row (the engine's ``GenerationResult``; named by
+    its shape so the api, which reads usage, never imports the engine and torch)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> int: ...
+
+
+def count_completion(version: str, prompt_tokens: int, results: Sequence[FinishedRow]) -> None:
     """Add one answered request's tokens to the version's counters: the prompt once per
     request in ``ratchet_serving_tokens_total``, and every row's prompt by source (a request
     with ``n`` choices prefills ``n`` rows) in ``ratchet_serving_prompt_tokens_total``."""

@@ -7,7 +7,9 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -20,6 +22,7 @@ from services.loop.ledger import (
     token_prices,
     usd_per_mtok,
 )
+from services.loop.policies import RECORDED, ServingTarget
 from services.serving.usage import VersionUsage, usage_of
 
 LIVE_WINDOW = 1_000_000  # every trace of a tenure counts toward its live success
@@ -135,6 +138,28 @@ class ChampionFigures:
     @property
     def tokens_served(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+def loop_champion_figures(
+    *, session: Session, loop: Loop, cached_token_weight: float
+) -> list[ChampionFigures]:
+    """:func:`champion_figures` at the value per success the loop's serving target states."""
+    return champion_figures(
+        session=session,
+        loop=loop,
+        cached_token_weight=cached_token_weight,
+        value_per_success_usd=value_per_success_usd(loop.serving_target or {}),
+    )
+
+
+def value_per_success_usd(serving_target: Mapping[str, Any]) -> float | None:
+    """The loop's stated value of a successful episode; None when unset or unparseable (a
+    stored target that no longer parses still shows its ledger, without a break-even)."""
+    try:
+        policy = ServingTarget.model_validate(dict(serving_target), context=RECORDED)
+    except ValidationError:
+        return None
+    return policy.value_per_success_usd
 
 
 def champion_figures(

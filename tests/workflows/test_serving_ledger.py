@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from services.db.models import Cycle, Evaluation, Loop, ServingTenure, Trace
-from services.db.queries.serving_ledger import champion_figures
+from services.db.queries.serving_ledger import champion_figures, serving_totals
 from services.db.session import SessionFactory
 from services.loop.ledger import ServingLedger, ServingPrices
 from services.serving.usage import UsageUnavailable, VersionUsage
@@ -199,6 +199,8 @@ def test_champion_figures_price_tokens_and_the_break_even(
         old, new = champion_figures(
             session=session, loop=loop, cached_token_weight=0.1, value_per_success_usd=0.5
         )
+        totals = serving_totals(session=session, loop=loop)
+    assert (totals.tokens, totals.cost_usd) == (1_000_000, pytest.approx(3.6))
     assert (old.checkpoint_id, old.tokens_served, old.usd_per_mtok) == (first, 0, None)
     assert old.live_success_rate == pytest.approx(0.5)
     assert new.tokens_served == 1_000_000

@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from services.db.models import Cycle, Evaluation, Loop, ServingTenure
@@ -109,6 +109,25 @@ def _baseline(
 
 
 # Read model ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServingTotals:
+    tokens: int
+    cost_usd: float
+
+
+def serving_totals(*, session: Session, loop: Loop) -> ServingTotals:
+    """Tokens served and their serving cost over the loop's life, every tenure together."""
+    tokens, cost = session.execute(
+        select(
+            func.coalesce(
+                func.sum(ServingTenure.prompt_tokens + ServingTenure.completion_tokens), 0
+            ),
+            func.coalesce(func.sum(ServingTenure.cost_usd), Decimal(0)),
+        ).where(ServingTenure.loop_id == loop.id)
+    ).one()
+    return ServingTotals(int(tokens), float(cost))
 
 
 @dataclass(frozen=True)

@@ -139,3 +139,41 @@ def test_a_page_without_usage_counters_reads_as_nothing_served() -> None:
 def test_an_unreachable_server_is_unavailable_not_an_error() -> None:
     with pytest.raises(UsageUnavailable, match="metrics"):
         read_usage("http://127.0.0.1:9", timeout_s=2)
+
+
+def test_rows_of_two_versions_in_one_batch_share_its_time_fairly(
+    checkpoints: list[CheckpointRef],
+) -> None:
+    """Two rows alike but for their version (a base model and an adapter decode in one
+    batch) decode in one batch: each version is counted the same busy time, and only its
+    own rows' share."""
+    from services.inference.engine import GenerationRequest, SamplingParams
+    from services.inference.tiny import TinyEngine
+    from services.metrics import REGISTRY
+    from services.serving.scheduler import BatchScheduler
+
+    engine = TinyEngine.load(path_of(checkpoints[0]), device="cpu")
+    ids = list(b"share the batch fairly")  # byte-level token ids
+    scheduler = BatchScheduler(max_batch_rows=4)
+    rows = [
+        GenerationRequest(list(ids), SamplingParams(max_tokens=8, temperature=0.0))
+        for _ in range(2)
+    ]
+    # queued before the decode thread starts, so both are in its first batch
+    futures = [
+        scheduler.submit(engine, rows[0], version="fair-a"),
+        scheduler.submit(engine, rows[1], version="fair-b"),
+    ]
+    scheduler.start()
+    try:
+        results = [future.result(timeout=120) for future in futures]
+    finally:
+        scheduler.stop()
+    assert results[0].token_ids == results[1].token_ids  # alike, so they ran the same steps
+    assert scheduler.batches == 1
+    busy = [
+        REGISTRY.get_sample_value("ratchet_serving_busy_seconds_total", {"version": v})
+        for v in ("fair-a", "fair-b")
+    ]
+    assert busy[0] is not None and busy[0] > 0
+    assert busy[1] == pytest.approx(busy[0], rel=1e-9)

@@ -13,6 +13,7 @@ import pytest
 
 from services.loop.ledger import ServingPrices, accrue, usd_per_mtok
 from services.serving.base import CheckpointRef
+from services.serving.targets import ServingTargets
 from services.serving.usage import (
     WHOLE_SERVER,
     UsageUnavailable,
@@ -22,6 +23,7 @@ from services.serving.usage import (
     read_usage,
     usage_of,
 )
+from services.settings import ServingEndpoint, Settings
 from tests.services.serving.conftest import ServeProcess, path_of, write_checkpoint
 
 PROMPT = "count the tokens of this prompt, which is long enough to fill prefix blocks"
@@ -63,6 +65,15 @@ def test_tokens_and_compute_are_counted_per_version_under_concurrent_requests(
             answers = list(pool.map(lambda job: chat(server.url, *job), jobs))
         again = [chat(server.url, model, "0") for model in ("agent", "other")]
         usage = read_usage(server.url)
+        # what the worker samples: the loop's serving target's endpoint, by name
+        settings = Settings(
+            serving_endpoints={"srv": ServingEndpoint(kind="openai", url=server.url)}
+        )
+        targets = ServingTargets(settings, start_local_server=False)
+        sampled = targets.usage({"kind": "openai", "endpoint": "srv", "model": "agent"})
+        with pytest.raises(UsageUnavailable, match="no serving endpoint named 'gone'"):
+            targets.usage({"kind": "openai", "endpoint": "gone", "model": "agent"})
+        assert targets.usage({"kind": "none"}) == {}
     finally:
         server.stop()
 
@@ -79,6 +90,7 @@ def test_tokens_and_compute_are_counted_per_version_under_concurrent_requests(
         assert counted.cached_prompt_tokens < counted.prompt_tokens
         assert counted.busy_seconds is not None and counted.busy_seconds > 0
     assert set(usage) == {store[0].id, store[1].id}
+    assert sampled == usage
 
 
 def test_usd_per_mtok_from_counted_tokens_and_compute() -> None:

@@ -25,10 +25,12 @@ from services.serving.usage import UsageUnavailable, VersionUsage
 from tests.workflows.test_loop_activities import (
     RecordingTarget,
     add_checkpoint,
+    add_cycle,
     make_loop,
+    set_champion,
 )
 from workflows.activities.loop import LoopActivities
-from workflows.shared import DeployInput
+from workflows.shared import CloseCycleInput, DeployInput
 
 PRICES = ServingPrices(hour_usd=36.0, cached_token_weight=0.1)  # $0.01 per busy second
 
@@ -233,3 +235,22 @@ def _traces(
                     size_bytes=2,
                 )
             )
+
+
+def test_each_cycle_close_samples_the_champion_serving_now(
+    session_factory: SessionFactory, activities: LoopActivities, counters: Counters
+) -> None:
+    """A loop whose champion was set before the ledger began gets its tenure at the first
+    close; every close after adds what it served since."""
+    loop_id, name = make_loop(session_factory)
+    champion = add_checkpoint(session_factory, loop_id, "champion", 0)
+    set_champion(session_factory, loop_id, champion)
+    for number in (1, 2):
+        add_cycle(session_factory, loop_id, number, champion=champion, candidate=None, ended=False)
+        counters.now = {champion: VersionUsage(100 * number, 0, 10 * number, 1.0 * number)}
+        activities.close_cycle(CloseCycleInput(name, number, "rejected", "no win"))
+
+    (tenure,) = tenures(session_factory, loop_id)
+    assert (tenure.checkpoint_id, tenure.ended_at) == (champion, None)
+    assert (tenure.prompt_tokens, tenure.completion_tokens) == (100, 10)
+    assert tenure.busy_seconds == pytest.approx(1.0)

@@ -318,7 +318,7 @@ class LoopActivities:
                 f"{input.checkpoint_id!r}",
                 type="DeployNotVerified",
             )
-        self._sample_serving(input.loop, served)
+        self._sample_serving(input.loop, served, input.serving_target)
         return DeployResult(served_version=served, deployed_at=_now().isoformat())
 
     @activity.defn(name="live_stats")
@@ -371,7 +371,7 @@ class LoopActivities:
             if served != plan.checkpoint_id:
                 error = f"serving {served!r} after the deploy, expected {plan.checkpoint_id!r}"
             else:
-                self._sample_serving(input.loop, served)
+                self._sample_serving(input.loop, served, plan.serving_target)
         except ApplicationError as exc:
             error = str(exc)
         return self.finish_rollback(
@@ -502,14 +502,23 @@ class LoopActivities:
 
     # Serving ledger ----------------------------------------------------------------------
 
-    def _sample_serving(self, loop_name: str, served_version: str | None) -> None:
+    def _sample_serving(
+        self,
+        loop_name: str,
+        served_version: str | None,
+        serving_target: dict[str, Any] | None = None,
+    ) -> None:
         """Add a sample of the serving target's counters to the loop's open tenure, and end
-        it when ``served_version`` replaces it (services.loop.ledger). An unreadable server
-        is logged, not raised: a deploy or a cycle never fails for the ledger's sake."""
+        it when ``served_version`` replaces it (services.loop.ledger). ``serving_target``:
+        the one just deployed to (default: the loop's). An unreadable server is logged, not
+        raised: a deploy or a cycle never fails for the ledger's sake."""
         if self._serving_ledger is None:
             return
-        with self._transaction() as session:
-            config = dict(require_loop(session=session, name=loop_name).serving_target or {})
+        config = serving_target
+        if config is None:
+            with self._transaction() as session:
+                loop = require_loop(session=session, name=loop_name)
+                config = dict(loop.serving_target or {})
         if config.get("kind") == "none":
             return
         usage: Mapping[str, VersionUsage] | None

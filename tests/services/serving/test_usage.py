@@ -4,6 +4,7 @@ the parser the worker uses (which also reads vLLM's own counter names)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,12 @@ from services.serving.usage import (
     usage_of,
 )
 from services.settings import ServingEndpoint, Settings
-from tests.services.serving.conftest import ServeProcess, path_of, write_checkpoint
+from tests.services.serving.conftest import (
+    ServeProcess,
+    ServerThread,
+    path_of,
+    write_checkpoint,
+)
 
 PROMPT = "count the tokens of this prompt, which is long enough to fill prefix blocks"
 
@@ -189,3 +195,27 @@ def test_rows_of_two_versions_in_one_batch_share_its_time_fairly(
     ]
     assert busy[0] is not None and busy[0] > 0
     assert busy[1] == pytest.approx(busy[0], rel=1e-9)
+
+
+def test_a_streamed_completion_is_counted_without_asking_for_usage(
+    checkpoints: list[CheckpointRef], serve: Callable[..., ServerThread]
+) -> None:
+    server = serve(checkpoints[2], name="agent")
+    version = checkpoints[2].id
+    before = usage_of(read_usage(server.url), version)
+    body = {
+        "model": "agent",
+        "messages": [{"role": "user", "content": "stream me"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        chunks = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert chunks[-1] == "data: [DONE]"
+    after = usage_of(read_usage(server.url), version)
+    assert after.prompt_tokens > before.prompt_tokens
+    assert after.completion_tokens > before.completion_tokens
+    assert after.busy_seconds is not None and before.busy_seconds is not None
+    assert after.busy_seconds > before.busy_seconds

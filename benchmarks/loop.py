@@ -8,6 +8,8 @@ own as ``canary_window_s``), and the three numbers: ``heldout_points_gained`` (t
 held-out set, the headline), ``gate_points`` (the eval-set delta the gate decided on, biased
 toward the candidate by construction) and ``live_points_gained`` (the canary's live delta),
 with ``usd_per_heldout_point``. ``points_gained`` is kept and equals the held-out points.
+``tokens_served`` and ``serving_usd_per_mtok`` are the serving ledger's (every champion's
+tenure together; services.loop.ledger).
 
 The toy champion is pre-exposed to v2's names (``champion_note`` in the JSON says how); a
 figure from this benchmark is a measurement of the loop on that champion, not of learning a
@@ -70,6 +72,8 @@ def main() -> int:
         "usd_per_heldout_point": report.usd_per_heldout_point,
         "canary_window_s": round(report.canary_window_s, 1),
         "champion_note": report.champion_note,
+        "tokens_served": report.tokens_served,
+        "serving_usd_per_mtok": report.serving_usd_per_mtok,
     }
     print(json.dumps(figures))
     return 0 if report.cycles else 1

@@ -21,6 +21,7 @@ import httpx
 from pydantic import BaseModel
 from standardwebhooks.webhooks import Webhook
 
+from services.api.schemas.ledger import ServingLedgerPublic
 from services.api.schemas.loops import (
     LoopConfigChange,
     LoopConfigVersionPublic,
@@ -163,6 +164,10 @@ class RatchetClient:
 
     def get_loop(self, name: str) -> LoopDetail:
         return self._model(LoopDetail, "GET", f"/v1/loops/{name}")
+
+    def serving_ledger(self, name: str) -> ServingLedgerPublic:
+        """Both figures per champion (``GET /v1/loops/{loop}/ledger``)."""
+        return self._model(ServingLedgerPublic, "GET", f"/v1/loops/{name}/ledger")
 
     def patch_loop(
         self, name: str, patch: Mapping[str, Any], *, dry_run: bool = False

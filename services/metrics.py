@@ -224,15 +224,23 @@ SERVING_SWAPS = Counter(
 )
 SERVING_TOKENS = Counter(
     "ratchet_serving_tokens_total",
-    "Tokens the model server read (prompt) and generated (completion).",
-    ["kind"],
+    "Tokens the model server read (prompt, once per request) and generated (completion), "
+    "by served version (the checkpoint id: one per promotion, so few).",
+    ["version", "kind"],
     registry=REGISTRY,
 )
 SERVING_PROMPT_TOKENS = Counter(
     "ratchet_serving_prompt_tokens_total",
-    "Prompt tokens of the model server's rows, by source: cached (keys and values reused "
-    "from the prefix cache) or computed (prefilled).",
-    ["source"],
+    "Prompt tokens of the model server's rows, by served version and source: cached (keys "
+    "and values reused from the prefix cache) or computed (prefilled).",
+    ["version", "source"],
+    registry=REGISTRY,
+)
+SERVING_BUSY_SECONDS = Counter(
+    "ratchet_serving_busy_seconds_total",
+    "Wall seconds the model server's engine spent prefilling and decoding a version's rows "
+    "(a batch's time shared among its rows: see services.serving.usage).",
+    ["version"],
     registry=REGISTRY,
 )
 SERVING_SWAP_DURATION = Histogram(

@@ -256,6 +256,11 @@ class Settings(BaseSettings):
     # The model servers of `openai` and `kubernetes` serving targets, by name (see
     # ServingEndpoint): a loop's serving target names one; each carries its own API key.
     serving_endpoints: dict[str, ServingEndpoint] = Field(default_factory=dict)
+    # The serving ledger's prices (services.loop.ledger): an hour of the serving hardware,
+    # charged per busy compute-second, and what a cached prompt token weighs against a
+    # computed one (0..1) when that cost is shared over the tokens served.
+    serving_hour_price_usd: float = Field(default=2.5, ge=0)
+    serving_cached_token_weight: float = Field(default=0.1, ge=0, le=1)
 
     @classmethod
     def settings_customise_sources(

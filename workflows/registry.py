@@ -41,6 +41,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Instantiate every activity class with its dependencies and return the bound methods."""
     from services.curation.workers import shared_pool
     from services.executors import build_executor
+    from services.loop.ledger import ServingLedger, ServingPrices
     from services.serving.targets import ServingTargets
     from workflows.activities.curation import CurationActivities
     from workflows.activities.jobs import JobActivities
@@ -59,7 +60,16 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         pool=shared_pool(deps.settings.curation_processes),
     )
     targets = ServingTargets(deps.settings, heartbeat=_heartbeat_if_in_activity)
-    loop = LoopActivities(deps.session_factory, targets, attestation=targets.attestation)
+    prices = ServingPrices(
+        hour_usd=deps.settings.serving_hour_price_usd,
+        cached_token_weight=deps.settings.serving_cached_token_weight,
+    )
+    loop = LoopActivities(
+        deps.session_factory,
+        targets,
+        attestation=targets.attestation,
+        serving_ledger=ServingLedger(read=targets.usage, prices=prices),
+    )
     retention = RetentionActivities(deps.session_factory)
     return [
         *curation.activities(),

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -27,6 +27,9 @@ from services.cli.common import (
     loop_name,
     positive_int,
 )
+
+if TYPE_CHECKING:
+    from services.api.schemas.ledger import ServingLedgerPublic
 
 
 def register(subparsers: Any) -> None:
@@ -376,7 +379,50 @@ def _show(args: argparse.Namespace) -> int:
         until = f"expires {credential.expires_at}" if credential.expires_at else "no expiry"
         print(f"  credential   {credential.kind} created {credential.created_at}, {until}")
     _print_curation(loop)
+    _print_serving_ledger(_call(args, lambda client: client.serving_ledger(args.name)))
     return 0
+
+
+def _print_serving_ledger(ledger: ServingLedgerPublic) -> None:
+    """Both figures per champion, oldest first: what serving it cost per token beside what
+    the cycle that produced it bought (services.loop.ledger says how they are computed)."""
+    if not ledger.champions:
+        return
+    value = (
+        f"${ledger.value_per_success_usd:g} per success"
+        if ledger.value_per_success_usd is not None
+        else "no value_per_success_usd: no break-even"
+    )
+    print(
+        f"  serving      per champion, oldest first (${ledger.serving_hour_price_usd:g}/h; {value})"
+    )
+    print(
+        f"    {'CHAMPION':<12}  {'TOKENS':>12}  {'CACHED':>10}  {'$/MTOK':>9}  {'LIVE':>6}  "
+        f"{'HELD-OUT':>8}  {'$/POINT':>8}  {'BREAK-EVEN':>12}  SERVED"
+    )
+    for c in ledger.champions:
+        until = "now" if c.ended_at is None else f"{c.ended_at:%Y-%m-%d %H:%M}"
+        print(
+            f"    {c.checkpoint_id[:12]:<12}  {c.tokens_served:>12,}  "
+            f"{c.cached_prompt_tokens:>10,}  {_money(c.usd_per_mtok):>9}  "
+            f"{_share(c.live_success_rate):>6}  {_share(c.heldout_pass_rate):>8}  "
+            f"{_money(c.usd_per_heldout_point):>8}  "
+            f"{_count(c.break_even_tokens):>12}  {c.started_at:%Y-%m-%d %H:%M} to {until}"
+        )
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:,.4f}" if 0 < abs(value) < 0.01 else f"${value:,.2f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def _print_curation(loop: Any) -> None:

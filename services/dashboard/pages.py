@@ -37,6 +37,7 @@ from services.dashboard.render import pct, usd, when
 from services.dashboard.timeline import Step, cycle_steps
 from services.db.models import Loop
 from services.db.queries.loops import config_versions
+from services.db.queries.serving_ledger import ChampionFigures, loop_champion_figures
 from services.db.queries.traces import curation_counts
 from services.evaluation.stats import wilson_interval
 
@@ -280,6 +281,34 @@ def points_per_dollar_chart(rows: Sequence[PointsPerDollar]) -> Markup | None:
     )
 
 
+def serving_cost_chart(champions: Sequence[ChampionFigures]) -> Markup | None:
+    """$ per million tokens served by each champion, at the start of its tenure, over the
+    loop's life (tenures that served no token yet are left out)."""
+    priced = [c for c in champions if c.usd_per_mtok is not None]
+    if not priced:
+        return None
+    values = [c.usd_per_mtok for c in priced if c.usd_per_mtok is not None]
+    ticks = charts.nice_ticks(0.0, max(values) or 1.0)
+    points = [
+        charts.Point(
+            _epoch(c.started_at),
+            c.usd_per_mtok,
+            f"{c.checkpoint_id[:12]}: {usd(c.usd_per_mtok)}/Mtok over {c.tokens_served:,} tokens",
+        )
+        for c in priced
+        if c.usd_per_mtok is not None
+    ]
+    end = max(priced[-1].ended_at or priced[-1].started_at, priced[-1].started_at)
+    return charts.line_chart(
+        [charts.Series("$/Mtok served", "live", points)],
+        x_axis=_time_axis(priced[0].started_at, end),
+        y_axis=charts.Axis(
+            ticks=ticks, format=lambda v: f"${v:,.2f}", low=ticks[0], high=ticks[-1]
+        ),
+        title="Serving cost per million tokens, per champion (USD)",
+    )
+
+
 # Pages ----------------------------------------------------------------------------------------
 
 
@@ -309,14 +338,20 @@ def _steps(cycle: CycleRow) -> list[Step]:
     )
 
 
-def loop_context(session: Session, *, loop: Loop, links: TemporalLinks) -> dict[str, Any]:
-    """Everything the loop page shows."""
+def loop_context(
+    session: Session, *, loop: Loop, links: TemporalLinks, cached_token_weight: float = 0.1
+) -> dict[str, Any]:
+    """Everything the loop page shows; ``cached_token_weight`` prices cached prompt tokens
+    (``RATCHET_SERVING_CACHED_TOKEN_WEIGHT``)."""
     cycles = loop_cycles(session, loop_id=loop.id)
     current = cycles[0] if cycles else None
     live = live_success_series(session, loop_id=loop.id)
     events = loop_events(session, loop_id=loop.id, since=live.start) if live else []
     ppd = points_per_dollar(cycles)
     live_passed, live_n = recent_outcomes(session, loop_id=loop.id)
+    champions = loop_champion_figures(
+        session=session, loop=loop, cached_token_weight=cached_token_weight
+    )
     return {
         "ratchet_loop": loop,
         "spend": loop_spend(session, loop_id=loop.id),
@@ -338,6 +373,8 @@ def loop_context(session: Session, *, loop: Loop, links: TemporalLinks) -> dict[
         "cost_chart": cost_chart(cycles),
         "ppd": ppd,
         "ppd_chart": points_per_dollar_chart(ppd),
+        "champions": champions,
+        "serving_chart": serving_cost_chart(champions),
         "runs": recent_runs(session, loop_id=loop.id),
         "actions": loop_actions(loop, has_open_cycle=bool(current and current.is_open)),
         "loop_url": links.loop(loop.name),

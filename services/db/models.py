@@ -564,3 +564,35 @@ class ToolResponse(Base):
     result: Mapped[str] = mapped_column(Text)
     trace_id: Mapped[int | None] = mapped_column(ForeignKey("traces.id", ondelete="SET NULL"))
     created_at: Mapped[dt.datetime] = _now_column()
+
+
+class ServingTenure(Base):
+    """One version's time serving a loop, from its verified deploy to the deploy that
+    replaced it, with the tokens and compute it served (services.loop.ledger).
+
+    ``baseline`` is the server's counters for the version at the last sample (deltas are
+    taken from it); at most one tenure per loop is open (``ended_at`` NULL)."""
+
+    __tablename__ = "serving_tenures"
+    __table_args__ = (
+        Index(
+            "uq_serving_tenures_one_open_per_loop",
+            "loop_id",
+            unique=True,
+            postgresql_where=text("ended_at IS NULL"),
+        ),
+        Index("ix_serving_tenures_loop_started", "loop_id", "started_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id"))
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cached_prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    busy_seconds: Mapped[float] = mapped_column(Float, server_default="0")
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(14, 6), server_default="0")
+    baseline: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    started_at: Mapped[dt.datetime] = _now_column()
+    sampled_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))

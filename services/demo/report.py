@@ -20,6 +20,8 @@ from sqlalchemy.orm import Session
 from services.dashboard import queries as dashboard
 from services.db.models import Loop, Promotion
 from services.db.queries.cycles import live_counts
+from services.db.queries.serving_ledger import serving_totals
+from services.loop.ledger import usd_per_mtok
 
 # Far more cycles than a demo runs: the report and the watcher read them all.
 ALL_CYCLES = 10_000
@@ -69,6 +71,8 @@ class DemoReport:
     usd_per_heldout_point: float | None = None
     canary_window_s: float = 0.0
     champion_note: str = ""
+    tokens_served: int = 0  # the serving ledger's, every champion together
+    serving_usd_per_mtok: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,7 +131,17 @@ def build_report(
         live_points_gained=sum(live_points) if live_points else None,
         usd_per_heldout_point=total_cost / heldout_points if heldout_points > 0 else None,
         canary_window_s=sum(row.waiting_s for row in rows),
+        **_serving_figures(session, loop),
     )
+
+
+def _serving_figures(session: Session, loop: Loop) -> dict[str, Any]:
+    """Tokens served over the loop's life and their blended $/Mtok (services.loop.ledger)."""
+    served = serving_totals(session=session, loop=loop)
+    return {
+        "tokens_served": served.tokens,
+        "serving_usd_per_mtok": usd_per_mtok(served.cost_usd, served.tokens),
+    }
 
 
 def _estimate(summary: dashboard.EvalSummary | None) -> tuple[float, float, float] | None:
@@ -268,6 +282,8 @@ def format_report(report: DemoReport) -> str:
         f"traces posted: {report.traces_posted}   wall: {report.demo_wall_s:.0f}s",
         f"held-out points gained: {report.heldout_points_gained:+.1f}   $ per held-out point: "
         f"{_usd(report.usd_per_heldout_point)}   canary windows: {report.canary_window_s:.0f}s",
+        f"tokens served: {report.tokens_served:,}   $/Mtok served: "
+        f"{_usd(report.serving_usd_per_mtok)}",
     ]
     return "\n".join(lines)
 

@@ -252,6 +252,13 @@ class ServingTarget(_Policy):
         default=None, description="the served name the loop's agents call (the alias)"
     )
     verify_timeout_s: float = Field(default=60, gt=0, le=3600)
+    value_per_success_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="what one successful served episode is worth, in dollars: the serving "
+        "ledger's break-even (the tokens a champion must serve before its live success gain "
+        "repays its training cost); unset, no break-even is shown",
+    )
     retired_keys: tuple[str, ...] = Field(
         default=(),
         description="set only on a loop saved before serving endpoints: the keys it named "

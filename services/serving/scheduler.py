@@ -19,6 +19,10 @@ starved. When the model falls idle with fewer rows waiting than a full batch, it
 collecting while rows keep arriving: it starts once ``max_wait_ms`` pass with no new row,
 the batch is full, or ``max_collect_ms`` have passed (a queue delay in the manner of
 Triton's), so clients answered together start together.
+
+Every prefill and step is timed and its wall time shared among the versions of its rows
+(:func:`services.serving.usage.count_busy`, which says how), so a served version's busy
+compute-seconds are counted however batches mix versions.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from services.inference.engine import (
     GenerationRequest,
     GenerationResult,
 )
+from services.serving.usage import count_busy
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,7 @@ class _Pending:
     engine: Engine
     row: GenerationRequest
     future: Future[GenerationResult]
+    version: str = ""  # the served version its busy time is counted to ("": not counted)
 
 
 class BatchScheduler:
@@ -94,13 +100,16 @@ class BatchScheduler:
         if self._thread.is_alive():
             self._thread.join(30)
 
-    def submit(self, engine: Engine, row: GenerationRequest) -> Future[GenerationResult]:
-        return self.submit_all(engine, [row])[0]
+    def submit(
+        self, engine: Engine, row: GenerationRequest, *, version: str = ""
+    ) -> Future[GenerationResult]:
+        return self.submit_all(engine, [row], version=version)[0]
 
     def submit_all(
-        self, engine: Engine, rows: list[GenerationRequest]
+        self, engine: Engine, rows: list[GenerationRequest], *, version: str = ""
     ) -> list[Future[GenerationResult]]:
-        """Queue all of ``rows`` or none: :class:`QueueFull` when they would not fit."""
+        """Queue all of ``rows`` or none: :class:`QueueFull` when they would not fit.
+        ``version``: the served version the rows' busy time is counted to."""
         futures: list[Future[GenerationResult]] = [Future() for _ in rows]
         with self._wake:
             if self._stopping:
@@ -112,7 +121,7 @@ class BatchScheduler:
                     f"{self._max_waiting}); retry later"
                 )
             for row, future in zip(rows, futures, strict=True):
-                self._queue.append(_Pending(engine, row, future))
+                self._queue.append(_Pending(engine, row, future, version))
             self._wake.notify()
         return futures
 
@@ -204,6 +213,7 @@ class BatchScheduler:
             live.append(item)
         if not live:
             return
+        started = time.perf_counter()
         try:
             batch.join([(item.row, item) for item in live])
         except Exception as exc:  # reported to each request; the thread keeps serving
@@ -213,10 +223,13 @@ class BatchScheduler:
             return
         self.batches += 1
         self.rows += len(live)
+        _count_prefill(time.perf_counter() - started, live)
 
     def _step(self, batch: ActiveBatch[_Pending]) -> bool:
         """One forward step; answer the rows that finished. False if the batch failed."""
         running = len(batch)
+        versions = [item.version for item in batch.rows()]
+        started = time.perf_counter()
         try:
             done = batch.step()
         except Exception as exc:  # reported to each request; the thread keeps serving
@@ -226,6 +239,17 @@ class BatchScheduler:
             return False
         self.steps += 1
         self.row_steps += running
+        _count_step(time.perf_counter() - started, versions)
         for item, result in done:
             item.future.set_result(result)
         return True
+
+
+def _count_prefill(seconds: float, rows: list[_Pending]) -> None:
+    """A prefill's time, shared in proportion to the prompt tokens each row brought."""
+    count_busy(seconds, [(item.version, len(item.row.prompt_ids)) for item in rows])
+
+
+def _count_step(seconds: float, versions: list[str]) -> None:
+    """A forward step's time, shared equally by the rows that ran in it."""
+    count_busy(seconds, [(version, 1.0) for version in versions])

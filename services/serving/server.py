@@ -62,10 +62,8 @@ from services.inference.engine import (
     cut_at_stop,
 )
 from services.metrics import (
-    SERVING_PROMPT_TOKENS,
     SERVING_REQUEST_DURATION,
     SERVING_SWAPS,
-    SERVING_TOKENS,
     render_latest,
 )
 from services.serving.attestation import response_id
@@ -92,6 +90,7 @@ from services.serving.registry import (
     checkpoint_dir_within,
 )
 from services.serving.scheduler import BatchScheduler, QueueFull
+from services.serving.usage import count_completion
 from services.training.rng import derive_seed
 
 logger = logging.getLogger(__name__)
@@ -459,7 +458,7 @@ class _Completion:
                 )
             )
         try:
-            futures = self.scheduler.submit_all(self.engine, rows)
+            futures = self.scheduler.submit_all(self.engine, rows, version=self.served.version)
         except QueueFull as exc:
             raise OpenAIError(
                 429,
@@ -524,19 +523,16 @@ class _Completion:
         the part of it every choice reused from the prefix cache instead of computing."""
         completion = sum(len(r.token_ids) for r in results)
         cached = min((r.cached_tokens for r in results), default=0)
-        SERVING_TOKENS.labels("prompt").inc(len(self.prompt))
-        SERVING_TOKENS.labels("completion").inc(completion)
-        for result in results:
-            SERVING_PROMPT_TOKENS.labels("cached").inc(result.cached_tokens)
-            SERVING_PROMPT_TOKENS.labels("computed").inc(
-                result.prompt_tokens - result.cached_tokens
-            )
         return {
             "prompt_tokens": len(self.prompt),
             "completion_tokens": completion,
             "total_tokens": len(self.prompt) + completion,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
+
+    def count(self, results: list[GenerationResult]) -> None:
+        """Count the answered request's tokens to its served version (the serving ledger)."""
+        count_completion(self.served.version, len(self.prompt), results)
 
     def _envelope(self, kind: str) -> dict[str, Any]:
         return {
@@ -559,6 +555,7 @@ class _Completion:
                     "logprobs": None,
                 }
             )
+        self.count(results)
         return {
             **self._envelope("chat.completion"),
             "choices": choices,
@@ -626,6 +623,7 @@ class _Completion:
                     yield self._chunk(index, {"content": rest}, None)
             yield self._chunk(index, {}, finish)
             self.results[index] = result
+        self.count(list(self.results.values()))
         options = self.body.stream_options
         if options is not None and options.include_usage:
             usage = {

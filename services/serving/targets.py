@@ -40,6 +40,7 @@ from services.loop import policies
 from services.loop.policies import RECORDED, describe_errors, serving_endpoint_problem
 from services.serving.attestation import TraceAttestation, attestation_key, attested
 from services.serving.base import CheckpointRef, DeployFailed, ServingTarget
+from services.serving.usage import UsageUnavailable, VersionUsage, read_usage
 from services.settings import ENV_PREFIX, ServingEndpoint, Settings, secret_field_names
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,22 @@ class ServingTargets:
         if endpoint is not None and endpoint.attests:
             return partial(attested, key=key)
         return None
+
+    def usage(self, config: Mapping[str, Any]) -> dict[str, VersionUsage]:
+        """The serving ledger's sample: the counters on the target's /metrics (none for a
+        loop without a server); :class:`UsageUnavailable` when they cannot be read."""
+        policy = parse_serving_target(config)
+        if policy.kind == "none":
+            return {}
+        if policy.kind == "local":
+            settings = self._settings
+            key = settings.serve_api_key
+            url = f"http://{settings.serve_host}:{settings.serve_port}"
+            return read_usage(url, api_key=key.get_secret_value() if key else None)
+        endpoint = self._settings.serving_endpoints.get(policy.endpoint or "")
+        if endpoint is None:
+            raise UsageUnavailable(f"no serving endpoint named {policy.endpoint!r}")
+        return read_usage(endpoint.url, api_key=_key(endpoint), timeout_s=endpoint.timeout_s)
 
     def target(self, config: Mapping[str, Any]) -> ServingTarget:
         policy = parse_serving_target(config)

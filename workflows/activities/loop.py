@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, Protocol
@@ -27,6 +27,7 @@ from services.db.models import Cycle, Loop
 from services.db.queries import cycles as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
+from services.db.queries.serving_ledger import record_sample
 from services.db.session import SessionFactory
 from services.evaluation.gate import decide, judge_only_count
 from services.evaluation.results import ResultsFileError, pass_at_1, read_results
@@ -37,6 +38,7 @@ from services.evaluation.stats import (
     wilson_interval,
 )
 from services.logs import log_context
+from services.loop.ledger import ServingLedger
 from services.loop.policies import GatePolicy, parse_policies
 from services.metrics import (
     LOOP_CYCLES,
@@ -47,6 +49,7 @@ from services.metrics import (
 )
 from services.serving.attestation import TraceAttestation
 from services.serving.base import ServingError
+from services.serving.usage import UsageUnavailable, VersionUsage
 from workflows.activities.errors import fails_as
 from workflows.shared import (
     CloseCycleInput,
@@ -94,11 +97,17 @@ class LoopActivities:
         self,
         session_factory: SessionFactory,
         deploy: ServingDeployer,
+        *,
         attestation: Attestation | None = None,
+        serving_ledger: ServingLedger | None = None,
     ) -> None:
+        """``attestation``: how the canary tells served traces from claimed ones (none: it
+        trusts the clients); ``serving_ledger``: where the serving ledger's samples are read
+        (none: not kept)."""
         self._sessions = session_factory
         self._deploy = deploy
         self._attestation = attestation
+        self._serving_ledger = serving_ledger
 
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
@@ -330,6 +339,7 @@ class LoopActivities:
                 f"{input.checkpoint_id!r}",
                 type="DeployNotVerified",
             )
+        self._sample_serving(input.loop, served, input.serving_target)
         return DeployResult(served_version=served, deployed_at=_now().isoformat())
 
     @activity.defn(name="live_stats")
@@ -386,6 +396,8 @@ class LoopActivities:
                 )
             if served != plan.checkpoint_id:
                 error = f"serving {served!r} after the deploy, expected {plan.checkpoint_id!r}"
+            else:
+                self._sample_serving(input.loop, served, plan.serving_target)
         except ApplicationError as exc:
             error = str(exc)
         return self.finish_rollback(
@@ -497,18 +509,59 @@ class LoopActivities:
                     f"budget of ${loop.budget_usd} spent (${ledger.spent_usd:.2f}); raise the "
                     "budget and resume"
                 )
+            champion = loop.champion_checkpoint_id
             if first_close:
                 LOOP_CYCLES.labels(input.loop, input.outcome).inc()
             LOOP_SPEND.labels(input.loop).set(ledger.spent_usd)
             if ledger.points_per_dollar is not None:
                 LOOP_POINTS_PER_DOLLAR.labels(input.loop).set(ledger.points_per_dollar)
-            return CloseCycleResult(
+            result = CloseCycleResult(
                 cost_usd=float(cycle.cost_usd),
                 compute_seconds=cycle.compute_seconds,
                 cumulative_cost_usd=ledger.spent_usd,
                 cumulative_points=ledger.points_gained,
                 points_per_dollar=ledger.points_per_dollar,
                 budget_exhausted=exhausted,
+            )
+        self._sample_serving(input.loop, champion)
+        return result
+
+    # Serving ledger ----------------------------------------------------------------------
+
+    def _sample_serving(
+        self,
+        loop_name: str,
+        served_version: str | None,
+        serving_target: dict[str, Any] | None = None,
+    ) -> None:
+        """Add a sample of the serving target's counters to the loop's open tenure, and end
+        it when ``served_version`` replaces it (services.loop.ledger). ``serving_target``:
+        the one just deployed to (default: the loop's). An unreadable server is logged, not
+        raised: a deploy or a cycle never fails for the ledger's sake."""
+        if self._serving_ledger is None:
+            return
+        config = serving_target
+        if config is None:
+            with self._transaction() as session:
+                loop = require_loop(session=session, name=loop_name)
+                config = dict(loop.serving_target or {})
+        if config.get("kind") == "none":
+            return
+        usage: Mapping[str, VersionUsage] | None
+        try:
+            usage = self._serving_ledger.read(config)
+        except (UsageUnavailable, ServingError) as exc:
+            logger.warning("loop %s: serving ledger sample skipped: %s", loop_name, exc)
+            usage = None
+        with self._transaction() as session:
+            loop = require_loop(session=session, name=loop_name, for_update=True)
+            record_sample(
+                session=session,
+                loop=loop,
+                served_version=served_version,
+                usage=usage,
+                now=_now(),
+                prices=self._serving_ledger.prices,
             )
 
     def activities(self) -> list[Callable[..., Any]]:

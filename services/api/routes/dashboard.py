@@ -92,7 +92,12 @@ def loop_page(
         loop = require_loop(session=session, name=name)
     except NotFound:
         return _not_found(request, settings, f"There is no loop named {name!r}.")
-    context = loop_context(session, loop=loop, links=_links(settings))
+    context = loop_context(
+        session,
+        loop=loop,
+        links=_links(settings),
+        cached_token_weight=settings.serving_cached_token_weight,
+    )
     return _page(request, settings, "loop.html", **context)
 
 

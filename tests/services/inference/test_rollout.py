@@ -215,8 +215,7 @@ def test_hf_evaluation_through_the_engine_scores_as_the_generate_path(
 
 
 def _cached_prompt_tokens(exposition: str) -> float:
-    prefix = 'ratchet_serving_prompt_tokens_total{source="cached"} '
-    values = [
-        float(line[len(prefix) :]) for line in exposition.splitlines() if line.startswith(prefix)
-    ]
-    return values[0] if values else 0.0
+    """The cached prompt tokens of every version the server counted."""
+    from services.serving.usage import parse_usage
+
+    return sum(usage.cached_prompt_tokens for usage in parse_usage(exposition).values())

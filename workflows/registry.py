@@ -31,8 +31,10 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Instantiate every activity class with its dependencies and return the bound methods."""
     from services.curation.workers import shared_pool
     from services.executors import build_executor
+    from services.loop.estimate import Prices
     from services.serving.targets import ServingTargets
     from workflows.activities.curation import CurationActivities
+    from workflows.activities.estimate import EstimateActivities
     from workflows.activities.jobs import JobActivities
     from workflows.activities.loop import LoopActivities
     from workflows.activities.retention import RetentionActivities
@@ -51,11 +53,16 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     loop = LoopActivities(
         deps.session_factory, ServingTargets(deps.settings, heartbeat=_heartbeat_if_in_activity)
     )
+    estimate = EstimateActivities(
+        deps.session_factory,
+        Prices(deps.settings.accelerator_hour_price_usd, deps.settings.cpu_hour_price_usd),
+    )
     retention = RetentionActivities(deps.session_factory)
     return [
         *curation.activities(),
         *jobs.activities(),
         *loop.activities(),
+        *estimate.activities(),
         retention.purge_trace_bodies,
     ]
 

@@ -427,6 +427,13 @@ def seed_story(
         },
         started_at=at(34),
         ended_at=at(46.1),
+        estimate_usd=Decimal("2.00"),
+        estimate={"phases": {"rollout": {"cost_usd": 1.0}, "evaluation": {"cost_usd": 0.6}}},
+        cost_by_phase={
+            "rollout": {"seconds": 9000.0, "compute_s": 18000.0, "cost_usd": 1.2},
+            "update": {"seconds": 3000.0, "compute_s": 6000.0, "cost_usd": 0.3},
+            "evaluation": {"seconds": 6000.0, "compute_s": 6000.0, "cost_usd": 0.6},
+        },
     )
     session.add(c2)
     session.flush()
@@ -498,6 +505,17 @@ def seed_story(
         champion_checkpoint_id=ckpt2.id,
         stage_timings=_timings(start, [70, 70.5, 70.6, None]),
         started_at=at(70),
+        # estimated before its training started, from cycles 1 and 2
+        estimate_usd=Decimal("1.90"),
+        estimate={
+            "phases": {
+                "rollout": {"units": 512, "compute_s": 9000.0, "cost_usd": 0.9},
+                "update": {"units": 40, "compute_s": 4000.0, "cost_usd": 0.4},
+                "evaluation": {"units": 320, "compute_s": 6000.0, "cost_usd": 0.6},
+            },
+            "measured_cycles": 2,
+            "left_usd": 21.2,
+        },
     )
     session.add(c3)
     session.flush()

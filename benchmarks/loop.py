@@ -8,6 +8,10 @@ own as ``canary_window_s``), and the three numbers: ``heldout_points_gained`` (t
 held-out set, the headline), ``gate_points`` (the eval-set delta the gate decided on, biased
 toward the candidate by construction) and ``live_points_gained`` (the canary's live delta),
 with ``usd_per_heldout_point``. ``points_gained`` is kept and equals the held-out points.
+``estimate_usd`` (the estimates made before training, summed over the cycles estimated),
+``actual_usd`` (what the cycles cost), ``cost_by_phase`` (their dollars per phase: rollout,
+scoring, update, sync, evaluation, other) and ``cycle_wall_s`` (the mean cycle wall time)
+show where the money went and how well it was foreseen.
 
 The toy champion is pre-exposed to v2's names (``champion_note`` in the JSON says how); a
 figure from this benchmark is a measurement of the loop on that champion, not of learning a
@@ -69,6 +73,10 @@ def main() -> int:
         "live_points_gained": report.live_points_gained,
         "usd_per_heldout_point": report.usd_per_heldout_point,
         "canary_window_s": round(report.canary_window_s, 1),
+        "estimate_usd": report.estimate_usd,
+        "actual_usd": report.actual_usd,
+        "cost_by_phase": report.cost_by_phase,
+        "cycle_wall_s": report.cycle_wall_s,
         "champion_note": report.champion_note,
     }
     print(json.dumps(figures))

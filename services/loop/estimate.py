@@ -113,7 +113,8 @@ def reported_seconds(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def run_phase_costs(run: RunRecord) -> dict[str, PhaseCost]:
-    """The run's cost and compute split over its phases (they add up to the run's)."""
+    """The run's cost and compute split over its phases (they add up to the run's), in
+    :data:`PHASES` order."""
     seconds = reported_seconds(run.metrics)
     if not seconds and run.kind in ("eval", "probe"):
         seconds = {"evaluation": max(run.wall_s, 0.0)}
@@ -130,7 +131,7 @@ def run_phase_costs(run: RunRecord) -> dict[str, PhaseCost]:
     )
     if rest.seconds or rest.compute_s or rest.cost_usd or not costs:
         costs["other"] = rest
-    return costs
+    return {name: costs[name] for name in PHASES if name in costs}
 
 
 def cycle_phase_costs(runs: Iterable[RunRecord]) -> dict[str, dict[str, float]]:

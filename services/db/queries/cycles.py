@@ -189,18 +189,23 @@ def run_records(
     statement = select(Run).where(Run.cycle_id.in_(ids)).order_by(Run.submitted_at, Run.id)
     if succeeded_only:
         statement = statement.where(Run.status == "succeeded")
-    return [
-        RunRecord(
-            kind=run.kind,
-            metrics=dict(run.metrics or {}),
-            wall_s=(run.ended_at - run.started_at).total_seconds()
-            if run.started_at is not None and run.ended_at is not None
-            else 0.0,
-            compute_s=float(run.compute_seconds or 0.0),
-            cost_usd=float(run.cost_usd or 0),
-        )
-        for run in session.scalars(statement)
-    ]
+    return [run_record(run) for run in session.scalars(statement)]
+
+
+def run_record(run: Run) -> RunRecord:
+    """A run row as the phase split reads it."""
+    wall_s = (
+        (run.ended_at - run.started_at).total_seconds()
+        if run.started_at is not None and run.ended_at is not None
+        else 0.0
+    )
+    return RunRecord(
+        kind=run.kind,
+        metrics=dict(run.metrics or {}),
+        wall_s=wall_s,
+        compute_s=float(run.compute_seconds or 0.0),
+        cost_usd=float(run.cost_usd or 0),
+    )
 
 
 def accounted_cycle_ids(*, session: Session, loop: Loop, before: int, limit: int) -> list[int]:

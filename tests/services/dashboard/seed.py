@@ -453,6 +453,11 @@ def seed_story(
         cost="1.60",
         logs_uri=train_log,
     )
+    # where cycle 2's training went: 4 of its 6.4 hours rolling out, 2 updating
+    r2.metrics = {
+        **r2.metrics,
+        "phases": {"rollout": {"seconds": 14400.0}, "update": {"seconds": 7200.0}},
+    }
     session.add(r2)
     session.flush()
     ckpt2 = _checkpoint(loop, "c2", parent=base.id, run=r2.id, at=at(41))

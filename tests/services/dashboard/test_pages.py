@@ -189,6 +189,13 @@ def test_run_page_shows_status_logs_and_workflows(
     assert len(lines) == 200 and lines[-1] == "step 399 loss=0.003"
     assert "Last 200 lines" in page.locator("#logs").inner_text()
     assert story.champion_checkpoint[:12] in page.locator("#outputs").inner_text()
+    # where its $1.60 went: the phases its job reported, the rest of its 6.4 hours as other
+    phases = page.locator("#run-cost-by-phase tbody tr")
+    assert [phases.nth(i).inner_text().split("\t") for i in range(phases.count())] == [
+        ["rollout", "4h 00m", "4h 00m", "$1.00"],
+        ["update", "2h 00m", "2h 00m", "$0.50"],
+        ["other", "23m 55s", "23m 55s", "$0.10"],
+    ]
     assert browser_page.errors == []
 
 

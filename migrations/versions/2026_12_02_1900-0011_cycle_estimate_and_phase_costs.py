@@ -6,7 +6,7 @@ money went (``cost_by_phase``: seconds, compute-seconds and dollars per phase of
 so the ledger shows the estimate beside the actual.
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0010
 Create Date: 2026-12-02 19:00:00
 """
 
@@ -17,7 +17,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0011"
-down_revision: str | None = "0008"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -10,6 +10,10 @@ toward the candidate by construction) and ``live_points_gained`` (the canary's l
 with ``usd_per_heldout_point``. ``points_gained`` is kept and equals the held-out points.
 ``tokens_served`` and ``serving_usd_per_mtok`` are the serving ledger's (every champion's
 tenure together; services.loop.ledger).
+``estimate_usd`` (the estimates made before training, summed over the cycles estimated),
+``actual_usd`` (what the cycles cost), ``cost_by_phase`` (their dollars per phase: rollout,
+scoring, update, sync, evaluation, other) and ``cycle_wall_s`` (the mean cycle wall time)
+show where the money went and how well it was foreseen.
 
 The toy champion is pre-exposed to v2's names (``champion_note`` in the JSON says how); a
 figure from this benchmark is a measurement of the loop on that champion, not of learning a
@@ -71,6 +75,10 @@ def main() -> int:
         "live_points_gained": report.live_points_gained,
         "usd_per_heldout_point": report.usd_per_heldout_point,
         "canary_window_s": round(report.canary_window_s, 1),
+        "estimate_usd": report.estimate_usd,
+        "actual_usd": report.actual_usd,
+        "cost_by_phase": report.cost_by_phase,
+        "cycle_wall_s": report.cycle_wall_s,
         "champion_note": report.champion_note,
         "tokens_served": report.tokens_served,
         "serving_usd_per_mtok": report.serving_usd_per_mtok,

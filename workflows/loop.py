@@ -25,6 +25,7 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureErro
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
+    from workflows.activities.estimate import EstimateActivities, EstimateInput
     from workflows.activities.loop import LoopActivities
     from workflows.curate import CurateWorkflow, curate_batches
     from workflows.evaluate import EvaluateWorkflow
@@ -66,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         RollbackSignal,
         RunNowSignal,
         SnapshotInput,
+        SnapshotResult,
         StageInput,
         StartCycleInput,
         StartCycleResult,
@@ -89,6 +91,10 @@ CURATE_STAGE_PATCH = "curate-stage-helper"
 # workflow.patched id of the operator rollback in three steps (plan, deploy with the DEPLOY
 # preset outside any transaction, record): histories before it ran one rollback_champion.
 ROLLBACK_DEPLOY_PATCH = "rollback-deploy"
+# workflow.patched id of the estimate stage: before training, the cycle's cost is estimated
+# and a cycle over what is left of the budget is refused (the loop pauses). Histories before
+# it train without one.
+ESTIMATE_PATCH = "cycle-estimate"
 # Batches one trigger check curates at most; what is left waits for the next check.
 TRIGGER_CHECK_MAX_BATCHES = 100
 
@@ -297,7 +303,10 @@ class LoopWorkflow:
         self.state.last_cycle_ended_at = workflow.now().isoformat()
         self.cycle = 0
         self._set_stage("waiting", outcome=outcome)
-        if closed.budget_exhausted:
+        if outcome == "over_budget":
+            self.state.paused = True
+            self.state.pause_reason = f"cycle {cycle} refused: {reason}"
+        elif closed.budget_exhausted:
             self.state.paused = True
             self.state.pause_reason = (
                 f"budget spent (${closed.cumulative_cost_usd:.2f} of the loop's budget)"
@@ -338,6 +347,8 @@ class LoopWorkflow:
             )
         if started.champion_checkpoint_id is None or started.champion_uri is None:
             raise CycleAborted("failed", "the loop has no champion checkpoint to train from")
+        if workflow.patched(ESTIMATE_PATCH):
+            await self._estimate(config, cycle, dataset)
 
         self._set_stage("train", cycle=cycle)
         await self._mark_stage(cycle, "train", dataset_id=dataset.dataset_id)
@@ -475,6 +486,29 @@ class LoopWorkflow:
             gate_points,
             **live,
         )
+
+    async def _estimate(self, config: LoopConfig, cycle: int, dataset: SnapshotResult) -> None:
+        """Estimate the cycle's train and eval jobs; one over what is left of the budget
+        ends the cycle as ``over_budget`` (the loop pauses) before anything is spent on it."""
+        self._set_stage("estimate", cycle=cycle)
+        counts = [dataset.eval_count, dataset.regression_count]
+        if dataset.heldout_uri:
+            counts.append(dataset.heldout_count)
+        try:
+            estimate = await db_activity(
+                EstimateActivities.estimate_cycle,
+                EstimateInput(
+                    loop=self.loop,
+                    cycle=cycle,
+                    profile=config.training_profile.model_dump(),
+                    eval_task_counts=counts,
+                    samples_per_task=config.gate_policy.eval_samples,
+                ),
+            )
+        except ActivityError as exc:
+            raise CycleAborted("failed", f"estimate failed: {_root_cause(exc)}") from exc
+        if not estimate.fits:
+            raise CycleAborted("over_budget", estimate.reason)
 
     async def _probe(self, config: LoopConfig, cycle: int, started: StartCycleResult) -> None:
         """Probe the champion on unprobed train tasks so the snapshot can filter them.

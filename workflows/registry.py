@@ -41,9 +41,11 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     """Instantiate every activity class with its dependencies and return the bound methods."""
     from services.curation.workers import shared_pool
     from services.executors import build_executor
+    from services.loop.estimate import Prices
     from services.loop.ledger import ServingLedger, ServingPrices
     from services.serving.targets import ServingTargets
     from workflows.activities.curation import CurationActivities
+    from workflows.activities.estimate import EstimateActivities
     from workflows.activities.jobs import JobActivities
     from workflows.activities.loop import LoopActivities
     from workflows.activities.retention import RetentionActivities
@@ -70,11 +72,16 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         attestation=targets.attestation,
         serving_ledger=ServingLedger(read=targets.usage, prices=prices),
     )
+    estimate = EstimateActivities(
+        deps.session_factory,
+        Prices(deps.settings.accelerator_hour_price_usd, deps.settings.cpu_hour_price_usd),
+    )
     retention = RetentionActivities(deps.session_factory)
     return [
         *curation.activities(),
         *jobs.activities(),
         *loop.activities(),
+        *estimate.activities(),
         retention.purge_trace_bodies,
     ]
 

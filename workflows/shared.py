@@ -215,6 +215,9 @@ class RunJobInput:
     # The loop's own job image and command (training_profile.train_job / eval_job), if any.
     job_image: str | None = None
     job_command: list[str] | None = None
+    # The longest the job may run, from its first start (kept across attempts): past it the
+    # job is stopped and the run fails, so a job adopted by a retry cannot outlive its bound.
+    deadline_s: float | None = None
 
 
 def job_override(profile: dict[str, Any], key: str) -> tuple[str | None, list[str] | None]:

@@ -36,10 +36,12 @@ from services.dashboard.queries import (
 from services.dashboard.render import pct, usd, when
 from services.dashboard.timeline import Step, cycle_steps
 from services.db.models import Loop
+from services.db.queries.cycles import run_record
 from services.db.queries.loops import config_versions
 from services.db.queries.serving_ledger import ChampionFigures, loop_champion_figures
 from services.db.queries.traces import curation_counts
 from services.evaluation.stats import wilson_interval
+from services.loop.estimate import run_phase_costs
 
 
 def _percent(value: float) -> str:
@@ -420,4 +422,6 @@ def run_context(
             within=ArtifactStore(Path()).run_dir(loop.name, run.id),
         ),
         "workflow_links": workflow_links,
+        # Where the run's money went, once it ended (services.loop.estimate).
+        "phase_costs": run_phase_costs(run_record(run)) if run.ended_at is not None else {},
     }

@@ -28,6 +28,7 @@ from services.db.models import (
     Trace,
 )
 from services.evaluation.stats import wilson_interval
+from services.loop.estimate import PHASES
 
 # The live success rate of the overview is taken over this many most recent outcomes.
 LIVE_WINDOW_TRACES = 200
@@ -202,6 +203,20 @@ class CycleNumber:
 
 
 @dataclass(frozen=True)
+class PhaseRow:
+    """One phase of a cycle: what the estimate expected it to cost, what it cost, how long."""
+
+    phase: str
+    estimate_usd: float | None
+    cost_usd: float | None
+    seconds: float | None
+
+
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
 class CycleRow:
     """One cycle as the cycles table and the per-cycle charts show it."""
 
@@ -236,6 +251,32 @@ class CycleRow:
     deployed_at: dt.datetime | None = None
     canary_ended_at: dt.datetime | None = None
     rolled_back_at: dt.datetime | None = None
+    # The estimate made before training (None: the cycle never got that far, or ran before
+    # estimates) and where the money went, by phase (services.loop.estimate).
+    estimate_usd: Decimal | None = None
+    estimate: dict[str, Any] | None = None
+    cost_by_phase: dict[str, Any] | None = None
+
+    @property
+    def phase_costs(self) -> list[PhaseRow]:
+        """Each phase's estimated and actual dollars (and actual seconds), in phase order."""
+        actual = self.cost_by_phase or {}
+        planned = (self.estimate or {}).get("phases") or {}
+        rows = []
+        for name in PHASES:
+            got, est = actual.get(name), planned.get(name)
+            if not isinstance(got, dict) and not isinstance(est, dict):
+                continue
+            got, est = got if isinstance(got, dict) else {}, est if isinstance(est, dict) else {}
+            rows.append(
+                PhaseRow(
+                    name,
+                    _float_or_none(est.get("cost_usd")),
+                    _float_or_none(got.get("cost_usd")),
+                    _float_or_none(got.get("seconds")),
+                )
+            )
+        return rows
 
     @property
     def canary_seconds(self) -> float:
@@ -407,6 +448,9 @@ def loop_cycles(session: Session, *, loop_id: int, limit: int = 50) -> list[Cycl
                 deployed_at=row.deployed_at,
                 canary_ended_at=row.canary_ended_at,
                 rolled_back_at=row.rolled_back_at,
+                estimate_usd=cycle.estimate_usd,
+                estimate=dict(cycle.estimate or {}),
+                cost_by_phase=dict(cycle.cost_by_phase or {}),
             )
         )
     return rows

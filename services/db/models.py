@@ -281,6 +281,11 @@ class Cycle(Base):
     gate_points: Mapped[float | None] = mapped_column(Float)
     live_points: Mapped[float | None] = mapped_column(Float)
     points_detail: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    # What the cycle was expected to cost before it trained (services.loop.estimate), and
+    # where its money went: {phase: {seconds, compute_s, cost_usd}} over its runs.
+    estimate_usd: Mapped[Decimal | None] = mapped_column(Numeric(14, 6))
+    estimate: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
+    cost_by_phase: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     started_at: Mapped[dt.datetime] = _now_column()
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 

@@ -10,7 +10,7 @@ while it ran is trusted over what was stored.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -51,6 +51,10 @@ class CycleRow:
     live_points: float | None = None
     heldout_champion_pass: tuple[float, float, float] | None = None
     heldout_candidate_pass: tuple[float, float, float] | None = None
+    # The estimate made before training (None: refused or failed before it, or none made)
+    # and the actual cost by phase ($), services.loop.estimate.
+    estimate_usd: float | None = None
+    cost_by_phase: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,6 +77,12 @@ class DemoReport:
     champion_note: str = ""
     tokens_served: int = 0  # the serving ledger's, every champion together
     serving_usd_per_mtok: float | None = None
+    # Over the ended cycles: their estimates and actual costs (the cycles that were
+    # estimated), the actual cost by phase, and the mean cycle wall time.
+    estimate_usd: float | None = None
+    actual_usd: float = 0.0
+    cost_by_phase: dict[str, float] = field(default_factory=dict)
+    cycle_wall_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +125,11 @@ def build_report(
     total_cost = sum(row.cost_usd for row in rows)
     gate = [row.gate_points for row in rows if row.gate_points is not None]
     live_points = [row.live_points for row in rows if row.live_points is not None]
+    estimated = [row.estimate_usd for row in rows if row.estimate_usd is not None]
+    phases: dict[str, float] = {}
+    for row in rows:
+        for phase, dollars in row.cost_by_phase.items():
+            phases[phase] = round(phases.get(phase, 0.0) + dollars, 6)
     return DemoReport(
         cycles=rows,
         live=live,
@@ -132,6 +147,10 @@ def build_report(
         usd_per_heldout_point=total_cost / heldout_points if heldout_points > 0 else None,
         canary_window_s=sum(row.waiting_s for row in rows),
         **_serving_figures(session, loop),
+        estimate_usd=round(sum(estimated), 6) if estimated else None,
+        actual_usd=round(total_cost, 6),
+        cost_by_phase=phases,
+        cycle_wall_s=round(sum(row.wall_s for row in rows) / len(rows), 1) if rows else None,
     )
 
 
@@ -175,6 +194,8 @@ def cycle_row(cycle: dashboard.CycleRow, spans: list[dashboard.RunSpan]) -> Cycl
         live_points=cycle.live_points,
         heldout_champion_pass=_estimate(cycle.heldout_champion),
         heldout_candidate_pass=_estimate(cycle.heldout_candidate),
+        estimate_usd=float(cycle.estimate_usd) if cycle.estimate_usd is not None else None,
+        cost_by_phase={p.phase: p.cost_usd for p in cycle.phase_costs if p.cost_usd is not None},
     )
 
 
@@ -243,7 +264,8 @@ def format_report(report: DemoReport) -> str:
     lines = ["", "Cycles", ""]
     header = (
         f"{'#':>2}  {'trigger':<13} {'tasks':>9}  {'train':>6}  {'champion':>17}  "
-        f"{'candidate':>17}  {'decision':<8} {'outcome':<11} {'cost':>8}  {'held-out':>8}  "
+        f"{'candidate':>17}  {'decision':<8} {'outcome':<11} {'cost':>8}  {'est.':>8}  "
+        f"{'held-out':>8}  "
         f"{'gate':>6}  {'live':>6}  {'pts/$':>8}"
     )
     lines += [header, "-" * len(header)]
@@ -252,7 +274,8 @@ def format_report(report: DemoReport) -> str:
             f"{row.number:>2}  {row.trigger:<13} {row.train_tasks:>4}/{row.eval_tasks:<4}  "
             f"{row.train_s:>5.0f}s  {_interval(row.champion_pass):>17}  "
             f"{_interval(row.candidate_pass):>17}  {row.decision:<8} {row.outcome:<11} "
-            f"${row.cost_usd:>7.4f}  {row.points:>+8.1f}  {_signed(row.gate_points):>6}  "
+            f"${row.cost_usd:>7.4f}  {_usd(row.estimate_usd):>8}  "
+            f"{row.points:>+8.1f}  {_signed(row.gate_points):>6}  "
             f"{_signed(row.live_points):>6}  "
             f"{(f'{row.points_per_dollar:,.0f}' if row.points_per_dollar else '-'):>8}"
         )
@@ -261,13 +284,16 @@ def format_report(report: DemoReport) -> str:
                 f"    held-out pass@1: champion {_interval(row.heldout_champion_pass)}, "
                 f"candidate {_interval(row.heldout_candidate_pass)}"
             )
+        if row.cost_by_phase:
+            lines.append(f"    cost by phase: {_phases(row.cost_by_phase)}")
         if row.reason:
             lines.append(f"    {row.reason}")
     lines += [
         "",
         "champion, eval and candidate columns: pass@1 on the eval set (new failures); held-out:",
         "points gained on the frozen held-out set (the $ per point); gate: the eval-set delta",
-        "the gate decided on; live: the canary's delta on traces in Postgres.",
+        "the gate decided on; live: the canary's delta on traces in Postgres; est.: the",
+        "cost estimated before training, from the loop's measured per-phase rates.",
     ]
     if report.champion_note:
         lines += [f"NOTE: {report.champion_note}"]
@@ -284,8 +310,15 @@ def format_report(report: DemoReport) -> str:
         f"{_usd(report.usd_per_heldout_point)}   canary windows: {report.canary_window_s:.0f}s",
         f"tokens served: {report.tokens_served:,}   $/Mtok served: "
         f"{_usd(report.serving_usd_per_mtok)}",
+        f"estimate: {_usd(report.estimate_usd)}   actual: {_usd(report.actual_usd)}   "
+        f"mean cycle wall: {report.cycle_wall_s or 0:.0f}s   "
+        f"by phase: {_phases(report.cost_by_phase) or '-'}",
     ]
     return "\n".join(lines)
+
+
+def _phases(dollars: dict[str, float]) -> str:
+    return " · ".join(f"{phase} ${value:.4f}" for phase, value in dollars.items())
 
 
 def _signed(value: float | None) -> str:

@@ -36,6 +36,7 @@ from services.training.jobspec import (
     run_job_main,
     write_json,
 )
+from services.training.phases import PhaseClock, phase_report
 
 logger = logging.getLogger("services.evaluation.job")
 
@@ -90,17 +91,21 @@ def _run(spec: JobSpec) -> int:
         raise JobError(f"checkpoint {spec.checkpoint} does not exist")
     tasks = read_job_dataset(spec)
     use_threads(options.pop("threads", None))
+    clock = PhaseClock()
     try:
-        policy, defaults = _load_policy(spec)
+        with clock.phase("sync"):  # loading the checkpoint is the job's weight movement
+            policy, defaults = _load_policy(spec)
     except CheckpointError as exc:
         raise JobError(f"checkpoint rejected: {exc}") from None
     except DeviceError as exc:
         raise JobError(str(exc)) from None
     for key, value in defaults.items():  # e.g. hf: chat turns are longer, CPU batches smaller
         options.setdefault(key, value)
+    clock.device = policy.device
     started = time.monotonic()
     try:
-        result = evaluate(policy, env, tasks, seed=spec.seed, **options)
+        with clock.phase("evaluation"):
+            result = evaluate(policy, env, tasks, seed=spec.seed, **options)
     except ValueError as exc:  # e.g. an environment with no chat rendering for an hf model
         raise JobError(str(exc)) from None
     spec.output_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +125,7 @@ def _run(spec: JobSpec) -> int:
         "samples": options["samples"],
         "device": str(policy.device),
         "job_wall_s": round(time.monotonic() - started, 3),
+        "phases": phase_report(clock),
     }
     judge_usage = getattr(env, "judge_usage", None)
     if callable(judge_usage) and (usage := judge_usage()):

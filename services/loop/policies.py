@@ -107,7 +107,8 @@ class JobOverride(_Policy):
     )
 
 
-# A job's bounds, checked when a loop is saved (the budget is checked only after spending):
+# A job's bounds, checked when a loop is saved; they cap what a cycle spends between its
+# budget checks (the estimate before training, the close after):
 # the longest a training job may run, and the most accelerators one job may hold in all
 # (nodes x accelerators per node; e.g. 256 nodes of 8).
 MAX_JOB_TIMEOUT_S = 7 * 86_400

@@ -24,6 +24,8 @@ class RunCounters:
     groups: int = 0
     filtered_zero_variance_groups: int = 0
     final_loss: float | None = None
+    # Wall seconds per phase (services.training.phases), kept through resume points.
+    phase_s: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
 
     @property

@@ -87,6 +87,7 @@ from services.training.family import (
     collate,
 )
 from services.training.optim import clip_and_check, make_optimizer, schedule_lr
+from services.training.phases import PhaseClock
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
 from services.training.rng import derive_seed
 
@@ -267,10 +268,22 @@ def train_grpo(
         resumed_from = point.step
         logger.info("grpo resumed from step %d (%s)", point.step, point.path)
     weights = task_weights(tasks)
+    clock = PhaseClock(model.device, counters.phase_s)
     started = time.monotonic()
     for step in range(counters.steps_done, config.steps):
         stats = _grpo_step(
-            step, model, env, tasks, weights, config, optimizer, params, reference, ctx, counters
+            step,
+            model,
+            env,
+            tasks,
+            weights,
+            config,
+            optimizer,
+            params,
+            reference,
+            ctx,
+            counters,
+            clock,
         )
         counters.history.append(stats)
         counters.steps_done = step + 1
@@ -281,15 +294,16 @@ def train_grpo(
             and config.checkpoint_every
             and (step + 1) % config.checkpoint_every == 0
         ):
-            if ctx.is_main:
-                save_resume_point(
-                    state_dir,
-                    step=step + 1,
-                    params=named,
-                    optimizer=optimizer,
-                    counters=counters.to_dict(),
-                )
-            ctx.barrier()
+            with clock.phase("sync"):
+                if ctx.is_main:
+                    save_resume_point(
+                        state_dir,
+                        step=step + 1,
+                        params=named,
+                        optimizer=optimizer,
+                        counters=counters.to_dict(),
+                    )
+                ctx.barrier()
     model.train(False)
     return GRPOResult(
         counters=counters, resumed_from_step=resumed_from, wall_s=time.monotonic() - started
@@ -308,6 +322,7 @@ def _grpo_step(
     reference: StartingWeights | None,
     ctx: DistContext,
     counters: RunCounters,
+    clock: PhaseClock,
 ) -> dict[str, float]:
     G = config.group_size  # noqa: N806 - the paper's name
     order = task_order(step, config.tasks_per_step, len(tasks), config.seed, weights=weights)
@@ -317,49 +332,51 @@ def _grpo_step(
     t0 = time.monotonic()
     rollout_tasks = [tasks[order[j]] for j in local for _ in range(G)]
     seeds = [derive_seed(config.seed, step, j, g) for j in local for g in range(G)]
-    rollouts = model.rollouts(
-        env,
-        rollout_tasks,
-        seeds=seeds,
-        max_turns=config.max_turns,
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-    )
+    with clock.phase("rollout"):
+        rollouts = model.rollouts(
+            env,
+            rollout_tasks,
+            seeds=seeds,
+            max_turns=config.max_turns,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+        )
     rewards_list = [episode.reward for episode in rollouts.episodes]
     rollout_s = time.monotonic() - t0
 
     # 2. Group-relative advantages; groups without variance are dropped.
     t1 = time.monotonic()
-    sequences: list[TokenSequence] = []
-    seq_adv: list[float] = []
-    kept_local = 0
-    if local:
-        rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
-        advantages, keep = group_advantages(rewards.view(len(local), G), eps=config.adv_eps)
-        kept_local = int(keep.sum())  # advantages (groups, G), keep (groups,)
-        for index, episode in enumerate(rollouts.episodes):
-            if bool(keep[index // G]):
-                for sequence in episode.sequences:
-                    sequences.append(sequence)
-                    seq_adv.append(float(advantages.view(-1)[index]))
-    demos: list[TokenSequence] = []
-    if config.sft_coef > 0 and local:
-        demo_tasks = [tasks[order[j]] for j in local]
-        demos = model.demonstrations(
-            env, demo_tasks, DemonstrationOptions(seed=derive_seed(config.seed, step))
+    with clock.phase("scoring"):
+        sequences: list[TokenSequence] = []
+        seq_adv: list[float] = []
+        kept_local = 0
+        if local:
+            rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
+            advantages, keep = group_advantages(rewards.view(len(local), G), eps=config.adv_eps)
+            kept_local = int(keep.sum())  # advantages (groups, G), keep (groups,)
+            for index, episode in enumerate(rollouts.episodes):
+                if bool(keep[index // G]):
+                    for sequence in episode.sequences:
+                        sequences.append(sequence)
+                        seq_adv.append(float(advantages.view(-1)[index]))
+        demos: list[TokenSequence] = []
+        if config.sft_coef > 0 and local:
+            demo_tasks = [tasks[order[j]] for j in local]
+            demos = model.demonstrations(
+                env, demo_tasks, DemonstrationOptions(seed=derive_seed(config.seed, step))
+            )
+        totals = ctx.all_reduce_sum(
+            [
+                float(_targets(sequences)),
+                float(_targets(demos)),
+                float(kept_local),
+                float(len(local)),
+                float(rollouts.generated_tokens),
+                float(sum(r.total for r in rewards_list)),
+                float(sum(r.passed for r in rewards_list)),
+                float(len(rewards_list)),
+            ]
         )
-    totals = ctx.all_reduce_sum(
-        [
-            float(_targets(sequences)),
-            float(_targets(demos)),
-            float(kept_local),
-            float(len(local)),
-            float(rollouts.generated_tokens),
-            float(sum(r.total for r in rewards_list)),
-            float(sum(r.passed for r in rewards_list)),
-            float(len(rewards_list)),
-        ]
-    )
     tokens, demo_tokens, kept_groups, groups, generated, reward_sum, pass_sum, n_episodes = totals
 
     # 3. Policy update(s) on the kept episodes (+ the optional SFT term).
@@ -369,43 +386,44 @@ def _grpo_step(
         batches = _batches(model, sequences, config.micro_batch)
         demo_batches = _batches(model, demos, config.micro_batch)
         adv_t = torch.tensor(seq_adv, dtype=torch.float32, device=model.device)  # (N,)
-        with torch.no_grad():
+        with clock.phase("scoring"), torch.no_grad():
             old = [model.logprobs(b) for b in batches] if config.ppo_epochs > 1 else None
             ref = [reference.logprobs(model, b) for b in batches] if reference is not None else None
-        for _ in range(config.ppo_epochs):
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = clip_sum = kl_sum = 0.0
-            begin = 0
-            for i, batch in enumerate(batches):
-                rows = batch.ids.shape[0]
-                logp = model.logprobs(batch)  # (n, T-1)
-                loss, info = policy_loss(
-                    logp,
-                    old[i] if old is not None else logp.detach(),
-                    adv_t[begin : begin + rows],
-                    batch.target,
-                    clip_eps=config.clip_eps,
-                    ref_logp=ref[i] if ref is not None else None,
-                    kl_coef=config.kl_coef,
-                    normalizer=tokens,
-                )
-                loss.backward()
-                loss_sum += float(loss.detach())
-                clip_sum += info["clip_fraction"] * rows
-                kl_sum += info["kl"] * rows
-                begin += rows
-            for batch in demo_batches:
-                logp = model.logprobs(batch)  # (n, T-1)
-                sft = -(logp * batch.target).sum() / max(demo_tokens, 1.0) * config.sft_coef
-                sft.backward()
-                loss_sum += float(sft.detach())
-            trained += sum(b.tokens for b in batches) + sum(b.tokens for b in demo_batches)
-            ctx.all_reduce_grads(params)
-            clip_and_check(params, max_norm=config.grad_clip, step=step, lr=lr)
-            optimizer.step()
-            loss_value = ctx.all_reduce_sum([loss_sum])[0]
-            clip_fraction = clip_sum / max(len(sequences), 1)
-            kl_value = kl_sum / max(len(sequences), 1)
+        with clock.phase("update"):
+            for _ in range(config.ppo_epochs):
+                optimizer.zero_grad(set_to_none=True)
+                loss_sum = clip_sum = kl_sum = 0.0
+                begin = 0
+                for i, batch in enumerate(batches):
+                    rows = batch.ids.shape[0]
+                    logp = model.logprobs(batch)  # (n, T-1)
+                    loss, info = policy_loss(
+                        logp,
+                        old[i] if old is not None else logp.detach(),
+                        adv_t[begin : begin + rows],
+                        batch.target,
+                        clip_eps=config.clip_eps,
+                        ref_logp=ref[i] if ref is not None else None,
+                        kl_coef=config.kl_coef,
+                        normalizer=tokens,
+                    )
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                    clip_sum += info["clip_fraction"] * rows
+                    kl_sum += info["kl"] * rows
+                    begin += rows
+                for batch in demo_batches:
+                    logp = model.logprobs(batch)  # (n, T-1)
+                    sft = -(logp * batch.target).sum() / max(demo_tokens, 1.0) * config.sft_coef
+                    sft.backward()
+                    loss_sum += float(sft.detach())
+                trained += sum(b.tokens for b in batches) + sum(b.tokens for b in demo_batches)
+                ctx.all_reduce_grads(params)
+                clip_and_check(params, max_norm=config.grad_clip, step=step, lr=lr)
+                optimizer.step()
+                loss_value = ctx.all_reduce_sum([loss_sum])[0]
+                clip_fraction = clip_sum / max(len(sequences), 1)
+                kl_value = kl_sum / max(len(sequences), 1)
     train_s = time.monotonic() - t1
     trained_total = int(ctx.all_reduce_sum([float(trained)])[0])
 

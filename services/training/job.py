@@ -62,6 +62,7 @@ from services.training.jobspec import (
     write_json,
 )
 from services.training.optim import TrainingDiverged
+from services.training.phases import PhaseClock, phase_report
 from services.training.sft import train_sft
 
 logger = logging.getLogger("services.training.job")
@@ -90,16 +91,20 @@ def _run(spec: JobSpec) -> int:
     hyper = job_hyperparameters(spec, family=family_name, algorithm=algorithm)
     use_threads(hyper.options.threads)
     ctx = init_job_distributed(spec.device)
-    model = _initial_model(spec, algorithm, family_for(family_name), hyper, ctx)
+    # Loading the base and saving the result are the job's weight movement ("sync"); the
+    # trainer times its own phases (and a resumed run's from its resume point).
+    clock = PhaseClock(ctx.device)
+    with clock.phase("sync"):
+        model = _initial_model(spec, algorithm, family_for(family_name), hyper, ctx)
     parent = model.checkpoint_id
     started = time.monotonic()
     try:
         if algorithm == "grpo":
             assert isinstance(hyper.config, GRPOConfig)  # parse_hyperparameters' class for grpo
-            metrics = _train_grpo(spec, env, tasks, model, hyper.config, ctx)
+            metrics, trainer_phases = _train_grpo(spec, env, tasks, model, hyper.config, ctx)
         else:
             assert isinstance(hyper.config, SFTConfig)
-            metrics = _train_sft(env, tasks, model, hyper, ctx)
+            metrics, trainer_phases = _train_sft(env, tasks, model, hyper, ctx)
     except TrainingDiverged as exc:
         raise JobError(str(exc), exit_code=EXIT_FAILED) from None
     except ValueError as exc:  # e.g. an environment without the family's rendering
@@ -127,10 +132,12 @@ def _run(spec: JobSpec) -> int:
             "run_id": spec.run_id,
             "steps": metrics["steps"],
         }
-        if checkpoint_dir.exists():
-            _remove_partial(checkpoint_dir)
-        manifest = model.save(checkpoint_dir, parent=parent, metadata=meta)
+        with clock.phase("sync"):
+            if checkpoint_dir.exists():
+                _remove_partial(checkpoint_dir)
+            manifest = model.save(checkpoint_dir, parent=parent, metadata=meta)
         metrics["checkpoint_id"] = manifest.checkpoint_id
+        metrics["phases"] = phase_report(clock, trainer_phases, world_size=ctx.world_size)
         write_json(metrics_path, metrics)
         logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
     ctx.barrier()
@@ -211,9 +218,10 @@ def _train_grpo(
     model: FamilyModel,
     config: GRPOConfig,
     ctx: DistContext,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The run's metrics and its trainer's seconds per phase."""
     result = train_grpo(model, env, tasks, config, ctx=ctx, state_dir=spec.output_dir / "state")
-    return {
+    metrics = {
         **result.counters.metrics(),
         "resumed_from_step": result.resumed_from_step,
         "final_loss": result.counters.history[-1]["loss"] if result.counters.history else None,
@@ -221,6 +229,7 @@ def _train_grpo(
         "final_pass_rate": result.final_pass_rate,
         "hyperparameters": config.to_dict(),
     }
+    return metrics, result.counters.phase_s
 
 
 def _train_sft(
@@ -229,7 +238,8 @@ def _train_sft(
     model: FamilyModel,
     hyper: Hyperparameters,
     ctx: DistContext,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The run's metrics and its trainer's seconds per phase."""
     config = hyper.config
     assert isinstance(config, SFTConfig)
     augment = hyper.options.augment_fraction
@@ -246,7 +256,7 @@ def _train_sft(
     hyperparameters = config.to_dict()
     if "augment_fraction" in known_keys(model.family, "sft"):  # a job option of this family
         hyperparameters["augment_fraction"] = augment
-    return {
+    metrics = {
         **result.metrics(),
         "final_loss": result.final_loss,
         "final_reward": None,
@@ -254,6 +264,7 @@ def _train_sft(
         "demonstrations": len(sequences),
         "hyperparameters": hyperparameters,
     }
+    return metrics, result.phase_s
 
 
 def _remove_partial(checkpoint_dir: Path) -> None:

@@ -36,6 +36,7 @@ from services.training.family import (
     family_for,
 )
 from services.training.optim import clip_and_check, make_optimizer, schedule_lr
+from services.training.phases import PhaseClock
 from services.training.rng import derive_seed
 from services.training.tiny.model import GPTConfig
 
@@ -74,30 +75,31 @@ def train_sft(
     ctx.broadcast_parameters(params)
     optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
     result = RunCounters()
+    clock = PhaseClock(model.device, result.phase_s)
     started = time.monotonic()
-    for step in range(config.steps):
-        targets, local = sft_batch(
-            sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
-        )
-        lr = schedule_lr(optimizer, step, config)
-        optimizer.zero_grad(set_to_none=True)
-        local_loss = 0.0
-        for begin in range(0, len(local), config.micro_batch):
-            batch = collate(
-                local[begin : begin + config.micro_batch], pad_id=model.pad_id, device=model.device
+    with clock.phase("update"):
+        for step in range(config.steps):
+            targets, local = sft_batch(
+                sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
             )
-            logp = model.logprobs(batch)  # (n, T-1)
-            loss = -(logp * batch.target).sum() / max(1.0, targets)
-            loss.backward()
-            local_loss += float(loss.detach())
-            result.train_tokens += batch.tokens
-        ctx.all_reduce_grads(params)
-        clip_and_check(params, max_norm=config.grad_clip, step=step, lr=lr)
-        optimizer.step()
-        result.final_loss = ctx.all_reduce_sum([local_loss])[0]
-        result.history.append({"step": step + 1, "loss": result.final_loss})
-        if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
-            logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, result.final_loss)
+            lr = schedule_lr(optimizer, step, config)
+            optimizer.zero_grad(set_to_none=True)
+            local_loss = 0.0
+            for begin in range(0, len(local), config.micro_batch):
+                micro = local[begin : begin + config.micro_batch]
+                batch = collate(micro, pad_id=model.pad_id, device=model.device)
+                logp = model.logprobs(batch)  # (n, T-1)
+                loss = -(logp * batch.target).sum() / max(1.0, targets)
+                loss.backward()
+                local_loss += float(loss.detach())
+                result.train_tokens += batch.tokens
+            ctx.all_reduce_grads(params)
+            clip_and_check(params, max_norm=config.grad_clip, step=step, lr=lr)
+            optimizer.step()
+            result.final_loss = ctx.all_reduce_sum([local_loss])[0]
+            result.history.append({"step": step + 1, "loss": result.final_loss})
+            if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
+                logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, result.final_loss)
     result.steps_done = config.steps
     result.train_s = time.monotonic() - started
     result.train_tokens = int(ctx.all_reduce_sum([float(result.train_tokens)])[0])

@@ -237,6 +237,16 @@ SCENARIOS: dict[str, World | None] = {
             last_cycle_number=0,
         ),
     ),
+    # The estimate stage (LoopWorkflow's cycle-estimate patch) with the job deadline in every
+    # run_job input: a cycle that fits the budget, and one refused over it.
+    "estimated": World(
+        new_tasks=12,
+        heldout_count=40,
+        estimate_usd=0.5,
+        budget_left_usd=1.0,
+        config=with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+    ),
+    "over-budget": World(new_tasks=12, estimate_usd=5.0, budget_left_usd=1.0),
 }
 
 

@@ -608,3 +608,21 @@ async def test_a_loop_command_the_local_executor_refuses_fails_the_run_for_good(
     run = world.run_row(input.run_id)
     assert run.status == "failed"
     assert "RATCHET_LOCAL_JOB_COMMANDS_ENABLED" in (run.error or "")
+
+
+async def test_a_job_past_its_deadline_is_stopped_and_its_run_fails(
+    temporal_client: Client, task_queue: str, world: World
+) -> None:
+    """The deadline counts from the run's first start (stored), so an attempt that adopts
+    the job gets no fresh bound: one cycle's job cannot outlive its ``timeout_s``."""
+    input = world.job_input(deadline_s=1.0)
+    async with worker(temporal_client, task_queue, world.activities(WAIT_FOR_RELEASE)):
+        result = await run_job(temporal_client, task_queue, input)
+
+    assert result.status == "failed"
+    assert result.error is not None and "ran past its timeout of 1 s" in result.error
+    job_pid = _job_pid(world, input.run_id)
+    run = world.run_row(input.run_id)
+    assert run.status == "failed" and run.error == result.error
+    assert not _alive(job_pid)
+    assert starts(world, input.run_id) == 1

@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 from services.curation.policy import CurationPolicy
 from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
 from tests.support import assert_eventually_async
+from workflows.activities.estimate import EstimateInput, EstimateResult
 from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
 from workflows.probe import ProbeWorkflow
@@ -133,6 +134,20 @@ class World:
     rollback_deploy_fails: bool = False
     rollback_deploy_attempts: int = 0
     rollback_failures: list[str] = field(default_factory=list)
+    # The estimate stage: what a cycle is estimated at, what the budget has left (None: no
+    # budget), and the estimates asked for.
+    estimate_usd: float = 0.05
+    budget_left_usd: float | None = None
+    estimates: list[EstimateInput] = field(default_factory=list)
+
+    @activity.defn(name="estimate_cycle")
+    def estimate_cycle(self, input: EstimateInput) -> EstimateResult:
+        self.estimates.append(input)
+        left = self.budget_left_usd
+        if left is not None and self.estimate_usd > left:
+            reason = f"estimated ${self.estimate_usd:.2f} exceeds the ${left:.2f} left"
+            return EstimateResult(self.estimate_usd, False, reason, left)
+        return EstimateResult(self.estimate_usd, True, "", left)
 
     @activity.defn(name="load_loop_config")
     def load_loop_config(self, input: LoopConfigInput) -> LoopConfig:
@@ -301,6 +316,7 @@ class World:
                 "plan_rollback",
                 "finish_rollback",
                 "close_cycle",
+                "estimate_cycle",
             ]
         ]
 
@@ -655,3 +671,37 @@ async def test_budget_exhaustion_pauses(temporal_client: Client, task_queue: str
         await assert_eventually_async(paused, timeout=60)
         await handle.terminate()
     assert world.outcomes == {1: "promoted"}
+
+
+async def test_a_cycle_estimated_over_the_budget_is_refused_before_training(
+    temporal_client: Client, task_queue: str
+) -> None:
+    world = World(new_tasks=12, estimate_usd=5.0, budget_left_usd=1.0)
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=2)
+
+        async def refused() -> None:
+            status = await handle.query(LoopWorkflow.status)
+            assert status.paused and status.pause_reason is not None
+            assert "cycle 1 refused" in status.pause_reason
+            assert "exceeds the $1.00 left" in status.pause_reason
+
+        await assert_eventually_async(refused, timeout=60)
+        await handle.terminate()
+    assert world.outcomes == {1: "over_budget"}
+    assert "exceeds the $1.00 left" in world.closes[1].detail
+    assert world.jobs == [] and world.deployed == []  # nothing was trained or evaluated
+    (estimate,) = world.estimates
+    # the snapshot's eval and regression sets (no held-out set here), sampled per the policy
+    assert estimate.eval_task_counts == [20, 10] and estimate.samples_per_task == 1
+    assert estimate.profile["algorithm"] == "grpo"
+
+
+async def test_a_cycle_that_fits_the_budget_runs(temporal_client: Client, task_queue: str) -> None:
+    world = World(new_tasks=12, estimate_usd=0.5, budget_left_usd=1.0)
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=1)
+        result = await handle.result()
+    assert result.last_outcome == "promoted"
+    assert len(world.estimates) == 1
+    assert any(job.endswith("-train") for job in world.jobs)

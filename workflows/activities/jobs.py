@@ -87,6 +87,9 @@ from workflows.shared import (
 logger = logging.getLogger(__name__)
 
 ExecutorFactory = Callable[[str], Executor]
+# How much longer than its job's deadline one attempt may last: time to stop the job and
+# record its run before Temporal times the attempt out.
+DEADLINE_GRACE = timedelta(minutes=5)
 LOG_FILE = "job.log"
 OUTPUT_SUBDIR = "output"
 
@@ -99,6 +102,7 @@ class _Prepared:
     handle: Handle | None
     spec: JobSpec | None
     result: RunJobResult | None
+    started_at: dt.datetime | None = None
 
 
 class JobActivities:
@@ -163,7 +167,7 @@ class JobActivities:
             if cancelled:  # cancel_job ran while we were submitting
                 await asyncio.to_thread(executor.cancel, handle)
         activity.heartbeat({"handle": handle})
-        status = await self._follow(input, executor, handle)
+        status = await self._follow(input, executor, handle, prepared.started_at)
         return await asyncio.to_thread(self._finish, input, executor_name, handle, status)
 
     def _prepare(self, input: RunJobInput) -> _Prepared:
@@ -192,7 +196,7 @@ class JobActivities:
             )
             if run.status in q.TERMINAL_RUN_STATUSES:
                 return _Prepared(run.executor, run.handle, None, _result_of(run))
-            executor, handle = run.executor, run.handle
+            executor, handle, started_at = run.executor, run.handle, run.started_at
             dataset, base = self._inputs(session, input)
             curation_policy = dict(loop.curation_policy or {})
         try:
@@ -217,7 +221,7 @@ class JobActivities:
         except JobSpecError as exc:
             self._fail_before_submit(input.run_id, str(exc))
             raise
-        return _Prepared(executor, handle, spec, None)
+        return _Prepared(executor, handle, spec, None, started_at)
 
     def _fail_before_submit(self, run_id: str, error: str) -> None:
         """A run whose job cannot even be described ends as failed, with the reason."""
@@ -262,8 +266,15 @@ class JobActivities:
             run = q.get_run(session=session, run_id=run_id)
             return run is not None and run.status == "cancelled"
 
-    async def _follow(self, input: RunJobInput, executor: Executor, handle: Handle) -> JobStatus:
-        """Wait for the job's end, heartbeating; a requested cancel cancels the job."""
+    async def _follow(
+        self,
+        input: RunJobInput,
+        executor: Executor,
+        handle: Handle,
+        started_at: dt.datetime | None,
+    ) -> JobStatus:
+        """Wait for the job's end, heartbeating; a requested cancel cancels the job, and a
+        job running past ``input.deadline_s`` from its first start is stopped."""
         marked_running = False
         failures = 0
         try:
@@ -294,8 +305,12 @@ class JobActivities:
                     started = _datetime(status.started_at) or dt.datetime.now(dt.UTC)
                     await asyncio.to_thread(self._mark_running, input.run_id, started)
                     marked_running = True
+                    started_at = started_at or started
                 if status.terminal:
                     return status
+                if _past_deadline(input.deadline_s, started_at):
+                    stop = self._stop_past_deadline
+                    return await asyncio.to_thread(stop, input, executor, handle)
         except asyncio.CancelledError:
             details = activity.cancellation_details()
             if details is not None and details.cancel_requested:
@@ -311,6 +326,22 @@ class JobActivities:
                     details,
                 )
             raise
+
+    def _stop_past_deadline(
+        self, input: RunJobInput, executor: Executor, handle: Handle
+    ) -> JobStatus:
+        """Stop a job that ran past its deadline; its run ends as failed, saying why."""
+        logger.warning(
+            "run %s ran past its %.0fs deadline; stopping it", input.run_id, input.deadline_s
+        )
+        executor.cancel(handle)
+        status = executor.status(handle)
+        return replace(
+            status,
+            state="failed",
+            reason="DeadlineExceeded",
+            message=f"ran past its timeout of {input.deadline_s:.0f} s and was stopped",
+        )
 
     def _mark_running(self, run_id: str, started: dt.datetime) -> None:
         with self._sessions.begin() as session:
@@ -488,13 +519,18 @@ class JobActivities:
 async def run_job_from_workflow(
     input: RunJobInput, start_to_close: timedelta | None = None
 ) -> RunJobResult:
-    """For workflow code: every kind of job is followed, retried and cancelled the same way."""
+    """For workflow code: every kind of job is followed, retried and cancelled the same way.
+
+    The job's bound (``start_to_close``, else the ``JOB`` preset's) is its deadline from its
+    first start, across attempts: a retry adopts the job but not a fresh bound.
+    """
+    bound = JOB.timeout if start_to_close is None else start_to_close
     return await workflow.execute_activity_method(
         JobActivities.run_job,
-        input,
+        replace(input, deadline_s=bound.total_seconds()),
         # A cancelled cycle closes only after its job is really stopped.
         cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-        start_to_close_timeout=JOB.timeout if start_to_close is None else start_to_close,
+        start_to_close_timeout=bound + DEADLINE_GRACE,
         heartbeat_timeout=JOB.heartbeat,
         retry_policy=JOB.retry,
     )
@@ -505,6 +541,12 @@ def _nodes(job_spec: Mapping[str, Any]) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int):
         raise JobSpecError(f"the job spec's nodes must be an integer, got {raw!r}")
     return raw
+
+
+def _past_deadline(deadline_s: float | None, started_at: dt.datetime | None) -> bool:
+    if deadline_s is None or started_at is None:
+        return False
+    return (dt.datetime.now(dt.UTC) - started_at).total_seconds() > deadline_s
 
 
 def _heartbeat_handle() -> Handle | None:

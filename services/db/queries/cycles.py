@@ -26,6 +26,7 @@ from services.db.models import (
 from services.db.queries.errors import NotFound, existing
 from services.db.queries.tasks import row_ids_by_job_task_id
 from services.evaluation.results import mean_pass_at_k, pass_at_1, reported_ks
+from services.loop.estimate import RunRecord, cycle_phase_costs
 
 
 def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
@@ -147,7 +148,8 @@ def close_cycle(
     live_points: float | None = None,
     points_detail: dict[str, Any] | None = None,
 ) -> Cycle:
-    """Close the cycle with its outcome, its three numbers and the cost of its runs.
+    """Close the cycle with its outcome, its three numbers and the cost of its runs, in
+    all and by phase (``services.loop.estimate``).
 
     Idempotent: every value is set absolutely. ``points_gained`` is held-out points (what
     the ledger divides by dollars); ``gate_points`` the eval-set delta the gate decided on;
@@ -167,12 +169,66 @@ def close_cycle(
     cycle.stage = "done"
     cycle.compute_seconds = cost.compute_seconds
     cycle.cost_usd = cost.cost_usd
+    cycle.cost_by_phase = cycle_phase_costs(run_records(session=session, cycle_ids=[cycle.id]))
     cycle.points_gained = points_gained
     cycle.gate_points = gate_points
     cycle.live_points = live_points
     cycle.points_detail = dict(points_detail or {})
     if candidate_checkpoint_id is not None:
         cycle.candidate_checkpoint_id = candidate_checkpoint_id
+    return cycle
+
+
+def run_records(
+    *, session: Session, cycle_ids: Iterable[int], succeeded_only: bool = False
+) -> list[RunRecord]:
+    """The runs of these cycles as the phase split and the rates read them."""
+    ids = list(cycle_ids)
+    if not ids:
+        return []
+    statement = select(Run).where(Run.cycle_id.in_(ids)).order_by(Run.submitted_at, Run.id)
+    if succeeded_only:
+        statement = statement.where(Run.status == "succeeded")
+    return [run_record(run) for run in session.scalars(statement)]
+
+
+def run_record(run: Run) -> RunRecord:
+    """A run row as the phase split reads it."""
+    wall_s = (
+        (run.ended_at - run.started_at).total_seconds()
+        if run.started_at is not None and run.ended_at is not None
+        else 0.0
+    )
+    return RunRecord(
+        kind=run.kind,
+        metrics=dict(run.metrics or {}),
+        wall_s=wall_s,
+        compute_s=float(run.compute_seconds or 0.0),
+        cost_usd=float(run.cost_usd or 0),
+    )
+
+
+def accounted_cycle_ids(*, session: Session, loop: Loop, before: int, limit: int) -> list[int]:
+    """The ids of the loop's last ``limit`` closed cycles numbered below ``before``, whose
+    runs measure the rates of the next estimate."""
+    return list(
+        session.scalars(
+            select(Cycle.id)
+            .where(Cycle.loop_id == loop.id, Cycle.number < before, Cycle.ended_at.is_not(None))
+            .order_by(Cycle.number.desc())
+            .limit(limit)
+        )
+    )
+
+
+def record_estimate(
+    *, session: Session, cycle: Cycle, estimate_usd: float, estimate: dict[str, Any]
+) -> Cycle:
+    """Store the cycle's estimate once: a cycle keeps the first estimate made for it (so a
+    retried estimate activity, or a restarted worker, answers as the first attempt did)."""
+    if cycle.estimate_usd is None:
+        cycle.estimate_usd = Decimal(str(estimate_usd))
+        cycle.estimate = dict(estimate)
     return cycle
 
 

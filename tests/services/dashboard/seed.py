@@ -427,6 +427,13 @@ def seed_story(
         },
         started_at=at(34),
         ended_at=at(46.1),
+        estimate_usd=Decimal("2.00"),
+        estimate={"phases": {"rollout": {"cost_usd": 1.0}, "evaluation": {"cost_usd": 0.6}}},
+        cost_by_phase={
+            "rollout": {"seconds": 9000.0, "compute_s": 18000.0, "cost_usd": 1.2},
+            "update": {"seconds": 3000.0, "compute_s": 6000.0, "cost_usd": 0.3},
+            "evaluation": {"seconds": 6000.0, "compute_s": 6000.0, "cost_usd": 0.6},
+        },
     )
     session.add(c2)
     session.flush()
@@ -446,6 +453,11 @@ def seed_story(
         cost="1.60",
         logs_uri=train_log,
     )
+    # where cycle 2's training went: 4 of its 6.4 hours rolling out, 2 updating
+    r2.metrics = {
+        **r2.metrics,
+        "phases": {"rollout": {"seconds": 14400.0}, "update": {"seconds": 7200.0}},
+    }
     session.add(r2)
     session.flush()
     ckpt2 = _checkpoint(loop, "c2", parent=base.id, run=r2.id, at=at(41))
@@ -498,6 +510,17 @@ def seed_story(
         champion_checkpoint_id=ckpt2.id,
         stage_timings=_timings(start, [70, 70.5, 70.6, None]),
         started_at=at(70),
+        # estimated before its training started, from cycles 1 and 2
+        estimate_usd=Decimal("1.90"),
+        estimate={
+            "phases": {
+                "rollout": {"units": 512, "compute_s": 9000.0, "cost_usd": 0.9},
+                "update": {"units": 40, "compute_s": 4000.0, "cost_usd": 0.4},
+                "evaluation": {"units": 320, "compute_s": 6000.0, "cost_usd": 0.6},
+            },
+            "measured_cycles": 2,
+            "left_usd": 21.2,
+        },
     )
     session.add(c3)
     session.flush()

@@ -146,6 +146,29 @@ def test_loop_page_shows_the_whole_loop(seeded: Seeded, browser_page: BrowserPag
     assert browser_page.errors == []
 
 
+def test_the_cycle_shows_its_estimate_beside_the_actual_and_where_the_money_went(
+    seeded: Seeded, browser_page: BrowserPage
+) -> None:
+    page = _open(browser_page, f"{seeded.server.url}/loops/{seeded.story.loop}")
+    summary = page.locator("#estimate-vs-actual").inner_text()
+    assert "Estimate $1.90" in summary and "so far" in summary
+    assert "rates measured over the last 2 cycles" in summary and "$21.20" in summary
+    phases = page.locator("#cost-by-phase tbody tr")
+    assert [phases.nth(i).get_attribute("data-phase") for i in range(phases.count())] == [
+        "rollout",
+        "update",
+        "evaluation",
+    ]
+    assert "$0.90" in page.locator("#cost-by-phase tr[data-phase='rollout']").inner_text()
+    # a closed cycle: its actual beside its estimate, and the actual by phase
+    cost = page.locator("#cycles-table tr[data-cycle='2'] td.cost")
+    assert cost.inner_text() == "$2.10 est. $2.00"
+    assert (
+        cost.get_attribute("title") == "by phase: rollout $1.20 · update $0.30 · evaluation $0.60"
+    )
+    assert browser_page.errors == []
+
+
 def test_run_page_shows_status_logs_and_workflows(
     seeded: Seeded, browser_page: BrowserPage
 ) -> None:
@@ -166,6 +189,13 @@ def test_run_page_shows_status_logs_and_workflows(
     assert len(lines) == 200 and lines[-1] == "step 399 loss=0.003"
     assert "Last 200 lines" in page.locator("#logs").inner_text()
     assert story.champion_checkpoint[:12] in page.locator("#outputs").inner_text()
+    # where its $1.60 went: the phases its job reported, the rest of its 6.4 hours as other
+    phases = page.locator("#run-cost-by-phase tbody tr")
+    assert [phases.nth(i).inner_text().split("\t") for i in range(phases.count())] == [
+        ["rollout", "4h 00m", "4h 00m", "$1.00"],
+        ["update", "2h 00m", "2h 00m", "$0.50"],
+        ["other", "23m 55s", "23m 55s", "$0.10"],
+    ]
     assert browser_page.errors == []
 
 

@@ -150,3 +150,13 @@ def test_the_report_reads_the_dashboards_cycles(
     text = format_report(report)
     assert "held-out pass@1: champion 25% [15,35], candidate 75% [65,85]" in text
     assert "canary windows: 14400s" in text
+    # the estimate beside the actual, and where the money went (the seeded cycle 2)
+    assert (first.estimate_usd, second.estimate_usd) == (None, 2.0)
+    assert second.cost_by_phase == {"rollout": 1.2, "update": 0.3, "evaluation": 0.6}
+    assert report.estimate_usd == 2.0 and report.actual_usd == 3.5
+    assert report.cost_by_phase == second.cost_by_phase
+    assert report.cycle_wall_s == round((first.wall_s + second.wall_s) / 2, 1)
+    assert "cost by phase: rollout $1.2000 · update $0.3000 · evaluation $0.6000" in text
+    assert "estimate: $2.0000   actual: $3.5000" in text
+    figures = report.to_json()
+    assert {"estimate_usd", "actual_usd", "cost_by_phase", "cycle_wall_s"} <= set(figures)

@@ -72,6 +72,8 @@ def test_eval_job_writes_results_and_metrics(
     assert metrics["n"] == 6 and metrics["passed"] == sum(r["passed"] for r in rows)
     assert 0.0 <= metrics["ci_low"] <= metrics["pass_rate"] <= metrics["ci_high"] <= 1.0
     assert metrics["tokens_per_s"] > 0 and metrics["checkpoint_id"]
+    assert set(metrics["phases"]) == {"sync", "evaluation"}
+    assert 0 < metrics["phases"]["evaluation"]["seconds"] <= metrics["job_wall_s"]
 
 
 def test_evaluator_passes_a_solving_policy(inputs: tuple[Path, Path]) -> None:

@@ -45,6 +45,9 @@ def test_sft_job_outputs(tiny_champion: Path) -> None:
         assert key in metrics
     assert metrics["steps"] == 40 and metrics["world_size"] == 1 and metrics["device"] == "cpu"
     assert metrics["checkpoint_id"] == load_checkpoint(tiny_champion).manifest.checkpoint_id
+    # SFT spends its time in updates and in saving its checkpoint; it rolls nothing out
+    assert set(metrics["phases"]) == {"update", "sync"}
+    assert metrics["phases"]["update"]["seconds"] > 0
 
 
 def test_grpo_job_outputs_and_idempotent_rerun(
@@ -74,6 +77,12 @@ def test_grpo_job_outputs_and_idempotent_rerun(
     assert metrics["steps"] == 2 and metrics["groups"] == 4
     assert metrics["rollout_tokens"] > 0
     assert 0 <= metrics["filtered_zero_variance_groups"] <= 4
+    # where the run's time went (an update only where a group had reward variance)
+    phases = metrics["phases"]
+    assert {"rollout", "scoring", "sync"} <= set(phases) <= {"rollout", "scoring", "update", "sync"}
+    assert all(p["seconds"] > 0 and p["compute_s"] == p["seconds"] for p in phases.values())
+    trained = sum(p["seconds"] for name, p in phases.items() if name != "sync")
+    assert trained <= metrics["wall_s"]
     manifest = read_manifest(tmp_path / "out" / "checkpoint")
     assert manifest.parent == read_manifest(tiny_champion).checkpoint_id
     # a retried job with complete outputs does nothing and succeeds

@@ -1,0 +1,122 @@
+"""Costs by phase and the estimate's arithmetic (services.loop.estimate), with exact values."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.loop.estimate import (
+    DEFAULT_COMPUTE_S_PER_UNIT,
+    PlannedWork,
+    Prices,
+    RunRecord,
+    cycle_phase_costs,
+    default_rates,
+    estimate_cycle,
+    measured_rates,
+    planned_work,
+    run_phase_costs,
+)
+from services.loop.policies import TrainingProfile
+
+PRICES = Prices(accelerator_hour_usd=3.6, cpu_hour_usd=0.36)  # $0.001 / $0.0001 a second
+
+
+def train_run(*, cost: float = 1.0, episodes: int = 40, steps: int = 10) -> RunRecord:
+    phases = {
+        "rollout": {"seconds": 50.0},
+        "scoring": {"seconds": 10.0},
+        "update": {"seconds": 20.0},
+        "sync": {"seconds": 10.0},
+    }
+    metrics = {"phases": phases, "episodes": episodes, "steps": steps}
+    return RunRecord("train", metrics, wall_s=100.0, compute_s=200.0, cost_usd=cost)
+
+
+def eval_run(*, n: int = 10, samples: int = 2, cost: float = 0.2) -> RunRecord:
+    metrics = {"phases": {"sync": {"seconds": 2.0}, "evaluation": {"seconds": 18.0}}}
+    metrics |= {"n": n, "samples": samples}
+    return RunRecord("eval", metrics, wall_s=20.0, compute_s=20.0, cost_usd=cost)
+
+
+def test_a_runs_cost_is_split_by_its_phase_seconds_and_the_rest_is_other() -> None:
+    costs = run_phase_costs(train_run())
+    assert {name: c.cost_usd for name, c in costs.items()} == pytest.approx(
+        {"rollout": 0.5, "scoring": 0.1, "update": 0.2, "sync": 0.1, "other": 0.1}
+    )
+    assert costs["rollout"].compute_s == pytest.approx(100.0)
+    assert costs["other"].seconds == pytest.approx(10.0)
+    assert sum(c.cost_usd for c in costs.values()) == pytest.approx(1.0)
+
+
+def test_a_job_without_phases_is_all_evaluation_or_all_other() -> None:
+    bare_eval = RunRecord("eval", {}, wall_s=5.0, compute_s=5.0, cost_usd=0.3)
+    assert run_phase_costs(bare_eval)["evaluation"].cost_usd == pytest.approx(0.3)
+    byo_trainer = RunRecord("train", {"phases": "junk"}, wall_s=5.0, compute_s=5.0, cost_usd=0.3)
+    assert set(run_phase_costs(byo_trainer)) == {"other"}
+
+
+def test_cycle_phases_add_up_to_the_cycles_cost() -> None:
+    phases = cycle_phase_costs([train_run(), eval_run(), eval_run()])
+    assert list(phases) == ["rollout", "scoring", "update", "sync", "evaluation", "other"]
+    assert phases["evaluation"]["cost_usd"] == pytest.approx(0.36)
+    assert sum(p["cost_usd"] for p in phases.values()) == pytest.approx(1.4)
+
+
+def test_measured_rates_are_per_episode_step_eval_sample_and_job() -> None:
+    rates = measured_rates([train_run(), eval_run(n=10, samples=2)])
+    assert rates["rollout"].usd == pytest.approx(0.5 / 40)  # per episode
+    assert rates["update"].usd == pytest.approx(0.2 / 10)  # per step
+    assert rates["evaluation"].usd == pytest.approx(0.18 / 20)  # per eval sample
+    assert rates["sync"].usd == pytest.approx((0.1 + 0.02) / 2)  # per job
+    assert rates["rollout"].compute_s == pytest.approx(100.0 / 40)
+    assert all(rate.measured for rate in rates.values())
+
+
+def test_planned_work_from_the_profile_and_the_snapshot() -> None:
+    grpo = TrainingProfile(hyperparameters={"steps": 5, "tasks_per_step": 4, "group_size": 8})
+    work = planned_work(grpo, eval_task_counts=[20, 10, 0], samples_per_task=4)
+    assert work == PlannedWork(steps=5, episodes=160, eval_tasks=30, eval_samples=240, jobs=5)
+    sft = TrainingProfile(algorithm="sft", hyperparameters={"steps": 7})
+    assert planned_work(sft, eval_task_counts=[3], samples_per_task=1).episodes == 0
+
+
+def test_default_rates_are_priced_at_each_jobs_resources() -> None:
+    profile = TrainingProfile(accelerators=2, nodes=2, eval_accelerators=0)
+    rates = default_rates(profile, PRICES)
+    assert rates["update"].usd == pytest.approx(DEFAULT_COMPUTE_S_PER_UNIT["update"] * 0.001)
+    assert rates["evaluation"].usd == pytest.approx(
+        DEFAULT_COMPUTE_S_PER_UNIT["evaluation"] * 0.0001
+    )
+    assert not any(rate.measured for rate in rates.values())
+
+
+WORK = PlannedWork(steps=10, episodes=40, eval_tasks=10, eval_samples=40, jobs=3)
+
+
+def test_the_estimate_prices_the_planned_work_at_the_measured_rates() -> None:
+    measured = measured_rates([train_run(), eval_run(), eval_run()])
+    defaults = default_rates(TrainingProfile(), PRICES)
+    estimate = estimate_cycle(
+        WORK, measured=measured, defaults=defaults, measured_cycles=1, budget_usd=10, spent_usd=2
+    )
+    # the same work as the measured cycle (one train and two eval jobs of the same size)
+    assert estimate.usd == pytest.approx(1.4)
+    assert estimate.fits and estimate.left_usd == 8.0 and estimate.reason == ""
+    assert estimate.phases["rollout"] == {"units": 40.0, "compute_s": 100.0, "cost_usd": 0.5}
+    stored = estimate.to_json()
+    assert stored["rates"]["update"]["measured"] is True and stored["planned"]["steps"] == 10
+
+
+def test_an_estimate_over_what_is_left_is_refused_with_its_reason() -> None:
+    measured = measured_rates([train_run(cost=10.0)])
+    defaults = default_rates(TrainingProfile(), PRICES)
+    estimate = estimate_cycle(
+        WORK, measured=measured, defaults=defaults, measured_cycles=1, budget_usd=12, spent_usd=9
+    )
+    assert not estimate.fits
+    assert "exceeds the $3.0000 left of the loop's $12.00 budget" in estimate.reason
+    assert "10 steps, 40 episodes and 40 eval samples" in estimate.reason
+    no_budget = estimate_cycle(
+        WORK, measured=measured, defaults=defaults, measured_cycles=1, budget_usd=None, spent_usd=9
+    )
+    assert no_budget.fits and no_budget.left_usd is None

@@ -5,6 +5,7 @@ failure of the server is a :class:`RemoteError` naming the URL."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ import httpx
 import pytest
 import torch
 
+from services.environments import write_task_file
 from services.environments.toolcalc import ToolcalcEnvironment
+from services.evaluation.job import eval_job_main
 from services.inference.hf import HFEngine
 from services.inference.remote import (
     RemoteBackend,
@@ -29,6 +32,7 @@ from services.training.config import HFGRPOConfig
 from services.training.family import Rollouts
 from services.training.hf.family import HFFamily
 from services.training.hf.model import HFModel
+from services.training.jobspec import EXIT_FAILED
 from tests.services.serving.conftest import ServeProcess, free_port, path_of
 
 ENV = ToolcalcEnvironment()
@@ -165,6 +169,32 @@ def test_a_server_that_is_not_there_is_named(local_engine: HFEngine) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(RemoteError, match=f"cannot reach {url}/v1/completions"):
         remote_run(RemoteBackend(url=url, model="base"), local_engine)
+
+
+def test_an_eval_job_pointed_at_a_dead_server_fails_in_one_line(
+    tool_calling_llama: CheckpointRef, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_task_file(tmp_path / "tasks.jsonl", ENV.generate_tasks(2, seed=2, api_version="v2"))
+    url = f"http://127.0.0.1:{free_port()}"
+    spec = {
+        "schema": "ratchet.job/v1",
+        "kind": "eval",
+        "run_id": "e-remote",
+        "device": "cpu",
+        "checkpoint": str(path_of(tool_calling_llama)),
+        "dataset": str(tmp_path / "tasks.jsonl"),
+        "output_dir": str(tmp_path / "out"),
+        "rollout_backend": {"url": url, "model": "base"},
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+
+    assert eval_job_main(["--spec", str(tmp_path / "spec.json")]) == EXIT_FAILED
+
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' progress
+    assert last == (
+        f"ratchet job: remote episodes failed: cannot reach {url}/v1/load_lora_adapter: "
+        "[Errno 111] Connection refused"
+    )
 
 
 def test_a_server_that_never_answers_times_out(local_engine: HFEngine) -> None:

@@ -57,6 +57,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_CONCURRENCY = 64
 API_KEY_ENV = "RATCHET_ROLLOUT_API_KEY"  # the default env var holding the server's key
+# A deployment points every job at a server through the job template's environment.
+URL_ENV = "RATCHET_ROLLOUT_URL"
+MODEL_ENV = "RATCHET_ROLLOUT_MODEL"
+SHARED_DIR_ENV = "RATCHET_ROLLOUT_SHARED_DIR"
 _CONFIG_KEYS = frozenset(
     {"url", "model", "shared_dir", "api_key_env", "timeout_s", "max_concurrency"}
 )
@@ -360,18 +364,41 @@ class RemotePolicy:
             logger.warning("unloading the rollout adapter %s failed: %s", name, exc)
 
 
+def rollout_config(raw: object, environ: Mapping[str, str]) -> object | None:
+    """The backend a job is pointed at: its spec's ``rollout_backend``, else the deployment's
+    ``RATCHET_ROLLOUT_URL`` / ``_MODEL`` / ``_SHARED_DIR`` (the job template's environment,
+    so every loop's jobs of a deployment roll out on its server); None: in the job."""
+    if raw is not None:
+        return raw
+    url = environ.get(URL_ENV)
+    if not url:
+        return None
+    model = environ.get(MODEL_ENV)
+    if not model:
+        raise ValueError(f"{MODEL_ENV} must name the served base model when {URL_ENV} is set")
+    config: dict[str, object] = {"url": url, "model": model}
+    if environ.get(SHARED_DIR_ENV):
+        config["shared_dir"] = environ[SHARED_DIR_ENV]
+    return config
+
+
 def attach_rollout_backend(
     model: object, raw: object, environ: Mapping[str, str], *, checkpoint: Path | None = None
 ) -> RemoteBackend | None:
-    """Point a job's ``model`` at its spec's ``rollout_backend`` (None: rollouts stay in the
-    job); ValueError naming the key for a bad config, or for a family without a remote
-    path (the tiny family rolls out in the job only)."""
-    if raw is None:
+    """Point a job's ``model`` at its backend (:func:`rollout_config`; None: rollouts stay
+    in the job); ValueError naming the key for a bad config, or for a spec that points a
+    family without a remote path there (the tiny family rolls out in the job only; pointed
+    there by the deployment's environment, it does so with a warning)."""
+    config = rollout_config(raw, environ)
+    if config is None:
         return None
-    backend = RemoteBackend.from_config(raw, environ)
+    backend = RemoteBackend.from_config(config, environ)
     use = getattr(model, "use_remote", None)
+    family = getattr(model, "family", type(model).__name__)
+    if not callable(use) and raw is None:  # the deployment's server, for the families it serves
+        logger.warning("the %s family rolls out in the job, not on %s", family, backend.url)
+        return None
     if not callable(use):
-        family = getattr(model, "family", type(model).__name__)
         raise ValueError(
             f"rollout_backend: the {family} family rolls out in the job only (the remote "
             "backend is for hf models, which vLLM serves)"

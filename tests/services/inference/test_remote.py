@@ -25,6 +25,7 @@ from services.inference.remote import (
     RemoteError,
     RemotePolicy,
     attach_rollout_backend,
+    rollout_config,
 )
 from services.inference.rollout import ChatRollout, run_chat_episodes
 from services.serving.base import CheckpointRef
@@ -270,3 +271,24 @@ def test_a_family_without_a_remote_path_is_refused() -> None:
 
     with pytest.raises(ValueError, match="the tiny family rolls out in the job only"):
         attach_rollout_backend(Tiny(), {"url": "http://v", "model": "m"}, {})
+    deployment = {"RATCHET_ROLLOUT_URL": "http://v", "RATCHET_ROLLOUT_MODEL": "m"}
+    assert attach_rollout_backend(Tiny(), None, deployment) is None  # stays in the job
+
+
+def test_a_deployment_points_every_job_through_the_environment() -> None:
+    environ = {
+        "RATCHET_ROLLOUT_URL": "http://vllm:8000",
+        "RATCHET_ROLLOUT_MODEL": "agent",
+        "RATCHET_ROLLOUT_SHARED_DIR": "/var/lib/ratchet/artifacts/rollouts",
+        "RATCHET_ROLLOUT_API_KEY": "k",
+    }
+    assert rollout_config(None, environ) == {
+        "url": "http://vllm:8000",
+        "model": "agent",
+        "shared_dir": "/var/lib/ratchet/artifacts/rollouts",
+    }
+    spec_value = {"url": "http://other:8000", "model": "m"}
+    assert rollout_config(spec_value, environ) is spec_value  # the spec's own wins
+    assert rollout_config(None, {}) is None
+    with pytest.raises(ValueError, match="RATCHET_ROLLOUT_MODEL must name"):
+        rollout_config(None, {"RATCHET_ROLLOUT_URL": "http://vllm:8000"})

@@ -792,7 +792,12 @@ class _TextCompletion(_Completion):
 
     @staticmethod
     def _chunk_choice(index: int, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        return {"index": index, "text": delta.get("text", ""), "finish_reason": finish}
+        return {
+            "index": index,
+            "text": delta.get("text", ""),
+            "finish_reason": finish,
+            "logprobs": None,
+        }
 
     @staticmethod
     def _text_delta(text: str) -> dict[str, Any]:

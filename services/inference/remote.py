@@ -22,10 +22,10 @@ read (``shared_dir``, a volume both mount), loads them with ``/v1/load_lora_adap
 a fresh name, rolls out under that name, and unloads them after (``/v1/unload_lora_adapter``)
 and removes the directory. An eval job loads the checkpoint it evaluates the same way.
 
-Greedy episodes are token-identical to the local engine's on the same model (tested against
-a real ``ratchet serve`` process). Sampled ones are reproducible per seed on one server but
-not token-identical to local ones: the server derives each choice's noise from the request
-seed its own way (vLLM: its own sampler).
+Against ``ratchet serve`` the episodes are token-identical to the local engine's on the same
+model and seeds, greedy and sampled (its choice 0 samples as an engine row with the
+request's seed does; tested against a real process). vLLM's greedy episodes are too; its
+sampled ones are reproducible per seed but drawn by its own sampler.
 
 Every failure is a :class:`RemoteError` naming the URL: the server unreachable, a 4xx/5xx
 (with the server's own message), no answer within ``timeout_s``, or an answer without the

@@ -485,7 +485,7 @@ class _Completion:
                 max_tokens=self.max_tokens,
                 temperature=self.body.temperature,
                 top_p=self.body.top_p,
-                seed=derive_seed(base_seed, index),
+                seed=self._choice_seed(base_seed, index),
                 stop=self.stops,
                 top_logprobs=self.logprob_count or 0,
             )
@@ -512,6 +512,12 @@ class _Completion:
                 future.add_done_callback(self._done_callback(index, loop, self.stream_queue))
         self.rows, self.futures = rows, futures
         return futures
+
+    @staticmethod
+    def _choice_seed(seed: int, index: int) -> int:
+        """Choice 0 samples as an engine row seeded ``seed`` does (so a remote rollout's turn
+        equals the local one's); choice ``i`` with ``derive_seed(seed, i)``."""
+        return seed if index == 0 else derive_seed(seed, index)
 
     def hang_up(self) -> None:
         """The client left: stop decoding the rows nobody will read, end the stream."""

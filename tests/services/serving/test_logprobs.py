@@ -18,7 +18,6 @@ import pytest
 from services.inference.engine import ActiveBatch, GenerationRequest, SamplingParams
 from services.serving.base import CheckpointRef
 from services.serving.registry import ModelRegistry
-from services.training.rng import derive_seed
 from tests.services.serving.conftest import ServerThread, path_of
 
 Serve = Callable[..., ServerThread]
@@ -32,9 +31,7 @@ def local_row(
     served = registry.acquire("ratchet")
     try:
         batch: ActiveBatch[int] = ActiveBatch(served.engine)
-        sampling = SamplingParams(
-            max_tokens, temperature=temperature, seed=derive_seed(seed, 0), top_logprobs=3
-        )
+        sampling = SamplingParams(max_tokens, temperature=temperature, seed=seed, top_logprobs=3)
         batch.join([(GenerationRequest(prompt, sampling), 0)])
         while True:
             done = batch.step()

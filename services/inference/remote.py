@@ -250,16 +250,17 @@ class RemoteEngine:
         if sampling.stop:
             body["stop"] = list(sampling.stop)
         answer = self.client.post_json("/v1/completions", body)
-        return self._result(request, answer)
+        return self.result_of(request, answer)
 
-    def _result(self, request: GenerationRequest, answer: dict[str, Any]) -> GenerationResult:
+    def result_of(self, request: GenerationRequest, answer: dict[str, Any]) -> GenerationResult:
+        """A turn's result from the server's answer (vLLM's shape or ours)."""
         where = f"{self.client.backend.url}/v1/completions"
         try:
             choice = answer["choices"][0]
             ids = [int(i) for i in choice["token_ids"]]
             logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
             finish = str(choice["finish_reason"])
-            prompt_ids = answer.get("prompt_token_ids")
+            prompt_ids = choice.get("prompt_token_ids", answer.get("prompt_token_ids"))
         except (KeyError, IndexError, TypeError, ValueError):
             raise RemoteError(
                 f"{where} answered without token ids and log-probs (the server must support "

@@ -19,9 +19,12 @@ import torch
 from services.environments import write_task_file
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.job import eval_job_main
+from services.inference.engine import GenerationRequest, SamplingParams
 from services.inference.hf import HFEngine
 from services.inference.remote import (
     RemoteBackend,
+    RemoteClient,
+    RemoteEngine,
     RemoteError,
     RemotePolicy,
     attach_rollout_backend,
@@ -295,3 +298,42 @@ def test_a_deployment_points_every_job_through_the_environment() -> None:
     assert rollout_config(None, {}) is None
     with pytest.raises(ValueError, match="RATCHET_ROLLOUT_MODEL must name"):
         rollout_config(None, {"RATCHET_ROLLOUT_URL": "http://vllm:8000"})
+
+
+def vllm_answer(**choice: object) -> dict[str, Any]:
+    """/v1/completions as vLLM answers it: prompt_token_ids on the choice."""
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "text": "hi",
+                "finish_reason": "stop",
+                "token_ids": [5, 6, 2],
+                "prompt_token_ids": [1, 2, 3],
+                "logprobs": {"token_logprobs": [-0.5, -0.25, -0.125]},
+                **choice,
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3},
+    }
+
+
+def test_vllms_answer_is_read_as_it_is_and_checked(local_engine: HFEngine) -> None:
+    engine = RemoteEngine(
+        local_engine, RemoteClient(RemoteBackend(url="http://vllm:8000", model="m")), "m"
+    )
+    request = GenerationRequest([1, 2, 3], SamplingParams(8))
+    stop = sorted(local_engine.eos_ids)[0]
+    try:
+        result = engine.result_of(request, vllm_answer(token_ids=[5, 6, stop]))
+        assert (result.sampled_ids, result.token_ids) == ([5, 6, stop], [5, 6])
+        assert result.logprobs == [-0.5, -0.25, -0.125] and result.finish_reason == "stop"
+        assert result.cached_tokens == 0
+        with pytest.raises(RemoteError, match="another prompt"):
+            engine.result_of(request, vllm_answer(prompt_token_ids=[0, 1, 2, 3]))
+        with pytest.raises(RemoteError, match="'return_token_ids' and 'logprobs'"):
+            engine.result_of(request, vllm_answer(token_ids=None))
+        with pytest.raises(RemoteError, match="3 token ids but 2 log-probs"):
+            engine.result_of(request, vllm_answer(logprobs={"token_logprobs": [-1.0, -1.0]}))
+    finally:
+        engine.close()

@@ -144,8 +144,9 @@ def test_completions_take_token_ids_and_return_what_was_sampled(
 
     answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
 
-    assert answer["object"] == "text_completion" and answer["prompt_token_ids"] == prompt
+    assert answer["object"] == "text_completion" and "prompt_token_ids" not in answer
     choice = answer["choices"][0]
+    assert choice["prompt_token_ids"] == prompt  # on the choice, as vLLM puts it
     ids, logprobs, _ = local_row(registry, prompt, max_tokens=6, temperature=0, seed=0)
     assert choice["token_ids"] == ids
     legacy = choice["logprobs"]
@@ -162,10 +163,12 @@ def test_completions_take_token_ids_and_return_what_was_sampled(
         json={**body, "prompt": "user: hello\n> "},
         timeout=60,
     ).json()
-    assert text_prompt["prompt_token_ids"] == prompt
+    assert text_prompt["choices"][0]["prompt_token_ids"] == prompt
     assert text_prompt["choices"][0]["token_ids"] == ids
 
     chunks = stream(server, "/v1/completions", body)
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == prompt
     assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
     assert [i for c in chunks for i in c["choices"][0].get("token_ids", [])] == ids
     streamed = [

@@ -261,6 +261,9 @@ class Settings(BaseSettings):
     # computed one (0..1) when that cost is shared over the tokens served.
     serving_hour_price_usd: float = Field(default=2.5, ge=0)
     serving_cached_token_weight: float = Field(default=0.1, ge=0, le=1)
+    # How often the worker's schedule samples every serving loop's counters between deploys
+    # (workflows/ledger.py); 0 turns the schedule off (deploys and cycle closes still sample).
+    serving_ledger_sample_s: int = Field(default=300, ge=0, le=86_400)
 
     @classmethod
     def settings_customise_sources(

@@ -163,3 +163,14 @@ PURGE = LongActivity(
         maximum_attempts=10,
     ),
 )
+
+# Serving ledger ---------------------------------------------------------------------------
+
+# One sample reads each serving loop's /metrics (an endpoint's own timeout bounds each read)
+# and heartbeats between loops; a sample that fails is the next one's to make up: the
+# counters are cumulative, so nothing is lost by skipping one.
+LEDGER_SAMPLE = LongActivity(
+    timeout=timedelta(minutes=10),
+    heartbeat=timedelta(minutes=2),
+    retry=RetryPolicy(initial_interval=timedelta(seconds=5), maximum_attempts=3),
+)

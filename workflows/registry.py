@@ -11,6 +11,7 @@ from services.db.session import SessionFactory
 from services.settings import Settings
 from workflows.curate import CurateWorkflow
 from workflows.evaluate import EvaluateWorkflow
+from workflows.ledger import ServingLedgerWorkflow
 from workflows.loop import LoopWorkflow
 from workflows.probe import ProbeWorkflow
 from workflows.promote import PromoteWorkflow
@@ -25,6 +26,7 @@ WORKFLOWS: list[type] = [
     EvaluateWorkflow,
     PromoteWorkflow,
     RetentionWorkflow,
+    ServingLedgerWorkflow,
 ]
 
 

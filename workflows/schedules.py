@@ -1,9 +1,11 @@
-"""The Temporal Schedules Ratchet keeps: the hourly retention purge (workflows/retention.py).
+"""The Temporal Schedules Ratchet keeps: the hourly retention purge (workflows/retention.py)
+and the serving ledger's sample (workflows/ledger.py).
 
-The worker calls :func:`ensure_retention_schedule` at start, so the schedule follows
-``RATCHET_TRACE_RETENTION_DAYS``: created when missing, updated when the period changed,
-deleted when retention is off (0). Several workers starting at once race benignly: creating
-an existing schedule is treated as "already there" and turns into an update.
+The worker calls :func:`ensure_retention_schedule` and :func:`ensure_serving_ledger_schedule`
+at start, so each schedule follows its setting (``RATCHET_TRACE_RETENTION_DAYS``,
+``RATCHET_SERVING_LEDGER_SAMPLE_S``): created when missing, updated when the period changed,
+deleted when it is off (0). Several workers starting at once race benignly: creating an
+existing schedule is treated as "already there" and turns into an update.
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from workflows.ledger import ServingLedgerWorkflow
 from workflows.retention import RetentionWorkflow
-from workflows.shared import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID, RetentionInput
+from workflows.shared import (
+    RETENTION_SCHEDULE_ID,
+    RETENTION_WORKFLOW_ID,
+    SERVING_LEDGER_SCHEDULE_ID,
+    SERVING_LEDGER_WORKFLOW_ID,
+    RetentionInput,
+    ServingLedgerInput,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +60,45 @@ def retention_schedule(retention_days: int, task_queue: str) -> Schedule:
 
 
 async def ensure_retention_schedule(client: Client, retention_days: int, task_queue: str) -> None:
-    handle = client.get_schedule_handle(RETENTION_SCHEDULE_ID)
-    if retention_days <= 0:
+    schedule = retention_schedule(retention_days, task_queue) if retention_days > 0 else None
+    await _ensure_schedule(client, RETENTION_SCHEDULE_ID, schedule)
+
+
+def serving_ledger_schedule(every_s: int, task_queue: str) -> Schedule:
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            ServingLedgerWorkflow.run,
+            ServingLedgerInput(),
+            id=SERVING_LEDGER_WORKFLOW_ID,
+            task_queue=task_queue,
+            execution_timeout=timedelta(minutes=30),
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=every_s))]),
+        # The counters are cumulative: a sample missed while the cluster was down is made up
+        # by the next one, so none is caught up.
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    )
+
+
+async def ensure_serving_ledger_schedule(client: Client, every_s: int, task_queue: str) -> None:
+    schedule = serving_ledger_schedule(every_s, task_queue) if every_s > 0 else None
+    await _ensure_schedule(client, SERVING_LEDGER_SCHEDULE_ID, schedule)
+
+
+async def _ensure_schedule(client: Client, schedule_id: str, schedule: Schedule | None) -> None:
+    """Create ``schedule`` under ``schedule_id``, or update it; None deletes it (idempotent)."""
+    handle = client.get_schedule_handle(schedule_id)
+    if schedule is None:
         try:
             await handle.delete()
-            logger.info("trace retention is off; deleted schedule %s", RETENTION_SCHEDULE_ID)
+            logger.info("deleted schedule %s (its setting is 0: off)", schedule_id)
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise
         return
-    schedule = retention_schedule(retention_days, task_queue)
     try:
-        await client.create_schedule(RETENTION_SCHEDULE_ID, schedule)
-        logger.info("created schedule %s (%d days)", RETENTION_SCHEDULE_ID, retention_days)
+        await client.create_schedule(schedule_id, schedule)
+        logger.info("created schedule %s", schedule_id)
         return
     except ScheduleAlreadyRunningError:
         pass

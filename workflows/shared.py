@@ -870,6 +870,21 @@ def uri_path(uri: str) -> str:
 
 RETENTION_SCHEDULE_ID = "ratchet-retention"
 RETENTION_WORKFLOW_ID = "retention/purge"
+SERVING_LEDGER_SCHEDULE_ID = "ratchet-serving-ledger"
+SERVING_LEDGER_WORKFLOW_ID = "serving-ledger/sample"
+
+
+@dataclass
+class ServingLedgerInput:
+    """One sample of every serving loop's model server counters into its open tenure."""
+
+    max_loops: int = 1000
+
+
+@dataclass
+class ServingLedgerResult:
+    sampled: int = 0  # loops whose server's counters were read and added
+    unreadable: int = 0  # loops whose server could not be read (logged; the next sample)
 
 
 @dataclass

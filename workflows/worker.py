@@ -130,7 +130,7 @@ async def run_worker(settings: Settings) -> None:
     worker = build_worker(client, deps)
     from temporalio.service import RPCError
 
-    from workflows.schedules import ensure_retention_schedule
+    from workflows.schedules import ensure_retention_schedule, ensure_serving_ledger_schedule
     from workflows.search_attributes import ensure_search_attributes
 
     try:
@@ -150,6 +150,12 @@ async def run_worker(settings: Settings) -> None:
         )
     except RPCError as exc:  # the loops still run; only the purge is not scheduled
         logger.error("cannot set up the trace retention schedule: %s", exc)
+    try:
+        await ensure_serving_ledger_schedule(
+            client, settings.serving_ledger_sample_s, settings.temporal_task_queue
+        )
+    except RPCError as exc:  # deploys and cycle closes still sample the ledger
+        logger.error("cannot set up the serving ledger schedule: %s", exc)
     server = uvicorn.Server(
         uvicorn.Config(
             health_app(engine, client, f"http://127.0.0.1:{sdk_metrics_port}/metrics"),

@@ -32,12 +32,15 @@ from tests.workflows.test_loop import (
     start_loop,
     with_gate,
 )
+from workflows.ledger import ServingLedgerWorkflow
 from workflows.retention import RetentionWorkflow
 from workflows.search_attributes import SEARCH_ATTRIBUTES
 from workflows.shared import (
     PurgeTraceBodiesInput,
     PurgeTraceBodiesResult,
     RetentionInput,
+    ServingLedgerInput,
+    ServingLedgerResult,
     cycle_workflow_id,
 )
 
@@ -158,6 +161,24 @@ async def _record_retention(client: Client) -> None:
     )
 
 
+@activity.defn(name="sample_serving_ledgers")
+def _fake_sample(input: ServingLedgerInput) -> ServingLedgerResult:
+    return ServingLedgerResult(sampled=2, unreadable=1)
+
+
+async def _record_serving_ledger(client: Client) -> None:
+    """A ServingLedgerWorkflow run with a typed fake of its activity (the real one is
+    tested in test_serving_ledger.py against Postgres)."""
+    await _record_workflow(
+        client,
+        ServingLedgerWorkflow,
+        ServingLedgerInput(),
+        workflow_id="serving-ledger/sample",
+        activities=[_fake_sample],
+        history="serving-ledger-sampled.json",
+    )
+
+
 async def _record_workflow(
     client: Client,
     workflow: Any,
@@ -196,6 +217,7 @@ def _write(path: Path, history: WorkflowHistory) -> None:
 SCENARIOS: dict[str, World | None] = {
     "curate": None,  # a real CurateWorkflow run, see _record_curate
     "retention": None,  # see _record_retention
+    "serving-ledger": None,  # see _record_serving_ledger
     "operator-rollback": None,  # see _record_operator_rollback
     "promoted": World(new_tasks=12),
     "rejected": World(new_tasks=12, gate_decision="reject"),
@@ -265,6 +287,8 @@ async def main(names: list[str]) -> None:
             world = SCENARIOS[name]
             if name == "retention":
                 await _record_retention(env.client)
+            elif name == "serving-ledger":
+                await _record_serving_ledger(env.client)
             elif name == "operator-rollback":
                 await _record_operator_rollback(env.client)
             elif world is None:

@@ -10,12 +10,15 @@ tested against a real ``ratchet serve`` in tests/services/serving/test_usage.py)
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from sqlalchemy import select
+from temporalio.client import Client
+from temporalio.service import RPCError
 
 from services.db.models import Cycle, Evaluation, Loop, ServingTenure, Trace
 from services.db.queries.serving_ledger import champion_figures, serving_totals
@@ -30,7 +33,13 @@ from tests.workflows.test_loop_activities import (
     set_champion,
 )
 from workflows.activities.loop import LoopActivities
-from workflows.shared import CloseCycleInput, DeployInput
+from workflows.schedules import ensure_serving_ledger_schedule
+from workflows.shared import (
+    SERVING_LEDGER_SCHEDULE_ID,
+    CloseCycleInput,
+    DeployInput,
+    ServingLedgerInput,
+)
 
 PRICES = ServingPrices(hour_usd=36.0, cached_token_weight=0.1)  # $0.01 per busy second
 
@@ -254,3 +263,64 @@ def test_each_cycle_close_samples_the_champion_serving_now(
     assert (tenure.checkpoint_id, tenure.ended_at) == (champion, None)
     assert (tenure.prompt_tokens, tenure.completion_tokens) == (100, 10)
     assert tenure.busy_seconds == pytest.approx(1.0)
+
+
+def test_the_scheduled_sample_keeps_the_serving_champion_fresh_between_deploys(
+    session_factory: SessionFactory, activities: LoopActivities, counters: Counters
+) -> None:
+    """Between deploys the schedule's sample adds the growth to the open tenure (and a
+    retried sample adds nothing); an archived loop is not asked; a server that cannot be
+    read is counted, not raised."""
+    loop_id, name = make_loop(session_factory)
+    first = add_checkpoint(session_factory, loop_id, "first", 0)
+    counters.now = {first: VersionUsage(100, 0, 50, 10.0)}
+    deploy(activities, name, first)
+    counters.now = {first: VersionUsage(400, 100, 250, 40.0)}
+    sampled = activities.sample_serving_ledgers(ServingLedgerInput())
+    assert sampled.sampled >= 1 and sampled.unreadable == 0
+    activities.sample_serving_ledgers(ServingLedgerInput())  # a retry: nothing more
+    (tenure,) = tenures(session_factory, loop_id)
+    assert tenure.ended_at is None
+    assert (tenure.prompt_tokens, tenure.cached_prompt_tokens, tenure.completion_tokens) == (
+        300,
+        100,
+        200,
+    )
+    assert tenure.busy_seconds == pytest.approx(30.0)
+
+    with session_factory.begin() as session:
+        loop = session.get(Loop, loop_id)
+        assert loop is not None
+        loop.status = "archived"
+    counters.now = {first: VersionUsage(900, 100, 450, 90.0)}
+    activities.sample_serving_ledgers(ServingLedgerInput())
+    (tenure,) = tenures(session_factory, loop_id)
+    assert tenure.prompt_tokens == 300  # an archived loop's server is not asked
+
+    with session_factory.begin() as session:
+        loop = session.get(Loop, loop_id)
+        assert loop is not None
+        loop.status = "paused"  # a paused loop's champion still serves
+    counters.down = True
+    assert activities.sample_serving_ledgers(ServingLedgerInput()).unreadable >= 1
+    (tenure,) = tenures(session_factory, loop_id)
+    assert tenure.prompt_tokens == 300 and tenure.ended_at is None
+
+
+async def test_the_ledger_schedule_follows_the_setting(
+    temporal_client: Client, task_queue: str
+) -> None:
+    handle = temporal_client.get_schedule_handle(SERVING_LEDGER_SCHEDULE_ID)
+    try:
+        await ensure_serving_ledger_schedule(temporal_client, 300, task_queue)
+        await ensure_serving_ledger_schedule(temporal_client, 60, task_queue)  # updated
+        described = await handle.describe()
+        assert described.schedule.action.workflow == "ServingLedgerWorkflow"  # type: ignore[attr-defined]
+        assert described.schedule.spec.intervals[0].every == dt.timedelta(seconds=60)
+        await ensure_serving_ledger_schedule(temporal_client, 0, task_queue)  # off: deleted
+        with pytest.raises(RPCError):
+            await handle.describe()
+        await ensure_serving_ledger_schedule(temporal_client, 0, task_queue)  # idempotent
+    finally:
+        with contextlib.suppress(RPCError):
+            await handle.delete()

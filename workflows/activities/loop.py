@@ -27,7 +27,7 @@ from services.db.models import Cycle, Loop
 from services.db.queries import cycles as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
-from services.db.queries.serving_ledger import record_sample
+from services.db.queries.serving_ledger import record_sample, serving_loop_names
 from services.db.session import SessionFactory
 from services.evaluation.gate import decide, judge_only_count
 from services.evaluation.results import ResultsFileError, pass_at_1, read_results
@@ -71,6 +71,8 @@ from workflows.shared import (
     RollbackInput,
     RollbackPlan,
     RollbackResult,
+    ServingLedgerInput,
+    ServingLedgerResult,
     StageInput,
     StartCycleInput,
     StartCycleResult,
@@ -528,25 +530,44 @@ class LoopActivities:
 
     # Serving ledger ----------------------------------------------------------------------
 
+    @activity.defn(name="sample_serving_ledgers")
+    def sample_serving_ledgers(self, input: ServingLedgerInput) -> ServingLedgerResult:
+        """Between deploys: every loop that serves (not archived, a serving target) gets its
+        server's counters added to its open tenure, so the current champion's figures are
+        as fresh as the schedule (workflows/schedules.py). Idempotent: a retried sample
+        adds the growth since the last one, which is zero."""
+        with self._transaction() as session:
+            names = serving_loop_names(session=session, limit=input.max_loops)
+        result = ServingLedgerResult()
+        for name in names:
+            if activity.in_activity():  # tests call it as a method
+                activity.heartbeat(name)
+            if self._sample_serving(name, None):
+                result.sampled += 1
+            else:
+                result.unreadable += 1
+        return result
+
     def _sample_serving(
         self,
         loop_name: str,
         served_version: str | None,
         serving_target: dict[str, Any] | None = None,
-    ) -> None:
+    ) -> bool:
         """Add a sample of the serving target's counters to the loop's open tenure, and end
         it when ``served_version`` replaces it (services.loop.ledger). ``serving_target``:
         the one just deployed to (default: the loop's). An unreadable server is logged, not
-        raised: a deploy or a cycle never fails for the ledger's sake."""
+        raised: a deploy or a cycle never fails for the ledger's sake. True when the
+        counters were read (or there is nothing to read)."""
         if self._serving_ledger is None:
-            return
+            return True
         config = serving_target
         if config is None:
             with self._transaction() as session:
                 loop = require_loop(session=session, name=loop_name)
                 config = dict(loop.serving_target or {})
         if config.get("kind") == "none":
-            return
+            return True
         usage: Mapping[str, VersionUsage] | None
         try:
             usage = self._serving_ledger.read(config)
@@ -563,6 +584,7 @@ class LoopActivities:
                 now=_now(),
                 prices=self._serving_ledger.prices,
             )
+        return usage is not None
 
     def activities(self) -> list[Callable[..., Any]]:
         return [
@@ -579,6 +601,7 @@ class LoopActivities:
             self.plan_rollback,
             self.finish_rollback,
             self.close_cycle,
+            self.sample_serving_ledgers,
         ]
 
 

@@ -273,3 +273,13 @@ def _figures(
         ),
         break_even_tokens=None,
     )
+
+
+def serving_loop_names(*, session: Session, limit: int) -> list[str]:
+    """The loops whose champion may be serving (every one not archived; a loop without a
+    serving target is skipped by the sampler)."""
+    return list(
+        session.scalars(
+            select(Loop.name).where(Loop.status != "archived").order_by(Loop.id).limit(limit)
+        )
+    )

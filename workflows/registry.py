@@ -48,9 +48,8 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         deps.artifacts,
         pool=shared_pool(deps.settings.curation_processes),
     )
-    loop = LoopActivities(
-        deps.session_factory, ServingTargets(deps.settings, heartbeat=_heartbeat_if_in_activity)
-    )
+    targets = ServingTargets(deps.settings, heartbeat=_heartbeat_if_in_activity)
+    loop = LoopActivities(deps.session_factory, targets, targets.prove)
     retention = RetentionActivities(deps.session_factory)
     return [
         *curation.activities(),

@@ -50,7 +50,18 @@ from services.chat.protocol import ChatMessage
 from services.inference.prefix_cache import PrefixCache, Session
 from services.training.rng import gumbel
 
-TokenCallback = Callable[[int], None]
+
+@dataclass(frozen=True)
+class SampledToken:
+    """One sampled token as a streaming client sees it: its id, its log-probability under
+    the model (temperature 1) and, when asked for, the most likely ids with theirs."""
+
+    id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+TokenCallback = Callable[[SampledToken], None]
 
 
 class EngineError(ValueError):
@@ -66,6 +77,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    top_logprobs: int = 0  # how many of the most likely ids to report with each sampled id
 
 
 @dataclass
@@ -96,6 +108,8 @@ class GenerationResult:
     cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
     sampled_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # per sampled id, the ``sampling.top_logprobs`` most likely ids with their log-probs
+    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -169,6 +183,10 @@ class Engine(Protocol):
         """Prompt ids for a conversation, ending where the assistant's turn begins."""
         ...
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of a raw text prompt (``/v1/completions``), no chat template."""
+        ...
+
     def decode_text(self, ids: Sequence[int]) -> str: ...
 
     def parse_reply(self, text: str, tools: Sequence[dict[str, Any]]) -> ChatMessage:
@@ -190,6 +208,10 @@ class Engine(Protocol):
         ...
 
     def context_length(self) -> int: ...
+
+    def vocab_size(self) -> int:
+        """Token ids this model embeds: ``[0, vocab_size)`` (a prompt of ids is checked)."""
+        ...
 
 
 def sample_next(
@@ -234,6 +256,7 @@ class _Row(Generic[Tag]):
     generated: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     finish: str | None = None
 
 
@@ -379,12 +402,14 @@ class ActiveBatch(Generic[Tag]):
             torch.tensor([r.request.sampling.seed & 0xFFFFFFFF for r in rows], dtype=torch.int64),
             torch.tensor([len(r.sampled) for r in rows]),  # each row's draw number
         )  # (B,)
-        logprobs = torch.log_softmax(logits.double(), dim=-1).gather(1, tokens[:, None])[:, 0]
+        every = torch.log_softmax(logits.double(), dim=-1)  # (B, V)
+        logprobs = every.gather(1, tokens[:, None])[:, 0]  # (B,)
+        tops = _top_logprobs(every, [r.request.sampling.top_logprobs for r in rows])
         done: list[tuple[Tag, GenerationResult]] = []
-        for slot, (row, token, logprob) in enumerate(
-            zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)
+        for slot, (row, token, logprob, top) in enumerate(
+            zip(rows, tokens.tolist(), logprobs.tolist(), tops, strict=True)
         ):
-            if self._advance(row, token, logprob):
+            if self._advance(row, SampledToken(token, logprob, top)):
                 self._keep_session(slot, row)
                 done.append((row.tag, self._result(row)))
         if done:
@@ -428,19 +453,21 @@ class ActiveBatch(Generic[Tag]):
         blocks = cache.insert(namespace, row.fed, self._reader(slot), tail=True)
         cache.hold(session, blocks)
 
-    def _advance(self, row: _Row[Tag], token: int, logprob: float) -> bool:
-        """Append ``token`` to ``row``; whether the row is now finished."""
+    def _advance(self, row: _Row[Tag], sampled: SampledToken) -> bool:
+        """Append ``sampled`` to ``row``; whether the row is now finished."""
         if row.request.cancelled.is_set():
             row.finish = "cancelled"
             return True
+        token = sampled.id
         row.sampled.append(token)
-        row.logprobs.append(logprob)
+        row.logprobs.append(sampled.logprob)
+        row.top_logprobs.append(sampled.top)
         if token in self.engine.eos_ids:
             row.finish = "stop"
             return True
         row.generated.append(token)
         if row.request.on_token is not None:
-            row.request.on_token(token)
+            row.request.on_token(sampled)
         if _hit_stop_string(self.engine, row.generated, row.request.sampling.stop):
             row.finish = "stop"
         elif len(row.generated) >= row.budget:
@@ -456,6 +483,7 @@ class ActiveBatch(Generic[Tag]):
             cached_tokens=row.cached,
             sampled_ids=row.sampled,
             logprobs=row.logprobs,
+            top_logprobs=row.top_logprobs,
         )
 
     def cache_width(self) -> int:
@@ -465,6 +493,18 @@ class ActiveBatch(Generic[Tag]):
     def rows(self) -> list[Tag]:
         """The tags of the rows still decoding."""
         return [row.tag for row in self._rows if row.finish is None]
+
+
+def _top_logprobs(logprobs: torch.Tensor, counts: list[int]) -> list[tuple[tuple[int, float], ...]]:
+    """Each row's ``counts[b]`` most likely ids with their log-probs, from (B, V)."""
+    most = min(max(counts, default=0), logprobs.shape[-1])
+    if most == 0:
+        return [() for _ in counts]
+    values, ids = logprobs.topk(most, dim=-1)  # (B, k) each
+    return [
+        tuple(zip(row_ids[:k], row_values[:k], strict=True))
+        for row_ids, row_values, k in zip(ids.tolist(), values.tolist(), counts, strict=True)
+    ]
 
 
 def _hit_stop_string(engine: Engine, ids: list[int], stops: tuple[str, ...]) -> bool:

@@ -193,6 +193,9 @@ class HFEngine:
         config = self.model.config
         return int(getattr(config, "max_position_embeddings", 0) or 2048)
 
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().num_embeddings)
+
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[int]:
         wire = [m.to_openai() for m in messages]
         kwargs: dict[str, Any] = {}
@@ -209,6 +212,10 @@ class HFEngine:
         if isinstance(ids, dict):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
+
+    def encode_text(self, text: str) -> list[int]:
+        # special tokens (a BOS) added as vLLM adds them to a completions prompt
+        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=True)]
 
     def decode_text(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))

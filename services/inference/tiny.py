@@ -85,11 +85,17 @@ class TinyEngine:
     def context_length(self) -> int:
         return self.tiny_model.model.config.max_seq_len
 
+    def vocab_size(self) -> int:
+        return int(self.tiny_model.model.config.vocab_size)
+
     def adapters(self) -> frozenset[str]:
         return frozenset()
 
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]) -> list[int]:
         return self.tiny_model.tokenizer.encode(render_transcript(messages, tools))
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tiny_model.tokenizer.encode(text)
 
     def decode_text(self, ids: Sequence[int]) -> str:
         # Bytes that are not UTF-8 cannot travel in JSON: they become U+FFFD on the wire.

@@ -5,8 +5,16 @@ Requests are validated strictly and every refusal is OpenAI's error object
 ``openai`` client raises its usual ``BadRequestError``/``NotFoundError`` with the field in
 ``param``. Fields of the OpenAI API that change nothing here (``user``, ``metadata``,
 ``store``, ``parallel_tool_calls``) are accepted; fields that would change the answer and
-are not implemented (penalties, ``logprobs``, ``response_format``, ``logit_bias``) are
-refused rather than silently ignored.
+are not implemented (penalties, ``response_format``, ``logit_bias``, ``echo``, ``suffix``)
+are refused rather than silently ignored.
+
+What was sampled comes back on request, as vLLM returns it: ``logprobs`` (chat:
+``logprobs: true`` and ``top_logprobs`` 0..20; completions: ``logprobs`` 0..20) are the
+log-probabilities of the raw model output (temperature 1, before temperature and top-p
+shape the distribution sampled from), which is vLLM's default ``--logprobs-mode
+raw_logprobs``; ``return_token_ids: true`` (vLLM's extension) adds ``prompt_token_ids`` to
+the response and ``token_ids`` (every sampled id, the end-of-turn token included) to each
+choice.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ MAX_MESSAGES = 512
 MAX_CONTENT_CHARS = 256_000
 MAX_N = 16
 MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs and OpenAI's top_logprobs bound
 
 
 class OpenAIError(Exception):
@@ -63,32 +72,24 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Body):
+class _SamplingBody(_Body):
+    """What chat and text completions share: sampling, stopping, streaming, extras."""
+
     model: str = Field(min_length=1, max_length=256)
-    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
-    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=32_768)
     n: int = Field(default=1, ge=1, le=MAX_N)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = None  # vLLM's extension: the prompt's and choices' ids
     # Accepted, change nothing here.
     user: str | None = Field(default=None, max_length=256)
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    parallel_tool_calls: bool | None = None
     # Refused unless neutral: they would change the answer and are not implemented.
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -105,15 +106,54 @@ class ChatCompletionRequest(_Body):
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 return OpenAIError(400, f"{name} is not supported by this server", param=name)
-        if self.logprobs or self.top_logprobs:
-            return OpenAIError(400, "logprobs are not supported by this server", param="logprobs")
         if self.logit_bias:
             return OpenAIError(400, "logit_bias is not supported", param="logit_bias")
+        return None
+
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def wants_token_ids(self) -> bool:
+        return bool(self.return_token_ids)
+
+
+class ChatCompletionRequest(_SamplingBody):
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # Accepted, change nothing here.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    parallel_tool_calls: bool | None = None
+    # Refused unless neutral.
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> OpenAIError | None:
+        """The first field set to something this server does not implement, or
+        ``top_logprobs`` without ``logprobs: true`` (as OpenAI refuses it)."""
+        refused = super().unsupported()
+        if refused is not None:
+            return refused
+        if self.top_logprobs is not None and not self.logprobs:
+            return OpenAIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
         if self.response_format not in (None, {"type": "text"}):
             return OpenAIError(
                 400, "only response_format {'type': 'text'} is supported", param="response_format"
             )
         return None
+
+    def asked_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def logprob_count(self) -> int | None:
+        """None: no log-probs; else how many alternatives to report with each token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def unencodable(self) -> OpenAIError | None:
         """The first text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``,
@@ -132,11 +172,6 @@ class ChatCompletionRequest(_Body):
                     400, f"{where} is not valid Unicode (a lone surrogate)", param=where
                 )
         return None
-
-    def stops(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def parsed_messages(self) -> list[ChatMessage]:
         out = []
@@ -182,6 +217,68 @@ class ChatCompletionRequest(_Body):
         if name not in {t["function"]["name"] for t in tools}:
             raise OpenAIError(400, f"tool_choice names unknown tool {name!r}", param="tool_choice")
         return name
+
+
+class CompletionRequest(_SamplingBody):
+    """``POST /v1/completions``: one prompt, as text or as token ids (what a rollout sends,
+    so the ids the model sees are exactly the ones the caller rendered)."""
+
+    prompt: str | list[Any]
+    max_tokens: int = Field(default=16, ge=1, le=32_768)  # OpenAI's default
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # Refused unless neutral.
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, value: Any) -> str | list[Any]:
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("the prompt is empty")
+            if len(value) > MAX_CONTENT_CHARS:
+                raise ValueError(f"the prompt is longer than {MAX_CONTENT_CHARS} characters")
+            return value
+        if not isinstance(value, list):
+            raise ValueError("must be a string or a list of token ids")
+        if not value:
+            raise ValueError("the prompt is empty")
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+            if min(value) < 0:
+                raise ValueError("token ids must be >= 0")
+            return value
+        raise ValueError(
+            "must be a string or a list of token ids (one prompt per request: a list of "
+            "prompts is not supported)"
+        )
+
+    def unsupported(self) -> OpenAIError | None:
+        refused = super().unsupported()
+        if refused is not None:
+            return refused
+        if self.echo:
+            return OpenAIError(400, "echo is not supported by this server", param="echo")
+        if self.suffix:
+            return OpenAIError(400, "suffix is not supported by this server", param="suffix")
+        if self.best_of not in (None, self.n):
+            return OpenAIError(400, "best_of must equal n on this server", param="best_of")
+        return None
+
+    def unencodable(self) -> OpenAIError | None:
+        for name, value in (("model", self.model), ("prompt", self.prompt), ("stop", self.stop)):
+            where = _lone_surrogate(value, name)
+            if where is not None:
+                return OpenAIError(
+                    400, f"{where} is not valid Unicode (a lone surrogate)", param=where
+                )
+        return None
+
+    def asked_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 def _valid_unicode(value: str) -> str:

@@ -6,6 +6,11 @@ same API, so an agent written against the ``openai`` client runs against either 
 - ``POST /v1/chat/completions`` — messages, ``tools``, ``tool_choice``, ``temperature``,
   ``top_p``, ``max_tokens``, ``n``, ``seed``, ``stop``, ``stream`` (server-sent events);
   answers with ``tool_calls`` (parsed per model family), ``finish_reason`` and ``usage``;
+  ``logprobs``/``top_logprobs`` and vLLM's ``return_token_ids`` return what was sampled
+  (:mod:`services.serving.openai_api` says which log-probs);
+- ``POST /v1/completions`` — a prompt as text or as token ids, the same sampling, stopping,
+  streaming, ``logprobs`` (0..20, OpenAI's legacy shape) and ``return_token_ids``: what a
+  remote rollout sends (:mod:`services.inference.remote`);
 - ``GET /v1/models`` — every served name with its checkpoint directory (``root``) and, for
   an adapter, its base (``parent``); ``ratchet.version`` is the checkpoint id;
 - ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace"}`` and
@@ -57,6 +62,7 @@ from services.inference.engine import (
     EngineError,
     GenerationRequest,
     GenerationResult,
+    SampledToken,
     SamplingParams,
     cut_at_stop,
 )
@@ -76,6 +82,7 @@ from services.serving.guards import (
 )
 from services.serving.openai_api import (
     ChatCompletionRequest,
+    CompletionRequest,
     LoadAdapterRequest,
     OpenAIError,
     UnloadAdapterRequest,
@@ -229,17 +236,44 @@ def create_serving_app(
         messages = body.parsed_messages()
         tools = body.parsed_tools()
         forced = body.forced_tool(tools)
+        served = acquire(body.model)
         try:
-            served = registry.acquire(body.model)
+            completion = await _Completion.create(body, served, messages, tools, forced, scheduler)
+        except BaseException:
+            registry.release(served)
+            raise
+        return await answer(completion, request, started)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        started = time.perf_counter()
+        refused = body.unsupported() or body.unencodable()
+        if refused is not None:
+            raise refused
+        served = acquire(body.model)
+        try:
+            completion: _Completion = await _TextCompletion.create_text(body, served, scheduler)
+        except BaseException:
+            registry.release(served)
+            raise
+        return await answer(completion, request, started)
+
+    def acquire(name: str) -> ServedModel:
+        try:
+            return registry.acquire(name)
         except ModelNotFound:
             raise OpenAIError(
                 404,
-                f"the model {body.model!r} does not exist; GET /v1/models lists the served ones",
+                f"the model {name!r} does not exist; GET /v1/models lists the served ones",
                 param="model",
                 code="model_not_found",
             ) from None
+
+    async def answer(completion: _Completion, request: Request, started: float) -> Response:
+        """Decode a rendered completion and answer it, streaming or whole; the served model
+        is released however this ends."""
+        served, body = completion.served, completion.body
         try:
-            completion = await _Completion.create(body, served, messages, tools, forced, scheduler)
             rows = completion.submit()
         except BaseException:
             registry.release(served)
@@ -362,6 +396,9 @@ def create_serving_app(
 class _Completion:
     """One chat completion request: its rows, its response, its stream."""
 
+    ID_PREFIX = "chatcmpl"
+    OBJECT = "chat.completion"
+
     @classmethod
     async def create(
         cls,
@@ -394,7 +431,7 @@ class _Completion:
 
     def __init__(
         self,
-        body: ChatCompletionRequest,
+        body: ChatCompletionRequest | CompletionRequest,
         served: ServedModel,
         prompt: list[int],
         tools: list[dict[str, Any]],
@@ -406,28 +443,35 @@ class _Completion:
         self.engine = served.engine
         self.tools = tools
         self.forced = forced
-        self.parse_tools = bool(tools) and body.tool_choice != "none"
+        self.parse_tools = bool(tools) and getattr(body, "tool_choice", None) != "none"
         self.stops = body.stops()
         self.scheduler = scheduler
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = f"{self.ID_PREFIX}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.prompt = prompt
+        self.logprob_count = body.logprob_count()  # None: no log-probs asked for
+        self.token_ids = body.wants_token_ids()
         context = self.engine.context_length()
         if len(self.prompt) >= context:
             raise OpenAIError(
                 400,
-                f"the messages are {len(self.prompt)} tokens; this model's context is {context} "
-                "tokens",
-                param="messages",
+                f"the {self._prompt_param()} is {len(self.prompt)} tokens; this model's context "
+                f"is {context} tokens",
+                param=self._prompt_param(),
                 code="context_length_exceeded",
             )
-        asked = body.max_completion_tokens or body.max_tokens
+        asked = body.asked_tokens()
         self.max_tokens = min(asked or MAX_DEFAULT_TOKENS, context - len(self.prompt))
-        self.stream_queue: asyncio.Queue[tuple[int, int]] | None = None
+        self.stream_queue: asyncio.Queue[tuple[int, SampledToken | int]] | None = None
         self.results: dict[int, GenerationResult] = {}
         self.rows: list[GenerationRequest] = []
         self.futures: list[Future[GenerationResult]] = []
         self.gone = False  # the client hung up
+        self._prompt_ids_sent = False  # streaming: prompt_token_ids go in the first chunk
+
+    @staticmethod
+    def _prompt_param() -> str:
+        return "messages"
 
     def submit(self) -> list[Future[GenerationResult]]:
         """Queue the request's rows (all or none); 429 when the queue is full."""
@@ -443,6 +487,7 @@ class _Completion:
                 top_p=self.body.top_p,
                 seed=derive_seed(base_seed, index),
                 stop=self.stops,
+                top_logprobs=self.logprob_count or 0,
             )
             rows.append(
                 GenerationRequest(
@@ -478,7 +523,9 @@ class _Completion:
 
     @staticmethod
     def _done_callback(
-        index: int, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[int, int]]
+        index: int,
+        loop: asyncio.AbstractEventLoop,
+        queue: asyncio.Queue[tuple[int, SampledToken | int]],
     ) -> Callable[[Future[GenerationResult]], None]:
         def done(_future: Future[GenerationResult]) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (index, _DONE))
@@ -487,11 +534,11 @@ class _Completion:
 
     def _token_callback(
         self, index: int, loop: asyncio.AbstractEventLoop
-    ) -> Callable[[int], None] | None:
+    ) -> Callable[[SampledToken], None] | None:
         if not self.body.stream or self.parse_tools:
             return None  # tool calls are parsed from the whole reply, so they stream at its end
 
-        def on_token(token: int) -> None:
+        def on_token(token: SampledToken) -> None:
             queue = self.stream_queue
             assert queue is not None
             loop.call_soon_threadsafe(queue.put_nowait, (index, token))
@@ -544,29 +591,84 @@ class _Completion:
     def response(self, results: list[GenerationResult]) -> dict[str, Any]:
         choices = []
         for index, result in enumerate(results):
-            message, finish = self.message(result)
-            choices.append(
-                {
-                    "index": index,
-                    "message": message.to_openai(),
-                    "finish_reason": finish,
-                    "logprobs": None,
-                }
-            )
+            choice = self._choice(index, result)
+            if self.logprob_count is not None:
+                choice["logprobs"] = self._logprobs(sampled_tokens(result), 0)
+            if self.token_ids:
+                choice["token_ids"] = list(result.sampled_ids)
+            choices.append(choice)
+        payload = {**self._envelope(self.OBJECT), "choices": choices}
+        if self.token_ids:
+            payload["prompt_token_ids"] = list(self.prompt)
+        payload["usage"] = self.usage(results)
+        return payload
+
+    def _choice(self, index: int, result: GenerationResult) -> dict[str, Any]:
+        message, finish = self.message(result)
         return {
-            **self._envelope("chat.completion"),
-            "choices": choices,
-            "usage": self.usage(results),
+            "index": index,
+            "message": message.to_openai(),
+            "finish_reason": finish,
+            "logprobs": None,
         }
 
-    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None) -> str:
-        chunk = {
-            **self._envelope("chat.completion.chunk"),
-            "choices": [
-                {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
-            ],
-        }
+    def _logprobs(self, tokens: Sequence[SampledToken], offset: int) -> dict[str, Any]:
+        """OpenAI's chat ``logprobs``: one entry per sampled token (``offset`` is unused here:
+        the legacy completions shape counts characters)."""
+        return {"content": chat_logprobs(self.engine.decode_text, tokens), "refusal": None}
+
+    def _chunk(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        finish: str | None,
+        tokens: Sequence[SampledToken] = (),
+        offset: int = 0,
+    ) -> str:
+        choice = self._chunk_choice(index, delta, finish)
+        if self.logprob_count is not None and tokens:
+            choice["logprobs"] = self._logprobs(tokens, offset)
+        if self.token_ids:
+            choice["token_ids"] = [token.id for token in tokens]
+        chunk = {**self._envelope(f"{self.OBJECT}.chunk"), "choices": [choice]}
+        if self.token_ids and not self._prompt_ids_sent:
+            chunk["prompt_token_ids"] = list(self.prompt)
+            self._prompt_ids_sent = True
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+    @staticmethod
+    def _chunk_choice(index: int, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+
+    @staticmethod
+    def _text_delta(text: str) -> dict[str, Any]:
+        return {"content": text}
+
+    def _opening(self, index: int) -> str | None:
+        """The chunk a row's stream opens with (the assistant's role), if any."""
+        return self._chunk(index, {"role": "assistant", "content": ""}, None)
+
+    def _closing(
+        self, index: int, result: GenerationResult, sent: int, tokens: list[SampledToken], at: int
+    ) -> list[str]:
+        """A finished row's last chunks: what was not streamed yet (tool calls, the text held
+        back, the tokens not yet reported), then its finish reason."""
+        message, finish = self.message(result)
+        chunks = []
+        if message.tool_calls:
+            calls = enumerate(message.tool_calls)
+            delta: dict[str, Any] = {
+                "tool_calls": [{"index": i, **call.to_openai()} for i, call in calls]
+            }
+            if message.content:
+                delta["content"] = message.content
+            chunks.append(self._chunk(index, delta, None, tokens, at))
+        else:
+            rest = (message.content or "")[sent:]
+            if rest or tokens:
+                chunks.append(self._chunk(index, self._text_delta(rest), None, tokens, at))
+        chunks.append(self._chunk(index, {}, finish))
+        return chunks
 
     def _safe_prefix(self, text: str) -> int:
         """How much of a row's text may go out now: never a stop string, nor a tail that may
@@ -587,48 +689,178 @@ class _Completion:
         queue = self.stream_queue
         assert queue is not None
         for index in range(len(futures)):
-            yield self._chunk(index, {"role": "assistant", "content": ""}, None)
+            opening = self._opening(index)
+            if opening is not None:
+                yield opening
         ids: list[list[int]] = [[] for _ in futures]
-        sent = [0] * len(futures)
+        sent = [0] * len(futures)  # characters of each row's text sent
+        reported = [0] * len(futures)  # sampled tokens of each row sent with a chunk
+        offsets = [0] * len(futures)  # characters of those tokens' strings (text_offset)
+        pending: list[list[SampledToken]] = [[] for _ in futures]
         open_rows = len(futures)
         while open_rows:
             index, token = await queue.get()
             if token == _GONE:
                 return
-            if token != _DONE:
-                ids[index].append(token)
+            if isinstance(token, SampledToken):
+                ids[index].append(token.id)
+                pending[index].append(token)
                 text = self.engine.decode_text(ids[index])
                 safe = self._safe_prefix(text)
                 if safe > sent[index]:
-                    yield self._chunk(index, {"content": text[sent[index] : safe]}, None)
+                    piece, at = pending[index], offsets[index]
+                    offsets[index] += sum(len(self.engine.decode_text([t.id])) for t in piece)
+                    reported[index] += len(piece)
+                    pending[index] = []
+                    delta = self._text_delta(text[sent[index] : safe])
+                    yield self._chunk(index, delta, None, piece, at)
                     sent[index] = safe
                 continue
             open_rows -= 1
             result = futures[index].result()  # raises the decode error, ending the stream
-            message, finish = self.message(result)
-            if message.tool_calls:
-                calls = enumerate(message.tool_calls)
-                delta: dict[str, Any] = {
-                    "tool_calls": [{"index": i, **call.to_openai()} for i, call in calls]
-                }
-                if message.content:
-                    delta["content"] = message.content
-                yield self._chunk(index, delta, None)
-            else:
-                rest = (message.content or "")[sent[index] :]
-                if rest:
-                    yield self._chunk(index, {"content": rest}, None)
-            yield self._chunk(index, {}, finish)
+            rest = sampled_tokens(result)[reported[index] :]
+            for chunk in self._closing(index, result, sent[index], rest, offsets[index]):
+                yield chunk
             self.results[index] = result
         options = self.body.stream_options
         if options is not None and options.include_usage:
             usage = {
-                **self._envelope("chat.completion.chunk"),
+                **self._envelope(f"{self.OBJECT}.chunk"),
                 "choices": [],
                 "usage": self.usage([r for r in self.results.values()]),
             }
             yield f"data: {json.dumps(usage)}\n\n"
         yield "data: [DONE]\n\n"
+
+
+class _TextCompletion(_Completion):
+    """One ``/v1/completions`` request: a raw prompt (text or ids), OpenAI's legacy shape."""
+
+    ID_PREFIX = "cmpl"
+    OBJECT = "text_completion"
+
+    @classmethod
+    async def create_text(
+        cls, body: CompletionRequest, served: ServedModel, scheduler: BatchScheduler
+    ) -> _TextCompletion:
+        """The request with its prompt as ids: text is encoded off the event loop (refused
+        first when longer than the context could hold), ids are checked against the vocab."""
+        engine = served.engine
+        context = engine.context_length()
+        if isinstance(body.prompt, str):
+            if len(body.prompt) > context * engine.max_chars_per_token:
+                raise OpenAIError(
+                    400,
+                    f"the prompt holds {len(body.prompt)} characters, more than fit in this "
+                    f"model's context; this model's context is {context} tokens",
+                    param="prompt",
+                    code="context_length_exceeded",
+                )
+            prompt = await run_in_threadpool(engine.encode_text, body.prompt)
+            if not prompt:
+                raise OpenAIError(400, "the prompt encodes to no tokens", param="prompt")
+        else:
+            prompt = [int(i) for i in body.prompt]
+            vocab = engine.vocab_size()
+            bad = next((i for i, token in enumerate(prompt) if token >= vocab), None)
+            if bad is not None:
+                raise OpenAIError(
+                    400,
+                    f"prompt[{bad}] is token id {prompt[bad]}; this model's ids are 0 to "
+                    f"{vocab - 1}",
+                    param=f"prompt[{bad}]",
+                )
+        return cls(body, served, prompt, [], None, scheduler)
+
+    @staticmethod
+    def _prompt_param() -> str:
+        return "prompt"
+
+    def _text(self, result: GenerationResult) -> str:
+        return cut_at_stop(self.engine.decode_text(result.token_ids), self.stops)
+
+    def _choice(self, index: int, result: GenerationResult) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": self._text(result),
+            "finish_reason": result.finish_reason,
+            "logprobs": None,
+        }
+
+    def _logprobs(self, tokens: Sequence[SampledToken], offset: int) -> dict[str, Any]:
+        return text_logprobs(self.engine.decode_text, tokens, offset)
+
+    @staticmethod
+    def _chunk_choice(index: int, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        return {"index": index, "text": delta.get("text", ""), "finish_reason": finish}
+
+    @staticmethod
+    def _text_delta(text: str) -> dict[str, Any]:
+        return {"text": text}
+
+    def _opening(self, index: int) -> str | None:
+        return None
+
+    def _closing(
+        self, index: int, result: GenerationResult, sent: int, tokens: list[SampledToken], at: int
+    ) -> list[str]:
+        rest = self._text(result)[sent:]
+        chunks = []
+        if rest or tokens:
+            chunks.append(self._chunk(index, self._text_delta(rest), None, tokens, at))
+        chunks.append(self._chunk(index, {}, result.finish_reason))
+        return chunks
+
+
+LOGPROB_FLOOR = -9999.0  # -inf cannot travel in JSON; vLLM clamps to the same floor
+
+
+def sampled_tokens(result: GenerationResult) -> list[SampledToken]:
+    """A finished row's sampled tokens (the end-of-turn token included) with their log-probs."""
+    tops = result.top_logprobs or [()] * len(result.sampled_ids)
+    return [
+        SampledToken(token, logprob, top)
+        for token, logprob, top in zip(result.sampled_ids, result.logprobs, tops, strict=True)
+    ]
+
+
+def _logprob(value: float) -> float:
+    return max(value, LOGPROB_FLOOR) if value == value else LOGPROB_FLOOR  # NaN too
+
+
+def chat_logprobs(
+    decode: Callable[[Sequence[int]], str], tokens: Sequence[SampledToken]
+) -> list[dict[str, Any]]:
+    """OpenAI's ``choices[].logprobs.content``: each token's text, log-prob, UTF-8 bytes and
+    its ``top_logprobs`` alternatives."""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = decode([token])
+        return {"token": text, "logprob": _logprob(logprob), "bytes": list(text.encode())}
+
+    return [
+        {**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+        for t in tokens
+    ]
+
+
+def text_logprobs(
+    decode: Callable[[Sequence[int]], str], tokens: Sequence[SampledToken], offset: int
+) -> dict[str, Any]:
+    """OpenAI's legacy completions ``logprobs``: parallel lists of token texts, their
+    log-probs, the top alternatives (with the sampled token) and each text's offset."""
+    texts = [decode([t.id]) for t in tokens]
+    starts = []
+    for text in texts:
+        starts.append(offset)
+        offset += len(text)
+    tops = [{decode([i]): _logprob(lp) for i, lp in (*t.top, (t.id, t.logprob))} for t in tokens]
+    return {
+        "tokens": texts,
+        "token_logprobs": [_logprob(t.logprob) for t in tokens],
+        "top_logprobs": tops,
+        "text_offset": starts,
+    }
 
 
 async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:

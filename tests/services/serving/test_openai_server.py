@@ -247,7 +247,7 @@ BAD_REQUESTS: list[tuple[dict[str, Any], int, str | None, str]] = [
     ({"max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
     ({"best_of": 2}, 400, "best_of", "unknown field"),
-    ({"logprobs": True}, 400, "logprobs", "not supported"),
+    ({"top_logprobs": 2}, 400, "top_logprobs", "needs logprobs"),
     ({"presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     (
         {"tools": [{"type": "function", "function": {"name": "a b"}}]},

@@ -167,9 +167,9 @@ def test_a_bad_listing_or_a_planted_link_is_refused(
     evaluated: tuple[Path, Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     _, out, metrics = evaluated
-    with pytest.raises(ProbeFileError, match="metrics.probes must be an object"):
+    with pytest.raises(ProbeFileError, match=r"metrics\.probes must be an object"):
         read_listed_probes(out, {"probes": "probes.json"})
-    with pytest.raises(ProbeFileError, match="metrics.probes.file must be 'probes.json'"):
+    with pytest.raises(ProbeFileError, match=r"metrics\.probes\.file must be 'probes\.json'"):
         read_listed_probes(out, {"probes": {**metrics["probes"], "file": "../secrets"}})
     (tmp_path / PROBES_FILE).symlink_to(out / PROBES_FILE)
     with pytest.raises(ProbeFileError, match="symlinks are refused"):

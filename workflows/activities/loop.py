@@ -342,10 +342,12 @@ class LoopActivities:
                 with log_context(loop=input.loop):
                     proof = self._prove(input.serving_target, input.checkpoint_id, probes)
         except (ProbeFileError, DeployFailed) as exc:
-            kind = "BadProbeSet" if isinstance(exc, ProbeFileError) else "DeliveryNotProven"
-            failed = not_verified(input.checkpoint_id, f"{kind}: {exc}")
-            self._record_delivery(input, failed)
-            raise ApplicationError(str(exc), type=kind, non_retryable=True) from exc
+            bad_file = isinstance(exc, ProbeFileError)
+            reason = f"bad probe set: {exc}" if bad_file else str(exc)
+            self._record_delivery(input, not_verified(input.checkpoint_id, reason))
+            raise ApplicationError(
+                reason, type="BadProbeSet" if bad_file else "DeliveryNotProven", non_retryable=True
+            ) from exc
         except ServingError as exc:
             raise ApplicationError(
                 str(exc), type=type(exc).__name__, non_retryable=not exc.retryable
@@ -435,6 +437,16 @@ class LoopActivities:
                 )
             if served != plan.checkpoint_id:
                 error = f"serving {served!r} after the deploy, expected {plan.checkpoint_id!r}"
+            else:
+                self._prove_delivery(
+                    DeployInput(
+                        input.loop,
+                        plan.serving_target,
+                        plan.checkpoint_id,
+                        plan.checkpoint_uri or "",
+                        purpose="rollback",
+                    )
+                )
         except ApplicationError as exc:
             error = str(exc)
         return self.finish_rollback(

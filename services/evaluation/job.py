@@ -12,7 +12,7 @@ Spec (``ratchet.job/v1``, kind ``eval``)::
 ``<output_dir>/metrics.json`` (n, passed, pass_rate, ci_low, ci_high, tokens_per_s, …, and
 ``judge``: each LLM judge's calls, cache hits, tokens and cost, when replay tasks used one),
 and the probe set proof of delivery checks every deploy against: ``<output_dir>/probes.json``
-(``services.evaluation.probes``: the greedy answers, token ids and log-probs, to the first
+(``services.evaluation.probe_capture``: the greedy answers, token ids and log-probs, to the first
 ``hyperparameters.probes`` tasks, 4 by default, 0 for none), listed in ``metrics.json`` as
 ``probes`` (file, sha256, count); then exits 0; a bad spec or input exits non-zero with one
 ``ratchet job: <reason>`` line.
@@ -32,7 +32,8 @@ import torch
 from services.environments.base import Environment, TaskSpec
 from services.environments.registry import get_environment
 from services.evaluation.evaluator import evaluate
-from services.evaluation.probes import DEFAULT_PROBES, capture_probes, probe_engine, write_probes
+from services.evaluation.probe_capture import DEFAULT_PROBES, capture_probes, probe_engine
+from services.evaluation.probes import write_probes
 from services.evaluation.results import RESULTS_FILE
 from services.training.checkpoint import CheckpointError, read_manifest
 from services.training.device import DeviceError, resolve_device

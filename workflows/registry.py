@@ -49,7 +49,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         pool=shared_pool(deps.settings.curation_processes),
     )
     targets = ServingTargets(deps.settings, heartbeat=_heartbeat_if_in_activity)
-    loop = LoopActivities(deps.session_factory, targets, targets.prove)
+    loop = LoopActivities(deps.session_factory, targets, prove=targets.prove)
     retention = RetentionActivities(deps.session_factory)
     return [
         *curation.activities(),

@@ -177,7 +177,10 @@ def test_the_candidates_held_out_probe_set_proves_its_deploy(
     )
     prover = RecordingProver()
     result = deploy(
-        LoopActivities(session_factory, RecordingTarget(), prover), c, c.candidate, "candidate"
+        LoopActivities(session_factory, RecordingTarget(), prove=prover),
+        c,
+        c.candidate,
+        "candidate",
     )
 
     assert result.delivery == "verified: 1 probes"
@@ -200,7 +203,9 @@ def test_a_mismatch_fails_the_deploy_for_good_and_says_why_on_the_promotion(
         session_factory, tmp_path, cycle_id=c.cycle_id, checkpoint=c.candidate, task_set="heldout"
     )
     why = "delivery not proven: probe 0 (task abc): token 3: expected id 52, got id 7"
-    activities = LoopActivities(session_factory, RecordingTarget(), RecordingProver(refuse=why))
+    activities = LoopActivities(
+        session_factory, RecordingTarget(), prove=RecordingProver(refuse=why)
+    )
     with pytest.raises(ApplicationError) as failed:
         deploy(activities, c, c.candidate, "candidate")
     assert failed.value.non_retryable and failed.value.type == "DeliveryNotProven"
@@ -224,7 +229,10 @@ def test_no_probe_set_deploys_with_a_note_and_an_unlisted_file_is_not_one(
     )
     prover = RecordingProver()
     result = deploy(
-        LoopActivities(session_factory, RecordingTarget(), prover), c, c.candidate, "candidate"
+        LoopActivities(session_factory, RecordingTarget(), prove=prover),
+        c,
+        c.candidate,
+        "candidate",
     )
     assert result.delivery == "not verified: no probe set"
     assert prover.seen == [(c.candidate, None)]
@@ -247,7 +255,7 @@ def test_a_malformed_listed_probe_set_is_a_clear_deploy_error(
         body=body,
     )
     prover = RecordingProver()
-    activities = LoopActivities(session_factory, RecordingTarget(), prover)
+    activities = LoopActivities(session_factory, RecordingTarget(), prove=prover)
     with pytest.raises(
         ApplicationError, match=r"bad probe set: probes\.probes must be a list"
     ) as failed:
@@ -271,11 +279,11 @@ def test_an_operator_rollback_is_proven_and_a_failed_proof_is_a_failed_rollback(
         session_factory, tmp_path, cycle_id=c.cycle_id, checkpoint=c.champion, task_set="heldout"
     )
     why = "delivery not proven: probe 0 (task t): token 0: expected id 52, got id 9"
-    refusing = LoopActivities(session_factory, RecordingTarget(), RecordingProver(refuse=why))
+    refusing = LoopActivities(session_factory, RecordingTarget(), prove=RecordingProver(refuse=why))
     result = refusing.rollback_champion(RollbackInput(c.name, "live complaints"))
     assert not result.rolled_back and why in result.reason
 
-    proving = LoopActivities(session_factory, RecordingTarget(), RecordingProver())
+    proving = LoopActivities(session_factory, RecordingTarget(), prove=RecordingProver())
     assert proving.rollback_champion(RollbackInput(c.name, "live complaints")).rolled_back
     assert delivery_of(session_factory, c.cycle_id)["rollback"]["verified"] is True
 

@@ -98,6 +98,7 @@ class LoopActivities:
         self,
         session_factory: SessionFactory,
         deploy: ServingDeployer,
+        *,
         prove: DeliveryProver | None = None,
     ) -> None:
         """``prove``: proof of delivery after every deploy (the worker's is

@@ -12,6 +12,7 @@ from typing import Any
 
 from services.chat.protocol import ChatMessage, validate_tools
 from services.environments.base import Environment, TaskSpec
+from services.environments.chat import ChatEnvironment
 from services.evaluation.probes import MAX_PROBES, Probe
 from services.inference.engine import (
     ActiveBatch,
@@ -56,9 +57,8 @@ def probe_engine(policy: object) -> Engine:
 def probe_request(env: Environment, task: TaskSpec) -> tuple[list[dict[str, Any]], list[Any]]:
     """A task's first turn as an agent's OpenAI request: the environment's chat start when it
     has one, else the task's prompt as one user message with the task's tools."""
-    chat_start = getattr(env, "chat_start", None)
-    if callable(chat_start):
-        episode = chat_start(task, max_turns=1)
+    if isinstance(env, ChatEnvironment):
+        episode = env.chat_start(task, max_turns=1)
         return episode.openai_messages(), list(episode.tools)
     return [{"role": "user", "content": task.prompt}], list(task.tools)
 

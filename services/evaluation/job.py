@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -35,10 +36,12 @@ from services.evaluation.evaluator import evaluate
 from services.evaluation.probe_capture import DEFAULT_PROBES, capture_probes, probe_engine
 from services.evaluation.probes import write_probes
 from services.evaluation.results import RESULTS_FILE
+from services.inference.remote import RemoteError, attach_rollout_backend
 from services.training.checkpoint import CheckpointError, read_manifest
 from services.training.device import DeviceError, resolve_device
 from services.training.family import FamilyModel, family_for
 from services.training.jobspec import (
+    EXIT_FAILED,
     JobError,
     JobSpec,
     read_job_dataset,
@@ -109,6 +112,12 @@ def _run(spec: JobSpec) -> int:
         raise JobError(f"checkpoint rejected: {exc}") from None
     except DeviceError as exc:
         raise JobError(str(exc)) from None
+    try:  # episodes on an OpenAI-compatible server (vLLM) that loads the checkpoint
+        attach_rollout_backend(
+            policy, spec.raw.get("rollout_backend"), os.environ, checkpoint=spec.checkpoint
+        )
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
     for key, value in defaults.items():  # e.g. hf: chat turns are longer, CPU batches smaller
         options.setdefault(key, value)
     started = time.monotonic()
@@ -116,6 +125,8 @@ def _run(spec: JobSpec) -> int:
         result = evaluate(policy, env, tasks, seed=spec.seed, **options)
     except ValueError as exc:  # e.g. an environment with no chat rendering for an hf model
         raise JobError(str(exc)) from None
+    except RemoteError as exc:
+        raise JobError(f"remote episodes failed: {exc}", exit_code=EXIT_FAILED) from None
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     results_path = spec.output_dir / RESULTS_FILE
     tmp = results_path.with_name(f".{RESULTS_FILE}.tmp")

@@ -40,6 +40,7 @@ from services.inference.engine import (
     SamplingParams,
 )
 from services.inference.prefix_cache import Session
+from services.inference.remote import RemoteBatch, RemoteEngine
 from services.inference.tiny import TinyEngine
 from services.training.rng import derive_seed
 
@@ -80,7 +81,7 @@ class RolloutStats:
 
 
 def run_chat_episodes(
-    engine: Engine,
+    engine: Engine | RemoteEngine,
     env: ChatEnvironment,
     tasks: Sequence[TaskSpec],
     *,
@@ -94,7 +95,8 @@ def run_chat_episodes(
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> tuple[list[ChatRollout], RolloutStats]:
     """Roll out one chat episode per task (tasks may repeat, e.g. a GRPO group) on
-    ``engine`` under ``adapter`` (None: the base model); one seed per episode.
+    ``engine`` under ``adapter`` (None: the base model); one seed per episode. A
+    :class:`~services.inference.remote.RemoteEngine` decodes every turn on its server.
 
     An episode whose next prompt plus ``max_new_tokens`` would pass ``max_prompt_tokens``
     (or the model's context) ends with ``end_reason == "context_limit"``."""
@@ -213,7 +215,7 @@ def _turn(request: GenerationRequest, result: GenerationResult) -> TurnTokens:
 
 
 def _drive(
-    engine: Engine,
+    engine: Engine | RemoteEngine,
     episodes: int,
     prompt: Callable[[int], list[int] | None],
     apply: Callable[[int, GenerationRequest, GenerationResult], None],
@@ -227,7 +229,9 @@ def _drive(
     turns = [0] * episodes
     waiting = deque(range(episodes))  # episodes whose next turn has not joined yet
     running: dict[int, GenerationRequest] = {}
-    batch: ActiveBatch[int] = ActiveBatch(engine)
+    batch: ActiveBatch[int] | RemoteBatch[int] = (
+        engine.open_batch() if isinstance(engine, RemoteEngine) else ActiveBatch(engine)
+    )
     generated = prompt_tokens = cached = 0
     try:
         while waiting or running:

@@ -12,9 +12,9 @@ What was sampled comes back on request, as vLLM returns it: ``logprobs`` (chat:
 ``logprobs: true`` and ``top_logprobs`` 0..20; completions: ``logprobs`` 0..20) are the
 log-probabilities of the raw model output (temperature 1, before temperature and top-p
 shape the distribution sampled from), which is vLLM's default ``--logprobs-mode
-raw_logprobs``; ``return_token_ids: true`` (vLLM's extension) adds ``prompt_token_ids`` to
-the response and ``token_ids`` (every sampled id, the end-of-turn token included) to each
-choice.
+raw_logprobs``; ``return_token_ids: true`` (vLLM's extension) adds ``token_ids`` (every
+sampled id, the end-of-turn token included) to each choice and ``prompt_token_ids`` where
+vLLM puts them: on the response for chat, on each choice for completions.
 """
 
 from __future__ import annotations

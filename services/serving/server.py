@@ -398,6 +398,10 @@ class _Completion:
 
     ID_PREFIX = "chatcmpl"
     OBJECT = "chat.completion"
+    CHUNK_OBJECT = "chat.completion.chunk"
+    # vLLM's return_token_ids: chat puts prompt_token_ids on the response, completions on
+    # each choice
+    PROMPT_IDS_ON_CHOICE = False
 
     @classmethod
     async def create(
@@ -467,7 +471,7 @@ class _Completion:
         self.rows: list[GenerationRequest] = []
         self.futures: list[Future[GenerationResult]] = []
         self.gone = False  # the client hung up
-        self._prompt_ids_sent = False  # streaming: prompt_token_ids go in the first chunk
+        self._prompt_ids_sent: set[int] = set()  # streaming: they go in the first chunk
 
     @staticmethod
     def _prompt_param() -> str:
@@ -485,7 +489,7 @@ class _Completion:
                 max_tokens=self.max_tokens,
                 temperature=self.body.temperature,
                 top_p=self.body.top_p,
-                seed=derive_seed(base_seed, index),
+                seed=self._choice_seed(base_seed, index),
                 stop=self.stops,
                 top_logprobs=self.logprob_count or 0,
             )
@@ -512,6 +516,12 @@ class _Completion:
                 future.add_done_callback(self._done_callback(index, loop, self.stream_queue))
         self.rows, self.futures = rows, futures
         return futures
+
+    @staticmethod
+    def _choice_seed(seed: int, index: int) -> int:
+        """Choice 0 samples as an engine row seeded ``seed`` does (so a remote rollout's turn
+        equals the local one's); choice ``i`` with ``derive_seed(seed, i)``."""
+        return seed if index == 0 else derive_seed(seed, index)
 
     def hang_up(self) -> None:
         """The client left: stop decoding the rows nobody will read, end the stream."""
@@ -596,9 +606,11 @@ class _Completion:
                 choice["logprobs"] = self._logprobs(sampled_tokens(result), 0)
             if self.token_ids:
                 choice["token_ids"] = list(result.sampled_ids)
+                if self.PROMPT_IDS_ON_CHOICE:
+                    choice["prompt_token_ids"] = list(self.prompt)
             choices.append(choice)
         payload = {**self._envelope(self.OBJECT), "choices": choices}
-        if self.token_ids:
+        if self.token_ids and not self.PROMPT_IDS_ON_CHOICE:
             payload["prompt_token_ids"] = list(self.prompt)
         payload["usage"] = self.usage(results)
         return payload
@@ -630,10 +642,11 @@ class _Completion:
             choice["logprobs"] = self._logprobs(tokens, offset)
         if self.token_ids:
             choice["token_ids"] = [token.id for token in tokens]
-        chunk = {**self._envelope(f"{self.OBJECT}.chunk"), "choices": [choice]}
-        if self.token_ids and not self._prompt_ids_sent:
-            chunk["prompt_token_ids"] = list(self.prompt)
-            self._prompt_ids_sent = True
+        chunk = {**self._envelope(self.CHUNK_OBJECT), "choices": [choice]}
+        first = index if self.PROMPT_IDS_ON_CHOICE else -1  # per choice, or once
+        if self.token_ids and first not in self._prompt_ids_sent:
+            (choice if self.PROMPT_IDS_ON_CHOICE else chunk)["prompt_token_ids"] = list(self.prompt)
+            self._prompt_ids_sent.add(first)
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
     @staticmethod
@@ -725,7 +738,7 @@ class _Completion:
         options = self.body.stream_options
         if options is not None and options.include_usage:
             usage = {
-                **self._envelope(f"{self.OBJECT}.chunk"),
+                **self._envelope(self.CHUNK_OBJECT),
                 "choices": [],
                 "usage": self.usage([r for r in self.results.values()]),
             }
@@ -738,6 +751,8 @@ class _TextCompletion(_Completion):
 
     ID_PREFIX = "cmpl"
     OBJECT = "text_completion"
+    CHUNK_OBJECT = "text_completion"  # OpenAI's legacy stream chunks say so too
+    PROMPT_IDS_ON_CHOICE = True
 
     @classmethod
     async def create_text(
@@ -792,7 +807,12 @@ class _TextCompletion(_Completion):
 
     @staticmethod
     def _chunk_choice(index: int, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        return {"index": index, "text": delta.get("text", ""), "finish_reason": finish}
+        return {
+            "index": index,
+            "text": delta.get("text", ""),
+            "finish_reason": finish,
+            "logprobs": None,
+        }
 
     @staticmethod
     def _text_delta(text: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ lie beside the adapter in the checkpoint store.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 import time
@@ -34,6 +35,7 @@ import torch
 
 from services.environments.base import Environment, TaskSpec
 from services.environments.registry import get_environment
+from services.inference.remote import RemoteError, attach_rollout_backend
 from services.training.checkpoint import CheckpointError, read_manifest, verify_checkpoint
 from services.training.config import (
     GRPOConfig,
@@ -91,6 +93,10 @@ def _run(spec: JobSpec) -> int:
         torch.set_num_threads(hyper.options.threads)
     ctx = init_job_distributed(spec.device)
     model = _initial_model(spec, algorithm, family_for(family_name), hyper, ctx)
+    try:  # rollouts on an OpenAI-compatible server (vLLM) instead of in this job
+        attach_rollout_backend(model, spec.raw.get("rollout_backend"), os.environ)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
     parent = model.checkpoint_id
     started = time.monotonic()
     try:
@@ -102,6 +108,8 @@ def _run(spec: JobSpec) -> int:
             metrics = _train_sft(env, tasks, model, hyper, ctx)
     except TrainingDiverged as exc:
         raise JobError(str(exc), exit_code=EXIT_FAILED) from None
+    except RemoteError as exc:
+        raise JobError(f"remote rollouts failed: {exc}", exit_code=EXIT_FAILED) from None
     except ValueError as exc:  # e.g. an environment without the family's rendering
         raise JobError(str(exc)) from None
     metrics["wall_s"] = round(time.monotonic() - started, 3)

@@ -23,6 +23,7 @@ import torch
 
 from services.environments.base import Environment, TaskSpec
 from services.environments.chat import as_chat_environment
+from services.inference.remote import RemoteBackend, RemotePolicy
 from services.training.checkpoint import Manifest
 from services.training.config import LoRAOptions
 from services.training.device import autocast
@@ -132,6 +133,18 @@ class HFFamilyModel:
             )
         finally:
             self.module.train(was_training)
+
+    def use_remote(self, backend: RemoteBackend, *, checkpoint: Path | None = None) -> None:
+        """Roll out on ``backend``'s server from now on: ``checkpoint`` as the server loads
+        it (an eval job's), else the weights being trained, saved for the server before
+        each call's rollouts (the LoRA adapter; a full model only ``ratchet serve`` loads)."""
+        if checkpoint is not None:
+            self.chat.remote = RemotePolicy(backend, checkpoint=checkpoint)
+        else:
+            self.chat.remote = RemotePolicy(backend, publish=self._publish)
+
+    def _publish(self, out_dir: Path) -> None:
+        self.save(out_dir, parent=self.checkpoint_id, metadata={"purpose": "rollouts"})
 
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
         with autocast(self.device):

@@ -20,8 +20,9 @@ where bf16 matmuls are slower on most hosts.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +36,10 @@ from services.training.family import Rollouts, TokenEpisode
 from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint
 from services.training.hf.rollout import Completion
 from services.training.rng import derive_seed, gumbel
+
+if TYPE_CHECKING:
+    from services.inference.engine import Engine
+    from services.inference.remote import RemoteEngine, RemotePolicy
 
 
 def model_dtype(device: torch.device) -> torch.dtype:
@@ -62,6 +67,8 @@ class HFModel:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.template_takes_tools = "tools" in str(getattr(tokenizer, "chat_template", "") or "")
+        # Where rollouts decode: None here, else a server (services.inference.remote).
+        self.remote: RemotePolicy | None = None
 
     @classmethod
     def load(
@@ -132,7 +139,8 @@ class HFModel:
         chat verifier (ValueError for an environment without a chat rendering).
 
         The engine is made per call, so its prefix cache never outlives the weights it was
-        computed under (a trainer updates them between calls)."""
+        computed under (a trainer updates them between calls). With :attr:`remote` set the
+        turns decode on that server instead, the engine rendering and decoding for it."""
         from services.inference.hf import HFEngine
         from services.inference.rollout import run_chat_episodes as run_on_engine
 
@@ -143,16 +151,17 @@ class HFModel:
             path=f"checkpoint:{self.checkpoint_id}" if self.checkpoint_id else "memory",
             version=self.checkpoint_id or "",
         )
-        rollouts, stats = run_on_engine(
-            engine,
-            chat_env,
-            tasks,
-            seeds=seeds,
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            max_prompt_tokens=engine.context_length(),
-        )
+        with self._rollout_engine(engine) as rollout_engine:
+            rollouts, stats = run_on_engine(
+                rollout_engine,
+                chat_env,
+                tasks,
+                seeds=seeds,
+                max_turns=max_turns,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                max_prompt_tokens=engine.context_length(),
+            )
         episodes = [
             TokenEpisode(
                 task=task,
@@ -164,6 +173,12 @@ class HFModel:
             for task, rollout in zip(tasks, rollouts, strict=True)
         ]
         return Rollouts(episodes, stats.generated_tokens, stats.prompt_tokens)
+
+    def _rollout_engine(self, engine: Engine) -> AbstractContextManager[Engine | RemoteEngine]:
+        """The engine the rollouts decode on: ``engine`` here, or the remote server's."""
+        if self.remote is None:
+            return nullcontext(engine)
+        return self.remote.engine(engine)
 
     @torch.no_grad()
     def generate(

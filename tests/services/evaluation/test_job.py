@@ -106,6 +106,8 @@ def test_evaluator_passes_a_solving_policy(inputs: tuple[Path, Path]) -> None:
         ({"samples": 0}, "'samples' must be a positive integer"),
         ({"hyperparameters": {"temprature": 1}}, "unknown eval hyperparameter(s): temprature"),
         ({"kind": "train"}, "unknown job kind 'train'"),
+        ({"rollout_backend": {"url": "vllm:8000", "model": "m"}}, "rollout_backend.url must be"),
+        ({"rollout_backend": {"url": "http://v:8000", "model": "m"}}, "tiny family rolls out"),
     ],
 )
 def test_eval_bad_specs(

@@ -18,7 +18,6 @@ import pytest
 from services.inference.engine import ActiveBatch, GenerationRequest, SamplingParams
 from services.serving.base import CheckpointRef
 from services.serving.registry import ModelRegistry
-from services.training.rng import derive_seed
 from tests.services.serving.conftest import ServerThread, path_of
 
 Serve = Callable[..., ServerThread]
@@ -32,9 +31,7 @@ def local_row(
     served = registry.acquire("ratchet")
     try:
         batch: ActiveBatch[int] = ActiveBatch(served.engine)
-        sampling = SamplingParams(
-            max_tokens, temperature=temperature, seed=derive_seed(seed, 0), top_logprobs=3
-        )
+        sampling = SamplingParams(max_tokens, temperature=temperature, seed=seed, top_logprobs=3)
         batch.join([(GenerationRequest(prompt, sampling), 0)])
         while True:
             done = batch.step()
@@ -147,8 +144,9 @@ def test_completions_take_token_ids_and_return_what_was_sampled(
 
     answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
 
-    assert answer["object"] == "text_completion" and answer["prompt_token_ids"] == prompt
+    assert answer["object"] == "text_completion" and "prompt_token_ids" not in answer
     choice = answer["choices"][0]
+    assert choice["prompt_token_ids"] == prompt  # on the choice, as vLLM puts it
     ids, logprobs, _ = local_row(registry, prompt, max_tokens=6, temperature=0, seed=0)
     assert choice["token_ids"] == ids
     legacy = choice["logprobs"]
@@ -165,10 +163,12 @@ def test_completions_take_token_ids_and_return_what_was_sampled(
         json={**body, "prompt": "user: hello\n> "},
         timeout=60,
     ).json()
-    assert text_prompt["prompt_token_ids"] == prompt
+    assert text_prompt["choices"][0]["prompt_token_ids"] == prompt
     assert text_prompt["choices"][0]["token_ids"] == ids
 
     chunks = stream(server, "/v1/completions", body)
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == prompt
     assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
     assert [i for c in chunks for i in c["choices"][0].get("token_ids", [])] == ids
     streamed = [

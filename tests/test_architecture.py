@@ -31,6 +31,8 @@ JOB_MODULES = [
     "services/evaluation/evaluator.py",
     "services/evaluation/job.py",
     "services/evaluation/results.py",
+    "services/evaluation/probes.py",
+    "services/evaluation/probe_capture.py",
 ]
 JOB_ALLOWED = {
     "torch",

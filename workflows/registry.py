@@ -73,6 +73,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         targets,
         attestation=targets.attestation,
         serving_ledger=ServingLedger(read=targets.usage, prices=prices),
+        prove=targets.prove,
     )
     estimate = EstimateActivities(
         deps.session_factory,

@@ -764,6 +764,8 @@ class DeployInput:
 class DeployResult:
     served_version: str
     deployed_at: str
+    # Proof of delivery: "verified: ..." or why not ("not verified: no probe set").
+    delivery: str = ""
 
 
 @dataclass

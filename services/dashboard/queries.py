@@ -278,6 +278,21 @@ class CycleRow:
             )
         return rows
 
+    delivery: dict[str, Any] | None = None  # the promotion's statistics.delivery
+
+    @property
+    def delivery_notes(self) -> list[DeliveryNote]:
+        """Proof of delivery of each deploy the promotion made (candidate, restore,
+        rollback): verified, not verified and why, or the mismatch that failed it."""
+        notes = []
+        delivery = self.delivery or {}
+        order = {purpose: i for i, purpose in enumerate(("candidate", "restore", "rollback"))}
+        for purpose in sorted(delivery, key=lambda p: (order.get(p, len(order)), p)):
+            proof = delivery[purpose]
+            if isinstance(proof, dict) and isinstance(proof.get("note"), str):
+                notes.append(DeliveryNote(purpose, proof.get("verified") is True, proof["note"]))
+        return notes
+
     @property
     def canary_seconds(self) -> float:
         """How long the candidate served under watch: deploy to the canary's end (or the
@@ -389,6 +404,7 @@ def _cycles_select(loop_id: int) -> Select[*tuple[Any, ...]]:
             Promotion.deployed_at,
             Promotion.canary_ended_at,
             Promotion.rolled_back_at,
+            Promotion.statistics.label("promotion_statistics"),
             func.coalesce(runs_cost.c.cost, 0).label("runs_cost"),
         )
         .outerjoin(champion, _evaluation_join(champion, Cycle.champion_checkpoint_id, "eval"))
@@ -406,6 +422,20 @@ def _cycles_select(loop_id: int) -> Select[*tuple[Any, ...]]:
         .outerjoin(runs_cost, runs_cost.c.cycle_id == Cycle.id)
         .where(Cycle.loop_id == loop_id)
     )
+
+
+@dataclass(frozen=True)
+class DeliveryNote:
+    """One deploy's proof of delivery as the loop page shows it."""
+
+    purpose: str
+    verified: bool
+    note: str
+
+
+def _delivery(statistics: Any) -> dict[str, Any] | None:
+    found = statistics.get("delivery") if isinstance(statistics, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def loop_cycles(session: Session, *, loop_id: int, limit: int = 50) -> list[CycleRow]:
@@ -451,6 +481,7 @@ def loop_cycles(session: Session, *, loop_id: int, limit: int = 50) -> list[Cycl
                 estimate_usd=cycle.estimate_usd,
                 estimate=dict(cycle.estimate or {}),
                 cost_by_phase=dict(cycle.cost_by_phase or {}),
+                delivery=_delivery(row.promotion_statistics),
             )
         )
     return rows

@@ -11,7 +11,11 @@ Spec (``ratchet.job/v1``, kind ``eval``)::
 (one line per task: task_id, passed, reward, components, turns, …) and
 ``<output_dir>/metrics.json`` (n, passed, pass_rate, ci_low, ci_high, tokens_per_s, …, and
 ``judge``: each LLM judge's calls, cache hits, tokens and cost, when replay tasks used one),
-then exits 0; a bad spec or input exits non-zero with one ``ratchet job: <reason>`` line.
+and the probe set proof of delivery checks every deploy against: ``<output_dir>/probes.json``
+(``services.evaluation.probe_capture``: the greedy answers, token ids and log-probs, to the first
+``hyperparameters.probes`` tasks, 4 by default, 0 for none), listed in ``metrics.json`` as
+``probes`` (file, sha256, count); then exits 0; a bad spec or input exits non-zero with one
+``ratchet job: <reason>`` line.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from services.environments.base import Environment, TaskSpec
 from services.environments.registry import get_environment
 from services.evaluation.evaluator import evaluate
+from services.evaluation.probe_capture import DEFAULT_PROBES, capture_probes, probe_engine
+from services.evaluation.probes import write_probes
 from services.evaluation.results import RESULTS_FILE
 from services.inference.remote import RemoteError, attach_rollout_backend
 from services.training.checkpoint import CheckpointError, read_manifest
@@ -50,6 +57,7 @@ _HYPER = {
     "confidence": float,
     "batch_size": int,
     "threads": int,
+    "probes": int,
 }
 
 
@@ -95,6 +103,9 @@ def _run(spec: JobSpec) -> int:
     tasks = read_job_dataset(spec)
     use_threads(options.pop("threads", None))
     clock = PhaseClock()
+    probes = options.pop("probes", DEFAULT_PROBES)
+    if probes < 0:
+        raise JobError("hyperparameters.probes must be >= 0")
     try:
         with clock.phase("sync"):  # loading the checkpoint is the job's weight movement
             policy, defaults = _load_policy(spec)
@@ -142,11 +153,28 @@ def _run(spec: JobSpec) -> int:
     if callable(judge_usage) and (usage := judge_usage()):
         # Calls, cache hits, tokens and cost of each LLM judge the tasks named.
         metrics["judge"] = usage
+    if probes:
+        metrics.update(_probes(policy, env, tasks, probes, spec))
     write_json(spec.output_dir / "metrics.json", metrics)
     logger.info(
         "eval %s: %d/%d passed (%.3f)", spec.run_id, result.passed, result.n, result.pass_rate
     )
     return 0
+
+
+def _probes(
+    policy: FamilyModel, env: Environment, tasks: list[TaskSpec], count: int, spec: JobSpec
+) -> dict[str, Any]:
+    """Capture and write the probe set; the ``metrics.json`` keys that list it (or say why
+    there is none: no task fits the model's context)."""
+    try:
+        captured = capture_probes(probe_engine(policy), env, tasks, count=count)
+    except ValueError as exc:  # a prompt the template cannot render
+        raise JobError(f"cannot capture the probe set: {exc}") from None
+    if not captured:
+        return {"probes_skipped": "no task's first turn fits the model's context"}
+    checkpoint_id = policy.checkpoint_id or ""
+    return {"probes": write_probes(spec.output_dir, checkpoint_id, captured)}
 
 
 def _load_policy(spec: JobSpec) -> tuple[FamilyModel, Mapping[str, int]]:

@@ -41,6 +41,14 @@ STATUS_DESCRIPTIONS = {
 }
 
 
+class RequestRefused(DeployFailed):
+    """The server refused a request with a 4xx status (``status``)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass(frozen=True)
 class ModelCard:
     """One entry of ``GET /v1/models``."""
@@ -132,6 +140,13 @@ class ModelServerClient:
             version = fingerprint.removeprefix("ratchet-")
         return ProbeAnswer(model=data["model"], version=version)
 
+    def chat_completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One chat completion (the proof of delivery's probes); the response object."""
+        data = self._request("POST", "/v1/chat/completions", json=body).json()
+        if not isinstance(data, dict):
+            raise DeployFailed(f"{self.display_url} answered a chat completion with no object")
+        return data
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         where = f"model server {self.display_url}"
         try:
@@ -145,7 +160,9 @@ class ModelServerClient:
             raise ServingUnavailable(f"{where} failed {method} {path} with status {status}")
         if status >= 400:
             description = STATUS_DESCRIPTIONS.get(status, "the server refused the request")
-            raise DeployFailed(f"{where} refused {method} {path} ({status}): {description}")
+            raise RequestRefused(
+                f"{where} refused {method} {path} ({status}): {description}", status
+            )
         return response
 
 

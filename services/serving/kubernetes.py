@@ -100,6 +100,15 @@ class KubernetesServingTarget:
         self._watch_read_slack_s = watch_read_slack_s
         self._heartbeat = heartbeat or (lambda _detail: None)
 
+    @property
+    def client(self) -> ModelServerClient:
+        """The model servers behind the Service (what proof of delivery probes)."""
+        return self._servers
+
+    @property
+    def model(self) -> str:
+        return self._model
+
     # ServingTarget -----------------------------------------------------------------------
 
     def current(self) -> ServedVersion | None:

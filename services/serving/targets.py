@@ -18,9 +18,10 @@ key), an endpoint its own ``api_key``.
 
 :class:`ServingTargets` builds (and reuses) one target per configuration and is itself the
 worker's deploy callable: ``deploy(serving_target, checkpoint_id, checkpoint_uri)`` returns
-the version the target verified it serves. A configuration that cannot deploy (an unknown
-endpoint, or a loop saved with a URL before serving endpoints) fails with
-:class:`DeployFailed`, which is not retried, saying what to configure.
+the version the target verified it serves; :meth:`ServingTargets.prove` then proves the
+delivery with the checkpoint's probe set (``services.serving.delivery``). A configuration
+that cannot deploy (an unknown endpoint, or a loop saved with a URL before serving
+endpoints) fails with :class:`DeployFailed`, which is not retried, saying what to configure.
 """
 
 from __future__ import annotations
@@ -36,10 +37,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.cores import thread_budget
+from services.evaluation.probes import ProbeSet
 from services.loop import policies
 from services.loop.policies import RECORDED, describe_errors, serving_endpoint_problem
 from services.serving.attestation import TraceAttestation, attestation_key, attested
 from services.serving.base import CheckpointRef, DeployFailed, ServingTarget
+from services.serving.client import ModelServerClient
+from services.serving.delivery import NO_PROBE_SET, DeliveryProof, not_verified, prove_delivery
 from services.serving.usage import UsageUnavailable, VersionUsage, read_usage
 from services.settings import ENV_PREFIX, ServingEndpoint, Settings, secret_field_names
 
@@ -110,6 +114,25 @@ class ServingTargets:
         if endpoint is None:
             raise UsageUnavailable(f"no serving endpoint named {policy.endpoint!r}")
         return read_usage(endpoint.url, api_key=_key(endpoint), timeout_s=endpoint.timeout_s)
+
+    def prove(
+        self, serving_target: Mapping[str, Any], checkpoint_id: str, probes: ProbeSet | None
+    ) -> DeliveryProof:
+        """Proof of delivery (:mod:`services.serving.delivery`) of the checkpoint a deploy
+        just verified: its probes sent to the loop's model name and compared. DeployFailed
+        on a mismatch; a note, never silence, when there is nothing to prove with."""
+        if parse_serving_target(serving_target).kind == "none":
+            return not_verified(checkpoint_id, "not verified: the loop has no serving target")
+        if probes is None:
+            logger.warning("deploy of %s: %s", checkpoint_id[:12], NO_PROBE_SET)
+            return not_verified(checkpoint_id)
+        target = self.target(serving_target)
+        client, model = getattr(target, "client", None), getattr(target, "model", None)
+        if not isinstance(client, ModelServerClient) or not isinstance(model, str):
+            return not_verified(
+                checkpoint_id, f"not verified: a {target.kind} target takes no probes"
+            )
+        return prove_delivery(client, model, probes, checkpoint_id=checkpoint_id)
 
     def target(self, config: Mapping[str, Any]) -> ServingTarget:
         policy = parse_serving_target(config)

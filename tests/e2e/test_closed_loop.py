@@ -242,6 +242,12 @@ def _run_the_story(
     assert after_deploy and after_deploy >= GATE_POLICY["canary_min_traces"]
     assert _loop(live).champion_checkpoint_id == champion
     assert _served_version(model_server, _serve_key(live)) == champion
+    # Proof of delivery: the server answered each deployed checkpoint's probe set (its eval
+    # job's greedy answers) token for token, the candidate's and the champion's put back.
+    delivery = final.statistics["delivery"]
+    for purpose in ("candidate", "restore"):
+        assert delivery[purpose]["verified"] is True, delivery
+        assert delivery[purpose]["note"].startswith("verified: "), delivery
 
     # The cycle's three numbers: the gate's eval-set delta as measured, no held-out points
     # (serving did not keep the candidate), and the measured live drop with its interval.

@@ -30,6 +30,7 @@ from services.db.queries.loops import require_loop
 from services.db.queries.serving_ledger import record_sample, serving_loop_names
 from services.db.session import SessionFactory
 from services.evaluation.gate import decide, judge_only_count
+from services.evaluation.probes import ProbeFileError, ProbeSet, read_listed_probes
 from services.evaluation.results import ResultsFileError, pass_at_1, read_results
 from services.evaluation.stats import (
     compare_paired,
@@ -48,7 +49,8 @@ from services.metrics import (
     LOOP_SPEND,
 )
 from services.serving.attestation import TraceAttestation
-from services.serving.base import ServingError
+from services.serving.base import DeployFailed, ServingError
+from services.serving.delivery import DeliveryProof, not_verified
 from services.serving.usage import UsageUnavailable, VersionUsage
 from workflows.activities.errors import fails_as
 from workflows.shared import (
@@ -94,6 +96,14 @@ class ServingDeployer(Protocol):
 Attestation = Callable[[dict[str, Any]], TraceAttestation | None]
 
 
+class DeliveryProver(Protocol):
+    """Proves a deploy's delivery with the checkpoint's probe set (None: it has none)."""
+
+    def __call__(
+        self, serving_target: dict[str, Any], checkpoint_id: str, probes: ProbeSet | None
+    ) -> DeliveryProof: ...
+
+
 class LoopActivities:
     def __init__(
         self,
@@ -102,14 +112,17 @@ class LoopActivities:
         *,
         attestation: Attestation | None = None,
         serving_ledger: ServingLedger | None = None,
+        prove: DeliveryProver | None = None,
     ) -> None:
         """``attestation``: how the canary tells served traces from claimed ones (none: it
         trusts the clients); ``serving_ledger``: where the serving ledger's samples are read
-        (none: not kept)."""
+        (none: not kept); ``prove``: proof of delivery after every deploy (the worker's is
+        ``ServingTargets.prove``; without one, deploys are noted as not verified)."""
         self._sessions = session_factory
         self._deploy = deploy
         self._attestation = attestation
         self._serving_ledger = serving_ledger
+        self._prove = prove
 
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
@@ -342,7 +355,68 @@ class LoopActivities:
                 type="DeployNotVerified",
             )
         self._sample_serving(input.loop, served, input.serving_target)
-        return DeployResult(served_version=served, deployed_at=_now().isoformat())
+        proof = self._prove_delivery(input)
+        return DeployResult(
+            served_version=served, deployed_at=_now().isoformat(), delivery=proof.note
+        )
+
+    def _prove_delivery(self, input: DeployInput) -> DeliveryProof:
+        """Proof of delivery (``services.serving.delivery``) of a verified deploy, kept on
+        the promotion it belongs to. A mismatch or a bad probe set fails the deploy (not
+        retried: the same weights answer the same); an unreachable server may be retried."""
+        try:
+            probes = self._probe_set(input.loop, input.checkpoint_id)
+            if self._prove is None:
+                proof = not_verified(input.checkpoint_id, "not verified: no prover configured")
+            else:
+                with log_context(loop=input.loop):
+                    proof = self._prove(input.serving_target, input.checkpoint_id, probes)
+        except (ProbeFileError, DeployFailed) as exc:
+            bad_file = isinstance(exc, ProbeFileError)
+            reason = f"bad probe set: {exc}" if bad_file else str(exc)
+            self._record_delivery(input, not_verified(input.checkpoint_id, reason))
+            raise ApplicationError(
+                reason, type="BadProbeSet" if bad_file else "DeliveryNotProven", non_retryable=True
+            ) from exc
+        except ServingError as exc:
+            raise ApplicationError(
+                str(exc), type=type(exc).__name__, non_retryable=not exc.retryable
+            ) from exc
+        if not proof.verified:
+            logger.warning("loop %s: deploy of %s: %s", input.loop, input.checkpoint_id, proof.note)
+        self._record_delivery(input, proof)
+        return proof
+
+    def _probe_set(self, loop_name: str, checkpoint_id: str) -> ProbeSet | None:
+        """The checkpoint's probe set, read only through the listing of the eval run that
+        wrote it (held-out run first); None when no run of the loop lists one."""
+        with self._transaction() as session:
+            loop = require_loop(session=session, name=loop_name)
+            runs = q.evaluation_runs_of(session=session, loop=loop, checkpoint_id=checkpoint_id)
+        for output_uri, metrics in runs:
+            if output_uri and "probes" in metrics:
+                return read_listed_probes(uri_to_path(output_uri), metrics)
+        return None
+
+    def _record_delivery(self, input: DeployInput, proof: DeliveryProof) -> None:
+        """On the cycle's promotion (a candidate or restore deploy) or the held promotion an
+        operator rollback undoes: the dashboard's loop page shows it."""
+        with self._transaction() as session:
+            loop = require_loop(session=session, name=input.loop)
+            if input.cycle is not None:
+                promotion = q.cycle_promotion(
+                    session=session,
+                    cycle=q.get_cycle(session=session, loop=loop, number=input.cycle),
+                )
+            else:
+                promotion = q.last_held_promotion(session=session, loop=loop)
+            if promotion is not None:
+                q.record_delivery(
+                    session=session,
+                    promotion=promotion,
+                    purpose=input.purpose,
+                    proof=proof.to_dict(),
+                )
 
     @activity.defn(name="live_stats")
     def live_stats(self, input: LiveStatsInput) -> LiveStats:
@@ -400,6 +474,15 @@ class LoopActivities:
                 error = f"serving {served!r} after the deploy, expected {plan.checkpoint_id!r}"
             else:
                 self._sample_serving(input.loop, served, plan.serving_target)
+                self._prove_delivery(
+                    DeployInput(
+                        input.loop,
+                        plan.serving_target,
+                        plan.checkpoint_id,
+                        plan.checkpoint_uri or "",
+                        purpose="rollback",
+                    )
+                )
         except ApplicationError as exc:
             error = str(exc)
         return self.finish_rollback(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, select, update
+from sqlalchemy import Integer, case, cast, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -442,6 +442,37 @@ def record_decision(
 def cycle_promotion(*, session: Session, cycle: Cycle) -> Promotion | None:
     """The cycle's decision (at most one), if the gate got that far."""
     return session.scalars(select(Promotion).where(Promotion.cycle_id == cycle.id)).one_or_none()
+
+
+def evaluation_runs_of(
+    *, session: Session, loop: Loop, checkpoint_id: str
+) -> list[tuple[str | None, dict[str, Any]]]:
+    """(output URI, metrics) of the loop's succeeded eval runs of a checkpoint, held-out set
+    first, newest first: where its probe set (proof of delivery) is looked up."""
+    heldout_first = case((Evaluation.task_set == "heldout", 0), else_=1)
+    rows = session.execute(
+        select(Run.output_uri, Run.metrics)
+        .join(Evaluation, Evaluation.run_id == Run.id)
+        .where(
+            Evaluation.loop_id == loop.id,
+            Evaluation.checkpoint_id == checkpoint_id,
+            Run.status == "succeeded",
+        )
+        .order_by(heldout_first, Evaluation.created_at.desc(), Evaluation.id.desc())
+    )
+    return [(uri, dict(metrics or {})) for uri, metrics in rows]
+
+
+def record_delivery(
+    *, session: Session, promotion: Promotion, purpose: str, proof: dict[str, Any]
+) -> None:
+    """Keep a deploy's proof of delivery on its promotion (``statistics.delivery.<purpose>``):
+    an absolute value, so a retried deploy writes the same."""
+    statistics = dict(promotion.statistics or {})
+    delivery = dict(statistics.get("delivery") or {})
+    delivery[purpose] = proof
+    statistics["delivery"] = delivery
+    promotion.statistics = statistics
 
 
 PROMOTION_TIMESTAMPS = {"deployed_at", "canary_ended_at", "rolled_back_at"}

@@ -43,6 +43,10 @@ LOOP = "support-bot"
 QUIET_LOOP = "quiet-loop"
 
 
+# Proof of delivery as the deploy activity records it (statistics.delivery.<purpose>).
+VERIFIED_NOTE = "verified: 4 probes match on token ids and log-probs"
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -392,7 +396,13 @@ def seed_story(
             decision="promote",
             status="rolled_back",
             reason="candidate +57 points on eval (p=0.03)",
-            statistics={"p_value": 0.03},
+            statistics={
+                "p_value": 0.03,
+                "delivery": {
+                    "candidate": {"verified": True, "note": VERIFIED_NOTE},
+                    "rollback": {"verified": False, "note": "not verified: no probe set"},
+                },
+            },
             candidate_checkpoint_id=ckpt1.id,
             previous_checkpoint_id=base.id,
             decided_at=at(29.6),
@@ -488,7 +498,10 @@ def seed_story(
             decision="promote",
             status="held",
             reason="candidate +58 points on eval (p=0.004), no regression",
-            statistics={"p_value": 0.004},
+            statistics={
+                "p_value": 0.004,
+                "delivery": {"candidate": {"verified": True, "note": VERIFIED_NOTE}},
+            },
             candidate_checkpoint_id=ckpt2.id,
             previous_checkpoint_id=base.id,
             decided_at=at(43.1),

@@ -106,6 +106,14 @@ def test_loop_page_shows_the_whole_loop(seeded: Seeded, browser_page: BrowserPag
     cycle2 = page.locator("#cycles-table tr[data-cycle='2']").inner_text()
     for expected in ("drift", "25.0%", "83.3%", "promote", "58.3", "$2.10"):
         assert expected in cycle2
+    # Proof of delivery of each deploy: verified, or not and why.
+    delivery = page.locator("#cycles-table tr[data-cycle='1'] span.delivery")
+    assert [delivery.nth(i).inner_text() for i in range(delivery.count())] == [
+        "candidate: verified: 4 probes match on token ids and log-probs",
+        "rollback: not verified: no probe set",
+    ]
+    assert delivery.nth(0).get_attribute("class") == "delivery verified"
+    assert delivery.nth(1).get_attribute("class") == "delivery unverified"
     # The three numbers, each on its own set, with intervals (DESIGN §8).
     numbers = page.locator("#cycles-table tr[data-cycle='2'] span.number")
     assert [numbers.nth(i).inner_text() for i in range(numbers.count())] == [

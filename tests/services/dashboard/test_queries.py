@@ -27,7 +27,7 @@ from services.dashboard.queries import (
 from services.db.models import Cycle, Loop, Task, TaskSource, Trace
 from services.db.queries.loops import require_loop
 from tests.services.dashboard.conftest import SeededDatabase
-from tests.services.dashboard.seed import XSS_PROMPT, XSS_SIGNATURE, _success_rate
+from tests.services.dashboard.seed import VERIFIED_NOTE, XSS_PROMPT, XSS_SIGNATURE, _success_rate
 
 
 def _loop_id(db: SeededDatabase, name: str) -> int:
@@ -117,8 +117,16 @@ def test_cycles_carry_both_evaluations_and_the_gate(seeded_database: SeededDatab
     assert (c1.outcome, c1.promotion_status) == ("rolled_back", "rolled_back")
     assert c1.candidate is not None and (c1.candidate.passed, c1.candidate.n) == (6, 10)
 
+    # Each deploy's proof of delivery, as the deploy activity kept it on the promotion.
+    assert [(d.purpose, d.verified) for d in c1.delivery_notes] == [
+        ("candidate", True),
+        ("rollback", False),
+    ]
+    assert [d.note for d in c2.delivery_notes] == [VERIFIED_NOTE]
+
     assert c3.is_open and c3.stage == "train"
     assert c3.champion is None and c3.candidate is None and c3.decision is None
+    assert c3.delivery_notes == []
     assert c3.cost_usd == Decimal("0.30")  # not accounted yet: what its runs cost so far
 
 

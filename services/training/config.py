@@ -424,10 +424,12 @@ def stage_hyperparameters(
     family: str, stages: Sequence[str], raw: Mapping[str, object]
 ) -> list[dict[str, object]]:
     """``raw`` split over a chain's stages: ``"rft.steps"`` is every rft stage's alone, a
-    plain key goes to every stage that knows it (``threads``, ``lr``), and a key no stage
-    knows is refused with its name."""
+    plain key goes to every stage that knows it (``threads``, ``lr``) unless a stage's own
+    key sets it, and a key no stage knows is refused with its name."""
     split: list[dict[str, object]] = [{} for _ in stages]
-    for key, value in raw.items():
+    # plain keys first, so that a stage's own key overrides them whatever the order
+    ordered = sorted(raw.items(), key=lambda item: STAGE_SEPARATOR in item[0])
+    for key, value in ordered:
         stage, dot, name = key.partition(STAGE_SEPARATOR)
         if dot:
             if stage not in stages:

@@ -121,6 +121,20 @@ class GRPOConfig(_Checked):
     checkpoint_every: int = field(default=10, metadata=_bounds(0))
     seed: int = 0
     log_every: int = field(default=1, metadata=_bounds(0))
+    # adaptive sampling: probe each task, then spend the rest of the step's episode budget
+    # (tasks_per_step x group_size) on the tasks between 0 and 1 (unsolved ones at a rate)
+    adaptive_sampling: bool = False
+    adaptive_probe: int = field(default=2, metadata=_bounds(1))
+    adaptive_unsolved_rate: float = field(default=0.25, metadata=_bounds(0, 1))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.adaptive_probe > self.group_size:
+            raise HyperparameterError(
+                "adaptive_probe",
+                f"adaptive_probe must be <= group_size ({self.group_size}), got "
+                f"{self.adaptive_probe}: the probe is part of each task's share of the budget",
+            )
 
 
 @dataclass(frozen=True)

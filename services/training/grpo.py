@@ -436,6 +436,7 @@ def _grpo_step(
         clip_fraction=clip_fraction,
         kl=kl_value,
         target_tokens=tokens,
+        successes=pass_sum,
     )
 
 

@@ -315,6 +315,7 @@ def _train_grpo(
         "final_loss": result.counters.history[-1]["loss"] if result.counters.history else None,
         "final_reward": result.final_reward,
         "final_pass_rate": result.final_pass_rate,
+        "successes": int(sum(row.get("successes", 0.0) for row in result.counters.history)),
         "hyperparameters": config.to_dict(),
     }
 

@@ -184,7 +184,7 @@ def train_rft(
             counters.final_loss = run.final_loss
             counters.history.extend({**h, "iteration": float(iteration + 1)} for h in run.history)
             row["loss"] = run.final_loss
-        elif ctx.is_main:
+        elif ctx.is_main and not sequences:
             logger.warning(
                 "rft iteration %d: no verified success in %d episodes; the model is unchanged",
                 iteration + 1,

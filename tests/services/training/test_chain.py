@@ -66,6 +66,7 @@ def test_a_chained_profile_runs_both_stages(
     assert rft["steps"] == 2 and rft["final_loss"] is not None
     assert rft["hyperparameters"]["steps"] == 2 and rft["hyperparameters"]["max_new_tokens"] == 48
     assert grpo["steps"] == 2 and grpo["episodes"] == 2 * 2 * 2 and len(grpo["history"]) == 2
+    assert grpo["successes"] == sum(row["successes"] for row in grpo["history"])
     assert grpo["hyperparameters"]["steps"] == 2 and grpo["hyperparameters"]["group_size"] == 2
     assert metrics["steps"] == 4 and metrics["episodes"] == 8 + 8
     assert metrics["train_tokens"] == rft["train_tokens"] + grpo["train_tokens"]

@@ -64,7 +64,7 @@ def stop_job(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
         process.wait()
 
 
-_STEP = re.compile(rb"(?:sft|grpo) step (\d+)/(\d+)")
+_STEP = re.compile(rb"(?:sft|grpo|dpo) step (\d+)/(\d+)")
 
 
 def follow_job_progress(process: subprocess.Popen[bytes], log_path: Path, label: str) -> None:

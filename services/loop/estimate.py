@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from services.loop.policies import TrainingProfile
-from services.training.config import GRPOConfig, parse_hyperparameters
+from services.training.config import GRPOConfig, SamplingOptions, parse_chain
 
 PHASES = ("rollout", "scoring", "update", "sync", "evaluation", "other")
 # The unit each phase's rate is per.
@@ -258,16 +258,27 @@ class PlannedWork:
 
 
 def planned_work(
-    profile: TrainingProfile, *, eval_task_counts: Iterable[int], samples_per_task: int
+    profile: TrainingProfile,
+    *,
+    eval_task_counts: Iterable[int],
+    samples_per_task: int,
+    train_tasks: int = 0,
 ) -> PlannedWork:
-    """The work of a cycle with this training profile and these eval task sets (their
-    sizes; an empty set runs no job). The profile was checked when the loop was saved."""
-    hyper = parse_hyperparameters(profile.family, profile.algorithm, profile.hyperparameters)
-    config = hyper.config
-    steps = int(config.steps)
-    episodes = (
-        steps * config.tasks_per_step * config.group_size if isinstance(config, GRPOConfig) else 0
-    )
+    """The work of a cycle with this training profile (every stage of a chain) and these
+    eval task sets (their sizes; an empty set runs no job): a GRPO stage samples
+    ``steps x tasks_per_step x group_size`` episodes, an rft or dpo stage
+    ``samples_per_task`` per train task (per iteration). The profile was checked when the
+    loop was saved."""
+    stages = parse_chain(profile.family, profile.algorithm, profile.hyperparameters)
+    steps = episodes = 0
+    for hyper in stages:
+        config = hyper.config
+        steps += int(config.steps)
+        if isinstance(config, GRPOConfig):
+            episodes += config.steps * config.tasks_per_step * config.group_size
+        elif isinstance(config, SamplingOptions):
+            rounds = int(getattr(config, "iterations", 1))
+            episodes += rounds * config.samples_per_task * max(0, train_tasks)
     sets = [int(count) for count in eval_task_counts if count > 0]
     eval_tasks = sum(sets)
     return PlannedWork(

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from services.training.config import HyperparameterError, parse_hyperparameters
+from services.training.config import HyperparameterError, algorithm_chain, parse_chain
 
 # Strings Postgres can store in jsonb (no NUL) and a person can read.
 Text = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^[^\x00]*$")]
@@ -154,7 +154,11 @@ def _check_job_bounds(title: str, profile: TrainingProfile) -> None:
 class TrainingProfile(_Policy):
     """What a training job gets: algorithm, hyper-parameters, accelerators, limits."""
 
-    algorithm: Literal["grpo", "sft"] = "grpo"
+    algorithm: Text | Annotated[list[Text], Field(max_length=16)] = Field(
+        default="grpo",
+        description="grpo, sft, rft or dpo, or a chain run in order (['rft', 'grpo']), each "
+        "stage from the previous stage's weights; a chain's key 'rft.steps' is one stage's",
+    )
     family: Literal["tiny", "hf"] = Field(
         default="tiny", description="model family of the champion: the trainer that runs"
     )
@@ -191,7 +195,15 @@ class TrainingProfile(_Policy):
             return profile
         _check_job_bounds(cls.__name__, profile)
         try:
-            parse_hyperparameters(profile.family, profile.algorithm, profile.hyperparameters)
+            algorithm_chain(profile.algorithm)
+        except HyperparameterError as exc:
+            error = PydanticCustomError("algorithm", "{reason}", {"reason": exc.message})
+            raise ValidationError.from_exception_data(
+                cls.__name__,
+                [InitErrorDetails(type=error, loc=("algorithm",), input=profile.algorithm)],
+            ) from None
+        try:
+            parse_chain(profile.family, profile.algorithm, profile.hyperparameters)
         except HyperparameterError as exc:
             location: tuple[str, ...] = ("hyperparameters",)
             value: object = profile.hyperparameters

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 FAMILIES = ("tiny", "hf")
-ALGORITHMS = ("grpo", "sft")
+ALGORITHMS = ("grpo", "sft", "rft", "dpo")
+STAGE_SEPARATOR = "."  # a chain's hyperparameter "rft.steps" is the rft stage's alone
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -79,6 +80,7 @@ def check_bounds(config: object) -> None:
 
 
 _GROUP = "advantages are relative to the group"
+_PAIRS = "a pair needs a success and a failure of one task"
 _SAMPLING = "GRPO samples its groups"
 
 
@@ -119,6 +121,20 @@ class GRPOConfig(_Checked):
     checkpoint_every: int = field(default=10, metadata=_bounds(0))
     seed: int = 0
     log_every: int = field(default=1, metadata=_bounds(0))
+    # adaptive sampling: probe each task, then spend the rest of the step's episode budget
+    # (tasks_per_step x group_size) on the tasks between 0 and 1 (unsolved ones at a rate)
+    adaptive_sampling: bool = False
+    adaptive_probe: int = field(default=2, metadata=_bounds(1))
+    adaptive_unsolved_rate: float = field(default=0.25, metadata=_bounds(0, 1))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.adaptive_probe > self.group_size:
+            raise HyperparameterError(
+                "adaptive_probe",
+                f"adaptive_probe must be <= group_size ({self.group_size}), got "
+                f"{self.adaptive_probe}: the probe is part of each task's share of the budget",
+            )
 
 
 @dataclass(frozen=True)
@@ -193,13 +209,91 @@ class HFGRPOConfig(GRPOConfig, LoRAOptions):
     checkpoint_every: int = field(default=2, metadata=_bounds(0))
 
 
-TrainerConfig = GRPOConfig | SFTConfig  # HFGRPOConfig and HFSFTConfig are subclasses
+@dataclass(frozen=True)
+class SamplingOptions(_Checked):
+    """How rft and dpo sample their episodes from the starting weights: ``samples_per_task``
+    per task, ``rollout_batch`` episodes per call to the family's rollouts."""
+
+    samples_per_task: int = field(default=8, metadata=_bounds(1))
+    temperature: float = field(default=1.0, metadata=_bounds(0, low_open=True))
+    max_turns: int = field(default=4, metadata=_bounds(1))
+    max_new_tokens: int = field(default=16, metadata=_bounds(1))
+    rollout_batch: int = field(default=64, metadata=_bounds(1))
+
+
+@dataclass(frozen=True)
+class RFTConfig(SFTConfig, SamplingOptions):
+    """Rejection-sampling fine-tuning: ``iterations`` rounds of sampling ``samples_per_task``
+    episodes per task and ``steps`` SFT steps on the verified successes (the SFT fields are
+    :class:`SFTConfig`'s, with defaults for a few hundred successes rather than a corpus)."""
+
+    steps: int = field(default=100, metadata=_bounds(0))
+    batch_size: int = field(default=16, metadata=_bounds(1))
+    lr: float = field(default=1e-3, metadata=_bounds(0, low_open=True))
+    warmup: int = field(default=5, metadata=_bounds(0))
+    min_lr_ratio: float = field(default=0.1, metadata=_bounds(0, 1))
+    iterations: int = field(default=1, metadata=_bounds(1))
+    log_every: int = field(default=10, metadata=_bounds(0))
+
+
+@dataclass(frozen=True)
+class DPOConfig(SamplingOptions):
+    """DPO on success/failure pairs of one task (Rafailov et al., 2023), the starting weights
+    as the frozen reference: ``beta`` scales the implicit reward, ``batch_size`` is pairs per
+    step, at most ``pairs_per_task`` pairs per task."""
+
+    samples_per_task: int = field(default=8, metadata=_bounds(2, why=_PAIRS))
+    beta: float = field(default=0.1, metadata=_bounds(0, low_open=True))
+    pairs_per_task: int = field(default=4, metadata=_bounds(1))
+    steps: int = field(default=50, metadata=_bounds(0))
+    batch_size: int = field(default=8, metadata=_bounds(1))
+    micro_batch: int = field(default=16, metadata=_bounds(1))
+    lr: float = field(default=5e-4, metadata=_bounds(0, low_open=True))
+    warmup: int = field(default=0, metadata=_bounds(0))
+    min_lr_ratio: float = field(default=1.0, metadata=_bounds(0, 1))
+    weight_decay: float = field(default=0.0, metadata=_bounds(0))
+    grad_clip: float = field(default=1.0, metadata=_bounds(0))
+    seed: int = 0
+    log_every: int = field(default=10, metadata=_bounds(0))
+
+
+@dataclass(frozen=True)
+class HFRFTConfig(RFTConfig, LoRAOptions):
+    """:class:`RFTConfig` for hf models (SmolLM2-135M on CPU), plus LoRA."""
+
+    steps: int = field(default=30, metadata=_bounds(0))
+    batch_size: int = field(default=8, metadata=_bounds(1))
+    micro_batch: int = field(default=4, metadata=_bounds(1))
+    weight_decay: float = field(default=0.0, metadata=_bounds(0))
+    samples_per_task: int = field(default=4, metadata=_bounds(1))
+    max_new_tokens: int = field(default=40, metadata=_bounds(1))
+    rollout_batch: int = field(default=16, metadata=_bounds(1))
+
+
+@dataclass(frozen=True)
+class HFDPOConfig(DPOConfig, LoRAOptions):
+    """:class:`DPOConfig` for hf models (SmolLM2-135M on CPU), plus LoRA."""
+
+    samples_per_task: int = field(default=4, metadata=_bounds(2, why=_PAIRS))
+    steps: int = field(default=20, metadata=_bounds(0))
+    batch_size: int = field(default=4, metadata=_bounds(1))
+    micro_batch: int = field(default=4, metadata=_bounds(1))
+    lr: float = field(default=2e-4, metadata=_bounds(0, low_open=True))
+    max_new_tokens: int = field(default=40, metadata=_bounds(1))
+    rollout_batch: int = field(default=16, metadata=_bounds(1))
+
+
+TrainerConfig = GRPOConfig | SFTConfig | DPOConfig  # the others are subclasses of these
 
 CONFIGS: dict[tuple[str, str], type[TrainerConfig]] = {
     ("tiny", "grpo"): GRPOConfig,
     ("tiny", "sft"): SFTConfig,
     ("hf", "grpo"): HFGRPOConfig,
     ("hf", "sft"): HFSFTConfig,
+    ("tiny", "rft"): RFTConfig,
+    ("hf", "rft"): HFRFTConfig,
+    ("tiny", "dpo"): DPOConfig,
+    ("hf", "dpo"): HFDPOConfig,
 }
 
 
@@ -218,6 +312,10 @@ _JOB_OPTIONS: dict[tuple[str, str], frozenset[str]] = {
     ("tiny", "sft"): frozenset({"threads", "model", "augment_fraction"}),
     ("hf", "grpo"): frozenset({"threads"}),
     ("hf", "sft"): frozenset({"threads"}),
+    ("tiny", "rft"): frozenset({"threads"}),
+    ("hf", "rft"): frozenset({"threads"}),
+    ("tiny", "dpo"): frozenset({"threads"}),
+    ("hf", "dpo"): frozenset({"threads"}),
 }
 
 
@@ -318,3 +416,80 @@ def _job_options(raw: Mapping[str, object]) -> JobOptions:
     if model is not None and not isinstance(model, Mapping):
         raise HyperparameterError("model", "model must be an object of GPTConfig fields")
     return JobOptions(threads=threads, augment_fraction=float(augment), model=model)
+
+
+def algorithm_chain(algorithm: object) -> tuple[str, ...]:
+    """A profile's or spec's ``algorithm`` as its stages: ``"grpo"`` is one stage,
+    ``["rft", "grpo"]`` two, run in order, each from the previous stage's weights."""
+    names = [algorithm] if isinstance(algorithm, str) else algorithm
+    if not isinstance(names, list | tuple) or not names:
+        raise HyperparameterError(
+            None, f"algorithm must be a name or a non-empty list of names, got {algorithm!r}"
+        )
+    for name in names:
+        if name not in ALGORITHMS:
+            raise HyperparameterError(
+                None, f"unknown algorithm {name!r} (expected one of {', '.join(ALGORITHMS)})"
+            )
+    return tuple(names)
+
+
+def stage_hyperparameters(
+    family: str, stages: Sequence[str], raw: Mapping[str, object]
+) -> list[dict[str, object]]:
+    """``raw`` split over a chain's stages: ``"rft.steps"`` is every rft stage's alone, a
+    plain key goes to every stage that knows it (``threads``, ``lr``) unless a stage's own
+    key sets it, and a key no stage knows is refused with its name."""
+    split: list[dict[str, object]] = [{} for _ in stages]
+    # plain keys first, so that a stage's own key overrides them whatever the order
+    ordered = sorted(raw.items(), key=lambda item: STAGE_SEPARATOR in item[0])
+    for key, value in ordered:
+        stage, dot, name = key.partition(STAGE_SEPARATOR)
+        if dot:
+            if stage not in stages:
+                raise HyperparameterError(
+                    key, f"{key}: {stage!r} is not a stage of the chain {list(stages)}"
+                )
+            targets = [i for i, s in enumerate(stages) if s == stage]
+            if name not in known_keys(family, stage):
+                raise HyperparameterError(
+                    key,
+                    f"unknown hyperparameter {name!r} for the {stage} stage "
+                    f"(known: {', '.join(sorted(known_keys(family, stage)))})",
+                )
+        else:
+            name = key
+            targets = [i for i, s in enumerate(stages) if key in known_keys(family, s)]
+            if not targets:
+                raise HyperparameterError(
+                    key, f"unknown hyperparameter {key!r}: no stage of {list(stages)} takes it"
+                )
+        for i in targets:
+            split[i][name] = value
+    return split
+
+
+def parse_chain(
+    family: str, algorithm: object, raw: Mapping[str, object], *, seed: int = 0
+) -> list[Hyperparameters]:
+    """Check a profile's or job's ``algorithm`` and ``hyperparameters``: one
+    :class:`Hyperparameters` per stage. A single name takes its keys as
+    :func:`parse_hyperparameters` does; a chain splits them (:func:`stage_hyperparameters`).
+    An hf chain trains one adapter, so its stages must agree on the LoRA options."""
+    if isinstance(algorithm, str):
+        return [parse_hyperparameters(family, algorithm, raw, seed=seed)]
+    stages = algorithm_chain(algorithm)
+    _config_class(family, stages[0])
+    parsed = [
+        parse_hyperparameters(family, stage, values, seed=seed)
+        for stage, values in zip(stages, stage_hyperparameters(family, stages, raw), strict=True)
+    ]
+    first = parsed[0].config
+    if isinstance(first, LoRAOptions):
+        for other in parsed[1:]:
+            for f in fields(LoRAOptions):
+                if getattr(other.config, f.name) != getattr(first, f.name):
+                    raise HyperparameterError(
+                        f.name, f"{f.name} must be the same in every stage of an hf chain"
+                    )
+    return parsed

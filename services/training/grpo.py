@@ -82,7 +82,9 @@ from services.training.family import (
     DemonstrationOptions,
     FamilyModel,
     PackedBatch,
+    Rollouts,
     StartingWeights,
+    TokenEpisode,
     TokenSequence,
     collate,
 )
@@ -328,19 +330,26 @@ def _grpo_step(
     order = task_order(step, config.tasks_per_step, len(tasks), config.seed, weights=weights)
     local = ctx.shard(config.tasks_per_step)
 
-    # 1. Rollouts: G episodes per local task, each with its own (step, task, sample) seed.
+    # 1. Rollouts: G episodes per local task, each with its own (step, task, sample) seed
+    # (adaptive sampling: a probe of each task, then the budget's rest where it can teach).
     t0 = time.monotonic()
-    rollout_tasks = [tasks[order[j]] for j in local for _ in range(G)]
-    seeds = [derive_seed(config.seed, step, j, g) for j in local for g in range(G)]
     with clock.phase("rollout"):
-        rollouts = model.rollouts(
-            env,
-            rollout_tasks,
-            seeds=seeds,
-            max_turns=config.max_turns,
-            max_new_tokens=config.max_new_tokens,
-            temperature=config.temperature,
-        )
+        if config.adaptive_sampling:
+            rollouts, sizes = _adaptive_rollouts(
+                step, model, env, [tasks[i] for i in order], config, ctx
+            )
+        else:
+            rollout_tasks = [tasks[order[j]] for j in local for _ in range(G)]
+            seeds = [derive_seed(config.seed, step, j, g) for j in local for g in range(G)]
+            rollouts = model.rollouts(
+                env,
+                rollout_tasks,
+                seeds=seeds,
+                max_turns=config.max_turns,
+                max_new_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+            )
+            sizes = [G] * len(local)
     rewards_list = [episode.reward for episode in rollouts.episodes]
     rollout_s = time.monotonic() - t0
 
@@ -352,13 +361,13 @@ def _grpo_step(
         kept_local = 0
         if local:
             rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
-            advantages, keep = group_advantages(rewards.view(len(local), G), eps=config.adv_eps)
-            kept_local = int(keep.sum())  # advantages (groups, G), keep (groups,)
+            advantages, keep = _group_advantages_of(rewards, sizes, eps=config.adv_eps)
+            kept_local = sum(bool(keep[sum(sizes[:i])]) for i, n in enumerate(sizes) if n)
             for index, episode in enumerate(rollouts.episodes):
-                if bool(keep[index // G]):
+                if bool(keep[index]):
                     for sequence in episode.sequences:
                         sequences.append(sequence)
-                        seq_adv.append(float(advantages.view(-1)[index]))
+                        seq_adv.append(float(advantages[index]))
         demos: list[TokenSequence] = []
         if config.sft_coef > 0 and local:
             demo_tasks = [tasks[order[j]] for j in local]
@@ -445,7 +454,124 @@ def _grpo_step(
         clip_fraction=clip_fraction,
         kl=kl_value,
         target_tokens=tokens,
+        successes=pass_sum,
     )
+
+
+def adaptive_allocation(
+    passes: Sequence[float], *, probe: int, budget: int, unsolved_rate: float
+) -> list[int]:
+    """Episodes beyond the probe for each task of a step, within ``budget`` in all.
+
+    A task whose ``probe`` episodes all passed gets none (it has nothing left to teach); one
+    whose pass rate is strictly between 0 and 1 gets a share of weight 1; an unsolved one a
+    share of weight ``unsolved_rate`` (its rare success is what the search is for). The
+    ``budget - probe x tasks`` episodes left are split in proportion to weight (largest
+    remainders, ties to the earlier task); with no weight, nothing more is sampled.
+    """
+    weights = [0.0 if p >= probe else (unsolved_rate if p <= 0 else 1.0) for p in passes]
+    left = budget - probe * len(passes)
+    total = sum(weights)
+    if left <= 0 or total <= 0:
+        return [0] * len(passes)
+    quotas = [left * w / total for w in weights]
+    extra = [int(q) for q in quotas]
+    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - extra[i]), i))
+    for i in by_remainder[: left - sum(extra)]:
+        extra[i] += 1
+    return extra
+
+
+def _adaptive_rollouts(
+    step: int,
+    model: FamilyModel,
+    env: Environment,
+    step_tasks: Sequence[TaskSpec],
+    config: GRPOConfig,
+    ctx: DistContext,
+) -> tuple[Rollouts, list[int]]:
+    """This rank's episodes of the step, grouped by task (the group sizes beside them):
+    ``adaptive_probe`` per task, then :func:`adaptive_allocation` of the step's budget. The
+    probe's passes are summed over ranks, so every rank allocates the same global budget,
+    and episode ``g`` of task ``j`` keeps its seed: a probe is the first episodes of a group."""
+    local = ctx.shard(len(step_tasks))
+    probe = config.adaptive_probe
+    first = _rollouts_of(
+        step, model, env, step_tasks, [(j, g) for j in local for g in range(probe)], config
+    )
+    passes = [0.0] * len(step_tasks)
+    for index, episode in enumerate(first.episodes):
+        passes[local[index // probe]] += float(episode.reward.passed)
+    extra = adaptive_allocation(
+        ctx.all_reduce_sum(passes),
+        probe=probe,
+        budget=len(step_tasks) * config.group_size,
+        unsolved_rate=config.adaptive_unsolved_rate,
+    )
+    wanted = [(j, g) for j in local for g in range(probe, probe + extra[j])]
+    more = _rollouts_of(step, model, env, step_tasks, wanted, config)
+    episodes: list[TokenEpisode] = []
+    extra_by_task: dict[int, list[TokenEpisode]] = {j: [] for j in local}
+    for (j, _), episode in zip(wanted, more.episodes, strict=True):
+        extra_by_task[j].append(episode)
+    for position, j in enumerate(local):
+        episodes.extend(first.episodes[position * probe : (position + 1) * probe])
+        episodes.extend(extra_by_task[j])
+    rollouts = Rollouts(
+        episodes=episodes,
+        generated_tokens=first.generated_tokens + more.generated_tokens,
+        prompt_tokens=first.prompt_tokens + more.prompt_tokens,
+    )
+    return rollouts, [probe + extra[j] for j in local]
+
+
+def _rollouts_of(
+    step: int,
+    model: FamilyModel,
+    env: Environment,
+    step_tasks: Sequence[TaskSpec],
+    wanted: Sequence[tuple[int, int]],
+    config: GRPOConfig,
+) -> Rollouts:
+    """Episode ``g`` of step task ``j`` for each (j, g) of ``wanted``, seeded as always."""
+    if not wanted:
+        return Rollouts(episodes=[], generated_tokens=0, prompt_tokens=0)
+    return model.rollouts(
+        env,
+        [step_tasks[j] for j, _ in wanted],
+        seeds=[derive_seed(config.seed, step, j, g) for j, g in wanted],
+        max_turns=config.max_turns,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+    )
+
+
+def _group_advantages_of(
+    rewards: torch.Tensor, sizes: Sequence[int], *, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`group_advantages` of consecutive groups of ``sizes``: per-episode advantages
+    (E,) and whether its group is kept (E,); a group of fewer than two episodes carries no
+    signal. Groups of one size are scored as one (groups, G) matrix, as without adaptive
+    sampling."""
+    if sizes and len(set(sizes)) == 1 and sizes[0] >= 2:
+        advantages, keep = group_advantages(rewards.view(len(sizes), sizes[0]), eps=eps)
+        return advantages.view(-1), keep.repeat_interleave(sizes[0])
+    adv_parts: list[torch.Tensor] = []
+    keep_parts: list[torch.Tensor] = []
+    begin = 0
+    for size in sizes:
+        group = rewards[begin : begin + size]
+        if size >= 2:
+            advantages, keep = group_advantages(group.view(1, size), eps=eps)
+            adv_parts.append(advantages.view(-1))
+            keep_parts.append(keep.repeat_interleave(size))
+        else:
+            adv_parts.append(torch.zeros(size))
+            keep_parts.append(torch.zeros(size, dtype=torch.bool))
+        begin += size
+    if not adv_parts:
+        return torch.zeros(0), torch.zeros(0, dtype=torch.bool)
+    return torch.cat(adv_parts), torch.cat(keep_parts)
 
 
 def _targets(sequences: Sequence[TokenSequence]) -> int:

@@ -7,12 +7,16 @@ Spec (``ratchet.job/v1``, kind ``train``)::
      "output_dir": "out/", "hyperparameters": {...}, "seed": 0, "device": "auto"}
 
 ``RATCHET_DATASET``, ``RATCHET_BASE_CHECKPOINT`` and ``RATCHET_OUTPUT_DIR`` override the
-paths. ``grpo`` needs a dataset and a base checkpoint; ``sft`` needs a dataset and starts
-from the base checkpoint when one is given, else from a fresh model (``hyperparameters.model``
-sets its shape). Outputs: ``<output_dir>/checkpoint/`` and ``<output_dir>/metrics.json``;
-GRPO keeps resume points under ``<output_dir>/state/`` and a restarted job continues from
-the last one. A job whose outputs are already complete exits 0 without retraining, so an
-executor may retry it safely. Under ``torchrun`` every rank trains and rank 0 writes.
+paths. ``algorithm`` is ``grpo``, ``sft``, ``rft`` or ``dpo``, or a chain of them
+(``["rft", "grpo"]``: each stage from the previous stage's weights; a key ``"rft.steps"`` is
+one stage's, a plain key every stage's that takes it; metrics.json's ``stages`` says what
+each stage saw and did). ``grpo``, ``rft`` and ``dpo`` need a dataset and a base checkpoint;
+``sft`` needs a dataset and starts from the base checkpoint when one is given, else from a
+fresh model (``hyperparameters.model`` sets its shape). Outputs:
+``<output_dir>/checkpoint/`` and ``<output_dir>/metrics.json``; GRPO keeps resume points
+under ``<output_dir>/state/`` and a restarted job continues from the last one. A job whose
+outputs are already complete exits 0 without retraining, so an executor may retry it safely.
+Under ``torchrun`` every rank trains and rank 0 writes.
 
 The model family is the base checkpoint's (``tiny`` without one; an optional spec
 ``family`` must agree), looked up in :func:`services.training.family.family_for`; the
@@ -38,14 +42,19 @@ from services.environments.registry import get_environment
 from services.inference.remote import RemoteError, attach_rollout_backend
 from services.training.checkpoint import CheckpointError, read_manifest, verify_checkpoint
 from services.training.config import (
+    DPOConfig,
     GRPOConfig,
     HFSFTConfig,
+    HyperparameterError,
     Hyperparameters,
+    RFTConfig,
     SFTConfig,
+    algorithm_chain,
     known_keys,
 )
 from services.training.device import use_threads
 from services.training.distributed import DistContext, init_job_distributed, shutdown_distributed
+from services.training.dpo import train_dpo
 from services.training.family import (
     DemonstrationOptions,
     Family,
@@ -65,11 +74,10 @@ from services.training.jobspec import (
 )
 from services.training.optim import TrainingDiverged
 from services.training.phases import PhaseClock, phase_report
+from services.training.rft import train_rft
 from services.training.sft import train_sft
 
 logger = logging.getLogger("services.training.job")
-
-ALGORITHMS = ("grpo", "sft")
 
 
 def train_job_main(argv: list[str]) -> int:
@@ -79,8 +87,10 @@ def train_job_main(argv: list[str]) -> int:
 
 def _run(spec: JobSpec) -> int:
     algorithm = spec.raw.get("algorithm")
-    if algorithm not in ALGORITHMS:
-        raise JobError(f"unknown algorithm {algorithm!r} (expected one of {', '.join(ALGORITHMS)})")
+    try:
+        stages = algorithm_chain(algorithm)
+    except HyperparameterError as exc:
+        raise JobError(exc.message) from None
     env = _environment(spec.environment)
     checkpoint_dir = spec.output_dir / "checkpoint"
     metrics_path = spec.output_dir / "metrics.json"
@@ -90,14 +100,14 @@ def _run(spec: JobSpec) -> int:
         return 0
     tasks = _dataset(spec)
     family_name = _base_family(spec)
-    hyper = job_hyperparameters(spec, family=family_name, algorithm=algorithm)
-    use_threads(hyper.options.threads)
+    hypers = job_hyperparameters(spec, family=family_name, algorithm=algorithm)
+    use_threads(hypers[0].options.threads)
     ctx = init_job_distributed(spec.device)
     # Loading the base and saving the result are the job's weight movement ("sync"); the
-    # trainer times its own phases (and a resumed run's from its resume point).
+    # trainers time their own phases (and a resumed run's from its resume point).
     clock = PhaseClock(ctx.device)
     with clock.phase("sync"):
-        model = _initial_model(spec, algorithm, family_for(family_name), hyper, ctx)
+        model = _initial_model(spec, stages[0], family_for(family_name), hypers[0], ctx)
     try:  # rollouts on an OpenAI-compatible server (vLLM) instead of in this job
         attach_rollout_backend(model, spec.raw.get("rollout_backend"), os.environ)
     except ValueError as exc:
@@ -105,12 +115,12 @@ def _run(spec: JobSpec) -> int:
     parent = model.checkpoint_id
     started = time.monotonic()
     try:
-        if algorithm == "grpo":
-            assert isinstance(hyper.config, GRPOConfig)  # parse_hyperparameters' class for grpo
-            metrics, trainer_phases = _train_grpo(spec, env, tasks, model, hyper.config, ctx)
+        if len(stages) == 1:
+            metrics, trainer_phases = _train_stage(
+                spec, env, tasks, model, stages[0], hypers[0], ctx, state="state"
+            )
         else:
-            assert isinstance(hyper.config, SFTConfig)
-            metrics, trainer_phases = _train_sft(env, tasks, model, hyper, ctx)
+            metrics, trainer_phases = _train_chain(spec, env, tasks, model, stages, hypers, ctx)
     except TrainingDiverged as exc:
         raise JobError(str(exc), exit_code=EXIT_FAILED) from None
     except RemoteError as exc:
@@ -121,7 +131,7 @@ def _run(spec: JobSpec) -> int:
     metrics.update(
         run_id=spec.run_id,
         kind="train",
-        algorithm=algorithm,
+        algorithm=stages[0] if isinstance(algorithm, str) else list(stages),
         family=family_name,
         environment=env.name,
         device=str(ctx.device),
@@ -136,7 +146,7 @@ def _run(spec: JobSpec) -> int:
     )
     if ctx.is_main:
         meta: dict[str, object] = {
-            "algorithm": algorithm,
+            "algorithm": metrics["algorithm"],
             "run_id": spec.run_id,
             "steps": metrics["steps"],
         }
@@ -150,6 +160,91 @@ def _run(spec: JobSpec) -> int:
         logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
     ctx.barrier()
     return 0
+
+
+def _train_stage(
+    spec: JobSpec,
+    env: Environment,
+    tasks: list[TaskSpec],
+    model: FamilyModel,
+    algorithm: str,
+    hyper: Hyperparameters,
+    ctx: DistContext,
+    *,
+    state: str,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """One algorithm's run on ``model``, in place: its metrics (GRPO resumes under
+    ``output_dir/state``) and its trainer's seconds per phase (rft and dpo report none:
+    their time is the run's ``other``)."""
+    config = hyper.config
+    if algorithm == "grpo":
+        assert isinstance(config, GRPOConfig)  # parse_hyperparameters' class for grpo
+        return _train_grpo(spec, env, tasks, model, config, ctx, state_dir=spec.output_dir / state)
+    if algorithm == "rft":
+        assert isinstance(config, RFTConfig)
+        rft = train_rft(model, env, tasks, config, ctx=ctx)
+        return {**rft.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}, {}
+    if algorithm == "dpo":
+        assert isinstance(config, DPOConfig)
+        dpo = train_dpo(model, env, tasks, config, ctx=ctx)
+        return {**dpo.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}, {}
+    assert isinstance(config, SFTConfig)
+    return _train_sft(env, tasks, model, hyper, ctx)
+
+
+# What each stage of a chain reports in metrics.json's ``stages`` (beside its algorithm).
+_STAGE_KEYS = (
+    "steps",
+    "episodes",
+    "successes",
+    "pairs",
+    "demonstrations",
+    "final_loss",
+    "final_pass_rate",
+    "train_tokens",
+    "rollout_tokens",
+    "trained",
+    "iterations",
+    "history",
+    "hyperparameters",
+)
+
+
+def _train_chain(
+    spec: JobSpec,
+    env: Environment,
+    tasks: list[TaskSpec],
+    model: FamilyModel,
+    stages: tuple[str, ...],
+    hypers: list[Hyperparameters],
+    ctx: DistContext,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Each stage on the previous stage's weights; the totals, and what each stage saw and
+    did under ``stages``. A GRPO stage resumes under ``state/stage-<n>-grpo``; a restarted
+    job reruns the stages before it, which give the same weights (every stage is seeded)."""
+    reports: list[dict[str, Any]] = []
+    phases: dict[str, float] = {}
+    for index, (algorithm, hyper) in enumerate(zip(stages, hypers, strict=True)):
+        state = f"state/stage-{index + 1}-{algorithm}"
+        metrics, seconds = _train_stage(spec, env, tasks, model, algorithm, hyper, ctx, state=state)
+        for name, value in seconds.items():
+            phases[name] = phases.get(name, 0.0) + value
+        reports.append(
+            {"stage": index + 1, "algorithm": algorithm}
+            | {key: metrics[key] for key in _STAGE_KEYS if key in metrics}
+        )
+        if ctx.is_main:
+            logger.info("stage %d/%d (%s) done", index + 1, len(stages), algorithm)
+    last = reports[-1]
+    return {
+        "steps": sum(r["steps"] for r in reports),
+        "train_tokens": sum(r["train_tokens"] for r in reports),
+        "rollout_tokens": sum(r["rollout_tokens"] for r in reports),
+        "episodes": sum(r.get("episodes", 0) for r in reports),
+        "final_loss": last.get("final_loss"),
+        "final_pass_rate": last.get("final_pass_rate"),
+        "stages": reports,
+    }, phases
 
 
 def _base_family(spec: JobSpec) -> str:
@@ -179,12 +274,14 @@ def _base_family(spec: JobSpec) -> str:
 def _initial_model(
     spec: JobSpec, algorithm: str, family: Family, hyper: Hyperparameters, ctx: DistContext
 ) -> FamilyModel:
-    """The base checkpoint with its trainable setup, or (SFT only) a fresh model."""
+    """The base checkpoint with its trainable setup (its first stage's), or (a first stage
+    of SFT only) a fresh model: the others learn from what the model samples."""
     torch.manual_seed(spec.seed)  # a fresh model's or a new LoRA adapter's initial weights
     if spec.base_checkpoint is None:
-        if algorithm == "grpo":
+        if algorithm != "sft":
             raise JobError(
-                "grpo needs a base checkpoint: set 'base_checkpoint' or RATCHET_BASE_CHECKPOINT"
+                f"{algorithm} needs a base checkpoint: set 'base_checkpoint' or "
+                "RATCHET_BASE_CHECKPOINT"
             )
         try:
             return family.create(hyper.options.model, seed=spec.seed, device=ctx.device)
@@ -226,15 +323,18 @@ def _train_grpo(
     model: FamilyModel,
     config: GRPOConfig,
     ctx: DistContext,
+    *,
+    state_dir: Path,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """The run's metrics and its trainer's seconds per phase."""
-    result = train_grpo(model, env, tasks, config, ctx=ctx, state_dir=spec.output_dir / "state")
+    result = train_grpo(model, env, tasks, config, ctx=ctx, state_dir=state_dir)
     metrics = {
         **result.counters.metrics(),
         "resumed_from_step": result.resumed_from_step,
         "final_loss": result.counters.history[-1]["loss"] if result.counters.history else None,
         "final_reward": result.final_reward,
         "final_pass_rate": result.final_pass_rate,
+        "successes": int(sum(row.get("successes", 0.0) for row in result.counters.history)),
         "hyperparameters": config.to_dict(),
     }
     return metrics, result.counters.phase_s

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from services.environments.base import TaskFileError, TaskSpec, read_task_file
-from services.training.config import HyperparameterError, Hyperparameters, parse_hyperparameters
+from services.training.config import HyperparameterError, Hyperparameters, parse_chain
 
 JOB_SCHEMA = "ratchet.job/v1"
 ENV_SPEC = "RATCHET_JOB_SPEC"
@@ -263,10 +263,11 @@ def load_spec(spec_arg: str | None, env: JobEnvironment, *, kind: str) -> JobSpe
     )
 
 
-def job_hyperparameters(spec: JobSpec, *, family: str, algorithm: str) -> Hyperparameters:
-    """The spec's hyperparameters, checked by the code the api checks a loop's profile with."""
+def job_hyperparameters(spec: JobSpec, *, family: str, algorithm: object) -> list[Hyperparameters]:
+    """The spec's hyperparameters, one per stage of ``algorithm`` (a name or a chain),
+    checked by the code the api checks a loop's profile with."""
     try:
-        return parse_hyperparameters(family, algorithm, spec.hyperparameters, seed=spec.seed)
+        return parse_chain(family, algorithm, spec.hyperparameters, seed=spec.seed)
     except HyperparameterError as exc:
         raise JobError(f"invalid hyperparameters: {exc.message}") from None
 

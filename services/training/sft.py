@@ -44,15 +44,26 @@ logger = logging.getLogger(__name__)
 
 
 def sft_batch(
-    sequences: Sequence[TokenSequence], step: int, *, seed: int, batch_size: int, ctx: DistContext
+    sequences: Sequence[TokenSequence],
+    step: int,
+    *,
+    seed: int,
+    batch_size: int,
+    ctx: DistContext,
+    weights: Sequence[float] | None = None,
 ) -> tuple[float, list[TokenSequence]]:
     """Step ``step``'s draw of demonstrations: its target-token count and this rank's share.
 
     Every rank draws the same batch (seeded by step, not rank), so the count normalizes the
-    loss over the whole batch and the shards add up to it.
+    loss over the whole batch and the shards add up to it. ``weights`` (one per sequence,
+    rft's task weights) draw in proportion to weight; None draws uniformly.
     """
     generator = torch.Generator().manual_seed(derive_seed(seed, step))
-    batch = torch.randint(len(sequences), (batch_size,), generator=generator).tolist()
+    if weights is None:
+        batch = torch.randint(len(sequences), (batch_size,), generator=generator).tolist()
+    else:
+        probabilities = torch.tensor(weights, dtype=torch.float64)
+        batch = torch.multinomial(probabilities, batch_size, True, generator=generator).tolist()
     targets = float(sum(sum(sequences[i][1][1:]) for i in batch))
     local = [sequences[batch[j]] for j in ctx.shard(len(batch))]
     return targets, local
@@ -64,10 +75,12 @@ def train_sft(
     config: SFTConfig,
     *,
     ctx: DistContext,
+    weights: Sequence[float] | None = None,
 ) -> RunCounters:
     """Train ``model``'s trainable weights on ``sequences`` for ``config.steps`` steps:
-    each a :func:`sft_batch` draw, forward and backward in micro-batches, gradients summed
-    over ranks, clipped and checked (:func:`clip_and_check`), one update."""
+    each a :func:`sft_batch` draw (by ``weights`` if given), forward and backward in
+    micro-batches, gradients summed over ranks, clipped and checked
+    (:func:`clip_and_check`), one update."""
     if not sequences:
         raise ValueError("SFT needs at least one demonstration")
     model.train()
@@ -80,7 +93,12 @@ def train_sft(
     with clock.phase("update"):
         for step in range(config.steps):
             targets, local = sft_batch(
-                sequences, step, seed=config.seed, batch_size=config.batch_size, ctx=ctx
+                sequences,
+                step,
+                seed=config.seed,
+                batch_size=config.batch_size,
+                ctx=ctx,
+                weights=weights,
             )
             lr = schedule_lr(optimizer, step, config)
             optimizer.zero_grad(set_to_none=True)

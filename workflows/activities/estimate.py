@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio import activity
 
+from services.db.models import Dataset
 from services.db.queries import cycles as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
@@ -86,10 +87,12 @@ class EstimateActivities:
             if cycle.estimate_usd is not None:
                 return _result_of(float(cycle.estimate_usd), dict(cycle.estimate or {}))
             profile = TrainingProfile.model_validate(input.profile, context=RECORDED)
+            dataset = session.get(Dataset, cycle.dataset_id) if cycle.dataset_id else None
             work = planned_work(
                 profile,
                 eval_task_counts=input.eval_task_counts,
                 samples_per_task=input.samples_per_task,
+                train_tasks=dataset.train_count if dataset is not None else 0,
             )
             earlier = q.accounted_cycle_ids(
                 session=session, loop=loop, before=input.cycle, limit=RATE_CYCLES

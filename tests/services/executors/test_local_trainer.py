@@ -93,10 +93,10 @@ def _assert_in_log(executor: LocalExecutor, handle: dict[str, Any], text: str) -
 def test_a_bad_trainer_spec_is_a_config_error(
     make_spec: Callable[..., JobSpec], dataset: Path
 ) -> None:
-    spec = make_spec(document={"algorithm": "dpo", "environment": "toolcalc"}, dataset=str(dataset))
+    spec = make_spec(document={"algorithm": "ppo", "environment": "toolcalc"}, dataset=str(dataset))
     executor = LocalExecutor(poll_interval_s=0.1)
 
     status = run_to_end(executor, executor.submit(spec))
 
     assert (status.state, status.config_error) == ("failed", True)
-    assert status.message is not None and "unknown algorithm 'dpo'" in status.message
+    assert status.message is not None and "unknown algorithm 'ppo'" in status.message

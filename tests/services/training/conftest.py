@@ -15,6 +15,9 @@ from services.environments import write_task_file
 from services.environments.toolcalc import ToolcalcEnvironment
 
 TINY_MODEL = {"d_model": 32, "n_layer": 2, "n_head": 2, "max_seq_len": 160}
+# Small enough to SFT in about a minute on one CPU core, big enough to pass a share of the
+# v1 tasks, so a wrecked candidate has something to lose and rft/dpo have successes to keep.
+CAPABLE_MODEL = {"d_model": 64, "n_layer": 2, "n_head": 2, "max_seq_len": 160}
 
 
 def write_spec(path: Path, **fields: Any) -> Path:
@@ -133,3 +136,12 @@ def tiny_champion(tmp_path_factory: pytest.TempPathFactory, task_files: dict[str
     """A tiny policy SFT'd for a few steps through the real train job (sft)."""
     root = tmp_path_factory.mktemp("champion")
     return sft_champion(root, task_files["v1"], steps=40, batch_size=16, lr=3e-3, model=TINY_MODEL)
+
+
+@pytest.fixture(scope="session")
+def capable_champion(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny policy that passes most v1 tasks (and none drifted to v3) when it samples."""
+    root = tmp_path_factory.mktemp("capable")
+    tasks = root / "v1.jsonl"
+    write_task_file(tasks, ToolcalcEnvironment().generate_tasks(256, seed=11, api_version="v1"))
+    return sft_champion(root, tasks, steps=300, batch_size=32, lr=1e-2, model=CAPABLE_MODEL)

@@ -24,19 +24,7 @@ from services.evaluation.job import eval_job_main
 from services.evaluation.results import read_results
 from services.loop.policies import GatePolicy
 from services.training.optim import TrainingDiverged, clip_and_check
-from tests.services.training.conftest import run_train_job, sft_champion, write_spec
-
-# Small enough to SFT in about a minute on one CPU core, big enough to pass a share of the
-# v1 tasks, so a wrecked candidate has something to lose.
-CAPABLE_MODEL = {"d_model": 64, "n_layer": 2, "n_head": 2, "max_seq_len": 160}
-
-
-@pytest.fixture(scope="module")
-def capable_champion(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("capable")
-    tasks = root / "v1.jsonl"
-    write_task_file(tasks, ToolcalcEnvironment().generate_tasks(256, seed=11, api_version="v1"))
-    return sft_champion(root, tasks, steps=300, batch_size=32, lr=1e-2, model=CAPABLE_MODEL)
+from tests.services.training.conftest import run_train_job, write_spec
 
 
 def grpo(root: Path, champion: Path, dataset: Path, *, lr: float) -> tuple[int, Path]:

@@ -147,3 +147,63 @@ def test_config_validation() -> None:
         GRPOConfig(group_size=1)
     with pytest.raises(ValueError, match="temperature"):
         GRPOConfig(temperature=0.0)
+
+
+def test_adaptive_allocation_gives_none_to_solved_tasks_and_keeps_the_budget() -> None:
+    from services.training.grpo import adaptive_allocation
+
+    # probe of 2: solved, between, unsolved, solved; 16 episodes in all, 8 left after the probe
+    extra = adaptive_allocation([2, 1, 0, 2], probe=2, budget=16, unsolved_rate=0.5)
+    assert extra == [0, 5, 3, 0]  # quotas 16/3 and 8/3; the larger remainder gets the last one
+    assert 2 * 4 + sum(extra) == 16
+    assert adaptive_allocation([2, 1, 0], probe=2, budget=12, unsolved_rate=0.0) == [0, 6, 0]
+    assert adaptive_allocation([2, 2], probe=2, budget=8, unsolved_rate=1.0) == [0, 0]
+    assert adaptive_allocation([0, 0, 1], probe=2, budget=6, unsolved_rate=1.0) == [0, 0, 0]
+    for passes in ([0, 1, 2, 3], [3, 3, 0, 0], [1, 1, 1, 1], [0, 0, 0, 3]):
+        extra = adaptive_allocation(passes, probe=3, budget=4 * 7, unsolved_rate=0.3)
+        assert 3 * 4 + sum(extra) <= 4 * 7
+        assert all(e == 0 for p, e in zip(passes, extra, strict=True) if p == 3)
+
+
+def test_adaptive_grpo_samples_no_more_of_solved_tasks_within_the_budget(
+    capable_champion: Path,
+) -> None:
+    from services.training.config import RFTConfig
+    from services.training.family import family_for
+    from tests.services.training.test_rft import Recording
+
+    env = ToolcalcEnvironment()
+    tasks = env.generate_tasks(2, seed=31, api_version="v1") + env.generate_tasks(
+        2, seed=32, api_version="v3"
+    )
+    inner = family_for("tiny").load(
+        capable_champion, device=torch.device("cpu"), training=RFTConfig()
+    )
+    model = Recording(inner)
+    config = GRPOConfig(
+        steps=1,
+        tasks_per_step=4,
+        group_size=4,
+        max_new_tokens=48,
+        temperature=0.3,
+        adaptive_sampling=True,
+        adaptive_probe=2,
+        adaptive_unsolved_rate=0.5,
+        checkpoint_every=0,
+        log_every=0,
+    )
+    result = train_grpo(model, env, tasks, config, ctx=init_distributed("cpu"))
+    probe = model.sampled[: 4 * 2]
+    by_task: dict[str, list[bool]] = {}
+    for episode in model.sampled:
+        by_task.setdefault(episode.task.task_id, []).append(episode.reward.passed)
+    probed = {
+        t.task_id: [e.reward.passed for e in probe if e.task.task_id == t.task_id] for t in tasks
+    }
+    solved = [task_id for task_id, passed in probed.items() if all(passed)]
+    assert solved, "a v1 task should pass its whole probe for this test to mean anything"
+    for task_id in solved:
+        assert len(by_task[task_id]) == 2
+    assert any(len(passed) > 2 for passed in by_task.values())
+    assert len(model.sampled) <= 4 * 4 == 16
+    assert result.counters.episodes == len(model.sampled)

@@ -1,0 +1,206 @@
+"""RFT: rejection-sampling fine-tuning on the verified successes, for every model family.
+
+The line of STaR (Zelikman et al., 2022), RFT (Yuan et al., 2023) and ReST-EM (Singh et
+al., 2023): sample ``samples_per_task`` episodes of every task from the current weights,
+keep the ones the environment's verifier passed, and fine-tune on them with the SFT loss
+(:func:`services.training.sft.train_sft`); with ``iterations`` > 1, sample again from the
+improved weights and repeat. What is learned is only what the model already did right at
+least once, which is why it suits a drift where a few samples in many find the new API.
+
+Choices, each on purpose:
+
+- **Successes are the exact sampled token ids** (:attr:`TokenEpisode.sequences`): only the
+  model's own turns are targets; prompts and tool results are context.
+- **Weights**: each success of a task weighs ``task weight / successes of that task``, so a
+  task counts by its dedup weight (how often production hit it) however easy it was: a
+  task solved 8 times in 8 does not crowd out one solved once in 8.
+- **Zero successes** is a result, not an error: the iteration trains nothing, the model is
+  left as it was, and the stats say so (``successes: 0``, ``trained: false``).
+- **Seeds**: episode ``s`` of task ``i`` in iteration ``it`` samples with
+  ``derive_seed(seed, 0x5F7, it, i, s)``; every rank samples every task (the SFT draw needs
+  the whole success set on each rank), so a run is the same on any world size.
+
+Written once over :class:`services.training.family.FamilyModel`; :func:`sample_episodes`
+is also how :mod:`services.training.dpo` samples its pairs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from services.environments.base import Environment, TaskSpec
+from services.training.config import RFTConfig, SamplingOptions
+from services.training.counters import RunCounters
+from services.training.distributed import DistContext
+from services.training.family import FamilyModel, TokenEpisode, TokenSequence
+from services.training.grpo import task_weights
+from services.training.rng import derive_seed
+from services.training.sft import train_sft
+
+logger = logging.getLogger(__name__)
+
+_SAMPLE_STREAM = 0x5F7  # keeps rft/dpo sampling seeds apart from GRPO's
+
+
+@dataclass(frozen=True)
+class SampledTasks:
+    """``samples_per_task`` episodes of each task, grouped by task index, and their cost."""
+
+    groups: list[list[TokenEpisode]]
+    generated_tokens: int
+    wall_s: float
+
+    @property
+    def episodes(self) -> int:
+        return sum(len(group) for group in self.groups)
+
+    @property
+    def successes(self) -> int:
+        return sum(episode.reward.passed for group in self.groups for episode in group)
+
+
+def sample_episodes(
+    model: FamilyModel,
+    env: Environment,
+    tasks: Sequence[TaskSpec],
+    options: SamplingOptions,
+    *,
+    seed: int,
+    round_index: int = 0,
+) -> SampledTasks:
+    """``options.samples_per_task`` verified episodes of every task under the current weights,
+    ``options.rollout_batch`` episodes per rollout call; each episode seeded on its own."""
+    k = options.samples_per_task
+    wanted = [(i, s) for i in range(len(tasks)) for s in range(k)]
+    groups: list[list[TokenEpisode]] = [[] for _ in tasks]
+    generated = 0
+    started = time.monotonic()
+    for begin in range(0, len(wanted), options.rollout_batch):
+        chunk = wanted[begin : begin + options.rollout_batch]
+        rollouts = model.rollouts(
+            env,
+            [tasks[i] for i, _ in chunk],
+            seeds=[derive_seed(seed, _SAMPLE_STREAM, round_index, i, s) for i, s in chunk],
+            max_turns=options.max_turns,
+            max_new_tokens=options.max_new_tokens,
+            temperature=options.temperature,
+        )
+        generated += rollouts.generated_tokens
+        for (i, _), episode in zip(chunk, rollouts.episodes, strict=True):
+            groups[i].append(episode)
+    return SampledTasks(
+        groups=groups, generated_tokens=generated, wall_s=time.monotonic() - started
+    )
+
+
+def success_sequences(
+    sampled: SampledTasks, tasks: Sequence[TaskSpec]
+) -> tuple[list[TokenSequence], list[float]]:
+    """The verified successes as training sequences, each with its draw weight (the task's
+    weight shared among its successes; an episode of several sequences shares it too)."""
+    weights = task_weights(tasks) or [1.0] * len(tasks)
+    sequences: list[TokenSequence] = []
+    draw: list[float] = []
+    for weight, group in zip(weights, sampled.groups, strict=True):
+        passed = [episode for episode in group if episode.reward.passed]
+        for episode in passed:
+            parts = episode.sequences
+            for sequence in parts:
+                sequences.append(sequence)
+                draw.append(weight / len(passed) / len(parts))
+    return sequences, draw
+
+
+@dataclass
+class RFTResult:
+    """What an rft run saw and did: per iteration and in total."""
+
+    counters: RunCounters
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def successes(self) -> int:
+        return sum(int(row["successes"]) for row in self.iterations)
+
+    def metrics(self) -> dict[str, Any]:
+        """The figures an rft job writes to metrics.json."""
+        trained = [row for row in self.iterations if row["trained"]]
+        return {
+            **self.counters.metrics(),
+            "successes": self.successes,
+            "iterations": self.iterations,
+            "final_loss": self.counters.final_loss,
+            "final_pass_rate": (
+                self.iterations[-1]["successes"] / max(1, self.iterations[-1]["episodes"])
+                if self.iterations
+                else None
+            ),
+            "trained": bool(trained),
+        }
+
+
+def train_rft(
+    model: FamilyModel,
+    env: Environment,
+    tasks: Sequence[TaskSpec],
+    config: RFTConfig,
+    *,
+    ctx: DistContext,
+) -> RFTResult:
+    """Run ``config.iterations`` rounds of sample / keep the successes / SFT, in place."""
+    if not tasks:
+        raise ValueError("RFT needs at least one task")
+    result = RFTResult(counters=RunCounters())
+    counters = result.counters
+    for iteration in range(config.iterations):
+        model.train(False)
+        sampled = sample_episodes(
+            model, env, tasks, config, seed=config.seed, round_index=iteration
+        )
+        counters.rollout_tokens += sampled.generated_tokens
+        counters.rollout_s += sampled.wall_s
+        counters.episodes += sampled.episodes
+        counters.groups += len(sampled.groups)
+        sequences, weights = success_sequences(sampled, tasks)
+        row: dict[str, Any] = {
+            "iteration": iteration + 1,
+            "episodes": sampled.episodes,
+            "successes": sampled.successes,
+            "tasks_solved": sum(any(e.reward.passed for e in g) for g in sampled.groups),
+            "sequences": len(sequences),
+            "trained": bool(sequences) and config.steps > 0,
+            "loss": None,
+        }
+        if row["trained"]:
+            sft = replace(config, seed=derive_seed(config.seed, _SAMPLE_STREAM, iteration))
+            run = train_sft(model, sequences, sft, ctx=ctx, weights=weights)
+            counters.steps_done += run.steps_done
+            counters.train_tokens += run.train_tokens
+            counters.train_s += run.train_s
+            counters.final_loss = run.final_loss
+            counters.history.extend({**h, "iteration": float(iteration + 1)} for h in run.history)
+            row["loss"] = run.final_loss
+        elif ctx.is_main and not sequences:
+            logger.warning(
+                "rft iteration %d: no verified success in %d episodes; the model is unchanged",
+                iteration + 1,
+                sampled.episodes,
+            )
+        result.iterations.append(row)
+        if ctx.is_main:
+            logger.info(
+                "rft iteration %d/%d: %d/%d episodes passed, %d of %d tasks solved, loss %s",
+                iteration + 1,
+                config.iterations,
+                row["successes"],
+                row["episodes"],
+                row["tasks_solved"],
+                len(tasks),
+                row["loss"],
+            )
+    model.train(False)
+    return result

@@ -1,0 +1,144 @@
+"""RFT: it trains on the verified successes and nothing else; without a success it says so
+and leaves the model as it was; its hyper-parameters are refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from services.environments import write_task_file
+from services.environments.base import Environment, Reward, TaskSpec
+from services.environments.toolcalc import ToolcalcEnvironment
+from services.training.config import HyperparameterError, RFTConfig, parse_hyperparameters
+from services.training.distributed import init_distributed
+from services.training.family import FamilyModel, PackedBatch, Rollouts, TokenEpisode, family_for
+from services.training.rft import SampledTasks, success_sequences, train_rft
+from tests.services.training.conftest import read_metrics, run_train_job
+
+
+class Recording:
+    """A family model that remembers the episodes it sampled and the rows it was trained on
+    (a ``logprobs`` call with gradients enabled), and otherwise is the model it wraps."""
+
+    def __init__(self, model: FamilyModel) -> None:
+        self.inner = model
+        self.sampled: list[TokenEpisode] = []
+        self.trained_rows: list[list[int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def rollouts(self, env: Environment, tasks: Sequence[TaskSpec], **kwargs: Any) -> Rollouts:
+        rollouts = self.inner.rollouts(env, tasks, **kwargs)
+        self.sampled.extend(rollouts.episodes)
+        return rollouts
+
+    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            for ids, attention in zip(batch.ids.tolist(), batch.attention.tolist(), strict=True):
+                self.trained_rows.append(ids[: sum(attention)])
+        return self.inner.logprobs(batch)
+
+
+def mixed_tasks() -> list[TaskSpec]:
+    """v1 tasks the capable champion solves when it samples, and v3 tasks it never does."""
+    env = ToolcalcEnvironment()
+    return env.generate_tasks(4, seed=31, api_version="v1") + env.generate_tasks(
+        4, seed=32, api_version="v3"
+    )
+
+
+def load(checkpoint: Path) -> FamilyModel:
+    return family_for("tiny").load(checkpoint, device=torch.device("cpu"), training=RFTConfig())
+
+
+def test_rft_trains_only_on_verified_successes(capable_champion: Path) -> None:
+    model = Recording(load(capable_champion))
+    config = RFTConfig(
+        samples_per_task=4, max_new_tokens=48, steps=3, batch_size=8, iterations=2, log_every=0
+    )
+    result = train_rft(
+        model, ToolcalcEnvironment(), mixed_tasks(), config, ctx=init_distributed("cpu")
+    )
+
+    passed = [e for e in model.sampled if e.reward.passed]
+    failed = [e for e in model.sampled if not e.reward.passed]
+    assert passed and failed, "the task set must have both for this test to mean anything"
+    success_ids = {tuple(ids) for e in passed for ids, _ in e.sequences}
+    failure_ids = {tuple(ids) for e in failed for ids, _ in e.sequences} - success_ids
+    assert model.trained_rows and {tuple(row) for row in model.trained_rows} <= success_ids
+    assert not {tuple(row) for row in model.trained_rows} & failure_ids
+    assert len(model.sampled) == 2 * 8 * 4
+    assert [row["episodes"] for row in result.iterations] == [32, 32]
+    assert result.successes == len(passed)
+    assert all(row["trained"] and row["loss"] is not None for row in result.iterations)
+    assert result.counters.steps_done == 6
+
+
+def episode(task: TaskSpec, ids: list[int], *, passed: bool) -> TokenEpisode:
+    reward = Reward(components={}, total=1.0 if passed else 0.0, passed=passed)
+    return TokenEpisode(
+        task=task, turns=[(ids[:1], ids[1:])], reward=reward, end_reason=None, answer=None
+    )
+
+
+def test_successes_weigh_by_task_weight_shared_among_their_successes() -> None:
+    env = ToolcalcEnvironment()
+    heavy, light = env.generate_tasks(2, seed=3, api_version="v1")
+    heavy = dataclasses.replace(heavy, metadata={"ratchet": {"weight": 6}})
+    sampled = SampledTasks(
+        groups=[
+            [episode(heavy, [1, 2], passed=True), episode(heavy, [1, 3], passed=True)],
+            [episode(light, [1, 4], passed=True), episode(light, [1, 5], passed=False)],
+        ],
+        generated_tokens=0,
+        wall_s=0.0,
+    )
+    sequences, weights = success_sequences(sampled, [heavy, light])
+    assert [ids for ids, _ in sequences] == [[1, 2], [1, 3], [1, 4]]
+    assert weights == [3.0, 3.0, 1.0]
+
+
+def test_rft_without_a_success_says_so_and_leaves_the_model_unchanged(
+    capable_champion: Path, tmp_path: Path
+) -> None:
+    dataset = tmp_path / "v3.jsonl"
+    write_task_file(dataset, ToolcalcEnvironment().generate_tasks(4, seed=32, api_version="v3"))
+    code = run_train_job(
+        tmp_path,
+        algorithm="rft",
+        environment="toolcalc",
+        dataset=dataset,
+        base_checkpoint=capable_champion,
+        hyperparameters={"samples_per_task": 2, "max_new_tokens": 48, "steps": 5, "log_every": 0},
+    )
+    assert code == 0
+    metrics = read_metrics(tmp_path)
+    assert metrics["algorithm"] == "rft"
+    assert (metrics["successes"], metrics["trained"], metrics["steps"]) == (0, False, 0)
+    assert metrics["episodes"] == 8 and metrics["iterations"][0]["trained"] is False
+    before = load(capable_champion).trainable_parameters()
+    after = load(tmp_path / "out" / "checkpoint").trainable_parameters()
+    for (name, old), (_, new) in zip(before, after, strict=True):
+        assert torch.equal(old, new), name
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"iterations": 0}, "iterations"),
+        ({"samples_per_task": 0}, "samples_per_task"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"rollout_batch": "8"}, "rollout_batch"),
+        ({"beta": 0.1}, "beta"),  # dpo's, not rft's
+    ],
+)
+def test_bad_rft_hyperparameters_name_the_field(raw: dict[str, object], key: str) -> None:
+    with pytest.raises(HyperparameterError) as refused:
+        parse_hyperparameters("tiny", "rft", raw)
+    assert refused.value.key == key and key in refused.value.message

@@ -10,8 +10,10 @@ per task, multi-turn with tool results, T=1) are rolled out twice in one run:
    turns kept, a preallocated cache, rows joining as episodes need their next turn);
 
 then both again while a ``ratchet serve`` process on the same machine answers chat requests
-(unless ``--no-colocated``). The engine's prefill rate is read against a plain matmul on the
-same threads: prefill work is the waste this measures, not the kernels.
+(unless ``--no-colocated``), the cores divided between the two as Ratchet divides them
+(``services.cores.ThreadBudget``: on 2 cores one thread each). The engine's prefill rate
+is read against a plain matmul on the same threads: prefill work is the waste this
+measures, not the kernels.
 
 Usage: ``python benchmarks/rollout.py [--quick] [--threads 2] [--tasks 16] [--samples 4]``.
 Ends with one JSON line: episodes_per_s, generated_tokens_per_s, prefill_tokens_computed,
@@ -46,6 +48,7 @@ from benchmarks.support import (
     shared_machine_figures,
     smollm2_arguments,
 )
+from services.cores import thread_budget, thread_env
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.inference.engine import ActiveBatch, GenerationRequest, SamplingParams
@@ -139,16 +142,23 @@ def matmul_gflops(rows: int, hidden: int, inner: int, repeats: int) -> float:
 
 
 @contextmanager
-def colocated_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> Iterator[None]:
-    """A ``ratchet serve`` process on ``checkpoint``, answering chat requests from one client
-    thread for as long as the block runs."""
+def colocated_server(
+    checkpoint: Path, args: argparse.Namespace, log: Path, threads: int
+) -> Iterator[None]:
+    """A ``ratchet serve`` process on ``checkpoint`` on ``threads`` threads, answering chat
+    requests from one client thread for as long as the block runs."""
     port = free_port()
     command = [
         sys.executable, "-m", "services", "serve", "--checkpoint", str(checkpoint),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--device", "cpu", "--threads", str(args.threads),
+        "--device", "cpu", "--threads", str(threads),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RATCHET_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        **thread_env(threads),
+        "PYTHONPATH": str(ROOT),
+        "RATCHET_LOG_LEVEL": "WARNING",
+    }
     with log.open("ab") as handle:
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -234,13 +244,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
     if args.colocated:
-        with colocated_server(base_dir, args, work / "serve.log"):
+        # As Ratchet runs a job beside its model server: the usable cores divided between
+        # them (services.cores.ThreadBudget), not both on every core.
+        budget = thread_budget(args.threads)
+        torch.set_num_threads(budget.job)
+        with colocated_server(base_dir, args, work / "serve.log", budget.server):
             generate_colocated_s, _ = through_generate(policy, env, tasks, args)
             engine_colocated_s, _ = through_engine(engine, env, tasks, args)
+        torch.set_num_threads(args.threads)
         figures |= {
             "generate_colocated_s": round(generate_colocated_s, 2),
             "engine_colocated_s": round(engine_colocated_s, 2),
             "speedup_colocated": round(generate_colocated_s / engine_colocated_s, 2),
+            "colocated_threads": {"rollouts": budget.job, "server": budget.server},
         }
     figures |= shared_machine_figures(args.threads, load_start)
     return figures

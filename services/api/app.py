@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import services.api.routes as routes_package
 from services.api.errors import error_body, install_error_handlers
 from services.api.state import AppState, TemporalConnection
+from services.body_limit import run_within_limit
 from services.db.session import engine_from_settings, make_session_factory
 from services.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS, forget_this_process
 from services.settings import Settings
@@ -96,35 +97,11 @@ class BodyLimitMiddleware:
         if declared is not None and int(declared) > self.limit:
             await _refuse(send, 413, "body_too_large", self._too_large())
             return
-        received = 0
-        refused = False
-        started = False
 
-        async def receive_within_limit() -> Message:
-            # Past the limit the 413 goes out from here, and the app is told the client left
-            # (its own answer to that is dropped): no handler's error path can turn it into
-            # another status.
-            nonlocal received, refused
-            if refused:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    refused = True
-                    if not started:
-                        await _refuse(send, 413, "body_too_large", self._too_large())
-                    return {"type": "http.disconnect"}
-            return message
+        async def refuse(send: Send) -> None:
+            await _refuse(send, 413, "body_too_large", self._too_large())
 
-        async def send_unless_refused(message: Message) -> None:
-            nonlocal started
-            if refused:
-                return
-            started = True
-            await send(message)
-
-        await self.app(scope, receive_within_limit, send_unless_refused)
+        await run_within_limit(self.app, scope, receive, send, limit=self.limit, refuse=refuse)
 
     def _too_large(self) -> str:
         return f"the request body is over the limit of {self.limit} bytes"

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.body_limit import run_within_limit
 from services.metrics import SERVING_REQUESTS
 from services.serving.openai_api import OpenAIError
 
@@ -177,35 +178,15 @@ class ServingDoor:
         )
 
     async def _within_limit(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run the app, answering 413 the moment a streamed body passes the limit (the app is
-        told the client left, and its own answer is dropped)."""
-        limit = self.policy.max_body_bytes
-        received = 0
-        refused = False
-        started = False
+        """Run the app, answering 413 the moment a streamed body passes the limit
+        (:func:`services.body_limit.run_within_limit`)."""
 
-        async def receive_within_limit() -> Message:
-            nonlocal received, refused
-            if refused:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    refused = True
-                    if not started:
-                        await send_error(send, self._too_large())
-                    return {"type": "http.disconnect"}
-            return message
+        async def refuse(send: Send) -> None:
+            await send_error(send, self._too_large())
 
-        async def send_unless_refused(message: Message) -> None:
-            nonlocal started
-            if refused:
-                return
-            started = True
-            await send(message)
-
-        await self.app(scope, receive_within_limit, send_unless_refused)
+        await run_within_limit(
+            self.app, scope, receive, send, limit=self.policy.max_body_bytes, refuse=refuse
+        )
 
 
 async def send_error(send: Send, error: OpenAIError) -> None:

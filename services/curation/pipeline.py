@@ -180,19 +180,95 @@ def _store(
         existing = task_queries.tasks_by_dedup_key(
             session=session, loop_id=loop.id, keys=list(groups)
         )
-    increments: Counter[int] = Counter()
-    sources: list[tuple[int, int, str]] = []
+    links = _Links(verdicts, report)
     for key, items in groups.items():
         if key in existing:
             task_id = existing[key].task_id
-            increments[task_id] += len(items)
-            for item in items:
-                sources.append((task_id, item.trace_id, "duplicate"))
-                verdicts[item.trace_id] = trace_queries.Verdict(
-                    item.trace_id, "duplicate", f"exact duplicate of task {task_id}"
-                )
-            report.duplicates += len(items)
+            links.increments[task_id] += len(items)
+            links.duplicates(task_id, items, "duplicate", f"exact duplicate of task {task_id}")
     fresh = {key: items for key, items in groups.items() if key not in existing}
+    found = _near_duplicates(
+        session, loop=loop, policy=policy, fresh=fresh, report=report, heartbeat=heartbeat
+    )
+    rows = _task_rows(
+        session,
+        loop=loop,
+        policy=policy,
+        kept=found.kept,
+        fresh=fresh,
+        decisions=found.decisions,
+        weights=found.weights,
+        report=report,
+    )
+    heartbeat()
+    with report.timed("write"):
+        ids = task_queries.insert_tasks(session=session, rows=rows)
+    report.tasks_created = len(found.kept)
+    report.new_train_tasks = sum(1 for row in rows if row.split == "train")
+    for row in rows:
+        for kind, n in row.redactions.items():
+            report.redactions[kind] += n
+    _link_new_tasks(links, found, fresh=fresh, ids=ids, rows=rows)
+    heartbeat()
+    with report.timed("write"):
+        task_queries.add_task_weights(session=session, increments=links.increments)
+        task_queries.insert_lsh_buckets(
+            session=session,
+            loop_id=loop.id,
+            rows=[
+                (band, bucket, ids[key]) for key in found.kept for band, bucket in found.bands[key]
+            ],
+        )
+        task_queries.insert_task_sources(session=session, rows=links.sources)
+
+
+@dataclass
+class _Links:
+    """What the batch's traces became: their task-source rows, each trace's verdict, and the
+    weight added to tasks stored before this batch."""
+
+    verdicts: dict[int, trace_queries.Verdict]
+    report: BatchReport
+    sources: list[tuple[int, int, str]] = field(default_factory=list)
+    increments: Counter[int] = field(default_factory=Counter)
+
+    def origin(self, task_id: int, item: Prepared, split: str) -> None:
+        """``item``'s trace made task ``task_id``."""
+        self.sources.append((task_id, item.trace_id, "origin"))
+        self.verdicts[item.trace_id] = trace_queries.Verdict(
+            item.trace_id, "task", f"task {task_id} ({split})"
+        )
+
+    def duplicates(self, task_id: int, items: list[Prepared], kind: str, detail: str) -> None:
+        """``items``' traces are duplicates (a source of ``kind``) of task ``task_id``."""
+        for item in items:
+            self.sources.append((task_id, item.trace_id, kind))
+            self.verdicts[item.trace_id] = trace_queries.Verdict(item.trace_id, "duplicate", detail)
+        self.report.duplicates += len(items)
+
+
+@dataclass(frozen=True)
+class _NearDuplicates:
+    """The batch's new dedup keys against their stored neighbours: each key's LSH bands, its
+    decision, the keys kept as new tasks and each kept task's weight."""
+
+    bands: dict[str, list[tuple[int, bytes]]]
+    decisions: dict[str, dedup.Decision]
+    kept: list[str]
+    weights: dict[str, int]
+
+
+def _near_duplicates(
+    session: Session,
+    *,
+    loop: Loop,
+    policy: CurationPolicy,
+    fresh: Mapping[str, list[Prepared]],
+    report: BatchReport,
+    heartbeat: Callable[[], None],
+) -> _NearDuplicates:
+    """Decide, for each key no stored task has, whether it is new, a near duplicate (of a
+    stored task or of another new one) and in which cluster."""
     new_tasks = [
         dedup.NewTask(key, items[0].verifier, items[0].signature, weight=len(items))
         for key, items in fresh.items()
@@ -228,62 +304,38 @@ def _store(
         for key, decision in decisions.items():
             if decision.kind == "duplicate" and decision.target_key is not None:
                 weights[decision.target_key] += len(fresh[key])
-    rows = _task_rows(
-        session,
-        loop=loop,
-        policy=policy,
-        kept=kept,
-        fresh=fresh,
-        decisions=decisions,
-        weights=weights,
-        report=report,
-    )
-    heartbeat()
-    with report.timed("write"):
-        ids = task_queries.insert_tasks(session=session, rows=rows)
-    report.tasks_created = len(kept)
-    report.new_train_tasks = sum(1 for row in rows if row.split == "train")
-    for row in rows:
-        for kind, n in row.redactions.items():
-            report.redactions[kind] += n
+    return _NearDuplicates(bands, decisions, kept, weights)
+
+
+def _link_new_tasks(
+    links: _Links,
+    found: _NearDuplicates,
+    *,
+    fresh: Mapping[str, list[Prepared]],
+    ids: Mapping[str, int],
+    rows: list[task_queries.NewTaskRow],
+) -> None:
+    """Link the traces of the new tasks (origin and exact duplicates) and of the near
+    duplicates (of a stored task, which gains their weight, or of a new one)."""
     splits = {row.dedup_key: row.split for row in rows}
-    for key in kept:
+    for key in found.kept:
         task_id = ids[key]
         first = _origin_item(fresh[key])
+        links.origin(task_id, first, splits[key])
         rest = [item for item in fresh[key] if item is not first]
-        sources.append((task_id, first.trace_id, "origin"))
-        verdicts[first.trace_id] = trace_queries.Verdict(
-            first.trace_id, "task", f"task {task_id} ({splits[key]})"
-        )
-        for item in rest:
-            sources.append((task_id, item.trace_id, "duplicate"))
-            verdicts[item.trace_id] = trace_queries.Verdict(
-                item.trace_id, "duplicate", f"exact duplicate of task {task_id}"
-            )
-        report.duplicates += len(rest)
-    for key, decision in decisions.items():
+        links.duplicates(task_id, rest, "duplicate", f"exact duplicate of task {task_id}")
+    for key, decision in found.decisions.items():
         if decision.kind != "duplicate":
             continue
         target = decision.target_task_id or ids[decision.target_key or ""]
         if decision.target_task_id is not None:
-            increments[target] += len(fresh[key])
-        for item in fresh[key]:
-            sources.append((target, item.trace_id, "near_duplicate"))
-            verdicts[item.trace_id] = trace_queries.Verdict(
-                item.trace_id,
-                "duplicate",
-                f"near duplicate of task {target} (similarity {decision.similarity:.2f})",
-            )
-        report.duplicates += len(fresh[key])
-    heartbeat()
-    with report.timed("write"):
-        task_queries.add_task_weights(session=session, increments=increments)
-        task_queries.insert_lsh_buckets(
-            session=session,
-            loop_id=loop.id,
-            rows=[(band, bucket, ids[key]) for key in kept for band, bucket in bands[key]],
+            links.increments[target] += len(fresh[key])
+        links.duplicates(
+            target,
+            fresh[key],
+            "near_duplicate",
+            f"near duplicate of task {target} (similarity {decision.similarity:.2f})",
         )
-        task_queries.insert_task_sources(session=session, rows=sources)
 
 
 _VERIFIER_KEYS: dict[str, str] = {}

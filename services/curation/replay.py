@@ -31,13 +31,9 @@ from services.curation.policy import CurationPolicy
 from services.curation.redaction import Redactor
 from services.db.queries import replay as replay_queries
 from services.db.queries.traces import TraceRow
-from services.environments.replay.env import (
-    ENVIRONMENT_NAME,
-    conversation_key,
-    feedback_is_positive,
-    final_answer,
-)
+from services.environments.replay.env import ENVIRONMENT_NAME, conversation_key
 from services.environments.replay.records import RecordedCall, recorded_calls
+from services.environments.replay.rewards import feedback_is_positive, final_answer
 
 
 def batch_contexts(

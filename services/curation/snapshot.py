@@ -126,70 +126,95 @@ def snapshot(
             return _as_snapshot(existing, created=False)
         directory = store.dataset_dir(loop.name, content_hash)
         _write_files(session, directory, loop=loop, selection=selection, content_hash=content_hash)
-        uris = {split: path_to_uri(directory / name) for split, name in FILES.items()}
-        counts = {split: len(members) for split, members in selection.members.items()}
-        stats = {
-            "cycle": cycle,
-            "difficulty": selection.difficulty,
-            "weights": {
-                split: sum(m.weight for m in members)
-                for split, members in selection.members.items()
-            },
-            "manifest_uri": path_to_uri(directory / "manifest.json"),
-        }
-        dataset_id = dataset_queries.insert_dataset(
-            session=session,
-            values={
-                "loop_id": loop.id,
-                "content_hash": content_hash,
-                "train_count": counts["train"],
-                "eval_count": counts["eval"],
-                "regression_count": counts["regression"],
-                "train_uri": uris["train"],
-                "eval_uri": uris["eval"],
-                "regression_uri": uris["regression"],
-                "heldout_count": counts["heldout"],
-                "heldout_uri": uris["heldout"],
-                "stats": json.dumps(stats),
-            },
-        )
-        if dataset_id is None:  # a concurrent snapshot with the same content won the insert
-            raced = dataset_queries.dataset_by_hash(
-                session=session, loop_id=loop.id, content_hash=content_hash
-            )
-            if raced is None:
-                raise SnapshotError(f"dataset {content_hash[:12]} vanished during the snapshot")
-            return _as_snapshot(raced, created=False)
-        dataset_queries.insert_dataset_tasks(
-            session=session,
-            dataset_id=dataset_id,
-            members=[
-                (m.task_id, split) for split, members in selection.members.items() for m in members
-            ],
-        )
-        logger.info(
-            "dataset %s of loop %s: %d train, %d eval, %d regression, %d held-out",
-            content_hash[:12],
-            loop.name,
-            counts["train"],
-            counts["eval"],
-            counts["regression"],
-            counts["heldout"],
-        )
-        return DatasetSnapshot(
-            dataset_id=dataset_id,
+        return _record(
+            session,
+            directory,
+            loop=loop,
+            selection=selection,
             content_hash=content_hash,
-            train_count=counts["train"],
-            eval_count=counts["eval"],
-            regression_count=counts["regression"],
-            train_uri=uris["train"],
-            eval_uri=uris["eval"],
-            regression_uri=uris["regression"],
-            created=True,
-            difficulty=dict(selection.difficulty),
-            heldout_count=counts["heldout"],
-            heldout_uri=uris["heldout"],
+            cycle=cycle,
         )
+
+
+def _record(
+    session: Session,
+    directory: Path,
+    *,
+    loop: Loop,
+    selection: _Selection,
+    content_hash: str,
+    cycle: int | None,
+) -> DatasetSnapshot:
+    """The dataset row and its task rows for files already written under ``directory``; a
+    concurrent snapshot of the same content that won the insert is returned instead."""
+    uris = {split: path_to_uri(directory / name) for split, name in FILES.items()}
+    counts = {split: len(members) for split, members in selection.members.items()}
+    dataset_id = dataset_queries.insert_dataset(
+        session=session,
+        values={
+            "loop_id": loop.id,
+            "content_hash": content_hash,
+            "train_count": counts["train"],
+            "eval_count": counts["eval"],
+            "regression_count": counts["regression"],
+            "train_uri": uris["train"],
+            "eval_uri": uris["eval"],
+            "regression_uri": uris["regression"],
+            "heldout_count": counts["heldout"],
+            "heldout_uri": uris["heldout"],
+            "stats": json.dumps(_stats(directory, selection=selection, cycle=cycle)),
+        },
+    )
+    if dataset_id is None:  # a concurrent snapshot with the same content won the insert
+        raced = dataset_queries.dataset_by_hash(
+            session=session, loop_id=loop.id, content_hash=content_hash
+        )
+        if raced is None:
+            raise SnapshotError(f"dataset {content_hash[:12]} vanished during the snapshot")
+        return _as_snapshot(raced, created=False)
+    dataset_queries.insert_dataset_tasks(
+        session=session,
+        dataset_id=dataset_id,
+        members=[
+            (m.task_id, split) for split, members in selection.members.items() for m in members
+        ],
+    )
+    logger.info(
+        "dataset %s of loop %s: %d train, %d eval, %d regression, %d held-out",
+        content_hash[:12],
+        loop.name,
+        counts["train"],
+        counts["eval"],
+        counts["regression"],
+        counts["heldout"],
+    )
+    return DatasetSnapshot(
+        dataset_id=dataset_id,
+        content_hash=content_hash,
+        train_count=counts["train"],
+        eval_count=counts["eval"],
+        regression_count=counts["regression"],
+        train_uri=uris["train"],
+        eval_uri=uris["eval"],
+        regression_uri=uris["regression"],
+        created=True,
+        difficulty=dict(selection.difficulty),
+        heldout_count=counts["heldout"],
+        heldout_uri=uris["heldout"],
+    )
+
+
+def _stats(directory: Path, *, selection: _Selection, cycle: int | None) -> dict[str, object]:
+    """The dataset row's ``stats``: the cycle, the difficulty filter's counts, each split's
+    total weight and the manifest's location."""
+    return {
+        "cycle": cycle,
+        "difficulty": selection.difficulty,
+        "weights": {
+            split: sum(m.weight for m in members) for split, members in selection.members.items()
+        },
+        "manifest_uri": path_to_uri(directory / "manifest.json"),
+    }
 
 
 def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selection:

@@ -197,6 +197,11 @@ def _subtree(anchor: Node, children: dict[str, list[Node]]) -> list[Node]:
     return nodes
 
 
+# A unit of assembly: its key (a top's span id, or the missing parent the tops share) and
+# whether that key is the trace's root, mapped to its trees (each a top and its members).
+Units = dict[tuple[str, bool], list[tuple[Node, list[Node]]]]
+
+
 def plan_trace(nodes: list[Node], *, flush: bool) -> Plan:
     """Apply the module's rules to everything stored for one trace."""
     spans: dict[str, Node] = {}
@@ -204,42 +209,10 @@ def plan_trace(nodes: list[Node], *, flush: bool) -> Plan:
         if node.kind != LOG:
             spans.setdefault(node.span_id, node)
     plan = Plan()
-    late = _late_spans(spans)
-    waiting: dict[str, Node] = {}
-    for node in spans.values():
-        if node.assembled:
-            continue
-        if node.span_id in late:
-            plan.late.append(node)
-        else:
-            waiting[node.span_id] = node
-    logs_by_span: dict[str, list[Node]] = defaultdict(list)
-    for node in nodes:
-        if node.kind != LOG or node.assembled:
-            continue
-        owner = spans.get(node.span_id)
-        if owner is not None and (owner.assembled or owner.span_id not in waiting):
-            plan.late.append(node)
-        else:
-            logs_by_span[node.span_id].append(node)
-
-    trees: dict[str, list[Node]] = defaultdict(list)
-    tops: dict[str, Node] = {}
-    for span_id, top in _tops(waiting).items():
-        tops[top.span_id] = top
-        trees[top.span_id].append(waiting[span_id])
-    # Units: a tree, or (when flushing) the trees whose tops share a parent that never came.
-    units: dict[tuple[str, bool], list[tuple[Node, list[Node]]]] = defaultdict(list)
-    for top_id, members in trees.items():
-        top = tops[top_id]
-        if not flush and not _is_complete(top, members, spans):
-            continue
-        if flush and top.parent_span_id and top.parent_span_id not in spans:
-            units[(top.parent_span_id, False)].append((top, members))
-        else:
-            units[(top.span_id, not top.parent_span_id)].append((top, members))
+    waiting = _waiting_spans(spans, plan)
+    logs_by_span = _waiting_logs(nodes, spans, waiting, plan)
     claimed_logs: set[str] = set()
-    for (key, key_is_root), unit in units.items():
+    for (key, key_is_root), unit in _units(waiting, spans, flush=flush).items():
         members = [n for _, tree in unit for n in tree]
         if not any(n.kind in (AGENT, GENAI) for n in members):
             plan.unmapped.append(members)
@@ -249,32 +222,10 @@ def plan_trace(nodes: list[Node], *, flush: bool) -> Plan:
             for n in members
         ):
             continue  # the content may still come as log records
-        children: dict[str, list[Node]] = defaultdict(list)
-        for node in members:
-            children[node.parent_span_id].append(node)
-        unit_tops = [top for top, _ in unit]
-        agents = [a for top in unit_tops for a in _outermost(top, children, {AGENT})]
-        found: list[Episode] = []
-        if agents:
-            for agent in agents:
-                episode_spans = _subtree(agent, children)
-                logs = [log for n in episode_spans for log in logs_by_span.get(n.span_id, ())]
-                found.append(
-                    Episode(agent, episode_spans, logs, agent.span_id, not agent.parent_span_id)
-                )
-        else:
-            episode_spans = [n for n in members if n.kind == GENAI]
-            logs = [log for n in episode_spans for log in logs_by_span.get(n.span_id, ())]
-            found.append(Episode(None, episode_spans, logs, key, key_is_root))
-        in_episodes = {n.span_id for episode in found for n in episode.spans}
-        claimed_logs.update(log.record_id for episode in found for log in episode.logs)
+        found = _unit_episodes(unit, members, key, key_is_root, logs_by_span)
         plan.episodes.extend(found)
-        for node in members:
-            if node.span_id not in in_episodes:
-                plan.context.append(node)
-                for log in logs_by_span.get(node.span_id, ()):
-                    claimed_logs.add(log.record_id)
-                    plan.context.append(log)
+        claimed_logs.update(log.record_id for episode in found for log in episode.logs)
+        _add_context(plan, members, found, logs_by_span, claimed_logs)
     if flush:
         plan.context.extend(
             log
@@ -283,3 +234,97 @@ def plan_trace(nodes: list[Node], *, flush: bool) -> Plan:
             if log.record_id not in claimed_logs
         )
     return plan
+
+
+def _waiting_spans(spans: dict[str, Node], plan: Plan) -> dict[str, Node]:
+    """The spans not yet assembled that may still join an episode; late ones go to
+    ``plan.late``."""
+    late = _late_spans(spans)
+    waiting: dict[str, Node] = {}
+    for node in spans.values():
+        if node.assembled:
+            continue
+        if node.span_id in late:
+            plan.late.append(node)
+        else:
+            waiting[node.span_id] = node
+    return waiting
+
+
+def _waiting_logs(
+    nodes: list[Node], spans: dict[str, Node], waiting: dict[str, Node], plan: Plan
+) -> dict[str, list[Node]]:
+    """The unassembled log records by span id; a record whose span is assembled or late is
+    late itself."""
+    logs_by_span: dict[str, list[Node]] = defaultdict(list)
+    for node in nodes:
+        if node.kind != LOG or node.assembled:
+            continue
+        owner = spans.get(node.span_id)
+        if owner is not None and (owner.assembled or owner.span_id not in waiting):
+            plan.late.append(node)
+        else:
+            logs_by_span[node.span_id].append(node)
+    return logs_by_span
+
+
+def _units(waiting: dict[str, Node], spans: dict[str, Node], *, flush: bool) -> Units:
+    """The waiting spans as trees under their tops, grouped into units: a complete tree, or
+    (when flushing) the trees whose tops share a parent that never came."""
+    trees: dict[str, list[Node]] = defaultdict(list)
+    tops: dict[str, Node] = {}
+    for span_id, top in _tops(waiting).items():
+        tops[top.span_id] = top
+        trees[top.span_id].append(waiting[span_id])
+    units: Units = defaultdict(list)
+    for top_id, members in trees.items():
+        top = tops[top_id]
+        if not flush and not _is_complete(top, members, spans):
+            continue
+        if flush and top.parent_span_id and top.parent_span_id not in spans:
+            units[(top.parent_span_id, False)].append((top, members))
+        else:
+            units[(top.span_id, not top.parent_span_id)].append((top, members))
+    return units
+
+
+def _unit_episodes(
+    unit: list[tuple[Node, list[Node]]],
+    members: list[Node],
+    key: str,
+    key_is_root: bool,
+    logs_by_span: dict[str, list[Node]],
+) -> list[Episode]:
+    """A unit's episodes: one per outermost agent span, or (no agent span) one of all its
+    GenAI spans under the unit's key."""
+    children: dict[str, list[Node]] = defaultdict(list)
+    for node in members:
+        children[node.parent_span_id].append(node)
+    agents = [a for top, _ in unit for a in _outermost(top, children, {AGENT})]
+    if not agents:
+        episode_spans = [n for n in members if n.kind == GENAI]
+        logs = [log for n in episode_spans for log in logs_by_span.get(n.span_id, ())]
+        return [Episode(None, episode_spans, logs, key, key_is_root)]
+    found: list[Episode] = []
+    for agent in agents:
+        episode_spans = _subtree(agent, children)
+        logs = [log for n in episode_spans for log in logs_by_span.get(n.span_id, ())]
+        found.append(Episode(agent, episode_spans, logs, agent.span_id, not agent.parent_span_id))
+    return found
+
+
+def _add_context(
+    plan: Plan,
+    members: list[Node],
+    found: list[Episode],
+    logs_by_span: dict[str, list[Node]],
+    claimed_logs: set[str],
+) -> None:
+    """A unit's spans outside its episodes, and their log records, are context."""
+    in_episodes = {n.span_id for episode in found for n in episode.spans}
+    for node in members:
+        if node.span_id not in in_episodes:
+            plan.context.append(node)
+            for log in logs_by_span.get(node.span_id, ()):
+                claimed_logs.add(log.record_id)
+                plan.context.append(log)

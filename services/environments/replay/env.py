@@ -13,7 +13,7 @@ A ``ratchet.trace/v1`` trace becomes a task whose
   the deployment's ``settings.tool_endpoints``), which then answers it. A call of a tool the
   task does not list gets ``error: unknown tool X``; a call missing a required argument of
   the task's schema gets the usage error the real tool would give;
-- **reward** is one of two kinds, chosen at curation in order of trust (docs/curation.md):
+- **reward** is one of two kinds, chosen at curation in order of trust (:mod:`.rewards`):
   a reference answer checked by a stated rule (:mod:`.matching`), or an LLM judge's verdict
   under the loop's rubric (:mod:`.judge`), marked ``verifier_kind: judge`` on the task.
 
@@ -67,13 +67,11 @@ from services.environments.replay.records import (
     recorded_calls,
     schema_hash,
 )
+from services.environments.replay.rewards import choose_reward, json_object
 
 ENVIRONMENT_NAME = "replay"
 REWARD_ID = "replay/v1"
 DEFAULT_MAX_TURNS = 8
-POSITIVE_LABELS = frozenset(
-    {"good", "correct", "positive", "pass", "passed", "success", "thumbs_up", "up", "accept"}
-)
 _STORES_MAX = 4
 _OWN_MAX = 4096
 
@@ -159,9 +157,9 @@ class ReplayEnvironment:
             (i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages)
         )
         prefix = [_prefix_message(m) for m in messages[:first_assistant]]
-        context = _object(trace.get("ratchet"))
-        settings = _object(context.get("policy"))
-        reward = _choose_reward(trace, messages, context, settings)
+        context = json_object(trace.get("ratchet"))
+        settings = json_object(context.get("policy"))
+        reward = choose_reward(trace, messages, context, settings)
         if isinstance(reward, Rejection):
             return reward
         spec, reference = reward
@@ -446,33 +444,6 @@ def conversation_key(trace: Mapping[str, Any]) -> str | None:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def final_answer(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The content of the trace's last assistant message, when it made no tool call."""
-    for message in reversed(messages):
-        if message.get("role") == "assistant":
-            content = message.get("content")
-            if message.get("tool_calls") or not isinstance(content, str) or not content.strip():
-                return None
-            return content
-    return None
-
-
-def feedback_is_positive(feedback: Mapping[str, Any]) -> bool | None:
-    """True/False when feedback says the answer was right/wrong; None when it does not say.
-
-    A score counts first (>= 0.5 is positive, as the selection's failure threshold reads
-    scores); a label counts when it is one of :data:`POSITIVE_LABELS` (positive) or any
-    other word (negative).
-    """
-    score = feedback.get("score")
-    if isinstance(score, int | float) and not isinstance(score, bool):
-        return float(score) >= 0.5
-    label = feedback.get("label")
-    if isinstance(label, str) and label.strip():
-        return label.strip().lower().replace(" ", "_").replace("-", "_") in POSITIVE_LABELS
-    return None
-
-
 def _trace_shape(
     trace: Mapping[str, Any],
 ) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]] | Rejection:
@@ -499,65 +470,11 @@ def _trace_shape(
     return flat, list(messages)
 
 
-def _object(value: Any) -> Mapping[str, Any]:
-    """``value`` when it is a JSON object, else an empty one (optional trace fields)."""
-    return value if isinstance(value, Mapping) else {}
-
-
 def _prefix_message(message: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.get("role"), "content": message.get("content")}
     if message.get("name") is not None:
         out["name"] = message.get("name")
     return out
-
-
-def _choose_reward(
-    trace: Mapping[str, Any],
-    messages: Sequence[Mapping[str, Any]],
-    context: Mapping[str, Any],
-    settings: Mapping[str, Any],
-) -> tuple[dict[str, Any], str | None] | Rejection:
-    """The most trusted reward the trace allows (docs/curation.md, "Rewards"), or why none."""
-    metadata = _object(trace.get("metadata"))
-    try:
-        rule = matching.parse_rule(
-            metadata.get("reference_match", settings.get("reference_match", "text")),
-            where="metadata.reference_match",
-        )
-    except matching.MatchRuleError as exc:
-        return Rejection("bad_reference_match", str(exc))
-    feedback = context.get("feedback") if isinstance(context.get("feedback"), Mapping) else None
-    answer = final_answer(messages)
-    outcome = _object(trace.get("outcome"))
-    candidates: list[tuple[str, Any]] = []
-    if feedback is not None:
-        candidates.append(("feedback_correction", feedback.get("correction")))
-    candidates.append(("trace", trace.get("reference_answer")))
-    if feedback is not None and feedback_is_positive(feedback):
-        candidates.append(("feedback_positive", answer))
-    if outcome.get("success") is True and (feedback is None or feedback_is_positive(feedback)):
-        candidates.append(("success_trace", answer))
-    candidates.append(("success_trace", context.get("success_answer")))
-    for source, reference in candidates:
-        if isinstance(reference, str) and reference.strip():
-            if rule.rule == "regex" and (problem := matching.check_regex(reference)):
-                return Rejection("bad_reference_match", problem)
-            return {"kind": "reference", "source": source, "match": rule.to_dict()}, reference
-    endpoint = settings.get("judge_endpoint")
-    if isinstance(endpoint, str) and endpoint:
-        return {
-            "kind": "judge",
-            "endpoint": endpoint,
-            "model": settings.get("judge_model") or endpoint,
-            "rubric": settings.get("judge_rubric") or "",
-            "cost_per_1k_tokens": settings.get("judge_cost_per_1k_tokens") or 0.0,
-        }, None
-    return Rejection(
-        "no_reward_source",
-        "nothing can score this trace: no reference_answer, no feedback with a correction or "
-        "a positive score, no successful trace of the same conversation, and the loop names "
-        "no judge (curation_policy.judge_endpoint)",
-    )
 
 
 def _usage_error(tool: Mapping[str, Any], arguments: Mapping[str, Any] | str) -> str | None:
@@ -597,8 +514,6 @@ __all__ = [
     "LiveToolEndpoint",
     "ReplayEnvironment",
     "conversation_key",
-    "feedback_is_positive",
-    "final_answer",
     "openai_tools",
     "prompt_text",
 ]

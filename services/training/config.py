@@ -9,12 +9,12 @@ nothing it is handed.
 Each algorithm has one config dataclass (:class:`GRPOConfig`, :class:`SFTConfig`) that its
 one trainer (``grpo``, ``sft``) takes for every family; a family with other defaults or
 fields of its own has a subclass (hf: :class:`HFGRPOConfig`, :class:`HFSFTConfig`, with
-LoRA and ``recovery_fraction``). ``CONFIGS`` names the class of each (family, algorithm)
-pair, so a job or a loop profile refuses another family's keys. A bound a value must keep
-lives next to its field (``field(metadata=_bounds(...))``), so the error names the key and
-the range. The few keys a
-job reads besides its trainer's config (``threads``; for tiny SFT ``augment_fraction``; for
-a tiny model built from scratch ``model``) are listed in ``_JOB_OPTIONS``.
+LoRA and ``recovery_fraction``). :data:`ALGORITHMS` is the registry: one :class:`Algorithm`
+per name, with its config class per family (so a job or a loop profile refuses another
+family's keys), the few keys a job reads besides that config (``threads``; for tiny SFT
+``augment_fraction``; for a tiny model built from scratch ``model``), and the stage function
+the train job runs. A bound a value must keep lives next to its field
+(``field(metadata=_bounds(...))``), so the error names the key and the range.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 FAMILIES = ("tiny", "hf")
-ALGORITHMS = ("grpo", "sft", "rft", "dpo")
 STAGE_SEPARATOR = "."  # a chain's hyperparameter "rft.steps" is the rft stage's alone
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -285,17 +284,6 @@ class HFDPOConfig(DPOConfig, LoRAOptions):
 
 TrainerConfig = GRPOConfig | SFTConfig | DPOConfig  # the others are subclasses of these
 
-CONFIGS: dict[tuple[str, str], type[TrainerConfig]] = {
-    ("tiny", "grpo"): GRPOConfig,
-    ("tiny", "sft"): SFTConfig,
-    ("hf", "grpo"): HFGRPOConfig,
-    ("hf", "sft"): HFSFTConfig,
-    ("tiny", "rft"): RFTConfig,
-    ("hf", "rft"): HFRFTConfig,
-    ("tiny", "dpo"): DPOConfig,
-    ("hf", "dpo"): HFDPOConfig,
-}
-
 
 @dataclass(frozen=True)
 class JobOptions:
@@ -306,16 +294,46 @@ class JobOptions:
     model: Mapping[str, Any] | None = None  # tiny, no base checkpoint: the GPTConfig to build
 
 
-# The job options each (family, algorithm) accepts, besides its trainer config's fields.
-_JOB_OPTIONS: dict[tuple[str, str], frozenset[str]] = {
-    ("tiny", "grpo"): frozenset({"threads", "model"}),
-    ("tiny", "sft"): frozenset({"threads", "model", "augment_fraction"}),
-    ("hf", "grpo"): frozenset({"threads"}),
-    ("hf", "sft"): frozenset({"threads"}),
-    ("tiny", "rft"): frozenset({"threads"}),
-    ("hf", "rft"): frozenset({"threads"}),
-    ("tiny", "dpo"): frozenset({"threads"}),
-    ("hf", "dpo"): frozenset({"threads"}),
+@dataclass(frozen=True)
+class Algorithm:
+    """One training algorithm as the registry knows it (docs/design.md, "Adding an algorithm").
+
+    ``trainer`` is ``"module:function"``, the stage function a train job calls
+    (:data:`services.training.stages.StageTrainer`): a name, not the function, because this
+    module is the api's too and the api never imports torch; the job imports it.
+    """
+
+    configs: Mapping[str, type[TrainerConfig]]  # family → the trainer's config class
+    job_options: Mapping[str, frozenset[str]]  # family → the job options it takes besides
+    trainer: str
+    from_scratch: bool = False  # may start without a base checkpoint (a fresh model)
+
+
+_THREADS = frozenset({"threads"})
+
+# Every algorithm a loop's profile or a train job may name, and a chain's stages.
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm(
+        configs={"tiny": GRPOConfig, "hf": HFGRPOConfig},
+        job_options={"tiny": frozenset({"threads", "model"}), "hf": _THREADS},
+        trainer="services.training.stages:grpo_stage",
+    ),
+    "sft": Algorithm(
+        configs={"tiny": SFTConfig, "hf": HFSFTConfig},
+        job_options={"tiny": frozenset({"threads", "model", "augment_fraction"}), "hf": _THREADS},
+        trainer="services.training.stages:sft_stage",
+        from_scratch=True,
+    ),
+    "rft": Algorithm(
+        configs={"tiny": RFTConfig, "hf": HFRFTConfig},
+        job_options={"tiny": _THREADS, "hf": _THREADS},
+        trainer="services.training.stages:rft_stage",
+    ),
+    "dpo": Algorithm(
+        configs={"tiny": DPOConfig, "hf": HFDPOConfig},
+        job_options={"tiny": _THREADS, "hf": _THREADS},
+        trainer="services.training.stages:dpo_stage",
+    ),
 }
 
 
@@ -331,7 +349,7 @@ def known_keys(family: str, algorithm: str) -> frozenset[str]:
     """Every hyper-parameter a ``family`` ``algorithm`` job accepts (``seed`` is the spec's)."""
     config_cls = _config_class(family, algorithm)
     names = {f.name for f in fields(config_cls)} - {"seed"}
-    return frozenset(names) | _JOB_OPTIONS[(family, algorithm)]
+    return frozenset(names) | ALGORITHMS[algorithm].job_options[family]
 
 
 def parse_hyperparameters(
@@ -373,7 +391,14 @@ def _config_class(family: str, algorithm: str) -> type[TrainerConfig]:
         raise HyperparameterError(
             None, f"unknown algorithm {algorithm!r} (expected one of {', '.join(ALGORITHMS)})"
         )
-    return CONFIGS[(family, algorithm)]
+    configs = ALGORITHMS[algorithm].configs
+    if family not in configs:
+        raise HyperparameterError(
+            None,
+            f"algorithm {algorithm!r} has no trainer for the {family} family "
+            f"(it trains {', '.join(configs)})",
+        )
+    return configs[family]
 
 
 def _typed(key: str, hint: object, value: object) -> Any:

@@ -7,7 +7,9 @@ Spec (``ratchet.job/v1``, kind ``train``)::
      "output_dir": "out/", "hyperparameters": {...}, "seed": 0, "device": "auto"}
 
 ``RATCHET_DATASET``, ``RATCHET_BASE_CHECKPOINT`` and ``RATCHET_OUTPUT_DIR`` override the
-paths. ``algorithm`` is ``grpo``, ``sft``, ``rft`` or ``dpo``, or a chain of them
+paths. ``algorithm`` is a name of the registry (:data:`services.training.config.ALGORITHMS`:
+``grpo``, ``sft``, ``rft``, ``dpo``; each runs through its stage function, see
+:mod:`services.training.stages`), or a chain of them
 (``["rft", "grpo"]``: each stage from the previous stage's weights; a key ``"rft.steps"`` is
 one stage's, a plain key every stage's that takes it; metrics.json's ``stages`` says what
 each stage saw and did). ``grpo``, ``rft`` and ``dpo`` need a dataset and a base checkpoint;
@@ -32,6 +34,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,27 +45,14 @@ from services.environments.registry import get_environment
 from services.inference.remote import RemoteError, attach_rollout_backend
 from services.training.checkpoint import CheckpointError, read_manifest, verify_checkpoint
 from services.training.config import (
-    DPOConfig,
-    GRPOConfig,
-    HFSFTConfig,
+    ALGORITHMS,
     HyperparameterError,
     Hyperparameters,
-    RFTConfig,
-    SFTConfig,
     algorithm_chain,
-    known_keys,
 )
 from services.training.device import use_threads
 from services.training.distributed import DistContext, init_job_distributed, shutdown_distributed
-from services.training.dpo import train_dpo
-from services.training.family import (
-    DemonstrationOptions,
-    Family,
-    FamilyModel,
-    family_for,
-    family_names,
-)
-from services.training.grpo import train_grpo
+from services.training.family import Family, FamilyModel, family_for, family_names
 from services.training.jobspec import (
     EXIT_FAILED,
     JobError,
@@ -74,8 +64,7 @@ from services.training.jobspec import (
 )
 from services.training.optim import TrainingDiverged
 from services.training.phases import PhaseClock, phase_report
-from services.training.rft import train_rft
-from services.training.sft import train_sft
+from services.training.stages import StageResult, StageRun, stage_trainer
 
 logger = logging.getLogger("services.training.job")
 
@@ -113,20 +102,10 @@ def _run(spec: JobSpec) -> int:
     except ValueError as exc:
         raise JobError(str(exc)) from None
     parent = model.checkpoint_id
+    run = StageRun(env, tasks, model, hypers[0], ctx, state_dir=spec.output_dir / "state")
     started = time.monotonic()
-    try:
-        if len(stages) == 1:
-            metrics, trainer_phases = _train_stage(
-                spec, env, tasks, model, stages[0], hypers[0], ctx, state="state"
-            )
-        else:
-            metrics, trainer_phases = _train_chain(spec, env, tasks, model, stages, hypers, ctx)
-    except TrainingDiverged as exc:
-        raise JobError(str(exc), exit_code=EXIT_FAILED) from None
-    except RemoteError as exc:
-        raise JobError(f"remote rollouts failed: {exc}", exit_code=EXIT_FAILED) from None
-    except ValueError as exc:  # e.g. an environment without the family's rendering
-        raise JobError(str(exc)) from None
+    result = _train(run, stages, hypers)
+    metrics = result.metrics
     metrics["wall_s"] = round(time.monotonic() - started, 3)
     metrics.update(
         run_id=spec.run_id,
@@ -145,55 +124,49 @@ def _run(spec: JobSpec) -> int:
         round(total_tokens / metrics["wall_s"], 1) if metrics["wall_s"] else 0.0
     )
     if ctx.is_main:
-        meta: dict[str, object] = {
-            "algorithm": metrics["algorithm"],
-            "run_id": spec.run_id,
-            "steps": metrics["steps"],
-        }
-        with clock.phase("sync"):
-            if checkpoint_dir.exists():
-                _remove_partial(checkpoint_dir)
-            manifest = model.save(checkpoint_dir, parent=parent, metadata=meta)
-        metrics["checkpoint_id"] = manifest.checkpoint_id
-        metrics["phases"] = phase_report(clock, trainer_phases, world_size=ctx.world_size)
-        write_json(metrics_path, metrics)
-        logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
+        _save(spec, model, StageResult(metrics, result.phases), clock=clock, ctx=ctx)
     ctx.barrier()
     return 0
 
 
-def _train_stage(
-    spec: JobSpec,
-    env: Environment,
-    tasks: list[TaskSpec],
-    model: FamilyModel,
-    algorithm: str,
-    hyper: Hyperparameters,
-    ctx: DistContext,
-    *,
-    state: str,
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """One algorithm's run on ``model``, in place: its metrics (GRPO resumes under
-    ``output_dir/state``) and its trainer's seconds per phase (rft and dpo report none:
-    their time is the run's ``other``)."""
-    config = hyper.config
-    if algorithm == "grpo":
-        assert isinstance(config, GRPOConfig)  # parse_hyperparameters' class for grpo
-        return _train_grpo(spec, env, tasks, model, config, ctx, state_dir=spec.output_dir / state)
-    if algorithm == "rft":
-        assert isinstance(config, RFTConfig)
-        rft = train_rft(model, env, tasks, config, ctx=ctx)
-        return {**rft.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}, {}
-    if algorithm == "dpo":
-        assert isinstance(config, DPOConfig)
-        dpo = train_dpo(model, env, tasks, config, ctx=ctx)
-        return {**dpo.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}, {}
-    assert isinstance(config, SFTConfig)
-    return _train_sft(env, tasks, model, hyper, ctx)
+def _train(run: StageRun, stages: tuple[str, ...], hypers: list[Hyperparameters]) -> StageResult:
+    """The job's one stage or its chain, with the failures a trainer may meet as job errors."""
+    try:
+        if len(stages) == 1:
+            return stage_trainer(stages[0])(run)
+        return _train_chain(run, stages, hypers)
+    except TrainingDiverged as exc:
+        raise JobError(str(exc), exit_code=EXIT_FAILED) from None
+    except RemoteError as exc:
+        raise JobError(f"remote rollouts failed: {exc}", exit_code=EXIT_FAILED) from None
+    except ValueError as exc:  # e.g. an environment without the family's rendering
+        raise JobError(str(exc)) from None
+
+
+def _save(
+    spec: JobSpec, model: FamilyModel, result: StageResult, *, clock: PhaseClock, ctx: DistContext
+) -> None:
+    """Write the checkpoint (over a killed run's partial one) and metrics.json, last: a job
+    whose metrics.json is there is complete."""
+    metrics = result.metrics
+    checkpoint_dir = spec.output_dir / "checkpoint"
+    meta: dict[str, object] = {
+        "algorithm": metrics["algorithm"],
+        "run_id": spec.run_id,
+        "steps": metrics["steps"],
+    }
+    with clock.phase("sync"):
+        if checkpoint_dir.exists():
+            _remove_partial(checkpoint_dir)
+        manifest = model.save(checkpoint_dir, parent=metrics["parent_checkpoint_id"], metadata=meta)
+    metrics["checkpoint_id"] = manifest.checkpoint_id
+    metrics["phases"] = phase_report(clock, result.phases, world_size=ctx.world_size)
+    write_json(spec.output_dir / "metrics.json", metrics)
+    logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
 
 
 # What each stage of a chain reports in metrics.json's ``stages`` (beside its algorithm).
-_STAGE_KEYS = (
+STAGE_KEYS = (
     "steps",
     "episodes",
     "successes",
@@ -211,32 +184,26 @@ _STAGE_KEYS = (
 
 
 def _train_chain(
-    spec: JobSpec,
-    env: Environment,
-    tasks: list[TaskSpec],
-    model: FamilyModel,
-    stages: tuple[str, ...],
-    hypers: list[Hyperparameters],
-    ctx: DistContext,
-) -> tuple[dict[str, Any], dict[str, float]]:
+    first: StageRun, stages: tuple[str, ...], hypers: list[Hyperparameters]
+) -> StageResult:
     """Each stage on the previous stage's weights; the totals, and what each stage saw and
     did under ``stages``. A GRPO stage resumes under ``state/stage-<n>-grpo``; a restarted
     job reruns the stages before it, which give the same weights (every stage is seeded)."""
     reports: list[dict[str, Any]] = []
     phases: dict[str, float] = {}
     for index, (algorithm, hyper) in enumerate(zip(stages, hypers, strict=True)):
-        state = f"state/stage-{index + 1}-{algorithm}"
-        metrics, seconds = _train_stage(spec, env, tasks, model, algorithm, hyper, ctx, state=state)
-        for name, value in seconds.items():
+        state_dir = first.state_dir / f"stage-{index + 1}-{algorithm}"
+        result = stage_trainer(algorithm)(replace(first, hyper=hyper, state_dir=state_dir))
+        for name, value in result.phases.items():
             phases[name] = phases.get(name, 0.0) + value
         reports.append(
             {"stage": index + 1, "algorithm": algorithm}
-            | {key: metrics[key] for key in _STAGE_KEYS if key in metrics}
+            | {key: result.metrics[key] for key in STAGE_KEYS if key in result.metrics}
         )
-        if ctx.is_main:
+        if first.ctx.is_main:
             logger.info("stage %d/%d (%s) done", index + 1, len(stages), algorithm)
     last = reports[-1]
-    return {
+    totals = {
         "steps": sum(r["steps"] for r in reports),
         "train_tokens": sum(r["train_tokens"] for r in reports),
         "rollout_tokens": sum(r["rollout_tokens"] for r in reports),
@@ -244,7 +211,8 @@ def _train_chain(
         "final_loss": last.get("final_loss"),
         "final_pass_rate": last.get("final_pass_rate"),
         "stages": reports,
-    }, phases
+    }
+    return StageResult(totals, phases)
 
 
 def _base_family(spec: JobSpec) -> str:
@@ -275,10 +243,11 @@ def _initial_model(
     spec: JobSpec, algorithm: str, family: Family, hyper: Hyperparameters, ctx: DistContext
 ) -> FamilyModel:
     """The base checkpoint with its trainable setup (its first stage's), or (a first stage
-    of SFT only) a fresh model: the others learn from what the model samples."""
+    whose algorithm may start from scratch: SFT) a fresh model: the others learn from what
+    the model samples."""
     torch.manual_seed(spec.seed)  # a fresh model's or a new LoRA adapter's initial weights
     if spec.base_checkpoint is None:
-        if algorithm != "sft":
+        if not ALGORITHMS[algorithm].from_scratch:
             raise JobError(
                 f"{algorithm} needs a base checkpoint: set 'base_checkpoint' or "
                 "RATCHET_BASE_CHECKPOINT"
@@ -314,65 +283,6 @@ def _dataset(spec: JobSpec) -> list[TaskSpec]:
             f"dataset has tasks of environment(s) {sorted(foreign)}, job is {spec.environment}"
         )
     return tasks
-
-
-def _train_grpo(
-    spec: JobSpec,
-    env: Environment,
-    tasks: list[TaskSpec],
-    model: FamilyModel,
-    config: GRPOConfig,
-    ctx: DistContext,
-    *,
-    state_dir: Path,
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """The run's metrics and its trainer's seconds per phase."""
-    result = train_grpo(model, env, tasks, config, ctx=ctx, state_dir=state_dir)
-    metrics = {
-        **result.counters.metrics(),
-        "resumed_from_step": result.resumed_from_step,
-        "final_loss": result.counters.history[-1]["loss"] if result.counters.history else None,
-        "final_reward": result.final_reward,
-        "final_pass_rate": result.final_pass_rate,
-        "successes": int(sum(row.get("successes", 0.0) for row in result.counters.history)),
-        "hyperparameters": config.to_dict(),
-    }
-    return metrics, result.counters.phase_s
-
-
-def _train_sft(
-    env: Environment,
-    tasks: list[TaskSpec],
-    model: FamilyModel,
-    hyper: Hyperparameters,
-    ctx: DistContext,
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """The run's metrics and its trainer's seconds per phase."""
-    config = hyper.config
-    assert isinstance(config, SFTConfig)
-    augment = hyper.options.augment_fraction
-    options = DemonstrationOptions(
-        seed=config.seed,
-        augment_fraction=augment,
-        recovery_fraction=config.recovery_fraction if isinstance(config, HFSFTConfig) else 0.0,
-    )
-    try:
-        sequences = model.demonstrations(env, tasks, options)
-    except (NotImplementedError, ValueError) as exc:
-        raise JobError(f"cannot build demonstrations: {exc}") from None
-    result = train_sft(model, sequences, config, ctx=ctx)
-    hyperparameters = config.to_dict()
-    if "augment_fraction" in known_keys(model.family, "sft"):  # a job option of this family
-        hyperparameters["augment_fraction"] = augment
-    metrics = {
-        **result.metrics(),
-        "final_loss": result.final_loss,
-        "final_reward": None,
-        "final_pass_rate": None,
-        "demonstrations": len(sequences),
-        "hyperparameters": hyperparameters,
-    }
-    return metrics, result.phase_s
 
 
 def _remove_partial(checkpoint_dir: Path) -> None:

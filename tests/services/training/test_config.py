@@ -9,7 +9,7 @@ from dataclasses import fields
 import pytest
 
 from services.training.config import (
-    CONFIGS,
+    ALGORITHMS,
     GRPOConfig,
     HFGRPOConfig,
     HFSFTConfig,
@@ -21,10 +21,11 @@ from services.training.config import (
 
 
 def test_no_hyperparameters_are_the_trainers_defaults() -> None:
-    for (family, algorithm), config_cls in CONFIGS.items():
-        checked = parse_hyperparameters(family, algorithm, {}, seed=3)
-        assert checked.config == config_cls(seed=3)
-        assert checked.options.threads is None and checked.options.augment_fraction == 0.0
+    for algorithm, entry in ALGORITHMS.items():
+        for family, config_cls in entry.configs.items():
+            checked = parse_hyperparameters(family, algorithm, {}, seed=3)
+            assert checked.config == config_cls(seed=3)
+            assert checked.options.threads is None and checked.options.augment_fraction == 0.0
 
 
 def test_values_are_taken_as_json_gives_them() -> None:

@@ -16,7 +16,7 @@ stored task attaches to it; a component of new tasks keeps its smallest content 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -194,47 +194,12 @@ def plan(
         raise ValueError("new tasks must have distinct content hashes (collapse exact duplicates)")
     by_key = {t.key: t for t in new}
     links = _links(new, stored, min_similarity=cluster_threshold)
-
-    def is_duplicate(link: _Link) -> bool:
-        other = link.stored.verifier if link.stored is not None else by_key[link.b or ""].verifier
-        return link.similarity >= near_duplicate_threshold and by_key[link.a].verifier == other
-
-    dup_sets = _UnionFind(keys)
-    dup_stored: dict[str, list[_Link]] = defaultdict(list)
-    for link in links:
-        if not is_duplicate(link):
-            continue
-        if link.stored is not None:
-            dup_stored[link.a].append(link)
-        elif link.b is not None:
-            dup_sets.union(link.a, link.b)
-
+    dup_sets, dup_stored = _duplicate_links(links, by_key, near_duplicate_threshold)
     decisions: dict[str, Decision] = {}
     representatives: list[str] = []
     for root, members in dup_sets.groups().items():
-        member_links = [link for m in members for link in dup_stored.get(m, ())]
-        anchor = _best_stored(member_links)
-        if anchor is None:
+        if not _decide_group(root, members, dup_stored, by_key, decisions):
             representatives.append(root)
-            for member in members:
-                if member != root:
-                    sim = _similarity(by_key[member], by_key[root])
-                    decisions[member] = Decision(member, "duplicate", "", sim, target_key=root)
-            continue
-        assert anchor.stored is not None
-        for member in members:
-            direct = _best_stored(dup_stored.get(member, ()))
-            target = direct or anchor
-            assert target.stored is not None
-            sim = target.similarity if direct is not None else anchor.similarity
-            decisions[member] = Decision(
-                member,
-                "duplicate",
-                target.stored.cluster_id,
-                sim,
-                target_task_id=target.stored.task_id,
-            )
-
     _assign_clusters(representatives, links, cluster_threshold, decisions)
     for member, decision in list(decisions.items()):
         if decision.kind == "duplicate" and decision.target_key is not None:
@@ -243,6 +208,56 @@ def plan(
                 member, "duplicate", cluster, decision.similarity, target_key=decision.target_key
             )
     return decisions
+
+
+def _duplicate_links(
+    links: Sequence[_Link], by_key: Mapping[str, NewTask], threshold: float
+) -> tuple[_UnionFind, dict[str, list[_Link]]]:
+    """The near-duplicate links (at least ``threshold`` alike, the same verifier): the new
+    tasks joined into sets of duplicates of each other, and each new task's links to
+    stored tasks it duplicates."""
+    dup_sets = _UnionFind(list(by_key))
+    dup_stored: dict[str, list[_Link]] = defaultdict(list)
+    for link in links:
+        other = link.stored.verifier if link.stored is not None else by_key[link.b or ""].verifier
+        if link.similarity < threshold or by_key[link.a].verifier != other:
+            continue
+        if link.stored is not None:
+            dup_stored[link.a].append(link)
+        elif link.b is not None:
+            dup_sets.union(link.a, link.b)
+    return dup_sets, dup_stored
+
+
+def _decide_group(
+    root: str,
+    members: Sequence[str],
+    dup_stored: Mapping[str, list[_Link]],
+    by_key: Mapping[str, NewTask],
+    decisions: dict[str, Decision],
+) -> bool:
+    """Decide a set of new tasks that duplicate each other: each a duplicate of the stored
+    task it is closest to, or of the one the set is closest to (True); without a stored
+    duplicate, the others are duplicates of ``root``, which is new (False)."""
+    anchor = _best_stored(link for m in members for link in dup_stored.get(m, ()))
+    if anchor is None:
+        for member in members:
+            if member != root:
+                sim = _similarity(by_key[member], by_key[root])
+                decisions[member] = Decision(member, "duplicate", "", sim, target_key=root)
+        return False
+    for member in members:
+        direct = _best_stored(dup_stored.get(member, ()))
+        target = direct or anchor
+        assert target.stored is not None
+        decisions[member] = Decision(
+            member,
+            "duplicate",
+            target.stored.cluster_id,
+            target.similarity,
+            target_task_id=target.stored.task_id,
+        )
+    return True
 
 
 def _assign_clusters(

@@ -174,52 +174,68 @@ def convert_messages(items: Any, what: str) -> list[dict[str, Any]]:
         role = _ROLES.get(raw_role) if isinstance(raw_role, str) else None
         if role is None:
             raise MappingError(f"{what}[{position}] has an unsupported role {raw_role!r}")
-        parts = item.get("parts")
-        if not isinstance(parts, list):
-            content = item.get("content")  # the older flat {"role", "content"} form
-            parts = [{"type": "text", "content": content}] if content is not None else []
-        texts: list[str] = []
-        calls: list[dict[str, Any]] = []
-        responses: list[dict[str, Any]] = []
-        for part in parts:
-            if not isinstance(part, dict):
-                continue
-            kind = part.get("type")
-            if kind == "text" and part.get("content") is not None:
-                texts.append(_text_of(part["content"]))
-            elif kind == "tool_call" and isinstance(part.get("name"), str):
-                arguments = part.get("arguments")
-                if not isinstance(arguments, dict | str):
-                    arguments = {} if arguments is None else _text_of(arguments)
-                call_id = part.get("id")
-                calls.append(
-                    {
-                        "id": call_id
-                        if isinstance(call_id, str) and call_id
-                        else f"call_{len(calls)}",
-                        "name": part["name"],
-                        "arguments": arguments,
-                    }
-                )
-            elif kind == "tool_call_response":
-                responses.append(part)
+        texts, calls, responses = _split_parts(_parts(item))
         if responses:
-            for response in responses:
-                message: dict[str, Any] = {
-                    "role": "tool",
-                    "content": _text_of(response.get("response")),
-                }
-                if isinstance(response.get("id"), str) and response["id"]:
-                    message["tool_call_id"] = response["id"]
-                messages.append(message)
+            messages.extend(_tool_message(response) for response in responses)
             continue
-        message = {"role": role, "content": "\n".join(texts) if texts else None}
+        message: dict[str, Any] = {"role": role, "content": "\n".join(texts) if texts else None}
         if calls and role == "assistant":
             message["tool_calls"] = calls
         if isinstance(item.get("name"), str) and item["name"]:
             message["name"] = item["name"]
         messages.append(message)
     return messages
+
+
+def _parts(item: dict[str, Any]) -> list[Any]:
+    """A message's typed parts; the older flat ``{"role", "content"}`` form as one text part."""
+    parts = item.get("parts")
+    if isinstance(parts, list):
+        return parts
+    content = item.get("content")
+    return [{"type": "text", "content": content}] if content is not None else []
+
+
+def _split_parts(
+    parts: list[Any],
+) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A message's texts, tool calls (as ratchet.trace/v1 calls) and tool call responses;
+    parts of any other type are dropped."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    responses: list[dict[str, Any]] = []
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind == "text" and part.get("content") is not None:
+            texts.append(_text_of(part["content"]))
+        elif kind == "tool_call" and isinstance(part.get("name"), str):
+            calls.append(_tool_call(part, position=len(calls)))
+        elif kind == "tool_call_response":
+            responses.append(part)
+    return texts, calls, responses
+
+
+def _tool_call(part: dict[str, Any], *, position: int) -> dict[str, Any]:
+    """A ``tool_call`` part as a call; one without an id is named by its position."""
+    arguments = part.get("arguments")
+    if not isinstance(arguments, dict | str):
+        arguments = {} if arguments is None else _text_of(arguments)
+    call_id = part.get("id")
+    return {
+        "id": call_id if isinstance(call_id, str) and call_id else f"call_{position}",
+        "name": part["name"],
+        "arguments": arguments,
+    }
+
+
+def _tool_message(response: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_call_response`` part as a ``tool`` message."""
+    message: dict[str, Any] = {"role": "tool", "content": _text_of(response.get("response"))}
+    if isinstance(response.get("id"), str) and response["id"]:
+        message["tool_call_id"] = response["id"]
+    return message
 
 
 def _system_messages(spans: list[SpanView]) -> list[dict[str, Any]]:

@@ -196,7 +196,7 @@ def train_dpo(
     model.train()
     started = time.monotonic()
     for step in range(config.steps):
-        stats = _dpo_step(step, model, pairs, weights, reference, config, optimizer, params, ctx)
+        stats = _dpo_step(step, model, pairs, weights, reference, config, optimizer, ctx)
         counters.train_tokens += int(stats.pop("local_tokens"))
         counters.history.append(stats)
         counters.final_loss = stats["loss"]
@@ -242,9 +242,9 @@ def _dpo_step(
     reference: torch.Tensor,
     config: DPOConfig,
     optimizer: torch.optim.Optimizer,
-    params: list[torch.nn.Parameter],
     ctx: DistContext,
 ) -> dict[str, float]:
+    params = [p for _, p in model.trainable_parameters()]  # the optimizer's, in its order
     generator = torch.Generator().manual_seed(derive_seed(config.seed, _DRAW_STREAM, step))
     drawn = torch.multinomial(
         torch.tensor(weights, dtype=torch.float64), config.batch_size, True, generator=generator

@@ -197,12 +197,8 @@ def parse_args(argv: list[str], prog: str) -> str | None:
     return spec
 
 
-def load_spec(spec_arg: str | None, env: JobEnvironment, *, kind: str) -> JobSpec:
-    """Read and validate the spec for a job of ``kind`` ("train" or "eval")."""
-    spec_path = spec_arg or env.spec
-    if not spec_path:
-        raise JobError(f"no job spec: pass --spec or set {ENV_SPEC}")
-    path = Path(spec_path)
+def _read_spec(path: Path) -> dict[str, Any]:
+    """The spec file's JSON object, or a job error saying why there is none."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -217,6 +213,11 @@ def load_spec(spec_arg: str | None, env: JobEnvironment, *, kind: str) -> JobSpe
         ) from None
     if not isinstance(raw, dict):
         raise JobError(f"spec file {path} must hold a JSON object")
+    return raw
+
+
+def _check_spec(raw: dict[str, Any], *, kind: str) -> None:
+    """Refuse a spec of another schema or kind, or with a field of the wrong type (named)."""
     if raw.get("schema") != JOB_SCHEMA:
         raise JobError(f"spec schema must be {JOB_SCHEMA!r}, got {raw.get('schema')!r}")
     if raw.get("kind") != kind:
@@ -230,12 +231,24 @@ def load_spec(spec_arg: str | None, env: JobEnvironment, *, kind: str) -> JobSpe
     device = raw.get("device", "auto")
     if device not in ("auto", "cpu", "cuda"):
         raise JobError(f"spec 'device' must be auto, cpu or cuda, got {device!r}")
-    hyper = raw.get("hyperparameters", {})
-    if not isinstance(hyper, dict):
+    if not isinstance(raw.get("hyperparameters", {}), dict):
         raise JobError("spec 'hyperparameters' must be an object")
-    environment = raw.get("environment", "toolcalc")
-    if not isinstance(environment, str):
+    if not isinstance(raw.get("environment", "toolcalc"), str):
         raise JobError("spec 'environment' must be a string")
+
+
+def load_spec(spec_arg: str | None, env: JobEnvironment, *, kind: str) -> JobSpec:
+    """Read and validate the spec for a job of ``kind`` ("train" or "eval")."""
+    spec_path = spec_arg or env.spec
+    if not spec_path:
+        raise JobError(f"no job spec: pass --spec or set {ENV_SPEC}")
+    raw = _read_spec(Path(spec_path))
+    _check_spec(raw, kind=kind)
+    run_id: str = raw["run_id"]
+    seed: int = raw.get("seed", 0)
+    device: str = raw.get("device", "auto")
+    hyper: dict[str, Any] = raw.get("hyperparameters", {})
+    environment: str = raw.get("environment", "toolcalc")
     output = env.output_dir or _opt_str(raw, "output_dir")
     if not output:
         raise JobError(f"no output dir: set 'output_dir' in the spec or {ENV_OUTPUT_DIR}")

@@ -126,7 +126,7 @@ class Lineage:
         return self.ancestry[1:]
 
 
-def serving_lineage(session: Session, *, loop_id: int) -> Lineage | None:
+def serving_lineage(*, session: Session, loop_id: int) -> Lineage | None:
     """The lineage of the loop's champion, or ``None`` when the loop has no champion."""
     row = (
         session.execute(_LINEAGE_SQL, {"loop_id": loop_id, "max_ancestry": MAX_ANCESTRY})

@@ -20,27 +20,26 @@ from services.dashboard.lineage import serving_lineage
 from services.dashboard.links import CHILD_WORKFLOW_STAGES, RUN_KIND_STAGE, TemporalLinks
 from services.dashboard.logs_tail import read_logs_tail
 from services.dashboard.queries import (
-    CycleRow,
     LiveSeries,
     LoopEvent,
     failure_clusters,
     live_success_series,
-    loop_cycles,
     loop_events,
-    loop_spend,
-    loops_overview,
-    recent_outcomes,
     recent_runs,
     run_detail,
 )
 from services.dashboard.render import pct, usd, when
 from services.dashboard.timeline import Step, cycle_steps
 from services.db.models import Loop
+from services.db.queries.cycle_history import CycleRow, loop_cycles
 from services.db.queries.cycles import run_record
+from services.db.queries.live import live_counts
+from services.db.queries.loop_overview import loops_overview
 from services.db.queries.loops import config_versions
+from services.db.queries.points import CyclePoints, intelligence_per_dollar
 from services.db.queries.serving_ledger import ChampionFigures, loop_champion_figures
+from services.db.queries.spend import loop_spend
 from services.db.queries.traces import curation_counts
-from services.evaluation.stats import wilson_interval
 from services.loop.estimate import run_phase_costs
 
 
@@ -217,60 +216,24 @@ def cost_chart(cycles: Sequence[CycleRow]) -> Markup | None:
     return charts.bar_chart(bars, y_axis=axis, title="Cost per cycle (USD)")
 
 
-@dataclass(frozen=True)
-class PointsPerDollar:
-    """Pass-rate points gained per dollar after one cycle: its own and cumulative."""
-
-    cycle: int
-    points: float
-    cost: float
-    cycle_ratio: float | None
-    cumulative_ratio: float | None
-
-
-def points_per_dollar(cycles: Sequence[CycleRow]) -> list[PointsPerDollar]:
-    """Intelligence per dollar per accounted cycle, in cycle order (DESIGN §8).
-
-    Every accounted cycle's cost counts, rejected ones too: that is what the points cost.
-    """
-    result: list[PointsPerDollar] = []
-    total_points = total_cost = 0.0
-    for cycle in sorted(cycles, key=lambda c: c.number):
-        if cycle.is_open or cycle.points_gained is None:
-            continue
-        cost = float(cycle.cost_usd)
-        total_points += cycle.points_gained
-        total_cost += cost
-        result.append(
-            PointsPerDollar(
-                cycle=cycle.number,
-                points=cycle.points_gained,
-                cost=cost,
-                cycle_ratio=cycle.points_gained / cost if cost > 0 else None,
-                cumulative_ratio=total_points / total_cost if total_cost > 0 else None,
-            )
-        )
-    return result
-
-
-def points_per_dollar_chart(rows: Sequence[PointsPerDollar]) -> Markup | None:
-    measured = [r for r in rows if r.cumulative_ratio is not None]
+def points_per_dollar_chart(rows: Sequence[CyclePoints]) -> Markup | None:
+    """Intelligence per dollar per accounted cycle and cumulative (services.db.queries.points)."""
+    measured = [r for r in rows if r.cumulative_points_per_dollar is not None]
     if not measured:
         return None
-    values = [r.cumulative_ratio for r in measured if r.cumulative_ratio is not None]
-    values += [r.cycle_ratio for r in measured if r.cycle_ratio is not None]
-    ticks = charts.nice_ticks(min(0.0, *values), max(0.0, *values) or 1.0)
+    values = [r.cumulative_points_per_dollar for r in measured]
+    values += [r.points_per_dollar for r in measured]
+    found = [v for v in values if v is not None]
+    ticks = charts.nice_ticks(min(0.0, *found), max(0.0, *found) or 1.0)
     per_cycle = [
-        charts.Point(r.cycle, r.cycle_ratio, f"cycle {r.cycle}: {r.cycle_ratio:.2f} points/$")
+        charts.Point(r.cycle, ratio, f"cycle {r.cycle}: {ratio:.2f} points/$")
         for r in measured
-        if r.cycle_ratio is not None
+        if (ratio := r.points_per_dollar) is not None
     ]
     cumulative = [
-        charts.Point(
-            r.cycle, r.cumulative_ratio, f"after cycle {r.cycle}: {r.cumulative_ratio:.2f} points/$"
-        )
+        charts.Point(r.cycle, ratio, f"after cycle {r.cycle}: {ratio:.2f} points/$")
         for r in measured
-        if r.cumulative_ratio is not None
+        if (ratio := r.cumulative_points_per_dollar) is not None
     ]
     return charts.line_chart(
         [
@@ -315,7 +278,7 @@ def serving_cost_chart(champions: Sequence[ChampionFigures]) -> Markup | None:
 
 
 def overview_context(session: Session) -> dict[str, Any]:
-    return {"loops": loops_overview(session)}
+    return {"loops": loops_overview(session=session)}
 
 
 def cycle_links(links: TemporalLinks, loop: str, cycle: CycleRow) -> list[tuple[str, str]]:
@@ -345,39 +308,39 @@ def loop_context(
 ) -> dict[str, Any]:
     """Everything the loop page shows; ``cached_token_weight`` prices cached prompt tokens
     (``RATCHET_SERVING_CACHED_TOKEN_WEIGHT``)."""
-    cycles = loop_cycles(session, loop_id=loop.id)
+    cycles = loop_cycles(session=session, loop_id=loop.id)
     current = cycles[0] if cycles else None
-    live = live_success_series(session, loop_id=loop.id)
-    events = loop_events(session, loop_id=loop.id, since=live.start) if live else []
-    ppd = points_per_dollar(cycles)
-    live_passed, live_n = recent_outcomes(session, loop_id=loop.id)
+    live = live_success_series(session=session, loop_id=loop.id)
+    events = loop_events(session=session, loop_id=loop.id, since=live.start) if live else []
+    ppd = intelligence_per_dollar(session=session, loop_id=loop.id).cycles
+    recent = live_counts(session=session, loop=loop)
     champions = loop_champion_figures(
         session=session, loop=loop, cached_token_weight=cached_token_weight
     )
     return {
         "ratchet_loop": loop,
-        "spend": loop_spend(session, loop_id=loop.id),
+        "spend": loop_spend(session=session, loop_id=loop.id).cost_usd,
         "current": current,
         "steps": _steps(current) if current else [],
         "cycles": cycles,
         "cycle_links": {c.number: cycle_links(links, loop.name, c) for c in cycles},
         "evaluation_chart": evaluation_chart(cycles),
         "live": live,
-        "live_passed": live_passed,
-        "live_n": live_n,
-        "live_rate": live_passed / live_n if live_n else None,
-        "live_interval": wilson_interval(live_passed, live_n) if live_n else None,
+        "live_passed": recent.successes,
+        "live_n": recent.n,
+        "live_rate": recent.rate,
+        "live_interval": recent.interval if recent.n else None,
         "live_chart": live_chart(live, events) if live else None,
         "events": events,
-        "clusters": failure_clusters(session, loop_id=loop.id),
+        "clusters": failure_clusters(session=session, loop_id=loop.id),
         "curation": curation_counts(session=session, loop_id=loop.id),
-        "lineage": serving_lineage(session, loop_id=loop.id),
+        "lineage": serving_lineage(session=session, loop_id=loop.id),
         "cost_chart": cost_chart(cycles),
         "ppd": ppd,
         "ppd_chart": points_per_dollar_chart(ppd),
         "champions": champions,
         "serving_chart": serving_cost_chart(champions),
-        "runs": recent_runs(session, loop_id=loop.id),
+        "runs": recent_runs(session=session, loop_id=loop.id),
         "actions": loop_actions(loop, has_open_cycle=bool(current and current.is_open)),
         "loop_url": links.loop(loop.name),
         "loop_search_url": links.loop_search(loop.name),
@@ -394,7 +357,7 @@ def run_context(
     log_roots: Sequence[Path],
 ) -> dict[str, Any] | None:
     """Everything the run page shows, or ``None`` when the loop has no such run."""
-    detail = run_detail(session, loop_id=loop.id, run_id=run_id)
+    detail = run_detail(session=session, loop_id=loop.id, run_id=run_id)
     if detail is None:
         return None
     run = detail.run

@@ -31,16 +31,10 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from services.db.base import Base
-
-JSON = JSONB(none_as_null=True)
-
-
-def _now_column() -> Mapped[dt.datetime]:
-    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+from services.db.columns import JSON, now_column
 
 
 class Loop(Base):
@@ -67,7 +61,7 @@ class Loop(Base):
     champion_checkpoint_id: Mapped[str | None] = mapped_column(
         ForeignKey("checkpoints.id", use_alter=True, ondelete="SET NULL")
     )
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
     updated_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
@@ -96,7 +90,7 @@ class Credential(Base):
     kind: Mapped[str] = mapped_column(String(16))
     secret: Mapped[str | None] = mapped_column(Text)
     token_sha256: Mapped[str | None] = mapped_column(String(64), unique=True)
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
     expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
@@ -128,7 +122,7 @@ class Trace(Base):
     size_bytes: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
-    received_at: Mapped[dt.datetime] = _now_column()
+    received_at: Mapped[dt.datetime] = now_column()
     curated_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     curation_outcome: Mapped[str | None] = mapped_column(String(32))
     curation_detail: Mapped[str | None] = mapped_column(Text)
@@ -168,7 +162,7 @@ class Task(Base):
     redactions: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     probe_pass_rate: Mapped[float | None] = mapped_column(Float)
     minhash: Mapped[bytes | None] = mapped_column(LargeBinary)
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
 
 
 class TaskSource(Base):
@@ -222,7 +216,7 @@ class Dataset(Base):
     heldout_count: Mapped[int] = mapped_column(Integer, server_default="0")
     heldout_uri: Mapped[str | None] = mapped_column(Text)
     stats: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
 
 
 class DatasetTask(Base):
@@ -286,7 +280,7 @@ class Cycle(Base):
     estimate_usd: Mapped[Decimal | None] = mapped_column(Numeric(14, 6))
     estimate: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     cost_by_phase: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
-    started_at: Mapped[dt.datetime] = _now_column()
+    started_at: Mapped[dt.datetime] = now_column()
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
@@ -323,7 +317,7 @@ class Run(Base):
     output_uri: Mapped[str | None] = mapped_column(Text)
     logs_uri: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
-    submitted_at: Mapped[dt.datetime] = _now_column()
+    submitted_at: Mapped[dt.datetime] = now_column()
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -342,7 +336,7 @@ class Checkpoint(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     manifest: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
 
 
 class Evaluation(Base):
@@ -366,7 +360,7 @@ class Evaluation(Base):
     pass_rate: Mapped[float] = mapped_column(Float)
     ci_low: Mapped[float] = mapped_column(Float)
     ci_high: Mapped[float] = mapped_column(Float)
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
 
 
 class EvaluationResult(Base):
@@ -410,72 +404,10 @@ class Promotion(Base):
     previous_checkpoint_id: Mapped[str | None] = mapped_column(ForeignKey("checkpoints.id"))
     serving_target: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     decided_by: Mapped[str] = mapped_column(String(64), server_default="gate")
-    decided_at: Mapped[dt.datetime] = _now_column()
+    decided_at: Mapped[dt.datetime] = now_column()
     deployed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     canary_ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     rolled_back_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
-
-
-class OtlpSpan(Base):
-    """An OTLP span or GenAI log record waiting for its episode, or one already assembled.
-
-    Spans of an unfinished episode wait here (acknowledged to the exporter only once stored)
-    until the episode's span arrives or the trace has been quiet for
-    ``RATCHET_OTLP_EPISODE_QUIET_S``. Once assembled, a row keeps its ids but loses its
-    payload for a retention period, so a re-exported or late span is recognised instead of
-    becoming a second, partial trace. See services.ingest.episodes.
-    """
-
-    __tablename__ = "otlp_spans"
-    __table_args__ = (
-        UniqueConstraint("loop_id", "trace_id", "record_id"),
-        CheckConstraint("kind IN ('agent', 'genai', 'other', 'log')", name="kind"),
-        Index(
-            "ix_otlp_spans_assembled",
-            "assembled_at",
-            postgresql_where=text("assembled_at IS NOT NULL"),
-        ),
-    )
-
-    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    loop_id: Mapped[int] = mapped_column(ForeignKey("loops.id", ondelete="CASCADE"))
-    trace_id: Mapped[str] = mapped_column(String(32))
-    # The span id, or (for a log record) its span id and a digest of the record.
-    record_id: Mapped[str] = mapped_column(String(64))
-    span_id: Mapped[str] = mapped_column(String(16))
-    parent_span_id: Mapped[str] = mapped_column(String(16), server_default="")
-    kind: Mapped[str] = mapped_column(String(8))
-    # Whether the parent lives in another process (OTLP span flags); null when not said.
-    remote_parent: Mapped[bool | None] = mapped_column(Boolean)
-    has_content: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
-    payload: Mapped[str | None] = mapped_column(Text)
-    received_at: Mapped[dt.datetime] = _now_column()
-    assembled_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
-
-
-class OtlpPendingTrace(Base):
-    """A trace with spans waiting in ``otlp_spans``: the sweeper's work queue.
-
-    One row per (loop, trace): requests upsert it (its row lock orders concurrent exports of
-    one trace), and the quiet-period sweeper claims rows with ``FOR UPDATE SKIP LOCKED`` and a
-    lease, so several api replicas never assemble the same trace at the same time. A trace
-    that never goes quiet is flushed anyway ``RATCHET_OTLP_EPISODE_MAX_WAIT_S`` after its
-    first row.
-    """
-
-    __tablename__ = "otlp_pending_traces"
-    __table_args__ = (
-        Index("ix_otlp_pending_traces_last", "last_received_at"),
-        Index("ix_otlp_pending_traces_first", "first_received_at"),
-    )
-
-    loop_id: Mapped[int] = mapped_column(
-        ForeignKey("loops.id", ondelete="CASCADE"), primary_key=True
-    )
-    trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    first_received_at: Mapped[dt.datetime] = _now_column()
-    last_received_at: Mapped[dt.datetime] = _now_column()
-    claimed_until: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class LoopConfigVersion(Base):
@@ -496,7 +428,7 @@ class LoopConfigVersion(Base):
     changes: Mapped[list[Any]] = mapped_column(JSON, server_default="[]")
     changed_by: Mapped[str] = mapped_column(String(200))
     reason: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
 
 
 __all__ = [
@@ -541,7 +473,7 @@ class TraceFeedback(Base):
     correction: Mapped[str | None] = mapped_column(Text)
     comment: Mapped[str | None] = mapped_column(Text)
     content_hash: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
 
 
 class ToolResponse(Base):
@@ -568,7 +500,7 @@ class ToolResponse(Base):
     arguments: Mapped[str] = mapped_column(Text)
     result: Mapped[str] = mapped_column(Text)
     trace_id: Mapped[int | None] = mapped_column(ForeignKey("traces.id", ondelete="SET NULL"))
-    created_at: Mapped[dt.datetime] = _now_column()
+    created_at: Mapped[dt.datetime] = now_column()
 
 
 class ServingTenure(Base):
@@ -598,6 +530,34 @@ class ServingTenure(Base):
     busy_seconds: Mapped[float] = mapped_column(Float, server_default="0")
     cost_usd: Mapped[Decimal] = mapped_column(Numeric(14, 6), server_default="0")
     baseline: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    started_at: Mapped[dt.datetime] = _now_column()
+    started_at: Mapped[dt.datetime] = now_column()
     sampled_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+# Re-exported: every table is importable from here (Alembic's env and the callers), while
+# the OTLP staging aggregate lives in its own module.
+from services.db.models_otlp import OtlpPendingTrace, OtlpSpan  # noqa: E402
+
+__all__ = [
+    "Checkpoint",
+    "Credential",
+    "Cycle",
+    "Dataset",
+    "DatasetTask",
+    "Evaluation",
+    "EvaluationResult",
+    "Loop",
+    "LoopConfigVersion",
+    "LshBucket",
+    "OtlpPendingTrace",
+    "OtlpSpan",
+    "Promotion",
+    "Run",
+    "ServingTenure",
+    "Task",
+    "TaskSource",
+    "ToolResponse",
+    "Trace",
+    "TraceFeedback",
+]

@@ -1,10 +1,12 @@
 """The demo's report: a row per cycle, the live success rate over time, the three numbers.
 
-Every figure is read back from Postgres after the run, through the queries the product
-itself uses: the cycles through the dashboard's cycle query (one query for all cycles, with
-both evaluations, the held-out set and the gate's decision), the jobs' run times through
-one more, and live success through the canary's :func:`live_counts`. Nothing the demo saw
-while it ran is trusted over what was stored.
+Every figure is read back from Postgres after the run, through the read models the
+dashboard and the api use too (services.db.queries): the cycles through
+:func:`loop_cycles` (one query for all cycles, with both evaluations, the held-out set and
+the gate's decision), the jobs' run times through :func:`cycle_run_spans`, points per
+dollar through :func:`intelligence_per_dollar`, the promotions through
+:func:`loop_promotions` and live success through the canary's :func:`live_counts`.
+Nothing the demo saw while it ran is trusted over what was stored.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.dashboard import queries as dashboard
-from services.db.models import Loop, Promotion
-from services.db.queries.cycles import live_counts
+from services.db.models import Loop
+from services.db.queries import cycle_history
+from services.db.queries.cycle_history import EvalSummary, RunSpan, cycle_run_spans, loop_cycles
+from services.db.queries.live import live_counts
+from services.db.queries.points import IntelligencePerDollar, intelligence_per_dollar
+from services.db.queries.promotions import PromotionRow, loop_promotions
 from services.db.queries.serving_ledger import serving_totals
 from services.loop.ledger import usd_per_mtok
 
@@ -88,9 +92,9 @@ class DemoReport:
         return asdict(self)
 
 
-def demo_cycles(session: Session, *, loop_id: int) -> list[dashboard.CycleRow]:
+def demo_cycles(*, session: Session, loop_id: int) -> list[cycle_history.CycleRow]:
     """The loop's cycles, oldest first, as the dashboard's cycles table reads them."""
-    return list(reversed(dashboard.loop_cycles(session, loop_id=loop_id, limit=ALL_CYCLES)))
+    return list(reversed(loop_cycles(session=session, loop_id=loop_id, limit=ALL_CYCLES)))
 
 
 def build_report(
@@ -104,25 +108,18 @@ def build_report(
     state_dir: str,
 ) -> DemoReport:
     """The report of the loop's ended cycles, from what Postgres holds."""
-    spans = dashboard.cycle_run_spans(session, loop_id=loop.id)
+    spans = cycle_run_spans(session=session, loop_id=loop.id)
+    bought = intelligence_per_dollar(session=session, loop_id=loop.id)
     rows = [
-        cycle_row(cycle, spans.get(cycle.number, []))
-        for cycle in demo_cycles(session, loop_id=loop.id)
+        cycle_row(cycle, spans.get(cycle.number, []), bought)
+        for cycle in demo_cycles(session=session, loop_id=loop.id)
         if not cycle.is_open
     ]
     # DESIGN's definition: cycle wall time minus job time (the canary window is part of the
     # overhead, and reported on its own as ``canary_window_s``).
     overheads = [max(0.0, row.wall_s - row.job_s) / row.wall_s for row in rows if row.wall_s > 0]
-    promotions = session.scalars(
-        select(Promotion).where(
-            Promotion.loop_id == loop.id,
-            Promotion.status == "held",
-            Promotion.cycle_id.is_not(None),  # not the operator's first champion
-        )
-    ).all()
-    measured = live_before_after(session, loop, list(promotions), drift_wall)
-    heldout_points = sum(row.points for row in rows)
-    total_cost = sum(row.cost_usd for row in rows)
+    promotions = loop_promotions(session=session, loop_id=loop.id, held_by_cycles=True)
+    measured = live_before_after(session, loop, promotions, drift_wall)
     gate = [row.gate_points for row in rows if row.gate_points is not None]
     live_points = [row.live_points for row in rows if row.live_points is not None]
     estimated = [row.estimate_usd for row in rows if row.estimate_usd is not None]
@@ -141,14 +138,14 @@ def build_report(
         drift_at_s=drift_at,
         traces_posted=traces_posted,
         state_dir=state_dir,
-        heldout_points_gained=heldout_points,
+        heldout_points_gained=bought.points,
         gate_points=sum(gate) if gate else None,
         live_points_gained=sum(live_points) if live_points else None,
-        usd_per_heldout_point=total_cost / heldout_points if heldout_points > 0 else None,
+        usd_per_heldout_point=bought.usd_per_point,
         canary_window_s=sum(row.waiting_s for row in rows),
         **_serving_figures(session, loop),
         estimate_usd=round(sum(estimated), 6) if estimated else None,
-        actual_usd=round(total_cost, 6),
+        actual_usd=round(bought.cost_usd, 6),
         cost_by_phase=phases,
         cycle_wall_s=round(sum(row.wall_s for row in rows) / len(rows), 1) if rows else None,
     )
@@ -163,15 +160,19 @@ def _serving_figures(session: Session, loop: Loop) -> dict[str, Any]:
     }
 
 
-def _estimate(summary: dashboard.EvalSummary | None) -> tuple[float, float, float] | None:
+def _estimate(summary: EvalSummary | None) -> tuple[float, float, float] | None:
     return summary.stored_estimate if summary is not None else None
 
 
-def cycle_row(cycle: dashboard.CycleRow, spans: list[dashboard.RunSpan]) -> CycleRow:
-    """One ended cycle as the report prints it."""
+def cycle_row(
+    cycle: cycle_history.CycleRow, spans: list[RunSpan], bought: IntelligencePerDollar
+) -> CycleRow:
+    """One ended cycle as the report prints it; its cost, points and points per dollar as
+    ``bought`` (the loop's intelligence per dollar) counts them."""
     train = next((span for span in spans if span.kind == "train"), None)
-    cost = float(cycle.accounted_cost_usd)
-    points = float(cycle.points_gained or 0)
+    accounted = bought.of_cycle(cycle.number)
+    cost = accounted.cost_usd if accounted is not None else float(cycle.cost_usd)
+    points = accounted.points if accounted is not None else float(cycle.points_gained or 0)
     detail = cycle.outcome_detail
     return CycleRow(
         number=cycle.number,
@@ -186,7 +187,7 @@ def cycle_row(cycle: dashboard.CycleRow, spans: list[dashboard.RunSpan]) -> Cycl
         reason=detail.splitlines()[0][:300] if detail else "",
         cost_usd=cost,
         points=points,
-        points_per_dollar=points / cost if cost > 0 else None,
+        points_per_dollar=accounted.points_per_dollar if accounted is not None else None,
         wall_s=cycle.duration_seconds or 0.0,
         job_s=job_seconds(spans),
         waiting_s=cycle.canary_seconds,
@@ -199,7 +200,7 @@ def cycle_row(cycle: dashboard.CycleRow, spans: list[dashboard.RunSpan]) -> Cycl
     )
 
 
-def job_seconds(spans: list[dashboard.RunSpan]) -> float:
+def job_seconds(spans: list[RunSpan]) -> float:
     """Wall time covered by at least one job (parallel eval jobs count once)."""
     intervals = sorted(
         (span.started_at.timestamp(), span.ended_at.timestamp())
@@ -228,7 +229,7 @@ class LiveBeforeAfter:
 
 
 def live_before_after(
-    session: Session, loop: Loop, promotions: list[Promotion], drift_wall: dt.datetime | None
+    session: Session, loop: Loop, promotions: list[PromotionRow], drift_wall: dt.datetime | None
 ) -> LiveBeforeAfter:
     """The canary's query (:func:`live_counts`) over the traces in Postgres.
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from services.db.models import Loop
-from services.db.queries.cycles import live_counts
+from services.db.queries.live import live_counts
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.demo.options import LOOP_NAME, DemoOptions, Printer
@@ -57,7 +57,9 @@ def watch(
         rate, n = recent_live_success(sessions, seconds=LIVE_WINDOW_S)
         watched.live.append((round(now, 1), rate, n, api_version[0]))
         with sessions() as session:
-            cycles = demo_cycles(session, loop_id=require_loop(session=session, name=LOOP_NAME).id)
+            cycles = demo_cycles(
+                session=session, loop_id=require_loop(session=session, name=LOOP_NAME).id
+            )
         done = [cycle for cycle in cycles if not cycle.is_open]
         stage = cycles[-1].stage if cycles and cycles[-1].is_open else "waiting"
         out(

@@ -1,14 +1,14 @@
-"""Queries for cycles, evaluations, promotions and the cost ledger. Never commit."""
+"""The loop's writes and reads of its cycles, evaluations and promotions. Never commit."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Integer, case, cast, func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -21,9 +21,15 @@ from services.db.models import (
     Promotion,
     Run,
     Task,
-    Trace,
 )
 from services.db.queries.errors import NotFound, existing
+
+# Re-exported for the loop's activities, which read the cycle's neighbours through this
+# module: the read models themselves live in live.py and spend.py.
+from services.db.queries.live import LiveCounts as LiveCounts
+from services.db.queries.live import live_counts as live_counts
+from services.db.queries.spend import LoopLedger as LoopLedger
+from services.db.queries.spend import loop_ledger as loop_ledger
 from services.db.queries.tasks import row_ids_by_job_task_id
 from services.evaluation.results import mean_pass_at_k, pass_at_1, reported_ks
 from services.loop.estimate import RunRecord, cycle_phase_costs
@@ -230,34 +236,6 @@ def record_estimate(
         cycle.estimate_usd = Decimal(str(estimate_usd))
         cycle.estimate = dict(estimate)
     return cycle
-
-
-@dataclass(frozen=True)
-class LoopLedger:
-    spent_usd: float
-    points_gained: float
-    compute_seconds: float
-    cycles: int
-
-    @property
-    def points_per_dollar(self) -> float | None:
-        return self.points_gained / self.spent_usd if self.spent_usd > 0 else None
-
-
-def loop_ledger(*, session: Session, loop: Loop) -> LoopLedger:
-    """Cumulative cost (every run of the loop, cycles or not) and held-out points gained."""
-    spent, seconds = session.execute(
-        select(
-            func.coalesce(func.sum(Run.cost_usd), Decimal(0)),
-            func.coalesce(func.sum(Run.compute_seconds), 0.0),
-        ).where(Run.loop_id == loop.id)
-    ).one()
-    points, cycles = session.execute(
-        select(func.coalesce(func.sum(Cycle.points_gained), 0.0), func.count(Cycle.id)).where(
-            Cycle.loop_id == loop.id, Cycle.ended_at.is_not(None)
-        )
-    ).one()
-    return LoopLedger(float(spent), float(points or 0.0), float(seconds or 0.0), int(cycles))
 
 
 # Evaluations --------------------------------------------------------------------------------
@@ -541,60 +519,6 @@ def last_held_promotion(*, session: Session, loop: Loop) -> Promotion | None:
         .order_by(Promotion.decided_at.desc(), Promotion.id.desc())
         .limit(1)
     ).one_or_none()
-
-
-# Live outcomes ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LiveCounts:
-    n: int
-    successes: int
-    # Traces left out because the model server did not vouch for the version they claim.
-    unattested: int = 0
-
-
-def live_counts(
-    *,
-    session: Session,
-    loop: Loop,
-    model_version: str | None,
-    since: dt.datetime | None,
-    until: dt.datetime | None,
-    limit: int,
-    attested: Callable[[str | None, list[Any]], bool] | None = None,
-) -> LiveCounts:
-    """Outcomes of the newest ``limit`` traces of a model version in a time window; with
-    ``attested`` (a trace's claimed version and ``response_ids`` in, whether the model
-    server vouches for them out), of those among them it accepts: the others are the
-    client's word only."""
-    recent = (
-        select(Trace.success)
-        .where(Trace.loop_id == loop.id, Trace.success.is_not(None))
-        .order_by(Trace.received_at.desc())
-        .limit(limit)
-    )
-    if model_version is not None:
-        recent = recent.where(Trace.model_version == model_version)
-    if since is not None:
-        recent = recent.where(Trace.received_at >= since)
-    if until is not None:
-        recent = recent.where(Trace.received_at < until)
-    if attested is not None:
-        rows = session.execute(
-            recent.add_columns(Trace.model_version, Trace.body["response_ids"])
-        ).all()
-        kept = [success for success, version, ids in rows if attested(version, _list(ids))]
-        return LiveCounts(len(kept), sum(1 for success in kept if success), len(rows) - len(kept))
-    window = recent.subquery()
-    n, successes = session.execute(
-        select(func.count(), func.coalesce(func.sum(cast(window.c.success, Integer)), 0))
-    ).one()
-    return LiveCounts(int(n), int(successes))
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _now_iso() -> str:

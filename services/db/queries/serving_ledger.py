@@ -14,7 +14,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from services.db.models import Cycle, Evaluation, Loop, ServingTenure
-from services.db.queries.cycles import live_counts
+from services.db.queries.live import live_counts
+from services.db.queries.points import IntelligencePerDollar, intelligence_per_dollar
 from services.loop.ledger import (
     ServingPrices,
     accrue,
@@ -195,10 +196,11 @@ def champion_figures(
         .where(ServingTenure.loop_id == loop.id)
         .order_by(ServingTenure.started_at, ServingTenure.id)
     ).all()
+    bought = intelligence_per_dollar(session=session, loop_id=loop.id)
     figures: list[ChampionFigures] = []
     previous_success: float | None = None
     for tenure in tenures:
-        row = _figures(session, loop, tenure, cached_token_weight)
+        row = _figures(session, loop, tenure, cached_token_weight, bought)
         gain = (
             row.live_success_rate - previous_success
             if row.live_success_rate is not None and previous_success is not None
@@ -218,8 +220,14 @@ def champion_figures(
 
 
 def _figures(
-    session: Session, loop: Loop, tenure: ServingTenure, cached_token_weight: float
+    session: Session,
+    loop: Loop,
+    tenure: ServingTenure,
+    cached_token_weight: float,
+    bought: IntelligencePerDollar,
 ) -> ChampionFigures:
+    """One tenure's figures; what its cycle bought is read from ``bought`` (the loop's
+    intelligence per dollar), so its $ per held-out point is the one every page shows."""
     cost = float(tenure.cost_usd)
     tokens = tenure.prompt_tokens + tenure.completion_tokens
     prices = token_prices(
@@ -249,8 +257,7 @@ def _figures(
         .order_by(Cycle.number)
         .limit(1)
     ).first()
-    cycle_cost = float(cycle.cost_usd) if cycle is not None else None
-    points = cycle.points_gained if cycle is not None else None
+    accounted = bought.of_cycle(cycle.number) if cycle is not None else None
     return ChampionFigures(
         checkpoint_id=tenure.checkpoint_id,
         started_at=tenure.started_at,
@@ -267,10 +274,8 @@ def _figures(
         live_success_rate=live.successes / live.n if live.n else None,
         heldout_pass_rate=heldout,
         cycle=cycle.number if cycle is not None else None,
-        cycle_cost_usd=cycle_cost,
-        usd_per_heldout_point=(
-            cycle_cost / points if cycle_cost is not None and points and points > 0 else None
-        ),
+        cycle_cost_usd=accounted.cost_usd if accounted is not None else None,
+        usd_per_heldout_point=accounted.usd_per_point if accounted is not None else None,
         break_even_tokens=None,
     )
 

@@ -89,7 +89,7 @@ def test_loop_page_shows_the_whole_loop(seeded: Seeded, browser_page: BrowserPag
 
     with seeded.server.session_factory() as session:
         loop_id = session.scalars(select(Loop.id).where(Loop.name == story.loop)).one()
-        series = live_success_series(session, loop_id=loop_id)
+        series = live_success_series(session=session, loop_id=loop_id)
     assert series is not None
     live = page.locator("#live svg")
     assert live.locator("circle.point").count() == len(series.buckets) > 20

@@ -11,21 +11,21 @@ import pytest
 from sqlalchemy import distinct, func, select
 
 from services.dashboard.lineage import serving_lineage
-from services.dashboard.pages import points_per_dollar
 from services.dashboard.queries import (
     bucket_width,
     failure_clusters,
     live_success_series,
-    loop_cycles,
     loop_events,
-    loop_spend,
-    loops_overview,
-    recent_outcomes,
     recent_runs,
     run_detail,
 )
 from services.db.models import Cycle, Loop, Task, TaskSource, Trace
+from services.db.queries.cycle_history import loop_cycles
+from services.db.queries.live import live_counts
+from services.db.queries.loop_overview import loops_overview
 from services.db.queries.loops import require_loop
+from services.db.queries.points import intelligence_per_dollar
+from services.db.queries.spend import loop_spend
 from tests.services.dashboard.conftest import SeededDatabase
 from tests.services.dashboard.seed import VERIFIED_NOTE, XSS_PROMPT, XSS_SIGNATURE, _success_rate
 
@@ -39,7 +39,7 @@ def _loop_id(db: SeededDatabase, name: str) -> int:
 def test_overview_summarises_every_loop(seeded_database: SeededDatabase) -> None:
     story = seeded_database.story
     with seeded_database.session_factory() as session:
-        quiet, busy = loops_overview(session)
+        quiet, busy = loops_overview(session=session)
     assert (quiet.name, busy.name) == (story.quiet_loop, story.loop)
 
     assert busy.stage == "train"
@@ -55,8 +55,9 @@ def test_overview_summarises_every_loop(seeded_database: SeededDatabase) -> None
     assert low < busy.live_rate < high  # type: ignore[operator]
     with seeded_database.session_factory() as session:
         loop = require_loop(session=session, name=story.loop)
-        assert recent_outcomes(session, loop_id=loop.id) == (expected, 200)
-        assert recent_outcomes(session, loop_id=loop.id, limit=4)[1] == 4
+        recent = live_counts(session=session, loop=loop)
+        assert (recent.successes, recent.n) == (expected, 200)
+        assert live_counts(session=session, loop=loop, limit=4).n == 4
 
     assert quiet.stage == "idle"
     assert quiet.champion_id is None
@@ -70,7 +71,7 @@ def test_a_paused_loop_shows_paused_whatever_its_cycle(seeded_database: SeededDa
         loop = require_loop(session=session, name=seeded_database.story.loop)
         loop.status = "paused"
         session.flush()
-        summary = next(s for s in loops_overview(session) if s.name == loop.name)
+        summary = next(s for s in loops_overview(session=session) if s.name == loop.name)
         session.rollback()
     assert summary.stage == "paused"
 
@@ -92,8 +93,8 @@ def test_the_stage_shown_is_the_one_running(seeded_database: SeededDatabase) -> 
             "_last_end": "2026-11-01T10:06:00+00:00",
         }
         session.flush()
-        summary = next(s for s in loops_overview(session) if s.name == loop.name)
-        (row, *_) = loop_cycles(session, loop_id=loop.id)
+        summary = next(s for s in loops_overview(session=session) if s.name == loop.name)
+        (row, *_) = loop_cycles(session=session, loop_id=loop.id)
         session.rollback()
     assert summary.stage == "train"
     assert row.current_stage == "train"
@@ -102,7 +103,7 @@ def test_the_stage_shown_is_the_one_running(seeded_database: SeededDatabase) -> 
 def test_cycles_carry_both_evaluations_and_the_gate(seeded_database: SeededDatabase) -> None:
     loop_id = _loop_id(seeded_database, seeded_database.story.loop)
     with seeded_database.session_factory() as session:
-        c3, c2, c1 = loop_cycles(session, loop_id=loop_id)
+        c3, c2, c1 = loop_cycles(session=session, loop_id=loop_id)
     assert [c.number for c in (c1, c2, c3)] == [1, 2, 3]
 
     assert c2.trigger == "drift"
@@ -134,7 +135,7 @@ def test_live_series_buckets_every_outcome(seeded_database: SeededDatabase) -> N
     story = seeded_database.story
     loop_id = _loop_id(seeded_database, story.loop)
     with seeded_database.session_factory() as session:
-        series = live_success_series(session, loop_id=loop_id)
+        series = live_success_series(session=session, loop_id=loop_id)
         total_passed = session.scalar(
             select(func.count()).where(Trace.loop_id == loop_id, Trace.success.is_(True))
         )
@@ -158,7 +159,7 @@ def test_live_series_buckets_every_outcome(seeded_database: SeededDatabase) -> N
 def test_live_series_window_ends_at_the_latest_outcome(seeded_database: SeededDatabase) -> None:
     loop_id = _loop_id(seeded_database, seeded_database.story.loop)
     with seeded_database.session_factory() as session:
-        series = live_success_series(session, loop_id=loop_id, window=dt.timedelta(hours=6))
+        series = live_success_series(session=session, loop_id=loop_id, window=dt.timedelta(hours=6))
     assert series is not None
     assert series.end - series.start <= dt.timedelta(hours=6, minutes=15)
     assert sum(b.n for b in series.buckets) == 6 * 4 + 1  # one trace every 15 minutes
@@ -174,15 +175,17 @@ def test_a_quiet_loop_has_nothing_to_draw(
 ) -> None:
     loop_id = _loop_id(seeded_database, seeded_database.story.quiet_loop)
     with seeded_database.session_factory() as session:
-        assert query(session, loop_id=loop_id) is None
+        assert query(session=session, loop_id=loop_id) is None
 
 
 def test_events_mark_promotions_rollbacks_and_drift(seeded_database: SeededDatabase) -> None:
     story = seeded_database.story
     loop_id = _loop_id(seeded_database, story.loop)
     with seeded_database.session_factory() as session:
-        events = loop_events(session, loop_id=loop_id, since=story.start)
-        later = loop_events(session, loop_id=loop_id, since=story.start + dt.timedelta(hours=40))
+        events = loop_events(session=session, loop_id=loop_id, since=story.start)
+        later = loop_events(
+            session=session, loop_id=loop_id, since=story.start + dt.timedelta(hours=40)
+        )
     assert [(e.kind, e.at - story.start) for e in events] == [
         ("promote", dt.timedelta(hours=30)),
         ("rollback", dt.timedelta(hours=32)),
@@ -198,7 +201,7 @@ def test_failure_clusters_group_tasks_with_newest_examples(
 ) -> None:
     loop_id = _loop_id(seeded_database, seeded_database.story.loop)
     with seeded_database.session_factory() as session:
-        clusters = failure_clusters(session, loop_id=loop_id, examples=3)
+        clusters = failure_clusters(session=session, loop_id=loop_id, examples=3)
         sources = dict(
             session.execute(
                 select(Task.cluster_id, func.count(distinct(TaskSource.trace_id)))
@@ -207,7 +210,7 @@ def test_failure_clusters_group_tasks_with_newest_examples(
                 .group_by(Task.cluster_id)
             ).all()
         )
-        top_one = failure_clusters(session, loop_id=loop_id, limit=1, examples=1)
+        top_one = failure_clusters(session=session, loop_id=loop_id, limit=1, examples=1)
     assert [(c.cluster_id, c.tasks, c.train, c.eval) for c in clusters] == [
         ("c-lookup-renamed", 16, 10, 6),
         ("c-date-format", 10, 6, 4),
@@ -229,7 +232,7 @@ def test_lineage_of_the_serving_model(seeded_database: SeededDatabase) -> None:
     story = seeded_database.story
     loop_id = _loop_id(seeded_database, story.loop)
     with seeded_database.session_factory() as session:
-        lineage = serving_lineage(session, loop_id=loop_id)
+        lineage = serving_lineage(session=session, loop_id=loop_id)
     assert lineage is not None
     assert lineage.checkpoint_id == story.champion_checkpoint
     assert lineage.ancestry == [story.champion_checkpoint, story.base_checkpoint]
@@ -255,7 +258,7 @@ def test_lineage_of_a_base_checkpoint_has_no_run(seeded_database: SeededDatabase
         loop = session.scalars(select(Loop).where(Loop.name == story.loop)).one()
         loop.champion_checkpoint_id = story.base_checkpoint
         session.flush()
-        lineage = serving_lineage(session, loop_id=loop.id)
+        lineage = serving_lineage(session=session, loop_id=loop.id)
         session.rollback()
     assert lineage is not None
     assert lineage.ancestry == [story.base_checkpoint]
@@ -269,11 +272,11 @@ def test_runs_and_what_they_produced(seeded_database: SeededDatabase) -> None:
     loop_id = _loop_id(seeded_database, story.loop)
     quiet_id = _loop_id(seeded_database, story.quiet_loop)
     with seeded_database.session_factory() as session:
-        runs = recent_runs(session, loop_id=loop_id)
-        train = run_detail(session, loop_id=loop_id, run_id=story.cycle2_train_run)
-        evaluation = run_detail(session, loop_id=loop_id, run_id=f"{story.loop}-c2-eval")
-        elsewhere = run_detail(session, loop_id=quiet_id, run_id=story.cycle2_train_run)
-        spend = loop_spend(session, loop_id=loop_id)
+        runs = recent_runs(session=session, loop_id=loop_id)
+        train = run_detail(session=session, loop_id=loop_id, run_id=story.cycle2_train_run)
+        evaluation = run_detail(session=session, loop_id=loop_id, run_id=f"{story.loop}-c2-eval")
+        elsewhere = run_detail(session=session, loop_id=quiet_id, run_id=story.cycle2_train_run)
+        spend = loop_spend(session=session, loop_id=loop_id)
     assert [r.id for r in runs][:2] == [story.cycle3_train_run, f"{story.loop}-c2-eval"]
     assert len(runs) == 5 and runs[0].cycle_number == 3 and runs[0].status == "running"
     assert train is not None and train.cycle_number == 2
@@ -282,17 +285,17 @@ def test_runs_and_what_they_produced(seeded_database: SeededDatabase) -> None:
     assert evaluation is not None
     assert sorted(e.passed for e in evaluation.evaluations) == [3, 10]
     assert elsewhere is None  # a run is only found under its own loop
-    assert spend == sum(r.cost_usd for r in runs)
+    assert spend.cost_usd == sum(r.cost_usd for r in runs)
 
 
 def test_points_per_dollar_count_every_accounted_cycle(seeded_database: SeededDatabase) -> None:
     loop_id = _loop_id(seeded_database, seeded_database.story.loop)
     with seeded_database.session_factory() as session:
-        rows = points_per_dollar(loop_cycles(session, loop_id=loop_id))
+        rows = intelligence_per_dollar(session=session, loop_id=loop_id).cycles
     assert [r.cycle for r in rows] == [1, 2]  # cycle 3 is still open
-    assert rows[0].cycle_ratio == 0.0
-    assert rows[1].cycle_ratio == pytest.approx(58.3 / 2.10)
-    assert rows[1].cumulative_ratio == pytest.approx(58.3 / 3.50)
+    assert rows[0].points_per_dollar == 0.0
+    assert rows[1].points_per_dollar == pytest.approx(58.3 / 2.10)
+    assert rows[1].cumulative_points_per_dollar == pytest.approx(58.3 / 3.50)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from services.dashboard.render import pct, usd
 from services.db.models import Cycle, Evaluation, Loop, ServingTenure, Trace
+from services.db.queries.points import intelligence_per_dollar
 from services.db.queries.serving_ledger import ChampionFigures, loop_champion_figures
 from tests.services.dashboard.conftest import (
     ADMIN_TOKEN,
@@ -168,3 +169,38 @@ def test_the_api_answers_the_same_figures(server: Server, seeded_database: Seede
     assert missing.status_code == 404 and "no-such-loop" in missing.text
     refused = httpx.get(f"{server.url}/v1/loops/{story.loop}/ledger")
     assert refused.status_code == 401
+
+
+def test_the_page_and_the_api_show_the_same_usd_per_point(
+    server: Server, seeded_database: SeededDatabase, browser_page: BrowserPage
+) -> None:
+    """One read model (services.db.queries.points) behind both doors: the loop page's $ per
+    held-out point of each champion's cycle is the api's, and the cumulative points per
+    dollar on the page is the read model's."""
+    story = seeded_database.story
+    with server.session_factory() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == story.loop)).one()
+        bought = intelligence_per_dollar(session=session, loop_id=loop.id)
+    answer = httpx.get(
+        f"{server.url}/v1/loops/{story.loop}/ledger",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert answer.status_code == 200, answer.text
+    api = answer.json()["champions"]
+    page = browser_page.page
+    response = page.goto(f"{server.url}/loops/{story.loop}")
+    assert response is not None and response.status == 200
+    rows = page.locator("#serving-table tbody tr")
+    assert rows.count() == len(api) == 4
+    for index, champion in enumerate(api):
+        shown = rows.nth(index).locator('[data-field="usd-per-point"]').inner_text().strip()
+        assert shown == usd(champion["usd_per_heldout_point"])
+    cycle2 = bought.of_cycle(2)
+    assert cycle2 is not None and cycle2.usd_per_point is not None
+    assert api[-1]["cycle"] == 2
+    assert api[-1]["usd_per_heldout_point"] == pytest.approx(cycle2.usd_per_point)
+    assert api[-1]["cycle_cost_usd"] == pytest.approx(cycle2.cost_usd)
+    cumulative = bought.points_per_dollar
+    assert cumulative is not None
+    assert f"{cumulative:,.2f}" in page.locator("#ppd-total").inner_text()
+    assert browser_page.errors == []

@@ -8,6 +8,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from services.db.models import Checkpoint, Cycle, Evaluation, Loop, Promotion, Trace
+from services.db.queries.promotions import loop_promotions
 from services.db.session import SessionFactory
 from services.demo.champion import champion_note
 from services.demo.options import DemoOptions
@@ -72,8 +73,9 @@ def test_live_success_before_and_after_come_from_the_stored_traces(
     loop_id, promotion_id = _seed(session_factory)
     with session_factory() as session:
         loop = session.get(Loop, loop_id)
-        promotion = session.get(Promotion, promotion_id)
-        assert loop is not None and promotion is not None
+        assert loop is not None
+        (promotion,) = loop_promotions(session=session, loop_id=loop_id)
+        assert promotion.id == promotion_id
         measured = live_before_after(session, loop, [promotion], T0 + dt.timedelta(minutes=10))
         assert measured.before == 2 / 8
         assert measured.after == 9 / 10

@@ -1,17 +1,13 @@
-"""A small typed client of Ratchet's HTTP API: the loop admin API, the traces listing and
-signed trace posting.
+"""A small typed client of Ratchet's admin API: loops, their traces, tasks and datasets.
 
-Used by the ``ratchet loop`` and ``ratchet traces`` commands and by ``ratchet demo`` (which
-posts simulated production traffic with :func:`sign_and_post_traces`, signed exactly as an
-agent runtime would sign it with the Standard Webhooks scheme).
+Every ``ratchet`` command that reads or changes a running Ratchet goes through it (see
+services.cli). Posting traces is the agent's side and has its own client, ``clients/python``
+(``ratchet_client``), which ``ratchet demo``'s simulated traffic uses too.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -19,7 +15,6 @@ from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
-from standardwebhooks.webhooks import Webhook
 
 from services.api.schemas.ledger import ServingLedgerPublic
 from services.api.schemas.loops import (
@@ -30,7 +25,14 @@ from services.api.schemas.loops import (
     LoopPublic,
     RotateResult,
 )
-from services.api.schemas.traces import IngestResult, TraceDetail, TracePage
+from services.api.schemas.tasks import (
+    DatasetDetail,
+    DatasetPage,
+    PinResult,
+    TaskDetail,
+    TaskPage,
+)
+from services.api.schemas.traces import TraceDetail, TracePage
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -238,17 +240,15 @@ class RatchetClient:
     ) -> TracePage:
         """A page of the loop's traces, newest first, with what curation made of each;
         pass the page's ``next_cursor`` as ``cursor`` for the next one."""
-        params = {"limit": str(limit)}
-        for key, value in (
-            ("outcome", outcome),
-            ("curation", curation),
-            ("reason", reason),
-            ("since", since.isoformat() if since else None),
-            ("until", until.isoformat() if until else None),
-            ("cursor", cursor),
-        ):
-            if value is not None:
-                params[key] = value
+        params = _params(
+            limit=str(limit),
+            outcome=outcome,
+            curation=curation,
+            reason=reason,
+            since=since.isoformat() if since else None,
+            until=until.isoformat() if until else None,
+            cursor=cursor,
+        )
         return self._model(TracePage, "GET", f"/v1/loops/{name}/traces", params=params)
 
     def get_trace(self, name: str, external_id: str) -> TraceDetail:
@@ -256,68 +256,35 @@ class RatchetClient:
         path = f"/v1/loops/{name}/traces/{quote(external_id, safe='')}"
         return self._model(TraceDetail, "GET", path)
 
+    def list_tasks(
+        self, name: str, *, split: str | None = None, cursor: str | None = None, limit: int = 50
+    ) -> TaskPage:
+        """A page of the loop's curated tasks, newest first; pass the page's
+        ``next_cursor`` as ``cursor`` for the next one."""
+        params = _params(limit=str(limit), split=split, cursor=cursor)
+        return self._model(TaskPage, "GET", f"/v1/loops/{name}/tasks", params=params)
 
-def sign_and_post_traces(
-    base_url: str,
-    loop: str,
-    signing_secret: str,
-    traces: Sequence[Mapping[str, Any]],
-    *,
-    batch: bool = True,
-    http: httpx.Client | None = None,
-    timeout_s: float = 30.0,
-    retries: int = 3,
-) -> list[IngestResult]:
-    """Post traces to a loop's webhook, signed with the Standard Webhooks scheme.
+    def get_task(self, task_id: int) -> TaskDetail:
+        """One task by its row id: spec, split, redactions, the traces it came from."""
+        return self._model(TaskDetail, "GET", f"/v1/tasks/{task_id}")
 
-    ``batch=True`` sends one request (``{"traces": [...]}``); otherwise one request per trace.
-    A 503 (Postgres down, queue full) is retried after its ``Retry-After``; any other error
-    raises :class:`ApiRequestError`. Each request gets a fresh ``webhook-id``.
-    """
-    bodies = [{"traces": list(traces)}] if batch else list(traces)
-    owned = http is None
-    client = http or httpx.Client(timeout=timeout_s)
-    url = f"{base_url.rstrip('/')}/v1/loops/{loop}/traces"
-    webhook = Webhook(signing_secret)
-    results = []
-    try:
-        for document in bodies:
-            payload = json.dumps(document, separators=(",", ":"), ensure_ascii=False)
-            results.append(_post_signed(client, url, webhook, payload, retries))
-    finally:
-        if owned:
-            client.close()
-    return results
+    def pin_tasks(self, name: str, task_ids: Sequence[int]) -> PinResult:
+        """Put tasks into the loop's pinned regression suite: all of them, or none."""
+        body = {"task_ids": list(task_ids)}
+        return self._model(PinResult, "POST", f"/v1/loops/{name}/tasks/pin", body)
+
+    def list_datasets(
+        self, name: str, *, cursor: str | None = None, limit: int = 50
+    ) -> DatasetPage:
+        """A page of the loop's dataset snapshots, newest first."""
+        params = _params(limit=str(limit), cursor=cursor)
+        return self._model(DatasetPage, "GET", f"/v1/loops/{name}/datasets", params=params)
+
+    def get_dataset(self, dataset_id: int) -> DatasetDetail:
+        """One dataset by its row id: counts, files, statistics, source trace count."""
+        return self._model(DatasetDetail, "GET", f"/v1/datasets/{dataset_id}")
 
 
-def _retry_after(response: httpx.Response) -> float:
-    try:
-        return min(max(float(response.headers.get("retry-after", "1")), 0.0), 30.0)
-    except ValueError:
-        return 1.0
-
-
-def _post_signed(
-    client: httpx.Client, url: str, webhook: Webhook, payload: str, retries: int
-) -> IngestResult:
-    msg_id = f"msg_{uuid.uuid4().hex}"
-    attempt = 0
-    while True:
-        now = int(time.time())
-        signature = webhook.sign(msg_id, dt.datetime.fromtimestamp(now, dt.UTC), payload)
-        headers = {
-            "content-type": "application/json",
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(now),
-            "webhook-signature": signature,
-        }
-        try:
-            response = client.post(url, content=payload.encode("utf-8"), headers=headers)
-        except httpx.TransportError as exc:
-            raise ApiUnreachable(f"cannot reach the Ratchet api at {url}: {exc}") from exc
-        if response.status_code == 503 and attempt < retries:
-            attempt += 1
-            time.sleep(_retry_after(response))
-            continue
-        _raise_for_error(response)
-        return IngestResult.model_validate(response.json())
+def _params(**values: str | None) -> dict[str, str]:
+    """The query parameters that were given (None: left out)."""
+    return {key: value for key, value in values.items() if value is not None}

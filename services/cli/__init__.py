@@ -4,6 +4,17 @@ Each command group lives in its own module under ``services.cli`` and exposes
 ``register(subparsers)``; a command sets ``func`` to a callable taking the parsed args and
 returning an exit code. Errors a user can fix (:class:`CliError`, :class:`SettingsError`)
 print one line and exit non-zero, never a traceback.
+
+Two kinds of command. Those that read or change a running Ratchet (``loop``, ``traces``,
+``tasks``, ``datasets``, ``models import --loop``) go through the admin API with the typed
+client (services.client) by one door, :func:`services.cli.common.call_api`, so they work the
+same against a laptop and a cluster and never reach around the api's checks. Those that run
+before an api exists, or are one of its processes, open what they need themselves: ``up``,
+``api``, ``worker`` (they start the processes), ``db`` (migrations and re-encrypting secrets
+are a deploy step that runs before the api, with the database URL and the secret key),
+``serve`` and ``job`` (a model server and a job, which talk to no database), ``demo`` (it
+starts a stack of its own), ``checkpoint`` and ``models import`` (files into the artifact
+store).
 """
 
 from __future__ import annotations

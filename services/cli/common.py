@@ -7,14 +7,9 @@ import inspect
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.settings import Settings, get_settings
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-    from services.db.models import Loop
 
 
 def cli_settings(*, require_database: bool = False) -> Settings:
@@ -121,35 +116,6 @@ def database_url() -> Iterator[str]:
         embedded.stop()
 
 
-@contextmanager
-def database_session() -> Iterator[Session]:
-    """A session on the configured database (or the embedded one, as ``ratchet db`` does),
-    committed when the block ends without an error."""
-    from services.db.session import create_db_engine, make_session_factory
-
-    with database_url() as url:
-        engine = create_db_engine(url, pool_size=1, application="ratchet-cli")
-        try:
-            with make_session_factory(engine).begin() as session:
-                yield session
-        finally:
-            engine.dispose()
-
-
-def loop_named(session: Session, name: str) -> Loop:
-    """The loop called ``name``; a CliError that says how to list loops if there is none."""
-    from services.cli import CliError
-    from services.db.queries.errors import NotFound
-    from services.db.queries.loops import require_loop
-
-    try:
-        return require_loop(session=session, name=name)
-    except NotFound:
-        raise CliError(
-            f"no loop named {name!r}; `ratchet loop list` shows the loops", exit_code=1
-        ) from None
-
-
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True, default=str))
 
@@ -165,10 +131,11 @@ def admin_token_for_cli(settings: Any) -> str | None:
     return None
 
 
-def call_api(action: Callable[[Any], Any]) -> Any:
+def call_api(action: Callable[[Any], Any], *, invalid: str | None = None) -> Any:
     """Run ``action(client)`` against the admin API (``settings.api_base_url`` with the admin
-    token, as ``ratchet loop`` does); its failures become one line: the api's own message,
-    which names the loop, trace or field at fault."""
+    token): the one door of every command that reads or changes a running Ratchet. Its
+    failures become one line, the api's own message, which names the loop, task or field at
+    fault; ``invalid`` names what a 422 refused (``invalid loop: name: ...``)."""
     from services.cli import CliError
     from services.client import ApiRequestError, ApiUnreachable, RatchetClient
 
@@ -179,12 +146,40 @@ def call_api(action: Callable[[Any], Any]) -> Any:
     except ApiUnreachable as exc:
         raise CliError(f"{exc} (is `ratchet api` or `ratchet up` running?)", exit_code=1) from None
     except ApiRequestError as exc:
-        if exc.status_code == 401:
-            message = (
-                "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin "
-                "token (a local `ratchet up` prints it and keeps it in <state dir>/admin-token)"
-            )
-        else:
-            fields = "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
-            message = exc.message + (f" ({fields})" if fields else "")
-        raise CliError(message, exit_code=1) from None
+        raise CliError(explain(exc, invalid=invalid), exit_code=1) from None
+
+
+def explain(exc: Any, *, invalid: str | None = None) -> str:
+    """An api error as the one line a command prints (``exc``: services.client's
+    ApiRequestError), with what to do next where the api's message cannot say it."""
+    fields = "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
+    if exc.status_code == 401:
+        return (
+            "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin token "
+            "(a local `ratchet up` prints it and keeps it in <state dir>/admin-token)"
+        )
+    if exc.code == "loop_not_found":
+        return f"{exc.message} (see `ratchet loop list`)"
+    if exc.code == "loop_exists":
+        return f"{exc.message}; choose another name"
+    if exc.code == "invalid_checkpoint":  # set-champion: the reason the api gave, as it is
+        return f"checkpoint refused: {exc.message}"
+    if exc.status_code == 422 and invalid is not None:
+        return f"invalid {invalid}: {fields or exc.message}"
+    if exc.status_code >= 500:
+        return f"the api answered {exc.status_code} {exc.code}: {exc.message}"
+    return str(exc.message) + (f" ({fields})" if fields else "")
+
+
+def actor(given: str | None) -> str:
+    """Who makes a change (kept in the loop's history): ``given``, else user@host."""
+    if given:
+        return given
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"

@@ -1,8 +1,10 @@
 """``ratchet datasets list|show|export``: the immutable dataset snapshots of a loop.
 
-Which datasets exist, what is in them and how many traces they came from; ``export`` copies
-a dataset's task files (with their manifest) into a directory; ``--json`` prints
-machine-readable output for scripts.
+Which datasets exist, what is in them and how many traces they came from, through the admin
+API (services.client), as ``ratchet loop`` does; ``--json`` prints what the api answered.
+``export`` copies a dataset's task files (with their manifest) into a directory: it asks the
+api where they are and reads them from the artifact store, so it runs where that store is
+mounted (the machine of a local stack, or a pod with the artifacts volume).
 """
 
 from __future__ import annotations
@@ -13,21 +15,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session
-
+from services.api.schemas.tasks import DatasetPublic
 from services.artifacts import uri_to_path
 from services.cli import CliError
 from services.cli.common import (
     add_command,
     add_loop_argument,
+    call_api,
     command_group,
-    database_session,
+    loop_name,
     positive_int,
     print_json,
 )
-from services.cli.listing import Listing, row_summary
-from services.db.models import Dataset
-from services.db.queries import datasets as q
+from services.cli.listing import Listing
 from services.progress import Progress
 
 
@@ -37,8 +37,9 @@ def register(subparsers: Any) -> None:
         commands, "list", _datasets_list, help="list a loop's datasets, newest first"
     )
     add_loop_argument(listing, positional=True)
-    listing.add_argument("--limit", type=positive_int, default=50)
-    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--limit", type=positive_int, default=50, help="datasets per page")
+    listing.add_argument("--cursor", help="next_cursor of a previous page")
+    listing.add_argument("--json", action="store_true", help="print the page as JSON")
     show = add_command(
         commands, "show", _datasets_show, help="one dataset: counts, files, statistics"
     )
@@ -51,21 +52,7 @@ def register(subparsers: Any) -> None:
     export.add_argument("--out", type=Path, required=True, help="destination directory")
 
 
-DATASET_COLUMNS = (
-    "id",
-    "content_hash",
-    "train_count",
-    "eval_count",
-    "regression_count",
-    "train_uri",
-    "eval_uri",
-    "regression_uri",
-    "stats",
-    "created_at",
-)
-
-
-def _dataset_line(dataset: Dataset) -> str:
+def _dataset_line(dataset: DatasetPublic) -> str:
     return (
         f"{dataset.id:>6}  {dataset.content_hash[:12]:<12}  {dataset.train_count:>6} "
         f"{dataset.eval_count:>6} {dataset.regression_count:>6}  "
@@ -75,39 +62,34 @@ def _dataset_line(dataset: Dataset) -> str:
 
 DATASETS = Listing(
     noun="datasets",
-    columns=DATASET_COLUMNS,
+    command="datasets list",
     header=f"{'ID':>6}  {'HASH':<12}  {'TRAIN':>6} {'EVAL':>6} {'REGR':>6}  CREATED",
     line=_dataset_line,
 )
 
 
 def _datasets_list(args: argparse.Namespace) -> int:
-    return DATASETS.list_for_loop(
-        args,
-        lambda session, loop: q.list_datasets(session=session, loop_id=loop.id, limit=args.limit),
+    """List a loop's dataset snapshots, newest first (a page at a time: --cursor)."""
+    name = loop_name(args)
+    page = call_api(
+        lambda client: client.list_datasets(name, cursor=args.cursor, limit=min(args.limit, 500))
     )
-
-
-def _dataset(session: Session, dataset_id: int) -> Dataset:
-    dataset = q.get_dataset(session=session, dataset_id=dataset_id)
-    if dataset is None:
-        raise CliError(f"no dataset {dataset_id}", exit_code=1)
-    return dataset
+    DATASETS.print_page(page, page.datasets, page.next_cursor, loop=name, as_json=args.json)
+    return 0
 
 
 def _datasets_show(args: argparse.Namespace) -> int:
-    with database_session() as session:
-        dataset = _dataset(session, args.dataset_id)
-        summary = row_summary(dataset, DATASET_COLUMNS)
-        lineage = q.dataset_lineage(session=session, dataset_id=dataset.id)
-        summary["source_traces"] = len({trace for _, _, trace in lineage})
-        if args.json:
-            print_json(summary)
-            return 0
-        for key, value in summary.items():
-            if key != "stats":
-                print(f"{key:<18}{value}")
-        print(f"{'difficulty':<18}{json.dumps(dataset.stats.get('difficulty'), sort_keys=True)}")
+    """One dataset: its counts per split, files, difficulty statistics and how many traces
+    its tasks came from."""
+    dataset = call_api(lambda client: client.get_dataset(args.dataset_id))
+    summary = dataset.model_dump(mode="json")
+    if args.json:
+        print_json(summary)
+        return 0
+    for key, value in summary.items():
+        if key != "stats":
+            print(f"{key:<18}{value}")
+    print(f"{'difficulty':<18}{json.dumps(dataset.stats.get('difficulty'), sort_keys=True)}")
     return 0
 
 
@@ -121,14 +103,22 @@ def _copy_with_progress(source: Path, target: Path, progress: Progress) -> None:
 
 
 def _datasets_export(args: argparse.Namespace) -> int:
-    with database_session() as session:
-        dataset = _dataset(session, args.dataset_id)
-        uris = [dataset.train_uri, dataset.eval_uri, dataset.regression_uri]
-    sources = [uri_to_path(u) for u in uris if u is not None]
+    """Copy a dataset's task files (train, eval, regression JSONL) and its manifest into
+    --out, from the artifact store the api names."""
+    dataset = call_api(lambda client: client.get_dataset(args.dataset_id))
+    uris = [dataset.train_uri, dataset.eval_uri, dataset.regression_uri]
+    try:
+        sources = [uri_to_path(u) for u in uris if u is not None]
+    except ValueError as exc:  # an object-store URI: not a file this command can read
+        raise CliError(str(exc), exit_code=1) from None
     manifest = sources[0].parent / "manifest.json"
     missing = [str(p) for p in [*sources, manifest] if not p.is_file()]
     if missing:
-        raise CliError(f"dataset files are missing: {', '.join(missing)}", exit_code=1)
+        raise CliError(
+            f"dataset files are missing here: {', '.join(missing)} (export runs where the "
+            "artifact store is mounted)",
+            exit_code=1,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     files = [*sources, manifest]
     total = sum(path.stat().st_size for path in files)

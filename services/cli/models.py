@@ -213,13 +213,12 @@ def _report_import(args: argparse.Namespace, installed: Any) -> int:
         "kind": installed.manifest.get("kind", "full"),
     }
     if getattr(args, "loop", None):
-        from services.cli.loop import _call
+        from services.cli.common import call_api
 
-        champion = _call(
-            argparse.Namespace(name=args.loop),
+        champion = call_api(
             lambda client: client.set_champion(
                 args.loop, str(installed.target), reason=getattr(args, "reason", None)
-            ),
+            )
         )
         result["loop"] = args.loop
         result["promotion_id"] = champion.get("promotion_id")

@@ -7,7 +7,8 @@ way users write theirs, with the official ``openai`` client and a tool loop
 against the tool API, sends the results as ``tool`` messages, and stops at an answer. The
 episode then goes to Ratchet as production traces do:
 
-- ``transport="webhook"`` (default): a signed ``ratchet.trace/v1`` trace, batched;
+- ``transport="webhook"`` (default): a signed ``ratchet.trace/v1`` trace, batched, posted
+  with ``clients/python``'s ``TraceClient`` (the client users post with);
 - ``transport="otlp"``: OpenTelemetry GenAI spans (``invoke_agent``, one ``chat`` span per
   model call, ``execute_tool`` spans, the outcome) through the OTLP door with the loop's
   ingest token, as an instrumented agent runtime exports them.
@@ -33,11 +34,10 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal
 
-import httpx
 import openai
+from ratchet_client import TraceClient
 
 from services.chat.protocol import ToolCall as ChatToolCall
-from services.client import sign_and_post_traces
 from services.environments import get_environment
 from services.environments.base import TaskSpec
 from services.environments.toolcalc.api import CallError, get_api
@@ -338,7 +338,10 @@ class TrafficSimulator:
         agent = ToolcalcAgent(client, model=self._model, style=self._style)
         exporter = OtlpExport(self._api_url, self._ingest_token) if self._ingest_token else None
         pending: list[dict[str, Any]] = []
-        with httpx.Client(timeout=30) as http:
+        traces = TraceClient(
+            self._api_url, self._loop, self._secret, max_retries=3, max_retry_after_s=30.0
+        )
+        try:
             while not self._stop.is_set():
                 started = time.monotonic()
                 episode = self._one_episode(agent, rng)
@@ -347,11 +350,13 @@ class TrafficSimulator:
                 elif episode is not None:
                     pending.append(episode_trace(episode))
                 if len(pending) >= self._batch_size:
-                    self._post(http, pending)
+                    self._post(traces, pending)
                     pending = []
                 self._stop.wait(max(0.0, self._interval - (time.monotonic() - started)))
             if pending:
-                self._post(http, pending)
+                self._post(traces, pending)
+        finally:
+            traces.close()
         client.close()
         if exporter is not None:
             exporter.shutdown()
@@ -369,9 +374,11 @@ class TrafficSimulator:
         self.stats.add(Outcome(self.elapsed(), version, episode.model_version, episode.success))
         return episode
 
-    def _post(self, http: httpx.Client, traces: list[dict[str, Any]]) -> None:
+    def _post(self, client: TraceClient, traces: list[dict[str, Any]]) -> None:
+        """One signed batch through ``clients/python``'s TraceClient, as a user's agent posts;
+        it retries a 429/503 after the api's Retry-After."""
         try:
-            sign_and_post_traces(self._api_url, self._loop, self._secret, traces, http=http)
+            client.post(traces)
             self.stats.posted += len(traces)
         except Exception as exc:  # the demo keeps going; the count shows it
             self.stats.post_errors += len(traces)

@@ -22,9 +22,10 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from ratchet_client import TraceClient
 from sqlalchemy import func, select
 
-from services.client import ApiRequestError, ApiUnreachable, RatchetClient, sign_and_post_traces
+from services.client import ApiRequestError, ApiUnreachable, RatchetClient
 from services.db.models import Cycle, Dataset, Loop, Promotion, Run, Task, TaskSource, Trace
 from tests.e2e.support import (
     LiveStack,
@@ -97,8 +98,8 @@ def _chaos(live: LiveStack, client: RatchetClient, tmp_path: Path) -> None:
     client.set_champion(LOOP, str(make_tiny_champion(tmp_path / "champion")))
     first = toolcalc_traces(40, seed=11, passing=False, id_prefix="first-fail")
     first += toolcalc_traces(6, seed=12, passing=True, id_prefix="first-ok")
-    accepted = sign_and_post_traces(live.api_url, LOOP, created.signing_secret, first)
-    assert accepted[0].accepted == len(first)
+    traces = TraceClient(live.api_url, LOOP, created.signing_secret)
+    assert traces.post(first).accepted == len(first)
     client.start_loop(LOOP)
 
     # 1. Training: kill the worker while the train job runs.
@@ -107,13 +108,13 @@ def _chaos(live: LiveStack, client: RatchetClient, tmp_path: Path) -> None:
     live.kill_worker()
     # Production does not stop while no worker runs: a webhook retry of every trace (no-op)
     # and new traces, some of them repeats of tasks already curated.
-    retried = sign_and_post_traces(live.api_url, LOOP, created.signing_secret, first)
-    assert (retried[0].accepted, retried[0].duplicates) == (0, len(first))
+    retried = traces.post(first)
+    assert (retried.accepted, retried.duplicates) == (0, len(first))
     repeats = toolcalc_traces(4, seed=11, passing=False, id_prefix="second-repeat")
     second = repeats + toolcalc_traces(3, seed=13, passing=False, id_prefix="second-fail")
     second += toolcalc_traces(2, seed=14, passing=True, id_prefix="second-ok")
-    accepted = sign_and_post_traces(live.api_url, LOOP, created.signing_secret, second)
-    assert accepted[0].accepted == len(second)
+    assert traces.post(second).accepted == len(second)
+    traces.close()
     live.start_worker()
 
     # 2. Evaluation: kill the worker while the eval jobs run.

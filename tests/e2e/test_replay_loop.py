@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ratchet_client import TraceClient
 from sqlalchemy import select
 
-from services.client import sign_and_post_traces
 from services.db.models import Dataset, Evaluation, Loop, Promotion, Task, Trace
 from tests.e2e.support import LiveStack, cycle_closed, loop_cycle, new_tasks_trigger, wait_for
 from tests.services.environments.replay_traces import failing_trace
@@ -77,7 +77,8 @@ def test_a_cycle_on_replay_tasks_promotes_an_hf_candidate(live: LiveStack, tmp_p
             champion = session.scalars(select(Loop).where(Loop.name == LOOP)).one()
             champion_id = champion.champion_checkpoint_id
         assert champion_id is not None
-        sign_and_post_traces(live.api_url, LOOP, created.signing_secret, _traces())
+        with TraceClient(live.api_url, LOOP, created.signing_secret) as traces:
+            traces.post(_traces())
         client.start_loop(LOOP)
 
         def waiting_at_the_gate() -> None:

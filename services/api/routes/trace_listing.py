@@ -14,7 +14,7 @@ import base64
 import binascii
 import datetime as dt
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
@@ -55,26 +55,55 @@ def encode_cursor(last: TraceKey) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> TraceKey:
-    """Where the previous page ended, or a 400 naming the ``cursor`` field."""
+def _cursor_data(cursor: str) -> dict[str, Any]:
+    """A cursor's fields, or a 400 naming the ``cursor`` field."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw)
-        if data.get("v") != _CURSOR_VERSION:
+        if not isinstance(data, dict) or data.get("v") != _CURSOR_VERSION:
             raise ValueError("another cursor version")
+        return data
+    except (binascii.Error, ValueError, TypeError):
+        raise invalid_cursor() from None
+
+
+def invalid_cursor() -> ApiError:
+    return ApiError(
+        400,
+        "invalid_cursor",
+        "the cursor is not one this API gave out: pass next_cursor from the previous "
+        "page unchanged, or leave it out for the first page",
+        fields=[{"path": "cursor", "message": "not a cursor from this API"}],
+    )
+
+
+def decode_cursor(cursor: str) -> TraceKey:
+    """Where the previous page of traces ended, or a 400 naming the ``cursor`` field."""
+    data = _cursor_data(cursor)
+    try:
         at = dt.datetime.fromisoformat(data["at"])
         row_id = data["id"]
         if at.tzinfo is None or not isinstance(row_id, int) or isinstance(row_id, bool):
             raise ValueError("not a cursor of this API")
         return TraceKey(at, row_id)
-    except (binascii.Error, ValueError, TypeError, KeyError, AttributeError):
-        raise ApiError(
-            400,
-            "invalid_cursor",
-            "the cursor is not one this API gave out: pass next_cursor from the previous "
-            "page unchanged, or leave it out for the first page",
-            fields=[{"path": "cursor", "message": "not a cursor from this API"}],
-        ) from None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise invalid_cursor() from None
+
+
+def encode_id_cursor(last_id: int) -> str:
+    """The cursor of a listing ordered by row id, newest first (tasks, datasets)."""
+    raw = json.dumps({"v": _CURSOR_VERSION, "before": last_id}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_id_cursor(cursor: str | None) -> int | None:
+    """The row id the previous page ended at (None for the first page), or a 400."""
+    if cursor is None:
+        return None
+    before = _cursor_data(cursor).get("before")
+    if not isinstance(before, int) or isinstance(before, bool) or before < 1:
+        raise invalid_cursor()
+    return before
 
 
 def reported_outcome(row: TraceSummary) -> ReportedOutcome:

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from services.db.models import Dataset, DatasetTask, TaskSource
+from services.db.models import Dataset, DatasetTask, Loop, TaskSource
 
 
 def clusters_crossing_train_line(
@@ -97,16 +97,35 @@ def dataset_lineage(*, session: Session, dataset_id: int) -> list[tuple[int, str
     return [(row[0], row[1], row[2]) for row in rows]
 
 
-def list_datasets(*, session: Session, loop_id: int, limit: int = 50) -> list[Dataset]:
-    return list(
-        session.scalars(
-            select(Dataset)
-            .where(Dataset.loop_id == loop_id)
-            .order_by(Dataset.id.desc())
-            .limit(limit)
+def dataset_source_trace_count(*, session: Session, dataset_id: int) -> int:
+    """How many distinct traces the tasks of a dataset came from."""
+    return int(
+        session.scalar(
+            select(func.count(func.distinct(TaskSource.trace_id)))
+            .join(DatasetTask, DatasetTask.task_id == TaskSource.task_id)
+            .where(DatasetTask.dataset_id == dataset_id)
         )
+        or 0
     )
 
 
-def get_dataset(*, session: Session, dataset_id: int) -> Dataset | None:
-    return session.get(Dataset, dataset_id)
+def list_datasets(
+    *, session: Session, loop_id: int, limit: int = 50, before_id: int | None = None
+) -> list[Dataset]:
+    """A loop's datasets, newest first; ``before_id`` (the last id of the previous page)
+    pages on by keyset."""
+    query = select(Dataset).where(Dataset.loop_id == loop_id)
+    if before_id is not None:
+        query = query.where(Dataset.id < before_id)
+    return list(session.scalars(query.order_by(Dataset.id.desc()).limit(limit)))
+
+
+def dataset_with_loop_name(*, session: Session, dataset_id: int) -> tuple[Dataset, str] | None:
+    """A dataset and the name of its loop (what a dataset looked up by its row id is shown
+    with)."""
+    row = session.execute(
+        select(Dataset, Loop.name)
+        .join(Loop, Loop.id == Dataset.loop_id)
+        .where(Dataset.id == dataset_id)
+    ).first()
+    return None if row is None else (row[0], row[1])

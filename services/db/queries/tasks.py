@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from services.db.models import DatasetTask, Task, TaskSource, Trace
+from services.db.models import DatasetTask, Loop, Task, TaskSource, Trace
 
 # Namespace of curation's advisory locks (the other key is the loop id).
 _LOCK_NAMESPACE = 0x52434C  # "RCL"
@@ -334,18 +334,35 @@ def pin_tasks(*, session: Session, loop_id: int, task_ids: Sequence[int]) -> lis
     return sorted(result.scalars().all())
 
 
+def unpinnable_task_ids(*, session: Session, loop_id: int, task_ids: Sequence[int]) -> list[int]:
+    """The ids of ``task_ids`` that :func:`pin_tasks` would refuse: not the loop's tasks, or
+    held out (the held-out set is frozen); checked first, so a refused pin changes nothing."""
+    pinnable = set(
+        session.scalars(
+            select(Task.id).where(
+                Task.loop_id == loop_id, Task.id.in_(list(task_ids)), Task.split != "heldout"
+            )
+        )
+    )
+    return sorted(set(task_ids) - pinnable)
+
+
 def list_tasks(
     *,
     session: Session,
     loop_id: int,
     split: str | None = None,
     limit: int = 50,
-    offset: int = 0,
+    before_id: int | None = None,
 ) -> list[Task]:
+    """A loop's tasks, newest first; ``before_id`` (the last id of the previous page) pages
+    on by keyset, which stays correct while curation adds tasks."""
     query = select(Task).where(Task.loop_id == loop_id)
     if split is not None:
         query = query.where(Task.split == split)
-    return list(session.scalars(query.order_by(Task.id.desc()).limit(limit).offset(offset)))
+    if before_id is not None:
+        query = query.where(Task.id < before_id)
+    return list(session.scalars(query.order_by(Task.id.desc()).limit(limit)))
 
 
 def task_sources(*, session: Session, task_id: int) -> list[tuple[int, str, str]]:
@@ -476,5 +493,9 @@ def task_contents(*, session: Session, task_ids: Sequence[int]) -> dict[int, Tas
     return {row[0]: TaskContent(row[1], row[2], sources.get(row[0], [])) for row in rows}
 
 
-def get_task(*, session: Session, task_id: int) -> Task | None:
-    return session.get(Task, task_id)
+def task_with_loop_name(*, session: Session, task_id: int) -> tuple[Task, str] | None:
+    """A task and the name of its loop (what a task looked up by its row id is shown with)."""
+    row = session.execute(
+        select(Task, Loop.name).join(Loop, Loop.id == Task.loop_id).where(Task.id == task_id)
+    ).first()
+    return None if row is None else (row[0], row[1])

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import pytest
+from ratchet_client import TraceClient
 
 from services.cli import main
-from services.client import sign_and_post_traces
 from services.settings import get_settings
 from tests.services.api.support import free_port, make_trace
 from tests.services.cli.support import run
@@ -34,8 +34,9 @@ def test_create_list_show_rotate(api_url: str, capsys: pytest.CaptureFixture[str
     assert created["ingest_token"].startswith("rit_")
     assert created["budget_usd"] == 12.5
 
-    # The secret works with the client's signed post (what `ratchet demo` uses).
-    [result] = sign_and_post_traces(api_url, "calc", created["signing_secret"], [make_trace("c1")])
+    # The secret works with the light client's signed post (what `ratchet demo` uses).
+    with TraceClient(api_url, "calc", created["signing_secret"]) as client:
+        result = client.post([make_trace("c1")])
     assert result.accepted == 1
 
     code, out, _ = run(capsys, "loop", "list")
@@ -54,7 +55,8 @@ def test_create_list_show_rotate(api_url: str, capsys: pytest.CaptureFixture[str
     assert rotated["previous_expires_at"] is not None
     # Both secrets work during the grace period.
     for secret in (created["signing_secret"], rotated["secret"]):
-        [ok] = sign_and_post_traces(api_url, "calc", secret, [make_trace()], batch=False)
+        with TraceClient(api_url, "calc", secret) as client:
+            ok = client.post([make_trace()])
         assert ok.accepted == 1
     code, out, _ = run(capsys, "loop", "create", "plain", "--env", "toolcalc", "--show-secrets")
     assert code == 0 and "signing secret: whsec_" in out and "ingest token:   rit_" in out

@@ -9,9 +9,9 @@ import stat
 from pathlib import Path
 
 import pytest
+from ratchet_client import TraceClient
 from sqlalchemy import select
 
-from services.client import sign_and_post_traces
 from services.db.models import Loop
 from services.db.session import SessionFactory
 from tests.services.api.support import make_trace
@@ -43,7 +43,8 @@ def test_create_writes_the_secrets_to_a_private_file_and_not_to_stdout(
     secrets = json.loads(path.read_text())
     assert secrets["loop"] == "calc"
     assert secrets["ingest_token"].startswith("rit_")
-    [result] = sign_and_post_traces(api_url, "calc", secrets["signing_secret"], [make_trace()])
+    with TraceClient(api_url, "calc", secrets["signing_secret"]) as client:
+        result = client.post([make_trace()])
     assert result.accepted == 1
     # --json without --show-secrets leaves them out of stdout too.
     other = tmp_path / "other.json"

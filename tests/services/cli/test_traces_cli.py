@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 import pytest
+from ratchet_client import TraceClient
 from sqlalchemy import select
 
-from services.client import sign_and_post_traces
 from services.db.models import Trace
 from services.db.queries.traces import Verdict, mark_traces_curated
 from services.db.session import SessionFactory
@@ -29,7 +29,8 @@ def make_loop(capsys: pytest.CaptureFixture[str], name: str = "helpdesk") -> dic
 
 def seed(api_url: str, loop: dict[str, Any], session_factory: SessionFactory) -> None:
     traces = [make_trace(f"tk-{i}") for i in range(4)]
-    [result] = sign_and_post_traces(api_url, loop["name"], loop["signing_secret"], traces)
+    with TraceClient(api_url, loop["name"], loop["signing_secret"]) as client:
+        result = client.post(traces)
     assert result.accepted == 4
     with session_factory.begin() as session:
         ids = dict(session.execute(select(Trace.external_id, Trace.id)).all())

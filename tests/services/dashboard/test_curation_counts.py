@@ -4,9 +4,9 @@ reason, with an example trace each, read in a real headless Chromium."""
 from __future__ import annotations
 
 import httpx
+from ratchet_client import TraceClient
 from sqlalchemy import select
 
-from services.client import sign_and_post_traces
 from services.db.models import Trace
 from services.db.queries.traces import Verdict, mark_traces_curated
 from tests.services.api.support import make_trace
@@ -34,7 +34,8 @@ def test_the_loop_page_counts_traces_by_curation_outcome_and_reason(
     assert created.status_code == 201, created.text
     secret = created.json()["signing_secret"]
     traces = [make_trace(external_id) for external_id in [*VERDICTS, "order-6"]]
-    [posted] = sign_and_post_traces(empty_server.url, "orders", secret, traces)
+    with TraceClient(empty_server.url, "orders", secret) as client:
+        posted = client.post(traces)
     assert posted.accepted == 6
     with empty_server.session_factory.begin() as session:
         ids = dict(session.execute(select(Trace.external_id, Trace.id)).all())

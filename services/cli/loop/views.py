@@ -1,0 +1,145 @@
+"""``ratchet loop list|show|status``: the loops, one loop's traffic, credentials,
+curation and serving ledger, and its live status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from services.cli.common import add_command
+from services.cli.loop.parsing import call, loop_command, print_model
+
+if TYPE_CHECKING:
+    from services.api.schemas.ledger import ServingLedgerPublic
+
+
+def register(commands: Any) -> None:
+    """``loop list``, ``loop show`` and ``loop status``."""
+    listing = add_command(commands, "list", _list, help="list loops")
+    listing.add_argument("--json", action="store_true", help="print a JSON array")
+
+    show = loop_command(
+        commands, "show", _show, help="show a loop, its traffic and active credentials"
+    )
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+
+    status = loop_command(
+        commands, "status", _status, help="the loop's stage, cycle and what it waits for"
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _list(args: argparse.Namespace) -> int:
+    loops = call(lambda client: client.list_loops())
+    if args.json:
+        print_model(loops)
+        return 0
+    if not loops:
+        print("no loops yet: create one with `ratchet loop create NAME --env ENV`")
+        return 0
+    width = max(len(loop.name) for loop in loops)
+    print(f"{'NAME':<{width}}  {'STATUS':<8}  {'ENVIRONMENT':<16}  EXECUTOR")
+    for loop in loops:
+        print(f"{loop.name:<{width}}  {loop.status:<8}  {loop.environment:<16}  {loop.executor}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    loop = call(lambda client: client.get_loop(args.name))
+    if args.json:
+        print_model(loop)
+        return 0
+    budget = f"${loop.budget_usd:,.2f}" if loop.budget_usd is not None else "none"
+    print(
+        f"loop {loop.name} ({loop.status}{': ' + loop.status_reason if loop.status_reason else ''})"
+    )
+    print(f"  environment  {loop.environment}")
+    print(f"  executor     {loop.executor}")
+    print(f"  budget       {budget}")
+    print(f"  champion     {loop.champion_checkpoint_id or 'none yet'}")
+    print(f"  config       version {loop.config_version} (`ratchet loop history {loop.name}`)")
+    print(f"  traces       {loop.trace_count} (last {loop.last_trace_at or 'never'})")
+    print(f"  webhook      {loop.webhook_url}")
+    print(f"  otlp         {loop.otlp_traces_url}")
+    for credential in loop.credentials:
+        until = f"expires {credential.expires_at}" if credential.expires_at else "no expiry"
+        print(f"  credential   {credential.kind} created {credential.created_at}, {until}")
+    _print_curation(loop)
+    _print_serving_ledger(call(lambda client: client.serving_ledger(args.name)))
+    return 0
+
+
+def _print_serving_ledger(ledger: ServingLedgerPublic) -> None:
+    """Both figures per champion, oldest first: what serving it cost per token beside what
+    the cycle that produced it bought (services.loop.ledger says how they are computed)."""
+    if not ledger.champions:
+        return
+    value = (
+        f"${ledger.value_per_success_usd:g} per success"
+        if ledger.value_per_success_usd is not None
+        else "no value_per_success_usd: no break-even"
+    )
+    print(
+        f"  serving      per champion, oldest first (${ledger.serving_hour_price_usd:g}/h; {value})"
+    )
+    print(
+        f"    {'CHAMPION':<12}  {'TOKENS':>12}  {'CACHED':>10}  {'$/MTOK':>9}  {'LIVE':>6}  "
+        f"{'HELD-OUT':>8}  {'$/POINT':>8}  {'BREAK-EVEN':>12}  SERVED"
+    )
+    for c in ledger.champions:
+        until = "now" if c.ended_at is None else f"{c.ended_at:%Y-%m-%d %H:%M}"
+        print(
+            f"    {c.checkpoint_id[:12]:<12}  {c.tokens_served:>12,}  "
+            f"{c.cached_prompt_tokens:>10,}  {_money(c.usd_per_mtok):>9}  "
+            f"{_share(c.live_success_rate):>6}  {_share(c.heldout_pass_rate):>8}  "
+            f"{_money(c.usd_per_heldout_point):>8}  "
+            f"{_count(c.break_even_tokens):>12}  {c.started_at:%Y-%m-%d %H:%M} to {until}"
+        )
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:,.4f}" if 0 < abs(value) < 0.01 else f"${value:,.2f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _print_curation(loop: Any) -> None:
+    """What curation made of the loop's traces, by outcome and reason, with an example each:
+    why traces did (or did not) become tasks, and the command that shows one."""
+    if not loop.curation:
+        return
+    print("  curation     traces by outcome and reason (example trace)")
+    for count in loop.curation:
+        what = count.outcome + (f" {count.reason}" if count.reason else "")
+        print(f"    {count.count:>8}  {what}  (e.g. {count.example_external_id})")
+    print(f"  see one with `ratchet traces show ID --loop {loop.name}`")
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = call(lambda client: client.status(args.name))
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"loop {status['loop']}: {status['db_status']}", end="")
+    print(f" ({status['status_reason']})" if status.get("status_reason") else "")
+    print(
+        f"  workflow     {status['workflow_id']} {status.get('workflow_status') or 'not started'}"
+    )
+    if status.get("stage"):
+        print(f"  stage        {status['stage']} (cycle {status.get('cycle')})")
+        print(f"  waiting for  {status.get('waiting_for') or '-'}")
+        print(f"  last outcome {status.get('last_outcome') or '-'}")
+        print(f"  cycles done  {status.get('cycles_done')}")
+    rollback = status.get("last_rollback")
+    if rollback:
+        print(f"  rollback     {rollback['status']} {rollback['decided_at']}: {rollback['reason']}")
+    return 0

@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-VERSION_HEADER = "X-Ratchet-Model-Version"
-
 
 class ServingError(Exception):
     """A serving target could not do what was asked; ``retryable`` says if trying again may."""

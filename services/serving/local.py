@@ -4,7 +4,7 @@ Deploys and verification are the ``openai`` target's (load under the versioned n
 the alias, ask ``/v1/models`` and probe both names): the local server is an
 OpenAI-compatible server like any other. What this adds is the process: when no server
 answers and the target has a :class:`LocalServerProcess`, the first deploy starts one
-serving that checkpoint under the alias (``python -m services.serving``), in its own
+serving that checkpoint under the alias (``python -m services.modelserver``), in its own
 session, with one CPU thread so the rest of the machine keeps its cores for training, and
 its log under the logs directory.
 """
@@ -87,7 +87,7 @@ class LocalServerProcess:
         command = [
             self._python,
             "-m",
-            "services.serving",
+            "services.modelserver",
             "--checkpoint",
             str(checkpoint_dir),
             "--served-model-name",

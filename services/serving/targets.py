@@ -40,11 +40,11 @@ from services.cores import thread_budget
 from services.evaluation.probes import ProbeSet
 from services.loop import policies
 from services.loop.policies import RECORDED, describe_errors, serving_endpoint_problem
-from services.serving.attestation import TraceAttestation, attestation_key, attested
+from services.modelserver.attestation import TraceAttestation, attestation_key, attested
+from services.modelserver.usage import UsageUnavailable, VersionUsage, read_usage
 from services.serving.base import CheckpointRef, DeployFailed, ServingTarget
 from services.serving.client import ModelServerClient
 from services.serving.delivery import NO_PROBE_SET, DeliveryProof, not_verified, prove_delivery
-from services.serving.usage import UsageUnavailable, VersionUsage, read_usage
 from services.settings import ENV_PREFIX, ServingEndpoint, Settings, secret_field_names
 
 logger = logging.getLogger(__name__)

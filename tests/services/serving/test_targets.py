@@ -16,9 +16,9 @@ from starlette.requests import Request
 from services.modelserver.registry import ModelRegistry
 from services.serving.base import CheckpointRef, DeployFailed, ServingError
 from services.serving.kubernetes import KubernetesServingTarget
-from services.serving.local import LocalServingTarget
+from services.serving.local import LocalServingTarget, model_server_environment
 from services.serving.openai_target import OpenAIServingTarget
-from services.serving.targets import ServingTargets, model_server_environment
+from services.serving.targets import ServingTargets
 from services.settings import ServingEndpoint, Settings
 from tests.services.executors.kube_cluster import EmulatedCluster
 from tests.services.modelserver.conftest import ServerThread, path_of

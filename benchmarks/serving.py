@@ -49,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.support import free_port, random_tiny_checkpoints  # noqa: E402
-from services.serving.base import VERSION_HEADER, CheckpointRef, ServingUnavailable  # noqa: E402
+from services.modelserver.openai_api import VERSION_HEADER  # noqa: E402
+from services.serving.base import CheckpointRef, ServingUnavailable  # noqa: E402
 from services.serving.client import ModelServerClient  # noqa: E402
 from services.serving.local import wait_until_serving  # noqa: E402
 from services.serving.openai_target import OpenAIServingTarget  # noqa: E402

@@ -39,7 +39,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.support import free_port, random_tiny_checkpoints
-from services.serving.base import VERSION_HEADER, CheckpointRef
+from services.modelserver.openai_api import VERSION_HEADER
+from services.serving.base import CheckpointRef
 from services.serving.local import LocalServerProcess, LocalServingTarget
 from services.training.tiny.model import GPT, GPTConfig
 

@@ -239,7 +239,7 @@ SERVING_PROMPT_TOKENS = Counter(
 SERVING_BUSY_SECONDS = Counter(
     "ratchet_serving_busy_seconds_total",
     "Wall seconds the model server's engine spent prefilling and decoding a version's rows "
-    "(a batch's time shared among its rows: see services.serving.usage).",
+    "(a batch's time shared among its rows: see services.modelserver.usage).",
     ["version"],
     registry=REGISTRY,
 )

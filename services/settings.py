@@ -103,7 +103,7 @@ class ServingEndpoint(Endpoint):
     rollout_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
     # The server signs its response ids with RATCHET_SERVE_ATTESTATION_KEY (it is a
     # `ratchet serve` given this deployment's key): the canary then counts only the traces
-    # it served, by the server's word (services/serving/attestation.py).
+    # it served, by the server's word (services/modelserver/attestation.py).
     attests: bool = False
 
     @model_validator(mode="after")
@@ -241,7 +241,7 @@ class Settings(BaseSettings):
     serve_api_key: SecretStr | None = None
     # Signs each response id of `ratchet serve` for the checkpoint that answered, so the
     # canary counts a trace for the version the server names, not the one the agent reports
-    # (services/serving/attestation.py). The worker sends it to the model servers it starts
+    # (services/modelserver/attestation.py). The worker sends it to the model servers it starts
     # (the local stack keeps one in <state_dir>); agents never get it.
     serve_attestation_key: SecretStr | None = None
     # `ratchet serve` under careless or hostile clients: request bodies past this size are

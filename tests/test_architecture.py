@@ -368,8 +368,13 @@ def test_api_reaches_no_model_library_even_lazily() -> None:
     assert chains == []
 
 
-# The two ways into the CLI: `python -m services` and `python -m services.serving`.
-CLI_ENTRY_POINTS = ("services/__main__.py", "services/serving/__main__.py")
+# The ways into the CLI: `python -m services`, `python -m services.modelserver` and the
+# model server's command of earlier releases, `python -m services.serving`.
+CLI_ENTRY_POINTS = (
+    "services/__main__.py",
+    "services/modelserver/__main__.py",
+    "services/serving/__main__.py",
+)
 
 
 def test_domain_code_never_imports_the_cli() -> None:

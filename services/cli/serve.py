@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     from services.cli import CliError
     from services.cli.common import cli_settings
     from services.logs import configure_logging
-    from services.serving.attestation import attestation_key
-    from services.serving.registry import LoadRefused
-    from services.serving.server import serve
+    from services.modelserver.attestation import attestation_key
+    from services.modelserver.registry import LoadRefused
+    from services.modelserver.server import serve
 
     settings = cli_settings()
     configure_logging(settings.log_level, settings.log_format, component="serve")
@@ -118,11 +118,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m services.serving``: the same command without the ``ratchet`` front."""
+    """``python -m services.modelserver``: the same command without the ``ratchet`` front."""
     from services.cli import CliError
     from services.settings import SettingsError
 
-    parser = argparse.ArgumentParser(prog="python -m services.serving")
+    parser = argparse.ArgumentParser(prog="python -m services.modelserver")
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

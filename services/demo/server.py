@@ -21,7 +21,7 @@ def start_model_server(settings: Settings, checkpoint: Path) -> subprocess.Popen
     It gets the model server's key (``settings.serve_api_key``, which the worker's local
     serving target sends), the stack's artifact store as the root it loads adapters from,
     and none of the control plane's secrets."""
-    from services.serving.targets import model_server_environment
+    from services.serving.local import model_server_environment
 
     log = (settings.logs_dir / "serve.log").open("ab")
     env = model_server_environment(settings)

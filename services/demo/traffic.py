@@ -43,7 +43,7 @@ from services.environments.base import TaskSpec
 from services.environments.toolcalc.api import CallError, get_api
 from services.environments.toolcalc.chat import check_call, extract_answer
 from services.environments.toolcalc.tasks import PRICES, solve
-from services.serving.base import VERSION_HEADER
+from services.modelserver.openai_api import VERSION_HEADER
 
 logger = logging.getLogger(__name__)
 

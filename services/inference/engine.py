@@ -1,6 +1,6 @@
 """The one inference engine: what a model family provides, and the decode loop they share.
 
-Serving (:mod:`services.serving.scheduler`), training rollouts and evaluation
+Serving (:mod:`services.modelserver.scheduler`), training rollouts and evaluation
 (:mod:`services.inference.rollout`) all decode through :class:`ActiveBatch`, so every
 token of a served request, a rollout and an evaluation is computed the same way, once.
 

@@ -169,7 +169,7 @@ class TraceV1(_Strict):
     model_version: ShortText | None = None
     # The ids of the completions the model server answered in this episode, as its responses
     # gave them: a Ratchet model server signs them for the version that answered, so the
-    # canary counts the trace by the server's word (services/serving/attestation.py).
+    # canary counts the trace by the server's word (services/modelserver/attestation.py).
     response_ids: list[ShortText] = Field(default_factory=list, max_length=1024)
     started_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None

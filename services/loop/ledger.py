@@ -2,7 +2,7 @@
 
 A **tenure** is the time one version serves a loop: from its verified deploy (the
 promotion's canary traffic is the candidate's) to the deploy that replaces it. The worker
-samples the server's counters (:mod:`services.serving.usage`) at each deploy and at each
+samples the server's counters (:mod:`services.modelserver.usage`) at each deploy and at each
 cycle's close and adds the difference since the previous sample to the open tenure.
 Counters are per version on ``ratchet serve``, so when a sample is taken does not change
 what is attributed to whom; a vLLM server's are whole-server, attributed to the version
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.serving.usage import VersionUsage
+from services.modelserver.usage import VersionUsage
 
 MILLION = 1_000_000
 

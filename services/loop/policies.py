@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -21,6 +22,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from services.serving.kinds import TARGET_KINDS, kind_names, target_kind
 from services.training.config import HyperparameterError, algorithm_chain, parse_chain
 
 # Strings Postgres can store in jsonb (no NUL) and a person can read.
@@ -243,6 +245,15 @@ _ENDPOINTS_HINT = (
 )
 
 
+def _known_kind(name: str) -> str:
+    if target_kind(name) is None:
+        raise ValueError(f"unknown serving target kind {name!r}; expected one of {kind_names()}")
+    return name
+
+
+ServingKind = Annotated[str, AfterValidator(_known_kind)]
+
+
 class ServingTarget(_Policy):
     """Where the champion serves: the local model server, or one of the deployment's serving
     endpoints (an OpenAI-compatible server with vLLM's adapter endpoints, or a Kubernetes
@@ -255,7 +266,11 @@ class ServingTarget(_Policy):
     (:func:`serving_endpoint_problem`) and by the worker when it deploys.
     """
 
-    kind: Literal["local", "openai", "kubernetes", "none"] = "local"
+    kind: ServingKind = Field(
+        default="local",
+        description="a serving target kind (services.serving.kinds registers them)",
+        json_schema_extra={"enum": list(TARGET_KINDS)},
+    )
     endpoint: EndpointName | None = Field(
         default=None,
         description="openai and kubernetes: the name of a serving endpoint the deployment "
@@ -328,15 +343,17 @@ class ServingTarget(_Policy):
     def _kind_problem(self) -> tuple[str, str] | None:
         """The field a new or changed target lacks (or must not set) for its kind, and why;
         a recorded target is a fact and is not asked."""
-        if self.kind in ("openai", "kubernetes") and not self.endpoint:
+        kind = target_kind(self.kind)
+        assert kind is not None  # the field's validator checked it
+        if kind.needs_endpoint and not self.endpoint:
             return "endpoint", f"an {self.kind} serving target needs `endpoint`: {_ENDPOINTS_HINT}"
-        if self.kind in ("local", "none") and self.endpoint:
+        if not kind.needs_endpoint and self.endpoint:
             return "endpoint", (
                 f"a {self.kind} serving target takes no `endpoint` (the local one is the "
                 "built-in model server at RATCHET_SERVE_HOST:RATCHET_SERVE_PORT)"
             )
-        if self.kind == "openai" and not self.model:
-            return "model", "an openai serving target needs `model` (the loop's served name)"
+        if kind.needs_model and not self.model:
+            return "model", f"an {self.kind} serving target needs `model` (the loop's served name)"
         return None
 
 
@@ -355,7 +372,8 @@ def serving_endpoint_problem(target: ServingTarget, endpoint_kinds: Mapping[str,
             f"this loop's serving target names {', '.join(target.retired_keys)}, which a loop "
             f"no longer sets: {_ENDPOINTS_HINT} (`ratchet loop apply`)"
         )
-    if target.kind not in ("openai", "kubernetes"):
+    registered = target_kind(target.kind)
+    if registered is None or not registered.needs_endpoint:
         return ""
     if target.endpoint is None:
         return f"an {target.kind} serving target needs `endpoint`: {_ENDPOINTS_HINT}"

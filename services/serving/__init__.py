@@ -1,7 +1,7 @@
-"""Where winners go: the OpenAI-compatible model server (``ratchet serve``: batched, hot
-swapping full models and LoRA adapters) and the serving targets (``local``, ``openai`` for
-vLLM/SGLang/``ratchet serve``, ``kubernetes`` for a Deployment) that deploy a checkpoint
-and verify, by asking the server, that it is served. See docs/executors.md."""
+"""Where winners go: the serving targets (``local``, ``openai`` for vLLM/SGLang/``ratchet
+serve``, ``kubernetes`` for a Deployment) that deploy a checkpoint, verify by asking the
+server that it is served, prove the delivery and roll back. The model server itself is
+:mod:`services.modelserver`. See docs/executors.md and docs/design.md ("Serving")."""
 
 from services.serving.base import (
     CheckpointRef,

@@ -1,4 +1,6 @@
-"""``python -m services.serving --checkpoint DIR``: the model server (as ``ratchet serve``)."""
+"""``python -m services.serving``: the model server's command of earlier releases, kept so
+scripts and manifests that start it this way keep working; the model server is
+``python -m services.modelserver`` (and ``ratchet serve``)."""
 
 import sys
 

@@ -1,4 +1,6 @@
-"""What every serving target shares: the checkpoint reference, the outcome, the errors.
+"""What every serving target shares: the checkpoint reference, the outcome, the errors, and
+what a target is built from (:class:`BuildContext`; the kinds are in
+:mod:`services.serving.kinds`).
 
 A serving target is where the champion answers production traffic. It has four verbs:
 ``current()`` (which version is served now), ``deploy(checkpoint)`` (serve this one),
@@ -13,10 +15,12 @@ or the wrong version is served) will not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-VERSION_HEADER = "X-Ratchet-Model-Version"
+if TYPE_CHECKING:
+    from services.settings import ServingEndpoint, Settings
 
 
 class ServingError(Exception):
@@ -85,3 +89,27 @@ class ServingTarget(Protocol):
     def stats(self) -> dict[str, Any]:
         """Live numbers of the target (requests, failures, latency, replicas...)."""
         ...
+
+
+DEFAULT_MODEL = "ratchet"  # `ratchet serve --served-model-name`'s default
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What the worker gives a target it builds: its settings, the loop's endpoint (for a
+    kind that needs one), a heartbeat for long deploys, and the worker's wiring options."""
+
+    settings: Settings
+    endpoint: ServingEndpoint | None = None
+    heartbeat: Callable[[str], None] | None = None
+    start_local_server: bool = True
+    kubernetes_client: Callable[[], Any] | None = None
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """Where a target's model server answers, as the worker reads its ``/metrics``."""
+
+    url: str
+    api_key: str | None = None
+    timeout_s: float = 10.0

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from services.serving.base import VERSION_HEADER, DeployFailed, ServingUnavailable
+from services.modelserver.openai_api import VERSION_HEADER
+from services.serving.base import DeployFailed, ServingUnavailable
 
 PROBE_MESSAGES = [{"role": "user", "content": "ping"}]
 SHOWN_CHARS = 80  # of a field a server reported, in an error message

@@ -28,16 +28,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from services.artifacts import uri_to_path
 from services.executors.base import ExecutorError
-from services.executors.kubernetes.api import api_reason, response_json, watch_object
+from services.executors.kubernetes.api import (
+    api_client_from_settings,
+    api_reason,
+    response_json,
+    watch_object,
+)
 from services.metrics import SERVING_SWAP_DURATION
 from services.serving.base import (
+    DEFAULT_MODEL,
+    BuildContext,
     CheckpointRef,
     DeployFailed,
     DeployOutcome,
@@ -45,7 +52,10 @@ from services.serving.base import (
     ServingUnavailable,
 )
 from services.serving.client import ModelServerClient
-from services.serving.openai_target import Heartbeat, version_of, wait_until_served
+from services.serving.openai_target import Heartbeat, server_path, version_of, wait_until_served
+
+if TYPE_CHECKING:
+    from services.loop.policies import ServingTarget as ServingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -358,3 +368,31 @@ def rollout_state(deployment: dict[str, Any] | None) -> str:
     if int(status.get("availableReplicas") or 0) < updated:
         return "progressing"
     return "complete"
+
+
+def build(config: ServingConfig, context: BuildContext) -> KubernetesServingTarget:
+    """The ``kubernetes`` kind: the endpoint's Deployment (its namespace, name and container
+    come only from the operator's settings), verified through the endpoint's URL."""
+    endpoint, settings = context.endpoint, context.settings
+    assert endpoint is not None and endpoint.deployment is not None  # ServingEndpoint checks
+    api_client = (
+        context.kubernetes_client()
+        if context.kubernetes_client is not None
+        else api_client_from_settings(settings)
+    )
+    root = settings.artifacts_dir
+    return KubernetesServingTarget(
+        api_client,
+        namespace=endpoint.namespace or settings.kubernetes_namespace,
+        deployment=endpoint.deployment,
+        url=endpoint.url,
+        model=config.model or DEFAULT_MODEL,
+        container=endpoint.container,
+        env_var=endpoint.env_var,
+        server_path=lambda ref: server_path(ref, root, endpoint.artifacts_dir),
+        api_key=endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None,
+        timeout_s=endpoint.timeout_s,
+        rollout_timeout_s=endpoint.rollout_timeout_s,
+        verify_timeout_s=config.verify_timeout_s,
+        heartbeat=context.heartbeat,
+    )

@@ -4,7 +4,7 @@ Deploys and verification are the ``openai`` target's (load under the versioned n
 the alias, ask ``/v1/models`` and probe both names): the local server is an
 OpenAI-compatible server like any other. What this adds is the process: when no server
 answers and the target has a :class:`LocalServerProcess`, the first deploy starts one
-serving that checkpoint under the alias (``python -m services.serving``), in its own
+serving that checkpoint under the alias (``python -m services.modelserver``), in its own
 session, with one CPU thread so the rest of the machine keeps its cores for training, and
 its log under the logs directory.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -20,11 +21,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.artifacts import uri_to_path
-from services.serving.base import CheckpointRef, DeployFailed, DeployOutcome, ServingUnavailable
+from services.cores import thread_budget
+from services.serving.base import (
+    DEFAULT_MODEL,
+    BuildContext,
+    CheckpointRef,
+    DeployFailed,
+    DeployOutcome,
+    ServerAddress,
+    ServingUnavailable,
+)
 from services.serving.client import ModelServerClient
 from services.serving.openai_target import Heartbeat, OpenAIServingTarget
+from services.settings import ENV_PREFIX, Settings, secret_field_names
+
+if TYPE_CHECKING:
+    from services.loop.policies import ServingTarget as ServingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +102,7 @@ class LocalServerProcess:
         command = [
             self._python,
             "-m",
-            "services.serving",
+            "services.modelserver",
             "--checkpoint",
             str(checkpoint_dir),
             "--served-model-name",
@@ -173,3 +188,53 @@ class LocalServingTarget(OpenAIServingTarget):
         self._process.start(uri_to_path(checkpoint.uri), self.model, self.client)
         outcome = super().deploy(checkpoint)  # verifies it, as every deploy
         return dataclasses.replace(outcome, previous_version=None, changed=True)
+
+
+def build(config: ServingConfig, context: BuildContext) -> LocalServingTarget:
+    """The ``local`` kind: the model server at ``RATCHET_SERVE_HOST:PORT``, started by the
+    first deploy when none answers (and the worker may start one), with one share of the
+    thread budget (the jobs beside it take the rest)."""
+    settings = context.settings
+    server = address(settings)
+    process = None
+    if context.start_local_server:
+        process = LocalServerProcess(
+            host=settings.serve_host,
+            port=settings.serve_port,
+            logs_dir=settings.logs_dir,
+            threads=thread_budget().server,
+            env=model_server_environment(settings),
+        )
+    return LocalServingTarget(
+        server.url,
+        model=config.model or DEFAULT_MODEL,
+        api_key=server.api_key,
+        process=process,
+        heartbeat=context.heartbeat,
+        verify_timeout_s=config.verify_timeout_s,
+    )
+
+
+def address(settings: Settings) -> ServerAddress:
+    """Where the local model server answers, with the model server's own key (never the
+    admin token)."""
+    key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
+    return ServerAddress(f"http://{settings.serve_host}:{settings.serve_port}", key)
+
+
+def model_server_environment(settings: Settings) -> dict[str, str]:
+    """The environment of a model server this worker starts: its own, minus every secret
+    setting (the admin token, the database URL, the secret key, endpoint keys), plus the
+    model server's API key, its attestation key and the roots it may load checkpoints from
+    (this worker's artifact store, whatever the worker's settings came from). The model
+    server loads checkpoints; it holds no credential of the control plane."""
+    hidden = {f"{ENV_PREFIX}{name.upper()}" for name in secret_field_names()}
+    env = {name: value for name, value in os.environ.items() if name not in hidden}
+    if settings.serve_api_key is not None:
+        env[f"{ENV_PREFIX}SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+    if settings.serve_attestation_key is not None:
+        key = settings.serve_attestation_key.get_secret_value()
+        env[f"{ENV_PREFIX}SERVE_ATTESTATION_KEY"] = key
+    roots = settings.serve_model_roots or [settings.artifacts_dir]
+    env[f"{ENV_PREFIX}SERVE_MODEL_ROOTS"] = json.dumps([str(root.absolute()) for root in roots])
+    return env

@@ -29,11 +29,12 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.artifacts import uri_to_path
 from services.metrics import SERVING_SWAP_DURATION
 from services.serving.base import (
+    BuildContext,
     CheckpointRef,
     DeployFailed,
     DeployOutcome,
@@ -41,6 +42,9 @@ from services.serving.base import (
     ServingUnavailable,
 )
 from services.serving.client import ModelCard, ModelServerClient, quoted
+
+if TYPE_CHECKING:
+    from services.loop.policies import ServingTarget as ServingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -266,3 +270,21 @@ def version_of(card: ModelCard | None) -> str | None:
         if _HEX64.match(leaf):
             return leaf
     return None
+
+
+def build(config: ServingConfig, context: BuildContext) -> OpenAIServingTarget:
+    """The ``openai`` kind: the loop's endpoint (its URL, key and artifact mount come only
+    from the operator's settings), serving the loop's alias."""
+    endpoint = context.endpoint
+    assert endpoint is not None and config.model is not None  # the kind requires both
+    key = endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
+    return OpenAIServingTarget(
+        endpoint.url,
+        model=config.model,
+        api_key=key,
+        timeout_s=endpoint.timeout_s,
+        artifacts_root=context.settings.artifacts_dir if endpoint.artifacts_dir else None,
+        server_artifacts_dir=endpoint.artifacts_dir,
+        verify_timeout_s=config.verify_timeout_s,
+        heartbeat=context.heartbeat,
+    )

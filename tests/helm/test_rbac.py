@@ -25,7 +25,7 @@ from services.serving.kubernetes import KubernetesServingTarget
 from tests.helm.chart import Manifest, render
 from tests.services.executors.kube_cluster import EmulatedCluster
 from tests.services.executors.test_kubernetes_launcher import COMPLETE, make_template
-from tests.services.serving.conftest import write_checkpoint
+from tests.services.modelserver.conftest import write_checkpoint
 from tests.services.serving.test_kubernetes_target import (
     NAME,
     NAMESPACE,

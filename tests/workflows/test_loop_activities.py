@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from services.db.models import Checkpoint, Cycle, Loop, Promotion, Trace
 from services.db.session import SessionFactory
-from services.serving.attestation import attested, response_id
+from services.modelserver.attestation import attested, response_id
 from services.serving.base import DeployFailed
 from workflows.activities.loop import LoopActivities
 from workflows.shared import (

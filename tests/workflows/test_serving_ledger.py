@@ -24,7 +24,7 @@ from services.db.models import Cycle, Evaluation, Loop, ServingTenure, Trace
 from services.db.queries.serving_ledger import champion_figures, serving_totals
 from services.db.session import SessionFactory
 from services.loop.ledger import ServingLedger, ServingPrices
-from services.serving.usage import UsageUnavailable, VersionUsage
+from services.modelserver.usage import UsageUnavailable, VersionUsage
 from tests.workflows.test_loop_activities import (
     RecordingTarget,
     add_checkpoint,

@@ -48,10 +48,10 @@ from services.metrics import (
     LOOP_PROMOTIONS,
     LOOP_SPEND,
 )
-from services.serving.attestation import TraceAttestation
+from services.modelserver.attestation import TraceAttestation
+from services.modelserver.usage import UsageUnavailable, VersionUsage
 from services.serving.base import DeployFailed, ServingError
 from services.serving.delivery import DeliveryProof, not_verified
-from services.serving.usage import UsageUnavailable, VersionUsage
 from workflows.activities.errors import fails_as
 from workflows.shared import (
     CloseCycleInput,

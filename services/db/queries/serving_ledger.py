@@ -24,7 +24,7 @@ from services.loop.ledger import (
     usd_per_mtok,
 )
 from services.loop.policies import RECORDED, ServingTarget
-from services.serving.usage import VersionUsage, usage_of
+from services.modelserver.usage import VersionUsage, usage_of
 
 LIVE_WINDOW = 1_000_000  # every trace of a tenure counts toward its live success
 

@@ -24,7 +24,7 @@ from services.demo.traffic import (
 )
 from services.serving.base import CheckpointRef
 from tests.services.api.support import serve_with_loop
-from tests.services.serving.conftest import ServerThread, demo_task
+from tests.services.modelserver.conftest import ServerThread, demo_task
 
 
 @pytest.fixture

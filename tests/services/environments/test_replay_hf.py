@@ -12,7 +12,7 @@ from services.environments.base import TaskSpec
 from services.environments.replay import ReplayEnvironment
 from services.training.hf.model import HFModel
 from tests.services.environments.replay_traces import failing_trace
-from tests.services.serving.hf_models import write_tiny_llama
+from tests.services.modelserver.hf_models import write_tiny_llama
 
 
 def _wire(message: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from services.environments.replay.judge import JUDGE_SYSTEM, _judge_messages, pa
 from services.training.checkpoint import save_checkpoint
 from services.training.tiny.model import GPT, GPTConfig
 from tests.services.environments.replay_traces import failing_trace
-from tests.services.serving.conftest import ServeProcess
+from tests.services.modelserver.conftest import ServeProcess
 
 RUBRIC = "A hold for a patron with overdue loans must be refused, with the reason."
 

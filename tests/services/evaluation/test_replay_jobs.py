@@ -20,7 +20,7 @@ from services.evaluation.job import eval_job_main
 from services.training.checkpoint import save_checkpoint
 from services.training.tiny.model import GPT, GPTConfig
 from tests.services.environments.replay_traces import USER, failing_trace
-from tests.services.serving.conftest import ServeProcess
+from tests.services.modelserver.conftest import ServeProcess
 from tests.services.training.conftest import read_metrics, run_train_job, write_spec
 from tests.services.training.hf_support import build_tiny_llama
 

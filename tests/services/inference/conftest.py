@@ -1,6 +1,6 @@
 """The model server's test checkpoints and server fixture, shared with the engine's tests."""
 
-from tests.services.serving.conftest import (
+from tests.services.modelserver.conftest import (
     llama_with_adapters,
     serve,
     tool_calling_llama,

@@ -25,7 +25,7 @@ from services.inference.tiny import TinyEngine
 from services.serving.base import CheckpointRef
 from services.training.tiny.model import GPT, GPTConfig, TinyModel, generate_ids
 from services.training.tokenizer import ByteTokenizer
-from tests.services.serving.conftest import path_of
+from tests.services.modelserver.conftest import path_of
 from tests.services.training.hf_support import build_tokenizer, tiny_llama_config
 
 

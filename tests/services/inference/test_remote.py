@@ -37,7 +37,7 @@ from services.training.family import Rollouts
 from services.training.hf.family import HFFamily
 from services.training.hf.model import HFModel
 from services.training.jobspec import EXIT_FAILED
-from tests.services.serving.conftest import ServeProcess, free_port, path_of
+from tests.services.modelserver.conftest import ServeProcess, free_port, path_of
 
 ENV = ToolcalcEnvironment()
 OPTIONS: dict[str, Any] = {"max_turns": 3, "max_new_tokens": 6, "temperature": 0.0}

@@ -20,7 +20,7 @@ from services.training.hf.model import HFModel
 from services.training.hf.rollout import run_chat_episodes as generate_chat_episodes
 from services.training.tiny.model import TinyModel
 from services.training.tiny.rollout import run_episodes
-from tests.services.serving.conftest import LISTING, TOOLCALC_TOOLS, demo_task, path_of
+from tests.services.modelserver.conftest import LISTING, TOOLCALC_TOOLS, demo_task, path_of
 
 ENV = ToolcalcEnvironment()
 
@@ -216,6 +216,6 @@ def test_hf_evaluation_through_the_engine_scores_as_the_generate_path(
 
 def _cached_prompt_tokens(exposition: str) -> float:
     """The cached prompt tokens of every version the server counted."""
-    from services.serving.usage import parse_usage
+    from services.modelserver.usage import parse_usage
 
     return sum(usage.cached_prompt_tokens for usage in parse_usage(exposition).values())

@@ -25,7 +25,7 @@ from services.serving.targets import ServingTargets
 from services.settings import ServingEndpoint, Settings
 from services.training.checkpoint import save_checkpoint
 from services.training.tiny.model import GPT, GPTConfig
-from tests.services.serving.conftest import ServeProcess, path_of
+from tests.services.modelserver.conftest import ServeProcess, path_of
 
 KEY = "key-of-the-model-server"
 MODEL = "agent"

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from services.modelserver.registry import ModelRegistry
 from services.serving.base import CheckpointRef, DeployFailed
 from services.serving.kubernetes import (
     ANNOTATION_PREVIOUS_VERSION,
@@ -25,9 +26,8 @@ from services.serving.kubernetes import (
     KubernetesServingTarget,
     rollout_state,
 )
-from services.serving.registry import ModelRegistry
 from tests.services.executors.kube_cluster import DEPLOYMENTS, EmulatedCluster
-from tests.services.serving.conftest import ServerThread, path_of
+from tests.services.modelserver.conftest import ServerThread, path_of
 
 NAMESPACE = "serving"
 NAME = "agent-model"

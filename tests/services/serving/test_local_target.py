@@ -9,7 +9,7 @@ import pytest
 
 from services.serving.base import CheckpointRef, DeployFailed, ServingUnavailable
 from services.serving.local import LocalServerProcess, LocalServingTarget
-from tests.services.serving.conftest import ServerThread, free_port
+from tests.services.modelserver.conftest import ServerThread, free_port
 
 
 def test_deploy_and_rollback_on_a_running_server(

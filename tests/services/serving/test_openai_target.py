@@ -19,7 +19,7 @@ import pytest
 from services.serving.base import CheckpointRef, DeployFailed, ServingUnavailable
 from services.serving.client import ModelCard
 from services.serving.openai_target import OpenAIServingTarget, server_path, version_of
-from tests.services.serving.conftest import ServeProcess, path_of, write_checkpoint
+from tests.services.modelserver.conftest import ServeProcess, path_of, write_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,15 @@ import pytest
 from pydantic import SecretStr
 from starlette.requests import Request
 
+from services.modelserver.registry import ModelRegistry
 from services.serving.base import CheckpointRef, DeployFailed, ServingError
 from services.serving.kubernetes import KubernetesServingTarget
-from services.serving.local import LocalServingTarget
+from services.serving.local import LocalServingTarget, model_server_environment
 from services.serving.openai_target import OpenAIServingTarget
-from services.serving.registry import ModelRegistry
-from services.serving.targets import ServingTargets, model_server_environment
+from services.serving.targets import ServingTargets
 from services.settings import ServingEndpoint, Settings
 from tests.services.executors.kube_cluster import EmulatedCluster
-from tests.services.serving.conftest import ServerThread, path_of
+from tests.services.modelserver.conftest import ServerThread, path_of
 
 ADMIN_TOKEN = "admin-token-of-the-control-plane"
 SERVE_KEY = "key-of-the-local-model-server"

@@ -8,11 +8,12 @@ from collections.abc import Callable
 import httpx
 from pydantic import SecretStr
 
-from services.serving.attestation import attested, response_id, verifies
-from services.serving.base import VERSION_HEADER, CheckpointRef
+from services.modelserver.attestation import attested, response_id, verifies
+from services.modelserver.openai_api import VERSION_HEADER
+from services.serving.base import CheckpointRef
 from services.serving.targets import ServingTargets
 from services.settings import ServingEndpoint, Settings
-from tests.services.serving.conftest import ServerThread
+from tests.services.modelserver.conftest import ServerThread
 
 KEY = b"k" * 32
 CHAT = {"model": "ratchet", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from services.inference.engine import BatchForward
-from services.serving.base import VERSION_HEADER, CheckpointRef
-from services.serving.registry import ModelRegistry
-from tests.services.serving.conftest import LISTING, ServerThread, path_of
+from services.modelserver.openai_api import VERSION_HEADER
+from services.modelserver.registry import ModelRegistry
+from services.serving.base import CheckpointRef
+from tests.services.modelserver.conftest import LISTING, ServerThread, path_of
 from tests.support import assert_eventually
 
 Serve = Callable[..., ServerThread]
@@ -124,7 +125,7 @@ def test_rows_of_a_client_that_hangs_up_stop_decoding(
     serve: Serve, checkpoints: list[CheckpointRef], stream: bool
 ) -> None:
     server = serve(checkpoints[0])
-    scheduler = server.app.state.scheduler
+    scheduler = server.app.state.server.scheduler
     gate = Gate(server.registry.names()[0].engine)
     body = {**CHAT, "max_tokens": 80, "n": 2, "stream": stream}
 
@@ -317,7 +318,7 @@ def test_the_registry_serves_only_what_the_manifest_lists(
 
 
 def test_state_space_models_are_refused_at_load(tmp_path: Path) -> None:
-    from services.serving.registry import LoadRefused
+    from services.modelserver.registry import LoadRefused
     from services.training.checkpoint import write_manifest
 
     for model_type in ("mamba", "mamba2", "falcon_mamba", "jamba"):

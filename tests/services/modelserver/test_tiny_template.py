@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.chat.protocol import ChatMessage, ToolCall
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.inference.tiny import format_call, parse_turn, render_transcript
-from tests.services.serving.conftest import LISTING, TOOLCALC_TOOLS
+from tests.services.modelserver.conftest import LISTING, TOOLCALC_TOOLS
 
 
 def test_a_conversation_renders_to_the_transcript_the_model_was_trained_on() -> None:

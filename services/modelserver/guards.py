@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.body_limit import run_within_limit
 from services.metrics import SERVING_REQUESTS
-from services.serving.openai_api import OpenAIError
+from services.modelserver.openai_api import OpenAIError
 
 OPEN_PATHS = frozenset({"/health", "/healthz"})
 FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")

@@ -17,7 +17,7 @@ from schemathesis.core.result import Ok
 
 from services.metrics import SERVING_REQUESTS
 from services.serving.base import CheckpointRef
-from tests.services.serving.conftest import ServerThread
+from tests.services.modelserver.conftest import ServerThread
 
 Serve = Callable[..., ServerThread]
 FUZZ = settings(

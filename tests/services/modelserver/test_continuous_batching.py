@@ -11,9 +11,9 @@ import pytest
 from services.inference.engine import ActiveBatch, Engine, GenerationRequest, SamplingParams
 from services.inference.hf import HFEngine
 from services.inference.tiny import TinyEngine
+from services.modelserver.scheduler import BatchScheduler
 from services.serving.base import CheckpointRef
-from services.serving.scheduler import BatchScheduler
-from tests.services.serving.conftest import path_of
+from tests.services.modelserver.conftest import path_of
 
 
 def request(

@@ -25,6 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.chat.protocol import ChatMessage, validate_tools
 
+# The header every completion carries: the checkpoint id of the version that answered (a
+# serving target reads it to know what answered its probe).
+VERSION_HEADER = "X-Ratchet-Model-Version"
+
 MAX_MESSAGES = 512
 MAX_CONTENT_CHARS = 256_000
 MAX_N = 16

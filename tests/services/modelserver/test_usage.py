@@ -13,9 +13,7 @@ import httpx
 import pytest
 
 from services.loop.ledger import ServingPrices, accrue, usd_per_mtok
-from services.serving.base import CheckpointRef
-from services.serving.targets import ServingTargets
-from services.serving.usage import (
+from services.modelserver.usage import (
     WHOLE_SERVER,
     UsageUnavailable,
     VersionUsage,
@@ -24,8 +22,10 @@ from services.serving.usage import (
     read_usage,
     usage_of,
 )
+from services.serving.base import CheckpointRef
+from services.serving.targets import ServingTargets
 from services.settings import ServingEndpoint, Settings
-from tests.services.serving.conftest import (
+from tests.services.modelserver.conftest import (
     ServeProcess,
     ServerThread,
     path_of,
@@ -168,7 +168,7 @@ def test_rows_of_two_versions_in_one_batch_share_its_time_fairly(
     from services.inference.engine import GenerationRequest, SamplingParams
     from services.inference.tiny import TinyEngine
     from services.metrics import REGISTRY
-    from services.serving.scheduler import BatchScheduler
+    from services.modelserver.scheduler import BatchScheduler
 
     engine = TinyEngine.load(path_of(checkpoints[0]), device="cpu")
     ids = list(b"share the batch fairly")  # byte-level token ids

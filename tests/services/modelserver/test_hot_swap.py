@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import openai
 
-from services.serving.base import VERSION_HEADER, CheckpointRef
-from services.serving.registry import ModelRegistry
-from tests.services.serving.conftest import ServerThread, path_of, write_checkpoint
+from services.modelserver.openai_api import VERSION_HEADER
+from services.modelserver.registry import ModelRegistry
+from services.serving.base import CheckpointRef
+from tests.services.modelserver.conftest import ServerThread, path_of, write_checkpoint
 
 Serve = Callable[..., ServerThread]
 

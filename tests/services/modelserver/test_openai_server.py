@@ -11,8 +11,9 @@ import httpx
 import openai
 import pytest
 
-from services.serving.base import VERSION_HEADER, CheckpointRef
-from tests.services.serving.conftest import HF_REPLY, LISTING, TOOLCALC_TOOLS, ServerThread
+from services.modelserver.openai_api import VERSION_HEADER
+from services.serving.base import CheckpointRef
+from tests.services.modelserver.conftest import HF_REPLY, LISTING, TOOLCALC_TOOLS, ServerThread
 
 Serve = Callable[..., ServerThread]
 
@@ -219,7 +220,7 @@ def test_concurrent_requests_are_decoded_together(
         return completion.choices[0].message.content
 
     alone = [ask(p) for p in prompts]
-    batches_before = server.app.state.scheduler.batches
+    batches_before = server.app.state.server.scheduler.batches
     together: dict[int, str | None] = {}
     threads = [
         threading.Thread(target=lambda i=i: together.__setitem__(i, ask(prompts[i])))
@@ -231,7 +232,7 @@ def test_concurrent_requests_are_decoded_together(
         thread.join(60)
 
     assert [together[i] for i in range(len(prompts))] == alone  # batching changes no answer
-    batches = server.app.state.scheduler.batches - batches_before
+    batches = server.app.state.server.scheduler.batches - batches_before
     assert batches < len(prompts)  # several requests shared a batch
 
 

@@ -21,7 +21,7 @@ the batch is full, or ``max_collect_ms`` have passed (a queue delay in the manne
 Triton's), so clients answered together start together.
 
 Every prefill and step is timed and its wall time shared among the versions of its rows
-(:func:`services.serving.usage.count_busy`, which says how), so a served version's busy
+(:func:`services.modelserver.usage.count_busy`, which says how), so a served version's busy
 compute-seconds are counted however batches mix versions.
 """
 
@@ -41,7 +41,7 @@ from services.inference.engine import (
     GenerationRequest,
     GenerationResult,
 )
-from services.serving.usage import count_busy
+from services.modelserver.usage import count_busy
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import openai
 import pytest
 
 from services.inference.engine import ActiveBatch, GenerationRequest, SamplingParams
+from services.modelserver.registry import ModelRegistry
 from services.serving.base import CheckpointRef
-from services.serving.registry import ModelRegistry
-from tests.services.serving.conftest import ServerThread, path_of
+from tests.services.modelserver.conftest import ServerThread, path_of
 
 Serve = Callable[..., ServerThread]
 HELLO = [{"role": "user", "content": "hello"}]

@@ -13,7 +13,11 @@ one stage's, a plain key every stage's that takes it; metrics.json's ``stages`` 
 each stage saw and did). ``grpo``, ``rft`` and ``dpo`` need a dataset and a base checkpoint;
 ``sft`` needs a dataset and starts from the base checkpoint when one is given, else from a
 fresh model (``hyperparameters.model`` sets its shape). Outputs:
-``<output_dir>/checkpoint/`` and ``<output_dir>/metrics.json``; GRPO keeps resume points
+``<output_dir>/checkpoint/`` and ``<output_dir>/metrics.json``; with ``keep_episodes`` =
+N in the spec, ``<output_dir>/episodes.jsonl`` too (up to N verified successes of each task
+and as many failures beside them, with their token ids; listed in metrics.json as
+``episode_file``, see services.training.episode_file); ``demonstrations`` in the spec names
+earlier runs' stored episodes, which rft trains on and dpo pairs. GRPO keeps resume points
 under ``<output_dir>/state/`` and a restarted job continues from the last one. A job whose
 outputs are already complete exits 0 without retraining, so an executor may retry it safely.
 Under ``torchrun`` every rank trains and rank 0 writes.
@@ -32,6 +36,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +60,13 @@ from services.training.config import (
 from services.training.device import use_threads
 from services.training.distributed import DistContext, init_job_distributed, shutdown_distributed
 from services.training.dpo import train_dpo
+from services.training.episode_file import (
+    EpisodeFileError,
+    EpisodeRecord,
+    keep_episodes_option,
+    read_demonstrations,
+    write_episodes,
+)
 from services.training.family import (
     DemonstrationOptions,
     Family,
@@ -72,6 +84,7 @@ from services.training.jobspec import (
     run_job_main,
     write_json,
 )
+from services.training.keep import EpisodeKeeper
 from services.training.optim import TrainingDiverged
 from services.training.phases import PhaseClock, phase_report
 from services.training.rft import train_rft
@@ -113,14 +126,17 @@ def _run(spec: JobSpec) -> int:
     except ValueError as exc:
         raise JobError(str(exc)) from None
     parent = model.checkpoint_id
+    kept = _Kept(_stored(spec), _keeper(spec, model))
     started = time.monotonic()
     try:
         if len(stages) == 1:
             metrics, trainer_phases = _train_stage(
-                spec, env, tasks, model, stages[0], hypers[0], ctx, state="state"
+                spec, env, tasks, model, stages[0], hypers[0], ctx, state="state", kept=kept
             )
         else:
-            metrics, trainer_phases = _train_chain(spec, env, tasks, model, stages, hypers, ctx)
+            metrics, trainer_phases = _train_chain(
+                spec, env, tasks, model, stages, hypers, ctx, kept=kept
+            )
     except TrainingDiverged as exc:
         raise JobError(str(exc), exit_code=EXIT_FAILED) from None
     except RemoteError as exc:
@@ -155,6 +171,8 @@ def _run(spec: JobSpec) -> int:
                 _remove_partial(checkpoint_dir)
             manifest = model.save(checkpoint_dir, parent=parent, metadata=meta)
         metrics["checkpoint_id"] = manifest.checkpoint_id
+        if kept.keeper is not None:
+            metrics["episode_file"] = write_episodes(spec.output_dir, kept.keeper.records())
         metrics["phases"] = phase_report(clock, trainer_phases, world_size=ctx.world_size)
         write_json(metrics_path, metrics)
         logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
@@ -172,6 +190,7 @@ def _train_stage(
     ctx: DistContext,
     *,
     state: str,
+    kept: _Kept,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """One algorithm's run on ``model``, in place: its metrics (GRPO resumes under
     ``output_dir/state``) and its trainer's seconds per phase (rft and dpo report none:
@@ -179,14 +198,16 @@ def _train_stage(
     config = hyper.config
     if algorithm == "grpo":
         assert isinstance(config, GRPOConfig)  # parse_hyperparameters' class for grpo
-        return _train_grpo(spec, env, tasks, model, config, ctx, state_dir=spec.output_dir / state)
+        return _train_grpo(
+            spec, env, tasks, model, config, ctx, state_dir=spec.output_dir / state, kept=kept
+        )
     if algorithm == "rft":
         assert isinstance(config, RFTConfig)
-        rft = train_rft(model, env, tasks, config, ctx=ctx)
+        rft = train_rft(model, env, tasks, config, ctx=ctx, stored=kept.stored, keeper=kept.keeper)
         return {**rft.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}, {}
     if algorithm == "dpo":
         assert isinstance(config, DPOConfig)
-        dpo = train_dpo(model, env, tasks, config, ctx=ctx)
+        dpo = train_dpo(model, env, tasks, config, ctx=ctx, stored=kept.stored, keeper=kept.keeper)
         return {**dpo.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}, {}
     assert isinstance(config, SFTConfig)
     return _train_sft(env, tasks, model, hyper, ctx)
@@ -218,6 +239,8 @@ def _train_chain(
     stages: tuple[str, ...],
     hypers: list[Hyperparameters],
     ctx: DistContext,
+    *,
+    kept: _Kept,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Each stage on the previous stage's weights; the totals, and what each stage saw and
     did under ``stages``. A GRPO stage resumes under ``state/stage-<n>-grpo``; a restarted
@@ -226,7 +249,9 @@ def _train_chain(
     phases: dict[str, float] = {}
     for index, (algorithm, hyper) in enumerate(zip(stages, hypers, strict=True)):
         state = f"state/stage-{index + 1}-{algorithm}"
-        metrics, seconds = _train_stage(spec, env, tasks, model, algorithm, hyper, ctx, state=state)
+        metrics, seconds = _train_stage(
+            spec, env, tasks, model, algorithm, hyper, ctx, state=state, kept=kept
+        )
         for name, value in seconds.items():
             phases[name] = phases.get(name, 0.0) + value
         reports.append(
@@ -245,6 +270,36 @@ def _train_chain(
         "final_pass_rate": last.get("final_pass_rate"),
         "stages": reports,
     }, phases
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """The run's stored episodes (spec ``demonstrations``) and what it keeps of its own."""
+
+    stored: list[EpisodeRecord]
+    keeper: EpisodeKeeper | None
+
+
+def _stored(spec: JobSpec) -> list[EpisodeRecord]:
+    """The spec's ``demonstrations`` file (earlier runs' verified episodes), or none."""
+    path = spec.raw.get("demonstrations")
+    if path is None:
+        return []
+    if not isinstance(path, str) or not path:
+        raise JobError("spec 'demonstrations' must be the path of a demonstrations file")
+    try:
+        return read_demonstrations(Path(path))
+    except EpisodeFileError as exc:
+        raise JobError(str(exc)) from None
+
+
+def _keeper(spec: JobSpec, model: FamilyModel) -> EpisodeKeeper | None:
+    """What the run keeps of its verified episodes (spec ``keep_episodes`` per task)."""
+    try:
+        per_task = keep_episodes_option(spec.raw)
+    except EpisodeFileError as exc:
+        raise JobError(str(exc)) from None
+    return EpisodeKeeper(model, per_task=per_task, failures_alone=False) if per_task else None
 
 
 def _base_family(spec: JobSpec) -> str:
@@ -325,9 +380,10 @@ def _train_grpo(
     ctx: DistContext,
     *,
     state_dir: Path,
+    kept: _Kept,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """The run's metrics and its trainer's seconds per phase."""
-    result = train_grpo(model, env, tasks, config, ctx=ctx, state_dir=state_dir)
+    result = train_grpo(model, env, tasks, config, ctx=ctx, state_dir=state_dir, keeper=kept.keeper)
     metrics = {
         **result.counters.metrics(),
         "resumed_from_step": result.resumed_from_step,

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 import torch
 
+from services.environments import write_task_file
 from services.environments.base import Environment, Reward, TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
+from services.evaluation.job import eval_job_main
 from services.training.config import DPOConfig, RFTConfig
 from services.training.distributed import init_distributed
 from services.training.dpo import train_dpo
@@ -32,6 +34,7 @@ from services.training.episode_file import (
 from services.training.family import FamilyModel, PackedBatch, Rollouts, family_for
 from services.training.keep import EpisodeKeeper
 from services.training.rft import train_rft
+from tests.services.training.conftest import read_metrics, run_train_job
 
 
 class AlwaysFails:
@@ -244,3 +247,86 @@ def test_keep_episodes_must_be_a_non_negative_integer() -> None:
     for bad in (-1, True, "4", 1.5):
         with pytest.raises(EpisodeFileError, match="keep_episodes"):
             keep_episodes_option({"keep_episodes": bad})
+
+
+def test_the_train_job_keeps_its_episodes_and_reads_stored_ones(
+    capable_champion: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dataset = tmp_path / "tasks.jsonl"
+    write_task_file(dataset, v1_tasks())
+    stored = first_cycle_file(capable_champion, tmp_path / "cycle1")
+    root = tmp_path / "cycle2"
+    code = run_train_job(
+        root,
+        algorithm="rft",
+        dataset=dataset,
+        base_checkpoint=capable_champion,
+        keep_episodes=2,
+        demonstrations=str(stored),
+        hyperparameters={"samples_per_task": 2, "max_new_tokens": 48, "steps": 1, "log_every": 0},
+    )
+    assert code == 0, capsys.readouterr().err
+    metrics = read_metrics(root)
+    assert metrics["iterations"][0]["stored_successes"] > 0
+    kept = read_listed_episodes(root / "out", metrics)
+    assert kept and all(
+        r.passed or any(k.passed and k.task_id == r.task_id for k in kept) for r in kept
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"keep_episodes": -1}, "keep_episodes"),
+        ({"demonstrations": 7}, "demonstrations"),
+        ({"demonstrations": "/nonexistent/demonstrations.jsonl"}, "cannot read"),
+    ],
+)
+def test_the_train_job_refuses_bad_episode_fields(
+    capable_champion: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fields: dict[str, Any],
+    words: str,
+) -> None:
+    dataset = tmp_path / "tasks.jsonl"
+    write_task_file(dataset, v1_tasks())
+    code = run_train_job(
+        tmp_path, algorithm="rft", dataset=dataset, base_checkpoint=capable_champion, **fields
+    )
+    assert code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_probe_keeps_its_failures_too(
+    capable_champion: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = ToolcalcEnvironment()
+    dataset = tmp_path / "probe-tasks.jsonl"
+    write_task_file(dataset, env.generate_tasks(2, seed=32, api_version="v3"))  # never solved
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "schema": "ratchet.job/v1",
+                "kind": "eval",
+                "run_id": "probe-1",
+                "seed": 0,
+                "device": "cpu",
+                "checkpoint": str(capable_champion),
+                "dataset": str(dataset),
+                "output_dir": str(tmp_path / "out"),
+                "samples": 3,
+                "keep_episodes": 2,
+                "hyperparameters": {"temperature": 1.0, "max_new_tokens": 48, "probes": 0},
+            }
+        )
+    )
+    assert eval_job_main(["--spec", str(spec)]) == 0, capsys.readouterr().err
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    kept = read_listed_episodes(tmp_path / "out", metrics)
+    failures = [r for r in kept if not r.passed]
+    assert failures, "v3 tasks fail for a champion never shown v3"
+    for task_hash in {r.task_id for r in kept}:
+        assert sum(r.task_id == task_hash for r in failures) <= 2
+    assert metrics["episode_file"]["kinds"] == sorted({r.kind for r in kept})

@@ -171,8 +171,7 @@ def _run(spec: JobSpec) -> int:
                 _remove_partial(checkpoint_dir)
             manifest = model.save(checkpoint_dir, parent=parent, metadata=meta)
         metrics["checkpoint_id"] = manifest.checkpoint_id
-        if kept.keeper is not None:
-            metrics["episode_file"] = write_episodes(spec.output_dir, kept.keeper.records())
+        metrics.update(_kept_episodes(spec, kept))
         metrics["phases"] = phase_report(clock, trainer_phases, world_size=ctx.world_size)
         write_json(metrics_path, metrics)
         logger.info("run %s wrote checkpoint %s", spec.run_id, manifest.checkpoint_id)
@@ -300,6 +299,13 @@ def _keeper(spec: JobSpec, model: FamilyModel) -> EpisodeKeeper | None:
     except EpisodeFileError as exc:
         raise JobError(str(exc)) from None
     return EpisodeKeeper(model, per_task=per_task, failures_alone=False) if per_task else None
+
+
+def _kept_episodes(spec: JobSpec, kept: _Kept) -> dict[str, Any]:
+    """Write what the run kept (``episodes.jsonl``); the metrics key that lists it."""
+    if kept.keeper is None:
+        return {}
+    return {"episode_file": write_episodes(spec.output_dir, kept.keeper.records())}
 
 
 def _base_family(spec: JobSpec) -> str:

@@ -88,3 +88,20 @@ def test_an_unknown_task_is_not_found(
     response = browser_page.page.goto(f"{server.url}/loops/{quote(loop)}/tasks/{ref}")
     assert response is not None and response.status == 404
     assert "has no task" in browser_page.page.content()
+
+
+def test_the_loop_page_links_its_task_examples_to_their_pages(
+    page_of_task: tuple[Server, str, int], browser_page: BrowserPage
+) -> None:
+    server, loop, _ = page_of_task
+    page = browser_page.page
+    response = page.goto(f"{server.url}/loops/{quote(loop)}")
+    assert response is not None and response.status == 200
+    links = page.locator("a[href*='/tasks/']")
+    assert links.count() > 0
+    href = links.first.get_attribute("href")
+    assert href is not None
+    links.first.click()
+    page.wait_for_url(f"**{href}")
+    assert page.locator("#task-summary").count() == 1
+    assert page.locator("#task-successes").count() == 1

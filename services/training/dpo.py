@@ -201,7 +201,7 @@ def train_dpo(
     counters.groups = len(sampled.groups)
     result.successes = sampled.successes
     result.pairs = len(pairs)
-    result.tasks_paired = _tasks_paired(sampled)
+    result.tasks_paired = _tasks_paired(sampled, earlier)
     if not pairs or config.steps == 0:
         if ctx.is_main:
             logger.warning(
@@ -238,11 +238,13 @@ def train_dpo(
     return result
 
 
-def _tasks_paired(sampled: SampledTasks) -> int:
-    """Tasks with both a success and a failure among their samples."""
+def _tasks_paired(sampled: SampledTasks, stored: tuple[StoredEpisodes, StoredEpisodes]) -> int:
+    """Tasks with both a success and a failure among their samples and stored episodes."""
+    kept_successes, kept_failures = stored
     return sum(
-        any(e.reward.passed for e in group) and not all(e.reward.passed for e in group)
-        for group in sampled.groups
+        (any(e.reward.passed for e in group) or bool(kept_successes[i]))
+        and (not all(e.reward.passed for e in group) or bool(kept_failures[i]))
+        for i, group in enumerate(sampled.groups)
     )
 
 

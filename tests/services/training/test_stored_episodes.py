@@ -117,6 +117,7 @@ def test_the_next_dpo_pairs_stored_successes_with_failures_of_the_same_task(
     )
     assert result.successes == 0
     assert result.pairs >= len(solved) > 0
+    assert result.tasks_paired == len(solved)
     assert result.counters.steps_done == 1
 
 

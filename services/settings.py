@@ -223,6 +223,11 @@ class Settings(BaseSettings):
     # copies, rows keep their ids and outcomes); 0 keeps them for ever.
     trace_retention_days: int = Field(default=30, ge=0)
 
+    # Demonstrations (services.curation.demonstrations): the verified episodes kept per task,
+    # with their tokens, from probes and training runs: at most this many successes and as
+    # many failures of each task (the newest); a job is asked to keep as many. 0 keeps none.
+    demonstrations_per_task: int = Field(default=16, ge=0, le=1024)
+
     # Curation: processes that share a batch's per-trace work (this one included).
     # Default: the cores this process may use (affinity and cgroup CPU quota), at most 64.
     curation_processes: int = Field(default_factory=lambda: min(usable_cores(), 64), ge=1, le=64)

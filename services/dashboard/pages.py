@@ -30,9 +30,10 @@ from services.dashboard.queries import (
 )
 from services.dashboard.render import pct, usd, when
 from services.dashboard.timeline import Step, cycle_steps
-from services.db.models import Loop
+from services.db.models import Loop, Task
 from services.db.queries.cycle_history import CycleRow, loop_cycles
 from services.db.queries.cycles import run_record
+from services.db.queries.demonstrations import task_demonstrations
 from services.db.queries.live import live_counts
 from services.db.queries.loop_overview import loops_overview
 from services.db.queries.loops import config_versions
@@ -387,4 +388,22 @@ def run_context(
         "workflow_links": workflow_links,
         # Where the run's money went, once it ended (services.loop.estimate).
         "phase_costs": run_phase_costs(run_record(run)) if run.ended_at is not None else {},
+    }
+
+
+def task_context(session: Session, *, loop: Loop, task_ref: str) -> dict[str, Any] | None:
+    """Everything the task page shows: the task, and its stored successes and failures
+    (services.curation.demonstrations), or ``None`` when the loop has no such task."""
+    if not task_ref.isdigit() or len(task_ref) > 18:
+        return None
+    task = session.get(Task, int(task_ref))
+    if task is None or task.loop_id != loop.id:
+        return None
+    episodes = task_demonstrations(session=session, loop_id=loop.id, task_id=task.id)
+    return {
+        "ratchet_loop": loop,
+        "task": task,
+        "prompt": str(task.spec.get("prompt", "")) if isinstance(task.spec, dict) else "",
+        "successes": [e for e in episodes if e.passed],
+        "failures": [e for e in episodes if not e.passed],
     }

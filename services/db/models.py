@@ -537,6 +537,7 @@ class ServingTenure(Base):
 
 # Re-exported: every table is importable from here (Alembic's env and the callers), while
 # the OTLP staging aggregate lives in its own module.
+from services.db.models_demonstrations import Demonstration  # noqa: E402
 from services.db.models_otlp import OtlpPendingTrace, OtlpSpan  # noqa: E402
 
 __all__ = [
@@ -545,6 +546,7 @@ __all__ = [
     "Cycle",
     "Dataset",
     "DatasetTask",
+    "Demonstration",
     "Evaluation",
     "EvaluationResult",
     "Loop",

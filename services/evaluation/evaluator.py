@@ -27,6 +27,7 @@ from services.environments.base import Environment, Reward, TaskSpec
 from services.evaluation.results import mean_pass_at_k, reported_ks
 from services.evaluation.stats import wilson_interval
 from services.training.family import RolloutModel, TokenEpisode
+from services.training.keep import EpisodeKeeper
 from services.training.rng import derive_seed
 
 
@@ -115,8 +116,10 @@ def evaluate(
     max_new_tokens: int = 24,
     batch_size: int = 256,
     confidence: float = 0.95,
+    keeper: EpisodeKeeper | None = None,
 ) -> EvaluationResult:
-    """Roll ``policy`` out on every task ``samples`` times and verify each episode."""
+    """Roll ``policy`` out on every task ``samples`` times and verify each episode;
+    ``keeper`` (a probe's) is handed every episode."""
     if samples < 1:
         raise ValueError("samples must be >= 1")
     if not tasks:
@@ -136,6 +139,8 @@ def evaluate(
             temperature=temperature,
         )
         generated += rollouts.generated_tokens
+        if keeper is not None:
+            keeper.add(rollouts.episodes)
         for (t, _), episode in zip(chunk, rollouts.episodes, strict=True):
             outcomes[t].append(_outcome(episode))
     results = [_task_result(tasks[t], outcomes[t]) for t in range(len(tasks))]

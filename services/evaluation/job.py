@@ -14,8 +14,10 @@ Spec (``ratchet.job/v1``, kind ``eval``)::
 and the probe set proof of delivery checks every deploy against: ``<output_dir>/probes.json``
 (``services.evaluation.probe_capture``: the greedy answers, token ids and log-probs, to the first
 ``hyperparameters.probes`` tasks, 4 by default, 0 for none), listed in ``metrics.json`` as
-``probes`` (file, sha256, count); then exits 0; a bad spec or input exits non-zero with one
-``ratchet job: <reason>`` line.
+``probes`` (file, sha256, count); with ``keep_episodes`` = N in the spec (a probe), also
+``<output_dir>/episodes.jsonl``: up to N sampled successes and N failures of each task with
+their token ids, listed as ``episode_file`` (services.training.episode_file); then exits 0;
+a bad spec or input exits non-zero with one ``ratchet job: <reason>`` line.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from services.evaluation.results import RESULTS_FILE
 from services.inference.remote import RemoteError, attach_rollout_backend
 from services.training.checkpoint import CheckpointError, read_manifest
 from services.training.device import DeviceError, resolve_device, use_threads
+from services.training.episode_file import EpisodeFileError, keep_episodes_option, write_episodes
 from services.training.family import FamilyModel, family_for
 from services.training.jobspec import (
     EXIT_FAILED,
@@ -46,6 +49,7 @@ from services.training.jobspec import (
     run_job_main,
     write_json,
 )
+from services.training.keep import EpisodeKeeper
 from services.training.phases import PhaseClock, phase_report
 
 logger = logging.getLogger("services.evaluation.job")
@@ -122,10 +126,11 @@ def _run(spec: JobSpec) -> int:
     for key, value in defaults.items():  # e.g. hf: chat turns are longer, CPU batches smaller
         options.setdefault(key, value)
     clock.device = policy.device
+    keeper = _keeper(spec, policy)
     started = time.monotonic()
     try:
         with clock.phase("evaluation"):
-            result = evaluate(policy, env, tasks, seed=spec.seed, **options)
+            result = evaluate(policy, env, tasks, seed=spec.seed, keeper=keeper, **options)
     except ValueError as exc:  # e.g. an environment with no chat rendering for an hf model
         raise JobError(str(exc)) from None
     except RemoteError as exc:
@@ -155,6 +160,8 @@ def _run(spec: JobSpec) -> int:
         metrics["judge"] = usage
     if probes:
         metrics.update(_probes(policy, env, tasks, probes, spec))
+    if keeper is not None:
+        metrics["episode_file"] = write_episodes(spec.output_dir, keeper.records())
     write_json(spec.output_dir / "metrics.json", metrics)
     logger.info(
         "eval %s: %d/%d passed (%.3f)", spec.run_id, result.passed, result.n, result.pass_rate
@@ -175,6 +182,16 @@ def _probes(
         return {"probes_skipped": "no task's first turn fits the model's context"}
     checkpoint_id = policy.checkpoint_id or ""
     return {"probes": write_probes(spec.output_dir, checkpoint_id, captured)}
+
+
+def _keeper(spec: JobSpec, policy: FamilyModel) -> EpisodeKeeper | None:
+    """What a probe keeps of its episodes (spec ``keep_episodes`` per task and kind): its
+    failures too, since a task nobody solved yet is shown by them."""
+    try:
+        per_task = keep_episodes_option(spec.raw)
+    except EpisodeFileError as exc:
+        raise JobError(str(exc)) from None
+    return EpisodeKeeper(policy, per_task=per_task, failures_alone=True) if per_task else None
 
 
 def _load_policy(spec: JobSpec) -> tuple[FamilyModel, Mapping[str, int]]:

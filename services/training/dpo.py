@@ -9,9 +9,10 @@ reference log-likelihoods ``logπ`` and ``logπ_ref``,
 averaged over the step's pairs. The pairs come from the model itself: sample
 ``samples_per_task`` episodes of every task as rft does
 (:func:`services.training.rft.sample_episodes`); a verified success and a failure of the
-same task are a pair (at most ``pairs_per_task`` per task). The reference is the champion,
-the weights the job started from: its log-likelihoods are computed once, before the first
-update, so no second model is kept.
+same task are a pair (at most ``pairs_per_task`` per task), and so are the stored successes
+and failures of the task from earlier runs (a train job's ``demonstrations.jsonl``). The
+reference is the champion, the weights the job started from: its log-likelihoods are
+computed once, before the first update, so no second model is kept.
 
 Multi-turn episodes: an episode's log-likelihood is the sum over **the model's own tokens
 only** (its turns: the target mask of :attr:`TokenEpisode.sequences`), never the prompt or
@@ -38,10 +39,12 @@ from services.environments.base import Environment, TaskSpec
 from services.training.config import DPOConfig
 from services.training.counters import RunCounters
 from services.training.distributed import DistContext
+from services.training.episode_file import EpisodeRecord
 from services.training.family import FamilyModel, TokenEpisode, TokenSequence, collate
 from services.training.grpo import task_weights
+from services.training.keep import EpisodeKeeper
 from services.training.optim import clip_and_check, make_optimizer, schedule_lr
-from services.training.rft import SampledTasks, sample_episodes
+from services.training.rft import SampledTasks, StoredEpisodes, sample_episodes, stored_episodes
 from services.training.rng import derive_seed
 
 logger = logging.getLogger(__name__)
@@ -110,18 +113,26 @@ def pairs_loss(
 
 
 def make_pairs(
-    sampled: SampledTasks, tasks: Sequence[TaskSpec], *, pairs_per_task: int
+    sampled: SampledTasks,
+    tasks: Sequence[TaskSpec],
+    *,
+    pairs_per_task: int,
+    stored: tuple[StoredEpisodes, StoredEpisodes] | None = None,
 ) -> tuple[list[Pair], list[float]]:
-    """Success/failure pairs of each task (in sampling order) and each pair's draw weight."""
+    """Success/failure pairs of each task and each pair's draw weight: this run's samples
+    first (in sampling order), then ``stored`` (successes, failures) of earlier runs of the
+    same task, so a success the probe found pairs with a failure sampled now."""
     weights = task_weights(tasks) or [1.0] * len(tasks)
+    empty: StoredEpisodes = [[] for _ in tasks]
+    kept_successes, kept_failures = stored or (empty, empty)
     pairs: list[Pair] = []
     draw: list[float] = []
-    for weight, group in zip(weights, sampled.groups, strict=True):
-        successes = [e for e in group if e.reward.passed]
-        failures = [e for e in group if not e.reward.passed]
+    for i, (weight, group) in enumerate(zip(weights, sampled.groups, strict=True)):
+        successes = [_sequences(e) for e in group if e.reward.passed] + kept_successes[i]
+        failures = [_sequences(e) for e in group if not e.reward.passed] + kept_failures[i]
         count = min(len(successes), len(failures), pairs_per_task)
         for chosen, rejected in zip(successes[:count], failures[:count], strict=True):
-            pairs.append(Pair(chosen=_sequences(chosen), rejected=_sequences(rejected)))
+            pairs.append(Pair(chosen=chosen, rejected=rejected))
             draw.append(weight / count)
     return pairs, draw
 
@@ -162,16 +173,27 @@ def train_dpo(
     config: DPOConfig,
     *,
     ctx: DistContext,
+    stored: Sequence[EpisodeRecord] = (),
+    keeper: EpisodeKeeper | None = None,
 ) -> DPOResult:
     """Sample pairs from the starting weights, then ``config.steps`` DPO updates, in place.
-    No pair (no task with both a success and a failure): nothing is trained, and the
-    result says so."""
+    ``stored`` (earlier runs' verified episodes of these tasks) pair with this run's samples
+    and with each other; ``keeper`` is handed every episode sampled. No pair (no task with
+    both a success and a failure): nothing is trained, and the result says so."""
     if not tasks:
         raise ValueError("DPO needs at least one task")
     result = DPOResult(counters=RunCounters())
     model.train(False)
     sampled = sample_episodes(model, env, tasks, config, seed=config.seed)
-    pairs, weights = make_pairs(sampled, tasks, pairs_per_task=config.pairs_per_task)
+    if keeper is not None:
+        keeper.add(episode for group in sampled.groups for episode in group)
+    earlier = (
+        stored_episodes(tasks, stored, passed=True, family=model.family),
+        stored_episodes(tasks, stored, passed=False, family=model.family),
+    )
+    pairs, weights = make_pairs(
+        sampled, tasks, pairs_per_task=config.pairs_per_task, stored=earlier
+    )
     counters = result.counters
     counters.rollout_tokens = sampled.generated_tokens
     counters.rollout_s = sampled.wall_s
@@ -179,7 +201,7 @@ def train_dpo(
     counters.groups = len(sampled.groups)
     result.successes = sampled.successes
     result.pairs = len(pairs)
-    result.tasks_paired = _tasks_paired(sampled)
+    result.tasks_paired = _tasks_paired(sampled, earlier)
     if not pairs or config.steps == 0:
         if ctx.is_main:
             logger.warning(
@@ -216,11 +238,13 @@ def train_dpo(
     return result
 
 
-def _tasks_paired(sampled: SampledTasks) -> int:
-    """Tasks with both a success and a failure among their samples."""
+def _tasks_paired(sampled: SampledTasks, stored: tuple[StoredEpisodes, StoredEpisodes]) -> int:
+    """Tasks with both a success and a failure among their samples and stored episodes."""
+    kept_successes, kept_failures = stored
     return sum(
-        any(e.reward.passed for e in group) and not all(e.reward.passed for e in group)
-        for group in sampled.groups
+        (any(e.reward.passed for e in group) or bool(kept_successes[i]))
+        and (not all(e.reward.passed for e in group) or bool(kept_failures[i]))
+        for i, group in enumerate(sampled.groups)
     )
 
 

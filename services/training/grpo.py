@@ -88,6 +88,7 @@ from services.training.family import (
     TokenSequence,
     collate,
 )
+from services.training.keep import EpisodeKeeper
 from services.training.optim import clip_and_check, make_optimizer, schedule_lr
 from services.training.phases import PhaseClock
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
@@ -251,8 +252,10 @@ def train_grpo(
     *,
     ctx: DistContext,
     state_dir: Path | None = None,
+    keeper: EpisodeKeeper | None = None,
 ) -> GRPOResult:
-    """Run GRPO on ``tasks``, in place; resumes from ``state_dir`` if it has a point."""
+    """Run GRPO on ``tasks``, in place; resumes from ``state_dir`` if it has a point.
+    ``keeper`` is handed every episode sampled (the job keeps the verified ones)."""
     if not tasks:
         raise ValueError("GRPO needs at least one task")
     model.train()
@@ -271,22 +274,23 @@ def train_grpo(
         logger.info("grpo resumed from step %d (%s)", point.step, point.path)
     weights = task_weights(tasks)
     clock = PhaseClock(model.device, counters.phase_s)
+    run = _Run(
+        model,
+        env,
+        tasks,
+        weights,
+        config,
+        optimizer,
+        params,
+        reference,
+        ctx,
+        counters,
+        clock,
+        keeper,
+    )
     started = time.monotonic()
     for step in range(counters.steps_done, config.steps):
-        stats = _grpo_step(
-            step,
-            model,
-            env,
-            tasks,
-            weights,
-            config,
-            optimizer,
-            params,
-            reference,
-            ctx,
-            counters,
-            clock,
-        )
+        stats = _grpo_step(step, run)
         counters.history.append(stats)
         counters.steps_done = step + 1
         if ctx.is_main and config.log_every and (step + 1) % config.log_every == 0:
@@ -312,150 +316,210 @@ def train_grpo(
     )
 
 
-def _grpo_step(
-    step: int,
-    model: FamilyModel,
-    env: Environment,
-    tasks: Sequence[TaskSpec],
-    weights: list[float] | None,
-    config: GRPOConfig,
-    optimizer: torch.optim.Optimizer,
-    params: list[torch.nn.Parameter],
-    reference: StartingWeights | None,
-    ctx: DistContext,
-    counters: RunCounters,
-    clock: PhaseClock,
-) -> dict[str, float]:
-    G = config.group_size  # noqa: N806 - the paper's name
-    order = task_order(step, config.tasks_per_step, len(tasks), config.seed, weights=weights)
-    local = ctx.shard(config.tasks_per_step)
+@dataclass(frozen=True)
+class _Run:
+    """What every step of one GRPO run shares (the model, its optimizer, the counters)."""
 
-    # 1. Rollouts: G episodes per local task, each with its own (step, task, sample) seed
-    # (adaptive sampling: a probe of each task, then the budget's rest where it can teach).
+    model: FamilyModel
+    env: Environment
+    tasks: Sequence[TaskSpec]
+    weights: list[float] | None
+    config: GRPOConfig
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    reference: StartingWeights | None
+    ctx: DistContext
+    counters: RunCounters
+    clock: PhaseClock
+    keeper: EpisodeKeeper | None
+
+
+@dataclass
+class _Scored:
+    """A step's kept episodes as training sequences with their advantages, the SFT term's
+    demonstrations, and the step's sums over all ranks."""
+
+    sequences: list[TokenSequence]
+    advantages: list[float]
+    demos: list[TokenSequence]
+    tokens: float
+    demo_tokens: float
+    kept_groups: float
+    groups: float
+    generated: float
+    reward_sum: float
+    pass_sum: float
+    episodes: float
+
+
+def _grpo_step(step: int, run: _Run) -> dict[str, float]:
+    """One step: rollouts, group-relative advantages, the policy update(s), the counters."""
+    config = run.config
+    order = task_order(step, config.tasks_per_step, len(run.tasks), config.seed, run.weights)
+    local = run.ctx.shard(config.tasks_per_step)
     t0 = time.monotonic()
-    with clock.phase("rollout"):
-        if config.adaptive_sampling:
-            rollouts, sizes = _adaptive_rollouts(
-                step, model, env, [tasks[i] for i in order], config, ctx
-            )
-        else:
-            rollout_tasks = [tasks[order[j]] for j in local for _ in range(G)]
-            seeds = [derive_seed(config.seed, step, j, g) for j in local for g in range(G)]
-            rollouts = model.rollouts(
-                env,
-                rollout_tasks,
-                seeds=seeds,
-                max_turns=config.max_turns,
-                max_new_tokens=config.max_new_tokens,
-                temperature=config.temperature,
-            )
-            sizes = [G] * len(local)
-    rewards_list = [episode.reward for episode in rollouts.episodes]
+    with run.clock.phase("rollout"):
+        rollouts, sizes = _step_rollouts(step, run, order, local)
+    if run.keeper is not None:
+        run.keeper.add(rollouts.episodes)
     rollout_s = time.monotonic() - t0
-
-    # 2. Group-relative advantages; groups without variance are dropped.
     t1 = time.monotonic()
-    with clock.phase("scoring"):
-        sequences: list[TokenSequence] = []
-        seq_adv: list[float] = []
-        kept_local = 0
-        if local:
-            rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
-            advantages, keep = _group_advantages_of(rewards, sizes, eps=config.adv_eps)
-            kept_local = sum(bool(keep[sum(sizes[:i])]) for i, n in enumerate(sizes) if n)
-            for index, episode in enumerate(rollouts.episodes):
-                if bool(keep[index]):
-                    for sequence in episode.sequences:
-                        sequences.append(sequence)
-                        seq_adv.append(float(advantages[index]))
-        demos: list[TokenSequence] = []
-        if config.sft_coef > 0 and local:
-            demo_tasks = [tasks[order[j]] for j in local]
-            demos = model.demonstrations(
-                env, demo_tasks, DemonstrationOptions(seed=derive_seed(config.seed, step))
-            )
-        totals = ctx.all_reduce_sum(
-            [
-                float(_targets(sequences)),
-                float(_targets(demos)),
-                float(kept_local),
-                float(len(local)),
-                float(rollouts.generated_tokens),
-                float(sum(r.total for r in rewards_list)),
-                float(sum(r.passed for r in rewards_list)),
-                float(len(rewards_list)),
-            ]
-        )
-    tokens, demo_tokens, kept_groups, groups, generated, reward_sum, pass_sum, n_episodes = totals
-
-    # 3. Policy update(s) on the kept episodes (+ the optional SFT term).
-    loss_value, clip_fraction, kl_value, trained = 0.0, 0.0, 0.0, 0
-    lr = schedule_lr(optimizer, step, config)
-    if tokens > 0 or demo_tokens > 0:
-        batches = _batches(model, sequences, config.micro_batch)
-        demo_batches = _batches(model, demos, config.micro_batch)
-        adv_t = torch.tensor(seq_adv, dtype=torch.float32, device=model.device)  # (N,)
-        with clock.phase("scoring"), torch.no_grad():
-            old = [model.logprobs(b) for b in batches] if config.ppo_epochs > 1 else None
-            ref = [reference.logprobs(model, b) for b in batches] if reference is not None else None
-        with clock.phase("update"):
-            for _ in range(config.ppo_epochs):
-                optimizer.zero_grad(set_to_none=True)
-                loss_sum = clip_sum = kl_sum = 0.0
-                begin = 0
-                for i, batch in enumerate(batches):
-                    rows = batch.ids.shape[0]
-                    logp = model.logprobs(batch)  # (n, T-1)
-                    loss, info = policy_loss(
-                        logp,
-                        old[i] if old is not None else logp.detach(),
-                        adv_t[begin : begin + rows],
-                        batch.target,
-                        clip_eps=config.clip_eps,
-                        ref_logp=ref[i] if ref is not None else None,
-                        kl_coef=config.kl_coef,
-                        normalizer=tokens,
-                    )
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                    clip_sum += info["clip_fraction"] * rows
-                    kl_sum += info["kl"] * rows
-                    begin += rows
-                for batch in demo_batches:
-                    logp = model.logprobs(batch)  # (n, T-1)
-                    sft = -(logp * batch.target).sum() / max(demo_tokens, 1.0) * config.sft_coef
-                    sft.backward()
-                    loss_sum += float(sft.detach())
-                trained += sum(b.tokens for b in batches) + sum(b.tokens for b in demo_batches)
-                ctx.all_reduce_grads(params)
-                clip_and_check(params, max_norm=config.grad_clip, step=step, lr=lr)
-                optimizer.step()
-                loss_value = ctx.all_reduce_sum([loss_sum])[0]
-                clip_fraction = clip_sum / max(len(sequences), 1)
-                kl_value = kl_sum / max(len(sequences), 1)
+    with run.clock.phase("scoring"):
+        scored = _score(step, run, rollouts, sizes, [order[j] for j in local])
+    loss_value, clip_fraction, kl_value, trained = _update(step, run, scored)
     train_s = time.monotonic() - t1
-    trained_total = int(ctx.all_reduce_sum([float(trained)])[0])
-
-    counters.rollout_tokens += int(generated)
+    trained_total = int(run.ctx.all_reduce_sum([float(trained)])[0])
+    counters = run.counters
+    counters.rollout_tokens += int(scored.generated)
     counters.train_tokens += trained_total
     counters.rollout_s += rollout_s
     counters.train_s += train_s
-    counters.episodes += int(n_episodes)
-    counters.groups += int(groups)
-    counters.filtered_zero_variance_groups += int(groups - kept_groups)
+    counters.episodes += int(scored.episodes)
+    counters.groups += int(scored.groups)
+    counters.filtered_zero_variance_groups += int(scored.groups - scored.kept_groups)
     return grpo_step_stats(
         step,
-        reward_sum=reward_sum,
-        passes=pass_sum,
-        episodes=n_episodes,
-        groups=groups,
-        groups_kept=kept_groups,
+        reward_sum=scored.reward_sum,
+        passes=scored.pass_sum,
+        episodes=scored.episodes,
+        groups=scored.groups,
+        groups_kept=scored.kept_groups,
         loss=loss_value,
         clip_fraction=clip_fraction,
         kl=kl_value,
-        target_tokens=tokens,
-        successes=pass_sum,
+        target_tokens=scored.tokens,
+        successes=scored.pass_sum,
     )
+
+
+def _step_rollouts(
+    step: int, run: _Run, order: Sequence[int], local: Sequence[int]
+) -> tuple[Rollouts, list[int]]:
+    """G episodes per local task, each with its own (step, task, sample) seed, and the group
+    sizes (adaptive sampling: a probe of each task, then the budget's rest where it can
+    teach)."""
+    config = run.config
+    G = config.group_size  # noqa: N806 - the paper's name
+    if config.adaptive_sampling:
+        return _adaptive_rollouts(
+            step, run.model, run.env, [run.tasks[i] for i in order], config, run.ctx
+        )
+    wanted = [(j, g) for j in local for g in range(G)]
+    step_tasks = [run.tasks[i] for i in order]
+    return _rollouts_of(step, run.model, run.env, step_tasks, wanted, config), [G] * len(local)
+
+
+def _score(
+    step: int, run: _Run, rollouts: Rollouts, sizes: Sequence[int], local_tasks: Sequence[int]
+) -> _Scored:
+    """Group-relative advantages (groups without variance are dropped), the optional SFT
+    term's demonstrations, and the step's sums over all ranks."""
+    config, model = run.config, run.model
+    rewards_list = [episode.reward for episode in rollouts.episodes]
+    sequences: list[TokenSequence] = []
+    seq_adv: list[float] = []
+    kept_local = 0
+    if local_tasks:
+        rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
+        advantages, keep = _group_advantages_of(rewards, sizes, eps=config.adv_eps)
+        kept_local = sum(bool(keep[sum(sizes[:i])]) for i, n in enumerate(sizes) if n)
+        for index, episode in enumerate(rollouts.episodes):
+            if bool(keep[index]):
+                for sequence in episode.sequences:
+                    sequences.append(sequence)
+                    seq_adv.append(float(advantages[index]))
+    demos: list[TokenSequence] = []
+    if config.sft_coef > 0 and local_tasks:
+        demos = model.demonstrations(
+            run.env,
+            [run.tasks[i] for i in local_tasks],
+            DemonstrationOptions(seed=derive_seed(config.seed, step)),
+        )
+    totals = run.ctx.all_reduce_sum(
+        [
+            float(_targets(sequences)),
+            float(_targets(demos)),
+            float(kept_local),
+            float(len(local_tasks)),
+            float(rollouts.generated_tokens),
+            float(sum(r.total for r in rewards_list)),
+            float(sum(r.passed for r in rewards_list)),
+            float(len(rewards_list)),
+        ]
+    )
+    return _Scored(sequences, seq_adv, demos, *totals)
+
+
+def _update(step: int, run: _Run, scored: _Scored) -> tuple[float, float, float, int]:
+    """The policy update(s) on the kept episodes (+ the optional SFT term): the loss (summed
+    over ranks), the mean clip fraction and KL, and the tokens this rank trained on."""
+    config, model, ctx = run.config, run.model, run.ctx
+    loss_value, clip_fraction, kl_value, trained = 0.0, 0.0, 0.0, 0
+    lr = schedule_lr(run.optimizer, step, config)
+    if scored.tokens <= 0 and scored.demo_tokens <= 0:
+        return loss_value, clip_fraction, kl_value, trained
+    batches = _batches(model, scored.sequences, config.micro_batch)
+    demo_batches = _batches(model, scored.demos, config.micro_batch)
+    adv_t = torch.tensor(scored.advantages, dtype=torch.float32, device=model.device)  # (N,)
+    with run.clock.phase("scoring"), torch.no_grad():
+        old = [model.logprobs(b) for b in batches] if config.ppo_epochs > 1 else None
+        ref = [run.reference.logprobs(model, b) for b in batches] if run.reference else None
+    n_sequences = max(len(scored.sequences), 1)
+    with run.clock.phase("update"):
+        for _ in range(config.ppo_epochs):
+            run.optimizer.zero_grad(set_to_none=True)
+            loss_sum, clip_sum, kl_sum = _policy_backward(run, scored, batches, adv_t, old, ref)
+            loss_sum += _sft_backward(run, scored, demo_batches)
+            trained += sum(b.tokens for b in batches) + sum(b.tokens for b in demo_batches)
+            ctx.all_reduce_grads(run.params)
+            clip_and_check(run.params, max_norm=config.grad_clip, step=step, lr=lr)
+            run.optimizer.step()
+            loss_value = ctx.all_reduce_sum([loss_sum])[0]
+            clip_fraction, kl_value = clip_sum / n_sequences, kl_sum / n_sequences
+    return loss_value, clip_fraction, kl_value, trained
+
+
+def _policy_backward(
+    run: _Run,
+    scored: _Scored,
+    batches: Sequence[PackedBatch],
+    adv_t: torch.Tensor,
+    old: Sequence[torch.Tensor] | None,
+    ref: Sequence[torch.Tensor] | None,
+) -> tuple[float, float, float]:
+    """Backward of the clipped surrogate over every micro-batch: loss, clip and KL sums."""
+    loss_sum = clip_sum = kl_sum = 0.0
+    begin = 0
+    for i, batch in enumerate(batches):
+        rows = batch.ids.shape[0]
+        logp = run.model.logprobs(batch)  # (n, T-1)
+        loss, info = policy_loss(
+            logp,
+            old[i] if old is not None else logp.detach(),
+            adv_t[begin : begin + rows],
+            batch.target,
+            clip_eps=run.config.clip_eps,
+            ref_logp=ref[i] if ref is not None else None,
+            kl_coef=run.config.kl_coef,
+            normalizer=scored.tokens,
+        )
+        loss.backward()
+        loss_sum += float(loss.detach())
+        clip_sum += info["clip_fraction"] * rows
+        kl_sum += info["kl"] * rows
+        begin += rows
+    return loss_sum, clip_sum, kl_sum
+
+
+def _sft_backward(run: _Run, scored: _Scored, demo_batches: Sequence[PackedBatch]) -> float:
+    """Backward of the SFT term on the demonstrations; its loss."""
+    loss_sum = 0.0
+    for batch in demo_batches:
+        logp = run.model.logprobs(batch)  # (n, T-1)
+        sft = -(logp * batch.target).sum() / max(scored.demo_tokens, 1.0) * run.config.sft_coef
+        sft.backward()
+        loss_sum += float(sft.detach())
+    return loss_sum
 
 
 def adaptive_allocation(

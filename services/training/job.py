@@ -15,7 +15,11 @@ one stage's, a plain key every stage's that takes it; metrics.json's ``stages`` 
 each stage saw and did). ``grpo``, ``rft`` and ``dpo`` need a dataset and a base checkpoint;
 ``sft`` needs a dataset and starts from the base checkpoint when one is given, else from a
 fresh model (``hyperparameters.model`` sets its shape). Outputs:
-``<output_dir>/checkpoint/`` and ``<output_dir>/metrics.json``; GRPO keeps resume points
+``<output_dir>/checkpoint/`` and ``<output_dir>/metrics.json``; with ``keep_episodes`` =
+N in the spec, ``<output_dir>/episodes.jsonl`` too (up to N verified successes of each task
+and as many failures beside them, with their token ids; listed in metrics.json as
+``episode_file``, see services.training.episode_file); ``demonstrations`` in the spec names
+earlier runs' stored episodes, which rft trains on and dpo pairs. GRPO keeps resume points
 under ``<output_dir>/state/`` and a restarted job continues from the last one. A job whose
 outputs are already complete exits 0 without retraining, so an executor may retry it safely.
 Under ``torchrun`` every rank trains and rank 0 writes.
@@ -52,6 +56,13 @@ from services.training.config import (
 )
 from services.training.device import use_threads
 from services.training.distributed import DistContext, init_job_distributed, shutdown_distributed
+from services.training.episode_file import (
+    EpisodeFileError,
+    EpisodeRecord,
+    keep_episodes_option,
+    read_demonstrations,
+    write_episodes,
+)
 from services.training.family import Family, FamilyModel, family_for, family_names
 from services.training.jobspec import (
     EXIT_FAILED,
@@ -62,6 +73,7 @@ from services.training.jobspec import (
     run_job_main,
     write_json,
 )
+from services.training.keep import EpisodeKeeper
 from services.training.optim import TrainingDiverged
 from services.training.phases import PhaseClock, phase_report
 from services.training.stages import StageResult, StageRun, stage_trainer
@@ -102,7 +114,16 @@ def _run(spec: JobSpec) -> int:
     except ValueError as exc:
         raise JobError(str(exc)) from None
     parent = model.checkpoint_id
-    run = StageRun(env, tasks, model, hypers[0], ctx, state_dir=spec.output_dir / "state")
+    run = StageRun(
+        env,
+        tasks,
+        model,
+        hypers[0],
+        ctx,
+        state_dir=spec.output_dir / "state",
+        stored=_stored(spec),
+        keeper=_keeper(spec, model),
+    )
     started = time.monotonic()
     result = _train(run, stages, hypers)
     metrics = result.metrics
@@ -124,6 +145,7 @@ def _run(spec: JobSpec) -> int:
         round(total_tokens / metrics["wall_s"], 1) if metrics["wall_s"] else 0.0
     )
     if ctx.is_main:
+        metrics.update(_kept_episodes(spec, run.keeper))
         _save(spec, model, StageResult(metrics, result.phases), clock=clock, ctx=ctx)
     ctx.barrier()
     return 0
@@ -213,6 +235,35 @@ def _train_chain(
         "stages": reports,
     }
     return StageResult(totals, phases)
+
+
+def _stored(spec: JobSpec) -> list[EpisodeRecord]:
+    """The spec's ``demonstrations`` file (earlier runs' verified episodes), or none."""
+    path = spec.raw.get("demonstrations")
+    if path is None:
+        return []
+    if not isinstance(path, str) or not path:
+        raise JobError("spec 'demonstrations' must be the path of a demonstrations file")
+    try:
+        return read_demonstrations(Path(path))
+    except EpisodeFileError as exc:
+        raise JobError(str(exc)) from None
+
+
+def _keeper(spec: JobSpec, model: FamilyModel) -> EpisodeKeeper | None:
+    """What the run keeps of its verified episodes (spec ``keep_episodes`` per task)."""
+    try:
+        per_task = keep_episodes_option(spec.raw)
+    except EpisodeFileError as exc:
+        raise JobError(str(exc)) from None
+    return EpisodeKeeper(model, per_task=per_task, failures_alone=False) if per_task else None
+
+
+def _kept_episodes(spec: JobSpec, keeper: EpisodeKeeper | None) -> dict[str, Any]:
+    """Write what the run kept (``episodes.jsonl``); the metrics key that lists it."""
+    if keeper is None:
+        return {}
+    return {"episode_file": write_episodes(spec.output_dir, keeper.records())}
 
 
 def _base_family(spec: JobSpec) -> str:

@@ -14,6 +14,9 @@ Choices, each on purpose:
 - **Weights**: each success of a task weighs ``task weight / successes of that task``, so a
   task counts by its dedup weight (how often production hit it) however easy it was: a
   task solved 8 times in 8 does not crowd out one solved once in 8.
+- **Stored successes** (``stored``: earlier runs' verified episodes of the same tasks, a
+  train job's ``demonstrations.jsonl``) join every iteration's SFT set as successes of
+  their task, weighed like sampled ones; only those of the model's family are used.
 - **Zero successes** is a result, not an error: the iteration trains nothing, the model is
   left as it was, and the stats say so (``successes: 0``, ``trained: false``).
 - **Seeds**: episode ``s`` of task ``i`` in iteration ``it`` samples with
@@ -36,8 +39,10 @@ from services.environments.base import Environment, TaskSpec
 from services.training.config import RFTConfig, SamplingOptions
 from services.training.counters import RunCounters
 from services.training.distributed import DistContext
+from services.training.episode_file import EpisodeRecord
 from services.training.family import FamilyModel, TokenEpisode, TokenSequence
 from services.training.grpo import task_weights
+from services.training.keep import EpisodeKeeper
 from services.training.rng import derive_seed
 from services.training.sft import train_sft
 
@@ -97,18 +102,37 @@ def sample_episodes(
     )
 
 
+StoredEpisodes = list[list[list[TokenSequence]]]  # per task: its stored episodes' sequences
+
+
+def stored_episodes(
+    tasks: Sequence[TaskSpec], records: Sequence[EpisodeRecord], *, passed: bool, family: str
+) -> StoredEpisodes:
+    """The stored episodes (a train job's ``demonstrations.jsonl``) of each task, successes
+    or failures, as training sequences. A record of another task or another model family
+    (its token ids are another tokenizer's) is not this run's and is left out."""
+    index = {task.task_id: i for i, task in enumerate(tasks)}
+    out: StoredEpisodes = [[] for _ in tasks]
+    for record in records:
+        i = index.get(record.task_id)
+        if i is not None and record.passed == passed and record.family == family:
+            out[i].append([(list(ids), list(mask)) for ids, mask in record.sequences])
+    return out
+
+
 def success_sequences(
-    sampled: SampledTasks, tasks: Sequence[TaskSpec]
+    sampled: SampledTasks, tasks: Sequence[TaskSpec], stored: StoredEpisodes | None = None
 ) -> tuple[list[TokenSequence], list[float]]:
-    """The verified successes as training sequences, each with its draw weight (the task's
-    weight shared among its successes; an episode of several sequences shares it too)."""
+    """The verified successes, sampled and ``stored`` (earlier runs' of the same task), as
+    training sequences, each with its draw weight (the task's weight shared among its
+    successes; an episode of several sequences shares it too)."""
     weights = task_weights(tasks) or [1.0] * len(tasks)
+    earlier = stored or [[] for _ in tasks]
     sequences: list[TokenSequence] = []
     draw: list[float] = []
-    for weight, group in zip(weights, sampled.groups, strict=True):
-        passed = [episode for episode in group if episode.reward.passed]
-        for episode in passed:
-            parts = episode.sequences
+    for weight, group, kept in zip(weights, sampled.groups, earlier, strict=True):
+        passed = [episode.sequences for episode in group if episode.reward.passed] + kept
+        for parts in passed:
             for sequence in parts:
                 sequences.append(sequence)
                 draw.append(weight / len(passed) / len(parts))
@@ -150,10 +174,18 @@ def train_rft(
     config: RFTConfig,
     *,
     ctx: DistContext,
+    stored: Sequence[EpisodeRecord] = (),
+    keeper: EpisodeKeeper | None = None,
 ) -> RFTResult:
-    """Run ``config.iterations`` rounds of sample / keep the successes / SFT, in place."""
+    """Run ``config.iterations`` rounds of sample / keep the successes / SFT, in place.
+
+    ``stored`` are earlier runs' verified episodes of these tasks (the probe's, a previous
+    cycle's): their successes join every iteration's SFT set, so a success found once is
+    trained on even when this run's samples find none. ``keeper`` is handed every episode
+    sampled."""
     if not tasks:
         raise ValueError("RFT needs at least one task")
+    earlier = stored_episodes(tasks, stored, passed=True, family=model.family)
     result = RFTResult(counters=RunCounters())
     counters = result.counters
     for iteration in range(config.iterations):
@@ -165,11 +197,14 @@ def train_rft(
         counters.rollout_s += sampled.wall_s
         counters.episodes += sampled.episodes
         counters.groups += len(sampled.groups)
-        sequences, weights = success_sequences(sampled, tasks)
+        if keeper is not None:
+            keeper.add(episode for group in sampled.groups for episode in group)
+        sequences, weights = success_sequences(sampled, tasks, earlier)
         row: dict[str, Any] = {
             "iteration": iteration + 1,
             "episodes": sampled.episodes,
             "successes": sampled.successes,
+            "stored_successes": sum(len(kept) for kept in earlier),
             "tasks_solved": sum(any(e.reward.passed for e in g) for g in sampled.groups),
             "sequences": len(sequences),
             "trained": bool(sequences) and config.steps > 0,

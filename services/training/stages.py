@@ -32,9 +32,11 @@ from services.training.config import (
 )
 from services.training.distributed import DistContext
 from services.training.dpo import train_dpo
+from services.training.episode_file import EpisodeRecord
 from services.training.family import DemonstrationOptions, FamilyModel
 from services.training.grpo import train_grpo
 from services.training.jobspec import JobError
+from services.training.keep import EpisodeKeeper
 from services.training.rft import train_rft
 from services.training.sft import train_sft
 
@@ -51,6 +53,11 @@ class StageRun:
     hyper: Hyperparameters
     ctx: DistContext
     state_dir: Path
+    # Earlier runs' verified episodes (spec ``demonstrations``) and what this run keeps of
+    # its own (spec ``keep_episodes``): rft and dpo train on the first, every sampler fills
+    # the second.
+    stored: list[EpisodeRecord] = field(default_factory=list)
+    keeper: EpisodeKeeper | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,9 @@ def grpo_stage(run: StageRun) -> StageResult:
     """GRPO (:mod:`services.training.grpo`), resuming under ``run.state_dir``."""
     config = run.hyper.config
     assert isinstance(config, GRPOConfig)  # the registry's class for grpo
-    result = train_grpo(run.model, run.env, run.tasks, config, ctx=run.ctx, state_dir=run.state_dir)
+    result = train_grpo(
+        run.model, run.env, run.tasks, config, ctx=run.ctx, state_dir=run.state_dir, keeper=run.keeper
+    )
     history = result.counters.history
     metrics = {
         **result.counters.metrics(),
@@ -130,7 +139,9 @@ def rft_stage(run: StageRun) -> StageResult:
     """RFT (:mod:`services.training.rft`); it times no phases."""
     config = run.hyper.config
     assert isinstance(config, RFTConfig)
-    rft = train_rft(run.model, run.env, run.tasks, config, ctx=run.ctx)
+    rft = train_rft(
+        run.model, run.env, run.tasks, config, ctx=run.ctx, stored=run.stored, keeper=run.keeper
+    )
     return StageResult({**rft.metrics(), "final_reward": None, "hyperparameters": config.to_dict()})
 
 
@@ -138,5 +149,7 @@ def dpo_stage(run: StageRun) -> StageResult:
     """DPO (:mod:`services.training.dpo`); it times no phases."""
     config = run.hyper.config
     assert isinstance(config, DPOConfig)
-    dpo = train_dpo(run.model, run.env, run.tasks, config, ctx=run.ctx)
+    dpo = train_dpo(
+        run.model, run.env, run.tasks, config, ctx=run.ctx, stored=run.stored, keeper=run.keeper
+    )
     return StageResult({**dpo.metrics(), "final_reward": None, "hyperparameters": config.to_dict()})

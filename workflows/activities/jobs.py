@@ -48,6 +48,7 @@ from services.checkpoints import (
     register_run_checkpoint,
     resolve_parent,
 )
+from services.curation import demonstrations
 from services.db.models import Checkpoint, Dataset, Run
 from services.db.queries import runs as q
 from services.db.queries.errors import NotFound
@@ -199,13 +200,25 @@ class JobActivities:
             executor, handle, started_at = run.executor, run.handle, run.started_at
             dataset, base = self._inputs(session, input)
             curation_policy = dict(loop.curation_policy or {})
+            kept = demonstrations.job_spec_keys(
+                session,
+                kind=input.kind,
+                run_dir=run_dir,
+                loop_id=loop.id,
+                dataset_id=input.dataset_id,
+                per_task=self._settings.demonstrations_per_task,
+            )
         try:
             env = endpoint_env(curation_policy, self._settings)
             spec = JobSpec(
                 run_id=input.run_id,
                 loop=input.loop,
                 kind=input.kind,
-                document={**input.job_spec, "run_id": input.job_spec.get("run_id", input.run_id)},
+                document={
+                    **input.job_spec,
+                    **kept,
+                    "run_id": input.job_spec.get("run_id", input.run_id),
+                },
                 run_dir=run_dir,
                 output_dir=output_dir,
                 logs_dir=logs_dir,
@@ -389,6 +402,14 @@ class JobActivities:
                 output_uri=path_to_uri(output_dir),
                 logs_uri=path_to_uri(logs_path),
             )
+            if run.status == "succeeded":
+                demonstrations.record_job_episodes(
+                    session,
+                    run=run,
+                    output_dir=output_dir,
+                    metrics=metrics,
+                    per_task=self._settings.demonstrations_per_task,
+                )
             result = _result_of(run)
         observe_finished_job(
             FinishedJob(

@@ -1,4 +1,4 @@
-"""The loop dashboard, served at ``/``: loops overview, loop page, run page.
+"""The loop dashboard, served at ``/``: loops overview, loop page, run page, task page.
 
 Pages are server-rendered and read-only; the actions on the loop page are small JavaScript
 calls to the admin API (``/v1/loops/{loop}/{action}``) with the token the operator pastes,
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from services.api.deps import SessionDep, SettingsDep
 from services.api.errors import ApiError
 from services.dashboard.links import TemporalLinks
-from services.dashboard.pages import loop_context, overview_context, run_context
+from services.dashboard.pages import loop_context, overview_context, run_context, task_context
 from services.dashboard.render import STATIC_TYPES, render, static_bytes
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
@@ -119,6 +119,21 @@ def run_page(
     if context is None:
         return _not_found(request, settings, f"Loop {name!r} has no run {run_id!r}.")
     return _page(request, settings, "run.html", **context)
+
+
+@router.get("/loops/{name}/tasks/{task_id}", response_class=HTMLResponse, summary="One task")
+def task_page(
+    name: str, task_id: str, request: Request, session: ReadOnlySession, settings: SettingsDep
+) -> HTMLResponse:
+    """A task with its stored successes and failures (its demonstrations)."""
+    try:
+        loop = require_loop(session=session, name=name)
+    except NotFound:
+        return _not_found(request, settings, f"There is no loop named {name!r}.")
+    context = task_context(session, loop=loop, task_ref=task_id)
+    if context is None:
+        return _not_found(request, settings, f"Loop {name!r} has no task {task_id!r}.")
+    return _page(request, settings, "task.html", **context)
 
 
 @router.get("/static/dashboard/{filename}", summary="Dashboard script and stylesheet")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -33,3 +34,16 @@ def test_upgrade_downgrade_upgrade(make_database: Callable[[], str]) -> None:
     engine.dispose()
     assert {"loops", "traces", "tasks", "datasets", "cycles", "runs", "checkpoints"} <= tables
     assert {"evaluations", "evaluation_results", "promotions", "credentials"} <= tables
+
+
+def test_the_revision_chain_is_linear_from_0001_to_0011() -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    root = Path(__file__).resolve().parents[3]
+    config = Config()
+    config.set_main_option("script_location", str(root / "migrations"))
+    script = ScriptDirectory.from_config(config)
+    assert script.get_heads() == ["0011"]
+    chain = [rev.revision for rev in script.walk_revisions("base", "heads")]
+    assert chain == [f"{n:04d}" for n in range(11, 0, -1)]

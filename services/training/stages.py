@@ -91,7 +91,13 @@ def grpo_stage(run: StageRun) -> StageResult:
     config = run.hyper.config
     assert isinstance(config, GRPOConfig)  # the registry's class for grpo
     result = train_grpo(
-        run.model, run.env, run.tasks, config, ctx=run.ctx, state_dir=run.state_dir, keeper=run.keeper
+        run.model,
+        run.env,
+        run.tasks,
+        config,
+        ctx=run.ctx,
+        state_dir=run.state_dir,
+        keeper=run.keeper,
     )
     history = result.counters.history
     metrics = {

@@ -5,8 +5,9 @@ decision and status are stored as text (``cycles.stage``, ``runs.status``, ...) 
 as text in workflow histories. Each is a ``StrEnum`` here, so code names a member instead of
 repeating a string, and a typo fails the type checker instead of a check constraint. A member
 *is* its string (``CycleOutcome.PROMOTED == "promoted"``), so stored values, payloads and
-committed histories are unchanged. The database's check constraints (services/db/models.py)
-list the same values; tests/services/loop/test_states.py keeps the two in step.
+committed histories are unchanged. Where the database has a check constraint on the column
+(services/db/models.py), it lists the same values; tests/services/loop/test_states.py keeps
+the two in step.
 """
 
 from __future__ import annotations

@@ -277,9 +277,16 @@ def _slip_back_problem(
         if champion_id is not None and input.checkpoint_id != champion_id:
             return f"restoring {input.checkpoint_id!r}, but the champion is {champion_id!r}"
         return None
-    if cycle.candidate_checkpoint_id != input.checkpoint_id:
+    return _stale_candidate(session, loop, input.checkpoint_id, cycle)
+
+
+def _stale_candidate(session: Session, loop: Loop, checkpoint_id: str, cycle: Cycle) -> str | None:
+    """Why a candidate deploy is stale: not the cycle's candidate, not the newest cycle's,
+    trained from another champion than the one serving, or older than it."""
+    champion_id = loop.champion_checkpoint_id
+    if cycle.candidate_checkpoint_id != checkpoint_id:
         return (
-            f"{input.checkpoint_id!r} is not cycle {cycle.number}'s candidate "
+            f"{checkpoint_id!r} is not cycle {cycle.number}'s candidate "
             f"({cycle.candidate_checkpoint_id!r})"
         )
     if (latest := q.last_cycle_number(session=session, loop=loop)) > cycle.number:
@@ -291,7 +298,7 @@ def _slip_back_problem(
             f"cycle {cycle.number} trained from {cycle.champion_checkpoint_id!r}, but the "
             f"champion is now {champion_id!r}"
         )
-    candidate = q.get_checkpoint(session=session, checkpoint_id=input.checkpoint_id)
+    candidate = q.get_checkpoint(session=session, checkpoint_id=checkpoint_id)
     champion = q.get_checkpoint(session=session, checkpoint_id=champion_id)
     if candidate.id != champion.id and candidate.created_at < champion.created_at:
         return f"{candidate.id!r} is older than the champion {champion.id!r}"

@@ -18,8 +18,9 @@ import enum
 class CycleStage(enum.StrEnum):
     """Where a loop stands: the stages of a cycle in the order they run, and the loop's
     stages between cycles (``starting``, ``waiting``, ``paused``, ``awaiting_approval`` for
-    the manual gate, ``rollback`` for an operator's). ``cycles.stage`` holds the former;
-    the ``RatchetStage`` search attribute and the status query show both."""
+    the manual gate, ``rollback`` for an operator's). ``cycles.stage`` holds the former, and
+    ``done`` once the cycle is closed; the ``RatchetStage`` search attribute and the status
+    query show the stages of both kinds."""
 
     STARTING = "starting"
     WAITING = "waiting"
@@ -34,6 +35,7 @@ class CycleStage(enum.StrEnum):
     AWAITING_APPROVAL = "awaiting_approval"
     PROMOTE = "promote"
     ACCOUNT = "account"
+    DONE = "done"
     ROLLBACK = "rollback"
 
 

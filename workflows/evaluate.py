@@ -15,8 +15,8 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.activities.gate import GateActivities
     from workflows.activities.jobs import run_job_from_workflow
-    from workflows.activities.loop import LoopActivities
     from workflows.options import JOB_RETRY, RESULTS_TIMEOUT, db_activity
     from workflows.shared import (
         EvalTarget,
@@ -76,7 +76,7 @@ class EvaluateWorkflow:
         if job.status != "succeeded":
             return job, None
         summary = await db_activity(
-            LoopActivities.record_evaluation,
+            GateActivities.record_evaluation,
             RecordEvaluationInput(
                 loop=input.loop,
                 cycle=input.cycle,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.activities.loop import LoopActivities
+    from workflows.activities.serving_ledger import ServingLedgerActivities
     from workflows.options import LEDGER_SAMPLE, long_activity
     from workflows.shared import ServingLedgerInput, ServingLedgerResult
 
@@ -22,4 +22,6 @@ with workflow.unsafe.imports_passed_through():
 class ServingLedgerWorkflow:
     @workflow.run
     async def run(self, input: ServingLedgerInput) -> ServingLedgerResult:
-        return await long_activity(LoopActivities.sample_serving_ledgers, input, LEDGER_SAMPLE)
+        return await long_activity(
+            ServingLedgerActivities.sample_serving_ledgers, input, LEDGER_SAMPLE
+        )

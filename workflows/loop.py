@@ -25,8 +25,10 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureErro
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
+    from workflows.activities.cycle import CycleActivities
+    from workflows.activities.deploy import DeployActivities
     from workflows.activities.estimate import EstimateActivities, EstimateInput
-    from workflows.activities.loop import LoopActivities
+    from workflows.activities.gate import GateActivities
     from workflows.curate import CurateWorkflow, curate_batches
     from workflows.evaluate import EvaluateWorkflow
     from workflows.options import DEPLOY, LONG_DB_TIMEOUT, db_activity, long_activity
@@ -271,7 +273,7 @@ class LoopWorkflow:
         self.cycle = cycle
         self.approval = None
         started = await db_activity(
-            LoopActivities.start_cycle,
+            CycleActivities.start_cycle,
             StartCycleInput(
                 loop=self.loop,
                 number=cycle,
@@ -289,7 +291,7 @@ class LoopWorkflow:
             )
         outcome, reason = ended.outcome, ended.detail
         self._set_stage("account")
-        closed = await db_activity(LoopActivities.close_cycle, ended)
+        closed = await db_activity(CycleActivities.close_cycle, ended)
         workflow.logger.info(
             "cycle %s of %s ended: %s (%s); cost $%.4f",
             cycle,
@@ -402,7 +404,7 @@ class LoopWorkflow:
         self._set_stage("gate", cycle=cycle)
         await self._mark_stage(cycle, "gate")
         gate = await db_activity(
-            LoopActivities.gate,
+            GateActivities.gate,
             GateInput(
                 loop=self.loop,
                 cycle=cycle,
@@ -418,7 +420,7 @@ class LoopWorkflow:
         if config.gate_policy.mode == "manual":
             decision, reason, decided_by = await self._await_approval(gate)
         recorded = await db_activity(
-            LoopActivities.record_decision,
+            GateActivities.record_decision,
             RecordDecisionInput(
                 loop=self.loop,
                 cycle=cycle,
@@ -573,7 +575,7 @@ class LoopWorkflow:
             result = await self._roll_back(reason)
         else:
             result = await db_activity(
-                LoopActivities.rollback_champion,
+                DeployActivities.rollback_champion,
                 RollbackInput(self.loop, reason),
                 start_to_close=LONG_DB_TIMEOUT,
             )
@@ -583,13 +585,13 @@ class LoopWorkflow:
     async def _roll_back(self, reason: str) -> RollbackResult:
         """Plan (a read), deploy (the ``DEPLOY`` preset: heartbeats, three attempts, no row
         lock held), record. A deploy that fails is recorded and the loop carries on."""
-        plan = await db_activity(LoopActivities.plan_rollback, RollbackInput(self.loop, reason))
+        plan = await db_activity(DeployActivities.plan_rollback, RollbackInput(self.loop, reason))
         if plan.promotion_id is None or plan.checkpoint_id is None:
             return RollbackResult(False, plan.reason)
         error: str | None = None
         try:
             await long_activity(
-                LoopActivities.deploy_checkpoint,
+                DeployActivities.deploy_checkpoint,
                 DeployInput(
                     self.loop,
                     plan.serving_target,
@@ -602,7 +604,7 @@ class LoopWorkflow:
         except ActivityError as exc:
             error = _root_cause(exc)
         return await db_activity(
-            LoopActivities.finish_rollback,
+            DeployActivities.finish_rollback,
             FinishRollbackInput(self.loop, reason, plan.promotion_id, plan.checkpoint_id, error),
         )
 
@@ -637,7 +639,7 @@ class LoopWorkflow:
 
     async def _load_config(self) -> LoopConfig:
         return await db_activity(
-            LoopActivities.load_loop_config,
+            CycleActivities.load_loop_config,
             LoopConfigInput(self.loop),
         )
 
@@ -650,7 +652,7 @@ class LoopWorkflow:
         candidate: str | None = None,
     ) -> None:
         await db_activity(
-            LoopActivities.set_cycle_stage,
+            CycleActivities.set_cycle_stage,
             StageInput(self.loop, cycle, stage, dataset_id, candidate),
         )
 

@@ -51,7 +51,7 @@ async def db_activity(
 ) -> ResultT:
     """Workflow code: run an activity that is one database transaction, as most calls are.
 
-    The activity is passed by reference (``LoopActivities.gate``), so the type checker sees
+    The activity is passed by reference (``GateActivities.gate``), so the type checker sees
     its input and result; the timeout and retry are this module's database presets.
     """
     return await workflow.execute_activity_method(

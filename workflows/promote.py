@@ -14,7 +14,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.activities.loop import LoopActivities
+    from workflows.activities.canary import CanaryActivities
+    from workflows.activities.deploy import DeployActivities
     from workflows.options import BOUNDED_DB_RETRY, DEPLOY, db_activity, long_activity
     from workflows.shared import (
         DeployInput,
@@ -113,7 +114,7 @@ class PromoteWorkflow:
     ) -> DeployResult:
         """Deploy, naming the cycle so the activity can refuse a deploy that slips back."""
         return await long_activity(
-            LoopActivities.deploy_checkpoint,
+            DeployActivities.deploy_checkpoint,
             DeployInput(
                 input.loop,
                 input.serving_target,
@@ -134,7 +135,7 @@ class PromoteWorkflow:
         until: str | None = None,
     ) -> LiveStats:
         return await db_activity(
-            LoopActivities.live_stats,
+            CanaryActivities.live_stats,
             LiveStatsInput(
                 input.loop,
                 model_version,
@@ -155,7 +156,7 @@ class PromoteWorkflow:
         timestamp_field: str | None = None,
     ) -> None:
         await db_activity(
-            LoopActivities.update_promotion,
+            CanaryActivities.update_promotion,
             PromotionStatusInput(
                 loop=input.loop,
                 promotion_id=input.promotion_id,

@@ -49,8 +49,8 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     from workflows.activities.curation import CurationActivities
     from workflows.activities.estimate import EstimateActivities
     from workflows.activities.jobs import JobActivities
-    from workflows.activities.loop import LoopActivities
     from workflows.activities.retention import RetentionActivities
+    from workflows.activities.stages import StageActivities
 
     jobs = JobActivities(
         session_factory=deps.session_factory,
@@ -68,7 +68,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         hour_usd=deps.settings.serving_hour_price_usd,
         cached_token_weight=deps.settings.serving_cached_token_weight,
     )
-    loop = LoopActivities(
+    loop = StageActivities.build(
         deps.session_factory,
         targets,
         attestation=targets.attestation,

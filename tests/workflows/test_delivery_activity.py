@@ -30,7 +30,7 @@ from tests.workflows.test_loop_activities import (
     make_loop,
     set_champion,
 )
-from workflows.activities.loop import LoopActivities
+from workflows.activities.stages import StageActivities
 from workflows.shared import DeployInput, RollbackInput
 
 
@@ -159,8 +159,8 @@ def delivery_of(session_factory: SessionFactory, cycle_id: int) -> dict[str, Any
         return delivery
 
 
-def deploy(activities: LoopActivities, c: Cycle1, checkpoint: str, purpose: str) -> Any:
-    return activities.deploy_checkpoint(
+def deploy(activities: StageActivities, c: Cycle1, checkpoint: str, purpose: str) -> Any:
+    return activities.deploy.deploy_checkpoint(
         DeployInput(c.name, {"kind": "local"}, checkpoint, f"file:///{checkpoint}", 1, purpose)
     )
 
@@ -177,7 +177,7 @@ def test_the_candidates_held_out_probe_set_proves_its_deploy(
     )
     prover = RecordingProver()
     result = deploy(
-        LoopActivities(session_factory, RecordingTarget(), prove=prover),
+        StageActivities.build(session_factory, RecordingTarget(), prove=prover),
         c,
         c.candidate,
         "candidate",
@@ -203,7 +203,7 @@ def test_a_mismatch_fails_the_deploy_for_good_and_says_why_on_the_promotion(
         session_factory, tmp_path, cycle_id=c.cycle_id, checkpoint=c.candidate, task_set="heldout"
     )
     why = "delivery not proven: probe 0 (task abc): token 3: expected id 52, got id 7"
-    activities = LoopActivities(
+    activities = StageActivities.build(
         session_factory, RecordingTarget(), prove=RecordingProver(refuse=why)
     )
     with pytest.raises(ApplicationError) as failed:
@@ -229,7 +229,7 @@ def test_no_probe_set_deploys_with_a_note_and_an_unlisted_file_is_not_one(
     )
     prover = RecordingProver()
     result = deploy(
-        LoopActivities(session_factory, RecordingTarget(), prove=prover),
+        StageActivities.build(session_factory, RecordingTarget(), prove=prover),
         c,
         c.candidate,
         "candidate",
@@ -255,7 +255,7 @@ def test_a_malformed_listed_probe_set_is_a_clear_deploy_error(
         body=body,
     )
     prover = RecordingProver()
-    activities = LoopActivities(session_factory, RecordingTarget(), prove=prover)
+    activities = StageActivities.build(session_factory, RecordingTarget(), prove=prover)
     with pytest.raises(
         ApplicationError, match=r"bad probe set: probes\.probes must be a list"
     ) as failed:
@@ -279,12 +279,14 @@ def test_an_operator_rollback_is_proven_and_a_failed_proof_is_a_failed_rollback(
         session_factory, tmp_path, cycle_id=c.cycle_id, checkpoint=c.champion, task_set="heldout"
     )
     why = "delivery not proven: probe 0 (task t): token 0: expected id 52, got id 9"
-    refusing = LoopActivities(session_factory, RecordingTarget(), prove=RecordingProver(refuse=why))
-    result = refusing.rollback_champion(RollbackInput(c.name, "live complaints"))
+    refusing = StageActivities.build(
+        session_factory, RecordingTarget(), prove=RecordingProver(refuse=why)
+    )
+    result = refusing.deploy.rollback_champion(RollbackInput(c.name, "live complaints"))
     assert not result.rolled_back and why in result.reason
 
-    proving = LoopActivities(session_factory, RecordingTarget(), prove=RecordingProver())
-    assert proving.rollback_champion(RollbackInput(c.name, "live complaints")).rolled_back
+    proving = StageActivities.build(session_factory, RecordingTarget(), prove=RecordingProver())
+    assert proving.deploy.rollback_champion(RollbackInput(c.name, "live complaints")).rolled_back
     assert delivery_of(session_factory, c.cycle_id)["rollback"]["verified"] is True
 
 

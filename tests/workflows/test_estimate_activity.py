@@ -17,7 +17,7 @@ from services.db.session import SessionFactory
 from services.loop.estimate import DEFAULT_COMPUTE_S_PER_UNIT, Prices
 from tests.workflows.test_loop_activities import RecordingTarget, make_loop
 from workflows.activities.estimate import EstimateActivities, EstimateInput
-from workflows.activities.loop import LoopActivities
+from workflows.activities.stages import StageActivities
 from workflows.shared import CloseCycleInput
 
 T0 = dt.datetime(2026, 12, 2, 8, 0, tzinfo=dt.UTC)
@@ -93,7 +93,7 @@ def accounted_cycle(session_factory: SessionFactory, loop_id: int, name: str) ->
         cost="0.20",
         wall_s=20.0,
     )
-    LoopActivities(session_factory, RecordingTarget()).close_cycle(
+    StageActivities.build(session_factory, RecordingTarget()).cycle.close_cycle(
         CloseCycleInput(name, 1, "rejected", "no win")
     )
     return cycle_id

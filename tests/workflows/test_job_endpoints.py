@@ -7,8 +7,8 @@ import json
 import pytest
 
 from services.environments.replay.endpoints import ENV_JUDGES, ENV_TOOLS, from_job_env
+from services.loop.job_documents import EndpointNotListed, endpoint_env
 from services.settings import Endpoint, Settings
-from workflows.activities.jobs import EndpointNotListed, endpoint_env
 
 SETTINGS = Settings(
     judge_endpoints={

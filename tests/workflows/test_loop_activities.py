@@ -21,7 +21,7 @@ from services.db.models import Checkpoint, Cycle, Loop, Promotion, Trace
 from services.db.session import SessionFactory
 from services.modelserver.attestation import attested, response_id
 from services.serving.base import DeployFailed
-from workflows.activities.loop import LoopActivities
+from workflows.activities.stages import StageActivities
 from workflows.shared import (
     CloseCycleInput,
     DeployInput,
@@ -169,15 +169,15 @@ def target() -> RecordingTarget:
 
 
 @pytest.fixture
-def activities(session_factory: SessionFactory, target: RecordingTarget) -> LoopActivities:
-    return LoopActivities(session_factory, target)
+def activities(session_factory: SessionFactory, target: RecordingTarget) -> StageActivities:
+    return StageActivities.build(session_factory, target)
 
 
 # live_counts through the canary's activity -------------------------------------------------
 
 
 def test_live_stats_counts_a_versions_newest_traces_in_the_window(
-    session_factory: SessionFactory, activities: LoopActivities
+    session_factory: SessionFactory, activities: StageActivities
 ) -> None:
     loop_id, name = make_loop(session_factory)
     add_traces(session_factory, loop_id, "v-old", [True] * 30 + [False] * 10, start_minute=0)
@@ -185,21 +185,23 @@ def test_live_stats_counts_a_versions_newest_traces_in_the_window(
     add_traces(session_factory, loop_id, "v-other", [False] * 50, start_minute=10)
     deployed_at = (T0 + dt.timedelta(minutes=10)).isoformat()
 
-    before = activities.live_stats(LiveStatsInput(name, "v-old", until=deployed_at))
+    before = activities.canary.live_stats(LiveStatsInput(name, "v-old", until=deployed_at))
     assert (before.n, before.successes, before.success_rate) == (40, 30, 0.75)
     assert before.ci_low is not None and before.ci_high is not None
     assert before.ci_low < 0.75 < before.ci_high
 
-    after = activities.live_stats(LiveStatsInput(name, "v-new", since=deployed_at))
+    after = activities.canary.live_stats(LiveStatsInput(name, "v-new", since=deployed_at))
     assert (after.n, after.successes) == (20, 15)
     # The newest ``limit`` traces only: the 10 newest of v-new are all successes.
-    newest = activities.live_stats(LiveStatsInput(name, "v-new", since=deployed_at, limit=10))
+    newest = activities.canary.live_stats(
+        LiveStatsInput(name, "v-new", since=deployed_at, limit=10)
+    )
     assert (newest.n, newest.successes) == (10, 10)
     # Traces of other versions never count, and a version without traces has no rate.
-    none = activities.live_stats(LiveStatsInput(name, "v-missing"))
+    none = activities.canary.live_stats(LiveStatsInput(name, "v-missing"))
     assert (none.n, none.success_rate) == (0, None)
     # Before the window opens the new version has no traces.
-    assert activities.live_stats(LiveStatsInput(name, "v-new", until=deployed_at)).n == 0
+    assert activities.canary.live_stats(LiveStatsInput(name, "v-new", until=deployed_at)).n == 0
 
 
 def test_where_the_server_signs_the_canary_counts_only_the_traces_it_served(
@@ -209,7 +211,7 @@ def test_where_the_server_signs_the_canary_counts_only_the_traces_it_served(
     no longer moves the canary: only traces whose response ids the server signed for the
     version they claim are counted (issue 28)."""
     key = b"k" * 32
-    activities = LoopActivities(
+    activities = StageActivities.build(
         session_factory, target, attestation=lambda _target: partial(attested, key=key)
     )
     loop_id, name = make_loop(session_factory)
@@ -234,9 +236,11 @@ def test_where_the_server_signs_the_canary_counts_only_the_traces_it_served(
                     received_at=T0 + dt.timedelta(seconds=index),
                 )
             )
-    stats = activities.live_stats(LiveStatsInput(name, "v-new"))
+    stats = activities.canary.live_stats(LiveStatsInput(name, "v-new"))
     assert (stats.n, stats.successes, stats.unattested) == (2, 2, 3)
-    trusting = LoopActivities(session_factory, target).live_stats(LiveStatsInput(name, "v-new"))
+    trusting = StageActivities.build(session_factory, target).canary.live_stats(
+        LiveStatsInput(name, "v-new")
+    )
     assert (trusting.n, trusting.successes) == (5, 2)
 
 
@@ -244,7 +248,7 @@ def test_where_the_server_signs_the_canary_counts_only_the_traces_it_served(
 
 
 def test_rollback_champion_serves_the_previous_champion_again_once(
-    session_factory: SessionFactory, activities: LoopActivities, target: RecordingTarget
+    session_factory: SessionFactory, activities: StageActivities, target: RecordingTarget
 ) -> None:
     loop_id, name = make_loop(session_factory)
     first = add_checkpoint(session_factory, loop_id, "ckpt-first", 0)
@@ -253,7 +257,7 @@ def test_rollback_champion_serves_the_previous_champion_again_once(
     set_champion(session_factory, loop_id, second)
     add_held_promotion(session_factory, cycle_id, candidate=second, previous=first)
 
-    result = activities.rollback_champion(RollbackInput(name, "live complaints"))
+    result = activities.deploy.rollback_champion(RollbackInput(name, "live complaints"))
     assert (result.rolled_back, result.checkpoint_id) == (True, first)
     assert target.deployed == [first]
     assert loop_row(session_factory, loop_id).champion_checkpoint_id == first
@@ -269,17 +273,17 @@ def test_rollback_champion_serves_the_previous_champion_again_once(
         assert (rows[1].candidate_checkpoint_id, rows[1].previous_checkpoint_id) == (first, second)
 
     # A retry (or a second request) finds nothing left to undo and deploys nothing.
-    again = activities.rollback_champion(RollbackInput(name, "live complaints"))
+    again = activities.deploy.rollback_champion(RollbackInput(name, "live complaints"))
     assert (again.rolled_back, again.reason) == (False, "no promotion to roll back")
     assert target.deployed == [first]
 
 
 def test_rollback_without_a_held_promotion_changes_nothing(
-    session_factory: SessionFactory, activities: LoopActivities, target: RecordingTarget
+    session_factory: SessionFactory, activities: StageActivities, target: RecordingTarget
 ) -> None:
     loop_id, name = make_loop(session_factory)
     set_champion(session_factory, loop_id, add_checkpoint(session_factory, loop_id, "only", 0))
-    result = activities.rollback_champion(RollbackInput(name, "why not"))
+    result = activities.deploy.rollback_champion(RollbackInput(name, "why not"))
     assert not result.rolled_back
     assert target.deployed == []
     assert loop_row(session_factory, loop_id).champion_checkpoint_id == "only"
@@ -310,7 +314,7 @@ def test_the_rollback_deploy_holds_no_lock_on_the_loop(session_factory: SessionF
         seen.append(checkpoint_id)
         return checkpoint_id
 
-    result = LoopActivities(session_factory, deploy).rollback_champion(
+    result = StageActivities.build(session_factory, deploy).deploy.rollback_champion(
         RollbackInput(name, "live complaints")
     )
     assert seen == [first]
@@ -325,8 +329,8 @@ def test_a_failed_rollback_deploy_is_recorded_and_changes_nothing_else(
     def deploy(serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str) -> str:
         raise DeployFailed("the model server refused the adapter")
 
-    activities = LoopActivities(session_factory, deploy)
-    result = activities.rollback_champion(RollbackInput(name, "live complaints"))
+    activities = StageActivities.build(session_factory, deploy)
+    result = activities.deploy.rollback_champion(RollbackInput(name, "live complaints"))
     assert not result.rolled_back
     assert "failed" in result.reason and "refused the adapter" in result.reason
     assert loop_row(session_factory, loop_id).champion_checkpoint_id == second
@@ -347,13 +351,13 @@ def test_a_failed_rollback_deploy_is_recorded_and_changes_nothing_else(
     ]
     assert "refused the adapter" in recorded[1][3]
     # Recording the same outcome again (a retried activity) adds nothing.
-    plan = activities.plan_rollback(RollbackInput(name, "live complaints"))
+    plan = activities.deploy.plan_rollback(RollbackInput(name, "live complaints"))
     assert (plan.promotion_id is not None, plan.checkpoint_id) == (True, first)
     assert plan.promotion_id is not None
     error = "the model server refused the adapter"
     finish = FinishRollbackInput(name, "again", plan.promotion_id, first, error)
-    activities.finish_rollback(finish)
-    activities.finish_rollback(finish)
+    activities.deploy.finish_rollback(finish)
+    activities.deploy.finish_rollback(finish)
     assert len(rows()) == 3
 
 
@@ -361,21 +365,21 @@ def test_a_failed_rollback_deploy_is_recorded_and_changes_nothing_else(
 
 
 def test_loop_config_names_the_last_cycle_postgres_knows(
-    session_factory: SessionFactory, activities: LoopActivities
+    session_factory: SessionFactory, activities: StageActivities
 ) -> None:
     loop_id, name = make_loop(session_factory)
-    assert activities.load_loop_config(LoopConfigInput(name)).last_cycle_number == 0
+    assert activities.cycle.load_loop_config(LoopConfigInput(name)).last_cycle_number == 0
     champion = add_checkpoint(session_factory, loop_id, "c0", 0)
     for number in (1, 2, 3):
         add_cycle(session_factory, loop_id, number, champion=champion, candidate=None)
-    config = activities.load_loop_config(LoopConfigInput(name))
+    config = activities.cycle.load_loop_config(LoopConfigInput(name))
     assert config.last_cycle_number == 3
     assert config.gate_policy.eval_samples > 1 and config.gate_policy.eval_temperature > 0
     assert config.gate_policy.min_discordant_pairs >= 1
 
 
 def test_a_promotion_never_deploys_an_old_cycles_candidate(
-    session_factory: SessionFactory, activities: LoopActivities, target: RecordingTarget
+    session_factory: SessionFactory, activities: StageActivities, target: RecordingTarget
 ) -> None:
     """Cycle 1's candidate was promoted long ago; a later champion serves now. A loop whose
     workflow chain restarted at cycle 1 gets cycle 1's records back from the idempotent
@@ -389,7 +393,7 @@ def test_a_promotion_never_deploys_an_old_cycles_candidate(
     set_champion(session_factory, loop_id, newer)
 
     def deploy(checkpoint: str, cycle: int, purpose: str = "candidate") -> None:
-        activities.deploy_checkpoint(
+        activities.deploy.deploy_checkpoint(
             DeployInput(
                 name, {"kind": "local"}, checkpoint, f"file:///{checkpoint}", cycle, purpose
             )
@@ -417,7 +421,7 @@ def test_a_promotion_never_deploys_an_old_cycles_candidate(
 
 
 def test_a_candidate_older_than_the_champion_is_refused(
-    session_factory: SessionFactory, activities: LoopActivities, target: RecordingTarget
+    session_factory: SessionFactory, activities: StageActivities, target: RecordingTarget
 ) -> None:
     loop_id, name = make_loop(session_factory)
     stale = add_checkpoint(session_factory, loop_id, "stale", 0)
@@ -425,21 +429,21 @@ def test_a_candidate_older_than_the_champion_is_refused(
     set_champion(session_factory, loop_id, champion)
     add_cycle(session_factory, loop_id, 1, champion=champion, candidate=stale, ended=False)
     with pytest.raises(ApplicationError, match="older than the champion"):
-        activities.deploy_checkpoint(
+        activities.deploy.deploy_checkpoint(
             DeployInput(name, {"kind": "local"}, stale, "file:///stale", cycle=1)
         )
     assert target.deployed == []
 
 
 def test_start_cycle_with_the_number_after_postgres_opens_a_new_cycle(
-    session_factory: SessionFactory, activities: LoopActivities
+    session_factory: SessionFactory, activities: StageActivities
 ) -> None:
     loop_id, name = make_loop(session_factory)
     champion = add_checkpoint(session_factory, loop_id, "c0", 0)
     set_champion(session_factory, loop_id, champion)
     add_cycle(session_factory, loop_id, 1, champion=champion, candidate=None)
-    last = activities.load_loop_config(LoopConfigInput(name)).last_cycle_number
-    started = activities.start_cycle(
+    last = activities.cycle.load_loop_config(LoopConfigInput(name)).last_cycle_number
+    started = activities.cycle.start_cycle(
         StartCycleInput(name, last + 1, "operator", {}, f"loop/{name}")
     )
     with session_factory() as session:
@@ -455,7 +459,7 @@ def test_start_cycle_with_the_number_after_postgres_opens_a_new_cycle(
 
 
 def test_close_cycle_records_heldout_gate_and_live_points_with_intervals(
-    session_factory: SessionFactory, activities: LoopActivities
+    session_factory: SessionFactory, activities: StageActivities
 ) -> None:
     loop_id, name = make_loop(session_factory)
     champion = add_checkpoint(session_factory, loop_id, "c0", 0)
@@ -472,7 +476,7 @@ def test_close_cycle_records_heldout_gate_and_live_points_with_intervals(
     add_held_promotion(
         session_factory, cycle_id, candidate=candidate, previous=champion, statistics=statistics
     )
-    closed = activities.close_cycle(
+    closed = activities.cycle.close_cycle(
         CloseCycleInput(
             name,
             1,
@@ -498,3 +502,54 @@ def test_close_cycle_records_heldout_gate_and_live_points_with_intervals(
     live = detail["live"]
     assert (live["n_before"], live["successes_after"]) == (100, 35)
     assert live["ci_low_points"] < 30.0 < live["ci_high_points"]
+
+
+def test_the_stages_register_the_names_committed_histories_use(
+    activities: StageActivities,
+) -> None:
+    """Split by stage, the activities keep their registered names: replayed histories and
+    running workflows name them."""
+    names = [defn.__temporal_activity_definition.name for defn in activities.activities()]
+    assert sorted(names) == sorted(
+        [
+            "load_loop_config",
+            "start_cycle",
+            "set_cycle_stage",
+            "close_cycle",
+            "record_evaluation",
+            "gate",
+            "record_decision",
+            "deploy_checkpoint",
+            "rollback_champion",
+            "plan_rollback",
+            "finish_rollback",
+            "live_stats",
+            "update_promotion",
+            "sample_serving_ledgers",
+        ]
+    )
+
+
+def test_no_deploy_holds_the_loops_row_lock(session_factory: SessionFactory) -> None:
+    """While the serving target deploys (minutes, in a cluster), another writer can lock the
+    loop's row at once: the candidate check committed before the deploy began."""
+    loop_id, name = make_loop(session_factory)
+    champion = add_checkpoint(session_factory, loop_id, "champion", 0)
+    candidate = add_checkpoint(session_factory, loop_id, "candidate", 10)
+    set_champion(session_factory, loop_id, champion)
+    add_cycle(session_factory, loop_id, 1, champion=champion, candidate=candidate, ended=False)
+    locked_during_deploy: list[bool] = []
+
+    def deploy(serving_target: dict[str, Any], checkpoint_id: str, uri: str) -> str:
+        with session_factory.begin() as other:
+            row = other.execute(
+                select(Loop.id).where(Loop.id == loop_id).with_for_update(nowait=True)
+            ).scalar_one()
+            locked_during_deploy.append(row == loop_id)
+        return checkpoint_id
+
+    stages = StageActivities.build(session_factory, deploy)
+    result = stages.deploy.deploy_checkpoint(
+        DeployInput(name, {"kind": "local"}, candidate, "file:///candidate", cycle=1)
+    )
+    assert result.served_version == candidate and locked_during_deploy == [True]

@@ -22,7 +22,7 @@ from services.db.models import Checkpoint, Loop
 from services.db.queries.loops import config_document, require_loop, update_loop_config
 from services.db.session import SessionFactory
 from tests.workflows.test_loop import World, make_worker, start_loop
-from workflows.activities.loop import LoopActivities
+from workflows.activities.stages import StageActivities
 from workflows.shared import GateInput, GateResult, RunJobInput, RunJobResult
 
 
@@ -79,10 +79,10 @@ async def test_a_change_during_a_cycle_applies_from_the_next_cycle(
     name = f"cfg-{uuid.uuid4().hex[:8]}"
     loop_with_champion(session_factory, name, tmp_path)
     world = ChangingWorld(new_tasks=12)
-    real = LoopActivities(session_factory, lambda target, checkpoint_id, uri: checkpoint_id)
+    real = StageActivities.build(session_factory, lambda target, checkpoint_id, uri: checkpoint_id)
     fakes = [a for a in world.activities() if a.__name__ != "load_loop_config"]
     worker = make_worker(
-        temporal_client, task_queue, world, activities=[*fakes, real.load_loop_config]
+        temporal_client, task_queue, world, activities=[*fakes, real.cycle.load_loop_config]
     )
 
     def change_the_loop() -> None:

@@ -36,7 +36,7 @@ from services.training.jobspec import job_environment, load_spec
 from tests.services.curation.support import add_traces, make_loop, qa_resolver, trace_body
 from workflows.activities.curation import CurationActivities
 from workflows.activities.jobs import JobActivities
-from workflows.activities.loop import LoopActivities
+from workflows.activities.stages import StageActivities
 from workflows.curate import CurateWorkflow
 from workflows.loop import LoopWorkflow
 from workflows.probe import ProbeWorkflow, probe_job_spec
@@ -313,7 +313,7 @@ def loop_worker(
         # A dollar per CPU-second, so even a tiny job has a visible cost.
         settings=Settings(state_dir=tmp_path / "state", cpu_hour_price_usd=3600.0),
     )
-    loop = LoopActivities(session_factory, lambda target, checkpoint_id, uri: checkpoint_id)
+    loop = StageActivities.build(session_factory, lambda target, checkpoint_id, uri: checkpoint_id)
     return Worker(
         client,
         task_queue=task_queue,
@@ -321,10 +321,10 @@ def loop_worker(
         activities=[
             *curation.activities(),
             jobs.run_job,
-            loop.load_loop_config,
-            loop.start_cycle,
-            loop.set_cycle_stage,
-            loop.close_cycle,
+            loop.cycle.load_loop_config,
+            loop.cycle.start_cycle,
+            loop.cycle.set_cycle_stage,
+            loop.cycle.close_cycle,
         ],
         activity_executor=concurrent.futures.ThreadPoolExecutor(8),
     )

@@ -32,7 +32,7 @@ from tests.workflows.test_loop_activities import (
     make_loop,
     set_champion,
 )
-from workflows.activities.loop import LoopActivities
+from workflows.activities.stages import StageActivities
 from workflows.schedules import ensure_serving_ledger_schedule
 from workflows.shared import (
     SERVING_LEDGER_SCHEDULE_ID,
@@ -63,16 +63,16 @@ def counters() -> Counters:
 
 
 @pytest.fixture
-def activities(session_factory: SessionFactory, counters: Counters) -> LoopActivities:
-    return LoopActivities(
+def activities(session_factory: SessionFactory, counters: Counters) -> StageActivities:
+    return StageActivities.build(
         session_factory,
         RecordingTarget(),
         serving_ledger=ServingLedger(read=counters, prices=PRICES),
     )
 
 
-def deploy(activities: LoopActivities, loop: str, checkpoint: str) -> None:
-    activities.deploy_checkpoint(
+def deploy(activities: StageActivities, loop: str, checkpoint: str) -> None:
+    activities.deploy.deploy_checkpoint(
         DeployInput(loop, {"kind": "local"}, checkpoint, f"file:///{checkpoint}")
     )
 
@@ -89,7 +89,7 @@ def tenures(session_factory: SessionFactory, loop_id: int) -> list[ServingTenure
 
 
 def test_a_tenure_ends_at_its_replacement_with_what_it_served(
-    session_factory: SessionFactory, activities: LoopActivities, counters: Counters
+    session_factory: SessionFactory, activities: StageActivities, counters: Counters
 ) -> None:
     loop_id, name = make_loop(session_factory)
     first = add_checkpoint(session_factory, loop_id, "first", 0)
@@ -122,7 +122,7 @@ def test_a_tenure_ends_at_its_replacement_with_what_it_served(
 
 
 def test_a_server_restart_counts_from_zero_never_negative(
-    session_factory: SessionFactory, activities: LoopActivities, counters: Counters
+    session_factory: SessionFactory, activities: StageActivities, counters: Counters
 ) -> None:
     loop_id, name = make_loop(session_factory)
     first = add_checkpoint(session_factory, loop_id, "first", 0)
@@ -138,7 +138,7 @@ def test_a_server_restart_counts_from_zero_never_negative(
 
 
 def test_an_unreadable_server_never_fails_a_deploy(
-    session_factory: SessionFactory, activities: LoopActivities, counters: Counters
+    session_factory: SessionFactory, activities: StageActivities, counters: Counters
 ) -> None:
     loop_id, name = make_loop(session_factory)
     first = add_checkpoint(session_factory, loop_id, "first", 0)
@@ -159,7 +159,7 @@ def test_an_unreadable_server_never_fails_a_deploy(
 
 
 def test_champion_figures_price_tokens_and_the_break_even(
-    session_factory: SessionFactory, activities: LoopActivities, counters: Counters
+    session_factory: SessionFactory, activities: StageActivities, counters: Counters
 ) -> None:
     """Both figures per champion: $/Mtok served (blended, and cached tokens priced apart),
     live success, held-out pass rate, the producing cycle's $ per point, the break-even."""
@@ -247,7 +247,7 @@ def _traces(
 
 
 def test_each_cycle_close_samples_the_champion_serving_now(
-    session_factory: SessionFactory, activities: LoopActivities, counters: Counters
+    session_factory: SessionFactory, activities: StageActivities, counters: Counters
 ) -> None:
     """A loop whose champion was set before the ledger began gets its tenure at the first
     close; every close after adds what it served since."""
@@ -257,7 +257,7 @@ def test_each_cycle_close_samples_the_champion_serving_now(
     for number in (1, 2):
         add_cycle(session_factory, loop_id, number, champion=champion, candidate=None, ended=False)
         counters.now = {champion: VersionUsage(100 * number, 0, 10 * number, 1.0 * number)}
-        activities.close_cycle(CloseCycleInput(name, number, "rejected", "no win"))
+        activities.cycle.close_cycle(CloseCycleInput(name, number, "rejected", "no win"))
 
     (tenure,) = tenures(session_factory, loop_id)
     assert (tenure.checkpoint_id, tenure.ended_at) == (champion, None)
@@ -266,7 +266,7 @@ def test_each_cycle_close_samples_the_champion_serving_now(
 
 
 def test_the_scheduled_sample_keeps_the_serving_champion_fresh_between_deploys(
-    session_factory: SessionFactory, activities: LoopActivities, counters: Counters
+    session_factory: SessionFactory, activities: StageActivities, counters: Counters
 ) -> None:
     """Between deploys the schedule's sample adds the growth to the open tenure (and a
     retried sample adds nothing); an archived loop is not asked; a server that cannot be
@@ -276,9 +276,9 @@ def test_the_scheduled_sample_keeps_the_serving_champion_fresh_between_deploys(
     counters.now = {first: VersionUsage(100, 0, 50, 10.0)}
     deploy(activities, name, first)
     counters.now = {first: VersionUsage(400, 100, 250, 40.0)}
-    sampled = activities.sample_serving_ledgers(ServingLedgerInput())
+    sampled = activities.ledger.sample_serving_ledgers(ServingLedgerInput())
     assert sampled.sampled >= 1 and sampled.unreadable == 0
-    activities.sample_serving_ledgers(ServingLedgerInput())  # a retry: nothing more
+    activities.ledger.sample_serving_ledgers(ServingLedgerInput())  # a retry: nothing more
     (tenure,) = tenures(session_factory, loop_id)
     assert tenure.ended_at is None
     assert (tenure.prompt_tokens, tenure.cached_prompt_tokens, tenure.completion_tokens) == (
@@ -293,7 +293,7 @@ def test_the_scheduled_sample_keeps_the_serving_champion_fresh_between_deploys(
         assert loop is not None
         loop.status = "archived"
     counters.now = {first: VersionUsage(900, 100, 450, 90.0)}
-    activities.sample_serving_ledgers(ServingLedgerInput())
+    activities.ledger.sample_serving_ledgers(ServingLedgerInput())
     (tenure,) = tenures(session_factory, loop_id)
     assert tenure.prompt_tokens == 300  # an archived loop's server is not asked
 
@@ -302,7 +302,7 @@ def test_the_scheduled_sample_keeps_the_serving_champion_fresh_between_deploys(
         assert loop is not None
         loop.status = "paused"  # a paused loop's champion still serves
     counters.down = True
-    assert activities.sample_serving_ledgers(ServingLedgerInput()).unreadable >= 1
+    assert activities.ledger.sample_serving_ledgers(ServingLedgerInput()).unreadable >= 1
     (tenure,) = tenures(session_factory, loop_id)
     assert tenure.prompt_tokens == 300 and tenure.ended_at is None
 

@@ -23,7 +23,7 @@ from tests.workflows.test_loop_activities import (
     make_loop,
     set_champion,
 )
-from workflows.activities.loop import LoopActivities
+from workflows.activities.stages import StageActivities
 from workflows.shared import DeployInput, LoopConfigInput, RollbackInput
 
 
@@ -31,7 +31,7 @@ def test_a_stored_url_loads_and_its_deploys_fail_without_a_request(
     session_factory: SessionFactory, tmp_path: Path
 ) -> None:
     settings = Settings(state_dir=tmp_path, admin_token=SecretStr("admin-token"))
-    activities = LoopActivities(session_factory, ServingTargets(settings))
+    activities = StageActivities.build(session_factory, ServingTargets(settings))
     loop_id, name = make_loop(session_factory)
     with Listener(200) as listener:
         with session_factory.begin() as session:
@@ -46,15 +46,15 @@ def test_a_stored_url_loads_and_its_deploys_fail_without_a_request(
         set_champion(session_factory, loop_id, second)
         add_held_promotion(session_factory, cycle_id, candidate=second, previous=first)
 
-        config = activities.load_loop_config(LoopConfigInput(name))  # the loop keeps running
+        config = activities.cycle.load_loop_config(LoopConfigInput(name))  # the loop keeps running
         assert config.serving_target.retired_keys == ("url",)
 
         # A failed operator rollback is recorded, the loop runs on (issue 28's rollback item).
-        rollback = activities.rollback_champion(RollbackInput(name, "live complaints"))
+        rollback = activities.deploy.rollback_champion(RollbackInput(name, "live complaints"))
         assert not rollback.rolled_back
         assert "RATCHET_SERVING_ENDPOINTS" in rollback.reason
         with pytest.raises(ApplicationError, match="`endpoint`") as refused:
-            activities.deploy_checkpoint(
+            activities.deploy.deploy_checkpoint(
                 DeployInput(name, config.serving_target.model_dump(), second, "file:///c")
             )
         assert refused.value.non_retryable

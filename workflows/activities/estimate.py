@@ -22,6 +22,7 @@ from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.logs import log_context
+from services.loop.budget import budget_usd, pause_for_budget
 from services.loop.estimate import (
     RATE_CYCLES,
     Prices,
@@ -103,15 +104,14 @@ class EstimateActivities:
                 measured=measured_rates(runs),
                 defaults=default_rates(profile, self._prices),
                 measured_cycles=len(earlier) if runs else 0,
-                budget_usd=float(loop.budget_usd) if loop.budget_usd is not None else None,
+                budget_usd=budget_usd(loop),
                 spent_usd=q.loop_ledger(session=session, loop=loop).spent_usd,
             )
             q.record_estimate(
                 session=session, cycle=cycle, estimate_usd=estimate.usd, estimate=estimate.to_json()
             )
             if not estimate.fits:
-                loop.status = "paused"
-                loop.status_reason = f"cycle {input.cycle} refused: {estimate.reason}"
+                pause_for_budget(loop, f"cycle {input.cycle} refused: {estimate.reason}")
                 logger.warning("cycle %s refused: %s", input.cycle, estimate.reason)
             else:
                 logger.info("cycle %s estimated at $%.4f", input.cycle, estimate.usd)

@@ -49,12 +49,11 @@ from services.checkpoints import (
     resolve_parent,
 )
 from services.curation import demonstrations
-from services.db.models import Checkpoint, Dataset, Run
+from services.db.models import Run
 from services.db.queries import runs as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
-from services.environments.replay.endpoints import job_env as replay_job_env
 from services.executors.accounting import (
     FinishedJob,
     job_cost,
@@ -74,7 +73,9 @@ from services.executors.base import (
 )
 from services.executors.runfiles import UnsafeRunFile, create_exclusive
 from services.logs import log_context
-from services.settings import Endpoint, Settings
+from services.loop.job_documents import endpoint_env, job_document, job_files, job_nodes
+from services.loop.states import RunStatus
+from services.settings import Settings
 from workflows.activities.errors import fails_as
 from workflows.options import JOB
 from workflows.shared import (
@@ -195,10 +196,16 @@ class JobActivities:
                 output_uri=path_to_uri(output_dir),
                 logs_uri=path_to_uri(logs_dir / LOG_FILE),
             )
-            if run.status in q.TERMINAL_RUN_STATUSES:
+            if RunStatus(run.status).terminal:
                 return _Prepared(run.executor, run.handle, None, _result_of(run))
             executor, handle, started_at = run.executor, run.handle, run.started_at
-            dataset, base = self._inputs(session, input)
+            dataset, base = job_files(
+                session=session,
+                kind=input.kind,
+                job_spec=input.job_spec,
+                dataset_id=input.dataset_id,
+                base_checkpoint_id=input.base_checkpoint_id,
+            )
             curation_policy = dict(loop.curation_policy or {})
             kept = demonstrations.job_spec_keys(
                 session,
@@ -214,11 +221,7 @@ class JobActivities:
                 run_id=input.run_id,
                 loop=input.loop,
                 kind=input.kind,
-                document={
-                    **input.job_spec,
-                    **kept,
-                    "run_id": input.job_spec.get("run_id", input.run_id),
-                },
+                document={**job_document(input.job_spec, input.run_id), **kept},
                 run_dir=run_dir,
                 output_dir=output_dir,
                 logs_dir=logs_dir,
@@ -226,7 +229,7 @@ class JobActivities:
                 dataset=dataset,
                 base_checkpoint=base,
                 accelerators=input.accelerators,
-                nodes=_nodes(input.job_spec),
+                nodes=job_nodes(input.job_spec),
                 image=input.job_image,
                 command=tuple(input.job_command) if input.job_command else None,
                 env=env,
@@ -242,7 +245,7 @@ class JobActivities:
             q.finish_run(
                 session=session,
                 run_id=run_id,
-                status="failed",
+                status=RunStatus.FAILED,
                 error=error,
                 metrics={},
                 compute_seconds=0.0,
@@ -253,31 +256,12 @@ class JobActivities:
                 ended_at=dt.datetime.now(dt.UTC),
             )
 
-    def _inputs(self, session: Any, input: RunJobInput) -> tuple[str | None, str | None]:
-        """The dataset file and base checkpoint dir the job reads (paths, by the contract).
-
-        The job spec's own ``dataset`` and ``base_checkpoint`` (or ``checkpoint`` for an
-        eval) win; otherwise the dataset and checkpoint rows named by the input are used.
-        """
-        spec = input.job_spec
-        dataset = spec.get("dataset") or None
-        if dataset is None and input.dataset_id is not None:
-            row = session.get(Dataset, input.dataset_id)
-            if row is not None:
-                dataset = str(uri_to_path(row.train_uri if input.kind == "train" else row.eval_uri))
-        base = spec.get("base_checkpoint") or spec.get("checkpoint") or None
-        if base is None and input.base_checkpoint_id is not None:
-            checkpoint = session.get(Checkpoint, input.base_checkpoint_id)
-            if checkpoint is not None:
-                base = str(uri_to_path(checkpoint.uri))
-        return (str(dataset) if dataset else None, str(base) if base else None)
-
     def _record_handle(self, run_id: str, handle: Handle) -> bool:
         """Store the handle; True when the run was cancelled meanwhile."""
         with self._sessions.begin() as session:
             q.record_submission(session=session, run_id=run_id, handle=handle)
             run = q.get_run(session=session, run_id=run_id)
-            return run is not None and run.status == "cancelled"
+            return run is not None and run.status == RunStatus.CANCELLED
 
     async def _follow(
         self,
@@ -314,7 +298,7 @@ class JobActivities:
                     continue
                 failures = 0
                 activity.heartbeat({"handle": handle, "state": status.state})
-                if status.state == "running" and not marked_running:
+                if status.state == RunStatus.RUNNING and not marked_running:
                     started = _datetime(status.started_at) or dt.datetime.now(dt.UTC)
                     await asyncio.to_thread(self._mark_running, input.run_id, started)
                     marked_running = True
@@ -372,14 +356,15 @@ class JobActivities:
         output_dir = Path(handle.get("output_dir") or self._output_dir(input))
         logs_path = self._artifacts.logs_dir(input.loop, input.run_id) / LOG_FILE
         self._save_logs(executor_name, handle, logs_path)
-        state, error = status.state, _error_of(status)
+        state: str = status.state
+        error = _error_of(status)
         metrics: dict[str, Any] = {}
-        if state == "succeeded" or (output_dir / METRICS_FILE).exists():
+        if state == RunStatus.SUCCEEDED or (output_dir / METRICS_FILE).exists():
             try:
                 metrics = read_job_metrics(output_dir / METRICS_FILE)
             except ValueError as exc:
-                if state == "succeeded":
-                    state, error = "failed", str(exc)
+                if state == RunStatus.SUCCEEDED:
+                    state, error = RunStatus.FAILED, str(exc)
         accelerators = status.accelerators
         cost = job_cost(
             status,
@@ -431,7 +416,7 @@ class JobActivities:
             cost.compute_seconds,
             cost.cost_usd,
         )
-        if result.status == "failed" and status.config_error:
+        if result.status == RunStatus.FAILED and status.config_error:
             raise ApplicationError(
                 f"job of run {input.run_id} failed on its spec or configuration: {result.error}",
                 _result_details(result),
@@ -489,7 +474,7 @@ class JobActivities:
     def _cancel(self, input: CancelJobInput) -> None:
         with self._sessions.begin() as session:
             run = q.get_run(session=session, run_id=input.run_id)
-            if run is None or run.status in q.TERMINAL_RUN_STATUSES:
+            if run is None or RunStatus(run.status).terminal:
                 return
             executor_name, handle = run.executor, run.handle
         if handle is not None:
@@ -557,13 +542,6 @@ async def run_job_from_workflow(
     )
 
 
-def _nodes(job_spec: Mapping[str, Any]) -> int:
-    raw = job_spec.get("nodes", 1)
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise JobSpecError(f"the job spec's nodes must be an integer, got {raw!r}")
-    return raw
-
-
 def _past_deadline(deadline_s: float | None, started_at: dt.datetime | None) -> bool:
     if deadline_s is None or started_at is None:
         return False
@@ -580,7 +558,7 @@ def _heartbeat_handle() -> Handle | None:
 
 
 def _error_of(status: JobStatus) -> str | None:
-    if status.state == "succeeded":
+    if status.state == RunStatus.SUCCEEDED:
         return None
     return status.describe()
 
@@ -617,43 +595,3 @@ def _application_error(exc: ExecutorError) -> ApplicationError:
 
 def _datetime(timestamp: float | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(timestamp, dt.UTC) if timestamp else None
-
-
-class EndpointNotListed(JobSpecError):
-    """A loop names a judge or tool endpoint the deployment no longer lists."""
-
-
-def endpoint_env(curation_policy: Mapping[str, Any], settings: Settings) -> dict[str, str]:
-    """The job-contract variables that hand a job the judge and live tool endpoints its
-    loop names (services.environments.replay.endpoints), and only those: a job never holds
-    a key its loop does not use. A name the settings do not list fails the run before it is
-    submitted, naming what to configure."""
-    names = {
-        "judge": curation_policy.get("judge_endpoint"),
-        "tool": curation_policy.get("tool_endpoint"),
-    }
-    if not any(isinstance(name, str) for name in names.values()):
-        return {}
-
-    def listed(endpoints: Mapping[str, Endpoint]) -> dict[str, dict[str, Any]]:
-        return {
-            name: {
-                "url": endpoint.url,
-                "api_key": endpoint.api_key.get_secret_value() if endpoint.api_key else None,
-                "timeout_s": endpoint.timeout_s,
-            }
-            for name, endpoint in endpoints.items()
-        }
-
-    try:
-        return replay_job_env(
-            judges=listed(settings.judge_endpoints),
-            tools=listed(settings.tool_endpoints),
-            judge_names=[names["judge"]] if isinstance(names["judge"], str) else [],
-            tool_names=[names["tool"]] if isinstance(names["tool"], str) else [],
-        )
-    except ValueError as exc:
-        raise EndpointNotListed(
-            f"{exc}: set RATCHET_JUDGE_ENDPOINTS / RATCHET_TOOL_ENDPOINTS on the worker, or "
-            "change the loop's curation_policy"
-        ) from None

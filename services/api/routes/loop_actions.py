@@ -23,8 +23,10 @@ from services.api.loop_control import signal_loop, start_loop_workflow
 from services.api.routes.loops import loop_or_404
 from services.artifacts import ArtifactStore, uri_to_path
 from services.checkpoints import install_checkpoint, record_checkpoint
-from services.db.models import Loop, Promotion
+from services.db.models import Loop
 from services.db.queries.cycles import current_open_cycle, last_rollback_record
+from services.loop.promotions import operator_promotion
+from services.loop.states import Decision, PromotionStatus
 from services.settings import Settings
 from services.training.checkpoint_manifest import CheckpointError
 from workflows.loop import LoopWorkflow
@@ -148,16 +150,14 @@ async def register_champion(
     )
     previous = row.champion_checkpoint_id
     row.champion_checkpoint_id = checkpoint.id
-    promotion = Promotion(
-        loop_id=row.id,
-        cycle_id=None,
-        decision="promote",
-        status="held",
+    promotion = operator_promotion(
+        row,
+        decision=Decision.PROMOTE,
+        status=PromotionStatus.HELD,
         reason=body.reason,
         candidate_checkpoint_id=checkpoint.id,
         previous_checkpoint_id=previous,
-        serving_target=row.serving_target,
-        decided_by="operator",
+        now=dt.datetime.now(dt.UTC),
     )
     session.add(promotion)
     session.flush()

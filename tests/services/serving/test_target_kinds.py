@@ -34,7 +34,7 @@ from services.serving.kinds import TARGET_KINDS, TargetKind, register
 from services.serving.targets import ServingTargets
 from services.settings import Settings
 from tests.workflows.test_loop_activities import add_checkpoint, make_loop
-from workflows.activities.loop import LoopActivities
+from workflows.activities.stages import StageActivities
 from workflows.shared import DeployInput, LoopConfigInput
 
 KIND = "pointer-file"
@@ -127,18 +127,18 @@ def test_a_loop_naming_the_new_kind_deploys_through_the_loops_own_path(
 ) -> None:
     settings = Settings(state_dir=tmp_path, admin_token=SecretStr("admin-token"))
     targets = ServingTargets(settings)
-    activities = LoopActivities(session_factory, targets)
+    activities = StageActivities.build(session_factory, targets)
     loop_id, name = make_loop(session_factory)
     with session_factory.begin() as session:
         session.get_one(Loop, loop_id).serving_target = {"kind": KIND, "model": "champion"}
     first = add_checkpoint(session_factory, loop_id, "ckpt-first", 0)
     second = add_checkpoint(session_factory, loop_id, "ckpt-second", 5)
 
-    config = activities.load_loop_config(LoopConfigInput(name))
+    config = activities.cycle.load_loop_config(LoopConfigInput(name))
     assert config.serving_target.kind == KIND
     serving_target = config.serving_target.model_dump()
     for checkpoint in (first, second):
-        deployed = activities.deploy_checkpoint(
+        deployed = activities.deploy.deploy_checkpoint(
             DeployInput(name, serving_target, checkpoint, f"file:///artifacts/{checkpoint}")
         )
         assert deployed.served_version == checkpoint

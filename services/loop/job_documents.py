@@ -1,0 +1,100 @@
+"""What a job of the loop is handed, by the job contract (docs/jobs.md): its document, the
+files it reads, how many nodes it spans and the endpoints it may call.
+
+The ``run_job`` activity (workflows/activities/jobs.py) builds an executor's ``JobSpec`` from
+these; they are plain functions of the stage's job spec, the rows it names and the worker's
+settings, so a job's inputs can be tested without Temporal or an executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from services.artifacts import uri_to_path
+from services.db.models import Checkpoint, Dataset
+from services.environments.replay.endpoints import job_env as replay_job_env
+from services.executors.base import JobSpecError
+from services.settings import Endpoint, Settings
+
+
+class EndpointNotListed(JobSpecError):
+    """A loop names a judge or tool endpoint the deployment no longer lists."""
+
+
+def job_document(job_spec: Mapping[str, Any], run_id: str) -> dict[str, Any]:
+    """The document the job reads (``spec.json``): the stage's job spec, naming its run
+    (a spec that names one already keeps it)."""
+    return {**job_spec, "run_id": job_spec.get("run_id", run_id)}
+
+
+def job_files(
+    *,
+    session: Session,
+    kind: str,
+    job_spec: Mapping[str, Any],
+    dataset_id: int | None,
+    base_checkpoint_id: str | None,
+) -> tuple[str | None, str | None]:
+    """The dataset file and base checkpoint dir the job reads (paths, by the contract).
+
+    The job spec's own ``dataset`` and ``base_checkpoint`` (or ``checkpoint`` for an eval)
+    win; otherwise the dataset row (its train file for a train job, its eval file for the
+    others) and the checkpoint row the stage names; a row that is gone gives no file.
+    """
+    dataset = job_spec.get("dataset") or None
+    if dataset is None and dataset_id is not None:
+        row = session.get(Dataset, dataset_id)
+        if row is not None:
+            dataset = str(uri_to_path(row.train_uri if kind == "train" else row.eval_uri))
+    base = job_spec.get("base_checkpoint") or job_spec.get("checkpoint") or None
+    if base is None and base_checkpoint_id is not None:
+        checkpoint = session.get(Checkpoint, base_checkpoint_id)
+        if checkpoint is not None:
+            base = str(uri_to_path(checkpoint.uri))
+    return (str(dataset) if dataset else None, str(base) if base else None)
+
+
+def job_nodes(job_spec: Mapping[str, Any]) -> int:
+    """How many nodes the job spans (1 unless the spec says): an integer, or the job
+    cannot be described."""
+    raw = job_spec.get("nodes", 1)
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise JobSpecError(f"the job spec's nodes must be an integer, got {raw!r}")
+    return raw
+
+
+def endpoint_env(curation_policy: Mapping[str, Any], settings: Settings) -> dict[str, str]:
+    """The job-contract variables that hand a job the judge and live tool endpoints its
+    loop names (services.environments.replay.endpoints), and only those: a job never holds
+    a key its loop does not use. A name the settings do not list fails the run before it is
+    submitted, naming what to configure."""
+    judge, tool = curation_policy.get("judge_endpoint"), curation_policy.get("tool_endpoint")
+    if not isinstance(judge, str) and not isinstance(tool, str):
+        return {}
+    try:
+        return replay_job_env(
+            judges=_listed(settings.judge_endpoints),
+            tools=_listed(settings.tool_endpoints),
+            judge_names=[judge] if isinstance(judge, str) else [],
+            tool_names=[tool] if isinstance(tool, str) else [],
+        )
+    except ValueError as exc:
+        raise EndpointNotListed(
+            f"{exc}: set RATCHET_JUDGE_ENDPOINTS / RATCHET_TOOL_ENDPOINTS on the worker, or "
+            "change the loop's curation_policy"
+        ) from None
+
+
+def _listed(endpoints: Mapping[str, Endpoint]) -> dict[str, dict[str, Any]]:
+    """The configured endpoints as the replay environment's job variables carry them."""
+    return {
+        name: {
+            "url": endpoint.url,
+            "api_key": endpoint.api_key.get_secret_value() if endpoint.api_key else None,
+            "timeout_s": endpoint.timeout_s,
+        }
+        for name, endpoint in endpoints.items()
+    }

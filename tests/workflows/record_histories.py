@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from services.curation.policy import CurationPolicy
 from services.local.binaries import temporal_cli_path
+from services.loop.policies import TrainingProfile
 from tests.workflows.test_loop import (
     BASE_CONFIG,
     LiveStats,
@@ -269,6 +270,21 @@ SCENARIOS: dict[str, World | None] = {
         config=with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
     ),
     "over-budget": World(new_tasks=12, estimate_usd=5.0, budget_left_usd=1.0),
+    # The policies typed in every stage's payload (workflows/payload.py): the training
+    # profile in the probe, estimate, train and evaluate inputs, the serving target in the
+    # promote and deploy inputs; with the probe, the held-out set and the estimate on.
+    "typed-payloads": World(
+        new_tasks=12,
+        heldout_count=40,
+        estimate_usd=0.5,
+        budget_left_usd=1.0,
+        config=replace(
+            with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+            curation_policy=CurationPolicy(difficulty_filter=True),
+            training_profile=TrainingProfile(timeout_s=3600, seed=3),
+            last_cycle_number=0,
+        ),
+    ),
 }
 
 

@@ -19,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from services.db.models import Checkpoint, Cycle, Loop, Promotion, Trace
 from services.db.session import SessionFactory
+from services.loop.policies import ServingTarget
 from services.serving.attestation import attested, response_id
 from services.serving.base import DeployFailed
 from workflows.activities.loop import LoopActivities
@@ -391,7 +392,12 @@ def test_a_promotion_never_deploys_an_old_cycles_candidate(
     def deploy(checkpoint: str, cycle: int, purpose: str = "candidate") -> None:
         activities.deploy_checkpoint(
             DeployInput(
-                name, {"kind": "local"}, checkpoint, f"file:///{checkpoint}", cycle, purpose
+                name,
+                ServingTarget(kind="local"),
+                checkpoint,
+                f"file:///{checkpoint}",
+                cycle,
+                purpose,
             )
         )
 
@@ -426,7 +432,7 @@ def test_a_candidate_older_than_the_champion_is_refused(
     add_cycle(session_factory, loop_id, 1, champion=champion, candidate=stale, ended=False)
     with pytest.raises(ApplicationError, match="older than the champion"):
         activities.deploy_checkpoint(
-            DeployInput(name, {"kind": "local"}, stale, "file:///stale", cycle=1)
+            DeployInput(name, ServingTarget(kind="local"), stale, "file:///stale", cycle=1)
         )
     assert target.deployed == []
 

@@ -40,7 +40,7 @@ from services.evaluation.stats import (
 )
 from services.logs import log_context
 from services.loop.ledger import ServingLedger
-from services.loop.policies import GatePolicy, parse_policies
+from services.loop.policies import RECORDED, GatePolicy, ServingTarget, parse_policies
 from services.metrics import (
     LOOP_CYCLES,
     LOOP_PASS_RATE,
@@ -131,11 +131,11 @@ class LoopActivities:
             yield session
 
     def _deploy_verified(
-        self, serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str
+        self, serving_target: ServingTarget, checkpoint_id: str, checkpoint_uri: str
     ) -> str:
         """Deploy; a serving error is retried only when the target says a retry can help."""
         try:
-            return self._deploy(serving_target, checkpoint_id, checkpoint_uri)
+            return self._deploy(_config(serving_target), checkpoint_id, checkpoint_uri)
         except ServingError as exc:
             raise ApplicationError(
                 str(exc), type=type(exc).__name__, non_retryable=not exc.retryable
@@ -370,7 +370,7 @@ class LoopActivities:
                 proof = not_verified(input.checkpoint_id, "not verified: no prover configured")
             else:
                 with log_context(loop=input.loop):
-                    proof = self._prove(input.serving_target, input.checkpoint_id, probes)
+                    proof = self._prove(_config(input.serving_target), input.checkpoint_id, probes)
         except (ProbeFileError, DeployFailed) as exc:
             bad_file = isinstance(exc, ProbeFileError)
             reason = f"bad probe set: {exc}" if bad_file else str(exc)
@@ -507,7 +507,9 @@ class LoopActivities:
                 promotion.id,
                 checkpoint_id=previous.id,
                 checkpoint_uri=previous.uri,
-                serving_target=dict(loop.serving_target or {}),
+                serving_target=ServingTarget.model_validate(
+                    loop.serving_target or {}, context=RECORDED
+                ),
             )
 
     @activity.defn(name="finish_rollback")
@@ -635,7 +637,7 @@ class LoopActivities:
         self,
         loop_name: str,
         served_version: str | None,
-        serving_target: dict[str, Any] | None = None,
+        serving_target: ServingTarget | None = None,
     ) -> bool:
         """Add a sample of the serving target's counters to the loop's open tenure, and end
         it when ``served_version`` replaces it (services.loop.ledger). ``serving_target``:
@@ -644,7 +646,7 @@ class LoopActivities:
         counters were read (or there is nothing to read)."""
         if self._serving_ledger is None:
             return True
-        config = serving_target
+        config = _config(serving_target) if serving_target is not None else None
         if config is None:
             with self._transaction() as session:
                 loop = require_loop(session=session, name=loop_name)
@@ -793,6 +795,12 @@ def _rollback_record(
         decided_by="operator",
         rolled_back_at=_now() if status == "rolled_back" else None,
     )
+
+
+def _config(serving_target: ServingTarget) -> dict[str, Any]:
+    """A payload's serving target as the mapping the serving targets read (services.serving
+    parses it again, as recorded)."""
+    return serving_target.model_dump(mode="json")
 
 
 def _now() -> dt.datetime:

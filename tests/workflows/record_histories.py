@@ -112,7 +112,7 @@ async def _record_curate(client: Client) -> None:
         server.cleanup()
 
 
-async def _record_operator_rollback(client: Client) -> None:
+async def _record_operator_rollback(client: Client, scenario: str = "operator-rollback") -> None:
     """Two operator rollbacks (LoopWorkflow's rollback-deploy patch): the first one's deploy
     fails every attempt and is recorded, the second serves the previous champion; then a
     cycle runs, as the loop carries on."""
@@ -122,7 +122,7 @@ async def _record_operator_rollback(client: Client) -> None:
 
     world = World(new_tasks=0, rollback_deploy_fails=True)
     task_queue = f"record-{uuid.uuid4().hex[:8]}"
-    name = "rec-operator-rollback"
+    name = f"rec-{scenario}"
     async with make_worker(client, task_queue, world):
         handle = await start_loop(client, task_queue, name, max_cycles=1)
         await handle.signal(LoopWorkflow.rollback, RollbackSignal(reason="bad answers"))
@@ -141,7 +141,7 @@ async def _record_operator_rollback(client: Client) -> None:
         world.new_tasks = 12
         await handle.signal(LoopWorkflow.run_now, RunNowSignal())
         await handle.result()
-    _write(HISTORIES / "loop-operator-rollback.json", await handle.fetch_history())
+    _write(HISTORIES / f"loop-{scenario}.json", await handle.fetch_history())
 
 
 @activity.defn(name="purge_trace_bodies")
@@ -220,6 +220,9 @@ SCENARIOS: dict[str, World | None] = {
     "retention": None,  # see _record_retention
     "serving-ledger": None,  # see _record_serving_ledger
     "operator-rollback": None,  # see _record_operator_rollback
+    # The same, recorded with the serving target typed in the rollback plan and deploy
+    # payloads (workflows/payload.py).
+    "operator-rollback-typed": None,
     "promoted": World(new_tasks=12),
     "rejected": World(new_tasks=12, gate_decision="reject"),
     "rolled-back": World(
@@ -305,8 +308,8 @@ async def main(names: list[str]) -> None:
                 await _record_retention(env.client)
             elif name == "serving-ledger":
                 await _record_serving_ledger(env.client)
-            elif name == "operator-rollback":
-                await _record_operator_rollback(env.client)
+            elif name in ("operator-rollback", "operator-rollback-typed"):
+                await _record_operator_rollback(env.client, name)
             elif world is None:
                 await _record_curate(env.client)
             else:

@@ -108,6 +108,7 @@ def test_workflow_modules_import_only_temporal_and_shared(module: str) -> None:
         "workflows.activities",
         "workflows.options",
         "workflows.search_attributes",
+        "workflows.cycle",
         "services.temporal",
     )
     allowed_workflows = {f"workflows.{name}" for name in WORKFLOW_MODULES}

@@ -11,27 +11,33 @@ one loop never overlap because one workflow runs them in sequence.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import (
-    SearchAttributePair,
     SearchAttributeUpdate,
-    TypedSearchAttributes,
 )
-from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
     from workflows.activities.cycle import CycleActivities
     from workflows.activities.deploy import DeployActivities
-    from workflows.activities.estimate import EstimateActivities, EstimateInput
     from workflows.activities.gate import GateActivities
     from workflows.curate import CurateWorkflow, curate_batches
+    from workflows.cycle import (
+        CYCLE_ROW_STAGES,
+        CycleAborted,
+        CycleRun,
+        Decided,
+        candidate_of,
+        champion_of,
+        child_stage,
+        estimate_stage,
+        roll_back,
+    )
     from workflows.evaluate import EvaluateWorkflow
-    from workflows.options import DEPLOY, LONG_DB_TIMEOUT, db_activity, long_activity
+    from workflows.options import LONG_DB_TIMEOUT, db_activity
     from workflows.probe import ProbeWorkflow
     from workflows.promote import PromoteWorkflow
     from workflows.search_attributes import (
@@ -45,11 +51,9 @@ with workflow.unsafe.imports_passed_through():
         CloseCycleInput,
         CurateInput,
         CurateResult,
-        DeployInput,
         DriftInput,
         EvalTarget,
         EvaluateInput,
-        FinishRollbackInput,
         GateInput,
         GateResult,
         LoopConfig,
@@ -65,7 +69,6 @@ with workflow.unsafe.imports_passed_through():
         RecordDecisionInput,
         ResumeSignal,
         RollbackInput,
-        RollbackResult,
         RollbackSignal,
         RunNowSignal,
         SnapshotInput,
@@ -74,7 +77,7 @@ with workflow.unsafe.imports_passed_through():
         StartCycleInput,
         StartCycleResult,
         TrainInput,
-        cycle_workflow_id,
+        TrainResult,
     )
     from workflows.train import TrainWorkflow
 
@@ -99,16 +102,6 @@ ROLLBACK_DEPLOY_PATCH = "rollback-deploy"
 ESTIMATE_PATCH = "cycle-estimate"
 # Batches one trigger check curates at most; what is left waits for the next check.
 TRIGGER_CHECK_MAX_BATCHES = 100
-
-
-class CycleAborted(Exception):
-    """A stage ended the cycle early with a business outcome (no data, rejected, failed)."""
-
-    def __init__(self, outcome: str, detail: str, *, gate_points: float | None = None) -> None:
-        super().__init__(detail)
-        self.outcome = outcome
-        self.detail = detail
-        self.gate_points = gate_points
 
 
 @workflow.defn
@@ -251,7 +244,8 @@ class LoopWorkflow:
                 )
                 return "drift", detail
         if self.state.last_cycle_ended_at is not None:
-            elapsed = (workflow.now() - _parse_time(self.state.last_cycle_ended_at)).total_seconds()
+            ended = datetime.fromisoformat(self.state.last_cycle_ended_at)
+            elapsed = (workflow.now() - ended).total_seconds()
             if elapsed >= config.trigger_policy.max_interval_s:
                 detail["max_interval_s"] = config.trigger_policy.max_interval_s
                 return "max_interval", detail
@@ -317,25 +311,59 @@ class LoopWorkflow:
     async def _cycle_stages(
         self, config: LoopConfig, cycle: int, started: StartCycleResult, *, honest: bool
     ) -> CloseCycleInput:
-        """Run the stages of a cycle; how it ended, with its numbers (held-out points, gate
-        points, the canary's samples), as the accounting stage records it."""
-        self._set_stage("curate", cycle=cycle)
-        await self._child(
-            CurateWorkflow.run,
-            CurateInput(self.loop),
-            "curate",
-            cycle,
-            fail_cycle=workflow.patched(CURATE_STAGE_PATCH),
-        )
+        """Run the stages of a cycle, in order; how it ended, with its numbers (held-out
+        points, gate points, the canary's samples), as the accounting stage records it.
+        A stage that ends the cycle early raises :class:`CycleAborted`."""
+        run = CycleRun(self.loop, config, cycle, honest)
+        await self._curate_stage(run)
         # Checked first so a loop without the filter records no marker: its history is
         # exactly what it was before the stage existed.
         if config.curation_policy.difficulty_filter and workflow.patched(PROBE_PATCH):
-            await self._probe(config, cycle, started)
-        self._set_stage("snapshot", cycle=cycle)
-        await self._mark_stage(cycle, "snapshot")
+            await self._probe(run, started)
+        dataset = await self._snapshot_stage(run)
+        champion = champion_of(started)
+        if workflow.patched(ESTIMATE_PATCH):
+            await self._enter("estimate", run.cycle)
+            await estimate_stage(run, dataset)
+        trained = await self._train_stage(run, dataset, champion)
+        await self._evaluate_stage(run, dataset, champion, trained)
+        decided = await self._gate_stage(run, champion, trained)
+        return await self._promote_stage(run, champion, trained, decided)
+
+    async def _enter(
+        self,
+        stage: str,
+        cycle: int,
+        *,
+        dataset_id: int | None = None,
+        candidate: str | None = None,
+    ) -> None:
+        """Announce a cycle's stage: the workflow's status and search attributes, and, for
+        the stages the cycle's row records (``CYCLE_ROW_STAGES``), the row too."""
+        self._set_stage(stage, cycle=cycle)
+        if stage in CYCLE_ROW_STAGES:
+            await db_activity(
+                CycleActivities.set_cycle_stage,
+                StageInput(self.loop, cycle, stage, dataset_id, candidate),
+            )
+
+    async def _curate_stage(self, run: CycleRun) -> None:
+        await self._enter("curate", run.cycle)
+        await child_stage(
+            self.loop,
+            CurateWorkflow.run,
+            CurateInput(self.loop),
+            "curate",
+            run.cycle,
+            fail_cycle=workflow.patched(CURATE_STAGE_PATCH),
+        )
+
+    async def _snapshot_stage(self, run: CycleRun) -> SnapshotResult:
+        """Freeze the cycle's dataset; too few train or eval tasks end the cycle (no_data)."""
+        await self._enter("snapshot", run.cycle)
         dataset = await db_activity(
             CurationActivities.snapshot_dataset,
-            SnapshotInput(self.loop, cycle),
+            SnapshotInput(self.loop, run.cycle),
             start_to_close=LONG_DB_TIMEOUT,
         )
         if dataset.difficulty:
@@ -347,172 +375,140 @@ class LoopWorkflow:
                 "no_data",
                 f"dataset has {dataset.train_count} train and {dataset.eval_count} eval tasks",
             )
-        if started.champion_checkpoint_id is None or started.champion_uri is None:
-            raise CycleAborted("failed", "the loop has no champion checkpoint to train from")
-        if workflow.patched(ESTIMATE_PATCH):
-            await self._estimate(config, cycle, dataset)
+        return dataset
 
-        self._set_stage("train", cycle=cycle)
-        await self._mark_stage(cycle, "train", dataset_id=dataset.dataset_id)
-        trained = await self._child(
+    async def _train_stage(
+        self, run: CycleRun, dataset: SnapshotResult, champion: EvalTarget
+    ) -> TrainResult:
+        await self._enter("train", run.cycle, dataset_id=dataset.dataset_id)
+        trained = await child_stage(
+            self.loop,
             TrainWorkflow.run,
             TrainInput(
                 loop=self.loop,
-                cycle=cycle,
+                cycle=run.cycle,
                 dataset_id=dataset.dataset_id,
                 train_uri=dataset.train_uri,
-                base_checkpoint_id=started.champion_checkpoint_id,
-                base_checkpoint_uri=started.champion_uri,
-                environment=config.environment,
-                profile=config.training_profile.model_dump(),
+                base_checkpoint_id=champion.checkpoint_id,
+                base_checkpoint_uri=champion.checkpoint_uri,
+                environment=run.config.environment,
+                profile=run.config.training_profile,
             ),
             "train",
-            cycle,
+            run.cycle,
         )
         if trained.status != "succeeded" or trained.checkpoint_id is None:
             raise CycleAborted("failed", f"training {trained.status}: {trained.error or ''}")
+        return trained
 
-        self._set_stage("evaluate", cycle=cycle)
-        await self._mark_stage(cycle, "evaluate", candidate=trained.checkpoint_id)
+    async def _evaluate_stage(
+        self, run: CycleRun, dataset: SnapshotResult, champion: EvalTarget, trained: TrainResult
+    ) -> None:
+        """Evaluate champion and candidate on the eval set, the regression set, and (honest
+        points) the frozen held-out set; a failed evaluation ends the cycle."""
+        candidate = candidate_of(trained)
+        await self._enter("evaluate", run.cycle, candidate=candidate.checkpoint_id)
         task_sets = {"eval": dataset.eval_uri}
         if dataset.regression_uri and dataset.regression_count > 0:
             task_sets["regression"] = dataset.regression_uri
-        if honest and dataset.heldout_uri and dataset.heldout_count > 0:
+        if run.honest and dataset.heldout_uri and dataset.heldout_count > 0:
             task_sets["heldout"] = dataset.heldout_uri
-        evaluated = await self._child(
+        gate_policy = run.config.gate_policy
+        evaluated = await child_stage(
+            self.loop,
             EvaluateWorkflow.run,
             EvaluateInput(
                 loop=self.loop,
-                cycle=cycle,
+                cycle=run.cycle,
                 dataset_id=dataset.dataset_id,
-                environment=config.environment,
+                environment=run.config.environment,
                 task_sets=task_sets,
-                targets=[
-                    EvalTarget("champion", started.champion_checkpoint_id, started.champion_uri),
-                    EvalTarget("candidate", trained.checkpoint_id, trained.checkpoint_uri or ""),
-                ],
-                samples=config.gate_policy.eval_samples,
-                profile=config.training_profile.model_dump(),
-                temperature=config.gate_policy.eval_temperature,
+                targets=[champion, candidate],
+                samples=gate_policy.eval_samples,
+                profile=run.config.training_profile,
+                temperature=gate_policy.eval_temperature,
             ),
             "evaluate",
-            cycle,
+            run.cycle,
         )
         if evaluated.errors:
             raise CycleAborted("failed", "evaluation failed: " + "; ".join(evaluated.errors))
 
-        self._set_stage("gate", cycle=cycle)
-        await self._mark_stage(cycle, "gate")
+    async def _gate_stage(
+        self, run: CycleRun, champion: EvalTarget, trained: TrainResult
+    ) -> Decided:
+        """The gate's decision (or the operator's, with a manual gate), recorded; a decision
+        other than promote ends the cycle as rejected."""
+        candidate = candidate_of(trained)
+        await self._enter("gate", run.cycle)
+        policy = run.config.gate_policy
         gate = await db_activity(
             GateActivities.gate,
             GateInput(
                 loop=self.loop,
-                cycle=cycle,
-                champion_checkpoint_id=started.champion_checkpoint_id,
-                candidate_checkpoint_id=trained.checkpoint_id,
-                confidence=config.gate_policy.confidence,
-                min_improvement_points=config.gate_policy.min_improvement_points,
-                regression_tolerance_points=config.gate_policy.regression_tolerance_points,
-                min_discordant_pairs=config.gate_policy.min_discordant_pairs,
+                cycle=run.cycle,
+                champion_checkpoint_id=champion.checkpoint_id,
+                candidate_checkpoint_id=candidate.checkpoint_id,
+                confidence=policy.confidence,
+                min_improvement_points=policy.min_improvement_points,
+                regression_tolerance_points=policy.regression_tolerance_points,
+                min_discordant_pairs=policy.min_discordant_pairs,
             ),
         )
         decision, reason, decided_by = gate.decision, gate.reason, "gate"
-        if config.gate_policy.mode == "manual":
+        if policy.mode == "manual":
             decision, reason, decided_by = await self._await_approval(gate)
         recorded = await db_activity(
             GateActivities.record_decision,
             RecordDecisionInput(
                 loop=self.loop,
-                cycle=cycle,
+                cycle=run.cycle,
                 decision=decision,
                 reason=reason,
                 statistics=gate.statistics,
-                candidate_checkpoint_id=trained.checkpoint_id,
-                previous_checkpoint_id=started.champion_checkpoint_id,
+                candidate_checkpoint_id=candidate.checkpoint_id,
+                previous_checkpoint_id=champion.checkpoint_id,
                 decided_by=decided_by,
             ),
         )
-        gate_points = _number(gate.statistics.get("delta_points")) if honest else None
         if recorded.decision != "promote":
-            raise CycleAborted("rejected", reason, gate_points=gate_points)
+            raise CycleAborted("rejected", reason, gate_points=run.gate_points(gate))
+        return Decided(gate, recorded.promotion_id, reason)
 
-        self._set_stage("promote", cycle=cycle)
-        await self._mark_stage(cycle, "promote")
-        promoted = await self._child(
+    async def _promote_stage(
+        self,
+        run: CycleRun,
+        champion: EvalTarget,
+        trained: TrainResult,
+        decided: Decided,
+    ) -> CloseCycleInput:
+        """Deploy the candidate behind a canary; how the cycle closes, with its points."""
+        candidate = candidate_of(trained)
+        await self._enter("promote", run.cycle)
+        policy = run.config.gate_policy
+        promoted = await child_stage(
+            self.loop,
             PromoteWorkflow.run,
             PromoteInput(
                 loop=self.loop,
-                cycle=cycle,
-                promotion_id=recorded.promotion_id,
-                candidate_checkpoint_id=trained.checkpoint_id,
-                candidate_uri=trained.checkpoint_uri or "",
-                previous_checkpoint_id=started.champion_checkpoint_id,
-                previous_uri=started.champion_uri,
-                serving_target=config.serving_target.model_dump(),
-                canary_seconds=config.gate_policy.canary_seconds,
-                canary_check_interval_s=config.gate_policy.canary_check_interval_s,
-                canary_min_traces=config.gate_policy.canary_min_traces,
-                canary_max_drop_points=config.gate_policy.canary_max_drop_points,
+                cycle=run.cycle,
+                promotion_id=decided.promotion_id,
+                candidate_checkpoint_id=candidate.checkpoint_id,
+                candidate_uri=candidate.checkpoint_uri,
+                previous_checkpoint_id=champion.checkpoint_id,
+                previous_uri=champion.checkpoint_uri,
+                serving_target=run.config.serving_target,
+                canary_seconds=policy.canary_seconds,
+                canary_check_interval_s=policy.canary_check_interval_s,
+                canary_min_traces=policy.canary_min_traces,
+                canary_max_drop_points=policy.canary_max_drop_points,
             ),
             "promote",
-            cycle,
+            run.cycle,
         )
-        live = {"live_baseline": promoted.live_baseline, "live_canary": promoted.live_canary}
-        if promoted.status != "held":
-            outcome = "rolled_back" if promoted.status == "rolled_back" else "failed"
-            return CloseCycleInput(
-                self.loop,
-                cycle,
-                outcome,
-                promoted.reason,
-                0.0,
-                trained.checkpoint_id,
-                gate_points,
-                **live,
-            )
-        if not honest:
-            points = float(gate.statistics.get("delta_points", 0.0))
-            return CloseCycleInput(
-                self.loop, cycle, "promoted", reason, points, trained.checkpoint_id
-            )
-        # Points gained are the held-out set's: the gate's eval set is new failures, on
-        # which the champion scores ~0 by construction. No held-out set, no points claimed.
-        heldout = _number(gate.statistics.get("heldout_points"))
-        return CloseCycleInput(
-            self.loop,
-            cycle,
-            "promoted",
-            reason,
-            heldout,
-            trained.checkpoint_id,
-            gate_points,
-            **live,
-        )
+        return run.closed(promoted, candidate.checkpoint_id, decided)
 
-    async def _estimate(self, config: LoopConfig, cycle: int, dataset: SnapshotResult) -> None:
-        """Estimate the cycle's train and eval jobs; one over what is left of the budget
-        ends the cycle as ``over_budget`` (the loop pauses) before anything is spent on it."""
-        self._set_stage("estimate", cycle=cycle)
-        counts = [dataset.eval_count, dataset.regression_count]
-        if dataset.heldout_uri:
-            counts.append(dataset.heldout_count)
-        try:
-            estimate = await db_activity(
-                EstimateActivities.estimate_cycle,
-                EstimateInput(
-                    loop=self.loop,
-                    cycle=cycle,
-                    profile=config.training_profile.model_dump(),
-                    eval_task_counts=counts,
-                    samples_per_task=config.gate_policy.eval_samples,
-                ),
-            )
-        except ActivityError as exc:
-            raise CycleAborted("failed", f"estimate failed: {_root_cause(exc)}") from exc
-        if not estimate.fits:
-            raise CycleAborted("over_budget", estimate.reason)
-
-    async def _probe(self, config: LoopConfig, cycle: int, started: StartCycleResult) -> None:
+    async def _probe(self, run: CycleRun, started: StartCycleResult) -> None:
         """Probe the champion on unprobed train tasks so the snapshot can filter them.
 
         A probe that fails — its job failed or was lost, or the child workflow failed on a
@@ -523,22 +519,22 @@ class LoopWorkflow:
         """
         if started.champion_checkpoint_id is None or started.champion_uri is None:
             return  # nothing to probe with; the cycle fails for the same reason after the snapshot
-        self._set_stage("probe", cycle=cycle)
-        await self._mark_stage(cycle, "probe")
+        await self._enter("probe", run.cycle)
         try:
-            probed = await self._child(
+            probed = await child_stage(
+                self.loop,
                 ProbeWorkflow.run,
                 ProbeInput(
                     loop=self.loop,
-                    cycle=cycle,
-                    environment=config.environment,
+                    cycle=run.cycle,
+                    environment=run.config.environment,
                     champion_checkpoint_id=started.champion_checkpoint_id,
                     champion_uri=started.champion_uri,
-                    attempts=config.curation_policy.probe_attempts,
-                    profile=config.training_profile.model_dump(),
+                    attempts=run.config.curation_policy.probe_attempts,
+                    profile=run.config.training_profile,
                 ),
                 "probe",
-                cycle,
+                run.cycle,
             )
         except CycleAborted as exc:
             workflow.logger.warning(
@@ -572,7 +568,7 @@ class LoopWorkflow:
         self.state.rollback_reason = None
         self._set_stage("rollback")
         if workflow.patched(ROLLBACK_DEPLOY_PATCH):
-            result = await self._roll_back(reason)
+            result = await roll_back(self.loop, reason)
         else:
             result = await db_activity(
                 DeployActivities.rollback_champion,
@@ -582,87 +578,12 @@ class LoopWorkflow:
         workflow.logger.info("rollback of %s: %s", self.loop, result.reason)
         self._set_stage("waiting")
 
-    async def _roll_back(self, reason: str) -> RollbackResult:
-        """Plan (a read), deploy (the ``DEPLOY`` preset: heartbeats, three attempts, no row
-        lock held), record. A deploy that fails is recorded and the loop carries on."""
-        plan = await db_activity(DeployActivities.plan_rollback, RollbackInput(self.loop, reason))
-        if plan.promotion_id is None or plan.checkpoint_id is None:
-            return RollbackResult(False, plan.reason)
-        error: str | None = None
-        try:
-            await long_activity(
-                DeployActivities.deploy_checkpoint,
-                DeployInput(
-                    self.loop,
-                    plan.serving_target,
-                    plan.checkpoint_id,
-                    plan.checkpoint_uri or "",
-                    purpose="rollback",
-                ),
-                DEPLOY,
-            )
-        except ActivityError as exc:
-            error = _root_cause(exc)
-        return await db_activity(
-            DeployActivities.finish_rollback,
-            FinishRollbackInput(self.loop, reason, plan.promotion_id, plan.checkpoint_id, error),
-        )
-
     # Helpers -----------------------------------------------------------------------------
-
-    async def _child(
-        self,
-        run_fn: Callable[[Any, InputT], Awaitable[ResultT]],
-        arg: InputT,
-        stage: str,
-        cycle: int,
-        *,
-        fail_cycle: bool = True,
-    ) -> ResultT:
-        """Run a stage as a child workflow whose id derives from the cycle.
-
-        A child that fails on purpose (a non-retryable error) ends the cycle as failed; the
-        loop itself carries on to the next trigger. ``fail_cycle=False`` lets the failure
-        end the loop instead, as the curate stage did in histories before its patch.
-        """
-        try:
-            return await workflow.execute_child_workflow(
-                run_fn,
-                arg,
-                id=cycle_workflow_id(self.loop, cycle, stage),
-                search_attributes=self._search_attributes(stage, cycle),
-            )
-        except ChildWorkflowError as exc:
-            if not fail_cycle:
-                raise
-            raise CycleAborted("failed", f"{stage} failed: {_root_cause(exc)}") from exc
 
     async def _load_config(self) -> LoopConfig:
         return await db_activity(
             CycleActivities.load_loop_config,
             LoopConfigInput(self.loop),
-        )
-
-    async def _mark_stage(
-        self,
-        cycle: int,
-        stage: str,
-        *,
-        dataset_id: int | None = None,
-        candidate: str | None = None,
-    ) -> None:
-        await db_activity(
-            CycleActivities.set_cycle_stage,
-            StageInput(self.loop, cycle, stage, dataset_id, candidate),
-        )
-
-    def _search_attributes(self, stage: str, cycle: int) -> TypedSearchAttributes:
-        return TypedSearchAttributes(
-            [
-                SearchAttributePair(RATCHET_LOOP, self.loop),
-                SearchAttributePair(RATCHET_STAGE, stage),
-                SearchAttributePair(RATCHET_CYCLE, cycle),
-            ]
         )
 
     def _set_stage(
@@ -678,19 +599,3 @@ class LoopWorkflow:
         if outcome is not None:
             updates.append(RATCHET_OUTCOME.value_set(outcome))
         workflow.upsert_search_attributes(updates)
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _parse_time(value: str) -> datetime:
-    return datetime.fromisoformat(value)
-
-
-def _root_cause(error: FailureError) -> str:
-    """The innermost failure's message: what actually went wrong in a stage."""
-    cause: BaseException = error
-    while isinstance(cause, FailureError) and cause.cause is not None:
-        cause = cause.cause
-    return str(cause)

@@ -13,13 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
-from temporalio.converter import TransferTypeConverter, transfer_type_convertible
-
 from services.curation.policy import CurationPolicy
 from services.curation.results import CurationCounts, DatasetFiles
 from services.loop.policies import (
     RECORDED,
     GatePolicy,
+    JobOverride,
     ServingTarget,
     TrainingProfile,
     TriggerPolicy,
@@ -28,6 +27,7 @@ from services.loop.policies import (
 # The job contract's spec builders (re-exported for the workflows): standard library only.
 from services.training.jobspec import eval_job_document as eval_job_document
 from services.training.jobspec import train_job_document as train_job_document
+from workflows.payload import PolicyPayload, policy_payload
 
 DEFAULT_TASK_QUEUE = "ratchet"
 
@@ -121,6 +121,7 @@ class PendingWorkResult:
 # Difficulty probe ---------------------------------------------------------------------------
 
 
+@policy_payload()
 @dataclass
 class ProbeInput:
     """Probe the champion on the loop's unprobed train tasks (``ProbeWorkflow``)."""
@@ -131,7 +132,7 @@ class ProbeInput:
     champion_checkpoint_id: str
     champion_uri: str
     attempts: int = 8
-    profile: dict[str, Any] = field(default_factory=dict)
+    profile: TrainingProfile = field(default_factory=TrainingProfile)
 
 
 @dataclass
@@ -220,11 +221,11 @@ class RunJobInput:
     deadline_s: float | None = None
 
 
-def job_override(profile: dict[str, Any], key: str) -> tuple[str | None, list[str] | None]:
-    """The image and command of ``profile[key]`` (``train_job`` or ``eval_job``), if set."""
-    override = profile.get(key) or {}
-    command = override.get("command")
-    return override.get("image"), list(command) if command else None
+def job_override(override: JobOverride | None) -> tuple[str | None, list[str] | None]:
+    """The image and command of a profile's ``train_job`` or ``eval_job``, if set."""
+    if override is None:
+        return None, None
+    return override.image, list(override.command) if override.command else None
 
 
 class CycleJobStage(Protocol):
@@ -234,7 +235,7 @@ class CycleJobStage(Protocol):
     loop: str
     cycle: int
     environment: str
-    profile: dict[str, Any]
+    profile: TrainingProfile
 
 
 def cycle_job(
@@ -249,9 +250,10 @@ def cycle_job(
     """A job of a cycle's stage as the loop's profile runs it: training takes
     ``accelerators`` and the ``train_job`` override, eval and probe jobs ``eval_accelerators``
     and the ``eval_job`` override."""
+    profile = stage.profile
     training = kind == "train"
-    image, command = job_override(stage.profile, "train_job" if training else "eval_job")
-    accelerators = stage.profile.get("accelerators" if training else "eval_accelerators", 0)
+    image, command = job_override(profile.train_job if training else profile.eval_job)
+    accelerators = profile.accelerators if training else profile.eval_accelerators
     return RunJobInput(
         run_id=run_id,
         loop=stage.loop,
@@ -260,7 +262,7 @@ def cycle_job(
         cycle=stage.cycle,
         dataset_id=dataset_id,
         base_checkpoint_id=base_checkpoint_id,
-        accelerators=int(accelerators),
+        accelerators=accelerators,
         job_image=image,
         job_command=command,
     )
@@ -286,7 +288,7 @@ def cycle_eval_job_spec(
         dataset=uri_path(task_uri),
         samples=samples,
         seed=stage.cycle,
-        device=stage.profile.get("device", "auto"),
+        device=stage.profile.device,
         temperature=temperature,
     )
 
@@ -426,7 +428,7 @@ class LoopConfigInput:
     loop: str
 
 
-class _LoopConfigPayload(TransferTypeConverter["LoopConfig", dict[str, Any]]):
+class _LoopConfigPayload(PolicyPayload):
     """``LoopConfig`` as an activity result: its policies as nested JSON objects.
 
     Temporal's default converter builds a dataclass from the keys it declares and drops the
@@ -436,16 +438,14 @@ class _LoopConfigPayload(TransferTypeConverter["LoopConfig", dict[str, Any]]):
     previous release, during a rolling deploy, still reads what a new activity wrote.
     """
 
-    transfer_type: type[dict[str, Any]] | None = dict
-
     def to_transfer_type(self, value: LoopConfig) -> dict[str, Any]:
         return {**_flat_keys(value), **value.to_payload()}
 
-    def from_transfer_type(self, value: dict[str, Any], type_hint: type[LoopConfig]) -> LoopConfig:
+    def from_transfer_type(self, value: dict[str, Any], type_hint: type[Any]) -> LoopConfig:
         return LoopConfig.from_payload(value)
 
 
-@transfer_type_convertible(_LoopConfigPayload)
+@policy_payload(_LoopConfigPayload)
 @dataclass
 class LoopConfig:
     """A loop's row as workflow code needs it, every policy parsed, defaulted and typed.
@@ -602,6 +602,7 @@ class StageInput:
     candidate_checkpoint_id: str | None = None
 
 
+@policy_payload()
 @dataclass
 class TrainInput:
     loop: str
@@ -611,7 +612,7 @@ class TrainInput:
     base_checkpoint_id: str | None
     base_checkpoint_uri: str | None
     environment: str
-    profile: dict[str, Any]
+    profile: TrainingProfile
 
 
 @dataclass
@@ -635,6 +636,7 @@ class EvalTarget:
     checkpoint_uri: str
 
 
+@policy_payload()
 @dataclass
 class EvaluateInput:
     loop: str
@@ -644,7 +646,7 @@ class EvaluateInput:
     task_sets: dict[str, str]  # task set name ("eval", "regression") -> task file URI
     targets: list[EvalTarget]
     samples: int = 1
-    profile: dict[str, Any] = field(default_factory=dict)
+    profile: TrainingProfile = field(default_factory=TrainingProfile)
     # Sampling temperature of the eval rollouts (0: greedy, and then one sample says it all).
     temperature: float = 0.0
 
@@ -719,6 +721,7 @@ class RecordDecisionResult:
     decision: str
 
 
+@policy_payload()
 @dataclass
 class PromoteInput:
     loop: str
@@ -728,7 +731,7 @@ class PromoteInput:
     candidate_uri: str
     previous_checkpoint_id: str | None
     previous_uri: str | None
-    serving_target: dict[str, Any]
+    serving_target: ServingTarget
     canary_seconds: float
     canary_check_interval_s: float
     canary_min_traces: int
@@ -747,10 +750,11 @@ class PromoteResult:
     live_canary: LiveStats | None = None
 
 
+@policy_payload()
 @dataclass
 class DeployInput:
     loop: str
-    serving_target: dict[str, Any]
+    serving_target: ServingTarget
     checkpoint_id: str
     checkpoint_uri: str
     # Set by PromoteWorkflow: the cycle whose candidate this is ("candidate"), or whose
@@ -811,6 +815,7 @@ class RollbackResult:
     checkpoint_id: str | None = None
 
 
+@policy_payload()
 @dataclass
 class RollbackPlan:
     """What an operator rollback undoes: the last held promotion and the champion before it
@@ -820,7 +825,7 @@ class RollbackPlan:
     reason: str = ""
     checkpoint_id: str | None = None
     checkpoint_uri: str | None = None
-    serving_target: dict[str, Any] = field(default_factory=dict)
+    serving_target: ServingTarget = field(default_factory=ServingTarget)
 
 
 @dataclass

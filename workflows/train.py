@@ -12,7 +12,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.jobs import JobActivities, run_job_from_workflow
-    from workflows.options import INSTALL, JOB_TIMEOUT, long_activity
+    from workflows.options import INSTALL, long_activity
     from workflows.shared import (
         RegisterCheckpointInput,
         TrainInput,
@@ -32,7 +32,7 @@ def train_job_spec(input: TrainInput, run_id: str) -> dict[str, object]:
         environment=input.environment,
         dataset=uri_path(input.train_uri),
         base_checkpoint=uri_path(input.base_checkpoint_uri or ""),
-        profile=input.profile,
+        profile=input.profile.model_dump(mode="json"),
         cycle=input.cycle,
     )
 
@@ -42,7 +42,6 @@ class TrainWorkflow:
     @workflow.run
     async def run(self, input: TrainInput) -> TrainResult:
         run_id = run_id_for(input.loop, input.cycle, "train")
-        timeout_s = float(input.profile.get("timeout_s", JOB_TIMEOUT.total_seconds()))
         job = await run_job_from_workflow(
             cycle_job(
                 input,
@@ -52,7 +51,7 @@ class TrainWorkflow:
                 base_checkpoint_id=input.base_checkpoint_id,
                 dataset_id=input.dataset_id,
             ),
-            timedelta(seconds=timeout_s),
+            timedelta(seconds=input.profile.timeout_s),
         )
         result = TrainResult(run_id=run_id, metrics=job.metrics, **job_outcome(job))
         if job.status != "succeeded":

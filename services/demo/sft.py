@@ -13,6 +13,7 @@ from typing import Any
 
 from services.demo.jobs import run_job
 from services.demo.options import Printer
+from services.loop.policies import TrainingProfile
 from services.training.jobspec import train_job_document
 
 
@@ -55,7 +56,11 @@ def champion_from_v1_demonstrations(
         environment="toolcalc",
         dataset=str(dataset),
         base_checkpoint=base_checkpoint,
-        profile={"algorithm": "sft", "hyperparameters": hyperparameters},
+        # Constructed, not validated: the job checks the hyperparameters against the family
+        # of the checkpoint it trains (an hf one for smollm2); the profile gives the defaults.
+        profile=TrainingProfile.model_construct(
+            algorithm="sft", hyperparameters=hyperparameters
+        ).model_dump(mode="json"),
     )
     run_job("train", spec, work, out)
     out(f"[demo] {name} ready in {time.monotonic() - started:.0f}s")

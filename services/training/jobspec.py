@@ -137,21 +137,25 @@ def train_job_document(
 ) -> dict[str, Any]:
     """The spec of a train job: a loop's training profile (algorithm, hyperparameters, seed,
     device, nodes) applied to one run. The seed moves on with the cycle, so successive cycles
-    do not sample the same rollouts; paths are paths, not URIs (the job reads files)."""
+    do not sample the same rollouts; paths are paths, not URIs (the job reads files).
+
+    ``profile`` is a whole training profile as JSON (``TrainingProfile.model_dump(mode=
+    "json")``): its defaults are the profile's (services.loop.policies), stated there once,
+    so a key missing here is a caller's bug and a ``KeyError``."""
     document: dict[str, Any] = {
         "schema": JOB_SCHEMA,
         "kind": "train",
         "run_id": run_id,
-        "algorithm": profile.get("algorithm", "grpo"),
+        "algorithm": profile["algorithm"],
         "environment": environment,
         "dataset": dataset,
     }
     if base_checkpoint is not None:
         document["base_checkpoint"] = base_checkpoint
-    document["hyperparameters"] = dict(profile.get("hyperparameters", {}))
-    document["seed"] = int(profile.get("seed", 0)) + cycle
-    document["device"] = profile.get("device", "auto")
-    document["nodes"] = int(profile.get("nodes", 1))
+    document["hyperparameters"] = dict(profile["hyperparameters"])
+    document["seed"] = int(profile["seed"]) + cycle
+    document["device"] = profile["device"]
+    document["nodes"] = int(profile["nodes"])
     return document
 
 

@@ -41,6 +41,7 @@ from services.environments.base import build_trace
 from services.executors.local import HANDLE_FILE, LOG_FILE, STATE_SUBDIR, kill_local_jobs
 from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE
 from services.local.stack import Stack
+from services.loop.policies import TrainingProfile
 from services.settings import Settings
 from services.temporal import connect_temporal
 from services.training.jobspec import train_job_document
@@ -287,17 +288,17 @@ def make_tiny_champion(work_dir: Path) -> Path:
         run_id="e2e-champion",
         environment="toolcalc",
         dataset=str(dataset),
-        profile={
-            "algorithm": "sft",
-            "device": "cpu",
-            "hyperparameters": {
+        profile=TrainingProfile.model_construct(
+            algorithm="sft",
+            device="cpu",
+            hyperparameters={
                 "steps": 5,
                 "batch_size": 8,
                 "warmup": 1,
                 "threads": 1,
                 "model": TINY_MODEL,
             },
-        },
+        ).model_dump(mode="json"),
     )
     spec_path = work_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))

@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from services.curation.policy import CurationPolicy
 from services.local.binaries import temporal_cli_path
+from services.loop.policies import TrainingProfile
 from tests.workflows.test_loop import (
     BASE_CONFIG,
     LiveStats,
@@ -111,7 +112,7 @@ async def _record_curate(client: Client) -> None:
         server.cleanup()
 
 
-async def _record_operator_rollback(client: Client) -> None:
+async def _record_operator_rollback(client: Client, scenario: str = "operator-rollback") -> None:
     """Two operator rollbacks (LoopWorkflow's rollback-deploy patch): the first one's deploy
     fails every attempt and is recorded, the second serves the previous champion; then a
     cycle runs, as the loop carries on."""
@@ -121,7 +122,7 @@ async def _record_operator_rollback(client: Client) -> None:
 
     world = World(new_tasks=0, rollback_deploy_fails=True)
     task_queue = f"record-{uuid.uuid4().hex[:8]}"
-    name = "rec-operator-rollback"
+    name = f"rec-{scenario}"
     async with make_worker(client, task_queue, world):
         handle = await start_loop(client, task_queue, name, max_cycles=1)
         await handle.signal(LoopWorkflow.rollback, RollbackSignal(reason="bad answers"))
@@ -140,7 +141,7 @@ async def _record_operator_rollback(client: Client) -> None:
         world.new_tasks = 12
         await handle.signal(LoopWorkflow.run_now, RunNowSignal())
         await handle.result()
-    _write(HISTORIES / "loop-operator-rollback.json", await handle.fetch_history())
+    _write(HISTORIES / f"loop-{scenario}.json", await handle.fetch_history())
 
 
 @activity.defn(name="purge_trace_bodies")
@@ -219,6 +220,9 @@ SCENARIOS: dict[str, World | None] = {
     "retention": None,  # see _record_retention
     "serving-ledger": None,  # see _record_serving_ledger
     "operator-rollback": None,  # see _record_operator_rollback
+    # The same, recorded with the serving target typed in the rollback plan and deploy
+    # payloads (workflows/payload.py).
+    "operator-rollback-typed": None,
     "promoted": World(new_tasks=12),
     "rejected": World(new_tasks=12, gate_decision="reject"),
     "rolled-back": World(
@@ -269,6 +273,21 @@ SCENARIOS: dict[str, World | None] = {
         config=with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
     ),
     "over-budget": World(new_tasks=12, estimate_usd=5.0, budget_left_usd=1.0),
+    # The policies typed in every stage's payload (workflows/payload.py): the training
+    # profile in the probe, estimate, train and evaluate inputs, the serving target in the
+    # promote and deploy inputs; with the probe, the held-out set and the estimate on.
+    "typed-payloads": World(
+        new_tasks=12,
+        heldout_count=40,
+        estimate_usd=0.5,
+        budget_left_usd=1.0,
+        config=replace(
+            with_gate(BASE_CONFIG, eval_samples=4, eval_temperature=0.7, min_discordant_pairs=5),
+            curation_policy=CurationPolicy(difficulty_filter=True),
+            training_profile=TrainingProfile(timeout_s=3600, seed=3),
+            last_cycle_number=0,
+        ),
+    ),
 }
 
 
@@ -289,8 +308,8 @@ async def main(names: list[str]) -> None:
                 await _record_retention(env.client)
             elif name == "serving-ledger":
                 await _record_serving_ledger(env.client)
-            elif name == "operator-rollback":
-                await _record_operator_rollback(env.client)
+            elif name in ("operator-rollback", "operator-rollback-typed"):
+                await _record_operator_rollback(env.client, name)
             elif world is None:
                 await _record_curate(env.client)
             else:

@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from services.db.models import Cycle, Evaluation, Promotion, Run
 from services.db.session import SessionFactory
 from services.evaluation.probes import PROBES_FILE, Probe, ProbeSet, write_probes
+from services.loop.policies import ServingTarget
 from services.serving.base import DeployFailed
 from services.serving.delivery import DeliveryProof, not_verified
 from tests.workflows.test_loop_activities import (
@@ -161,7 +162,7 @@ def delivery_of(session_factory: SessionFactory, cycle_id: int) -> dict[str, Any
 
 def deploy(activities: StageActivities, c: Cycle1, checkpoint: str, purpose: str) -> Any:
     return activities.deploy.deploy_checkpoint(
-        DeployInput(c.name, {"kind": "local"}, checkpoint, f"file:///{checkpoint}", 1, purpose)
+        DeployInput(c.name, ServingTarget(), checkpoint, f"file:///{checkpoint}", 1, purpose)
     )
 
 

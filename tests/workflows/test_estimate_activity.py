@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 from services.db.models import Cycle, Loop, Run
 from services.db.session import SessionFactory
 from services.loop.estimate import DEFAULT_COMPUTE_S_PER_UNIT, Prices
+from services.loop.policies import TrainingProfile
 from tests.workflows.test_loop_activities import RecordingTarget, make_loop
 from workflows.activities.estimate import EstimateActivities, EstimateInput
 from workflows.activities.stages import StageActivities
@@ -22,7 +23,7 @@ from workflows.shared import CloseCycleInput
 
 T0 = dt.datetime(2026, 12, 2, 8, 0, tzinfo=dt.UTC)
 PRICES = Prices(accelerator_hour_usd=3.6, cpu_hour_usd=0.36)
-PROFILE = {"hyperparameters": {"steps": 10, "tasks_per_step": 2, "group_size": 2}}
+PROFILE = TrainingProfile(hyperparameters={"steps": 10, "tasks_per_step": 2, "group_size": 2})
 
 
 def open_cycle(session_factory: SessionFactory, loop_id: int, number: int) -> int:
@@ -204,7 +205,7 @@ def test_an_invalid_profile_or_an_unknown_cycle_fails_without_retrying(
 ) -> None:
     loop_id, name = make_loop(session_factory)
     open_cycle(session_factory, loop_id, 1)
-    bad = EstimateInput(name, 1, {"hyperparameters": {"steps": -1}})
+    bad = EstimateInput(name, 1, TrainingProfile.model_construct(hyperparameters={"steps": -1}))
     with pytest.raises(ApplicationError, match="invalid training profile") as caught:
         estimates.estimate_cycle(bad)
     assert caught.value.non_retryable and caught.value.type == "InvalidPolicy"

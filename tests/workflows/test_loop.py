@@ -694,7 +694,7 @@ async def test_a_cycle_estimated_over_the_budget_is_refused_before_training(
     (estimate,) = world.estimates
     # the snapshot's eval and regression sets (no held-out set here), sampled per the policy
     assert estimate.eval_task_counts == [20, 10] and estimate.samples_per_task == 1
-    assert estimate.profile["algorithm"] == "grpo"
+    assert estimate.profile.algorithm == "grpo"
 
 
 async def test_a_cycle_that_fits_the_budget_runs(temporal_client: Client, task_queue: str) -> None:

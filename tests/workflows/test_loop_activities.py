@@ -19,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from services.db.models import Checkpoint, Cycle, Loop, Promotion, Trace
 from services.db.session import SessionFactory
+from services.loop.policies import ServingTarget
 from services.modelserver.attestation import attested, response_id
 from services.serving.base import DeployFailed
 from workflows.activities.stages import StageActivities
@@ -395,7 +396,12 @@ def test_a_promotion_never_deploys_an_old_cycles_candidate(
     def deploy(checkpoint: str, cycle: int, purpose: str = "candidate") -> None:
         activities.deploy.deploy_checkpoint(
             DeployInput(
-                name, {"kind": "local"}, checkpoint, f"file:///{checkpoint}", cycle, purpose
+                name,
+                ServingTarget(kind="local"),
+                checkpoint,
+                f"file:///{checkpoint}",
+                cycle,
+                purpose,
             )
         )
 
@@ -430,7 +436,7 @@ def test_a_candidate_older_than_the_champion_is_refused(
     add_cycle(session_factory, loop_id, 1, champion=champion, candidate=stale, ended=False)
     with pytest.raises(ApplicationError, match="older than the champion"):
         activities.deploy.deploy_checkpoint(
-            DeployInput(name, {"kind": "local"}, stale, "file:///stale", cycle=1)
+            DeployInput(name, ServingTarget(kind="local"), stale, "file:///stale", cycle=1)
         )
     assert target.deployed == []
 
@@ -550,6 +556,6 @@ def test_no_deploy_holds_the_loops_row_lock(session_factory: SessionFactory) -> 
 
     stages = StageActivities.build(session_factory, deploy)
     result = stages.deploy.deploy_checkpoint(
-        DeployInput(name, {"kind": "local"}, candidate, "file:///candidate", cycle=1)
+        DeployInput(name, ServingTarget(kind="local"), candidate, "file:///candidate", cycle=1)
     )
     assert result.served_version == candidate and locked_during_deploy == [True]

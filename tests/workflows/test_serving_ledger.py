@@ -24,6 +24,7 @@ from services.db.models import Cycle, Evaluation, Loop, ServingTenure, Trace
 from services.db.queries.serving_ledger import champion_figures, serving_totals
 from services.db.session import SessionFactory
 from services.loop.ledger import ServingLedger, ServingPrices
+from services.loop.policies import ServingTarget
 from services.modelserver.usage import UsageUnavailable, VersionUsage
 from tests.workflows.test_loop_activities import (
     RecordingTarget,
@@ -73,7 +74,7 @@ def activities(session_factory: SessionFactory, counters: Counters) -> StageActi
 
 def deploy(activities: StageActivities, loop: str, checkpoint: str) -> None:
     activities.deploy.deploy_checkpoint(
-        DeployInput(loop, {"kind": "local"}, checkpoint, f"file:///{checkpoint}")
+        DeployInput(loop, ServingTarget(kind="local"), checkpoint, f"file:///{checkpoint}")
     )
 
 

@@ -55,7 +55,7 @@ def test_a_stored_url_loads_and_its_deploys_fail_without_a_request(
         assert "RATCHET_SERVING_ENDPOINTS" in rollback.reason
         with pytest.raises(ApplicationError, match="`endpoint`") as refused:
             activities.deploy.deploy_checkpoint(
-                DeployInput(name, config.serving_target.model_dump(), second, "file:///c")
+                DeployInput(name, config.serving_target, second, "file:///c")
             )
         assert refused.value.non_retryable
 

@@ -22,7 +22,7 @@ from services.evaluation.probes import ProbeFileError, ProbeSet, read_listed_pro
 from services.logs import log_context
 from services.serving.base import DeployFailed, ServingError
 from services.serving.delivery import DeliveryProof, not_verified
-from workflows.activities.transactions import serving_failure, transaction
+from workflows.activities.transactions import serving_failure, serving_mapping, transaction
 from workflows.shared import DeployInput
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,9 @@ class Delivery:
                 proof = not_verified(input.checkpoint_id, "not verified: no prover configured")
             else:
                 with log_context(loop=input.loop):
-                    proof = self._prove(input.serving_target, input.checkpoint_id, probes)
+                    proof = self._prove(
+                        serving_mapping(input.serving_target), input.checkpoint_id, probes
+                    )
         except (ProbeFileError, DeployFailed) as exc:
             bad_file = isinstance(exc, ProbeFileError)
             reason = f"bad probe set: {exc}" if bad_file else str(exc)

@@ -35,6 +35,7 @@ from services.db.queries import cycles as q
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
 from services.logs import log_context
+from services.loop.policies import RECORDED, ServingTarget
 from services.loop.promotions import rollback_promotion
 from services.loop.states import Decision, PromotionStatus
 from services.metrics import LOOP_PROMOTIONS
@@ -44,6 +45,7 @@ from workflows.activities.serving_ledger import ServingSampler
 from workflows.activities.transactions import (
     loop_cycle,
     serving_failure,
+    serving_mapping,
     transaction,
     utcnow,
 )
@@ -160,7 +162,9 @@ class DeployActivities:
                 promotion.id,
                 checkpoint_id=previous.id,
                 checkpoint_uri=previous.uri,
-                serving_target=dict(loop.serving_target or {}),
+                serving_target=ServingTarget.model_validate(
+                    loop.serving_target or {}, context=RECORDED
+                ),
             )
 
     @activity.defn(name="finish_rollback")
@@ -203,12 +207,12 @@ class DeployActivities:
             )
 
     def _deploy_verified(
-        self, loop: str, serving_target: dict[str, Any], checkpoint_id: str, checkpoint_uri: str
+        self, loop: str, serving_target: ServingTarget, checkpoint_id: str, checkpoint_uri: str
     ) -> str:
         """Deploy; a serving error is retried only when the target says a retry can help."""
         try:
             with log_context(loop=loop):
-                return self._deploy(serving_target, checkpoint_id, checkpoint_uri)
+                return self._deploy(serving_mapping(serving_target), checkpoint_id, checkpoint_uri)
         except ServingError as exc:
             raise serving_failure(exc) from exc
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
 from temporalio import activity
 
 from services.db.models import Dataset
@@ -31,20 +30,22 @@ from services.loop.estimate import (
     measured_rates,
     planned_work,
 )
-from services.loop.policies import RECORDED, TrainingProfile
+from services.loop.policies import TrainingProfile
 from services.training.config import HyperparameterError
 from workflows.activities.errors import fails_as
+from workflows.payload import policy_payload
 
 logger = logging.getLogger(__name__)
 
 
+@policy_payload()
 @dataclass
 class EstimateInput:
     """The cycle about to train: its training profile and the sizes of its eval task sets."""
 
     loop: str
     cycle: int
-    profile: dict[str, Any]
+    profile: TrainingProfile
     eval_task_counts: list[int] = field(default_factory=list)
     samples_per_task: int = 1
 
@@ -77,7 +78,6 @@ class EstimateActivities:
             fails_as("NotFound", NotFound),
             fails_as(
                 "InvalidPolicy",
-                ValidationError,
                 HyperparameterError,
                 context=f"loop {input.loop!r} has an invalid training profile",
             ),
@@ -87,10 +87,9 @@ class EstimateActivities:
             cycle = q.get_cycle(session=session, loop=loop, number=input.cycle)
             if cycle.estimate_usd is not None:
                 return _result_of(float(cycle.estimate_usd), dict(cycle.estimate or {}))
-            profile = TrainingProfile.model_validate(input.profile, context=RECORDED)
             dataset = session.get(Dataset, cycle.dataset_id) if cycle.dataset_id else None
             work = planned_work(
-                profile,
+                input.profile,
                 eval_task_counts=input.eval_task_counts,
                 samples_per_task=input.samples_per_task,
                 train_tasks=dataset.train_count if dataset is not None else 0,
@@ -102,7 +101,7 @@ class EstimateActivities:
             estimate = estimate_cycle(
                 work,
                 measured=measured_rates(runs),
-                defaults=default_rates(profile, self._prices),
+                defaults=default_rates(input.profile, self._prices),
                 measured_cycles=len(earlier) if runs else 0,
                 budget_usd=budget_usd(loop),
                 spent_usd=q.loop_ledger(session=session, loop=loop).spent_usd,

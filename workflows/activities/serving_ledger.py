@@ -17,9 +17,10 @@ from services.db.queries.loops import require_loop
 from services.db.queries.serving_ledger import record_sample, serving_loop_names
 from services.db.session import SessionFactory
 from services.loop.ledger import ServingLedger
+from services.loop.policies import ServingTarget
 from services.modelserver.usage import UsageUnavailable, VersionUsage
 from services.serving.base import ServingError
-from workflows.activities.transactions import transaction, utcnow
+from workflows.activities.transactions import serving_mapping, transaction, utcnow
 from workflows.shared import ServingLedgerInput, ServingLedgerResult
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class ServingSampler:
         self,
         loop_name: str,
         served_version: str | None,
-        serving_target: dict[str, Any] | None = None,
+        serving_target: ServingTarget | None = None,
     ) -> bool:
         """Add a sample of the serving target's counters to the loop's open tenure, and end
         it when ``served_version`` replaces it (services.loop.ledger). ``serving_target``:
@@ -47,7 +48,7 @@ class ServingSampler:
         counters were read (or there is nothing to read)."""
         if self._ledger is None:
             return True
-        config = serving_target
+        config = serving_mapping(serving_target) if serving_target is not None else None
         if config is None:
             with transaction(self._sessions) as session:
                 loop = require_loop(session=session, name=loop_name)

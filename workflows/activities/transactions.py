@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy.orm import Session
 from temporalio.exceptions import ApplicationError
@@ -21,6 +22,7 @@ from services.db.queries import cycles as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.db.session import SessionFactory
+from services.loop.policies import ServingTarget
 from services.serving.base import ServingError
 from workflows.activities.errors import fails_as
 
@@ -45,6 +47,12 @@ def serving_failure(exc: ServingError) -> ApplicationError:
     """A serving target's error as the activity's: retryable only when the target says a
     retry can help (an unreachable server), never for a refused checkpoint."""
     return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not exc.retryable)
+
+
+def serving_mapping(serving_target: ServingTarget) -> dict[str, Any]:
+    """A payload's typed serving target as the mapping the serving targets read
+    (services.serving parses it again, as recorded)."""
+    return serving_target.model_dump(mode="json")
 
 
 def utcnow() -> dt.datetime:

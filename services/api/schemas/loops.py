@@ -12,11 +12,19 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
 )
 
 from services.api.schemas.traces import CurationCountPublic
 from services.ingest.schema import MAX_FREE_DEPTH, depth_exceeded
-from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
+from services.loop.policies import (
+    RECORDED,
+    GatePolicy,
+    ServingTarget,
+    TrainingProfile,
+    TriggerPolicy,
+)
 
 LOOP_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 LoopName = Annotated[
@@ -93,18 +101,37 @@ class CredentialPublic(BaseModel):
     expires_at: dt.datetime | None
 
 
+def _as_recorded(policy: type[BaseModel]) -> WrapValidator:
+    """Read a stored policy as recorded: what a loop runs with is a fact, so a read (the
+    api's from its row, the typed client's from the api) never refuses what a later release
+    checks more strictly, nor a serving target saved before serving endpoints. A wrap
+    validator that does not hand on: the policy's own checks would run again without the
+    recorded context."""
+
+    def parse(value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        if isinstance(value, policy):
+            return value
+        return policy.model_validate(value or {}, context=RECORDED)
+
+    return WrapValidator(parse)
+
+
 class LoopPublic(BaseModel):
-    """A loop as the admin API shows it (no secrets)."""
+    """A loop as the admin API shows it (no secrets), each policy as the loop runs it: the
+    keys its configuration sets, the code's defaults for the rest (``GET
+    /v1/loops/{loop}/config/versions`` has the configuration as given)."""
 
     name: str
     environment: str
     executor: str
     status: str
     status_reason: str | None
-    training_profile: dict[str, Any]
-    serving_target: dict[str, Any]
-    gate_policy: dict[str, Any]
-    trigger_policy: dict[str, Any]
+    training_profile: Annotated[TrainingProfile, _as_recorded(TrainingProfile)]
+    serving_target: Annotated[ServingTarget, _as_recorded(ServingTarget)]
+    gate_policy: Annotated[GatePolicy, _as_recorded(GatePolicy)]
+    trigger_policy: Annotated[TriggerPolicy, _as_recorded(TriggerPolicy)]
+    # Curation's policy is its own stdlib dataclass (services.curation.policy), parsed by
+    # CurationPolicy.from_json; shown as stored.
     curation_policy: dict[str, Any]
     budget_usd: float | None
     champion_checkpoint_id: str | None

@@ -15,6 +15,7 @@ from services.api.state import AppState
 from services.db.models import Credential, Loop
 from services.db.session import SessionFactory
 from services.ingest.credentials import hash_token
+from services.loop.policies import TrainingProfile, TriggerPolicy
 from services.secrets import SecretBox
 from services.settings import Settings
 from tests.services.api.support import ADMIN, SECRET_KEY, create_loop
@@ -38,13 +39,16 @@ def test_create_returns_the_credentials_once(
     assert created["ingest_token"].startswith("rit_")
     assert created["webhook_url"].endswith("/v1/loops/checkout-bot/traces")
     assert created["otlp_traces_url"].endswith("/otlp/v1/traces")
-    # Only what the caller set is stored: defaults stay the code's.
-    assert created["trigger_policy"] == {"min_new_tasks": 20, "drift_enabled": True}
-    assert created["training_profile"] == {"hyperparameters": {"lr": 0.0003}}
+    # The policies as the loop runs them: what the caller set, the code's defaults beside.
+    assert created["trigger_policy"] == TriggerPolicy(min_new_tasks=20).model_dump(mode="json")
+    assert created["training_profile"]["hyperparameters"] == {"lr": 0.0003}
+    assert created["training_profile"]["algorithm"] == TrainingProfile().algorithm
     assert created["budget_usd"] == 125.5
     with session_factory() as session:
         loop = session.scalars(select(Loop)).one()
         assert (loop.executor, loop.gate_policy["mode"]) == ("kubernetes", "manual")
+        # Only what the caller set is stored: defaults stay the code's.
+        assert loop.training_profile == {"hyperparameters": {"lr": 0.0003}}
         kinds = {c.kind: c for c in session.scalars(select(Credential))}
         # The signing secret is stored encrypted (services.secrets), never in clear.
         stored = kinds["signing_secret"].secret

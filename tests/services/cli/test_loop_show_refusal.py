@@ -8,6 +8,7 @@ from sqlalchemy import select
 from services.db.models import Cycle, Loop
 from services.db.session import SessionFactory
 from services.loop.estimate import Prices
+from services.loop.policies import TrainingProfile
 from tests.services.cli.support import run
 from workflows.activities.estimate import EstimateActivities, EstimateInput
 
@@ -34,7 +35,7 @@ def test_loop_show_gives_the_refused_cycles_reason(
         EstimateInput(
             "thrifty",
             1,
-            {"accelerators": 8, "hyperparameters": {"steps": 100}},
+            TrainingProfile(accelerators=8, hyperparameters={"steps": 100}),
             eval_task_counts=[50],
             samples_per_task=4,
         )

@@ -72,10 +72,10 @@ def test_bad_overrides_are_refused(make_spec: Callable[..., JobSpec]) -> None:
 def test_the_workflow_reads_the_override_from_the_profile() -> None:
     profile = TrainingProfile.model_validate(
         {"train_job": {"image": "img:1", "command": ["python", "t.py"]}}
-    ).model_dump()
-    assert job_override(profile, "train_job") == ("img:1", ["python", "t.py"])
-    assert job_override(profile, "eval_job") == (None, None)
-    assert job_override({}, "train_job") == (None, None)
+    )
+    assert job_override(profile.train_job) == ("img:1", ["python", "t.py"])
+    assert job_override(profile.eval_job) == (None, None)
+    assert job_override(TrainingProfile().train_job) == (None, None)
 
 
 def test_the_local_executor_refuses_a_loops_command_unless_enabled(

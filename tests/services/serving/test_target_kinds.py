@@ -139,7 +139,7 @@ def test_a_loop_naming_the_new_kind_deploys_through_the_loops_own_path(
     serving_target = config.serving_target.model_dump()
     for checkpoint in (first, second):
         deployed = activities.deploy.deploy_checkpoint(
-            DeployInput(name, serving_target, checkpoint, f"file:///artifacts/{checkpoint}")
+            DeployInput(name, config.serving_target, checkpoint, f"file:///artifacts/{checkpoint}")
         )
         assert deployed.served_version == checkpoint
         assert deployed.delivery.startswith("not verified")  # no probe set was recorded

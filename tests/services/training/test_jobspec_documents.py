@@ -7,6 +7,7 @@ from functools import partial
 from pathlib import Path
 
 from services.executors.base import JOB_SCHEMA as EXECUTOR_SCHEMA
+from services.loop.policies import TrainingProfile
 from services.training.jobspec import (
     JOB_SCHEMA,
     eval_job_document,
@@ -22,7 +23,9 @@ def test_train_document_applies_the_profile_and_moves_the_seed_with_the_cycle() 
         environment="toolcalc",
         dataset="/data/train.jsonl",
         base_checkpoint="/ckpt/champion",
-        profile={"algorithm": "sft", "hyperparameters": {"steps": 5}, "seed": 10, "nodes": 2},
+        profile=TrainingProfile(
+            algorithm="sft", hyperparameters={"steps": 5}, seed=10, nodes=2
+        ).model_dump(mode="json"),
         cycle=3,
     )
     assert document == {
@@ -40,9 +43,12 @@ def test_train_document_applies_the_profile_and_moves_the_seed_with_the_cycle() 
     }
 
 
-def test_train_document_defaults_and_no_base() -> None:
+def test_train_document_takes_the_profiles_defaults_and_no_base() -> None:
     document = train_job_document(
-        run_id="r", environment="toolcalc", dataset="/d.jsonl", profile={}
+        run_id="r",
+        environment="toolcalc",
+        dataset="/d.jsonl",
+        profile=TrainingProfile().model_dump(mode="json"),
     )
     assert "base_checkpoint" not in document
     assert (document["algorithm"], document["seed"], document["nodes"]) == ("grpo", 0, 1)

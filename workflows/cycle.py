@@ -1,0 +1,224 @@
+"""What LoopWorkflow's stage methods share about the cycle they run: the cycle itself
+(:class:`CycleRun`), how it ends early (:class:`CycleAborted`) and how it closes, and the
+steps that need no workflow state: a stage as a child workflow (:func:`child_stage`), the
+budget estimate (:func:`estimate_stage`) and the operator rollback (:func:`roll_back`).
+
+Workflow code (deterministic, no I/O); imported by workflows/loop.py inside
+``imports_passed_through``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
+
+from workflows.activities.deploy import DeployActivities
+from workflows.activities.estimate import EstimateActivities, EstimateInput
+from workflows.options import DEPLOY, db_activity, long_activity
+from workflows.search_attributes import RATCHET_CYCLE, RATCHET_LOOP, RATCHET_STAGE
+from workflows.shared import (
+    CloseCycleInput,
+    DeployInput,
+    EvalTarget,
+    FinishRollbackInput,
+    GateResult,
+    LoopConfig,
+    PromoteResult,
+    RollbackInput,
+    RollbackResult,
+    SnapshotResult,
+    StartCycleResult,
+    TrainResult,
+    cycle_workflow_id,
+)
+
+InputT = TypeVar("InputT")
+ResultT = TypeVar("ResultT")
+
+
+class CycleAborted(Exception):
+    """A stage ended the cycle early with a business outcome (no data, rejected, failed)."""
+
+    def __init__(self, outcome: str, detail: str, *, gate_points: float | None = None) -> None:
+        super().__init__(detail)
+        self.outcome = outcome
+        self.detail = detail
+        self.gate_points = gate_points
+
+
+# The stages a cycle's row records as it enters them (``set_cycle_stage``); curate and
+# estimate are announced in the workflow's status only, as every committed history has it.
+CYCLE_ROW_STAGES = frozenset({"probe", "snapshot", "train", "evaluate", "gate", "promote"})
+
+
+@dataclass
+class Decided:
+    """The gate stage's outcome: a promotion, and the reason (the operator's, if manual)."""
+
+    gate: GateResult
+    promotion_id: int
+    reason: str
+
+
+@dataclass
+class CycleRun:
+    """The cycle being run, as every stage method reads it (workflow-local, not a payload).
+
+    ``honest``: LoopWorkflow's honest-points patch (held-out points, gate points and the
+    canary's samples recorded); histories before it claim the gate's points."""
+
+    loop: str
+    config: LoopConfig
+    cycle: int
+    honest: bool
+
+    def gate_points(self, gate: GateResult) -> float | None:
+        return as_number(gate.statistics.get("delta_points")) if self.honest else None
+
+    def closed(
+        self, promoted: PromoteResult, candidate_id: str, decided: Decided
+    ) -> CloseCycleInput:
+        """How a cycle that reached the promote stage closes."""
+        statistics, reason = decided.gate.statistics, decided.reason
+        gate_points = self.gate_points(decided.gate)
+        live = {"live_baseline": promoted.live_baseline, "live_canary": promoted.live_canary}
+        if promoted.status != "held":
+            outcome = "rolled_back" if promoted.status == "rolled_back" else "failed"
+            return CloseCycleInput(
+                self.loop,
+                self.cycle,
+                outcome,
+                promoted.reason,
+                0.0,
+                candidate_id,
+                gate_points,
+                **live,
+            )
+        if not self.honest:
+            points = float(statistics.get("delta_points", 0.0))
+            return CloseCycleInput(self.loop, self.cycle, "promoted", reason, points, candidate_id)
+        # Points gained are the held-out set's: the gate's eval set is new failures, on
+        # which the champion scores ~0 by construction. No held-out set, no points claimed.
+        heldout = as_number(statistics.get("heldout_points"))
+        return CloseCycleInput(
+            self.loop, self.cycle, "promoted", reason, heldout, candidate_id, gate_points, **live
+        )
+
+
+def champion_of(started: StartCycleResult) -> EvalTarget:
+    """The cycle's champion (what it trains from and is judged against); a loop without
+    one cannot run a cycle."""
+    if started.champion_checkpoint_id is None or started.champion_uri is None:
+        raise CycleAborted("failed", "the loop has no champion checkpoint to train from")
+    return EvalTarget("champion", started.champion_checkpoint_id, started.champion_uri)
+
+
+def candidate_of(trained: TrainResult) -> EvalTarget:
+    """The trained candidate (``_train_stage`` returns only a succeeded run with one)."""
+    assert trained.checkpoint_id is not None
+    return EvalTarget("candidate", trained.checkpoint_id, trained.checkpoint_uri or "")
+
+
+def as_number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def root_cause(error: FailureError) -> str:
+    """The innermost failure's message: what actually went wrong in a stage."""
+    cause: BaseException = error
+    while isinstance(cause, FailureError) and cause.cause is not None:
+        cause = cause.cause
+    return str(cause)
+
+
+async def child_stage(
+    loop: str,
+    run_fn: Callable[[Any, InputT], Awaitable[ResultT]],
+    arg: InputT,
+    stage: str,
+    cycle: int,
+    *,
+    fail_cycle: bool = True,
+) -> ResultT:
+    """Run a stage as a child workflow whose id derives from the cycle.
+
+    A child that fails on purpose (a non-retryable error) ends the cycle as failed; the
+    loop itself carries on to the next trigger. ``fail_cycle=False`` lets the failure
+    end the loop instead, as the curate stage did in histories before its patch.
+    """
+    try:
+        return await workflow.execute_child_workflow(
+            run_fn,
+            arg,
+            id=cycle_workflow_id(loop, cycle, stage),
+            search_attributes=stage_search_attributes(loop, stage, cycle),
+        )
+    except ChildWorkflowError as exc:
+        if not fail_cycle:
+            raise
+        raise CycleAborted("failed", f"{stage} failed: {root_cause(exc)}") from exc
+
+
+def stage_search_attributes(loop: str, stage: str, cycle: int) -> TypedSearchAttributes:
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(RATCHET_LOOP, loop),
+            SearchAttributePair(RATCHET_STAGE, stage),
+            SearchAttributePair(RATCHET_CYCLE, cycle),
+        ]
+    )
+
+
+async def estimate_stage(run: CycleRun, dataset: SnapshotResult) -> None:
+    """Estimate the cycle's train and eval jobs; one over what is left of the budget
+    ends the cycle as ``over_budget`` (the loop pauses) before anything is spent on it."""
+    counts = [dataset.eval_count, dataset.regression_count]
+    if dataset.heldout_uri:
+        counts.append(dataset.heldout_count)
+    try:
+        estimate = await db_activity(
+            EstimateActivities.estimate_cycle,
+            EstimateInput(
+                loop=run.loop,
+                cycle=run.cycle,
+                profile=run.config.training_profile,
+                eval_task_counts=counts,
+                samples_per_task=run.config.gate_policy.eval_samples,
+            ),
+        )
+    except ActivityError as exc:
+        raise CycleAborted("failed", f"estimate failed: {root_cause(exc)}") from exc
+    if not estimate.fits:
+        raise CycleAborted("over_budget", estimate.reason)
+
+
+async def roll_back(loop: str, reason: str) -> RollbackResult:
+    """Plan (a read), deploy (the ``DEPLOY`` preset: heartbeats, three attempts, no row
+    lock held), record. A deploy that fails is recorded and the loop carries on."""
+    plan = await db_activity(DeployActivities.plan_rollback, RollbackInput(loop, reason))
+    if plan.promotion_id is None or plan.checkpoint_id is None:
+        return RollbackResult(False, plan.reason)
+    error: str | None = None
+    try:
+        await long_activity(
+            DeployActivities.deploy_checkpoint,
+            DeployInput(
+                loop,
+                plan.serving_target,
+                plan.checkpoint_id,
+                plan.checkpoint_uri or "",
+                purpose="rollback",
+            ),
+            DEPLOY,
+        )
+    except ActivityError as exc:
+        error = root_cause(exc)
+    return await db_activity(
+        DeployActivities.finish_rollback,
+        FinishRollbackInput(loop, reason, plan.promotion_id, plan.checkpoint_id, error),
+    )

@@ -17,8 +17,8 @@ from workflows.activities.curation import CurationActivities
 from workflows.activities.cycle import CycleActivities
 from workflows.activities.deploy import DeployActivities
 from workflows.activities.estimate import EstimateActivities
-from workflows.activities.jobs import JobActivities
 from workflows.activities.gate import GateActivities
+from workflows.activities.jobs import JobActivities
 from workflows.activities.retention import RetentionActivities
 from workflows.activities.serving_ledger import ServingLedgerActivities
 from workflows.payload import dump_value, has_policy_payload, load_dataclass

@@ -68,7 +68,7 @@ from services.db.session import create_db_engine, make_session_factory  # noqa: 
 from services.environments.base import build_trace  # noqa: E402
 from services.environments.toolcalc import ToolcalcEnvironment  # noqa: E402
 from services.environments.toolcalc.tasks import sample_request  # noqa: E402
-from workflows.shared import CURATION_BATCH_SIZE  # noqa: E402
+from workflows.payloads.curation import CURATION_BATCH_SIZE  # noqa: E402
 
 BASELINE = 10_000
 
@@ -187,7 +187,7 @@ def curate(
     from services.curation.workers import PreparePool
     from services.metrics import REGISTRY
     from workflows.activities.curation import CurationActivities
-    from workflows.shared import CurateBatchInput
+    from workflows.payloads.curation import CurateBatchInput
 
     engine = create_db_engine(database_url, pool_size=2, application="bench-curation")
     sessions = make_session_factory(engine)

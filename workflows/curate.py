@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
     from workflows.options import CURATE_BATCH, long_activity
-    from workflows.shared import CurateBatchInput, CurateInput, CurateResult
+    from workflows.payloads.curation import CurateBatchInput, CurateInput, CurateResult
 
 
 @workflow.defn(name="CurateWorkflow")

@@ -19,23 +19,17 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureErro
 
 from workflows.activities.deploy import DeployActivities
 from workflows.activities.estimate import EstimateActivities, EstimateInput
+from workflows.ids import cycle_workflow_id
 from workflows.options import DEPLOY, db_activity, long_activity
+from workflows.payloads.curation import SnapshotResult
+from workflows.payloads.cycle import CloseCycleInput, StartCycleResult
+from workflows.payloads.evaluate import EvalTarget
+from workflows.payloads.gate import GateResult
+from workflows.payloads.loop import LoopConfig
+from workflows.payloads.promote import DeployInput, PromoteResult
+from workflows.payloads.rollback import FinishRollbackInput, RollbackInput, RollbackResult
+from workflows.payloads.train import TrainResult
 from workflows.search_attributes import RATCHET_CYCLE, RATCHET_LOOP, RATCHET_STAGE
-from workflows.shared import (
-    CloseCycleInput,
-    DeployInput,
-    EvalTarget,
-    FinishRollbackInput,
-    GateResult,
-    LoopConfig,
-    PromoteResult,
-    RollbackInput,
-    RollbackResult,
-    SnapshotResult,
-    StartCycleResult,
-    TrainResult,
-    cycle_workflow_id,
-)
 
 InputT = TypeVar("InputT")
 ResultT = TypeVar("ResultT")

@@ -17,18 +17,16 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.gate import GateActivities
     from workflows.activities.jobs import run_job_from_workflow
+    from workflows.ids import run_id_for
     from workflows.options import JOB_RETRY, RESULTS_TIMEOUT, db_activity
-    from workflows.shared import (
+    from workflows.payloads.evaluate import (
         EvalTarget,
         EvaluateInput,
         EvaluateResult,
         EvaluationSummary,
         RecordEvaluationInput,
-        RunJobResult,
-        cycle_eval_job_spec,
-        cycle_job,
-        run_id_for,
     )
+    from workflows.payloads.jobs import RunJobResult, cycle_eval_job_spec, cycle_job
 
 
 @workflow.defn

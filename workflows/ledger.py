@@ -15,7 +15,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.serving_ledger import ServingLedgerActivities
     from workflows.options import LEDGER_SAMPLE, long_activity
-    from workflows.shared import ServingLedgerInput, ServingLedgerResult
+    from workflows.payloads.ledger import ServingLedgerInput, ServingLedgerResult
 
 
 @workflow.defn(name="ServingLedgerWorkflow")

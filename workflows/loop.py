@@ -38,24 +38,24 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.evaluate import EvaluateWorkflow
     from workflows.options import LONG_DB_TIMEOUT, db_activity
-    from workflows.probe import ProbeWorkflow
-    from workflows.promote import PromoteWorkflow
-    from workflows.search_attributes import (
-        RATCHET_CYCLE,
-        RATCHET_LOOP,
-        RATCHET_OUTCOME,
-        RATCHET_STAGE,
-    )
-    from workflows.shared import (
-        ApprovalSignal,
-        CloseCycleInput,
+    from workflows.payloads.curation import (
         CurateInput,
         CurateResult,
         DriftInput,
-        EvalTarget,
-        EvaluateInput,
-        GateInput,
-        GateResult,
+        PendingWorkInput,
+        SnapshotInput,
+        SnapshotResult,
+    )
+    from workflows.payloads.cycle import (
+        CloseCycleInput,
+        StageInput,
+        StartCycleInput,
+        StartCycleResult,
+    )
+    from workflows.payloads.evaluate import EvalTarget, EvaluateInput
+    from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput
+    from workflows.payloads.loop import (
+        ApprovalSignal,
         LoopConfig,
         LoopConfigInput,
         LoopInput,
@@ -63,21 +63,21 @@ with workflow.unsafe.imports_passed_through():
         LoopState,
         LoopStatus,
         PauseSignal,
-        PendingWorkInput,
-        ProbeInput,
-        PromoteInput,
-        RecordDecisionInput,
         ResumeSignal,
-        RollbackInput,
         RollbackSignal,
         RunNowSignal,
-        SnapshotInput,
-        SnapshotResult,
-        StageInput,
-        StartCycleInput,
-        StartCycleResult,
-        TrainInput,
-        TrainResult,
+    )
+    from workflows.payloads.probe import ProbeInput
+    from workflows.payloads.promote import PromoteInput
+    from workflows.payloads.rollback import RollbackInput
+    from workflows.payloads.train import TrainInput, TrainResult
+    from workflows.probe import ProbeWorkflow
+    from workflows.promote import PromoteWorkflow
+    from workflows.search_attributes import (
+        RATCHET_CYCLE,
+        RATCHET_LOOP,
+        RATCHET_OUTCOME,
+        RATCHET_STAGE,
     )
     from workflows.train import TrainWorkflow
 
@@ -590,10 +590,8 @@ class LoopWorkflow:
         self, stage: str, *, cycle: int | None = None, outcome: str | None = None
     ) -> None:
         self.stage = stage
-        updates: list[SearchAttributeUpdate[Any]] = [
-            RATCHET_LOOP.value_set(self.loop),
-            RATCHET_STAGE.value_set(stage),
-        ]
+        updates: list[SearchAttributeUpdate[Any]] = [RATCHET_LOOP.value_set(self.loop)]
+        updates.append(RATCHET_STAGE.value_set(stage))
         if cycle is not None:
             updates.append(RATCHET_CYCLE.value_set(cycle))
         if outcome is not None:

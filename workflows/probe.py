@@ -23,21 +23,19 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
     from workflows.activities.jobs import run_job_from_workflow
+    from workflows.ids import run_id_for
     from workflows.options import (
         LONG_DB_TIMEOUT,
         RESULTS_TIMEOUT,
         db_activity,
     )
-    from workflows.shared import (
+    from workflows.payloads.jobs import cycle_eval_job_spec, cycle_job, job_outcome
+    from workflows.payloads.probe import (
         ExportProbeTasksInput,
         ProbeInput,
         ProbePassRatesInput,
         ProbeResult,
         RecordProbesInput,
-        cycle_eval_job_spec,
-        cycle_job,
-        job_outcome,
-        run_id_for,
     )
 
 PROBE_TEMPERATURE = 1.0

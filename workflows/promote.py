@@ -17,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activities.canary import CanaryActivities
     from workflows.activities.deploy import DeployActivities
     from workflows.options import BOUNDED_DB_RETRY, DEPLOY, db_activity, long_activity
-    from workflows.shared import (
+    from workflows.payloads.promote import (
         DeployInput,
         DeployResult,
         LiveStats,

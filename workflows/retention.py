@@ -13,11 +13,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.retention import RetentionActivities
     from workflows.options import PURGE, long_activity
-    from workflows.shared import (
-        PurgeTraceBodiesInput,
-        RetentionInput,
-        RetentionResult,
-    )
+    from workflows.payloads.retention import PurgeTraceBodiesInput, RetentionInput, RetentionResult
 
 
 @workflow.defn(name="RetentionWorkflow")

@@ -28,15 +28,17 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.ledger import ServingLedgerWorkflow
-from workflows.retention import RetentionWorkflow
-from workflows.shared import (
-    RETENTION_SCHEDULE_ID,
-    RETENTION_WORKFLOW_ID,
+from workflows.payloads.ledger import (
     SERVING_LEDGER_SCHEDULE_ID,
     SERVING_LEDGER_WORKFLOW_ID,
-    RetentionInput,
     ServingLedgerInput,
 )
+from workflows.payloads.retention import (
+    RETENTION_SCHEDULE_ID,
+    RETENTION_WORKFLOW_ID,
+    RetentionInput,
+)
+from workflows.retention import RetentionWorkflow
 
 logger = logging.getLogger(__name__)
 

@@ -12,17 +12,15 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activities.jobs import JobActivities, run_job_from_workflow
+    from workflows.ids import run_id_for, uri_path
     from workflows.options import INSTALL, long_activity
-    from workflows.shared import (
+    from workflows.payloads.jobs import (
         RegisterCheckpointInput,
-        TrainInput,
-        TrainResult,
         cycle_job,
         job_outcome,
-        run_id_for,
         train_job_document,
-        uri_path,
     )
+    from workflows.payloads.train import TrainInput, TrainResult
 
 
 def train_job_spec(input: TrainInput, run_id: str) -> dict[str, object]:

@@ -9,8 +9,9 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from services.settings import Settings
+from workflows.ids import loop_workflow_id
 from workflows.loop import LoopWorkflow
-from workflows.shared import LoopInput, loop_workflow_id
+from workflows.payloads.loop import LoopInput
 
 
 async def start_loop_workflow(client: Client, settings: Settings, name: str) -> str:

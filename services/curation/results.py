@@ -2,7 +2,7 @@
 
 The domain's results (``pipeline.BatchReport``, ``snapshot.DatasetSnapshot``) and the
 activity and workflow payloads that carry them (``CurateBatchResult``, ``CurateResult``,
-``SnapshotResult`` in workflows.shared) extend these classes, so each concept is declared
+``SnapshotResult`` in workflows.payloads) extend these classes, so each concept is declared
 once and a field added here travels all the way. Standard library only: workflow payloads
 inherit from it.
 """

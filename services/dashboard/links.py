@@ -1,7 +1,7 @@
 """Links from the dashboard into the Temporal Web UI.
 
 The workflow ids are business keys (``loop/<name>``, ``loop/<name>/cycle/<n>/<stage>``);
-the caller passes the functions that make them (``workflows.shared``) so the ids have one
+the caller passes the functions that make them (``workflows.ids``) so the ids have one
 source and this package does not import the workflows. An id holds slashes, so it is
 percent-encoded as one path segment; the UI redirects ``/workflows/<id>`` to the latest run.
 """

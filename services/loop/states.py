@@ -70,7 +70,7 @@ class RunStatus(enum.StrEnum):
 class LoopLifecycle(enum.StrEnum):
     """A loop's status (``loops.status``): ``active`` runs cycles, ``paused`` waits for an
     operator (or a raised budget), ``archived`` is kept for its history only. (Named apart
-    from ``workflows.shared.LoopStatus``, the workflow's status query.)"""
+    from ``workflows.payloads.loop.LoopStatus``, the workflow's status query.)"""
 
     ACTIVE = "active"
     PAUSED = "paused"

@@ -75,6 +75,7 @@ from pathlib import Path
 import torch
 
 from services.environments.base import Environment, TaskSpec
+from services.training.adaptive import adaptive_rollouts, rollouts_of
 from services.training.config import GRPOConfig
 from services.training.counters import RunCounters
 from services.training.distributed import DistContext
@@ -84,7 +85,6 @@ from services.training.family import (
     PackedBatch,
     Rollouts,
     StartingWeights,
-    TokenEpisode,
     TokenSequence,
     collate,
 )
@@ -401,12 +401,12 @@ def _step_rollouts(
     config = run.config
     G = config.group_size  # noqa: N806 - the paper's name
     if config.adaptive_sampling:
-        return _adaptive_rollouts(
+        return adaptive_rollouts(
             step, run.model, run.env, [run.tasks[i] for i in order], config, run.ctx
         )
     wanted = [(j, g) for j in local for g in range(G)]
     step_tasks = [run.tasks[i] for i in order]
-    return _rollouts_of(step, run.model, run.env, step_tasks, wanted, config), [G] * len(local)
+    return rollouts_of(step, run.model, run.env, step_tasks, wanted, config), [G] * len(local)
 
 
 def _score(
@@ -520,94 +520,6 @@ def _sft_backward(run: _Run, scored: _Scored, demo_batches: Sequence[PackedBatch
         sft.backward()
         loss_sum += float(sft.detach())
     return loss_sum
-
-
-def adaptive_allocation(
-    passes: Sequence[float], *, probe: int, budget: int, unsolved_rate: float
-) -> list[int]:
-    """Episodes beyond the probe for each task of a step, within ``budget`` in all.
-
-    A task whose ``probe`` episodes all passed gets none (it has nothing left to teach); one
-    whose pass rate is strictly between 0 and 1 gets a share of weight 1; an unsolved one a
-    share of weight ``unsolved_rate`` (its rare success is what the search is for). The
-    ``budget - probe x tasks`` episodes left are split in proportion to weight (largest
-    remainders, ties to the earlier task); with no weight, nothing more is sampled.
-    """
-    weights = [0.0 if p >= probe else (unsolved_rate if p <= 0 else 1.0) for p in passes]
-    left = budget - probe * len(passes)
-    total = sum(weights)
-    if left <= 0 or total <= 0:
-        return [0] * len(passes)
-    quotas = [left * w / total for w in weights]
-    extra = [int(q) for q in quotas]
-    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - extra[i]), i))
-    for i in by_remainder[: left - sum(extra)]:
-        extra[i] += 1
-    return extra
-
-
-def _adaptive_rollouts(
-    step: int,
-    model: FamilyModel,
-    env: Environment,
-    step_tasks: Sequence[TaskSpec],
-    config: GRPOConfig,
-    ctx: DistContext,
-) -> tuple[Rollouts, list[int]]:
-    """This rank's episodes of the step, grouped by task (the group sizes beside them):
-    ``adaptive_probe`` per task, then :func:`adaptive_allocation` of the step's budget. The
-    probe's passes are summed over ranks, so every rank allocates the same global budget,
-    and episode ``g`` of task ``j`` keeps its seed: a probe is the first episodes of a group."""
-    local = ctx.shard(len(step_tasks))
-    probe = config.adaptive_probe
-    first = _rollouts_of(
-        step, model, env, step_tasks, [(j, g) for j in local for g in range(probe)], config
-    )
-    passes = [0.0] * len(step_tasks)
-    for index, episode in enumerate(first.episodes):
-        passes[local[index // probe]] += float(episode.reward.passed)
-    extra = adaptive_allocation(
-        ctx.all_reduce_sum(passes),
-        probe=probe,
-        budget=len(step_tasks) * config.group_size,
-        unsolved_rate=config.adaptive_unsolved_rate,
-    )
-    wanted = [(j, g) for j in local for g in range(probe, probe + extra[j])]
-    more = _rollouts_of(step, model, env, step_tasks, wanted, config)
-    episodes: list[TokenEpisode] = []
-    extra_by_task: dict[int, list[TokenEpisode]] = {j: [] for j in local}
-    for (j, _), episode in zip(wanted, more.episodes, strict=True):
-        extra_by_task[j].append(episode)
-    for position, j in enumerate(local):
-        episodes.extend(first.episodes[position * probe : (position + 1) * probe])
-        episodes.extend(extra_by_task[j])
-    rollouts = Rollouts(
-        episodes=episodes,
-        generated_tokens=first.generated_tokens + more.generated_tokens,
-        prompt_tokens=first.prompt_tokens + more.prompt_tokens,
-    )
-    return rollouts, [probe + extra[j] for j in local]
-
-
-def _rollouts_of(
-    step: int,
-    model: FamilyModel,
-    env: Environment,
-    step_tasks: Sequence[TaskSpec],
-    wanted: Sequence[tuple[int, int]],
-    config: GRPOConfig,
-) -> Rollouts:
-    """Episode ``g`` of step task ``j`` for each (j, g) of ``wanted``, seeded as always."""
-    if not wanted:
-        return Rollouts(episodes=[], generated_tokens=0, prompt_tokens=0)
-    return model.rollouts(
-        env,
-        [step_tasks[j] for j, _ in wanted],
-        seeds=[derive_seed(config.seed, step, j, g) for j, g in wanted],
-        max_turns=config.max_turns,
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-    )
 
 
 def _group_advantages_of(

@@ -36,7 +36,7 @@ from tests.e2e.support import (
     toolcalc_traces,
     wait_for,
 )
-from workflows.shared import cycle_workflow_id, run_id_for
+from workflows.ids import cycle_workflow_id, run_id_for
 
 pytestmark = pytest.mark.slow
 

@@ -33,17 +33,16 @@ from tests.workflows.test_loop import (
     start_loop,
     with_gate,
 )
+from workflows.ids import cycle_workflow_id
 from workflows.ledger import ServingLedgerWorkflow
-from workflows.retention import RetentionWorkflow
-from workflows.search_attributes import SEARCH_ATTRIBUTES
-from workflows.shared import (
+from workflows.payloads.ledger import ServingLedgerInput, ServingLedgerResult
+from workflows.payloads.retention import (
     PurgeTraceBodiesInput,
     PurgeTraceBodiesResult,
     RetentionInput,
-    ServingLedgerInput,
-    ServingLedgerResult,
-    cycle_workflow_id,
 )
+from workflows.retention import RetentionWorkflow
+from workflows.search_attributes import SEARCH_ATTRIBUTES
 
 HISTORIES = Path(__file__).parent / "histories"
 
@@ -80,7 +79,7 @@ async def _record_curate(client: Client) -> None:
     from tests.services.curation.support import add_traces, make_loop, qa_resolver, trace_body
     from workflows.activities.curation import CurationActivities
     from workflows.curate import CurateWorkflow
-    from workflows.shared import CurateInput
+    from workflows.payloads.curation import CurateInput
 
     work = Path(tempfile.mkdtemp(prefix="ratchet-record-"))
     server = pgserver.get_server(work / "pg", cleanup_mode="delete")
@@ -118,7 +117,7 @@ async def _record_operator_rollback(client: Client, scenario: str = "operator-ro
     cycle runs, as the loop carries on."""
     from tests.support import assert_eventually_async
     from workflows.loop import LoopWorkflow
-    from workflows.shared import RollbackSignal, RunNowSignal
+    from workflows.payloads.loop import RollbackSignal, RunNowSignal
 
     world = World(new_tasks=0, rollback_deploy_fails=True)
     task_queue = f"record-{uuid.uuid4().hex[:8]}"

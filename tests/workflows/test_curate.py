@@ -34,7 +34,7 @@ from tests.services.curation.support import add_traces, make_loop, qa_resolver, 
 from tests.support import assert_eventually
 from workflows.activities.curation import CurationActivities
 from workflows.curate import CurateWorkflow
-from workflows.shared import (
+from workflows.payloads.curation import (
     CurateBatchInput,
     CurateInput,
     DriftInput,

@@ -32,7 +32,8 @@ from tests.workflows.test_loop_activities import (
     set_champion,
 )
 from workflows.activities.stages import StageActivities
-from workflows.shared import DeployInput, RollbackInput
+from workflows.payloads.promote import DeployInput
+from workflows.payloads.rollback import RollbackInput
 
 
 @dataclass

@@ -21,7 +21,7 @@ from services.training.episode_file import (
     write_demonstrations,
 )
 from tests.workflows.test_jobs_activity import World, run_job, worker
-from workflows.shared import RunJobInput
+from workflows.payloads.jobs import RunJobInput
 
 # The job writes one success and one failure of the task named by TASK_HASH, lists them in
 # metrics.json, and records the spec it was given; TAMPER rewrites the file afterwards.

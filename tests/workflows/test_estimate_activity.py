@@ -19,7 +19,7 @@ from services.loop.policies import TrainingProfile
 from tests.workflows.test_loop_activities import RecordingTarget, make_loop
 from workflows.activities.estimate import EstimateActivities, EstimateInput
 from workflows.activities.stages import StageActivities
-from workflows.shared import CloseCycleInput
+from workflows.payloads.cycle import CloseCycleInput
 
 T0 = dt.datetime(2026, 12, 2, 8, 0, tzinfo=dt.UTC)
 PRICES = Prices(accelerator_hour_usd=3.6, cpu_hour_usd=0.36)

@@ -41,7 +41,7 @@ from services.training.checkpoint import save_checkpoint
 from services.training.tiny.model import GPT, GPTConfig
 from tests.support import assert_eventually_async
 from workflows.activities.jobs import JobActivities
-from workflows.shared import (
+from workflows.payloads.jobs import (
     CancelJobInput,
     RegisterCheckpointInput,
     RegisterCheckpointResult,

@@ -25,59 +25,67 @@ from tests.support import assert_eventually_async
 from workflows.activities.estimate import EstimateInput, EstimateResult
 from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
-from workflows.probe import ProbeWorkflow
-from workflows.promote import PromoteWorkflow
-from workflows.shared import (
-    ApprovalSignal,
-    CloseCycleInput,
-    CloseCycleResult,
+from workflows.payloads.curation import (
     CurateBatchInput,
     CurateBatchResult,
     CurateInput,
     CurateResult,
-    DeployInput,
-    DeployResult,
     DriftInput,
     DriftResult,
-    EvaluationSummary,
-    ExportProbeTasksInput,
-    ExportProbeTasksResult,
-    FinishRollbackInput,
-    GateInput,
-    GateResult,
-    LiveStats,
-    LiveStatsInput,
+    PendingWorkInput,
+    PendingWorkResult,
+    SnapshotInput,
+    SnapshotResult,
+)
+from workflows.payloads.cycle import (
+    CloseCycleInput,
+    CloseCycleResult,
+    StageInput,
+    StartCycleInput,
+    StartCycleResult,
+)
+from workflows.payloads.evaluate import EvaluationSummary, RecordEvaluationInput
+from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput, RecordDecisionResult
+from workflows.payloads.jobs import (
+    RegisterCheckpointInput,
+    RegisterCheckpointResult,
+    RunJobInput,
+    RunJobResult,
+)
+from workflows.payloads.loop import (
+    ApprovalSignal,
     LoopConfig,
     LoopConfigInput,
     LoopInput,
     LoopResult,
     PauseSignal,
-    PendingWorkInput,
-    PendingWorkResult,
+    ResumeSignal,
+    RollbackSignal,
+    RunNowSignal,
+)
+from workflows.payloads.probe import (
+    ExportProbeTasksInput,
+    ExportProbeTasksResult,
     ProbePassRatesInput,
     ProbePassRatesResult,
-    PromotionStatusInput,
-    RecordDecisionInput,
-    RecordDecisionResult,
-    RecordEvaluationInput,
     RecordProbesInput,
     RecordProbesResult,
-    RegisterCheckpointInput,
-    RegisterCheckpointResult,
-    ResumeSignal,
+)
+from workflows.payloads.promote import (
+    DeployInput,
+    DeployResult,
+    LiveStats,
+    LiveStatsInput,
+    PromotionStatusInput,
+)
+from workflows.payloads.rollback import (
+    FinishRollbackInput,
     RollbackInput,
     RollbackPlan,
     RollbackResult,
-    RollbackSignal,
-    RunJobInput,
-    RunJobResult,
-    RunNowSignal,
-    SnapshotInput,
-    SnapshotResult,
-    StageInput,
-    StartCycleInput,
-    StartCycleResult,
 )
+from workflows.probe import ProbeWorkflow
+from workflows.promote import PromoteWorkflow
 from workflows.train import TrainWorkflow
 
 BASE_CONFIG = LoopConfig(

@@ -23,16 +23,10 @@ from services.loop.policies import ServingTarget
 from services.modelserver.attestation import attested, response_id
 from services.serving.base import DeployFailed
 from workflows.activities.stages import StageActivities
-from workflows.shared import (
-    CloseCycleInput,
-    DeployInput,
-    FinishRollbackInput,
-    LiveStats,
-    LiveStatsInput,
-    LoopConfigInput,
-    RollbackInput,
-    StartCycleInput,
-)
+from workflows.payloads.cycle import CloseCycleInput, StartCycleInput
+from workflows.payloads.loop import LoopConfigInput
+from workflows.payloads.promote import DeployInput, LiveStats, LiveStatsInput
+from workflows.payloads.rollback import FinishRollbackInput, RollbackInput
 
 T0 = dt.datetime(2026, 12, 1, 8, 0, tzinfo=dt.UTC)
 _ids = itertools.count()

@@ -23,7 +23,8 @@ from services.db.queries.loops import config_document, require_loop, update_loop
 from services.db.session import SessionFactory
 from tests.workflows.test_loop import World, make_worker, start_loop
 from workflows.activities.stages import StageActivities
-from workflows.shared import GateInput, GateResult, RunJobInput, RunJobResult
+from workflows.payloads.gate import GateInput, GateResult
+from workflows.payloads.jobs import RunJobInput, RunJobResult
 
 
 @dataclass

@@ -19,7 +19,7 @@ from temporalio.converter import DataConverter
 from services.curation.policy import CurationPolicy
 from services.loop.policies import GatePolicy, TrainingProfile
 from tests.workflows.test_loop import BASE_CONFIG, with_gate
-from workflows.shared import LoopConfig
+from workflows.payloads.loop import LoopConfig
 
 HISTORIES = Path(__file__).parent / "histories"
 

@@ -22,8 +22,10 @@ from workflows.activities.jobs import JobActivities
 from workflows.activities.retention import RetentionActivities
 from workflows.activities.serving_ledger import ServingLedgerActivities
 from workflows.payload import dump_value, has_policy_payload, load_dataclass
+from workflows.payloads.promote import DeployInput
+from workflows.payloads.rollback import RollbackPlan
+from workflows.payloads.train import TrainInput
 from workflows.registry import WORKFLOWS
-from workflows.shared import DeployInput, RollbackPlan, TrainInput
 
 ACTIVITY_CLASSES = [
     CurationActivities,

@@ -39,15 +39,15 @@ from workflows.activities.jobs import JobActivities
 from workflows.activities.stages import StageActivities
 from workflows.curate import CurateWorkflow
 from workflows.loop import LoopWorkflow
-from workflows.probe import ProbeWorkflow, probe_job_spec
-from workflows.shared import (
-    CurateBatchInput,
+from workflows.payloads.curation import CurateBatchInput
+from workflows.payloads.loop import LoopInput
+from workflows.payloads.probe import (
     ExportProbeTasksInput,
-    LoopInput,
     ProbeInput,
     ProbePassRatesInput,
     RecordProbesInput,
 )
+from workflows.probe import ProbeWorkflow, probe_job_spec
 
 QUESTIONS = {
     "always": "always solved: which warehouse ships the blue parcel today",

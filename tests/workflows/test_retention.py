@@ -15,9 +15,9 @@ from services.db.models import Trace
 from services.db.session import SessionFactory
 from tests.services.curation.support import add_traces, make_loop, trace_body
 from workflows.activities.retention import RetentionActivities
+from workflows.payloads.retention import RETENTION_SCHEDULE_ID, RetentionInput
 from workflows.retention import RetentionWorkflow
 from workflows.schedules import ensure_retention_schedule
-from workflows.shared import RETENTION_SCHEDULE_ID, RetentionInput
 
 
 def seed_old_and_new(session_factory: SessionFactory) -> tuple[list[int], list[int]]:

@@ -34,13 +34,10 @@ from tests.workflows.test_loop_activities import (
     set_champion,
 )
 from workflows.activities.stages import StageActivities
+from workflows.payloads.cycle import CloseCycleInput
+from workflows.payloads.ledger import SERVING_LEDGER_SCHEDULE_ID, ServingLedgerInput
+from workflows.payloads.promote import DeployInput
 from workflows.schedules import ensure_serving_ledger_schedule
-from workflows.shared import (
-    SERVING_LEDGER_SCHEDULE_ID,
-    CloseCycleInput,
-    DeployInput,
-    ServingLedgerInput,
-)
 
 PRICES = ServingPrices(hour_usd=36.0, cached_token_weight=0.1)  # $0.01 per busy second
 

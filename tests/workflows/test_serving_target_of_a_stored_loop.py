@@ -24,7 +24,9 @@ from tests.workflows.test_loop_activities import (
     set_champion,
 )
 from workflows.activities.stages import StageActivities
-from workflows.shared import DeployInput, LoopConfigInput, RollbackInput
+from workflows.payloads.loop import LoopConfigInput
+from workflows.payloads.promote import DeployInput
+from workflows.payloads.rollback import RollbackInput
 
 
 def test_a_stored_url_loads_and_its_deploys_fail_without_a_request(

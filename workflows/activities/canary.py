@@ -19,7 +19,7 @@ from services.evaluation.stats import wilson_interval
 from services.logs import log_context
 from services.modelserver.attestation import TraceAttestation
 from workflows.activities.transactions import parse_time, transaction
-from workflows.shared import LiveStats, LiveStatsInput, PromotionStatusInput
+from workflows.payloads.promote import LiveStats, LiveStatsInput, PromotionStatusInput
 
 # How the canary tells the traces a loop's serving target served (by the model server's
 # signed response ids) from those that only say so; None: only the clients' word exists.

@@ -43,21 +43,23 @@ from services.metrics import (
     LOOP_FAILURE_RATE,
 )
 from workflows.activities.errors import fails_as
-from workflows.shared import (
+from workflows.payloads.curation import (
     CurateBatchInput,
     CurateBatchResult,
     DriftInput,
     DriftResult,
-    ExportProbeTasksInput,
-    ExportProbeTasksResult,
     PendingWorkInput,
     PendingWorkResult,
+    SnapshotInput,
+    SnapshotResult,
+)
+from workflows.payloads.probe import (
+    ExportProbeTasksInput,
+    ExportProbeTasksResult,
     ProbePassRatesInput,
     ProbePassRatesResult,
     RecordProbesInput,
     RecordProbesResult,
-    SnapshotInput,
-    SnapshotResult,
 )
 
 if TYPE_CHECKING:

@@ -27,16 +27,15 @@ from services.metrics import LOOP_CYCLES, LOOP_POINTS_PER_DOLLAR, LOOP_SPEND
 from workflows.activities.errors import fails_as
 from workflows.activities.serving_ledger import ServingSampler
 from workflows.activities.transactions import loop_cycle, transaction
-from workflows.shared import (
+from workflows.payloads.cycle import (
     CloseCycleInput,
     CloseCycleResult,
-    LiveStats,
-    LoopConfig,
-    LoopConfigInput,
     StageInput,
     StartCycleInput,
     StartCycleResult,
 )
+from workflows.payloads.loop import LoopConfig, LoopConfigInput
+from workflows.payloads.promote import LiveStats
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from services.logs import log_context
 from services.serving.base import DeployFailed, ServingError
 from services.serving.delivery import DeliveryProof, not_verified
 from workflows.activities.transactions import serving_failure, serving_mapping, transaction
-from workflows.shared import DeployInput
+from workflows.payloads.promote import DeployInput
 
 logger = logging.getLogger(__name__)
 

@@ -49,9 +49,8 @@ from workflows.activities.transactions import (
     transaction,
     utcnow,
 )
-from workflows.shared import (
-    DeployInput,
-    DeployResult,
+from workflows.payloads.promote import DeployInput, DeployResult
+from workflows.payloads.rollback import (
     FinishRollbackInput,
     RollbackInput,
     RollbackPlan,

@@ -27,14 +27,8 @@ from services.loop.policies import GatePolicy
 from services.metrics import LOOP_PASS_RATE, LOOP_PROMOTIONS
 from workflows.activities.errors import fails_as
 from workflows.activities.transactions import loop_cycle, transaction
-from workflows.shared import (
-    EvaluationSummary,
-    GateInput,
-    GateResult,
-    RecordDecisionInput,
-    RecordDecisionResult,
-    RecordEvaluationInput,
-)
+from workflows.payloads.evaluate import EvaluationSummary, RecordEvaluationInput
+from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput, RecordDecisionResult
 
 logger = logging.getLogger(__name__)
 

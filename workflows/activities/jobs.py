@@ -78,7 +78,7 @@ from services.loop.states import RunStatus
 from services.settings import Settings
 from workflows.activities.errors import fails_as
 from workflows.options import JOB
-from workflows.shared import (
+from workflows.payloads.jobs import (
     CancelJobInput,
     RegisterCheckpointInput,
     RegisterCheckpointResult,

@@ -10,7 +10,7 @@ from temporalio import activity
 from services.db.queries.retention import purge_trace_bodies
 from services.db.session import SessionFactory
 from services.metrics import TRACE_BODIES_PURGED
-from workflows.shared import PurgeTraceBodiesInput, PurgeTraceBodiesResult
+from workflows.payloads.retention import PurgeTraceBodiesInput, PurgeTraceBodiesResult
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from services.loop.policies import ServingTarget
 from services.modelserver.usage import UsageUnavailable, VersionUsage
 from services.serving.base import ServingError
 from workflows.activities.transactions import serving_mapping, transaction, utcnow
-from workflows.shared import ServingLedgerInput, ServingLedgerResult
+from workflows.payloads.ledger import ServingLedgerInput, ServingLedgerResult
 
 logger = logging.getLogger(__name__)
 

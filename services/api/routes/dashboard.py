@@ -25,7 +25,7 @@ from services.dashboard.render import STATIC_TYPES, render, static_bytes
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
 from services.settings import Settings
-from workflows.shared import cycle_workflow_id, loop_workflow_id
+from workflows.ids import cycle_workflow_id, loop_workflow_id
 
 router = APIRouter(include_in_schema=False, tags=["dashboard"])
 

@@ -29,14 +29,14 @@ from services.loop.promotions import operator_promotion
 from services.loop.states import Decision, PromotionStatus
 from services.settings import Settings
 from services.training.checkpoint_manifest import CheckpointError
+from workflows.ids import loop_workflow_id
 from workflows.loop import LoopWorkflow
-from workflows.shared import (
+from workflows.payloads.loop import (
     ApprovalSignal,
     PauseSignal,
     ResumeSignal,
     RollbackSignal,
     RunNowSignal,
-    loop_workflow_id,
 )
 
 router = APIRouter(prefix="/v1/loops", tags=["loop actions"], dependencies=[AdminDep])

@@ -56,7 +56,7 @@ from services.loop.policies import (
     serving_endpoint_problem,
 )
 from services.settings import Settings
-from workflows.shared import loop_workflow_id
+from workflows.ids import loop_workflow_id
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlsplit
 
 from services.dashboard.links import TemporalLinks
-from workflows.shared import cycle_workflow_id, loop_workflow_id
+from workflows.ids import cycle_workflow_id, loop_workflow_id
 
 
 def _links(ui_url: str | None, namespace: str = "default") -> TemporalLinks:

@@ -36,7 +36,7 @@ from tests.e2e.support import TINY_MODEL
 from tests.services.curation.support import add_traces
 from tests.services.training.conftest import write_spec
 from workflows.loop import LoopWorkflow
-from workflows.shared import LoopInput
+from workflows.payloads.loop import LoopInput
 from workflows.worker import WorkerDependencies, build_worker
 
 ROOT = Path(__file__).resolve().parents[3]

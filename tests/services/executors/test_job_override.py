@@ -18,7 +18,7 @@ from services.executors.local import LocalExecutor, job_environment, job_thread_
 from services.loop.policies import TrainingProfile
 from tests.services.executors.test_kubernetes_builder import assert_valid, container, template
 from tests.support import assert_eventually
-from workflows.shared import job_override
+from workflows.payloads.jobs import job_override
 
 
 def test_the_kubernetes_job_runs_the_loops_image_and_command(

@@ -96,7 +96,7 @@ def test_a_stored_loop_with_a_url_still_loads_its_policies() -> None:
 
 
 def test_the_loop_config_of_a_recorded_history_reads_an_old_serving_target() -> None:
-    from workflows.shared import LoopConfig
+    from workflows.payloads.loop import LoopConfig
 
     config = LoopConfig.from_payload(
         {

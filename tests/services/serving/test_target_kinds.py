@@ -35,7 +35,8 @@ from services.serving.targets import ServingTargets
 from services.settings import Settings
 from tests.workflows.test_loop_activities import add_checkpoint, make_loop
 from workflows.activities.stages import StageActivities
-from workflows.shared import DeployInput, LoopConfigInput
+from workflows.payloads.loop import LoopConfigInput
+from workflows.payloads.promote import DeployInput
 
 KIND = "pointer-file"
 

@@ -150,7 +150,7 @@ def test_config_validation() -> None:
 
 
 def test_adaptive_allocation_gives_none_to_solved_tasks_and_keeps_the_budget() -> None:
-    from services.training.grpo import adaptive_allocation
+    from services.training.adaptive import adaptive_allocation
 
     # probe of 2: solved, between, unsolved, solved; 16 episodes in all, 8 left after the probe
     extra = adaptive_allocation([2, 1, 0, 2], probe=2, budget=16, unsolved_rate=0.5)

@@ -47,7 +47,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from services.chat.protocol import ChatMessage
-from services.inference.prefix_cache import PrefixCache, Session
+from services.inference.prefix_cache import Block, PrefixCache, Session
 from services.training.rng import gumbel
 
 
@@ -230,20 +230,27 @@ def sample_next(
     if bool((temperatures <= 0).all()):
         return greedy
     scaled = logits / temperatures.clamp(min=1e-6)[:, None]  # (B, V)
-    probs = torch.softmax(scaled, dim=-1)  # (B, V)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V) mass of strictly better tokens
-    keep_sorted = before < top_ps[:, None]  # (B, V); the best token is always kept
-    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)  # (B, V)
-    masked = scaled.masked_fill(~keep, -math.inf)  # (B, V)
+    masked = scaled if bool((top_ps >= 1).all()) else _nucleus(scaled, top_ps)  # (B, V)
     noise = gumbel(seeds, counter, logits.shape[-1])  # (B, V)
     sampled = (masked + noise).argmax(dim=-1)  # (B,)
     return torch.where(temperatures <= 0, greedy, sampled)
 
 
+def _nucleus(scaled: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """``scaled`` (B, V) with every token outside each row's nucleus at -inf (a row whose
+    top_p is 1 keeps every token: its nucleus is the whole vocabulary)."""
+    probs = torch.softmax(scaled, dim=-1)  # (B, V)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V) mass of strictly better tokens
+    keep_sorted = (before < top_ps[:, None]) | (top_ps[:, None] >= 1)  # (B, V); best kept
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)  # (B, V)
+    return scaled.masked_fill(~keep, -math.inf)
+
+
 Tag = TypeVar("Tag")
 
 HEADROOM = 256  # decode columns reserved when rows join, before the buffers grow
+SHORT_PREFILL = 64  # uncached tokens below which padding a row into a call costs little
 
 
 @dataclass
@@ -298,8 +305,11 @@ class ActiveBatch(Generic[Tag]):
     def join(self, requests: Sequence[tuple[GenerationRequest, Tag]]) -> None:
         """Prefill ``requests`` (each passed :meth:`budget`) and add them to the batch.
 
-        Rows are prefilled one after another, each on the prefix cache as the rows before it
-        left it, so a group of rows with one prompt computes that prompt once."""
+        Rows are prefilled in waves, each wave's rows batched into a few model calls: a row
+        that shares more of its prompt with a row of the current wave than the prefix cache
+        holds waits for the next wave, where that shared part is a cache hit. So a GRPO group
+        with one prompt, or a batch of prompts that start with one system text, computes
+        the shared part once and the rest of every prompt in one call."""
         if not requests:
             return
         rows = [_Row(request, tag, self.budget(request), []) for request, tag in requests]
@@ -309,33 +319,93 @@ class ActiveBatch(Generic[Tag]):
         # so a row asking for a long budget costs memory only for what it decodes.
         need = max(len(row.request.prompt_ids) + min(row.budget, HEADROOM) for row in rows)
         self._reserve(len(self._rows) + len(rows), need)
-        logits = [self._prefill(row, len(self._rows)) for row in rows]
-        joined = torch.cat(logits).float().cpu()  # (B2, V)
-        self._logits = joined if self._logits is None else torch.cat([self._logits, joined])
+        pending = rows
+        while pending:
+            wave, pending = self._next_wave(pending)
+            for call in _prefill_calls(wave, self.engine.context_length()):
+                joined = self._prefill(call).float().cpu()  # (B2, V)
+                self._logits = joined if self._logits is None else torch.cat([self._logits, joined])
 
-    def _prefill(self, row: _Row[Tag], slot: int) -> torch.Tensor:
-        """Prefill ``row`` into buffer row ``slot`` on top of its longest cached prefix."""
-        assert self._forward is not None and self._keys is not None and self._values is not None
-        prompt = row.request.prompt_ids
+    def _next_wave(self, pending: list[_Row[Tag]]) -> tuple[list[_Prefill[Tag]], list[_Row[Tag]]]:
+        """The rows to prefill now (with the cached prefix each starts from) and the rows
+        that wait: those that would find more of their prompt cached once this wave is in."""
         cache = self.engine.prefix_cache
-        namespace = self.engine.prefix_key(row.request.adapter)
-        at = 0
-        for block in cache.lookup(namespace, prompt, len(prompt) - 1):
-            assert block.keys is not None and block.values is not None
-            end = at + len(block.tokens)
-            self._keys[:, slot, :, at:end] = block.keys
-            self._values[:, slot, :, at:end] = block.values
-            at = end
+        block = cache.block_tokens
+        wave: list[_Prefill[Tag]] = []
+        later: list[_Row[Tag]] = []
+        for row in pending:
+            prompt = row.request.prompt_ids
+            namespace = self.engine.prefix_key(row.request.adapter)
+            blocks = cache.lookup(namespace, prompt, len(prompt) - 1)
+            cached = sum(len(b.tokens) for b in blocks)
+            limit = len(prompt) - 1
+            gain = max(
+                (
+                    _common_prefix(prompt, other.row.request.prompt_ids, limit) // block * block
+                    for other in wave
+                    if other.namespace == namespace
+                ),
+                default=0,
+            )
+            if gain > cached:
+                later.append(row)
+            else:
+                wave.append(_Prefill(row, namespace, blocks, cached))
+        return wave, later
+
+    def _prefill(self, rows: list[_Prefill[Tag]]) -> torch.Tensor:
+        """Prefill ``rows`` in one model call, each on top of its cached prefix, into the
+        next free buffer rows; their last prompt positions' logits (B, V).
+
+        Each row's uncached tokens are left-padded to the call's length, so every row's last
+        prompt token is the call's last position (the one whose logits a family returns).
+        A pad sits at a position after its row's prompt: its keys/values land in columns the
+        row's decoding overwrites before it reads them, and no prompt token attends to it."""
+        assert self._forward is not None
+        first = len(self._rows)
+        cache = self.engine.prefix_cache
+        # Looked up again: an insert of an earlier call may have evicted a block seen before.
+        found = [
+            cache.lookup(p.namespace, p.row.request.prompt_ids, len(p.row.request.prompt_ids) - 1)
+            for p in rows
+        ]
+        starts = [sum(len(b.tokens) for b in blocks) for blocks in found]
+        prompts = [p.row.request.prompt_ids for p in rows]
+        length = max(len(prompt) - at for prompt, at in zip(prompts, starts, strict=True))
+        pads = [length - (len(prompt) - at) for prompt, at in zip(prompts, starts, strict=True)]
+        columns_needed = max(len(p) + n for p, n in zip(prompts, pads, strict=True))
+        if len(rows) > 1 and columns_needed > self.engine.context_length():
+            # A lookup found more cached than the wave saw: pads would run past the context.
+            return torch.cat([self._prefill(rows[:1]), self._prefill(rows[1:])])
+        self._reserve(first + len(rows), columns_needed)
+        assert self._keys is not None and self._values is not None
+        ids, positions = [], []
+        for index, (prompt, blocks, at, n) in enumerate(
+            zip(prompts, found, starts, pads, strict=True)
+        ):
+            column = 0
+            for block in blocks:
+                assert block.keys is not None and block.values is not None
+                end = column + len(block.tokens)
+                self._keys[:, first + index, :, column:end] = block.keys
+                self._values[:, first + index, :, column:end] = block.values
+                column = end
+            ids.append([prompt[-1]] * n + prompt[at:])
+            positions.append([*range(len(prompt), len(prompt) + n), *range(at, len(prompt))])
         device = self.engine.device
-        ids = torch.tensor([prompt[at:]], dtype=torch.long, device=device)  # (1, T)
-        positions = torch.arange(at, len(prompt), device=device)[None]  # (1, T)
-        columns = torch.arange(len(prompt), device=device)  # (W,)
-        mask = (columns[None, :] <= positions[0][:, None])[None, None]  # (1, 1, T, W)
-        call = self._call(ids, positions, slice(slot, slot + 1), len(prompt), mask, row)
-        logits = self._forward.prefill(call)  # (1, V)
-        row.fed, row.cached = list(prompt), at
-        self._rows.append(row)
-        cache.insert(namespace, prompt, self._reader(slot))
+        ids_t = torch.tensor(ids, dtype=torch.long, device=device)  # (B, T)
+        positions_t = torch.tensor(positions, dtype=torch.long, device=device)  # (B, T)
+        width = int(positions_t.max()) + 1
+        columns = torch.arange(width, device=device)  # (W,)
+        mask = (columns[None, None, :] <= positions_t[:, :, None])[:, None]  # (B, 1, T, W)
+        chosen = [item.row for item in rows]
+        call = self._call(ids_t, positions_t, slice(first, first + len(rows)), width, mask, *chosen)
+        logits = self._forward.prefill(call)  # (B, V)
+        for index, (item, at) in enumerate(zip(rows, starts, strict=True)):
+            row = item.row
+            row.fed, row.cached = list(row.request.prompt_ids), at
+            self._rows.append(row)
+            cache.insert(item.namespace, row.fed, self._reader(first + index))
         return logits
 
     def _call(
@@ -493,6 +563,45 @@ class ActiveBatch(Generic[Tag]):
     def rows(self) -> list[Tag]:
         """The tags of the rows still decoding."""
         return [row.tag for row in self._rows if row.finish is None]
+
+
+@dataclass
+class _Prefill(Generic[Tag]):
+    """A joining row with the cached blocks its prefill starts from."""
+
+    row: _Row[Tag]
+    namespace: Hashable
+    blocks: list[Block]
+    cached: int
+
+
+def _prefill_calls(wave: list[_Prefill[Tag]], context: int) -> list[list[_Prefill[Tag]]]:
+    """A wave's rows as model calls: longest uncached part first, and a row joins a call only
+    while padding it to the call's length at most doubles its work (or the call is short)
+    and its pads stay inside the context, so no call computes much more than its tokens."""
+    order = sorted(wave, key=lambda p: len(p.row.request.prompt_ids) - p.cached, reverse=True)
+    calls: list[list[_Prefill[Tag]]] = []
+    for item in order:
+        prompt = len(item.row.request.prompt_ids)
+        uncached = prompt - item.cached
+        if calls:
+            call = calls[-1]
+            length = len(call[0].row.request.prompt_ids) - call[0].cached
+            fits = prompt + length - uncached <= context
+            if fits and (2 * uncached >= length or length <= SHORT_PREFILL):
+                call.append(item)
+                continue
+        calls.append([item])
+    return calls
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading ids ``a[:limit]`` and ``b`` share."""
+    n = min(limit, len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _top_logprobs(logprobs: torch.Tensor, counts: list[int]) -> list[tuple[tuple[int, float], ...]]:

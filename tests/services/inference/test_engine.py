@@ -14,7 +14,9 @@ from services.chat.protocol import ChatMessage
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.inference.engine import (
     ActiveBatch,
+    BatchForward,
     Engine,
+    ForwardCall,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
@@ -149,6 +151,33 @@ def test_the_shared_system_prompt_is_computed_once() -> None:
     block = engine.prefix_cache.block_tokens
     assert all(r.cached_tokens >= shared // block * block for r in results[1:])
     assert all(r.cached_tokens < len(p) for r, p in zip(results, prompts, strict=True))
+
+
+def test_rows_joining_together_are_prefilled_in_a_few_batched_calls() -> None:
+    engine = hf_engine()
+    prompts = chat_prompts(engine, 4)
+    prompts = [p for p in prompts for _ in range(3)]  # groups of three rows with one prompt
+    expected = [hf_generate(engine, p, 4) for p in prompts]
+    calls: list[int] = []
+    forward = engine.forward
+
+    def counting(adapters: Any) -> BatchForward:
+        inner = forward(adapters)
+
+        def prefill(call: ForwardCall) -> torch.Tensor:
+            calls.append(call.ids.shape[0])
+            return inner.prefill(call)
+
+        return BatchForward(prefill=prefill, step=inner.step)
+
+    engine.forward = counting  # type: ignore[method-assign]
+    results = staggered(engine, [request(p, 4) for p in prompts], [0] * len(prompts))
+    assert [r.sampled_ids for r in results] == expected
+    # the shared system text once, then each group's own question once, then the rest
+    assert len(calls) == 3 and sum(calls) == len(prompts)
+    block = engine.prefix_cache.block_tokens
+    followers = [(r, p) for i, (r, p) in enumerate(zip(results, prompts, strict=True)) if i % 3]
+    assert all(r.cached_tokens >= len(p) - block for r, p in followers)  # whole-prompt hits
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

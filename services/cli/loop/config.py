@@ -108,9 +108,18 @@ def _find_loop(client: Any, name: str) -> Any:
 
 
 def _document(loop: Any) -> dict[str, Any]:
+    """The loop's settings as a loop file holds them: a policy as what differs from its
+    defaults (the api returns each policy whole, its defaults filled in)."""
+    from pydantic import BaseModel
+
     from services.loop.config import CONFIG_KEYS
 
-    return {key: getattr(loop, key) for key in CONFIG_KEYS}
+    def plain(value: Any) -> Any:
+        if isinstance(value, BaseModel):
+            return value.model_dump(mode="json", exclude_defaults=True)
+        return value
+
+    return {key: plain(getattr(loop, key)) for key in CONFIG_KEYS}
 
 
 def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:

@@ -16,6 +16,13 @@ on the tiny GPT (``--model tiny``: the reference policy's shape, random weights)
    deploy: load under the versioned name, move the alias, verify with /v1/models and
    probes) and ``requests_failed`` (must be 0).
 
+4. **time to first token**: one-token requests under a shared system prompt of about 300
+   tokens (``--ttft-requests`` of them), *cold* (each request's system prompt starts with
+   its own number, so no prefix of it is cached) and *warm* (one system prompt for all,
+   after one request has put it in the prefix cache) → ``ttft_cold_ms``, ``ttft_warm_ms``
+   (medians), ``ttft_speedup`` = cold / warm, and the prompt and cached tokens the server
+   reported (``usage.prompt_tokens_details.cached_tokens``).
+
 Requests are greedy with a fixed ``max_tokens``, so both phases generate comparable tokens
 (counted from each response's ``usage``). Prompts are short and carry no tool list unless
 ``--tools``: on a CPU, prefill is compute-bound and gains nothing from batching, so a long
@@ -116,6 +123,51 @@ def ask(client: openai.OpenAI, index: int, args: argparse.Namespace) -> Result:
         return Result(True, started, time.perf_counter(), tokens, raw.headers.get(VERSION_HEADER))
     except openai.APIError:
         return Result(False, started, time.perf_counter(), 0, None)
+
+
+# A system prompt of about 300 SmolLM2 tokens: what an agent sends before every request.
+SHARED_SYSTEM = "You are the support agent of a fruit shop. Answer with the tools. " + " ".join(
+    f"The {item} costs what get_price(item='{item}', cur) says; its stock is what "
+    f"get_stock(item='{item}') says; never guess either, and quote the currency."
+    for item in ITEMS
+)
+
+
+def first_token(client: openai.OpenAI, system: str, question: str) -> tuple[float, int, int]:
+    """Milliseconds to a one-token answer, with the prompt and cached tokens reported."""
+    started = time.perf_counter()
+    completion = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=1,
+    )
+    elapsed = (time.perf_counter() - started) * 1000.0
+    usage = completion.usage
+    details = usage.prompt_tokens_details if usage else None
+    cached = (details.cached_tokens or 0) if details else 0
+    return elapsed, usage.prompt_tokens if usage else 0, cached
+
+
+def time_to_first_token(url: str, requests: int, model: str) -> dict[str, Any]:
+    """Cold (nothing of the system prompt cached) against warm (all of it cached); the tiny
+    GPT's context (192 bytes) holds a part of the text."""
+    system = SHARED_SYSTEM if model == "smollm2" else SHARED_SYSTEM[:96]
+    client = client_for(url)
+    questions = [f"What does one {ITEMS[i % len(ITEMS)]} cost? (ask {i})" for i in range(requests)]
+    cold = [first_token(client, f"[{i}] {system}", q) for i, q in enumerate(questions)]
+    first_token(client, system, "Hello.")  # puts the shared system prompt in the cache
+    warm = [first_token(client, system, q) for q in questions]
+    cold_ms = statistics.median(ms for ms, _, _ in cold)
+    warm_ms = statistics.median(ms for ms, _, _ in warm)
+    return {
+        "ttft_cold_ms": round(cold_ms, 1),
+        "ttft_warm_ms": round(warm_ms, 1),
+        "ttft_speedup": round(cold_ms / warm_ms, 2) if warm_ms else None,
+        "ttft_prompt_tokens": int(statistics.median(tokens for _, tokens, _ in warm)),
+        "ttft_cached_tokens_cold": int(statistics.median(c for _, _, c in cold)),
+        "ttft_cached_tokens_warm": int(statistics.median(c for _, _, c in warm)),
+    }
 
 
 def client_for(url: str) -> openai.OpenAI:
@@ -265,6 +317,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             during = httpx.get(f"{url}/v1/stats").json()
             print(f"{args.clients} clients: {tokens_per_s(together):.1f} tokens/s", flush=True)
             swapped, swap_ms = swaps_under_load(url, args, checkpoints[1:])
+            ttft = time_to_first_token(url, args.ttft_requests, args.model)
+            print(
+                f"time to first token: {ttft['ttft_cold_ms']} ms cold, "
+                f"{ttft['ttft_warm_ms']} ms warm",
+                flush=True,
+            )
         finally:
             process.terminate()
             process.wait(30)
@@ -299,6 +357,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "requests_during_swaps": len(swapped),
         "requests_failed": sum(1 for r in [*alone, *together, *swapped] if not r.ok),
         "versions_answered_during_swaps": len({r.version for r in swapped if r.ok}),
+        **ttft,
     }
 
 
@@ -319,14 +378,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the server's batch limit; above --clients, so a deploy's probes join a batch",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    parser.add_argument("--ttft-requests", type=int, default=8, help="per time-to-first-token set")
     parser.add_argument(
         "--cache-dir",
         default="~/.cache/ratchet/smollm2",
         help="where SmolLM2 is converted once (reused by later runs)",
     )
     args = parser.parse_args(argv)
-    if args.clients < 1 or args.requests < 1 or args.swaps < 0 or args.max_tokens < 1:
-        parser.error("--clients, --requests and --max-tokens must be >= 1, --swaps >= 0")
+    if min(args.clients, args.requests, args.max_tokens, args.ttft_requests) < 1 or args.swaps < 0:
+        parser.error(
+            "--clients, --requests, --max-tokens, --ttft-requests must be >= 1, --swaps >= 0"
+        )
     result = run(args)
     print(json.dumps(result, sort_keys=True), flush=True)
     return 0 if result["requests_failed"] == 0 else 1

@@ -32,7 +32,7 @@ from typing import Any
 
 from services.environments.base import Environment, TaskSpec
 from services.environments.registry import get_environment
-from services.evaluation.evaluator import evaluate
+from services.evaluation.evaluator import EvaluationResult, evaluate
 from services.evaluation.probe_capture import DEFAULT_PROBES, capture_probes, probe_engine
 from services.evaluation.probes import write_probes
 from services.evaluation.results import RESULTS_FILE
@@ -96,36 +96,14 @@ def _options(spec: JobSpec) -> dict[str, Any]:
 
 def _run(spec: JobSpec) -> int:
     options = _options(spec)
-    try:
-        env = get_environment(spec.environment)
-    except ValueError as exc:
-        raise JobError(str(exc)) from None
-    if spec.checkpoint is None:
-        raise JobError("no checkpoint: set 'checkpoint' in the spec or RATCHET_BASE_CHECKPOINT")
-    if not spec.checkpoint.is_dir():
-        raise JobError(f"checkpoint {spec.checkpoint} does not exist")
+    env = _environment(spec)
     tasks = read_job_dataset(spec)
     use_threads(options.pop("threads", None))
     clock = PhaseClock()
     probes = options.pop("probes", DEFAULT_PROBES)
     if probes < 0:
         raise JobError("hyperparameters.probes must be >= 0")
-    try:
-        with clock.phase("sync"):  # loading the checkpoint is the job's weight movement
-            policy, defaults = _load_policy(spec)
-    except CheckpointError as exc:
-        raise JobError(f"checkpoint rejected: {exc}") from None
-    except DeviceError as exc:
-        raise JobError(str(exc)) from None
-    try:  # episodes on an OpenAI-compatible server (vLLM) that loads the checkpoint
-        attach_rollout_backend(
-            policy, spec.raw.get("rollout_backend"), os.environ, checkpoint=spec.checkpoint
-        )
-    except ValueError as exc:
-        raise JobError(str(exc)) from None
-    for key, value in defaults.items():  # e.g. hf: chat turns are longer, CPU batches smaller
-        options.setdefault(key, value)
-    clock.device = policy.device
+    policy = _policy(spec, options, clock)
     keeper = _keeper(spec, policy)
     started = time.monotonic()
     try:
@@ -135,13 +113,7 @@ def _run(spec: JobSpec) -> int:
         raise JobError(str(exc)) from None
     except RemoteError as exc:
         raise JobError(f"remote episodes failed: {exc}", exit_code=EXIT_FAILED) from None
-    spec.output_dir.mkdir(parents=True, exist_ok=True)
-    results_path = spec.output_dir / RESULTS_FILE
-    tmp = results_path.with_name(f".{RESULTS_FILE}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for row in result.results:
-            fh.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
-    tmp.replace(results_path)
+    _write_results(spec, result)
     metrics = {
         **result.metrics(),
         "schema": "ratchet.metrics/v1",
@@ -167,6 +139,52 @@ def _run(spec: JobSpec) -> int:
         "eval %s: %d/%d passed (%.3f)", spec.run_id, result.passed, result.n, result.pass_rate
     )
     return 0
+
+
+def _environment(spec: JobSpec) -> Environment:
+    """The spec's environment, once its checkpoint is known to be there."""
+    try:
+        env = get_environment(spec.environment)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    if spec.checkpoint is None:
+        raise JobError("no checkpoint: set 'checkpoint' in the spec or RATCHET_BASE_CHECKPOINT")
+    if not spec.checkpoint.is_dir():
+        raise JobError(f"checkpoint {spec.checkpoint} does not exist")
+    return env
+
+
+def _policy(spec: JobSpec, options: dict[str, Any], clock: PhaseClock) -> FamilyModel:
+    """The checkpoint loaded (its time the job's ``sync``), its rollout backend attached and
+    its family's evaluation defaults filled into ``options``."""
+    try:
+        with clock.phase("sync"):  # loading the checkpoint is the job's weight movement
+            policy, defaults = _load_policy(spec)
+    except CheckpointError as exc:
+        raise JobError(f"checkpoint rejected: {exc}") from None
+    except DeviceError as exc:
+        raise JobError(str(exc)) from None
+    try:  # episodes on an OpenAI-compatible server (vLLM) that loads the checkpoint
+        attach_rollout_backend(
+            policy, spec.raw.get("rollout_backend"), os.environ, checkpoint=spec.checkpoint
+        )
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    for key, value in defaults.items():  # e.g. hf: chat turns are longer, CPU batches smaller
+        options.setdefault(key, value)
+    clock.device = policy.device
+    return policy
+
+
+def _write_results(spec: JobSpec, result: EvaluationResult) -> None:
+    """Every task's result as a line of ``results.jsonl``, written whole or not at all."""
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    results_path = spec.output_dir / RESULTS_FILE
+    tmp = results_path.with_name(f".{RESULTS_FILE}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for row in result.results:
+            fh.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
+    tmp.replace(results_path)
 
 
 def _probes(

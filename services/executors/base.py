@@ -116,6 +116,12 @@ class JobSpec:
     command: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        self._check_identity()
+        self._check_document()
+        self._check_resources()
+        self._check_environment()
+
+    def _check_identity(self) -> None:
         if not _RUN_ID.match(self.run_id):
             raise JobSpecError(
                 f"run id {self.run_id!r} must be 1-128 characters of letters, digits, '.', '_' "
@@ -125,6 +131,8 @@ class JobSpec:
             raise JobSpecError(f"run kind must be one of {sorted(RUN_KINDS)}, got {self.kind!r}")
         if not self.loop:
             raise JobSpecError("a job needs the name of its loop")
+
+    def _check_document(self) -> None:
         if not isinstance(self.document, Mapping):
             raise JobSpecError("the job document must be a JSON object")
         if self.document.get("schema") != JOB_SCHEMA:
@@ -142,6 +150,8 @@ class JobSpec:
                 f"the job document's run_id {self.document.get('run_id')!r} "
                 f"is not the run id {self.run_id!r}"
             )
+
+    def _check_resources(self) -> None:
         if self.accelerators < 0:
             raise JobSpecError(f"accelerators must be >= 0, got {self.accelerators}")
         if self.nodes < 1:
@@ -149,6 +159,8 @@ class JobSpec:
         for path_name in ("run_dir", "output_dir", "logs_dir"):
             if not Path(getattr(self, path_name)).is_absolute():
                 raise JobSpecError(f"{path_name} must be an absolute path")
+
+    def _check_environment(self) -> None:
         if self.command is not None and (
             not self.command or not all(isinstance(part, str) and part for part in self.command)
         ):

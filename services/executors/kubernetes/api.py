@@ -122,16 +122,11 @@ def watch_object(
         if remaining <= 0.05:
             return observed
         try:
-            for event_type, obj, version in _watch(
+            events = _watch(
                 list_fn, namespace, name, observed.resource_version, remaining, read_slack_s
-            ):
-                observed.resource_version = version or observed.resource_version
-                if event_type == "DELETED":
-                    observed.obj, observed.deleted = None, True
-                elif event_type in ("ADDED", "MODIFIED"):
-                    observed.obj, observed.deleted = obj, False
-                if changed(observed.obj):
-                    return observed
+            )
+            if _follow(observed, events, changed):
+                return observed
         except ApiException as exc:
             if exc.status != GONE:
                 raise
@@ -144,6 +139,23 @@ def watch_object(
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
             # The stream ended without an event within the window: nothing changed.
             pass
+
+
+def _follow(
+    observed: Observed,
+    events: Iterator[tuple[str, dict[str, Any] | None, str | None]],
+    changed: Callable[[dict[str, Any] | None], bool],
+) -> bool:
+    """Apply one watch's events to ``observed`` in place; whether ``changed`` became true."""
+    for event_type, obj, version in events:
+        observed.resource_version = version or observed.resource_version
+        if event_type == "DELETED":
+            observed.obj, observed.deleted = None, True
+        elif event_type in ("ADDED", "MODIFIED"):
+            observed.obj, observed.deleted = obj, False
+        if changed(observed.obj):
+            return True
+    return False
 
 
 def _list(

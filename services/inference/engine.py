@@ -38,7 +38,6 @@ request gets the same tokens whatever else shares its batch and whenever it join
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ import torch
 
 from services.chat.protocol import ChatMessage
 from services.inference.prefix_cache import Block, PrefixCache, Session
-from services.training.rng import gumbel
+from services.inference.sampling import sample_next, top_logprobs
 
 
 @dataclass(frozen=True)
@@ -212,39 +211,6 @@ class Engine(Protocol):
     def vocab_size(self) -> int:
         """Token ids this model embeds: ``[0, vocab_size)`` (a prompt of ids is checked)."""
         ...
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperatures: torch.Tensor,
-    top_ps: torch.Tensor,
-    seeds: torch.Tensor,
-    counter: int | torch.Tensor,
-) -> torch.Tensor:
-    """Next token ids (B,) for logits (B, V): greedy where temperature is 0, else Gumbel-max
-    over the nucleus (the smallest set of tokens whose probability reaches top_p).
-
-    ``counter`` is the draw number: one for the whole batch, or one per row (B,)."""
-    logits = logits.double()  # (B, V)
-    greedy = logits.argmax(dim=-1)  # (B,)
-    if bool((temperatures <= 0).all()):
-        return greedy
-    scaled = logits / temperatures.clamp(min=1e-6)[:, None]  # (B, V)
-    masked = scaled if bool((top_ps >= 1).all()) else _nucleus(scaled, top_ps)  # (B, V)
-    noise = gumbel(seeds, counter, logits.shape[-1])  # (B, V)
-    sampled = (masked + noise).argmax(dim=-1)  # (B,)
-    return torch.where(temperatures <= 0, greedy, sampled)
-
-
-def _nucleus(scaled: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    """``scaled`` (B, V) with every token outside each row's nucleus at -inf (a row whose
-    top_p is 1 keeps every token: its nucleus is the whole vocabulary)."""
-    probs = torch.softmax(scaled, dim=-1)  # (B, V)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V) mass of strictly better tokens
-    keep_sorted = (before < top_ps[:, None]) | (top_ps[:, None] >= 1)  # (B, V); best kept
-    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)  # (B, V)
-    return scaled.masked_fill(~keep, -math.inf)
 
 
 Tag = TypeVar("Tag")
@@ -474,7 +440,7 @@ class ActiveBatch(Generic[Tag]):
         )  # (B,)
         every = torch.log_softmax(logits.double(), dim=-1)  # (B, V)
         logprobs = every.gather(1, tokens[:, None])[:, 0]  # (B,)
-        tops = _top_logprobs(every, [r.request.sampling.top_logprobs for r in rows])
+        tops = top_logprobs(every, [r.request.sampling.top_logprobs for r in rows])
         done: list[tuple[Tag, GenerationResult]] = []
         for slot, (row, token, logprob, top) in enumerate(
             zip(rows, tokens.tolist(), logprobs.tolist(), tops, strict=True)
@@ -602,18 +568,6 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-def _top_logprobs(logprobs: torch.Tensor, counts: list[int]) -> list[tuple[tuple[int, float], ...]]:
-    """Each row's ``counts[b]`` most likely ids with their log-probs, from (B, V)."""
-    most = min(max(counts, default=0), logprobs.shape[-1])
-    if most == 0:
-        return [() for _ in counts]
-    values, ids = logprobs.topk(most, dim=-1)  # (B, k) each
-    return [
-        tuple(zip(row_ids[:k], row_values[:k], strict=True))
-        for row_ids, row_values, k in zip(ids.tolist(), values.tolist(), counts, strict=True)
-    ]
 
 
 def _hit_stop_string(engine: Engine, ids: list[int], stops: tuple[str, ...]) -> bool:

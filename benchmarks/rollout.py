@@ -19,6 +19,11 @@ Usage: ``python benchmarks/rollout.py [--quick] [--threads 2] [--tasks 16] [--sa
 Ends with one JSON line: episodes_per_s, generated_tokens_per_s, prefill_tokens_computed,
 prefill_tokens_cached, generate_s, engine_s, speedup_vs_generate, speedup_colocated,
 prefill_gflops, matmul_gflops, prefill_vs_matmul, and the machine's load.
+
+Each measurement is ``--repeats`` pairs (generate, then engine, interleaved so a slow spell
+of the machine hits both): the seconds reported are the medians, every pair's seconds are
+listed beside them (``*_runs``), and a speedup is median over median. A 2-core VM shares its
+memory bandwidth with its neighbours; one pair is not a figure.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -65,8 +71,8 @@ from services.training.rng import derive_seed
 logger = logging.getLogger("benchmarks.rollout")
 ROOT = Path(__file__).resolve().parents[1]
 
-FULL = {"tasks": 16, "samples": 4, "max_turns": 4, "max_new_tokens": 40}
-QUICK = {"tasks": 2, "samples": 2, "max_turns": 2, "max_new_tokens": 8}
+FULL = {"tasks": 16, "samples": 4, "max_turns": 4, "max_new_tokens": 40, "repeats": 3}
+QUICK = {"tasks": 2, "samples": 2, "max_turns": 2, "max_new_tokens": 8, "repeats": 1}
 
 
 def rollout_tasks(env: ToolcalcEnvironment, args: argparse.Namespace) -> list[TaskSpec]:
@@ -198,6 +204,28 @@ def colocated_server(
             process.kill()
 
 
+def paired_runs(
+    repeats: int, generate: Callable[[], float], engine: Callable[[], float]
+) -> dict[str, list[float]]:
+    """``repeats`` interleaved (generate, engine) timings, in seconds."""
+    runs: dict[str, list[float]] = {"generate": [], "engine": []}
+    for _ in range(repeats):
+        runs["generate"].append(generate())
+        runs["engine"].append(engine())
+    return runs
+
+
+def summary(runs: dict[str, list[float]], suffix: str = "") -> dict[str, Any]:
+    """Medians, every run, and median over median."""
+    generate, engine = (statistics.median(runs[k]) for k in ("generate", "engine"))
+    return {
+        f"generate{suffix}_s": round(generate, 2),
+        f"engine{suffix}_s": round(engine, 2),
+        f"generate{suffix}_s_runs": [round(x, 2) for x in runs["generate"]],
+        f"engine{suffix}_s_runs": [round(x, 2) for x in runs["engine"]],
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
@@ -213,15 +241,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = rollout_tasks(env, args)
     logger.info("%d episodes (%d tasks x %d samples)", len(tasks), args.tasks, args.samples)
 
-    generate_s, generate_tokens = through_generate(policy, env, tasks, args)
-    engine_s, stats = through_engine(engine, env, tasks, args)
-    logger.info("generate %.1f s, engine %.1f s", generate_s, engine_s)
-    figures: dict[str, Any] = {
+    counted: dict[str, Any] = {}  # the last run's counts: every run's are the same
+
+    def generate() -> float:
+        seconds, counted["generate_tokens"] = through_generate(policy, env, tasks, args)
+        return seconds
+
+    def on_engine() -> float:
+        seconds, counted["stats"] = through_engine(engine, env, tasks, args)
+        return seconds
+
+    figures: dict[str, Any] = summary(paired_runs(args.repeats, generate, on_engine))
+    generate_tokens, stats = counted["generate_tokens"], counted["stats"]
+    generate_s, engine_s = figures["generate_s"], figures["engine_s"]
+    logger.info("generate %.1f s, engine %.1f s (medians)", generate_s, engine_s)
+    figures |= {
         "model": MODEL_NAME,
         "episodes": len(tasks),
         "turns": stats.turns,
-        "generate_s": round(generate_s, 2),
-        "engine_s": round(engine_s, 2),
+        "repeats": args.repeats,
         "generate_generated_tokens": generate_tokens,
         "episodes_per_s": round(len(tasks) / engine_s, 3),
         "generated_tokens_per_s": round(stats.generated_tokens / engine_s, 1),
@@ -249,13 +287,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         budget = thread_budget(args.threads)
         torch.set_num_threads(budget.job)
         with colocated_server(base_dir, args, work / "serve.log", budget.server):
-            generate_colocated_s, _ = through_generate(policy, env, tasks, args)
-            engine_colocated_s, _ = through_engine(engine, env, tasks, args)
+            colocated = summary(
+                paired_runs(
+                    args.repeats,
+                    lambda: through_generate(policy, env, tasks, args)[0],
+                    lambda: through_engine(engine, env, tasks, args)[0],
+                ),
+                "_colocated",
+            )
         torch.set_num_threads(args.threads)
-        figures |= {
-            "generate_colocated_s": round(generate_colocated_s, 2),
-            "engine_colocated_s": round(engine_colocated_s, 2),
-            "speedup_colocated": round(generate_colocated_s / engine_colocated_s, 2),
+        figures |= colocated | {
+            "speedup_colocated": round(
+                colocated["generate_colocated_s"] / colocated["engine_colocated_s"], 2
+            ),
             "colocated_threads": {"rollouts": budget.job, "server": budget.server},
         }
     figures |= shared_machine_figures(args.threads, load_start)
@@ -271,6 +315,9 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed pairs per measurement (default 3)"
+    )
     parser.add_argument(
         "--no-colocated",
         dest="colocated",

@@ -119,30 +119,30 @@ def evaluate(
     keeper: EpisodeKeeper | None = None,
 ) -> EvaluationResult:
     """Roll ``policy`` out on every task ``samples`` times and verify each episode;
-    ``keeper`` (a probe's) is handed every episode."""
+    ``keeper`` (a probe's) is handed every episode; ``batch_size`` bounds the episodes
+    decoding at once."""
     if samples < 1:
         raise ValueError("samples must be >= 1")
     if not tasks:
         raise ValueError("cannot evaluate on an empty task set")
     started = time.monotonic()
     jobs = [(t, s) for t in range(len(tasks)) for s in range(samples)]
+    # One call for every episode, at most batch_size decoding at once: an episode that ends
+    # makes room for the next at once, where fixed chunks would wait for their longest one.
+    rollouts = policy.rollouts(
+        env,
+        [tasks[t] for t, _ in jobs],
+        seeds=[derive_seed(seed, t, s) for t, s in jobs],
+        max_turns=max_turns,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        max_rows=batch_size,
+    )
+    if keeper is not None:
+        keeper.add(rollouts.episodes)
     outcomes: dict[int, list[_Outcome]] = {t: [] for t in range(len(tasks))}
-    generated = 0
-    for begin in range(0, len(jobs), batch_size):
-        chunk = jobs[begin : begin + batch_size]
-        rollouts = policy.rollouts(
-            env,
-            [tasks[t] for t, _ in chunk],
-            seeds=[derive_seed(seed, t, s) for t, s in chunk],
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-        )
-        generated += rollouts.generated_tokens
-        if keeper is not None:
-            keeper.add(rollouts.episodes)
-        for (t, _), episode in zip(chunk, rollouts.episodes, strict=True):
-            outcomes[t].append(_outcome(episode))
+    for (t, _), episode in zip(jobs, rollouts.episodes, strict=True):
+        outcomes[t].append(_outcome(episode))
     results = [_task_result(tasks[t], outcomes[t]) for t in range(len(tasks))]
     passed = sum(r.passed for r in results)
     low, high = wilson_interval(passed, len(results), confidence)
@@ -156,7 +156,7 @@ def evaluate(
         ci_high=high,
         confidence=confidence,
         sample_pass_rate=sample_passes / (len(results) * samples),
-        generated_tokens=generated,
+        generated_tokens=rollouts.generated_tokens,
         wall_s=time.monotonic() - started,
     )
 

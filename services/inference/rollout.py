@@ -92,7 +92,7 @@ def run_chat_episodes(
     top_p: float = 1.0,
     adapter: str | None = None,
     max_prompt_tokens: int = 2048,
-    max_rows: int = DEFAULT_MAX_ROWS,
+    max_rows: int | None = None,
 ) -> tuple[list[ChatRollout], RolloutStats]:
     """Roll out one chat episode per task (tasks may repeat, e.g. a GRPO group) on
     ``engine`` under ``adapter`` (None: the base model); one seed per episode. A
@@ -100,7 +100,7 @@ def run_chat_episodes(
 
     An episode whose next prompt plus ``max_new_tokens`` would pass ``max_prompt_tokens``
     (or the model's context) ends with ``end_reason == "context_limit"``."""
-    _check(tasks, seeds, max_new_tokens, max_rows)
+    rows = _rows(tasks, seeds, max_new_tokens, max_rows)
     rollouts = [ChatRollout(env.chat_start(task, max_turns=max_turns)) for task in tasks]
     limit = min(max_prompt_tokens, engine.context_length())
 
@@ -128,7 +128,7 @@ def run_chat_episodes(
         apply,
         _sampling(seeds, max_new_tokens, temperature, top_p),
         adapter=adapter,
-        max_rows=max_rows,
+        max_rows=rows,
     )
     return rollouts, stats
 
@@ -143,11 +143,11 @@ def run_text_episodes(
     max_new_tokens: int,
     temperature: float,
     top_p: float = 1.0,
-    max_rows: int = DEFAULT_MAX_ROWS,
+    max_rows: int | None = None,
 ) -> tuple[list[TextRollout], RolloutStats]:
     """Roll out one text episode per task with the tiny family (its transcripts are its
     protocol, see :mod:`services.environments.base`); one seed per episode."""
-    _check(tasks, seeds, max_new_tokens, max_rows)
+    rows = _rows(tasks, seeds, max_new_tokens, max_rows)
     tokenizer = engine.tiny_model.tokenizer
     limit = engine.context_length()
     rollouts = [TextRollout(env.start(task, max_turns=max_turns)) for task in tasks]
@@ -175,18 +175,24 @@ def run_text_episodes(
         apply,
         _sampling(seeds, max_new_tokens, temperature, top_p),
         adapter=None,
-        max_rows=max_rows,
+        max_rows=rows,
     )
     return rollouts, stats
 
 
-def _check(tasks: Sequence[TaskSpec], seeds: Sequence[int], max_new: int, max_rows: int) -> None:
+def _rows(
+    tasks: Sequence[TaskSpec], seeds: Sequence[int], max_new: int, max_rows: int | None
+) -> int:
+    """How many rows decode at once (None: :data:`DEFAULT_MAX_ROWS`), once the call is checked."""
+    if max_rows is None:
+        max_rows = DEFAULT_MAX_ROWS
     if len(seeds) != len(tasks):
         raise ValueError(f"need one seed per task: {len(seeds)} seeds for {len(tasks)} tasks")
     if max_new < 1:
         raise ValueError("max_new_tokens must be >= 1")
     if max_rows < 1:
         raise ValueError("max_rows must be >= 1")
+    return max_rows
 
 
 def _sampling(

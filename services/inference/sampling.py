@@ -25,14 +25,14 @@ def sample_next(
     over the nucleus (the smallest set of tokens whose probability reaches top_p).
 
     ``counter`` is the draw number: one for the whole batch, or one per row (B,)."""
-    logits = logits.double()  # (B, V)
     greedy = logits.argmax(dim=-1)  # (B,)
     if bool((temperatures <= 0).all()):
         return greedy
-    scaled = logits / temperatures.clamp(min=1e-6)[:, None]  # (B, V)
+    # In place on one float64 copy: each (B, V) temporary costs page faults at this size.
+    scaled = logits.to(torch.float64, copy=True).div_(temperatures.clamp(min=1e-6)[:, None])
     masked = scaled if bool((top_ps >= 1).all()) else _nucleus(scaled, top_ps)  # (B, V)
     noise = gumbel(seeds, counter, logits.shape[-1])  # (B, V)
-    sampled = (masked + noise).argmax(dim=-1)  # (B,)
+    sampled = noise.add_(masked).argmax(dim=-1)  # (B,)
     return torch.where(temperatures <= 0, greedy, sampled)
 
 

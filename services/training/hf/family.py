@@ -119,6 +119,7 @@ class HFFamilyModel:
         max_turns: int,
         max_new_tokens: int,
         temperature: float,
+        max_rows: int | None = None,
     ) -> Rollouts:
         was_training = self.module.training
         self.module.eval()
@@ -130,6 +131,7 @@ class HFFamilyModel:
                 max_turns=max_turns,
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
+                max_rows=max_rows,
             )
         finally:
             self.module.train(was_training)

@@ -132,6 +132,7 @@ class HFModel:
         max_turns: int,
         max_new_tokens: int,
         temperature: float,
+        max_rows: int | None = None,
     ) -> Rollouts:
         """One chat episode per task through the inference engine (:mod:`services.inference`:
         the system text and tool list every prompt starts with, a GRPO group's shared prompt
@@ -161,6 +162,7 @@ class HFModel:
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 max_prompt_tokens=engine.context_length(),
+                max_rows=max_rows,
             )
         episodes = [
             TokenEpisode(

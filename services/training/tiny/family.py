@@ -104,6 +104,7 @@ class TinyFamilyModel:
         max_turns: int,
         max_new_tokens: int,
         temperature: float,
+        max_rows: int | None = None,
     ) -> Rollouts:
         """Through the inference engine (rows join and leave a running batch; a GRPO
         group's shared prompt and each episode's earlier turns are prefilled once), the path
@@ -120,6 +121,7 @@ class TinyFamilyModel:
                 max_turns=max_turns,
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
+                max_rows=max_rows,
             )
         finally:
             self.net.train(was_training)
@@ -176,6 +178,7 @@ def engine_rollouts(
     max_turns: int,
     max_new_tokens: int,
     temperature: float,
+    max_rows: int | None = None,
 ) -> Rollouts:
     """One verified episode per task, episode ``i`` sampled from ``seeds[i]``, through a
     :class:`TinyEngine` over ``model``; token for token what :meth:`TinyModel.rollouts`
@@ -189,6 +192,7 @@ def engine_rollouts(
         max_turns=max_turns,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
+        max_rows=max_rows,
     )
     records = [(r.episode, [(t.prompt_ids, t.completion_ids) for t in r.turns]) for r in rollouts]
     return verified_rollouts(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)

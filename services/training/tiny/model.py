@@ -382,6 +382,7 @@ class TinyModel:
         max_turns: int,
         max_new_tokens: int,
         temperature: float,
+        max_rows: int | None = None,
     ) -> Rollouts:
         """One verified episode per task, episode ``i`` sampled from ``seeds[i]``, through
         :meth:`generate` (:func:`services.training.tiny.rollout.run_episodes`).
@@ -390,19 +391,28 @@ class TinyModel:
         (tests replay demonstrations that way) rolls out through. Training and evaluation
         roll the network out through the inference engine instead
         (:meth:`services.training.tiny.family.TinyFamilyModel.rollouts`), which gives the
-        same token record and, for the network itself, the same tokens."""
-        rollouts, stats = run_episodes(
-            env,
-            tasks,
-            self,
-            seeds=seeds,
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            context_limit=self.model.config.max_seq_len,
-        )
-        records = [(r.episode, r.turns) for r in rollouts]
-        return verified_rollouts(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
+        same token record and, for the network itself, the same tokens. Episodes run in
+        lockstep batches of ``max_rows`` (None: all at once)."""
+        rows = len(tasks) if max_rows is None else max_rows
+        if rows < 1:
+            raise ValueError("max_rows must be >= 1")
+        records: list[tuple[Episode, list[TokenTurn]]] = []
+        generated = prompt_tokens = 0
+        for begin in range(0, max(len(tasks), 1), rows):
+            rollouts, stats = run_episodes(
+                env,
+                tasks[begin : begin + rows],
+                self,
+                seeds=seeds[begin : begin + rows],
+                max_turns=max_turns,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                context_limit=self.model.config.max_seq_len,
+            )
+            records += [(r.episode, r.turns) for r in rollouts]
+            generated += stats.generated_tokens
+            prompt_tokens += stats.prompt_tokens
+        return verified_rollouts(env, tasks, records, generated, prompt_tokens)
 
     def act(self, transcript: str) -> str:
         """Greedy next turn for one transcript: usable as ``Environment.run_episode``'s ``act``."""

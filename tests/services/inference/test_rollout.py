@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from services.environments.toolcalc import ToolcalcEnvironment
+from services.evaluation.evaluator import evaluate
 from services.inference.hf import HFEngine
 from services.inference.rollout import run_chat_episodes, run_text_episodes
 from services.inference.tiny import TinyEngine
@@ -143,6 +144,41 @@ def test_tiny_family_rollouts_go_through_the_engine(tool_calling_tiny: Checkpoin
     assert seen and scripted.episodes[0].answer == "0"
 
 
+def test_an_evaluation_keeps_its_batch_full_and_scores_what_one_big_batch_scores(
+    tool_calling_tiny: CheckpointRef,
+) -> None:
+    """Evaluation hands the engine every episode at once, ``batch_size`` of them decoding:
+    an episode that ends makes room for the next (no chunk waits for its longest episode),
+    and the results are those of a batch holding every row, the lockstep path's too."""
+    family_model = family_for("tiny").load(path_of(tool_calling_tiny), device=torch.device("cpu"))
+    tasks = [demo_task()] * 2 + ENV.generate_tasks(5, seed=8, api_version="v1")
+    options: dict[str, Any] = {"max_turns": 3, "max_new_tokens": 10, "samples": 2}
+    calls: list[tuple[int, int | None]] = []
+    inner = family_model.rollouts
+
+    def counted(env: Any, episodes: Any, **kwargs: Any) -> Any:
+        calls.append((len(episodes), kwargs.get("max_rows")))
+        return inner(env, episodes, **kwargs)
+
+    family_model.rollouts = counted  # type: ignore[method-assign]
+    narrow = evaluate(family_model, ENV, tasks, batch_size=3, temperature=1.0, **options)
+    assert calls == [(14, 3)]
+    wide = evaluate(family_model, ENV, tasks, batch_size=64, temperature=1.0, **options)
+    lockstep = evaluate(
+        TinyModel.load(path_of(tool_calling_tiny), device="cpu"),
+        ENV,
+        tasks,
+        batch_size=4,
+        temperature=1.0,
+        **options,
+    )
+    for other in (wide, lockstep):
+        assert [r.to_dict() for r in narrow.results] == [r.to_dict() for r in other.results]
+        assert narrow.generated_tokens == other.generated_tokens
+    with pytest.raises(ValueError, match="max_rows"):
+        evaluate(family_model, ENV, tasks, batch_size=0)
+
+
 def test_bad_rollout_arguments_are_refused(tool_calling_tiny: CheckpointRef) -> None:
     engine = TinyEngine(TinyModel.load(path_of(tool_calling_tiny), device="cpu"), "memory")
     tasks = [demo_task()]
@@ -200,7 +236,6 @@ def test_a_rollout_leaves_nothing_pinned(tool_calling_tiny: CheckpointRef) -> No
 def test_hf_evaluation_through_the_engine_scores_as_the_generate_path(
     tool_calling_llama: CheckpointRef,
 ) -> None:
-    from services.evaluation.evaluator import evaluate
 
     policy = HFModel.load(path_of(tool_calling_llama), device="cpu")
     tasks = ENV.generate_tasks(4, seed=6, api_version="v1")

@@ -275,6 +275,7 @@ class BigramModel:
         max_turns: int,
         max_new_tokens: int,
         temperature: float,
+        max_rows: int | None = None,  # lockstep: every row at once
     ) -> Rollouts:
         from services.training.family import TokenEpisode
         from services.training.tiny.rollout import run_episodes

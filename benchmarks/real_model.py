@@ -44,6 +44,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.support import (
+    DriftTaskSets,
     drift_recovery_figures,
     drift_task_sets,
     paired_on,
@@ -65,7 +67,7 @@ from services.evaluation.evaluator import EvaluationResult, evaluate
 from services.training.checkpoint import Manifest, verify_checkpoint
 from services.training.config import HFGRPOConfig, HFSFTConfig
 from services.training.counters import RunCounters
-from services.training.distributed import init_distributed
+from services.training.distributed import DistContext, init_distributed
 from services.training.family import DemonstrationOptions, FamilyModel
 from services.training.grpo import train_grpo
 from services.training.hf.checkpoint import load_hf_checkpoint, save_lora_adapter
@@ -102,17 +104,75 @@ QUICK = {  # every step once, sized for a shared 2-core machine
 }
 
 
+@dataclass(frozen=True)
+class _Bench:
+    """What every step shares: the arguments and sizes, the environment, the device, the
+    converted base model and the task sets."""
+
+    args: argparse.Namespace
+    settings: dict[str, Any]
+    env: ToolcalcEnvironment
+    work: Path
+    ctx: DistContext
+    family: HFFamily
+    base_dir: Path
+    base_manifest: Manifest
+    convert_s: float
+    task_sets: DriftTaskSets
+
+    @property
+    def store(self) -> Path:
+        return self.work / "checkpoints"
+
+    def score(
+        self, role: str, manifest: Manifest, checkpoint_dir: Path, trained: str
+    ) -> tuple[EvaluationResult, EvaluationResult]:
+        """Greedy pass rates on the held-out v1 and drifted sets, of the adapter on disk."""
+        policy = self.family.load(checkpoint_dir, device=self.ctx.device, base_dir=self.base_dir)
+        v1 = _evaluate(policy, self.env, self.task_sets.eval_v1, self.args)
+        drifted = _evaluate(policy, self.env, self.task_sets.eval_drifted, self.args)
+        logger.info(
+            "%s %s: v1 %.3f, drifted %.3f (%s)",
+            role,
+            manifest.checkpoint_id[:12],
+            v1.pass_rate,
+            drifted.pass_rate,
+            trained,
+        )
+        return v1, drifted
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """A checkpoint one step made (or an earlier run did: no counters, no wall time), with
+    its pass rates on the held-out v1 and drifted sets."""
+
+    manifest: Manifest
+    checkpoint_dir: Path
+    v1: EvaluationResult
+    drifted: EvaluationResult
+    counters: RunCounters | None
+    wall_s: float | None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
+    bench = _prepare(args)
+    champion, params_m = _champion(bench)
+    candidate = _candidate(bench, champion)
+    return _figures(bench, champion, candidate, params_m=params_m, load_start=load_start)
+
+
+def _prepare(args: argparse.Namespace) -> _Bench:
+    """1. the work dir, the device and the base model (converted once, cached under the work
+    dir), and the task sets."""
     settings = QUICK if args.quick else FULL
     env = ToolcalcEnvironment()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-real-model-"))
-    store = work / "checkpoints"
     for stale in ("champion.tmp", "candidate.tmp"):  # left by an interrupted run
-        shutil.rmtree(store / stale, ignore_errors=True)
+        shutil.rmtree(work / "checkpoints" / stale, ignore_errors=True)
     ctx = init_distributed(args.device)
-    device = ctx.device
     family = HFFamily()
 
     t0 = time.monotonic()
@@ -128,30 +188,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         evaluation=settings["eval_tasks"],
         seed=args.seed,
     )
-    eval_v2 = task_sets.eval_drifted
-
-    def score(
-        role: str, manifest: Manifest, checkpoint_dir: Path, trained: str
-    ) -> tuple[EvaluationResult, EvaluationResult]:
-        """Greedy pass rates on the held-out v1 and drifted sets, of the adapter on disk."""
-        policy = family.load(checkpoint_dir, device=device, base_dir=base_dir)
-        v1 = _evaluate(policy, env, task_sets.eval_v1, args)
-        drifted = _evaluate(policy, env, eval_v2, args)
-        logger.info(
-            "%s %s: v1 %.3f, drifted %.3f (%s)",
-            role,
-            manifest.checkpoint_id[:12],
-            v1.pass_rate,
-            drifted.pass_rate,
-            trained,
-        )
-        return v1, drifted
-
-    # 2. SFT-LoRA champion on v1 (or a champion made by an earlier run, --champion)
-    sft_cfg = HFSFTConfig(
-        **settings["sft"], recovery_fraction=args.recovery_fraction, seed=args.seed
+    return _Bench(
+        args, settings, env, work, ctx, family, base_dir, base_manifest, convert_s, task_sets
     )
-    loaded = load_hf_checkpoint(base_dir, device="cpu", dtype=model_dtype(device))
+
+
+def _champion(bench: _Bench) -> tuple[_Trained, float]:
+    """2. and 3. the SFT-LoRA champion on v1 (or a champion made by an earlier run,
+    ``--champion``), scored; with the base model's parameter count in millions."""
+    args, device = bench.args, bench.ctx.device
+    sft_cfg = HFSFTConfig(
+        **bench.settings["sft"], recovery_fraction=args.recovery_fraction, seed=args.seed
+    )
+    loaded = load_hf_checkpoint(bench.base_dir, device="cpu", dtype=model_dtype(device))
     params_m = sum(p.numel() for p in loaded.model.parameters()) / 1e6
     sft: RunCounters | None = None
     sft_wall = None
@@ -160,42 +209,70 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         champion_manifest = verify_checkpoint(champion_dir)
         logger.info("champion %s from an earlier run", champion_manifest.checkpoint_id[:12])
     else:
-        model = family.load(base_dir, device=device, training=sft_cfg)
+        model = bench.family.load(bench.base_dir, device=device, training=sft_cfg)
         t1 = time.monotonic()
         options = DemonstrationOptions(
             seed=sft_cfg.seed, recovery_fraction=sft_cfg.recovery_fraction
         )
-        sequences = model.demonstrations(env, task_sets.sft, options)
-        sft = train_sft(model, sequences, sft_cfg, ctx=ctx)
+        sequences = model.demonstrations(bench.env, bench.task_sets.sft, options)
+        sft = train_sft(model, sequences, sft_cfg, ctx=bench.ctx)
         sft_wall = time.monotonic() - t1
         champion_manifest, champion_dir = _save_adapter(
-            model.module, store, "champion", base=base_manifest, parent=base_manifest.checkpoint_id
+            model.module,
+            bench.store,
+            "champion",
+            base=bench.base_manifest,
+            parent=bench.base_manifest.checkpoint_id,
         )
         del model
     del loaded
     sft_loss = sft.final_loss if sft and sft.final_loss is not None else float("nan")
-    v1_before, v2_before = score(
+    v1, drifted = bench.score(
         "champion",
         champion_manifest,
         champion_dir,
         f"sft {sft_wall or 0.0:.0f}s, loss {sft_loss:.3f}",
     )
+    return _Trained(champion_manifest, champion_dir, v1, drifted, sft, sft_wall), params_m
 
-    # 4. one GRPO-LoRA job from the champion on the drifted API
-    grpo_cfg = HFGRPOConfig(**settings["grpo"], seed=args.seed)
-    model = family.load(champion_dir, device=device, base_dir=base_dir, training=grpo_cfg)
+
+def _candidate(bench: _Bench, champion: _Trained) -> _Trained:
+    """4. and 5. one GRPO-LoRA job from the champion on the drifted API, scored."""
+    grpo_cfg = HFGRPOConfig(**bench.settings["grpo"], seed=bench.args.seed)
+    model = bench.family.load(
+        champion.checkpoint_dir, device=bench.ctx.device, base_dir=bench.base_dir, training=grpo_cfg
+    )
     t2 = time.monotonic()
-    grpo = train_grpo(model, env, task_sets.grpo, grpo_cfg, ctx=ctx).counters
+    grpo = train_grpo(model, bench.env, bench.task_sets.grpo, grpo_cfg, ctx=bench.ctx).counters
     grpo_wall = time.monotonic() - t2
     candidate_manifest, candidate_dir = _save_adapter(
-        model.module, store, "candidate", base=base_manifest, parent=champion_manifest.checkpoint_id
+        model.module,
+        bench.store,
+        "candidate",
+        base=bench.base_manifest,
+        parent=champion.manifest.checkpoint_id,
     )
     del model
-    v1_after, v2_after = score(
+    v1, drifted = bench.score(
         "candidate", candidate_manifest, candidate_dir, f"grpo {grpo_wall:.0f}s"
     )
+    return _Trained(candidate_manifest, candidate_dir, v1, drifted, grpo, grpo_wall)
 
-    paired = paired_on(eval_v2, v2_before, v2_after, seed=args.seed)
+
+def _figures(
+    bench: _Bench,
+    champion: _Trained,
+    candidate: _Trained,
+    *,
+    params_m: float,
+    load_start: tuple[float, float, float],
+) -> dict[str, Any]:
+    """The JSON line: the drift-recovery figures, the paired test, the runs' speeds."""
+    args, eval_v2 = bench.args, bench.task_sets.eval_drifted
+    sft, sft_wall = champion.counters, champion.wall_s
+    grpo, grpo_wall = candidate.counters, candidate.wall_s
+    assert grpo is not None and grpo_wall is not None  # the candidate is always trained here
+    paired = paired_on(eval_v2, champion.drifted, candidate.drifted, seed=args.seed)
     metrics = {**grpo.metrics(), "final_reward": grpo.history[-1]["reward_mean"]}
     return {
         "benchmark": "real_model",
@@ -204,7 +281,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "quick": bool(args.quick),
         "drift_api": args.drift,
         "sft_recovery_fraction": args.recovery_fraction,
-        **drift_recovery_figures((v1_before, v2_before), (v1_after, v2_after)),
+        **drift_recovery_figures(
+            (champion.v1, champion.drifted), (candidate.v1, candidate.drifted)
+        ),
         "v2_mcnemar_p_improvement": paired.p_value_improvement,
         "gate_significant": paired.p_value_improvement < 0.05,
         "sft_wall_s": round(sft_wall, 1) if sft_wall is not None else None,
@@ -218,14 +297,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "train_tokens_per_s": metrics["train_tokens_per_s"],
         "filtered_zero_variance_groups": grpo.filtered_zero_variance_groups,
         "eval_tasks_per_set": len(eval_v2),
-        "eval_tokens_per_s": round(v2_after.tokens_per_s, 1),
-        "convert_or_load_s": round(convert_s, 1),
+        "eval_tokens_per_s": round(candidate.drifted.tokens_per_s, 1),
+        "convert_or_load_s": round(bench.convert_s, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "device": str(device),
+        "device": str(bench.ctx.device),
         **shared_machine_figures(args.threads, load_start),
-        "champion_id": champion_manifest.checkpoint_id,
-        "candidate_id": candidate_manifest.checkpoint_id,
-        "workdir": str(work),
+        "champion_id": champion.manifest.checkpoint_id,
+        "candidate_id": candidate.manifest.checkpoint_id,
+        "workdir": str(bench.work),
     }
 
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from services.artifacts import ArtifactStore, path_to_uri
 from services.db.models import Checkpoint
-from services.db.queries.runs import get_checkpoint, get_run, upsert_checkpoint
+from services.db.queries.runs import NewCheckpoint, get_checkpoint, get_run, upsert_checkpoint
 from services.training.checkpoint_manifest import (
     MANIFEST_FILE,
     CheckpointError,
@@ -93,8 +93,7 @@ def record_checkpoint(
     run_id: str | None,
 ) -> Checkpoint:
     """The checkpoint's row (inserted unless its content id exists); never commits."""
-    return upsert_checkpoint(
-        session=session,
+    checkpoint = NewCheckpoint(
         checkpoint_id=installed.checkpoint_id,
         loop_id=loop_id,
         uri=path_to_uri(installed.target),
@@ -105,6 +104,7 @@ def record_checkpoint(
         parent_id=parent_id,
         run_id=run_id,
     )
+    return upsert_checkpoint(session=session, checkpoint=checkpoint)
 
 
 def resolve_parent(from_manifest: str | None, from_input: str | None) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from decimal import Decimal
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -63,6 +64,29 @@ def _raise_for_error(response: httpx.Response) -> None:
     except (ValueError, KeyError, TypeError):
         code, message, fields = "http_error", response.text[:500] or response.reason_phrase, []
     raise ApiRequestError(response.status_code, code, message, fields)
+
+
+@dataclass(frozen=True)
+class LoopPolicies:
+    """A new loop's policy documents, as ``POST /v1/loops`` takes them: each one left None
+    gets the server's defaults (``services.loop.policies``)."""
+
+    training_profile: Mapping[str, Any] | None = None
+    serving_target: Mapping[str, Any] | None = None
+    gate_policy: Mapping[str, Any] | None = None
+    trigger_policy: Mapping[str, Any] | None = None
+    curation_policy: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, document: Mapping[str, Any]) -> LoopPolicies:
+        """The policies a configuration document names (a loop file's keys); its other
+        keys (environment, executor, budget) are not policies and are left out."""
+        return cls(**{f.name: document.get(f.name) for f in fields(cls)})
+
+    def documents(self) -> dict[str, dict[str, Any]]:
+        """The policies set, by their key in the request body."""
+        named = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {key: dict(value) for key, value in named if value is not None}
 
 
 class RatchetClient:
@@ -135,11 +159,7 @@ class RatchetClient:
         *,
         executor: str | None = "local",
         budget_usd: Decimal | float | None = None,
-        training_profile: Mapping[str, Any] | None = None,
-        serving_target: Mapping[str, Any] | None = None,
-        gate_policy: Mapping[str, Any] | None = None,
-        trigger_policy: Mapping[str, Any] | None = None,
-        curation_policy: Mapping[str, Any] | None = None,
+        policies: LoopPolicies = LoopPolicies(),
         changed_by: str | None = None,
     ) -> LoopCreated:
         """Create a loop; the answer holds its signing secret and ingest token (shown once)."""
@@ -150,15 +170,7 @@ class RatchetClient:
             body["changed_by"] = changed_by
         if budget_usd is not None:
             body["budget_usd"] = str(budget_usd)
-        for key, value in (
-            ("training_profile", training_profile),
-            ("serving_target", serving_target),
-            ("gate_policy", gate_policy),
-            ("trigger_policy", trigger_policy),
-            ("curation_policy", curation_policy),
-        ):
-            if value is not None:
-                body[key] = dict(value)
+        body.update(policies.documents())
         return self._model(LoopCreated, "POST", "/v1/loops", body)
 
     def list_loops(self) -> list[LoopPublic]:

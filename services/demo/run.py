@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from services.client import RatchetClient
+from services.client import LoopPolicies, RatchetClient
 from services.db.queries.loops import require_loop
 from services.db.session import create_db_engine, make_session_factory
 from services.demo.champion import champion_note, make_demo_champion
@@ -43,7 +43,7 @@ from services.demo.options import LOOP_NAME, DemoOptions, Printer
 from services.demo.report import DemoReport, build_report
 from services.demo.server import start_model_server, stop_model_server
 from services.demo.stack import demo_settings, stack_database_url
-from services.demo.traffic import TrafficSimulator
+from services.demo.traffic import ServedModel, TraceDestination, TrafficSimulator
 from services.demo.watcher import watch
 from services.executors.local import kill_local_jobs
 from services.local.stack import Stack
@@ -80,40 +80,24 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
         champion = make_demo_champion(options, settings, out)
         server = start_model_server(settings, champion)
         client = RatchetClient(settings.api_base_url, token)
-        created = client.create_loop(
-            LOOP_NAME,
-            "toolcalc",
-            serving_target={"kind": "local"},
-            trigger_policy={
-                "min_new_tasks": options.min_new_tasks,
-                "check_interval_s": 2,
-                "drift_enabled": False,
-            },
-            gate_policy={
-                "canary_seconds": options.canary_seconds,
-                "canary_check_interval_s": 3,
-                "canary_min_traces": 20,
-                # The demo's regression suite (sampled v1 successes, deduplicated) holds about
-                # 20 tasks, so one task is about 5 points: a 2-point tolerance would refuse any
-                # candidate that misses a single one.
-                "regression_tolerance_points": 5,
-            },
-            training_profile=_training_profile(options),
-            curation_policy={"success_sample_rate": 0.5},
-        )
+        created = client.create_loop(LOOP_NAME, "toolcalc", policies=_loop_policies(options))
         client.set_champion(LOOP_NAME, str(champion))
         client.start_loop(LOOP_NAME)
         api_version = ["v1"]
         assert settings.serve_api_key is not None
         traffic = TrafficSimulator(
-            serve_url=f"http://{settings.serve_host}:{settings.serve_port}",
-            serve_api_key=settings.serve_api_key.get_secret_value(),
-            api_url=settings.api_base_url,
-            loop=LOOP_NAME,
-            signing_secret=created.signing_secret,
+            served=ServedModel(
+                url=f"http://{settings.serve_host}:{settings.serve_port}",
+                api_key=settings.serve_api_key.get_secret_value(),
+                style="chat" if options.model == "smollm2" else "transcript",
+            ),
+            destination=TraceDestination(
+                api_url=settings.api_base_url,
+                loop=LOOP_NAME,
+                signing_secret=created.signing_secret,
+            ),
             api_version=lambda: api_version[0],
             rate_per_s=options.traffic,
-            style="chat" if options.model == "smollm2" else "transcript",
         )
         traffic.start()
         out(f"[demo] production traffic: {options.traffic:g} traces/s on tool API v1")
@@ -128,6 +112,31 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
             stop_model_server(server)
         stack.stop()
         kill_local_jobs(settings.artifacts_dir)
+
+
+def _loop_policies(options: DemoOptions) -> LoopPolicies:
+    """The demo loop's policies: served by the local model server, a cycle once
+    ``min_new_tasks`` new tasks are curated (no drift trigger), the demo's canary, and the
+    training profile of the demo's model."""
+    return LoopPolicies(
+        serving_target={"kind": "local"},
+        trigger_policy={
+            "min_new_tasks": options.min_new_tasks,
+            "check_interval_s": 2,
+            "drift_enabled": False,
+        },
+        gate_policy={
+            "canary_seconds": options.canary_seconds,
+            "canary_check_interval_s": 3,
+            "canary_min_traces": 20,
+            # The demo's regression suite (sampled v1 successes, deduplicated) holds about
+            # 20 tasks, so one task is about 5 points: a 2-point tolerance would refuse any
+            # candidate that misses a single one.
+            "regression_tolerance_points": 5,
+        },
+        training_profile=_training_profile(options),
+        curation_policy={"success_sample_rate": 0.5},
+    )
 
 
 def _training_profile(options: DemoOptions) -> dict[str, Any]:

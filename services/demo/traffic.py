@@ -31,11 +31,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Literal
 
 import openai
-from ratchet_client import TraceClient
+from ratchet_client import Retries, TraceClient
 
 from services.chat.protocol import ToolCall as ChatToolCall
 from services.environments import get_environment
@@ -261,50 +261,62 @@ class ToolcalcAgent:
         )
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """The model server the agent calls (``ratchet serve``, vLLM, any OpenAI-compatible
+    server): its URL, its key (RATCHET_SERVE_API_KEY) when it has one, the served model's
+    name, and the conversation style the served family reads."""
+
+    url: str
+    api_key: str | None = None
+    model: str = "ratchet"
+    style: Style = "transcript"
+
+
+@dataclass(frozen=True)
+class TraceDestination:
+    """Where the episodes go: a loop on Ratchet's api, as signed webhook traces in batches
+    of ``batch_size``, or with ``transport="otlp"`` as spans through the OTLP door, which
+    takes the loop's ``ingest_token``."""
+
+    api_url: str
+    loop: str
+    signing_secret: str
+    transport: Transport = "webhook"
+    ingest_token: str | None = None
+    batch_size: int = 4
+
+    def __post_init__(self) -> None:
+        if self.transport == "otlp" and not self.ingest_token:
+            raise ValueError("transport 'otlp' needs the loop's ingest_token")
+
+
 class TrafficSimulator:
     """Runs ``rate_per_s`` agent episodes per second from ``workers`` threads until stopped."""
 
     def __init__(
         self,
         *,
-        serve_url: str,
-        api_url: str,
-        loop: str,
-        signing_secret: str,
+        served: ServedModel,
+        destination: TraceDestination,
         api_version: Callable[[], str],
         rate_per_s: float = 4.0,
         workers: int = 2,
         environment: str = "toolcalc",
         seed: int = 0,
-        batch_size: int = 4,
-        model: str = "ratchet",
-        style: Style = "transcript",
-        transport: Transport = "webhook",
-        ingest_token: str | None = None,
-        serve_api_key: str | None = None,
     ) -> None:
-        """``model``: the served name; ``transport="otlp"`` needs the loop's ``ingest_token``;
-        ``serve_api_key``: the model server's key (RATCHET_SERVE_API_KEY), when it has one."""
+        """``api_version`` names the tool API in force for each new episode (the demo moves
+        it to drift the API under the agent)."""
         if rate_per_s <= 0:
             raise ValueError("rate_per_s must be > 0")
-        if transport == "otlp" and not ingest_token:
-            raise ValueError("transport 'otlp' needs the loop's ingest_token")
         self.stats = TrafficStats()
-        self._serve_url = serve_url.rstrip("/")
-        self._api_url = api_url
-        self._loop = loop
-        self._secret = signing_secret
+        self._served = replace(served, url=served.url.rstrip("/"))
+        self._destination = destination
         self._api_version = api_version
         self._interval = workers / rate_per_s
         self._workers = workers
         self._environment = get_environment(environment)
         self._seed = seed
-        self._batch_size = batch_size
-        self._model = model
-        self._serve_api_key = serve_api_key
-        self._style: Style = style
-        self._transport: Transport = transport
-        self._ingest_token = ingest_token
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = time.monotonic()
@@ -329,27 +341,32 @@ class TrafficSimulator:
 
     def _run(self, index: int) -> None:
         rng = random.Random(f"traffic/{self._seed}/{index}")
+        served, destination = self._served, self._destination
         client = openai.OpenAI(
-            base_url=f"{self._serve_url}/v1",
-            api_key=self._serve_api_key or "unused",
+            base_url=f"{served.url}/v1",
+            api_key=served.api_key or "unused",
             max_retries=0,
             timeout=60,
         )
-        agent = ToolcalcAgent(client, model=self._model, style=self._style)
-        exporter = OtlpExport(self._api_url, self._ingest_token) if self._ingest_token else None
+        agent = ToolcalcAgent(client, model=served.model, style=served.style)
+        token = destination.ingest_token
+        exporter = OtlpExport(destination.api_url, token) if token else None
         pending: list[dict[str, Any]] = []
         traces = TraceClient(
-            self._api_url, self._loop, self._secret, max_retries=3, max_retry_after_s=30.0
+            destination.api_url,
+            destination.loop,
+            destination.signing_secret,
+            retries=Retries(max_retries=3, max_retry_after_s=30.0),
         )
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
                 episode = self._one_episode(agent, rng)
-                if episode is not None and self._transport == "otlp" and exporter is not None:
+                if episode is not None and destination.transport == "otlp" and exporter is not None:
                     self._export(exporter, episode)
                 elif episode is not None:
                     pending.append(episode_trace(episode))
-                if len(pending) >= self._batch_size:
+                if len(pending) >= destination.batch_size:
                     self._post(traces, pending)
                     pending = []
                 self._stop.wait(max(0.0, self._interval - (time.monotonic() - started)))

@@ -48,7 +48,8 @@ class LoopManifest:
     settings: dict[str, Any]
 
     def create_arguments(self) -> dict[str, Any]:
-        """Keyword arguments of ``RatchetClient.create_loop`` for this loop."""
+        """The settings this file sets, as ``RatchetClient.create_loop`` takes them (its
+        keyword arguments and the documents of its ``LoopPolicies``)."""
         return {key: value for key, value in self.settings.items() if value is not None}
 
     def desired(self, current: Mapping[str, Any]) -> dict[str, Any]:

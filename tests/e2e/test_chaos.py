@@ -25,7 +25,7 @@ import pytest
 from ratchet_client import TraceClient
 from sqlalchemy import func, select
 
-from services.client import ApiRequestError, ApiUnreachable, RatchetClient
+from services.client import ApiRequestError, ApiUnreachable, LoopPolicies, RatchetClient
 from services.db.models import Cycle, Dataset, Loop, Promotion, Run, Task, TaskSource, Trace
 from tests.e2e.support import (
     LiveStack,
@@ -86,15 +86,14 @@ def test_a_cycle_survives_kill9_of_the_worker_in_train_evaluate_and_promote(
 
 
 def _chaos(live: LiveStack, client: RatchetClient, tmp_path: Path) -> None:
-    created = client.create_loop(
-        LOOP,
-        "toolcalc",
+    policies = LoopPolicies(
         training_profile=TRAINING_PROFILE,
         serving_target={"kind": "none"},
         gate_policy=GATE_POLICY,
         trigger_policy=TRIGGER_POLICY,
         curation_policy=CURATION_POLICY,
     )
+    created = client.create_loop(LOOP, "toolcalc", policies=policies)
     client.set_champion(LOOP, str(make_tiny_champion(tmp_path / "champion")))
     first = toolcalc_traces(40, seed=11, passing=False, id_prefix="first-fail")
     first += toolcalc_traces(6, seed=12, passing=True, id_prefix="first-ok")

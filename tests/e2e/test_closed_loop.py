@@ -49,10 +49,11 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from services.client import LoopPolicies
 from services.db.models import Cycle, Dataset, Evaluation, Loop, Promotion, Task, Trace
 from services.demo.options import DemoOptions
 from services.demo.server import start_model_server
-from services.demo.traffic import TrafficSimulator
+from services.demo.traffic import ServedModel, TraceDestination, TrafficSimulator
 from tests.e2e.champion_fixture import FIXTURE
 from tests.e2e.support import LiveStack, cycle_closed, loop_cycle, new_tasks_trigger, wait_for
 
@@ -122,15 +123,14 @@ def test_the_closed_loop_promotes_serves_watches_and_rolls_back(
     live: LiveStack, model_server: str
 ) -> None:
     with live.diagnostics(), live.client() as client:
-        created = client.create_loop(
-            LOOP,
-            "toolcalc",
+        policies = LoopPolicies(
             serving_target={"kind": "local"},
             training_profile=TRAINING_PROFILE,
             gate_policy=GATE_POLICY,
             trigger_policy=TRIGGER_POLICY,
             curation_policy=CURATION_POLICY,
         )
+        created = client.create_loop(LOOP, "toolcalc", policies=policies)
         client.set_champion(LOOP, str(FIXTURE))
         champion = _loop(live).champion_checkpoint_id
         assert champion is not None
@@ -141,15 +141,16 @@ def test_the_closed_loop_promotes_serves_watches_and_rolls_back(
         def production() -> TrafficSimulator:
             """Production traffic from now on (a simulator runs once: start, then stop)."""
             return TrafficSimulator(
-                serve_url=model_server,
-                serve_api_key=_serve_key(live),
-                api_url=live.api_url,
-                loop=LOOP,
-                signing_secret=created.signing_secret,
+                served=ServedModel(url=model_server, api_key=_serve_key(live)),
+                destination=TraceDestination(
+                    api_url=live.api_url,
+                    loop=LOOP,
+                    signing_secret=created.signing_secret,
+                    batch_size=2,
+                ),
                 api_version=lambda: api[0],
                 rate_per_s=6,
                 workers=2,
-                batch_size=2,
             )
 
         running: list[TrafficSimulator] = []

@@ -17,6 +17,7 @@ import pytest
 from ratchet_client import TraceClient
 from sqlalchemy import select
 
+from services.client import LoopPolicies
 from services.db.models import Dataset, Evaluation, Loop, Promotion, Task, Trace
 from tests.e2e.support import LiveStack, cycle_closed, loop_cycle, new_tasks_trigger, wait_for
 from tests.services.environments.replay_traces import failing_trace
@@ -63,15 +64,14 @@ def test_a_cycle_on_replay_tasks_promotes_an_hf_candidate(live: LiveStack, tmp_p
     champion_dir = tmp_path / "champion"
     build_tiny_llama(champion_dir)
     with live.diagnostics(), live.client() as client:
-        created = client.create_loop(
-            LOOP,
-            "replay",
+        policies = LoopPolicies(
             serving_target={"kind": "none"},
             training_profile=TRAINING_PROFILE,
             gate_policy={"mode": "manual", "eval_samples": 1, "canary_seconds": 0},
             trigger_policy=new_tasks_trigger(4),
             curation_policy=CURATION_POLICY,
         )
+        created = client.create_loop(LOOP, "replay", policies=policies)
         client.set_champion(LOOP, str(champion_dir))
         with live.sessions()() as session:
             champion = session.scalars(select(Loop).where(Loop.name == LOOP)).one()

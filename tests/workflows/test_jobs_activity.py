@@ -439,9 +439,8 @@ def tiny_checkpoint(path: Path, *, seed: int, parent: str | None = None) -> str:
 def record_run(world: World, run_id: str) -> None:
     with world.sessions.begin() as session:
         loop_id = require_loop(session=session, name=world.loop).id
-        q.upsert_run(
-            session=session, run_id=run_id, loop_id=loop_id, kind="train", executor="local", spec={}
-        )
+        run = q.NewRun(run_id=run_id, loop_id=loop_id, kind="train", executor="local", spec={})
+        q.upsert_run(session=session, run=run)
 
 
 async def register(

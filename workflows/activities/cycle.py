@@ -150,8 +150,7 @@ class CycleActivities:
                 points_gained=input.points_gained,
                 candidate_checkpoint_id=input.candidate_checkpoint_id,
                 gate_points=input.gate_points,
-                live_points=points.live_points,
-                points_detail=points.detail,
+                points=points,
             )
             budget = settle_budget(session=session, loop=loop)
             champion = loop.champion_checkpoint_id

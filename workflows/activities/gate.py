@@ -19,7 +19,7 @@ from services.artifacts import uri_to_path
 from services.db.models import Cycle
 from services.db.queries import cycles as q
 from services.db.session import SessionFactory
-from services.evaluation.gate import decide, judge_only_count
+from services.evaluation.gate import GateDecision, decide, judge_only_count
 from services.evaluation.results import ResultsFileError, pass_at_1, read_results
 from services.evaluation.stats import compare_paired, mean_interval
 from services.logs import log_context
@@ -47,17 +47,15 @@ class GateActivities:
         ci = mean_interval([pass_at_1(row) for row in rows]) if rows else (0.0, 0.0)
         with transaction(self._sessions) as session:
             loop, cycle = loop_cycle(session, input.loop, input.cycle)
-            evaluation = q.record_evaluation(
-                session=session,
-                loop=loop,
-                cycle=cycle,
+            record = q.EvaluationRecord(
                 checkpoint_id=input.checkpoint_id,
-                dataset_id=input.dataset_id,
                 task_set=input.task_set,
+                dataset_id=input.dataset_id,
                 run_id=input.run_id,
                 results=rows,
                 ci=ci,
             )
+            evaluation = q.record_evaluation(session=session, loop=loop, cycle=cycle, record=record)
             if input.task_set == "eval":
                 LOOP_PASS_RATE.labels(input.loop, input.role).set(evaluation.pass_rate)
             return EvaluationSummary(
@@ -127,9 +125,7 @@ class GateActivities:
                 session=session,
                 loop=loop,
                 cycle=cycle,
-                decision=input.decision,
-                reason=input.reason,
-                statistics=input.statistics,
+                verdict=GateDecision(input.decision, input.reason, input.statistics),
                 candidate_checkpoint_id=input.candidate_checkpoint_id,
                 previous_checkpoint_id=input.previous_checkpoint_id,
                 decided_by=input.decided_by,

@@ -33,7 +33,6 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -182,8 +181,7 @@ class JobActivities:
             except NotFound as exc:
                 raise ApplicationError(str(exc), type="UnknownLoop", non_retryable=True) from None
             cycle_id = q.cycle_id_for(session=session, loop_id=loop.id, number=input.cycle)
-            run = q.upsert_run(
-                session=session,
+            submitted = q.NewRun(
                 run_id=input.run_id,
                 loop_id=loop.id,
                 kind=input.kind,
@@ -193,9 +191,11 @@ class JobActivities:
                 dataset_id=input.dataset_id,
                 base_checkpoint_id=input.base_checkpoint_id,
                 accelerators=input.accelerators,
-                output_uri=path_to_uri(output_dir),
-                logs_uri=path_to_uri(logs_dir / LOG_FILE),
+                artifacts=q.RunArtifacts(
+                    output_uri=path_to_uri(output_dir), logs_uri=path_to_uri(logs_dir / LOG_FILE)
+                ),
             )
+            run = q.upsert_run(session=session, run=submitted)
             if RunStatus(run.status).terminal:
                 return _Prepared(run.executor, run.handle, None, _result_of(run))
             executor, handle, started_at = run.executor, run.handle, run.started_at
@@ -242,19 +242,10 @@ class JobActivities:
     def _fail_before_submit(self, run_id: str, error: str) -> None:
         """A run whose job cannot even be described ends as failed, with the reason."""
         with self._sessions.begin() as session:
-            q.finish_run(
-                session=session,
-                run_id=run_id,
-                status=RunStatus.FAILED,
-                error=error,
-                metrics={},
-                compute_seconds=0.0,
-                cpu_seconds=0.0,
-                cost_usd=Decimal(0),
-                accelerators=0,
-                started_at=None,
-                ended_at=dt.datetime.now(dt.UTC),
+            outcome = q.RunOutcome(
+                status=RunStatus.FAILED, error=error, ended_at=dt.datetime.now(dt.UTC)
             )
+            q.finish_run(session=session, run_id=run_id, outcome=outcome)
 
     def _record_handle(self, run_id: str, handle: Handle) -> bool:
         """Store the handle; True when the run was cancelled meanwhile."""
@@ -372,9 +363,7 @@ class JobActivities:
             cpu_hour_price_usd=self._settings.cpu_hour_price_usd,
         )
         with self._sessions.begin() as session:
-            run = q.finish_run(
-                session=session,
-                run_id=input.run_id,
+            outcome = q.RunOutcome(
                 status=state,
                 error=error,
                 metrics=metrics,
@@ -384,9 +373,11 @@ class JobActivities:
                 accelerators=accelerators,
                 started_at=_datetime(status.started_at),
                 ended_at=_datetime(status.ended_at) or dt.datetime.now(dt.UTC),
-                output_uri=path_to_uri(output_dir),
-                logs_uri=path_to_uri(logs_path),
+                artifacts=q.RunArtifacts(
+                    output_uri=path_to_uri(output_dir), logs_uri=path_to_uri(logs_path)
+                ),
             )
+            run = q.finish_run(session=session, run_id=input.run_id, outcome=outcome)
             if run.status == "succeeded":
                 demonstrations.record_job_episodes(
                     session,

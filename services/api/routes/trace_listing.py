@@ -22,10 +22,10 @@ from services.api.deps import AdminDep, SessionDep
 from services.api.errors import ApiError
 from services.api.routes.loops import loop_or_404
 from services.api.schemas.traces import (
-    CurationOutcome,
     FeedbackPublic,
     ReportedOutcome,
     TraceDetail,
+    TraceListFilters,
     TracePage,
     TraceSummaryPublic,
     TraceTaskPublic,
@@ -150,30 +150,21 @@ def _aware(value: dt.datetime | None, field: str) -> dt.datetime | None:
 def list_loop_traces(
     loop: str,
     session: SessionDep,
-    outcome: Annotated[ReportedOutcome | None, Query(description="What the agent reported")] = None,
-    curation: Annotated[
-        CurationOutcome | None, Query(description="What curation made of the trace")
-    ] = None,
-    reason: Annotated[
-        str | None,
-        Query(max_length=1000, description="Rejection reason code, e.g. unknown_api_version"),
-    ] = None,
-    since: Annotated[dt.datetime | None, Query(description="Received at or after")] = None,
-    until: Annotated[dt.datetime | None, Query(description="Received before")] = None,
+    filters: Annotated[TraceListFilters, Query()],
     cursor: Annotated[str | None, Query(max_length=200, description="next_cursor")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> TracePage:
     row = loop_or_404(session, loop)
-    filters = TraceFilter(
-        outcome=outcome,
-        curation=curation,
-        reason=reason,
-        since=_aware(since, "since"),
-        until=_aware(until, "until"),
+    trace_filter = TraceFilter(
+        outcome=filters.outcome,
+        curation=filters.curation,
+        reason=filters.reason,
+        since=_aware(filters.since, "since"),
+        until=_aware(filters.until, "until"),
     )
     after = decode_cursor(cursor) if cursor is not None else None
     rows = list_traces(
-        session=session, loop_id=row.id, filters=filters, after=after, limit=limit + 1
+        session=session, loop_id=row.id, filters=trace_filter, after=after, limit=limit + 1
     )
     page = rows[:limit]
     more = len(rows) > limit

@@ -115,6 +115,23 @@ CurationOutcome = Literal["pending", "task", "duplicate", "rejected", "skipped"]
 ReportedOutcome = Literal["success", "failure", "unknown"]
 
 
+class TraceListFilters(BaseModel):
+    """The traces listing's filters, read from the query string (``GET
+    /v1/loops/{loop}/traces``); a filter left out matches any trace."""
+
+    outcome: ReportedOutcome | None = Field(default=None, description="What the agent reported")
+    curation: CurationOutcome | None = Field(
+        default=None, description="What curation made of the trace"
+    )
+    reason: str | None = Field(
+        default=None,
+        max_length=1000,
+        description="Rejection reason code, e.g. unknown_api_version",
+    )
+    since: dt.datetime | None = Field(default=None, description="Received at or after")
+    until: dt.datetime | None = Field(default=None, description="Received before")
+
+
 class TraceSummaryPublic(BaseModel):
     """One trace in the listing: what the agent reported and what curation made of it."""
 

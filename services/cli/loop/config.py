@@ -124,6 +124,7 @@ def _document(loop: Any) -> dict[str, Any]:
 
 def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:
     from services.cli import CliError
+    from services.client import LoopPolicies
     from services.loop.config import diff
 
     if args.dry_run:
@@ -148,12 +149,15 @@ def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:
         print(f"loop {manifest.name} would be created (dry run)")
         return 0
     check_secret_destination(args)
+    arguments = manifest.create_arguments()
     created = call(
         lambda client: client.create_loop(
             manifest.name,
             manifest.environment,
+            executor=arguments.get("executor"),
+            budget_usd=arguments.get("budget_usd"),
+            policies=LoopPolicies.of(arguments),
             changed_by=by,
-            **{"executor": None, **manifest.create_arguments()},
         ),
     )
     written = write_secret_file(args, created)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -31,8 +31,10 @@ from services.db.queries.live import live_counts as live_counts
 from services.db.queries.spend import LoopLedger as LoopLedger
 from services.db.queries.spend import loop_ledger as loop_ledger
 from services.db.queries.tasks import row_ids_by_job_task_id
+from services.evaluation.gate import GateDecision
 from services.evaluation.results import mean_pass_at_k, pass_at_1, reported_ks
 from services.loop.estimate import RunRecord, cycle_phase_costs
+from services.loop.points import CyclePoints
 
 
 def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
@@ -150,16 +152,15 @@ def close_cycle(
     detail: str,
     points_gained: float | None,
     candidate_checkpoint_id: str | None,
-    gate_points: float | None = None,
-    live_points: float | None = None,
-    points_detail: dict[str, Any] | None = None,
+    gate_points: float | None,
+    points: CyclePoints,
 ) -> Cycle:
     """Close the cycle with its outcome, its three numbers and the cost of its runs, in
     all and by phase (``services.loop.estimate``).
 
     Idempotent: every value is set absolutely. ``points_gained`` is held-out points (what
     the ledger divides by dollars); ``gate_points`` the eval-set delta the gate decided on;
-    ``live_points`` the canary's live delta; ``points_detail`` their intervals and counts.
+    ``points`` the canary's live delta and every number's intervals and counts.
     """
     cost = cycle_cost(session=session, cycle=cycle)
     if cycle.ended_at is None:
@@ -178,8 +179,8 @@ def close_cycle(
     cycle.cost_by_phase = cycle_phase_costs(run_records(session=session, cycle_ids=[cycle.id]))
     cycle.points_gained = points_gained
     cycle.gate_points = gate_points
-    cycle.live_points = live_points
-    cycle.points_detail = dict(points_detail or {})
+    cycle.live_points = points.live_points
+    cycle.points_detail = dict(points.detail)
     if candidate_checkpoint_id is not None:
         cycle.candidate_checkpoint_id = candidate_checkpoint_id
     return cycle
@@ -241,32 +242,37 @@ def record_estimate(
 # Evaluations --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class EvaluationRecord:
+    """One evaluation job's outcome as the gate stores it: which checkpoint on which task
+    set, the dataset and run it came from, its per-task result rows and the interval of
+    its pass@1."""
+
+    checkpoint_id: str
+    task_set: str
+    dataset_id: int
+    run_id: str
+    results: Sequence[dict[str, Any]]
+    ci: tuple[float, float]
+
+
 def record_evaluation(
-    *,
-    session: Session,
-    loop: Loop,
-    cycle: Cycle,
-    checkpoint_id: str,
-    dataset_id: int,
-    task_set: str,
-    run_id: str,
-    results: Iterable[dict[str, Any]],
-    ci: tuple[float, float],
+    *, session: Session, loop: Loop, cycle: Cycle, record: EvaluationRecord
 ) -> Evaluation:
     """Store an evaluation with its per-task rows; a second call returns the first one."""
     existing = session.scalars(
         select(Evaluation).where(
             Evaluation.cycle_id == cycle.id,
-            Evaluation.checkpoint_id == checkpoint_id,
-            Evaluation.task_set == task_set,
+            Evaluation.checkpoint_id == record.checkpoint_id,
+            Evaluation.task_set == record.task_set,
         )
     ).one_or_none()
     if existing is not None:
         return existing
-    rows = list(results)
+    rows = list(record.results)
     job_task_ids = {str(row["task_id"]) for row in rows}
     row_ids = row_ids_by_job_task_id(
-        session=session, loop_id=loop.id, job_task_ids=job_task_ids, dataset_id=dataset_id
+        session=session, loop_id=loop.id, job_task_ids=job_task_ids, dataset_id=record.dataset_id
     )
     missing = job_task_ids - set(row_ids)
     if missing:
@@ -280,15 +286,15 @@ def record_evaluation(
     evaluation = Evaluation(
         loop_id=loop.id,
         cycle_id=cycle.id,
-        checkpoint_id=checkpoint_id,
-        dataset_id=dataset_id,
-        run_id=run_id,
-        task_set=task_set,
+        checkpoint_id=record.checkpoint_id,
+        dataset_id=record.dataset_id,
+        run_id=record.run_id,
+        task_set=record.task_set,
         n=len(rows),
         passed=passed,
         pass_rate=pass_rate,
-        ci_low=ci[0],
-        ci_high=ci[1],
+        ci_low=record.ci[0],
+        ci_high=record.ci[1],
     )
     session.add(evaluation)
     session.flush()
@@ -390,23 +396,24 @@ def record_decision(
     session: Session,
     loop: Loop,
     cycle: Cycle,
-    decision: str,
-    reason: str,
-    statistics: dict[str, Any],
+    verdict: GateDecision,
     candidate_checkpoint_id: str | None,
     previous_checkpoint_id: str | None,
     decided_by: str,
 ) -> Promotion:
-    """At most one decision per cycle: a second call returns the first decision unchanged."""
+    """At most one decision per cycle: a second call returns the first decision unchanged.
+
+    ``verdict`` is the decision with its reason and statistics, the gate's or a person's
+    (``decided_by``)."""
     session.execute(
         insert(Promotion)
         .values(
             loop_id=loop.id,
             cycle_id=cycle.id,
-            decision=decision,
-            status="decided" if decision == "promote" else "rejected",
-            reason=reason,
-            statistics=statistics,
+            decision=verdict.decision,
+            status="decided" if verdict.decision == "promote" else "rejected",
+            reason=verdict.reason,
+            statistics=verdict.statistics,
             candidate_checkpoint_id=candidate_checkpoint_id,
             previous_checkpoint_id=previous_checkpoint_id,
             serving_target=loop.serving_target,

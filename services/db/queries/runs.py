@@ -8,6 +8,7 @@ is registered. Functions take the session keyword-only and never commit.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -28,21 +29,32 @@ def cycle_id_for(*, session: Session, loop_id: int, number: int | None) -> int |
     return session.scalar(select(Cycle.id).where(Cycle.loop_id == loop_id, Cycle.number == number))
 
 
-def upsert_run(
-    *,
-    session: Session,
-    run_id: str,
-    loop_id: int,
-    kind: str,
-    executor: str,
-    spec: dict[str, Any],
-    cycle_id: int | None = None,
-    dataset_id: int | None = None,
-    base_checkpoint_id: str | None = None,
-    accelerators: int = 0,
-    output_uri: str | None = None,
-    logs_uri: str | None = None,
-) -> Run:
+@dataclass(frozen=True)
+class RunArtifacts:
+    """Where a run's output directory and its log file are (``file://`` or object-store
+    URIs); None where not known yet. Both the submission and the outcome carry them."""
+
+    output_uri: str | None = None
+    logs_uri: str | None = None
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run as its job is submitted: what it is, where it runs, and what it belongs to."""
+
+    run_id: str
+    loop_id: int
+    kind: str
+    executor: str
+    spec: dict[str, Any]
+    cycle_id: int | None = None
+    dataset_id: int | None = None
+    base_checkpoint_id: str | None = None
+    accelerators: int = 0
+    artifacts: RunArtifacts = RunArtifacts()
+
+
+def upsert_run(*, session: Session, run: NewRun) -> Run:
     """Insert the run as ``pending`` unless it exists; return the row as stored.
 
     An existing row is returned untouched: its executor, spec and status win over a retry's.
@@ -50,24 +62,24 @@ def upsert_run(
     statement = (
         insert(Run)
         .values(
-            id=run_id,
-            loop_id=loop_id,
-            cycle_id=cycle_id,
-            dataset_id=dataset_id,
-            base_checkpoint_id=base_checkpoint_id,
-            kind=kind,
-            executor=executor,
-            spec=spec,
-            accelerators=accelerators,
-            output_uri=output_uri,
-            logs_uri=logs_uri,
+            id=run.run_id,
+            loop_id=run.loop_id,
+            cycle_id=run.cycle_id,
+            dataset_id=run.dataset_id,
+            base_checkpoint_id=run.base_checkpoint_id,
+            kind=run.kind,
+            executor=run.executor,
+            spec=run.spec,
+            accelerators=run.accelerators,
+            output_uri=run.artifacts.output_uri,
+            logs_uri=run.artifacts.logs_uri,
         )
         .on_conflict_do_nothing(index_elements=[Run.id])
     )
     session.execute(statement)
-    run = get_run(session=session, run_id=run_id, for_update=True)
-    assert run is not None  # just inserted or already there
-    return run
+    stored = get_run(session=session, run_id=run.run_id, for_update=True)
+    assert stored is not None  # just inserted or already there
+    return stored
 
 
 def get_run(*, session: Session, run_id: str, for_update: bool = False) -> Run | None:
@@ -110,40 +122,43 @@ def mark_cancel_requested(*, session: Session, run_id: str, ended_at: dt.datetim
     return bool(getattr(result, "rowcount", 0))
 
 
-def finish_run(
-    *,
-    session: Session,
-    run_id: str,
-    status: str,
-    error: str | None,
-    metrics: dict[str, Any],
-    compute_seconds: float,
-    cpu_seconds: float,
-    cost_usd: Decimal,
-    accelerators: int,
-    started_at: dt.datetime | None,
-    ended_at: dt.datetime | None,
-    output_uri: str | None = None,
-    logs_uri: str | None = None,
-) -> Run:
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended and what it cost: its status and error, the metrics its job wrote,
+    its accounting, its times, and where its output and logs ended up (an unset URI keeps
+    the one the submission recorded)."""
+
+    status: str
+    error: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    compute_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    cost_usd: Decimal = Decimal(0)
+    accelerators: int = 0
+    started_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    artifacts: RunArtifacts = RunArtifacts()
+
+
+def finish_run(*, session: Session, run_id: str, outcome: RunOutcome) -> Run:
     """Write a run's outcome and accounting. A run cancelled on request stays ``cancelled``."""
     run = get_run(session=session, run_id=run_id, for_update=True)
     if run is None:
         raise LookupError(f"run {run_id!r} does not exist")
     if run.status != "cancelled":
-        run.status = status
-        run.error = error
-    run.metrics = metrics
-    run.compute_seconds = compute_seconds
-    run.cpu_seconds = cpu_seconds
-    run.cost_usd = cost_usd
-    run.accelerators = accelerators
-    run.started_at = run.started_at or started_at
-    run.ended_at = ended_at or run.ended_at
-    if output_uri is not None:
-        run.output_uri = output_uri
-    if logs_uri is not None:
-        run.logs_uri = logs_uri
+        run.status = outcome.status
+        run.error = outcome.error
+    run.metrics = outcome.metrics
+    run.compute_seconds = outcome.compute_seconds
+    run.cpu_seconds = outcome.cpu_seconds
+    run.cost_usd = outcome.cost_usd
+    run.accelerators = outcome.accelerators
+    run.started_at = run.started_at or outcome.started_at
+    run.ended_at = outcome.ended_at or run.ended_at
+    if outcome.artifacts.output_uri is not None:
+        run.output_uri = outcome.artifacts.output_uri
+    if outcome.artifacts.logs_uri is not None:
+        run.logs_uri = outcome.artifacts.logs_uri
     session.flush()
     return run
 
@@ -152,19 +167,24 @@ def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint | None
     return session.get(Checkpoint, checkpoint_id)
 
 
-def upsert_checkpoint(
-    *,
-    session: Session,
-    checkpoint_id: str,
-    loop_id: int,
-    uri: str,
-    fmt: str,
-    size_bytes: int,
-    sha256: str,
-    manifest: dict[str, Any],
-    parent_id: str | None = None,
-    run_id: str | None = None,
-) -> Checkpoint:
+@dataclass(frozen=True)
+class NewCheckpoint:
+    """A checkpoint as installed in the store: its content id, where it is, its format,
+    size, hash and manifest, and its lineage (the checkpoint it was trained from, the run
+    that produced it)."""
+
+    checkpoint_id: str
+    loop_id: int
+    uri: str
+    fmt: str
+    size_bytes: int
+    sha256: str
+    manifest: dict[str, Any]
+    parent_id: str | None = None
+    run_id: str | None = None
+
+
+def upsert_checkpoint(*, session: Session, checkpoint: NewCheckpoint) -> Checkpoint:
     """Insert the checkpoint unless its id (a content hash) exists; return the stored row.
 
     Equal content is one checkpoint: registering it again keeps the first row, including
@@ -173,25 +193,24 @@ def upsert_checkpoint(
     statement = (
         insert(Checkpoint)
         .values(
-            id=checkpoint_id,
-            loop_id=loop_id,
-            uri=uri,
-            parent_id=parent_id,
-            run_id=run_id,
-            format=fmt,
-            size_bytes=size_bytes,
-            sha256=sha256,
-            manifest=manifest,
+            id=checkpoint.checkpoint_id,
+            loop_id=checkpoint.loop_id,
+            uri=checkpoint.uri,
+            parent_id=checkpoint.parent_id,
+            run_id=checkpoint.run_id,
+            format=checkpoint.fmt,
+            size_bytes=checkpoint.size_bytes,
+            sha256=checkpoint.sha256,
+            manifest=checkpoint.manifest,
         )
         .on_conflict_do_nothing(index_elements=[Checkpoint.id])
     )
     session.execute(statement)
-    checkpoint = session.scalars(
+    return session.scalars(
         select(Checkpoint)
-        .where(Checkpoint.id == checkpoint_id)
+        .where(Checkpoint.id == checkpoint.checkpoint_id)
         .execution_options(populate_existing=True)
     ).one()
-    return checkpoint
 
 
 def cycle_executor(*, session: Session, loop: Loop, cycle_id: int | None) -> str:

@@ -16,8 +16,10 @@ from services.api.state import AppState
 from services.db.models import Trace
 from services.db.session import SessionFactory
 from services.demo.traffic import (
+    ServedModel,
     ToolcalcAgent,
     ToolcalcTools,
+    TraceDestination,
     TrafficSimulator,
     episode_trace,
     toolcalc_conversation,
@@ -111,16 +113,18 @@ def test_the_traffic_posts_its_episodes_as_traces(
     server = serve(checkpoints[0])
     url, loop = api
     traffic = TrafficSimulator(
-        serve_url=server.url,
-        api_url=url,
-        loop=loop["name"],
-        signing_secret=loop["signing_secret"],
-        ingest_token=loop["ingest_token"],
+        served=ServedModel(url=server.url),
+        destination=TraceDestination(
+            api_url=url,
+            loop=loop["name"],
+            signing_secret=loop["signing_secret"],
+            ingest_token=loop["ingest_token"],
+            batch_size=2,
+            transport=transport,  # type: ignore[arg-type]
+        ),
         api_version=lambda: "v1",
         rate_per_s=20,
         workers=2,
-        batch_size=2,
-        transport=transport,  # type: ignore[arg-type]
     )
     traffic.start()
     deadline = time.monotonic() + 60

@@ -35,7 +35,7 @@ from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Literal
 
 import openai
-from ratchet_client import Retries, TraceClient
+from ratchet_client import TraceClient
 
 from services.chat.protocol import ToolCall as ChatToolCall
 from services.environments import get_environment
@@ -356,7 +356,8 @@ class TrafficSimulator:
             destination.api_url,
             destination.loop,
             destination.signing_secret,
-            retries=Retries(max_retries=3, max_retry_after_s=30.0),
+            max_retries=3,
+            max_retry_after_s=30.0,
         )
         try:
             while not self._stop.is_set():

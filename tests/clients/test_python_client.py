@@ -31,7 +31,6 @@ from ratchet_client import (  # noqa: E402
     AsyncTraceClient,
     RatchetError,
     RatchetUnreachable,
-    Retries,
     TraceClient,
     sign,
 )
@@ -137,7 +136,7 @@ def test_retries_honour_retry_after_and_keep_the_webhook_id() -> None:
         return httpx.Response(200, json={"accepted": 1, "duplicates": 0, "rejected": 0})
 
     http = httpx.Client(transport=httpx.MockTransport(handler))
-    client = TraceClient("http://api", "loop", SECRET, http=http, retries=Retries(backoff_s=0.01))
+    client = TraceClient("http://api", "loop", SECRET, http=http, backoff_s=0.01)
     assert client.post([make_trace("r")]).accepted == 1
     assert len(seen) == 3 and len({msg_id for _, msg_id in seen}) == 1
     assert seen[1][0] - seen[0][0] >= 0.95 and seen[2][0] - seen[1][0] >= 0.95
@@ -150,7 +149,8 @@ def test_retries_honour_retry_after_and_keep_the_webhook_id() -> None:
         "loop",
         SECRET,
         http=httpx.Client(transport=httpx.MockTransport(down)),
-        retries=Retries(max_retries=2, backoff_s=0.01),
+        max_retries=2,
+        backoff_s=0.01,
     )
     with pytest.raises(RatchetUnreachable):
         unreachable.post([make_trace("u")])

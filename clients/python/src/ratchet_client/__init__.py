@@ -13,7 +13,6 @@ from ratchet_client._client import (
     IngestResult,
     RatchetError,
     RatchetUnreachable,
-    Retries,
     TraceClient,
 )
 from ratchet_client._signing import sign, signed_headers
@@ -24,9 +23,8 @@ __all__ = [
     "IngestResult",
     "RatchetError",
     "RatchetUnreachable",
-    "Retries",
     "TraceClient",
     "sign",
     "signed_headers",
 ]
-__version__ = "0.2.0"
+__version__ = "0.1.0"

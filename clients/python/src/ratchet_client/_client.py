@@ -119,37 +119,32 @@ def retry_after_seconds(response: httpx.Response | None, attempt: int, backoff_s
 
 
 @dataclass(frozen=True)
-class Retries:
-    """When a client retries and how long it waits: a ``429``, ``502``, ``503``, ``504`` or a
-    connection error is retried up to ``max_retries`` times, waiting what the api's
-    ``Retry-After`` says (capped at ``max_retry_after_s``), else ``backoff_s`` doubled on
-    each attempt. ``Retries(max_retries=0)`` sends every request once."""
-
-    max_retries: int = 5
-    backoff_s: float = 0.5
-    max_retry_after_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
-
-
-@dataclass(frozen=True)
 class _Options:
     url: str
     secret: str
     batch_size: int
-    retries: Retries
+    max_retries: int
+    backoff_s: float
+    max_retry_after_s: float
 
     @classmethod
     def build(
-        cls, base_url: str, loop: str, signing_secret: str, batch_size: int, retries: Retries
+        cls,
+        base_url: str,
+        loop: str,
+        signing_secret: str,
+        batch_size: int,
+        max_retries: int,
+        backoff_s: float,
+        max_retry_after_s: float,
     ) -> _Options:
         _key(signing_secret)  # a malformed secret fails here, not on the first post
         if not 1 <= batch_size <= 10_000:
             raise ValueError("batch_size must be between 1 and 10000")
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
         url = f"{base_url.rstrip('/')}/v1/loops/{loop}/traces"
-        return cls(url, signing_secret, batch_size, retries)
+        return cls(url, signing_secret, batch_size, max_retries, backoff_s, max_retry_after_s)
 
     def feedback_url(self, external_id: str) -> str:
         """``POST /v1/loops/{loop}/traces/{external_id}/feedback`` (the id path-quoted)."""
@@ -164,8 +159,7 @@ class _Options:
         return out
 
     def wait(self, response: httpx.Response | None, attempt: int) -> float:
-        wait = retry_after_seconds(response, attempt, self.retries.backoff_s)
-        return min(wait, self.retries.max_retry_after_s)
+        return min(retry_after_seconds(response, attempt, self.backoff_s), self.max_retry_after_s)
 
     def answer(
         self,
@@ -178,13 +172,13 @@ class _Options:
         Shared by the sync and async clients so that both give up on the same answers.
         """
         if response is None:
-            if attempt >= self.retries.max_retries:
+            if attempt >= self.max_retries:
                 raise RatchetUnreachable(f"cannot reach {self.url}: {failure}") from failure
             return None
         if response.is_success:
             answer: dict[str, Any] = response.json()
             return answer
-        if response.status_code not in RETRYABLE_STATUS or attempt >= self.retries.max_retries:
+        if response.status_code not in RETRYABLE_STATUS or attempt >= self.max_retries:
             raise _error(response)
         return None
 
@@ -204,11 +198,15 @@ class _BufferedClient(Generic[_HTTP]):
         signing_secret: str,
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
-        retries: Retries = Retries(),
+        max_retries: int = 5,
+        backoff_s: float = 0.5,
+        max_retry_after_s: float = 60.0,
         timeout_s: float = 30.0,
         http: _HTTP | None = None,
     ) -> None:
-        self._options = _Options.build(base_url, loop, signing_secret, batch_size, retries)
+        self._options = _Options.build(
+            base_url, loop, signing_secret, batch_size, max_retries, backoff_s, max_retry_after_s
+        )
         self._owned = http is None
         self._http: _HTTP = http or self._http_class(timeout=timeout_s)
         self._buffer: list[Mapping[str, Any]] = []
@@ -226,9 +224,7 @@ class TraceClient(_BufferedClient[httpx.Client]):
     """Posts signed traces to one loop's webhook. Use as a context manager (flushes on exit).
 
     ``post`` sends now (one request per ``batch_size`` traces); ``add`` buffers and sends
-    whenever ``batch_size`` traces are waiting, and ``flush`` sends the rest. ``retries``
-    (:class:`Retries`) says when a refused or lost request is sent again; ``http`` is a
-    client of your own (``timeout_s`` is the one made otherwise).
+    whenever ``batch_size`` traces are waiting, and ``flush`` sends the rest.
     """
 
     _http_class = httpx.Client

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from benchmarks.support import drift_task_sets
     from services.environments.toolcalc import ToolcalcEnvironment
-    from services.evaluation.evaluator import evaluate
+    from services.evaluation import evaluator
     from services.training.hf.model import HFModel
     from services.training.hf.smollm2 import smollm2_checkpoint
 
@@ -54,10 +55,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"episodes": 0, "generated_tokens": 0}
     started = time.perf_counter()
     for name, tasks in (("v1", sets.eval_v1), ("drifted", sets.eval_drifted)):
-        result = evaluate(
-            policy,
-            env,
-            tasks,
+        result = _evaluate(
+            evaluator,
+            (policy, env, tasks),
             seed=args.seed,
             max_turns=settings["max_turns"],
             max_new_tokens=settings["max_new_tokens"],
@@ -68,6 +68,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         figures["generated_tokens"] += result.generated_tokens
     figures["eval_s"] = round(time.perf_counter() - started, 2)
     return figures
+
+
+def _evaluate(evaluator: ModuleType, call: tuple[Any, ...], **options: Any) -> Any:
+    """``evaluator.evaluate(*call)`` with ``options`` as its ``EvaluationSettings``, or as
+    keywords on a baseline tree from before that class (this script runs on both)."""
+    settings_type = getattr(evaluator, "EvaluationSettings", None)
+    if settings_type is None:
+        return evaluator.evaluate(*call, **options)
+    return evaluator.evaluate(*call, settings_type(**options))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from benchmarks.support import (
 from services.cli.common import fraction
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
-from services.evaluation.evaluator import EvaluationResult, evaluate
+from services.evaluation.evaluator import EvaluationResult, EvaluationSettings, evaluate
 from services.training.checkpoint import Manifest, verify_checkpoint
 from services.training.config import HFGRPOConfig, HFSFTConfig
 from services.training.counters import RunCounters
@@ -327,7 +327,7 @@ def _evaluate(
     policy: FamilyModel, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
 ) -> EvaluationResult:
     settings = QUICK if args.quick else FULL
-    return evaluate(policy, env, tasks, seed=args.seed, **settings["eval"])
+    return evaluate(policy, env, tasks, EvaluationSettings(seed=args.seed, **settings["eval"]))
 
 
 def main() -> None:

@@ -59,7 +59,7 @@ from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.inference.engine import ActiveBatch, GenerationRequest, SamplingParams
 from services.inference.hf import HFEngine
-from services.inference.rollout import RolloutStats, run_chat_episodes
+from services.inference.rollout import RolloutSettings, RolloutStats, run_chat_episodes
 from services.serving.base import ServingUnavailable
 from services.serving.client import ModelServerClient
 from services.serving.local import wait_until_serving
@@ -109,9 +109,7 @@ def through_engine(
         env,
         tasks,
         seeds=[derive_seed(args.seed, i) for i in range(len(tasks))],
-        max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
+        settings=RolloutSettings(args.max_turns, args.max_new_tokens, args.temperature),
     )
     return time.perf_counter() - started, stats
 

@@ -61,6 +61,7 @@ from services.serving.base import CheckpointRef, ServingUnavailable  # noqa: E40
 from services.serving.client import ModelServerClient  # noqa: E402
 from services.serving.local import wait_until_serving  # noqa: E402
 from services.serving.openai_target import OpenAIServingTarget  # noqa: E402
+from services.settings import ServingEndpoint  # noqa: E402
 
 MODEL_NAME = "agent"
 TOOLS: list[dict[str, Any]] = [
@@ -273,7 +274,8 @@ def swaps_under_load(
     url: str, args: argparse.Namespace, versions: list[CheckpointRef]
 ) -> tuple[list[Result], list[float]]:
     """Concurrent load (rounds until the swaps are done) while the target deploys versions."""
-    target = OpenAIServingTarget(url, model=MODEL_NAME, verify_timeout_s=600)
+    endpoint = ServingEndpoint(kind="openai", url=url)
+    target = OpenAIServingTarget(endpoint, model=MODEL_NAME, verify_timeout_s=600)
     latencies: list[float] = []
     done = threading.Event()
     results: list[Result] = []

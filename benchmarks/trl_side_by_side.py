@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.support import drift_task_sets, shared_machine_figures, smollm2_arguments
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
-from services.evaluation.evaluator import evaluate
+from services.evaluation.evaluator import EvaluationSettings, evaluate
 from services.training.config import HFGRPOConfig, HFSFTConfig
 from services.training.distributed import init_distributed
 from services.training.family import pack_turns
@@ -119,7 +119,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def held_out_pass(model: Any, tokenizer: Any, tasks: list[TaskSpec]) -> float:
         policy = HFModel(model.merge_and_unload().eval(), tokenizer, device=ctx.device)
-        return evaluate(policy, env, tasks, seed=args.seed, **settings["eval"]).pass_rate
+        return evaluate(
+            policy, env, tasks, EvaluationSettings(seed=args.seed, **settings["eval"])
+        ).pass_rate
 
     # 1. SFT
     loaded = fresh(base_dir)

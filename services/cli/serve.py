@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from services.logs import configure_logging
     from services.modelserver.attestation import attestation_key
     from services.modelserver.registry import LoadRefused
-    from services.modelserver.server import serve
+    from services.modelserver.server import ServerOptions, serve
 
     settings = cli_settings()
     configure_logging(settings.log_level, settings.log_format, component="serve")
@@ -102,15 +102,17 @@ def run(args: argparse.Namespace) -> int:
             host=args.host or settings.serve_host,
             port=args.port or settings.serve_port,
             model_name=args.served_model_name,
-            api_key=key,
             device=args.device,
             threads=args.threads,
-            max_batch_rows=args.max_batch_rows,
-            max_body_bytes=settings.serve_max_body_bytes,
-            queue_max=settings.serve_queue_max,
-            # Kept even before they exist: the artifact store is made by the first job.
-            model_roots=[root.absolute() for root in roots],
-            attestation_key=attestation_key(settings),
+            options=ServerOptions(
+                api_key=key,
+                max_batch_rows=args.max_batch_rows,
+                max_body_bytes=settings.serve_max_body_bytes,
+                queue_max=settings.serve_queue_max,
+                # Kept even before they exist: the artifact store is made by the first job.
+                model_roots=[root.absolute() for root in roots],
+                attestation_key=attestation_key(settings),
+            ),
         )
     except LoadRefused as exc:
         raise CliError(f"cannot serve {args.checkpoint}: {exc}") from None

@@ -104,39 +104,51 @@ class EvaluationResult:
         return {r.task_id: r.passed for r in self.results}
 
 
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """How an evaluation samples and reports: ``samples`` episodes per task (greedy at
+    ``temperature`` 0, each sample drawn from ``derive_seed(seed, task, sample)``), their
+    turn and token budgets, ``batch_size`` episodes decoding at once, and the ``confidence``
+    of the pass rate's Wilson interval."""
+
+    samples: int = 1
+    temperature: float = 0.0
+    seed: int = 0
+    max_turns: int = 5
+    max_new_tokens: int = 24
+    batch_size: int = 256
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise ValueError("samples must be >= 1")
+
+
 def evaluate(
     policy: RolloutModel,
     env: Environment,
     tasks: Sequence[TaskSpec],
+    settings: EvaluationSettings = EvaluationSettings(),
     *,
-    samples: int = 1,
-    temperature: float = 0.0,
-    seed: int = 0,
-    max_turns: int = 5,
-    max_new_tokens: int = 24,
-    batch_size: int = 256,
-    confidence: float = 0.95,
     keeper: EpisodeKeeper | None = None,
 ) -> EvaluationResult:
-    """Roll ``policy`` out on every task ``samples`` times and verify each episode;
-    ``keeper`` (a probe's) is handed every episode; ``batch_size`` bounds the episodes
-    decoding at once."""
-    if samples < 1:
-        raise ValueError("samples must be >= 1")
+    """Roll ``policy`` out on every task ``settings.samples`` times and verify each episode;
+    ``keeper`` (a probe's) is handed every episode."""
     if not tasks:
         raise ValueError("cannot evaluate on an empty task set")
     started = time.monotonic()
+    samples = settings.samples
     jobs = [(t, s) for t in range(len(tasks)) for s in range(samples)]
     # One call for every episode, at most batch_size decoding at once: an episode that ends
     # makes room for the next at once, where fixed chunks would wait for their longest one.
     rollouts = policy.rollouts(
         env,
         [tasks[t] for t, _ in jobs],
-        seeds=[derive_seed(seed, t, s) for t, s in jobs],
-        max_turns=max_turns,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        max_rows=batch_size,
+        seeds=[derive_seed(settings.seed, t, s) for t, s in jobs],
+        max_turns=settings.max_turns,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        max_rows=settings.batch_size,
     )
     if keeper is not None:
         keeper.add(rollouts.episodes)
@@ -145,7 +157,7 @@ def evaluate(
         outcomes[t].append(_outcome(episode))
     results = [_task_result(tasks[t], outcomes[t]) for t in range(len(tasks))]
     passed = sum(r.passed for r in results)
-    low, high = wilson_interval(passed, len(results), confidence)
+    low, high = wilson_interval(passed, len(results), settings.confidence)
     sample_passes = sum(r.sample_passes for r in results)
     return EvaluationResult(
         results=results,
@@ -154,7 +166,7 @@ def evaluate(
         pass_rate=passed / len(results),
         ci_low=low,
         ci_high=high,
-        confidence=confidence,
+        confidence=settings.confidence,
         sample_pass_rate=sample_passes / (len(results) * samples),
         generated_tokens=rollouts.generated_tokens,
         wall_s=time.monotonic() - started,

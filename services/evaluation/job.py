@@ -32,7 +32,7 @@ from typing import Any
 
 from services.environments.base import Environment, TaskSpec
 from services.environments.registry import get_environment
-from services.evaluation.evaluator import EvaluationResult, evaluate
+from services.evaluation.evaluator import EvaluationResult, EvaluationSettings, evaluate
 from services.evaluation.probe_capture import DEFAULT_PROBES, capture_probes, probe_engine
 from services.evaluation.probes import write_probes
 from services.evaluation.results import RESULTS_FILE
@@ -108,7 +108,8 @@ def _run(spec: JobSpec) -> int:
     started = time.monotonic()
     try:
         with clock.phase("evaluation"):
-            result = evaluate(policy, env, tasks, seed=spec.seed, keeper=keeper, **options)
+            settings = EvaluationSettings(seed=spec.seed, **options)
+            result = evaluate(policy, env, tasks, settings, keeper=keeper)
     except ValueError as exc:  # e.g. an environment with no chat rendering for an hf model
         raise JobError(str(exc)) from None
     except RemoteError as exc:

@@ -22,6 +22,8 @@ under the model (temperature 1), which training scores without re-tokenizing any
   engine's family) of a :class:`~services.environments.chat.ChatEnvironment`.
 - :func:`run_text_episodes`: the tiny family's text transcripts of an
   :class:`~services.environments.base.Environment`.
+
+Both take a :class:`RolloutSettings`: the budgets and sampling every episode shares.
 """
 
 from __future__ import annotations
@@ -80,28 +82,53 @@ class RolloutStats:
     prefill_tokens_computed: int  # of those, run through the model
 
 
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How every episode of a rollout is decoded: the turn and token budgets, the sampling,
+    and how many rows decode at once (None: :data:`DEFAULT_MAX_ROWS`)."""
+
+    max_turns: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float = 1.0
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ValueError("max_rows must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+    @property
+    def rows(self) -> int:
+        """How many rows decode at once."""
+        return DEFAULT_MAX_ROWS if self.max_rows is None else self.max_rows
+
+
 def run_chat_episodes(
     engine: Engine | RemoteEngine,
     env: ChatEnvironment,
     tasks: Sequence[TaskSpec],
     *,
     seeds: Sequence[int],
-    max_turns: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float = 1.0,
+    settings: RolloutSettings,
     adapter: str | None = None,
     max_prompt_tokens: int = 2048,
-    max_rows: int | None = None,
 ) -> tuple[list[ChatRollout], RolloutStats]:
     """Roll out one chat episode per task (tasks may repeat, e.g. a GRPO group) on
     ``engine`` under ``adapter`` (None: the base model); one seed per episode. A
     :class:`~services.inference.remote.RemoteEngine` decodes every turn on its server.
 
-    An episode whose next prompt plus ``max_new_tokens`` would pass ``max_prompt_tokens``
-    (or the model's context) ends with ``end_reason == "context_limit"``."""
-    rows = _rows(tasks, seeds, max_new_tokens, max_rows)
-    rollouts = [ChatRollout(env.chat_start(task, max_turns=max_turns)) for task in tasks]
+    An episode whose next prompt plus ``settings.max_new_tokens`` would pass
+    ``max_prompt_tokens`` (or the model's context) ends with ``end_reason ==
+    "context_limit"``."""
+    _check_seeds(tasks, seeds)
+    max_new_tokens = settings.max_new_tokens
+    rollouts = [ChatRollout(env.chat_start(task, max_turns=settings.max_turns)) for task in tasks]
     limit = min(max_prompt_tokens, engine.context_length())
 
     def prompt(i: int) -> list[int] | None:
@@ -126,9 +153,9 @@ def run_chat_episodes(
         len(tasks),
         prompt,
         apply,
-        _sampling(seeds, max_new_tokens, temperature, top_p),
+        _sampling(seeds, settings),
         adapter=adapter,
-        max_rows=rows,
+        max_rows=settings.rows,
     )
     return rollouts, stats
 
@@ -139,18 +166,15 @@ def run_text_episodes(
     tasks: Sequence[TaskSpec],
     *,
     seeds: Sequence[int],
-    max_turns: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float = 1.0,
-    max_rows: int | None = None,
+    settings: RolloutSettings,
 ) -> tuple[list[TextRollout], RolloutStats]:
     """Roll out one text episode per task with the tiny family (its transcripts are its
     protocol, see :mod:`services.environments.base`); one seed per episode."""
-    rows = _rows(tasks, seeds, max_new_tokens, max_rows)
+    _check_seeds(tasks, seeds)
+    max_new_tokens = settings.max_new_tokens
     tokenizer = engine.tiny_model.tokenizer
     limit = engine.context_length()
-    rollouts = [TextRollout(env.start(task, max_turns=max_turns)) for task in tasks]
+    rollouts = [TextRollout(env.start(task, max_turns=settings.max_turns)) for task in tasks]
 
     def prompt(i: int) -> list[int] | None:
         episode = rollouts[i].episode
@@ -173,39 +197,29 @@ def run_text_episodes(
         len(tasks),
         prompt,
         apply,
-        _sampling(seeds, max_new_tokens, temperature, top_p),
+        _sampling(seeds, settings),
         adapter=None,
-        max_rows=rows,
+        max_rows=settings.rows,
     )
     return rollouts, stats
 
 
-def _rows(
-    tasks: Sequence[TaskSpec], seeds: Sequence[int], max_new: int, max_rows: int | None
-) -> int:
-    """How many rows decode at once (None: :data:`DEFAULT_MAX_ROWS`), once the call is checked."""
-    if max_rows is None:
-        max_rows = DEFAULT_MAX_ROWS
+def _check_seeds(tasks: Sequence[TaskSpec], seeds: Sequence[int]) -> None:
     if len(seeds) != len(tasks):
         raise ValueError(f"need one seed per task: {len(seeds)} seeds for {len(tasks)} tasks")
-    if max_new < 1:
-        raise ValueError("max_new_tokens must be >= 1")
-    if max_rows < 1:
-        raise ValueError("max_rows must be >= 1")
-    return max_rows
 
 
 def _sampling(
-    seeds: Sequence[int], max_new_tokens: int, temperature: float, top_p: float
+    seeds: Sequence[int], settings: RolloutSettings
 ) -> Callable[[int, int], SamplingParams]:
-    if temperature < 0:
-        raise ValueError("temperature must be >= 0")
-    if not 0 < top_p <= 1:
-        raise ValueError("top_p must be in (0, 1]")
-
     def sampling(i: int, turn: int) -> SamplingParams:
         seed = derive_seed(seeds[i], turn)
-        return SamplingParams(max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        return SamplingParams(
+            settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=seed,
+        )
 
     return sampling
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -62,34 +63,49 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_QUEUE_MAX = 256
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the model server guards its door and batches, whatever it serves.
+
+    ``api_key``: required of every request but /health when set. ``model_roots``: the
+    directories adapter loads may come from (None: those holding the models served at the
+    start). ``attestation_key``: signs each response id for the version that answered
+    (:mod:`services.modelserver.attestation`).
+    """
+
+    api_key: str | None = field(default=None, repr=False)
+    max_batch_rows: int = 32
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    queue_max: int = DEFAULT_QUEUE_MAX
+    model_roots: Sequence[Path] | None = None
+    attestation_key: bytes | None = field(default=None, repr=False)
+
+
 def create_serving_app(
     registry: ModelRegistry,
+    options: ServerOptions = ServerOptions(),
     *,
-    api_key: str | None = None,
     bind_host: str = "127.0.0.1",
-    max_batch_rows: int = 32,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    queue_max: int = DEFAULT_QUEUE_MAX,
-    model_roots: Sequence[Path] | None = None,
-    attestation_key: bytes | None = None,
 ) -> FastAPI:
     """The model server's app over ``registry`` (loaded by the caller: nothing loads here).
 
-    ``api_key``: required of every request but /health when set. ``bind_host``: where the
-    server listens (beyond loopback the adapter routes need the key). ``model_roots``: the
-    directories adapter loads may come from (default: those holding the models served now).
-    ``attestation_key``: signs each response id for the version that answered
-    (:mod:`services.modelserver.attestation`).
+    ``bind_host``: where the server listens (beyond loopback the adapter routes need the key).
     """
-    policy = DoorPolicy(api_key=api_key, bind_host=bind_host, max_body_bytes=max_body_bytes)
+    policy = DoorPolicy(
+        api_key=options.api_key, bind_host=bind_host, max_body_bytes=options.max_body_bytes
+    )
     roots = (
-        list(model_roots)
-        if model_roots is not None
+        list(options.model_roots)
+        if options.model_roots is not None
         else list(dict.fromkeys(Path(m.root).parent for m in registry.names()))
     )
-    scheduler = BatchScheduler(max_batch_rows=max_batch_rows, max_waiting_rows=queue_max)
+    scheduler = BatchScheduler(
+        max_batch_rows=options.max_batch_rows, max_waiting_rows=options.queue_max
+    )
     scheduler.start()
-    server = ServerState(registry, scheduler, ServingStats(), policy, roots, attestation_key)
+    server = ServerState(
+        registry, scheduler, ServingStats(), policy, roots, options.attestation_key
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -117,19 +133,14 @@ def serve(
     host: str,
     port: int,
     model_name: str,
-    api_key: str | None = None,
     device: str = "auto",
     threads: int | None = None,
-    max_batch_rows: int = 32,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    queue_max: int = DEFAULT_QUEUE_MAX,
-    model_roots: Sequence[Path] = (),
-    attestation_key: bytes | None = None,
+    options: ServerOptions = ServerOptions(),
 ) -> None:
     """Load ``checkpoint`` as ``model_name`` (refusing an invalid one before binding), serve.
 
-    Adapter loads may come from ``model_roots``; none given means the directory holding
-    ``checkpoint``."""
+    Adapter loads may come from ``options.model_roots``; none given means the directory
+    holding ``checkpoint``."""
     import torch
     import uvicorn
 
@@ -137,17 +148,9 @@ def serve(
         torch.set_num_threads(threads)
     registry = ModelRegistry(device=device)
     served = registry.load(model_name, checkpoint)
-    app = create_serving_app(
-        registry,
-        api_key=api_key,
-        bind_host=host,
-        max_batch_rows=max_batch_rows,
-        max_body_bytes=max_body_bytes,
-        queue_max=queue_max,
-        model_roots=list(model_roots) or [checkpoint.parent],
-        attestation_key=attestation_key,
-    )
-    if api_key is None and not is_loopback(host):
+    roots = list(options.model_roots or ()) or [checkpoint.parent]
+    app = create_serving_app(registry, replace(options, model_roots=roots), bind_host=host)
+    if options.api_key is None and not is_loopback(host):
         logger.warning(
             "listening on %s without RATCHET_SERVE_API_KEY: anyone who reaches the port may "
             "ask for completions, and the adapter routes are refused",

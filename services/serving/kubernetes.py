@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
@@ -55,7 +54,10 @@ from services.serving.client import ModelServerClient
 from services.serving.openai_target import Heartbeat, server_path, version_of, wait_until_served
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from services.loop.policies import ServingTarget as ServingConfig
+    from services.settings import ServingEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ ANNOTATION_URI = "ratchet.dev/model-uri"
 ANNOTATION_PREVIOUS_VERSION = "ratchet.dev/previous-model-version"
 ANNOTATION_PREVIOUS_URI = "ratchet.dev/previous-model-uri"
 CHANGE_CAUSE = "kubernetes.io/change-cause"
+LORA_ENV_VAR = "RATCHET_LORA_PATH"  # an adapter's directory, served on the pods' base model
 RETRYABLE = frozenset({0, 408, 429, 500, 502, 503, 504})
 WATCH_CHUNK_S = 20.0  # heartbeat at least this often while the rollout runs
 
@@ -76,36 +79,36 @@ class KubernetesServingTarget:
     def __init__(
         self,
         api_client: client.ApiClient,
+        endpoint: ServingEndpoint,
         *,
-        namespace: str,
-        deployment: str,
-        url: str,
         model: str,
-        container: str | None = None,
-        env_var: str = "RATCHET_MODEL_PATH",
-        lora_env_var: str = "RATCHET_LORA_PATH",
-        server_path: Callable[[CheckpointRef], str] | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 30.0,
-        rollout_timeout_s: float = 600.0,
+        default_namespace: str = "default",
+        artifacts_root: Path | None = None,
         verify_timeout_s: float = 60.0,
         watch_read_slack_s: float = 5.0,
         heartbeat: Heartbeat | None = None,
     ) -> None:
-        """``url``: the model servers' OpenAI base URL (the Service); ``model``: the name they
-        serve the loop's model under; ``server_path``: where the pods read a checkpoint.
-        All but ``model`` come from the deployment's serving endpoint, never from a loop."""
+        """``endpoint``: the deployment's serving endpoint, never a loop's: the model servers'
+        OpenAI base URL (the Service) and key, the Deployment (in ``default_namespace`` when
+        the endpoint names none), its container and variable, and where the pods see the
+        artifact store that is ``artifacts_root`` here. ``model``: the name the servers serve
+        the loop's model under."""
+        if endpoint.deployment is None:
+            raise ValueError("a kubernetes serving endpoint needs `deployment`")
+        api_key = endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
         self._api_client = api_client
         self._apps = client.AppsV1Api(api_client)
-        self._namespace = namespace
-        self._name = deployment
-        self._container = container
-        self._env_var = env_var
-        self._lora_env_var = lora_env_var
-        self._server_path = server_path or (lambda ref: str(uri_to_path(ref.uri)))
-        self._servers = ModelServerClient(url, api_key=api_key, timeout_s=timeout_s)
+        self._namespace = endpoint.namespace or default_namespace
+        self._name = endpoint.deployment
+        self._container = endpoint.container
+        self._env_var = endpoint.env_var
+        self._artifacts_root = artifacts_root
+        self._server_artifacts_dir = endpoint.artifacts_dir
+        self._servers = ModelServerClient(
+            endpoint.url, api_key=api_key, timeout_s=endpoint.timeout_s
+        )
         self._model = model
-        self._rollout_timeout_s = rollout_timeout_s
+        self._rollout_timeout_s = endpoint.rollout_timeout_s
         self._verify_timeout_s = verify_timeout_s
         self._watch_read_slack_s = watch_read_slack_s
         self._heartbeat = heartbeat or (lambda _detail: None)
@@ -140,7 +143,7 @@ class KubernetesServingTarget:
         annotations = deployment["metadata"].get("annotations") or {}
         current = annotations.get(ANNOTATION_VERSION)
         changed = current != checkpoint.id
-        path = self._server_path(checkpoint)
+        path = server_path(checkpoint, self._artifacts_root, self._server_artifacts_dir)
         if changed:
             self._heartbeat(f"patching {self._namespace}/{self._name}")
             deployment = self._patch(deployment, checkpoint, path, previous=annotations)
@@ -207,9 +210,9 @@ class KubernetesServingTarget:
         target = self._target_container(containers)
         adapter = (uri_to_path(checkpoint.uri) / "adapter_config.json").is_file()
         if adapter:  # the base stays; the adapter goes on top of it
-            names, value = {self._lora_env_var}, {"name": self._lora_env_var, "value": path}
+            names, value = {LORA_ENV_VAR}, {"name": LORA_ENV_VAR, "value": path}
         else:  # a full model replaces the base, and no adapter goes on top of it
-            names = {self._env_var, self._lora_env_var}
+            names = {self._env_var, LORA_ENV_VAR}
             value = {"name": self._env_var, "value": path}
         env = [e for e in target.get("env") or [] if e.get("name") not in names]
         target["env"] = [*env, value]
@@ -374,25 +377,18 @@ def build(config: ServingConfig, context: BuildContext) -> KubernetesServingTarg
     """The ``kubernetes`` kind: the endpoint's Deployment (its namespace, name and container
     come only from the operator's settings), verified through the endpoint's URL."""
     endpoint, settings = context.endpoint, context.settings
-    assert endpoint is not None and endpoint.deployment is not None  # ServingEndpoint checks
+    assert endpoint is not None  # the kind requires one
     api_client = (
         context.kubernetes_client()
         if context.kubernetes_client is not None
         else api_client_from_settings(settings)
     )
-    root = settings.artifacts_dir
     return KubernetesServingTarget(
         api_client,
-        namespace=endpoint.namespace or settings.kubernetes_namespace,
-        deployment=endpoint.deployment,
-        url=endpoint.url,
+        endpoint,
         model=config.model or DEFAULT_MODEL,
-        container=endpoint.container,
-        env_var=endpoint.env_var,
-        server_path=lambda ref: server_path(ref, root, endpoint.artifacts_dir),
-        api_key=endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None,
-        timeout_s=endpoint.timeout_s,
-        rollout_timeout_s=endpoint.rollout_timeout_s,
+        default_namespace=settings.kubernetes_namespace,
+        artifacts_root=settings.artifacts_dir,
         verify_timeout_s=config.verify_timeout_s,
         heartbeat=context.heartbeat,
     )

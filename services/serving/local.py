@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import SecretStr
+
 from services.artifacts import uri_to_path
 from services.cores import thread_budget
 from services.serving.base import (
@@ -36,7 +38,7 @@ from services.serving.base import (
 )
 from services.serving.client import ModelServerClient
 from services.serving.openai_target import Heartbeat, OpenAIServingTarget
-from services.settings import ENV_PREFIX, Settings, secret_field_names
+from services.settings import ENV_PREFIX, ServingEndpoint, Settings, secret_field_names
 
 if TYPE_CHECKING:
     from services.loop.policies import ServingTarget as ServingConfig
@@ -171,10 +173,10 @@ class LocalServingTarget(OpenAIServingTarget):
         heartbeat: Heartbeat | None = None,
         verify_timeout_s: float = 60.0,
     ) -> None:
+        key = SecretStr(api_key) if api_key is not None else None
         super().__init__(
-            base_url,
+            ServingEndpoint(kind="openai", url=base_url, api_key=key),
             model=model,
-            api_key=api_key,
             heartbeat=heartbeat,
             verify_timeout_s=verify_timeout_s,
         )

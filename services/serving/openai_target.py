@@ -45,6 +45,7 @@ from services.serving.client import ModelCard, ModelServerClient, quoted
 
 if TYPE_CHECKING:
     from services.loop.policies import ServingTarget as ServingConfig
+    from services.settings import ServingEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -60,26 +61,28 @@ class OpenAIServingTarget:
 
     def __init__(
         self,
-        base_url: str,
+        endpoint: ServingEndpoint,
         *,
         model: str,
-        api_key: str | None = None,
-        timeout_s: float = 30.0,
         artifacts_root: Path | None = None,
-        server_artifacts_dir: str | None = None,
         verify_timeout_s: float = 60.0,
         load_timeout_s: float = 600.0,
         heartbeat: Heartbeat | None = None,
     ) -> None:
-        """``artifacts_root``/``server_artifacts_dir``: the artifact store here and on the
-        server; a checkpoint under the first is loaded from the same place under the second.
-        ``timeout_s``: of each call but an adapter load (``load_timeout_s``)."""
+        """``endpoint``: the deployment's serving endpoint, never a loop's: the server's URL,
+        key and ``timeout_s`` (of each call but an adapter load, ``load_timeout_s``), and its
+        ``artifacts_dir``: a checkpoint under ``artifacts_root`` here is loaded from the same
+        place under that on the server."""
         self.model = model
+        api_key = endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
         self._client = ModelServerClient(
-            base_url, api_key=api_key, timeout_s=timeout_s, load_timeout_s=load_timeout_s
+            endpoint.url,
+            api_key=api_key,
+            timeout_s=endpoint.timeout_s,
+            load_timeout_s=load_timeout_s,
         )
         self._artifacts_root = artifacts_root
-        self._server_artifacts_dir = server_artifacts_dir
+        self._server_artifacts_dir = endpoint.artifacts_dir
         self._verify_timeout_s = verify_timeout_s
         self._heartbeat = heartbeat or (lambda _detail: None)
         self._previous: CheckpointRef | None = None
@@ -277,14 +280,10 @@ def build(config: ServingConfig, context: BuildContext) -> OpenAIServingTarget:
     from the operator's settings), serving the loop's alias."""
     endpoint = context.endpoint
     assert endpoint is not None and config.model is not None  # the kind requires both
-    key = endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
     return OpenAIServingTarget(
-        endpoint.url,
+        endpoint,
         model=config.model,
-        api_key=key,
-        timeout_s=endpoint.timeout_s,
         artifacts_root=context.settings.artifacts_dir if endpoint.artifacts_dir else None,
-        server_artifacts_dir=endpoint.artifacts_dir,
         verify_timeout_s=config.verify_timeout_s,
         heartbeat=context.heartbeat,
     )

@@ -22,6 +22,7 @@ from kubernetes import client
 from services.executors.base import JobSpec
 from services.executors.kubernetes.launcher import KubernetesExecutor
 from services.serving.kubernetes import KubernetesServingTarget
+from services.settings import ServingEndpoint
 from tests.helm.chart import Manifest, render
 from tests.services.executors.kube_cluster import EmulatedCluster
 from tests.services.executors.test_kubernetes_launcher import COMPLETE, make_template
@@ -92,13 +93,17 @@ def run_the_serving_target(cluster: EmulatedCluster) -> None:
         create_deployment(cluster, [SERVER])
         with DeploymentController(cluster) as controller, Pods(checkpoints[2]) as pods:
             controller.pods = pods
-            target = KubernetesServingTarget(
-                audited_client(cluster),
+            endpoint = ServingEndpoint(
+                kind="kubernetes",
+                url=pods.url,
                 namespace=NAMESPACE,
                 deployment=NAME,
-                url=pods.url,
-                model="agent",
                 rollout_timeout_s=20,
+            )
+            target = KubernetesServingTarget(
+                audited_client(cluster),
+                endpoint,
+                model="agent",
                 verify_timeout_s=5,
                 watch_read_slack_s=0.3,
             )

@@ -143,6 +143,7 @@ class HFModel:
         computed under (a trainer updates them between calls). With :attr:`remote` set the
         turns decode on that server instead, the engine rendering and decoding for it."""
         from services.inference.hf import HFEngine
+        from services.inference.rollout import RolloutSettings
         from services.inference.rollout import run_chat_episodes as run_on_engine
 
         chat_env = as_chat_environment(env)
@@ -158,11 +159,8 @@ class HFModel:
                 chat_env,
                 tasks,
                 seeds=seeds,
-                max_turns=max_turns,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
+                settings=RolloutSettings(max_turns, max_new_tokens, temperature, max_rows=max_rows),
                 max_prompt_tokens=engine.context_length(),
-                max_rows=max_rows,
             )
         episodes = [
             TokenEpisode(

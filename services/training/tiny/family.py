@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from services.environments.base import Environment, Episode, TaskSpec
-from services.inference.rollout import run_text_episodes
+from services.inference.rollout import RolloutSettings, run_text_episodes
 from services.inference.tiny import TinyEngine
 from services.training.checkpoint import Manifest, save_checkpoint
 from services.training.device import autocast
@@ -189,10 +189,7 @@ def engine_rollouts(
         env,
         tasks,
         seeds=seeds,
-        max_turns=max_turns,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        max_rows=max_rows,
+        settings=RolloutSettings(max_turns, max_new_tokens, temperature, max_rows=max_rows),
     )
     records = [(r.episode, [(t.prompt_ids, t.completion_ids) for t in r.turns]) for r in rollouts]
     return verified_rollouts(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)

@@ -21,7 +21,7 @@ import torch
 
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
-from services.evaluation.evaluator import EvaluationResult, evaluate
+from services.evaluation.evaluator import EvaluationResult, EvaluationSettings, evaluate
 from services.evaluation.gate import decide
 from services.evaluation.results import pass_at_1
 from services.evaluation.stats import compare_paired
@@ -81,9 +81,10 @@ def scores(result: EvaluationResult) -> list[float]:
 
 
 def run(policy: TinyModel, tasks: Sequence[TaskSpec], seed: int) -> list[float]:
-    result = evaluate(
-        policy, ENV, tasks, samples=4, temperature=1.0, seed=seed, max_turns=3, max_new_tokens=8
+    settings = EvaluationSettings(
+        samples=4, temperature=1.0, seed=seed, max_turns=3, max_new_tokens=8
     )
+    result = evaluate(policy, ENV, tasks, settings)
     return scores(result)
 
 

@@ -30,7 +30,7 @@ from services.inference.remote import (
     attach_rollout_backend,
     rollout_config,
 )
-from services.inference.rollout import ChatRollout, run_chat_episodes
+from services.inference.rollout import ChatRollout, RolloutSettings, run_chat_episodes
 from services.serving.base import CheckpointRef
 from services.training.config import HFGRPOConfig
 from services.training.family import Rollouts
@@ -77,12 +77,12 @@ def test_remote_episodes_equal_the_local_engines(
     engine = HFEngine(policy.model, policy.tokenizer, path="memory", version="v0")
     tasks = [t for t in ENV.generate_tasks(3, seed=2, api_version="v2") for _ in range(2)]
     seeds = [7 * i + 1 for i in range(len(tasks))]
-    options = {**OPTIONS, "temperature": temperature}
-    local, _ = run_chat_episodes(engine, ENV, tasks, seeds=seeds, **options)
+    settings = RolloutSettings(**{**OPTIONS, "temperature": temperature})
+    local, _ = run_chat_episodes(engine, ENV, tasks, seeds=seeds, settings=settings)
 
     backend = RemoteBackend(url=replying_server.url, model="base", max_concurrency=4)
     with RemotePolicy(backend).engine(engine) as remote_engine:
-        remote, stats = run_chat_episodes(remote_engine, ENV, tasks, seeds=seeds, **options)
+        remote, stats = run_chat_episodes(remote_engine, ENV, tasks, seeds=seeds, settings=settings)
 
     assert turns(remote) == turns(local)  # sampled too: the server samples as the engine does
     if temperature == 0:
@@ -163,7 +163,7 @@ def test_an_eval_job_loads_the_checkpoint_it_evaluates(
 def remote_run(backend: RemoteBackend, engine: HFEngine, **policy: Any) -> None:
     tasks = ENV.generate_tasks(1, seed=2, api_version="v2")
     with RemotePolicy(backend, **policy).engine(engine) as remote_engine:
-        run_chat_episodes(remote_engine, ENV, tasks, seeds=[0], **OPTIONS)
+        run_chat_episodes(remote_engine, ENV, tasks, seeds=[0], settings=RolloutSettings(**OPTIONS))
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from services.environments.toolcalc import ToolcalcEnvironment
-from services.evaluation.evaluator import evaluate
+from services.evaluation.evaluator import EvaluationSettings, evaluate
 from services.inference.hf import HFEngine
-from services.inference.rollout import run_chat_episodes, run_text_episodes
+from services.inference.rollout import RolloutSettings, run_chat_episodes, run_text_episodes
 from services.inference.tiny import TinyEngine
 from services.serving.base import CheckpointRef
 from services.training.family import family_for
@@ -34,7 +34,10 @@ def test_chat_episodes_equal_the_transformers_generate_path(
     tasks = [t for t in ENV.generate_tasks(3, seed=2, api_version="v2") for _ in range(2)]
     options: dict[str, Any] = {"max_turns": 3, "max_new_tokens": 6, "temperature": 0.0}
     old, _ = generate_chat_episodes(ENV, tasks, policy, seeds=list(range(len(tasks))), **options)
-    new, stats = run_chat_episodes(engine, ENV, tasks, seeds=list(range(len(tasks))), **options)
+    settings = RolloutSettings(**options)
+    new, stats = run_chat_episodes(
+        engine, ENV, tasks, seeds=list(range(len(tasks))), settings=settings
+    )
     for before, after in zip(old, new, strict=True):
         assert after.episode.completions == before.episode.completions
         assert after.episode.end_reason == before.episode.end_reason
@@ -64,7 +67,8 @@ def test_text_episodes_equal_the_tiny_familys_rollouts(
     old, old_stats = run_episodes(
         ENV, tasks, policy, seeds=seeds, context_limit=policy.model.config.max_seq_len, **options
     )
-    new, stats = run_text_episodes(engine, ENV, tasks, seeds=seeds, max_rows=4, **options)
+    settings = RolloutSettings(**options, max_rows=4)
+    new, stats = run_text_episodes(engine, ENV, tasks, seeds=seeds, settings=settings)
     assert [r.episode.transcript() for r in new] == [e.episode.transcript() for e in old]
     assert stats.generated_tokens == old_stats.generated_tokens
     if temperature == 0.0:
@@ -87,7 +91,8 @@ def test_greedy_tiny_episodes_through_the_engine_are_token_identical_to_generate
     old, old_stats = run_episodes(
         ENV, tasks, policy, seeds=seeds, context_limit=policy.model.config.max_seq_len, **options
     )
-    new, stats = run_text_episodes(engine, ENV, tasks, seeds=seeds, max_rows=max_rows, **options)
+    settings = RolloutSettings(**options, max_rows=max_rows)
+    new, stats = run_text_episodes(engine, ENV, tasks, seeds=seeds, settings=settings)
     assert [[(t.prompt_ids, t.completion_ids) for t in r.turns] for r in new] == [
         r.turns for r in old
     ]
@@ -153,6 +158,10 @@ def test_an_evaluation_keeps_its_batch_full_and_scores_what_one_big_batch_scores
     family_model = family_for("tiny").load(path_of(tool_calling_tiny), device=torch.device("cpu"))
     tasks = [demo_task()] * 2 + ENV.generate_tasks(5, seed=8, api_version="v1")
     options: dict[str, Any] = {"max_turns": 3, "max_new_tokens": 10, "samples": 2}
+
+    def settings(batch_size: int) -> EvaluationSettings:
+        return EvaluationSettings(batch_size=batch_size, temperature=1.0, **options)
+
     calls: list[tuple[int, int | None]] = []
     inner = family_model.rollouts
 
@@ -161,37 +170,36 @@ def test_an_evaluation_keeps_its_batch_full_and_scores_what_one_big_batch_scores
         return inner(env, episodes, **kwargs)
 
     family_model.rollouts = counted  # type: ignore[method-assign]
-    narrow = evaluate(family_model, ENV, tasks, batch_size=3, temperature=1.0, **options)
+    narrow = evaluate(family_model, ENV, tasks, settings(batch_size=3))
     assert calls == [(14, 3)]
-    wide = evaluate(family_model, ENV, tasks, batch_size=64, temperature=1.0, **options)
+    wide = evaluate(family_model, ENV, tasks, settings(batch_size=64))
     lockstep = evaluate(
-        TinyModel.load(path_of(tool_calling_tiny), device="cpu"),
-        ENV,
-        tasks,
-        batch_size=4,
-        temperature=1.0,
-        **options,
+        TinyModel.load(path_of(tool_calling_tiny), device="cpu"), ENV, tasks, settings(batch_size=4)
     )
     for other in (wide, lockstep):
         assert [r.to_dict() for r in narrow.results] == [r.to_dict() for r in other.results]
         assert narrow.generated_tokens == other.generated_tokens
     with pytest.raises(ValueError, match="max_rows"):
-        evaluate(family_model, ENV, tasks, batch_size=0)
+        evaluate(family_model, ENV, tasks, EvaluationSettings(batch_size=0))
 
 
 def test_bad_rollout_arguments_are_refused(tool_calling_tiny: CheckpointRef) -> None:
     engine = TinyEngine(TinyModel.load(path_of(tool_calling_tiny), device="cpu"), "memory")
     tasks = [demo_task()]
     base: dict[str, Any] = {"max_turns": 2, "max_new_tokens": 4, "temperature": 0.0}
-    for change, message in [
-        ({"seeds": []}, "one seed per task"),
+    with pytest.raises(ValueError, match="one seed per task"):
+        run_text_episodes(engine, ENV, tasks, seeds=[], settings=RolloutSettings(**base))
+    changes: list[tuple[dict[str, Any], str]] = [
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"max_rows": 0}, "max_rows"),
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
-    ]:
+    ]
+    for change, message in changes:
         with pytest.raises(ValueError, match=message):
-            run_text_episodes(engine, ENV, tasks, **{"seeds": [0], **base, **change})
+            run_text_episodes(
+                engine, ENV, tasks, seeds=[0], settings=RolloutSettings(**{**base, **change})
+            )
 
 
 def test_the_model_server_reports_cached_prompt_tokens(
@@ -225,9 +233,7 @@ def test_a_rollout_leaves_nothing_pinned(tool_calling_tiny: CheckpointRef) -> No
         ENV,
         [demo_task()] * 2,
         seeds=[1, 2],
-        max_turns=3,
-        max_new_tokens=12,
-        temperature=0.0,
+        settings=RolloutSettings(max_turns=3, max_new_tokens=12, temperature=0.0),
     )
     assert all(block.pins == 0 for block in engine.prefix_cache._lru.values())
     assert engine.prefix_cache.bytes > 0  # what is not pinned stays cached for the next round
@@ -240,7 +246,7 @@ def test_hf_evaluation_through_the_engine_scores_as_the_generate_path(
     policy = HFModel.load(path_of(tool_calling_llama), device="cpu")
     tasks = ENV.generate_tasks(4, seed=6, api_version="v1")
     options: dict[str, Any] = {"max_turns": 2, "max_new_tokens": 6, "temperature": 0.0}
-    result = evaluate(policy, ENV, tasks, batch_size=3, **options)
+    result = evaluate(policy, ENV, tasks, EvaluationSettings(batch_size=3, **options))
     before, _ = generate_chat_episodes(ENV, tasks, policy, seeds=[0] * len(tasks), **options)
     rewards = [ENV.chat_verify(t, r.episode) for t, r in zip(tasks, before, strict=True)]
     assert [r.passed for r in result.results] == [w.passed for w in rewards]

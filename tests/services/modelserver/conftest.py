@@ -17,7 +17,7 @@ import torch
 import uvicorn
 
 from services.modelserver.registry import ModelRegistry
-from services.modelserver.server import create_serving_app
+from services.modelserver.server import ServerOptions, create_serving_app
 from services.serving.base import CheckpointRef, ServingUnavailable
 from services.serving.client import ModelServerClient
 from services.serving.local import wait_until_serving
@@ -46,10 +46,12 @@ def checkpoints(tmp_path: Path) -> list[CheckpointRef]:
 class ServerThread:
     """uvicorn serving the model server's app in a thread, on a socket bound before it starts."""
 
-    def __init__(self, registry: ModelRegistry, **options: Any) -> None:
-        """``options``: :func:`create_serving_app`'s (``api_key``, ``queue_max``...)."""
+    def __init__(
+        self, registry: ModelRegistry, *, bind_host: str = "127.0.0.1", **options: Any
+    ) -> None:
+        """``options``: :class:`ServerOptions`' fields (``api_key``, ``queue_max``...)."""
         self.registry = registry
-        self.app = create_serving_app(registry, **options)
+        self.app = create_serving_app(registry, ServerOptions(**options), bind_host=bind_host)
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]

@@ -26,6 +26,7 @@ from services.serving.kubernetes import (
     KubernetesServingTarget,
     rollout_state,
 )
+from services.settings import ServingEndpoint
 from tests.services.executors.kube_cluster import DEPLOYMENTS, EmulatedCluster
 from tests.services.modelserver.conftest import ServerThread, path_of
 
@@ -201,18 +202,20 @@ def servers(controller: DeploymentController, checkpoints: list[CheckpointRef]) 
 def make_target(
     cluster: EmulatedCluster, servers: Pods | None = None, **overrides: Any
 ) -> KubernetesServingTarget:
-    options: dict[str, Any] = {
+    """A target of the test's Deployment; ``overrides`` are serving-endpoint fields or the
+    target's own keywords."""
+    fields: dict[str, Any] = {
+        "kind": "kubernetes",
+        "url": servers.url if servers else "http://127.0.0.1:9",
         "namespace": NAMESPACE,
         "deployment": NAME,
         "container": "server",
-        "url": servers.url if servers else "http://127.0.0.1:9",
-        "model": "agent",
         "rollout_timeout_s": 20,
-        "verify_timeout_s": 2,
-        "watch_read_slack_s": 0.3,
     }
-    options.update(overrides)
-    return KubernetesServingTarget(audited_client(cluster), **options)
+    options: dict[str, Any] = {"model": "agent", "verify_timeout_s": 2, "watch_read_slack_s": 0.3}
+    for key, value in overrides.items():
+        (fields if key in ServingEndpoint.model_fields else options)[key] = value
+    return KubernetesServingTarget(audited_client(cluster), ServingEndpoint(**fields), **options)
 
 
 def deployment(cluster: EmulatedCluster) -> dict[str, Any]:

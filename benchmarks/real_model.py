@@ -43,13 +43,14 @@ v1_regression_drop_points, sft_wall_s, grpo_wall_s, rollout_tokens_per_s,
 train_tokens_per_s, peak_rss_mb, device, and the load average (the machine may be shared);
 and for the candidate's training: ``algorithm``, ``episodes`` (episodes it sampled) and
 ``passing_episodes`` (those that passed their verifier), both as its trainer reports them;
-``pass_at_k_before`` / ``pass_at_k_after``, the held-out drifted set's pass@k of the
-champion and the candidate (``{"1": ...}`` when greedy); ``recovery_wall_s``, wall seconds
-from the moment the champion's checkpoint exists to the candidate's last evaluation (the
-champion's scoring, which a cycle's gate runs too, the candidate's training, save and
-scoring). The ``grpo_*`` keys keep their names for any algorithm: ``grpo_wall_s``,
-``grpo_steps`` and ``grpo_episodes`` are the candidate's training, ``grpo_final_reward`` is
-null for an algorithm without rewards per step.
+``hyperparameters``, what the benchmark's settings and ``--hyper`` gave the algorithm (the
+rest are its registry defaults); ``pass_at_k_before`` / ``pass_at_k_after``, the held-out
+drifted set's pass@k of the champion and the candidate (``{"1": ...}`` when greedy);
+``recovery_wall_s``, wall seconds from the moment the champion's checkpoint exists to the
+candidate's last evaluation (the champion's scoring, which a cycle's gate runs too, the
+candidate's training, save and scoring). The ``grpo_*`` keys keep their names for any
+algorithm: ``grpo_wall_s``, ``grpo_steps`` and ``grpo_episodes`` are the candidate's
+training, ``grpo_final_reward`` is null for an algorithm without rewards per step.
 """
 
 from __future__ import annotations
@@ -269,7 +270,8 @@ def _candidate(bench: _Bench, champion: _Trained) -> _Trained:
     """4. and 5. one LoRA train job of ``--algorithm`` from the champion on the drifted API,
     through the registry's stage function as the train job runs it, scored."""
     algorithm, seed = bench.args.algorithm, bench.args.seed
-    hyper = parse_hyperparameters("hf", algorithm, bench.settings[algorithm], seed=seed)
+    raw = {**bench.settings[algorithm], **dict(bench.args.hyper)}
+    hyper = parse_hyperparameters("hf", algorithm, raw, seed=seed)
     model = bench.family.load(
         champion.checkpoint_dir,
         device=bench.ctx.device,
@@ -332,6 +334,7 @@ def _figures(
         "sft_final_loss": sft["final_loss"] if sft else None,
         "sft_train_tokens_per_s": sft["train_tokens_per_s"] if sft else None,
         **_training_figures(args.algorithm, candidate),
+        "hyperparameters": {**bench.settings[args.algorithm], **dict(args.hyper)},
         "pass_at_k_before": champion.drifted.pass_at_k(),
         "pass_at_k_after": candidate.drifted.pass_at_k(),
         "recovery_wall_s": round(recovery_wall_s, 1),
@@ -397,6 +400,17 @@ def _evaluate(
     return evaluate(policy, env, tasks, eval_settings)
 
 
+def _hyperparameter(text: str) -> tuple[str, object]:
+    """``KEY=JSON`` (``steps=30``, ``lr=0.001``) as the (key, value) a train job's JSON gives."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=JSON, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{key}: not a JSON value: {value!r} ({exc})") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     smollm2_arguments(parser)
@@ -427,6 +441,15 @@ def main() -> None:
         type=int,
         default=1,
         help="episodes per held-out task (1: greedy; more: temperature 1.0, for pass@k)",
+    )
+    parser.add_argument(
+        "--hyper",
+        type=_hyperparameter,
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a hyperparameter of the candidate's algorithm, over the benchmark's settings "
+        "(repeatable; e.g. --hyper samples_per_task=16); checked as a train job checks it",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

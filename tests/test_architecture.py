@@ -113,6 +113,7 @@ def test_workflow_modules_import_only_temporal_and_shared(module: str) -> None:
         "workflows.search_attributes",
         "workflows.cycle",
         "services.temporal",
+        "services.loop.states",  # StrEnums over the standard library's enum only
     )
     allowed_workflows = {f"workflows.{name}" for name in WORKFLOW_MODULES}
     offenders = [
@@ -311,6 +312,72 @@ def test_retry_presets_are_defined_in_one_module() -> None:
                     for target in targets
                     if isinstance(target, ast.Name) and target.id.endswith("_RETRY")
                 ]
+    assert offenders == []
+
+
+# State words by enum ----------------------------------------------------------------------
+
+# Attributes that hold one of a closed vocabulary's words (services/loop/states.py and the
+# StrEnums beside their owners): compared, they name a member, never a string.
+STATE_ATTRIBUTES = frozenset({"status", "outcome", "stage", "decision", "state", "finish"})
+COMPARISONS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
+
+
+def _is_words(node: ast.expr) -> bool:
+    """A str literal, or a tuple, set or list of nothing but str literals."""
+    if isinstance(node, ast.Tuple | ast.Set | ast.List):
+        return bool(node.elts) and all(_is_words(element) for element in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def compared_to_strings(source: str) -> list[str]:
+    """Comparisons (``==``, ``!=``, ``in``, ``not in``) of a state attribute (``run.status``,
+    ``Run.status``) to a str literal or literals: ``line: comparison``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands[:-1], operands[1:], strict=True):
+            if not isinstance(op, COMPARISONS):
+                continue
+            if any(
+                isinstance(one, ast.Attribute) and one.attr in STATE_ATTRIBUTES and _is_words(other)
+                for one, other in ((left, right), (right, left))
+            ):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+                break
+    return found
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ('run.status == "succeeded"', True),
+        ('select(Loop).where(Loop.status != "archived")', True),
+        ('"held" == promotion.status', True),
+        ('probed.status not in ("succeeded", "skipped")', True),
+        ('s.state in {"done", "failed"}', True),
+        ('row.finish == "cancelled"', True),
+        ("run.status == RunStatus.SUCCEEDED", False),
+        ("select(Loop).where(Loop.status != LoopLifecycle.ARCHIVED)", False),
+        ("probed.status not in (ProbeStatus.SUCCEEDED, ProbeStatus.SKIPPED)", False),
+        ('run.kind == "train"', False),
+        ('status == "ok"', False),
+    ],
+)
+def test_the_state_word_check_sees_string_literals(source: str, flagged: bool) -> None:
+    assert bool(compared_to_strings(source)) is flagged
+
+
+def test_state_words_are_compared_as_enum_members() -> None:
+    """A state word compared as a string is a typo the type checker cannot see; the enum
+    member is the same string, so nothing stored or sent changes."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{found}"
+        for path in python_files("services", "workflows")
+        for found in compared_to_strings(path.read_text())
+    ]
     assert offenders == []
 
 

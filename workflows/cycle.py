@@ -17,6 +17,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
 
+from services.loop.states import CycleOutcome, CycleStage, PromotionStatus
 from workflows.activities.deploy import DeployActivities
 from workflows.activities.estimate import EstimateActivities, EstimateInput
 from workflows.ids import cycle_workflow_id
@@ -38,16 +39,32 @@ ResultT = TypeVar("ResultT")
 class CycleAborted(Exception):
     """A stage ended the cycle early with a business outcome (no data, rejected, failed)."""
 
-    def __init__(self, outcome: str, detail: str, *, gate_points: float | None = None) -> None:
+    def __init__(
+        self, outcome: CycleOutcome, detail: str, *, gate_points: float | None = None
+    ) -> None:
         super().__init__(detail)
         self.outcome = outcome
         self.detail = detail
         self.gate_points = gate_points
 
+    @classmethod
+    def failed(cls, detail: str) -> CycleAborted:
+        """A stage could not do its work: the cycle ends as ``failed``."""
+        return cls(CycleOutcome.FAILED, detail)
+
 
 # The stages a cycle's row records as it enters them (``set_cycle_stage``); curate and
 # estimate are announced in the workflow's status only, as every committed history has it.
-CYCLE_ROW_STAGES = frozenset({"probe", "snapshot", "train", "evaluate", "gate", "promote"})
+CYCLE_ROW_STAGES = frozenset(
+    {
+        CycleStage.PROBE,
+        CycleStage.SNAPSHOT,
+        CycleStage.TRAIN,
+        CycleStage.EVALUATE,
+        CycleStage.GATE,
+        CycleStage.PROMOTE,
+    }
+)
 
 
 @dataclass
@@ -81,8 +98,12 @@ class CycleRun:
         statistics, reason = decided.gate.statistics, decided.reason
         gate_points = self.gate_points(decided.gate)
         live = {"live_baseline": promoted.live_baseline, "live_canary": promoted.live_canary}
-        if promoted.status != "held":
-            outcome = "rolled_back" if promoted.status == "rolled_back" else "failed"
+        if promoted.status != PromotionStatus.HELD:
+            outcome = (
+                CycleOutcome.ROLLED_BACK
+                if promoted.status == PromotionStatus.ROLLED_BACK
+                else CycleOutcome.FAILED
+            )
             return CloseCycleInput(
                 self.loop,
                 self.cycle,
@@ -95,12 +116,21 @@ class CycleRun:
             )
         if not self.honest:
             points = float(statistics.get("delta_points", 0.0))
-            return CloseCycleInput(self.loop, self.cycle, "promoted", reason, points, candidate_id)
+            return CloseCycleInput(
+                self.loop, self.cycle, CycleOutcome.PROMOTED, reason, points, candidate_id
+            )
         # Points gained are the held-out set's: the gate's eval set is new failures, on
         # which the champion scores ~0 by construction. No held-out set, no points claimed.
         heldout = as_number(statistics.get("heldout_points"))
         return CloseCycleInput(
-            self.loop, self.cycle, "promoted", reason, heldout, candidate_id, gate_points, **live
+            self.loop,
+            self.cycle,
+            CycleOutcome.PROMOTED,
+            reason,
+            heldout,
+            candidate_id,
+            gate_points,
+            **live,
         )
 
 
@@ -108,7 +138,7 @@ def champion_of(started: StartCycleResult) -> EvalTarget:
     """The cycle's champion (what it trains from and is judged against); a loop without
     one cannot run a cycle."""
     if started.champion_checkpoint_id is None or started.champion_uri is None:
-        raise CycleAborted("failed", "the loop has no champion checkpoint to train from")
+        raise CycleAborted.failed("the loop has no champion checkpoint to train from")
     return EvalTarget("champion", started.champion_checkpoint_id, started.champion_uri)
 
 
@@ -134,7 +164,7 @@ async def child_stage(
     loop: str,
     run_fn: Callable[[Any, InputT], Awaitable[ResultT]],
     arg: InputT,
-    stage: str,
+    stage: CycleStage,
     cycle: int,
     *,
     fail_cycle: bool = True,
@@ -155,10 +185,10 @@ async def child_stage(
     except ChildWorkflowError as exc:
         if not fail_cycle:
             raise
-        raise CycleAborted("failed", f"{stage} failed: {root_cause(exc)}") from exc
+        raise CycleAborted.failed(f"{stage} failed: {root_cause(exc)}") from exc
 
 
-def stage_search_attributes(loop: str, stage: str, cycle: int) -> TypedSearchAttributes:
+def stage_search_attributes(loop: str, stage: CycleStage, cycle: int) -> TypedSearchAttributes:
     return TypedSearchAttributes(
         [
             SearchAttributePair(RATCHET_LOOP, loop),
@@ -186,9 +216,9 @@ async def estimate_stage(run: CycleRun, dataset: SnapshotResult) -> None:
             ),
         )
     except ActivityError as exc:
-        raise CycleAborted("failed", f"estimate failed: {root_cause(exc)}") from exc
+        raise CycleAborted.failed(f"estimate failed: {root_cause(exc)}") from exc
     if not estimate.fits:
-        raise CycleAborted("over_budget", estimate.reason)
+        raise CycleAborted(CycleOutcome.OVER_BUDGET, estimate.reason)
 
 
 async def roll_back(loop: str, reason: str) -> RollbackResult:

@@ -15,6 +15,7 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from services.loop.states import RunStatus
     from workflows.activities.gate import GateActivities
     from workflows.activities.jobs import run_job_from_workflow
     from workflows.ids import run_id_for
@@ -71,7 +72,7 @@ class EvaluateWorkflow:
                 dataset_id=input.dataset_id,
             ),
         )
-        if job.status != "succeeded":
+        if job.status != RunStatus.SUCCEEDED:
             return job, None
         summary = await db_activity(
             GateActivities.record_evaluation,

@@ -20,6 +20,7 @@ from temporalio.common import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from services.loop.states import CycleOutcome, CycleStage, Decision, LoopLifecycle, RunStatus
     from workflows.activities.curation import CurationActivities
     from workflows.activities.cycle import CycleActivities
     from workflows.activities.deploy import DeployActivities
@@ -109,7 +110,7 @@ class LoopWorkflow:
     def __init__(self) -> None:
         self.loop = ""
         self.state = LoopState()
-        self.stage = "starting"
+        self.stage = CycleStage.STARTING
         self.waiting_for: str | None = None
         # The cycle in progress (0 between cycles).
         self.cycle = 0
@@ -165,22 +166,22 @@ class LoopWorkflow:
         self.loop = input.loop
         if input.state is not None:
             self.state = input.state
-        self._set_stage("waiting")
+        self._set_stage(CycleStage.WAITING)
         checks = 0
         while True:
             await self._handle_rollback_request()
             config = await self._load_config()
-            if config.status == "paused" and not self.state.paused:
+            if config.status == LoopLifecycle.PAUSED and not self.state.paused:
                 self.state.paused = True
                 self.state.pause_reason = "paused in the database"
             if self.state.paused:
-                self._set_stage("paused")
+                self._set_stage(CycleStage.PAUSED)
                 self.waiting_for = "resume"
                 await workflow.wait_condition(
                     lambda: not self.state.paused or self.state.rollback_reason is not None
                 )
                 self.waiting_for = None
-                self._set_stage("waiting")
+                self._set_stage(CycleStage.WAITING)
                 continue
             trigger, detail = await self._check_trigger(config)
             if trigger is not None:
@@ -276,7 +277,7 @@ class LoopWorkflow:
                 workflow_id=workflow.info().workflow_id,
             ),
         )
-        ended = CloseCycleInput(self.loop, cycle, "failed", "")
+        ended = CloseCycleInput(self.loop, cycle, CycleOutcome.FAILED, "")
         try:
             ended = await self._cycle_stages(config, cycle, started, honest=honest)
         except CycleAborted as aborted:
@@ -284,7 +285,7 @@ class LoopWorkflow:
                 self.loop, cycle, aborted.outcome, aborted.detail, gate_points=aborted.gate_points
             )
         outcome, reason = ended.outcome, ended.detail
-        self._set_stage("account")
+        self._set_stage(CycleStage.ACCOUNT)
         closed = await db_activity(CycleActivities.close_cycle, ended)
         workflow.logger.info(
             "cycle %s of %s ended: %s (%s); cost $%.4f",
@@ -298,8 +299,8 @@ class LoopWorkflow:
         self.state.last_outcome = outcome
         self.state.last_cycle_ended_at = workflow.now().isoformat()
         self.cycle = 0
-        self._set_stage("waiting", outcome=outcome)
-        if outcome == "over_budget":
+        self._set_stage(CycleStage.WAITING, outcome=outcome)
+        if outcome == CycleOutcome.OVER_BUDGET:
             self.state.paused = True
             self.state.pause_reason = f"cycle {cycle} refused: {reason}"
         elif closed.budget_exhausted:
@@ -323,7 +324,7 @@ class LoopWorkflow:
         dataset = await self._snapshot_stage(run)
         champion = champion_of(started)
         if workflow.patched(ESTIMATE_PATCH):
-            await self._enter("estimate", run.cycle)
+            await self._enter(CycleStage.ESTIMATE, run.cycle)
             await estimate_stage(run, dataset)
         trained = await self._train_stage(run, dataset, champion)
         await self._evaluate_stage(run, dataset, champion, trained)
@@ -332,7 +333,7 @@ class LoopWorkflow:
 
     async def _enter(
         self,
-        stage: str,
+        stage: CycleStage,
         cycle: int,
         *,
         dataset_id: int | None = None,
@@ -348,19 +349,19 @@ class LoopWorkflow:
             )
 
     async def _curate_stage(self, run: CycleRun) -> None:
-        await self._enter("curate", run.cycle)
+        await self._enter(CycleStage.CURATE, run.cycle)
         await child_stage(
             self.loop,
             CurateWorkflow.run,
             CurateInput(self.loop),
-            "curate",
+            CycleStage.CURATE,
             run.cycle,
             fail_cycle=workflow.patched(CURATE_STAGE_PATCH),
         )
 
     async def _snapshot_stage(self, run: CycleRun) -> SnapshotResult:
         """Freeze the cycle's dataset; too few train or eval tasks end the cycle (no_data)."""
-        await self._enter("snapshot", run.cycle)
+        await self._enter(CycleStage.SNAPSHOT, run.cycle)
         dataset = await db_activity(
             CurationActivities.snapshot_dataset,
             SnapshotInput(self.loop, run.cycle),
@@ -372,7 +373,7 @@ class LoopWorkflow:
             )
         if dataset.train_count == 0 or dataset.eval_count == 0:
             raise CycleAborted(
-                "no_data",
+                CycleOutcome.NO_DATA,
                 f"dataset has {dataset.train_count} train and {dataset.eval_count} eval tasks",
             )
         return dataset
@@ -380,7 +381,7 @@ class LoopWorkflow:
     async def _train_stage(
         self, run: CycleRun, dataset: SnapshotResult, champion: EvalTarget
     ) -> TrainResult:
-        await self._enter("train", run.cycle, dataset_id=dataset.dataset_id)
+        await self._enter(CycleStage.TRAIN, run.cycle, dataset_id=dataset.dataset_id)
         trained = await child_stage(
             self.loop,
             TrainWorkflow.run,
@@ -394,11 +395,11 @@ class LoopWorkflow:
                 environment=run.config.environment,
                 profile=run.config.training_profile,
             ),
-            "train",
+            CycleStage.TRAIN,
             run.cycle,
         )
-        if trained.status != "succeeded" or trained.checkpoint_id is None:
-            raise CycleAborted("failed", f"training {trained.status}: {trained.error or ''}")
+        if trained.status != RunStatus.SUCCEEDED or trained.checkpoint_id is None:
+            raise CycleAborted.failed(f"training {trained.status}: {trained.error or ''}")
         return trained
 
     async def _evaluate_stage(
@@ -407,7 +408,7 @@ class LoopWorkflow:
         """Evaluate champion and candidate on the eval set, the regression set, and (honest
         points) the frozen held-out set; a failed evaluation ends the cycle."""
         candidate = candidate_of(trained)
-        await self._enter("evaluate", run.cycle, candidate=candidate.checkpoint_id)
+        await self._enter(CycleStage.EVALUATE, run.cycle, candidate=candidate.checkpoint_id)
         task_sets = {"eval": dataset.eval_uri}
         if dataset.regression_uri and dataset.regression_count > 0:
             task_sets["regression"] = dataset.regression_uri
@@ -428,11 +429,11 @@ class LoopWorkflow:
                 profile=run.config.training_profile,
                 temperature=gate_policy.eval_temperature,
             ),
-            "evaluate",
+            CycleStage.EVALUATE,
             run.cycle,
         )
         if evaluated.errors:
-            raise CycleAborted("failed", "evaluation failed: " + "; ".join(evaluated.errors))
+            raise CycleAborted.failed("evaluation failed: " + "; ".join(evaluated.errors))
 
     async def _gate_stage(
         self, run: CycleRun, champion: EvalTarget, trained: TrainResult
@@ -440,7 +441,7 @@ class LoopWorkflow:
         """The gate's decision (or the operator's, with a manual gate), recorded; a decision
         other than promote ends the cycle as rejected."""
         candidate = candidate_of(trained)
-        await self._enter("gate", run.cycle)
+        await self._enter(CycleStage.GATE, run.cycle)
         policy = run.config.gate_policy
         gate = await db_activity(
             GateActivities.gate,
@@ -471,8 +472,8 @@ class LoopWorkflow:
                 decided_by=decided_by,
             ),
         )
-        if recorded.decision != "promote":
-            raise CycleAborted("rejected", reason, gate_points=run.gate_points(gate))
+        if recorded.decision != Decision.PROMOTE:
+            raise CycleAborted(CycleOutcome.REJECTED, reason, gate_points=run.gate_points(gate))
         return Decided(gate, recorded.promotion_id, reason)
 
     async def _promote_stage(
@@ -484,7 +485,7 @@ class LoopWorkflow:
     ) -> CloseCycleInput:
         """Deploy the candidate behind a canary; how the cycle closes, with its points."""
         candidate = candidate_of(trained)
-        await self._enter("promote", run.cycle)
+        await self._enter(CycleStage.PROMOTE, run.cycle)
         policy = run.config.gate_policy
         promoted = await child_stage(
             self.loop,
@@ -503,7 +504,7 @@ class LoopWorkflow:
                 canary_min_traces=policy.canary_min_traces,
                 canary_max_drop_points=policy.canary_max_drop_points,
             ),
-            "promote",
+            CycleStage.PROMOTE,
             run.cycle,
         )
         return run.closed(promoted, candidate.checkpoint_id, decided)
@@ -519,7 +520,7 @@ class LoopWorkflow:
         """
         if started.champion_checkpoint_id is None or started.champion_uri is None:
             return  # nothing to probe with; the cycle fails for the same reason after the snapshot
-        await self._enter("probe", run.cycle)
+        await self._enter(CycleStage.PROBE, run.cycle)
         try:
             probed = await child_stage(
                 self.loop,
@@ -533,7 +534,7 @@ class LoopWorkflow:
                     attempts=run.config.curation_policy.probe_attempts,
                     profile=run.config.training_profile,
                 ),
-                "probe",
+                CycleStage.PROBE,
                 run.cycle,
             )
         except CycleAborted as exc:
@@ -541,7 +542,7 @@ class LoopWorkflow:
                 "%s of %s; the snapshot goes on without it", exc.detail, self.loop
             )
             return
-        if probed.status not in ("succeeded", "skipped"):
+        if not probed.status.clean:
             workflow.logger.warning(
                 "probe run %s %s (%s); the snapshot goes on without it",
                 probed.run_id,
@@ -549,15 +550,15 @@ class LoopWorkflow:
                 probed.error or "no reason given",
             )
 
-    async def _await_approval(self, gate: GateResult) -> tuple[str, str, str]:
+    async def _await_approval(self, gate: GateResult) -> tuple[Decision, str, str]:
         """Manual gate: wait for approve/reject; the gate's statistics are shown meanwhile."""
-        self._set_stage("awaiting_approval", cycle=self.cycle)
+        self._set_stage(CycleStage.AWAITING_APPROVAL, cycle=self.cycle)
         self.waiting_for = f"approve or reject (gate recommends {gate.decision}: {gate.reason})"
         await workflow.wait_condition(lambda: self.approval is not None)
         self.waiting_for = None
         assert self.approval is not None
         verdict, signal = self.approval
-        decision = "promote" if verdict == "approve" else "reject"
+        decision = Decision.PROMOTE if verdict == "approve" else Decision.REJECT
         reason = signal.reason or f"{verdict}d by {signal.by}; gate said: {gate.reason}"
         return decision, reason, signal.by
 
@@ -566,7 +567,7 @@ class LoopWorkflow:
             return
         reason = self.state.rollback_reason
         self.state.rollback_reason = None
-        self._set_stage("rollback")
+        self._set_stage(CycleStage.ROLLBACK)
         if workflow.patched(ROLLBACK_DEPLOY_PATCH):
             result = await roll_back(self.loop, reason)
         else:
@@ -576,7 +577,7 @@ class LoopWorkflow:
                 start_to_close=LONG_DB_TIMEOUT,
             )
         workflow.logger.info("rollback of %s: %s", self.loop, result.reason)
-        self._set_stage("waiting")
+        self._set_stage(CycleStage.WAITING)
 
     # Helpers -----------------------------------------------------------------------------
 
@@ -587,7 +588,7 @@ class LoopWorkflow:
         )
 
     def _set_stage(
-        self, stage: str, *, cycle: int | None = None, outcome: str | None = None
+        self, stage: CycleStage, *, cycle: int | None = None, outcome: str | None = None
     ) -> None:
         self.stage = stage
         updates: list[SearchAttributeUpdate[Any]] = [RATCHET_LOOP.value_set(self.loop)]

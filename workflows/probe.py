@@ -21,6 +21,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from services.loop.states import ProbeStatus, RunStatus
     from workflows.activities.curation import CurationActivities
     from workflows.activities.jobs import run_job_from_workflow
     from workflows.ids import run_id_for
@@ -29,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
         RESULTS_TIMEOUT,
         db_activity,
     )
-    from workflows.payloads.jobs import cycle_eval_job_spec, cycle_job, job_outcome
+    from workflows.payloads.jobs import cycle_eval_job_spec, cycle_job
     from workflows.payloads.probe import (
         ExportProbeTasksInput,
         ProbeInput,
@@ -65,7 +66,7 @@ class ProbeWorkflow:
         )
         if exported.count == 0 or exported.task_uri is None:
             workflow.logger.info("probe of %s skipped: every train task is probed", input.loop)
-            return ProbeResult(status="skipped")
+            return ProbeResult(status=ProbeStatus.SKIPPED)
 
         job = await run_job_from_workflow(
             cycle_job(
@@ -76,8 +77,15 @@ class ProbeWorkflow:
                 base_checkpoint_id=input.champion_checkpoint_id,
             ),
         )
-        result = ProbeResult(run_id=run_id, probed=exported.count, **job_outcome(job))
-        if job.status != "succeeded":
+        result = ProbeResult(
+            status=ProbeStatus(job.status),
+            run_id=run_id,
+            probed=exported.count,
+            compute_seconds=job.compute_seconds,
+            cost_usd=job.cost_usd,
+            error=job.error,
+        )
+        if job.status != RunStatus.SUCCEEDED:
             workflow.logger.warning("probe %s %s: %s", run_id, job.status, job.error or "")
             return result
 

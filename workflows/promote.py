@@ -14,6 +14,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from services.loop.states import PromotionStatus
     from workflows.activities.canary import CanaryActivities
     from workflows.activities.deploy import DeployActivities
     from workflows.options import BOUNDED_DB_RETRY, DEPLOY, db_activity, long_activity
@@ -39,7 +40,7 @@ class PromoteWorkflow:
 
     @workflow.run
     async def run(self, input: PromoteInput) -> PromoteResult:
-        await self._set_status(input, "deploying")
+        await self._set_status(input, PromotionStatus.DEPLOYING)
         try:
             deployed = await self._deploy(
                 input, input.candidate_checkpoint_id, input.candidate_uri, purpose="candidate"
@@ -47,11 +48,11 @@ class PromoteWorkflow:
         except ActivityError as exc:
             reason = f"deploy of the candidate failed: {exc.cause or exc}"
             await self._restore_previous(input)
-            await self._set_status(input, "failed", reason=reason)
-            return PromoteResult(status="failed", reason=reason)
+            await self._set_status(input, PromotionStatus.FAILED, reason=reason)
+            return PromoteResult(status=PromotionStatus.FAILED, reason=reason)
 
         self.phase = "canary"
-        await self._set_status(input, "canary", timestamp_field="deployed_at")
+        await self._set_status(input, PromotionStatus.CANARY, timestamp_field="deployed_at")
         baseline = await self._live_stats(
             input, input.previous_checkpoint_id, until=deployed.deployed_at
         )
@@ -72,12 +73,12 @@ class PromoteWorkflow:
         )
         await self._set_status(
             input,
-            "held",
+            PromotionStatus.HELD,
             reason=reason,
             set_champion=input.candidate_checkpoint_id,
             timestamp_field="canary_ended_at",
         )
-        return _after_canary("held", reason, baseline, latest)
+        return _after_canary(PromotionStatus.HELD, reason, baseline, latest)
 
     def _regressed(self, input: PromoteInput, baseline: LiveStats, latest: LiveStats) -> bool:
         if latest.n < input.canary_min_traces or baseline.success_rate is None:
@@ -98,10 +99,10 @@ class PromoteWorkflow:
         )
         await self._restore_previous(input)
         await self._set_status(
-            input, "rolled_back", reason=reason, timestamp_field="rolled_back_at"
+            input, PromotionStatus.ROLLED_BACK, reason=reason, timestamp_field="rolled_back_at"
         )
         self.phase = "rolled_back"
-        return _after_canary("rolled_back", reason, baseline, latest)
+        return _after_canary(PromotionStatus.ROLLED_BACK, reason, baseline, latest)
 
     async def _restore_previous(self, input: PromoteInput) -> None:
         if input.previous_checkpoint_id and input.previous_uri:
@@ -149,7 +150,7 @@ class PromoteWorkflow:
     async def _set_status(
         self,
         input: PromoteInput,
-        status: str,
+        status: PromotionStatus,
         *,
         reason: str | None = None,
         set_champion: str | None = None,
@@ -170,7 +171,7 @@ class PromoteWorkflow:
 
 
 def _after_canary(
-    status: str, reason: str, baseline: LiveStats, latest: LiveStats
+    status: PromotionStatus, reason: str, baseline: LiveStats, latest: LiveStats
 ) -> PromoteResult:
     """Every verdict reached after a canary reports the live rates it was judged on."""
     return PromoteResult(

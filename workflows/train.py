@@ -11,6 +11,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from services.loop.states import RunStatus
     from workflows.activities.jobs import JobActivities, run_job_from_workflow
     from workflows.ids import run_id_for, uri_path
     from workflows.options import INSTALL, long_activity
@@ -52,7 +53,7 @@ class TrainWorkflow:
             timedelta(seconds=input.profile.timeout_s),
         )
         result = TrainResult(run_id=run_id, metrics=job.metrics, **job_outcome(job))
-        if job.status != "succeeded":
+        if job.status != RunStatus.SUCCEEDED:
             return result
         checkpoint = await long_activity(
             JobActivities.register_checkpoint,

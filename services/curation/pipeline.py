@@ -137,7 +137,7 @@ def curate_batch(
     for result in results:
         if isinstance(result, trace_queries.Verdict):
             verdicts[result.trace_id] = result
-            if result.outcome == "rejected":
+            if result.outcome == trace_queries.CurationOutcome.REJECTED:
                 report.rejected += 1
                 report.rejections[result.detail.split(":", 1)[0]] += 1
             else:
@@ -236,14 +236,16 @@ class _Links:
         """``item``'s trace made task ``task_id``."""
         self.sources.append((task_id, item.trace_id, "origin"))
         self.verdicts[item.trace_id] = trace_queries.Verdict(
-            item.trace_id, "task", f"task {task_id} ({split})"
+            item.trace_id, trace_queries.CurationOutcome.TASK, f"task {task_id} ({split})"
         )
 
     def duplicates(self, task_id: int, items: list[Prepared], kind: str, detail: str) -> None:
         """``items``' traces are duplicates (a source of ``kind``) of task ``task_id``."""
         for item in items:
             self.sources.append((task_id, item.trace_id, kind))
-            self.verdicts[item.trace_id] = trace_queries.Verdict(item.trace_id, "duplicate", detail)
+            self.verdicts[item.trace_id] = trace_queries.Verdict(
+                item.trace_id, trace_queries.CurationOutcome.DUPLICATE, detail
+            )
         self.report.duplicates += len(items)
 
 

@@ -53,7 +53,7 @@ from services.curation.similarity import (
     verifier_key,
 )
 from services.curation.splits import Origin
-from services.db.queries.traces import TraceRow, Verdict
+from services.db.queries.traces import CurationOutcome, TraceRow, Verdict
 from services.environments.base import Rejection, TaskSpec
 
 logger = logging.getLogger(__name__)
@@ -128,11 +128,11 @@ def _prepare(trace: TraceRow, *, job: PrepareJob, redactor: Redactor) -> Prepare
         outcome = Outcome(said, None, None if said else (trace.error_kind or "feedback"))
     verdict = classify(outcome, failure_score_threshold=policy.failure_score_threshold)
     if verdict == "unknown":
-        return Verdict(trace.id, "skipped", "no outcome reported")
+        return Verdict(trace.id, CurationOutcome.SKIPPED, "no outcome reported")
     if verdict == "success" and not sampled(
         job.loop_id, trace.external_id, policy.success_sample_rate
     ):
-        return Verdict(trace.id, "skipped", "success outside the regression sample")
+        return Verdict(trace.id, CurationOutcome.SKIPPED, "success outside the regression sample")
     body = json.loads(trace.body_json)
     if context is not None and isinstance(body, dict):
         body["ratchet"] = dict(context)
@@ -173,7 +173,7 @@ def _prepare(trace: TraceRow, *, job: PrepareJob, redactor: Redactor) -> Prepare
 def rejected(trace_id: int, rejection: Rejection, redactor: Redactor) -> Verdict:
     """The verdict of a refused trace; the message is redacted, as everything stored is."""
     message = redactor.redact_text(rejection.message, Counter())
-    return Verdict(trace_id, "rejected", f"{rejection.reason}: {message}"[:1000])
+    return Verdict(trace_id, CurationOutcome.REJECTED, f"{rejection.reason}: {message}"[:1000])
 
 
 def _spec_json(task: TaskSpec, tools_json: str) -> str:

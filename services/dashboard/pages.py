@@ -29,7 +29,7 @@ from services.dashboard.queries import (
     run_detail,
 )
 from services.dashboard.render import pct, usd, when
-from services.dashboard.timeline import Step, cycle_steps
+from services.dashboard.timeline import Step, StepState, cycle_steps
 from services.db.models import Loop, Task
 from services.db.queries.cycle_history import CycleRow, loop_cycles
 from services.db.queries.cycles import run_record
@@ -42,6 +42,7 @@ from services.db.queries.serving_ledger import ChampionFigures, loop_champion_fi
 from services.db.queries.spend import loop_spend
 from services.db.queries.traces import curation_counts
 from services.loop.estimate import run_phase_costs
+from services.loop.states import LoopLifecycle
 
 
 def _percent(value: float) -> str:
@@ -63,11 +64,11 @@ class Action:
 def loop_actions(loop: Loop, *, has_open_cycle: bool) -> list[Action]:
     """The actions that make sense in the loop's state (the API has the last word)."""
     actions: list[Action] = []
-    if loop.status == "active":
+    if loop.status == LoopLifecycle.ACTIVE:
         actions.append(Action("pause", "Pause"))
-    elif loop.status == "paused":
+    elif loop.status == LoopLifecycle.PAUSED:
         actions.append(Action("resume", "Resume"))
-    if loop.status != "archived":
+    if loop.status != LoopLifecycle.ARCHIVED:
         actions.append(Action("run-now", "Run a cycle now"))
     if has_open_cycle:
         actions.append(Action("approve", "Approve candidate"))
@@ -286,7 +287,11 @@ def cycle_links(links: TemporalLinks, loop: str, cycle: CycleRow) -> list[tuple[
     """(stage, URL) for each child workflow the cycle has reached."""
     if links.ui_url is None:
         return []
-    reached = {s.stage for s in _steps(cycle) if s.state in ("done", "current", "failed")}
+    reached = {
+        s.stage
+        for s in _steps(cycle)
+        if s.state in (StepState.DONE, StepState.CURRENT, StepState.FAILED)
+    }
     result = []
     for stage in CHILD_WORKFLOW_STAGES:
         url = links.cycle_stage(loop, cycle.number, stage)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, aliased
 from services.db.models import Checkpoint, Cycle, Evaluation, Run, Task, TaskSource, Trace
 from services.db.queries.promotions import loop_promotions
 from services.evaluation.stats import wilson_interval
+from services.loop.states import PromotionStatus
 
 # Bucket widths of the live success chart, smallest first: the first that keeps the chart
 # under ``max_buckets`` points is used.
@@ -122,7 +123,9 @@ def loop_events(*, session: Session, loop_id: int, since: dt.datetime) -> list[L
             events.append(LoopEvent(at, "promote", f"{cycle}: promoted"))
         if promotion.rolled_back:
             at = promotion.rolled_back_at or promotion.decided_at
-            what = "rollback failed" if promotion.status == "failed" else "rolled back"
+            what = (
+                "rollback failed" if promotion.status == PromotionStatus.FAILED else "rolled back"
+            )
             events.append(LoopEvent(at, "rollback", f"{cycle}: {what}: {promotion.reason}"))
     drifts = session.execute(
         select(Cycle.number, Cycle.started_at).where(

@@ -9,9 +9,12 @@ keeps stages it does not know (a loop may add one) rather than hiding them.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
+
+from services.loop.states import CycleOutcome, CycleStage
 
 STAGES: tuple[str, ...] = (
     "curate",
@@ -27,17 +30,27 @@ STAGES: tuple[str, ...] = (
 # Stages that run only after the gate promotes; a cycle can pass them by.
 CONDITIONAL_STAGES = frozenset({"promote", "canary"})
 # How far a closed cycle got, by its outcome, for stages it did not time.
-OUTCOME_REACHED = {
-    "promoted": "canary",
-    "rolled_back": "canary",
-    "rejected": "gate",
-    "no_data": "snapshot",
+OUTCOME_REACHED: dict[str, str] = {
+    CycleOutcome.PROMOTED: "canary",
+    CycleOutcome.ROLLED_BACK: "canary",
+    CycleOutcome.REJECTED: CycleStage.GATE,
+    CycleOutcome.NO_DATA: CycleStage.SNAPSHOT,
 }
 
 # Stage names a finished cycle may carry in ``Cycle.stage``: they are not steps of the walk.
 TERMINAL_STAGES = frozenset({"done", "finished", "ended", "failed", "cancelled"})
 
-StepState = Literal["done", "current", "pending", "skipped", "failed"]
+
+class StepState(enum.StrEnum):
+    """How a step of the timeline is drawn (the page's ``step-<state>`` class): a stage
+    ``done``, the ``current`` one, one still ``pending``, one the cycle passed by
+    (``skipped``), or the one a failed cycle ``failed`` in."""
+
+    DONE = "done"
+    CURRENT = "current"
+    PENDING = "pending"
+    SKIPPED = "skipped"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -159,23 +172,23 @@ def _state(
 ) -> StepState:
     if is_open:
         if index == frontier:
-            return "current"
+            return StepState.CURRENT
         if name in timings:
-            return "done"
+            return StepState.DONE
         passed = frontier is not None and index < frontier
         if passed and (name not in CONDITIONAL_STAGES or not timings):
-            return "done"
-        return "skipped" if passed else "pending"
-    if name in timings or name == "account":
-        return "done"  # a closed cycle has been accounted
+            return StepState.DONE
+        return StepState.SKIPPED if passed else StepState.PENDING
+    if name in timings or name == CycleStage.ACCOUNT:
+        return StepState.DONE  # a closed cycle has been accounted
     reached = OUTCOME_REACHED.get(outcome or "")
     if reached is not None and index <= order.index(reached):
-        return "done"
-    if outcome == "failed" and index == frontier:
-        return "failed"
+        return StepState.DONE
+    if outcome == CycleOutcome.FAILED and index == frontier:
+        return StepState.FAILED
     if frontier is not None and index < frontier and name not in CONDITIONAL_STAGES:
-        return "done"
-    return "skipped"
+        return StepState.DONE
+    return StepState.SKIPPED
 
 
 def cycle_steps(

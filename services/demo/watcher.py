@@ -19,6 +19,7 @@ from services.db.session import SessionFactory
 from services.demo.options import LOOP_NAME, DemoOptions, Printer
 from services.demo.report import LiveSample, demo_cycles, percent
 from services.demo.traffic import TrafficSimulator
+from services.loop.states import CycleOutcome, CycleStage
 
 TICK_S = 5.0
 LIVE_WINDOW_S = 20.0
@@ -61,13 +62,13 @@ def watch(
                 session=session, loop_id=require_loop(session=session, name=LOOP_NAME).id
             )
         done = [cycle for cycle in cycles if not cycle.is_open]
-        stage = cycles[-1].stage if cycles and cycles[-1].is_open else "waiting"
+        stage = cycles[-1].stage if cycles and cycles[-1].is_open else CycleStage.WAITING
         out(
             f"[demo] t={now:4.0f}s api={api_version[0]} live success (20s) "
             f"{percent(rate)} on {n:3d}  stage={stage:<18} cycles done={len(done)}"
         )
         if len(done) >= options.cycles:
-            if not any(cycle.outcome == "promoted" for cycle in done):
+            if not any(cycle.outcome == CycleOutcome.PROMOTED for cycle in done):
                 break
             if held_at is None:
                 held_at = now

@@ -26,11 +26,12 @@ from typing import Any
 
 from services.evaluation.stats import PairedComparison, compare_paired
 from services.loop.policies import GatePolicy
+from services.loop.states import Decision
 
 
 @dataclass(frozen=True)
 class GateDecision:
-    decision: str  # "promote" | "reject"
+    decision: Decision  # PROMOTE or REJECT
     reason: str
     statistics: dict[str, Any] = field(default_factory=dict)
 
@@ -81,7 +82,7 @@ def _decide(
     seed: int,
 ) -> GateDecision:
     if not eval_champion:
-        return GateDecision("reject", "no paired eval results to compare", {"n": 0})
+        return GateDecision(Decision.REJECT, "no paired eval results to compare", {"n": 0})
     main = compare_paired(eval_champion, eval_candidate, confidence=policy.confidence, seed=seed)
     statistics: dict[str, Any] = {"eval": main.to_dict(), "delta_points": main.delta_points}
     regression: PairedComparison | None = None
@@ -99,28 +100,28 @@ def _decide(
     )
     if regression is not None and -regression.delta_points > policy.regression_tolerance_points:
         return GateDecision(
-            "reject",
+            Decision.REJECT,
             f"regression suite dropped {-regression.delta_points:.1f} points "
             f"(tolerance {policy.regression_tolerance_points:g}); {summary}",
             statistics,
         )
     if main.discordant < policy.min_discordant_pairs:
         return GateDecision(
-            "reject",
+            Decision.REJECT,
             f"only {main.discordant} eval tasks tell the models apart (the policy needs "
             f"{policy.min_discordant_pairs}): {summary}",
             statistics,
         )
     if main.p_value_improvement >= alpha:
         return GateDecision(
-            "reject",
+            Decision.REJECT,
             f"no significant win at {policy.confidence:.0%} confidence: {summary}",
             statistics,
         )
     if main.delta_points < policy.min_improvement_points:
         return GateDecision(
-            "reject",
+            Decision.REJECT,
             f"win below the minimum of {policy.min_improvement_points:g} points: {summary}",
             statistics,
         )
-    return GateDecision("promote", f"significant win: {summary}", statistics)
+    return GateDecision(Decision.PROMOTE, f"significant win: {summary}", statistics)

@@ -24,7 +24,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from services.loop.states import RunStatus
 
 # The job contract's schema and environment variables are the job's (services.training.jobspec
 # reads and writes the spec); an executor only passes them on.
@@ -36,8 +38,9 @@ from services.training.jobspec import (
     JOB_SCHEMA,
 )
 
-JobState = Literal["pending", "running", "succeeded", "failed", "cancelled", "lost"]
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
+# A job's states are its run's statuses (``runs.status`` records what the executor said).
+JobState = RunStatus
+TERMINAL_STATES: frozenset[RunStatus] = frozenset(state for state in RunStatus if state.terminal)
 
 # Run kinds (the runs table) and the job subcommand each one runs.
 RUN_KINDS: frozenset[str] = frozenset({"train", "eval", "probe"})
@@ -217,7 +220,7 @@ class JobStatus:
     @property
     def config_error(self) -> bool:
         """The job failed because its spec or config is wrong (a retry cannot help)."""
-        return self.state == "failed" and (
+        return self.state == RunStatus.FAILED and (
             self.exit_code in CONFIG_EXIT_CODES or self.reason == "ConfigError"
         )
 

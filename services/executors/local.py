@@ -50,6 +50,7 @@ from services.executors.base import (
 )
 from services.executors.runfiles import UnsafeRunFile, read_text
 from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE, write_json_atomic
+from services.loop.states import RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ class LocalExecutor:
         supervisor = _read_json(Path(handle["state_dir"]) / SUPERVISOR_FILE) or {}
         started = float(supervisor.get("started_at") or handle.get("submitted_at") or time.time())
         return JobStatus(
-            state="running",
+            state=RunStatus.RUNNING,
             started_at=started,
             wall_seconds=max(0.0, time.time() - started),
             cpu_seconds=self._live_cpu_seconds(handle),
@@ -230,12 +231,12 @@ class LocalExecutor:
             "accelerators": int(handle.get("accelerators", 0)),
         }
         if returncode == 0:
-            return JobStatus(state="succeeded", **common)
+            return JobStatus(state=RunStatus.SUCCEEDED, **common)
         if (state_dir / CANCEL_FILE).exists():
-            return JobStatus(state="cancelled", reason="Cancelled", **common)
+            return JobStatus(state=RunStatus.CANCELLED, reason="Cancelled", **common)
         message = ended.get("error") or last_line(self._read_log(handle, tail_lines=50))
         reason = f"Signal{ended['signal']}" if ended.get("signal") else "Error"
-        return JobStatus(state="failed", reason=reason, message=message, **common)
+        return JobStatus(state=RunStatus.FAILED, reason=reason, message=message, **common)
 
     def _gone(self, handle: Handle, state_dir: Path) -> JobStatus:
         """The supervisor is gone and wrote no exit status: cancelled (SIGKILL) or lost."""
@@ -245,7 +246,7 @@ class LocalExecutor:
         if cancel is not None:
             ended = float(cancel.get("killed_at") or cancel.get("requested_at") or started)
             return JobStatus(
-                state="cancelled",
+                state=RunStatus.CANCELLED,
                 reason="Cancelled",
                 started_at=started,
                 ended_at=ended,
@@ -253,7 +254,7 @@ class LocalExecutor:
                 accelerators=accelerators,
             )
         return JobStatus(
-            state="lost",
+            state=RunStatus.LOST,
             reason="SupervisorGone",
             message=(
                 f"the job's supervisor (pid {handle['pid']}) is gone and left no exit status "

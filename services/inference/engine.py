@@ -38,6 +38,7 @@ request gets the same tokens whatever else shares its batch and whenever it join
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -96,13 +97,23 @@ class GenerationRequest:
     session: Session | None = None
 
 
+class FinishReason(enum.StrEnum):
+    """Why a row stopped: its stop token or a stop string, its token budget, or its
+    request's cancellation. The model server answers the first two as OpenAI's
+    ``finish_reason``; a cancelled row keeps no session (nobody reads its result)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     """A finished row. ``token_ids`` is the text's tokens; ``sampled_ids`` every token
     sampled (the stop token too, when one ended the row), ``logprobs`` one per sampled id."""
 
     token_ids: list[int]
-    finish_reason: str  # "stop", "length", or "cancelled" (nobody reads that one)
+    finish_reason: FinishReason
     prompt_tokens: int
     cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
     sampled_ids: list[int] = field(default_factory=list)
@@ -230,7 +241,7 @@ class _Row(Generic[Tag]):
     sampled: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
-    finish: str | None = None
+    finish: FinishReason | None = None
 
 
 class ActiveBatch(Generic[Tag]):
@@ -482,7 +493,7 @@ class ActiveBatch(Generic[Tag]):
     def _keep_session(self, slot: int, row: _Row[Tag]) -> None:
         """Store a finished row's conversation for its session's next turn."""
         session = row.request.session
-        if session is None or row.finish == "cancelled":
+        if session is None or row.finish == FinishReason.CANCELLED:
             return
         cache = self.engine.prefix_cache
         namespace = self.engine.prefix_key(row.request.adapter)
@@ -492,29 +503,29 @@ class ActiveBatch(Generic[Tag]):
     def _advance(self, row: _Row[Tag], sampled: SampledToken) -> bool:
         """Append ``sampled`` to ``row``; whether the row is now finished."""
         if row.request.cancelled.is_set():
-            row.finish = "cancelled"
+            row.finish = FinishReason.CANCELLED
             return True
         token = sampled.id
         row.sampled.append(token)
         row.logprobs.append(sampled.logprob)
         row.top_logprobs.append(sampled.top)
         if token in self.engine.eos_ids:
-            row.finish = "stop"
+            row.finish = FinishReason.STOP
             return True
         row.generated.append(token)
         if row.request.on_token is not None:
             row.request.on_token(sampled)
         if _hit_stop_string(self.engine, row.generated, row.request.sampling.stop):
-            row.finish = "stop"
+            row.finish = FinishReason.STOP
         elif len(row.generated) >= row.budget:
-            row.finish = "length"
+            row.finish = FinishReason.LENGTH
         return row.finish is not None
 
     @staticmethod
     def _result(row: _Row[Tag]) -> GenerationResult:
         return GenerationResult(
             token_ids=row.generated,
-            finish_reason=row.finish or "length",
+            finish_reason=row.finish or FinishReason.LENGTH,
             prompt_tokens=len(row.request.prompt_ids),
             cached_tokens=row.cached,
             sampled_ids=row.sampled,

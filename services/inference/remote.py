@@ -50,7 +50,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import urlparse
 
 from services.chat.protocol import ChatMessage
-from services.inference.engine import Engine, GenerationRequest, GenerationResult
+from services.inference.engine import Engine, FinishReason, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -272,12 +272,12 @@ class RemoteEngine:
             raise RemoteError(
                 f"{where} answered {len(ids)} token ids but {len(logprobs)} log-probs"
             )
-        ended = finish == "stop" and bool(ids) and ids[-1] in self.eos_ids
+        ended = finish == FinishReason.STOP and bool(ids) and ids[-1] in self.eos_ids
         usage = answer.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         return GenerationResult(
             token_ids=ids[:-1] if ended else ids,
-            finish_reason="stop" if finish == "stop" else "length",
+            finish_reason=FinishReason.STOP if finish == FinishReason.STOP else FinishReason.LENGTH,
             prompt_tokens=len(request.prompt_ids),
             cached_tokens=int(details.get("cached_tokens") or 0),
             sampled_ids=ids,

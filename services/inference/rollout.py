@@ -37,6 +37,7 @@ from services.environments.chat import ChatEnvironment, ChatEpisode
 from services.inference.engine import (
     ActiveBatch,
     Engine,
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
@@ -143,7 +144,7 @@ def run_chat_episodes(
 
     def apply(i: int, request: GenerationRequest, result: GenerationResult) -> None:
         rollout = rollouts[i]
-        truncated = result.finish_reason == "length"
+        truncated = result.finish_reason == FinishReason.LENGTH
         text = engine.decode_text(result.token_ids)
         env.chat_step(tasks[i], rollout.episode, text, truncated=truncated)
         rollout.turns.append(_turn(request, result))
@@ -189,7 +190,7 @@ def run_text_episodes(
     def apply(i: int, request: GenerationRequest, result: GenerationResult) -> None:
         rollout = rollouts[i]
         env.step(tasks[i], rollout.episode, tokenizer.decode(result.token_ids))
-        rollout.episode.agent_turns[-1].truncated = result.finish_reason == "length"
+        rollout.episode.agent_turns[-1].truncated = result.finish_reason == FinishReason.LENGTH
         rollout.turns.append(_turn(request, result))
 
     stats = _drive(
@@ -229,7 +230,7 @@ def _turn(request: GenerationRequest, result: GenerationResult) -> TurnTokens:
         prompt_ids=list(request.prompt_ids),
         completion_ids=list(result.sampled_ids),
         logprobs=list(result.logprobs),
-        truncated=result.finish_reason == "length",
+        truncated=result.finish_reason == FinishReason.LENGTH,
         cached_tokens=result.cached_tokens,
     )
 

@@ -21,7 +21,8 @@ from services.ingest.credentials import CredentialCache, IngestLoop, LoopKeys, T
 from services.ingest.errors import IngestError
 from services.ingest.schema import Rejection, StoredTrace
 from services.ingest.signature import SignatureError, SignedHeaders, parse_headers, verify
-from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow
+from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow, WriteStatus
+from services.loop.states import LoopLifecycle
 from services.metrics import (
     INGEST_ACCEPTED,
     INGEST_BYTES,
@@ -45,7 +46,7 @@ class ItemOutcome:
 
     index: int
     external_id: str | None
-    status: str
+    status: WriteStatus
     trace_id: int | None = None
     reason: str | None = None
     fields: list[dict[str, str]] = field(default_factory=list)
@@ -95,7 +96,7 @@ class IngestService:
     def check_accepts_traces(loop: IngestLoop) -> None:
         """409 for an archived loop (told only to a sender that proved it holds a secret or
         a token)."""
-        if loop.status == "archived":
+        if loop.status == LoopLifecycle.ARCHIVED:
             raise IngestError(
                 409, "loop_archived", f"loop {loop.name!r} is archived and takes no traces"
             )
@@ -181,16 +182,20 @@ class IngestService:
             for (index, trace), outcome in zip(traces, outcomes, strict=True)
         ]
         counts = Counter(outcome.status for outcome in outcomes)  # one metric update per kind
-        if counts["accepted"]:
-            INGEST_ACCEPTED.labels(loop_name, source).inc(counts["accepted"])
-        if counts["duplicate"]:
-            INGEST_DUPLICATE.labels(loop_name, source).inc(counts["duplicate"])
-        if counts["rejected"]:
-            INGEST_REJECTED.labels(loop_name, source, "storage_rejected").inc(counts["rejected"])
+        if counts[WriteStatus.ACCEPTED]:
+            INGEST_ACCEPTED.labels(loop_name, source).inc(counts[WriteStatus.ACCEPTED])
+        if counts[WriteStatus.DUPLICATE]:
+            INGEST_DUPLICATE.labels(loop_name, source).inc(counts[WriteStatus.DUPLICATE])
+        if counts[WriteStatus.REJECTED]:
+            INGEST_REJECTED.labels(loop_name, source, "storage_rejected").inc(
+                counts[WriteStatus.REJECTED]
+            )
         if rejected:
             INGEST_REJECTED.labels(loop_name, source, "invalid_trace").inc(len(rejected))
             results.extend(
-                ItemOutcome(r.index, r.external_id, "rejected", reason=r.reason, fields=r.fields)
+                ItemOutcome(
+                    r.index, r.external_id, WriteStatus.REJECTED, reason=r.reason, fields=r.fields
+                )
                 for r in rejected
             )
             results.sort(key=lambda item: item.index)

@@ -58,7 +58,7 @@ from services.ingest.otlp_mapping import (
 )
 from services.ingest.schema import StoredTrace
 from services.ingest.service import IngestService
-from services.ingest.writer import StorageUnavailable
+from services.ingest.writer import StorageUnavailable, WriteStatus
 from services.metrics import INGEST_REJECTED
 from services.settings import Settings
 
@@ -384,7 +384,7 @@ class EpisodeAssembler:
                 )
                 for (trace_id, episode, _), result in zip(chunk, results, strict=True):
                     outcome.done.extend(n.row_id for n in episode.rows)
-                    if result.status == "rejected":
+                    if result.status == WriteStatus.REJECTED:
                         outcome.rejected.append(
                             (trace_id, episode.rows, f"trace {result.external_id}: {result.reason}")
                         )

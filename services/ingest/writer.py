@@ -26,11 +26,12 @@ parameters come from the api's SQLAlchemy engine.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -48,7 +49,14 @@ from services.metrics import INGEST_COMMIT_DURATION, INGEST_COMMIT_ROWS, INGEST_
 
 log = logging.getLogger(__name__)
 
-Status = Literal["accepted", "duplicate", "rejected"]
+
+class WriteStatus(enum.StrEnum):
+    """What became of one trace the writer was given; the ingest answer's ``status`` of
+    each item, and the kinds its counts and metrics are by."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
 
 
 class StorageRefused(IngestError):
@@ -116,7 +124,7 @@ class TraceRow:
 class WriteOutcome:
     """What happened to one trace: stored (with its row id), already there, or refused."""
 
-    status: Status
+    status: WriteStatus
     trace_id: int | None = None
     reason: str | None = None
 
@@ -344,11 +352,11 @@ class GroupCommitWriter:
             key = (row.loop_id, row.trace.external_id)
             first = first_index[key]
             if first in refused:
-                outcomes.append(WriteOutcome("rejected", reason=refused[first]))
+                outcomes.append(WriteOutcome(WriteStatus.REJECTED, reason=refused[first]))
             elif first == index and key in inserted:
-                outcomes.append(WriteOutcome("accepted", trace_id=inserted[key]))
+                outcomes.append(WriteOutcome(WriteStatus.ACCEPTED, trace_id=inserted[key]))
             else:
-                outcomes.append(WriteOutcome("duplicate"))
+                outcomes.append(WriteOutcome(WriteStatus.DUPLICATE))
         return outcomes
 
     async def _insert_one_by_one(

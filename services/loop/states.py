@@ -97,3 +97,21 @@ class PromotionStatus(enum.StrEnum):
     ROLLED_BACK = "rolled_back"
     REJECTED = "rejected"
     FAILED = "failed"
+
+
+class ProbeStatus(enum.StrEnum):
+    """How a cycle's difficulty probe ended (``ProbeResult.status``): ``skipped`` when every
+    train task was already probed and no job ran, else its job's end (a run's terminal
+    words). The loop goes on either way; it warns of the others."""
+
+    SKIPPED = "skipped"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def clean(self) -> bool:
+        """Whether the probe left nothing to warn about: its job succeeded, or it had no
+        task to probe."""
+        return self in (ProbeStatus.SUCCEEDED, ProbeStatus.SKIPPED)

@@ -24,6 +24,7 @@ from services.evaluation.results import ResultsFileError, pass_at_1, read_result
 from services.evaluation.stats import compare_paired, mean_interval
 from services.logs import log_context
 from services.loop.policies import GatePolicy
+from services.loop.states import Decision
 from services.metrics import LOOP_PASS_RATE, LOOP_PROMOTIONS
 from workflows.activities.errors import fails_as
 from workflows.activities.transactions import loop_cycle, transaction
@@ -133,7 +134,7 @@ class GateActivities:
             if promotion.decision == input.decision:
                 LOOP_PROMOTIONS.labels(input.loop, input.decision).inc()
             logger.info("gate decided %s: %s", promotion.decision, promotion.reason)
-            return RecordDecisionResult(promotion.id, promotion.decision)
+            return RecordDecisionResult(promotion.id, Decision(promotion.decision))
 
     def activities(self) -> list[Callable[..., Any]]:
         return [self.record_evaluation, self.gate, self.record_decision]

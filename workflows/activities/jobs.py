@@ -326,7 +326,7 @@ class JobActivities:
         status = executor.status(handle)
         return replace(
             status,
-            state="failed",
+            state=RunStatus.FAILED,
             reason="DeadlineExceeded",
             message=f"ran past its timeout of {input.deadline_s:.0f} s and was stopped",
         )
@@ -347,7 +347,7 @@ class JobActivities:
         output_dir = Path(handle.get("output_dir") or self._output_dir(input))
         logs_path = self._artifacts.logs_dir(input.loop, input.run_id) / LOG_FILE
         self._save_logs(executor_name, handle, logs_path)
-        state: str = status.state
+        state: RunStatus = status.state
         error = _error_of(status)
         metrics: dict[str, Any] = {}
         if state == RunStatus.SUCCEEDED or (output_dir / METRICS_FILE).exists():
@@ -378,7 +378,7 @@ class JobActivities:
                 ),
             )
             run = q.finish_run(session=session, run_id=input.run_id, outcome=outcome)
-            if run.status == "succeeded":
+            if run.status == RunStatus.SUCCEEDED:
                 demonstrations.record_job_episodes(
                     session,
                     run=run,
@@ -557,7 +557,7 @@ def _error_of(status: JobStatus) -> str | None:
 def _result_of(run: Run) -> RunJobResult:
     return RunJobResult(
         run_id=run.id,
-        status=run.status,
+        status=RunStatus(run.status),
         output_uri=run.output_uri or "",
         metrics=dict(run.metrics or {}),
         compute_seconds=float(run.compute_seconds or 0.0),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from services.loop.states import CycleOutcome, CycleStage
 from workflows.payloads.promote import LiveStats
 
 
@@ -29,7 +30,7 @@ class StartCycleResult:
 class StageInput:
     loop: str
     cycle: int
-    stage: str
+    stage: CycleStage
     dataset_id: int | None = None
     candidate_checkpoint_id: str | None = None
 
@@ -38,7 +39,7 @@ class StageInput:
 class CloseCycleInput:
     loop: str
     cycle: int
-    outcome: str
+    outcome: CycleOutcome
     detail: str
     points_gained: float | None = None
     candidate_checkpoint_id: str | None = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.loop.states import Decision
+
 
 @dataclass
 class GateInput:
@@ -20,7 +22,7 @@ class GateInput:
 
 @dataclass
 class GateResult:
-    decision: str  # "promote" | "reject"
+    decision: Decision  # PROMOTE or REJECT
     reason: str
     statistics: dict[str, Any] = field(default_factory=dict)
 
@@ -29,7 +31,7 @@ class GateResult:
 class RecordDecisionInput:
     loop: str
     cycle: int
-    decision: str
+    decision: Decision
     reason: str
     statistics: dict[str, Any]
     candidate_checkpoint_id: str | None
@@ -40,4 +42,4 @@ class RecordDecisionInput:
 @dataclass
 class RecordDecisionResult:
     promotion_id: int
-    decision: str
+    decision: Decision

@@ -9,6 +9,7 @@ from services.loop.policies import (
     JobOverride,
     TrainingProfile,
 )
+from services.loop.states import RunStatus
 
 # The job contract's spec builders (re-exported for the workflows): standard library only.
 from services.training.jobspec import eval_job_document as eval_job_document
@@ -112,7 +113,7 @@ def cycle_eval_job_spec(
 @dataclass
 class RunJobResult:
     run_id: str
-    status: str  # "succeeded" | "failed" | "cancelled" | "lost"
+    status: RunStatus  # a terminal one
     output_uri: str
     metrics: dict[str, Any] = field(default_factory=dict)
     compute_seconds: float = 0.0
@@ -124,7 +125,7 @@ class JobOutcome(TypedDict):
     """How a job ended, as every stage result that ran one reports it (``TrainResult``,
     ``ProbeResult``): ``StageResult(..., **job_outcome(job))``."""
 
-    status: str
+    status: RunStatus
     compute_seconds: float
     cost_usd: float
     error: str | None

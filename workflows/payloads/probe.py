@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from services.loop.policies import (
     TrainingProfile,
 )
+from services.loop.states import ProbeStatus
 from workflows.payload import policy_payload
 
 
@@ -28,7 +29,7 @@ class ProbeInput:
 class ProbeResult:
     """What the probe did: ``skipped`` (nothing to probe), ``succeeded``, or the job's end."""
 
-    status: str  # "skipped" | "succeeded" | "failed" | "cancelled" | "lost"
+    status: ProbeStatus
     run_id: str | None = None
     probed: int = 0
     recorded: int = 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from services.loop.policies import (
     ServingTarget,
 )
+from services.loop.states import PromotionStatus
 from workflows.payload import policy_payload
 
 
@@ -30,7 +31,7 @@ class PromoteInput:
 
 @dataclass
 class PromoteResult:
-    status: str  # "held" | "rolled_back" | "failed"
+    status: PromotionStatus  # HELD, ROLLED_BACK or FAILED
     reason: str
     live_before: float | None = None
     live_after: float | None = None
@@ -86,7 +87,7 @@ class LiveStats:
 class PromotionStatusInput:
     loop: str
     promotion_id: int
-    status: str
+    status: PromotionStatus
     reason: str | None = None
     set_champion: str | None = None
     timestamp_field: str | None = None

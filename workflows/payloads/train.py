@@ -8,6 +8,7 @@ from typing import Any
 from services.loop.policies import (
     TrainingProfile,
 )
+from services.loop.states import RunStatus
 from workflows.payload import policy_payload
 
 
@@ -27,7 +28,7 @@ class TrainInput:
 @dataclass
 class TrainResult:
     run_id: str
-    status: str
+    status: RunStatus
     checkpoint_id: str | None = None
     checkpoint_uri: str | None = None
     compute_seconds: float = 0.0

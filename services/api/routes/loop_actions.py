@@ -26,7 +26,7 @@ from services.checkpoints import install_checkpoint, record_checkpoint
 from services.db.models import Loop
 from services.db.queries.cycles import current_open_cycle, last_rollback_record
 from services.loop.promotions import operator_promotion
-from services.loop.states import Decision, PromotionStatus
+from services.loop.states import Decision, LoopLifecycle, PromotionStatus
 from services.settings import Settings
 from services.training.checkpoint_manifest import CheckpointError
 from workflows.ids import loop_workflow_id
@@ -212,9 +212,9 @@ async def _act(
         handler, signal_type = _SIGNALS[action]
         arg = signal_type(reason=body.reason) if body.reason else signal_type()
     if action == "pause":
-        row.status, row.status_reason = "paused", body.reason or "paused by operator"
+        row.status, row.status_reason = LoopLifecycle.PAUSED, body.reason or "paused by operator"
     elif action == "resume":
-        row.status, row.status_reason = "active", None
+        row.status, row.status_reason = LoopLifecycle.ACTIVE, None
     session.flush()
     await signal_loop(client, settings, loop, handler, arg)
     return ActionOut(

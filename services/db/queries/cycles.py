@@ -35,6 +35,7 @@ from services.evaluation.gate import GateDecision
 from services.evaluation.results import mean_pass_at_k, pass_at_1, reported_ks
 from services.loop.estimate import RunRecord, cycle_phase_costs
 from services.loop.points import CyclePoints
+from services.loop.states import CycleOutcome, CycleStage, Decision, PromotionStatus, RunStatus
 
 
 def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
@@ -71,17 +72,21 @@ def open_cycle(
     session.execute(
         update(Cycle)
         .where(Cycle.loop_id == loop.id, Cycle.ended_at.is_(None))
-        .values(ended_at=func.now(), outcome="failed", outcome_detail="superseded by a newer cycle")
+        .values(
+            ended_at=func.now(),
+            outcome=CycleOutcome.FAILED,
+            outcome_detail="superseded by a newer cycle",
+        )
     )
     cycle = Cycle(
         loop_id=loop.id,
         number=number,
         trigger=trigger,
         trigger_detail=trigger_detail,
-        stage="curate",
+        stage=CycleStage.CURATE,
         workflow_id=workflow_id,
         champion_checkpoint_id=loop.champion_checkpoint_id,
-        stage_timings={"curate": {"started_at": _now_iso()}},
+        stage_timings={CycleStage.CURATE: {"started_at": _now_iso()}},
     )
     session.add(cycle)
     session.flush()
@@ -167,13 +172,13 @@ def close_cycle(
         cycle.ended_at = dt.datetime.now(dt.UTC)
     cycle.outcome = outcome
     cycle.outcome_detail = detail
-    if cycle.stage != "done":
+    if cycle.stage != CycleStage.DONE:
         timings = {name: dict(value) for name, value in (cycle.stage_timings or {}).items()}
         timings.setdefault(cycle.stage, {"started_at": _now_iso()}).setdefault(
             "ended_at", _now_iso()
         )
         cycle.stage_timings = timings
-    cycle.stage = "done"
+    cycle.stage = CycleStage.DONE
     cycle.compute_seconds = cost.compute_seconds
     cycle.cost_usd = cost.cost_usd
     cycle.cost_by_phase = cycle_phase_costs(run_records(session=session, cycle_ids=[cycle.id]))
@@ -195,7 +200,7 @@ def run_records(
         return []
     statement = select(Run).where(Run.cycle_id.in_(ids)).order_by(Run.submitted_at, Run.id)
     if succeeded_only:
-        statement = statement.where(Run.status == "succeeded")
+        statement = statement.where(Run.status == RunStatus.SUCCEEDED)
     return [run_record(run) for run in session.scalars(statement)]
 
 
@@ -411,7 +416,9 @@ def record_decision(
             loop_id=loop.id,
             cycle_id=cycle.id,
             decision=verdict.decision,
-            status="decided" if verdict.decision == "promote" else "rejected",
+            status=PromotionStatus.DECIDED
+            if verdict.decision == Decision.PROMOTE
+            else PromotionStatus.REJECTED,
             reason=verdict.reason,
             statistics=verdict.statistics,
             candidate_checkpoint_id=candidate_checkpoint_id,
@@ -441,7 +448,7 @@ def evaluation_runs_of(
         .where(
             Evaluation.loop_id == loop.id,
             Evaluation.checkpoint_id == checkpoint_id,
-            Run.status == "succeeded",
+            Run.status == RunStatus.SUCCEEDED,
         )
         .order_by(heldout_first, Evaluation.created_at.desc(), Evaluation.id.desc())
     )
@@ -500,7 +507,7 @@ def has_rollback_record(*, session: Session, loop: Loop, status: str, reason: st
         session.scalars(
             select(Promotion.id).where(
                 Promotion.loop_id == loop.id,
-                Promotion.decision == "rollback",
+                Promotion.decision == Decision.ROLLBACK,
                 Promotion.status == status,
                 Promotion.reason == reason,
             )
@@ -513,7 +520,7 @@ def last_rollback_record(*, session: Session, loop: Loop) -> Promotion | None:
     """The loop's latest operator rollback, rolled back or failed."""
     return session.scalars(
         select(Promotion)
-        .where(Promotion.loop_id == loop.id, Promotion.decision == "rollback")
+        .where(Promotion.loop_id == loop.id, Promotion.decision == Decision.ROLLBACK)
         .order_by(Promotion.decided_at.desc(), Promotion.id.desc())
         .limit(1)
     ).one_or_none()
@@ -522,7 +529,7 @@ def last_rollback_record(*, session: Session, loop: Loop) -> Promotion | None:
 def last_held_promotion(*, session: Session, loop: Loop) -> Promotion | None:
     return session.scalars(
         select(Promotion)
-        .where(Promotion.loop_id == loop.id, Promotion.status == "held")
+        .where(Promotion.loop_id == loop.id, Promotion.status == PromotionStatus.HELD)
         .order_by(Promotion.decided_at.desc(), Promotion.id.desc())
         .limit(1)
     ).one_or_none()

@@ -15,6 +15,7 @@ from services.dashboard.timeline import current_stage
 from services.db.queries.live import LIVE_WINDOW_TRACES
 from services.db.queries.spend import spend_by_loop
 from services.evaluation.stats import wilson_interval
+from services.loop.states import LoopLifecycle
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class LoopSummary:
     @property
     def stage(self) -> str:
         """What the loop is doing: paused, archived, a cycle's stage, or idle."""
-        if self.status != "active":
+        if self.status != LoopLifecycle.ACTIVE:
             return self.status
         if self.open_stage is None:
             return "idle"

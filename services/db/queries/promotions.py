@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.db.models import Cycle, Promotion
+from services.loop.states import Decision, PromotionStatus
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,15 @@ class PromotionRow:
     @property
     def promoted(self) -> bool:
         """Whether the candidate was put in service (it may have been rolled back since)."""
-        return self.decision == "promote" and self.status not in ("rejected", "failed")
+        return self.decision == Decision.PROMOTE and self.status not in (
+            PromotionStatus.REJECTED,
+            PromotionStatus.FAILED,
+        )
 
     @property
     def rolled_back(self) -> bool:
         """An operator's rollback, or a promotion the canary rolled back."""
-        return self.decision == "rollback" or self.rolled_back_at is not None
+        return self.decision == Decision.ROLLBACK or self.rolled_back_at is not None
 
 
 def loop_promotions(
@@ -56,7 +60,9 @@ def loop_promotions(
         .order_by(Promotion.decided_at, Promotion.id)
     )
     if held_by_cycles:
-        statement = statement.where(Promotion.status == "held", Promotion.cycle_id.is_not(None))
+        statement = statement.where(
+            Promotion.status == PromotionStatus.HELD, Promotion.cycle_id.is_not(None)
+        )
     return [_row(promotion, number) for promotion, number in session.execute(statement)]
 
 

@@ -15,7 +15,9 @@ import datetime as dt
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-PURGED_OUTCOME = "purged"
+from services.db.queries.traces import CurationOutcome
+
+PURGED_OUTCOME = CurationOutcome.PURGED
 
 _PURGE_SQL = text(
     """

@@ -18,8 +18,9 @@ from sqlalchemy.orm import Session
 
 from services.db.models import Checkpoint, Cycle, Loop, Run
 from services.db.queries.loops import config_at
+from services.loop.states import RunStatus
 
-TERMINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+TERMINAL_RUN_STATUSES = frozenset(status for status in RunStatus if status.terminal)
 
 
 def cycle_id_for(*, session: Session, loop_id: int, number: int | None) -> int | None:
@@ -95,7 +96,7 @@ def record_submission(
     """Store the executor's handle (and mark running) unless the run already ended."""
     values: dict[str, Any] = {"handle": handle}
     if running:
-        values["status"] = "running"
+        values["status"] = RunStatus.RUNNING
     session.execute(
         update(Run)
         .where(Run.id == run_id, Run.status.not_in(TERMINAL_RUN_STATUSES))
@@ -107,8 +108,8 @@ def mark_running(*, session: Session, run_id: str, started_at: dt.datetime) -> N
     """Move a pending run to running (once: a later call keeps the first start time)."""
     session.execute(
         update(Run)
-        .where(Run.id == run_id, Run.status.in_(("pending", "running")))
-        .values(status="running", started_at=func.coalesce(Run.started_at, started_at))
+        .where(Run.id == run_id, Run.status.in_((RunStatus.PENDING, RunStatus.RUNNING)))
+        .values(status=RunStatus.RUNNING, started_at=func.coalesce(Run.started_at, started_at))
     )
 
 
@@ -117,7 +118,7 @@ def mark_cancel_requested(*, session: Session, run_id: str, ended_at: dt.datetim
     result = session.execute(
         update(Run)
         .where(Run.id == run_id, Run.status.not_in(TERMINAL_RUN_STATUSES))
-        .values(status="cancelled", ended_at=ended_at, error="cancelled on request")
+        .values(status=RunStatus.CANCELLED, ended_at=ended_at, error="cancelled on request")
     )
     return bool(getattr(result, "rowcount", 0))
 
@@ -128,7 +129,7 @@ class RunOutcome:
     its accounting, its times, and where its output and logs ended up (an unset URI keeps
     the one the submission recorded)."""
 
-    status: str
+    status: RunStatus
     error: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     compute_seconds: float = 0.0
@@ -145,7 +146,7 @@ def finish_run(*, session: Session, run_id: str, outcome: RunOutcome) -> Run:
     run = get_run(session=session, run_id=run_id, for_update=True)
     if run is None:
         raise LookupError(f"run {run_id!r} does not exist")
-    if run.status != "cancelled":
+    if run.status != RunStatus.CANCELLED:
         run.status = outcome.status
         run.error = outcome.error
     run.metrics = outcome.metrics

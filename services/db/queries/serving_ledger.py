@@ -24,6 +24,7 @@ from services.loop.ledger import (
     usd_per_mtok,
 )
 from services.loop.policies import RECORDED, ServingTarget
+from services.loop.states import LoopLifecycle
 from services.modelserver.usage import VersionUsage, usage_of
 
 LIVE_WINDOW = 1_000_000  # every trace of a tenure counts toward its live success
@@ -285,6 +286,9 @@ def serving_loop_names(*, session: Session, limit: int) -> list[str]:
     serving target is skipped by the sampler)."""
     return list(
         session.scalars(
-            select(Loop.name).where(Loop.status != "archived").order_by(Loop.id).limit(limit)
+            select(Loop.name)
+            .where(Loop.status != LoopLifecycle.ARCHIVED)
+            .order_by(Loop.id)
+            .limit(limit)
         )
     )

@@ -15,6 +15,7 @@ order, so concurrent writers (other api replicas) take row locks in one order.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,12 +104,26 @@ class TraceRow:
     size_bytes: int
 
 
+class CurationOutcome(enum.StrEnum):
+    """What curation made of a trace (``traces.curation_outcome``, which has no check
+    constraint): a new ``task``, a ``duplicate`` of one, ``rejected`` by the environment or
+    the screen, ``skipped`` (nothing to learn from), or ``purged`` by retention before
+    curation saw it. ``pending`` is never stored: it reads a trace curation has not seen."""
+
+    PENDING = "pending"
+    TASK = "task"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"
+    PURGED = "purged"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What curation decided about one trace (written to the trace row)."""
 
     trace_id: int
-    outcome: str
+    outcome: CurationOutcome
     detail: str
 
 
@@ -232,7 +247,13 @@ def failure_window(
 
 # Reading traces back (the listing, one trace, the counts by curation outcome) -------------
 
-CURATION_OUTCOMES = ("pending", "task", "duplicate", "rejected", "skipped")
+CURATION_OUTCOMES = (
+    CurationOutcome.PENDING,
+    CurationOutcome.TASK,
+    CurationOutcome.DUPLICATE,
+    CurationOutcome.REJECTED,
+    CurationOutcome.SKIPPED,
+)
 """What curation made of a trace; ``pending`` is a trace it has not looked at yet."""
 
 REPORTED_OUTCOMES = ("success", "failure", "unknown")
@@ -243,11 +264,14 @@ an error, and unknown is neither."""
 # The reason of a verdict: a rejection's detail is "<reason>: <message>" (the reason code of
 # the environment or the screen), a skip's detail is its reason; a task or duplicate has none.
 _reason = case(
-    (Trace.curation_outcome == "rejected", func.split_part(Trace.curation_detail, ":", 1)),
-    (Trace.curation_outcome == "skipped", Trace.curation_detail),
+    (
+        Trace.curation_outcome == CurationOutcome.REJECTED,
+        func.split_part(Trace.curation_detail, ":", 1),
+    ),
+    (Trace.curation_outcome == CurationOutcome.SKIPPED, Trace.curation_detail),
     else_=None,
 )
-_curation = func.coalesce(Trace.curation_outcome, "pending")
+_curation = func.coalesce(Trace.curation_outcome, CurationOutcome.PENDING)
 _failed = or_(Trace.success.is_(False), func.coalesce(Trace.error_kind, "") != "")
 _succeeded = and_(Trace.success.is_(True), func.coalesce(Trace.error_kind, "") == "")
 
@@ -425,7 +449,7 @@ def curation_counts(*, session: Session, loop_id: int) -> list[CurationCount]:
         ).all()
     )
     counts = [CurationCount(row[0], row[1], int(row[2]), examples[row[3]]) for row in rows]
-    order = {name: i for i, name in enumerate(CURATION_OUTCOMES)}
+    order: dict[str, int] = {name: i for i, name in enumerate(CURATION_OUTCOMES)}
     return sorted(counts, key=lambda c: (order.get(c.outcome, len(order)), -c.count))
 
 

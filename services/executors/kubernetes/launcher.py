@@ -50,6 +50,7 @@ from services.executors.kubernetes.builder import (
     gpus_per_node,
 )
 from services.executors.kubernetes.template import JobTemplate
+from services.loop.states import RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -196,9 +197,11 @@ class KubernetesExecutor:
             with self._lock:
                 cancelled = handle["job_name"] in self._cancelled
             if cancelled:
-                return JobStatus(state="cancelled", reason="Cancelled", accelerators=accelerators)
+                return JobStatus(
+                    state=RunStatus.CANCELLED, reason="Cancelled", accelerators=accelerators
+                )
             return JobStatus(
-                state="lost",
+                state=RunStatus.LOST,
                 reason="Deleted",
                 message=f"Job {handle['namespace']}/{handle['job_name']} no longer exists",
                 accelerators=accelerators,
@@ -226,7 +229,9 @@ class KubernetesExecutor:
             )
 
         if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
-            return accounted(state="succeeded", ended_at=ended or _condition_time(conditions))
+            return accounted(
+                state=RunStatus.SUCCEEDED, ended_at=ended or _condition_time(conditions)
+            )
         failed = conditions.get("Failed") or conditions.get("FailureTarget")
         if failed is not None:
             ended = ended or _timestamp(failed.get("lastTransitionTime")) or time.time()
@@ -234,7 +239,7 @@ class KubernetesExecutor:
             if fetch_pods:
                 exit_code, message = self._failure_detail(handle)
             return accounted(
-                state="cancelled" if cancel_requested else "failed",
+                state=RunStatus.CANCELLED if cancel_requested else RunStatus.FAILED,
                 ended_at=ended,
                 exit_code=exit_code,
                 reason=failed.get("reason") or "Failed",
@@ -242,20 +247,20 @@ class KubernetesExecutor:
             )
         if metadata.get("deletionTimestamp"):
             return accounted(
-                state="cancelled" if cancel_requested else "lost",
+                state=RunStatus.CANCELLED if cancel_requested else RunStatus.LOST,
                 ended_at=_timestamp(metadata.get("deletionTimestamp")),
                 reason="Deleted",
                 message="the Job is being deleted",
             )
         if spec.get("suspend"):
             return accounted(
-                state="pending",
+                state=RunStatus.PENDING,
                 reason="Suspended",
                 message="the Job is suspended, waiting for its queue to admit it",
             )
         if status.get("active") or status.get("ready"):
-            return accounted(state="running")
-        return accounted(state="pending", reason="Created")
+            return accounted(state=RunStatus.RUNNING)
+        return accounted(state=RunStatus.PENDING, reason="Created")
 
     def _failure_detail(self, handle: Handle) -> tuple[int | None, str | None]:
         """The exit code and termination message of the Job's failed container, if any."""

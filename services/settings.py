@@ -24,7 +24,6 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
-    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -77,8 +76,14 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 
+# A serving target kind's name (services.serving.kinds registers the kinds under names like
+# this one; an endpoint names the kind of target that deploys to it).
+SERVING_KIND_NAME = r"^[a-z][a-z0-9_-]{0,62}$"
+
+
 class ServingEndpoint(Endpoint):
-    """A model server a loop's ``openai`` or ``kubernetes`` serving target deploys to, by name.
+    """A model server a loop's serving target deploys to, by name (``openai``, ``kubernetes``,
+    or any kind that deploys to an endpoint).
 
     Everything that says where a checkpoint goes and with which credential lives here, in the
     deployment's settings, never in a loop: the URL and API key (vLLM's ``--api-key``) of the
@@ -89,9 +94,14 @@ class ServingEndpoint(Endpoint):
     ``RATCHET_SERVING_ENDPOINTS``, e.g. ``{"vllm": {"kind": "kubernetes", "url":
     "http://vllm.serving:8000", "api_key": "...", "namespace": "serving", "deployment":
     "vllm", "container": "vllm", "artifacts_dir": "/artifacts"}}``.
+
+    Settings are the bottom layer and do not know which kinds exist: ``kind`` is only a name
+    here. Whether it is a registered kind, and the fields that kind needs or refuses (a
+    ``kubernetes`` endpoint needs ``deployment``), are the kind's entry in
+    :mod:`services.serving.kinds`, which the api and the worker check when they start.
     """
 
-    kind: Literal["openai", "kubernetes"]
+    kind: str = Field(pattern=SERVING_KIND_NAME)
     # Where the model server sees Ratchet's artifact store, when it mounts it elsewhere.
     artifacts_dir: str | None = Field(default=None, min_length=1, max_length=1024)
     # kubernetes: the Deployment of model servers; namespace defaults to
@@ -105,22 +115,6 @@ class ServingEndpoint(Endpoint):
     # `ratchet serve` given this deployment's key): the canary then counts only the traces
     # it served, by the server's word (services/modelserver/attestation.py).
     attests: bool = False
-
-    @model_validator(mode="after")
-    def _check_kind_fields(self) -> ServingEndpoint:
-        if self.kind == "kubernetes" and not self.deployment:
-            raise ValueError("a kubernetes serving endpoint needs `deployment`")
-        if self.kind == "openai":
-            given = [
-                name
-                for name in ("namespace", "deployment", "container")
-                if getattr(self, name) is not None
-            ]
-            if given:
-                raise ValueError(
-                    f"{', '.join(given)} belong to a kubernetes serving endpoint, not openai"
-                )
-        return self
 
 
 class Settings(BaseSettings):
@@ -258,7 +252,7 @@ class Settings(BaseSettings):
     # must lie inside one, symlinks refused). Empty: the artifact store and the directory
     # holding the checkpoint `ratchet serve` started with.
     serve_model_roots: list[Path] = Field(default_factory=list)
-    # The model servers of `openai` and `kubernetes` serving targets, by name (see
+    # The model servers that serving targets deploy to (`openai`, `kubernetes`), by name (see
     # ServingEndpoint): a loop's serving target names one; each carries its own API key.
     serving_endpoints: dict[str, ServingEndpoint] = Field(default_factory=dict)
     # The serving ledger's prices (services.loop.ledger): an hour of the serving hardware,

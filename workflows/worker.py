@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 from services.artifacts import ArtifactStore
 from services.db.session import engine_from_settings, make_session_factory, ping
 from services.metrics import render_latest
+from services.serving.kinds import check_serving_endpoints
 from services.settings import Settings
 from services.temporal import connect_temporal, metrics_runtime
 from workflows.registry import WORKFLOWS, WorkerDependencies, build_activities
@@ -122,6 +123,9 @@ def build_dependencies(settings: Settings, engine: Engine) -> WorkerDependencies
 
 async def run_worker(settings: Settings) -> None:
     """Run the worker until SIGTERM/SIGINT, finishing in-flight activities first."""
+    # A serving endpoint its kind refuses is a SettingsError before anything is connected
+    # (ServingTargets checks again, for workers built without this function).
+    check_serving_endpoints(settings.serving_endpoints)
     sdk_metrics_port = _free_local_port()
     runtime = metrics_runtime(f"127.0.0.1:{sdk_metrics_port}")
     client = await connect_temporal(settings, runtime=runtime)

@@ -30,6 +30,7 @@ from services.api.state import AppState, TemporalConnection
 from services.body_limit import run_within_limit
 from services.db.session import engine_from_settings, make_session_factory
 from services.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS, forget_this_process
+from services.serving.kinds import check_serving_endpoints
 from services.settings import Settings
 
 
@@ -117,7 +118,11 @@ async def _no_body() -> Message:
 
 
 def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
-    """Build the api. Tests pass a ready ``state``; production builds it in the lifespan."""
+    """Build the api. Tests pass a ready ``state``; production builds it in the lifespan.
+
+    A serving endpoint its kind refuses stops the api here (SettingsError, one line), before
+    any loop that names it is saved."""
+    check_serving_endpoints(settings.serving_endpoints)
     modules = route_modules()
 
     @asynccontextmanager

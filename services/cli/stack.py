@@ -59,6 +59,7 @@ def _api(args: argparse.Namespace) -> int:
 
     from services.api.app import create_app
     from services.metrics import MULTIPROCESS_DIR_ENV
+    from services.serving.kinds import check_serving_endpoints
 
     settings = cli_settings(require_database=True)
     configure_logging(settings.log_level, settings.log_format, component="api")
@@ -71,6 +72,9 @@ def _api(args: argparse.Namespace) -> int:
         return 0
     # Several processes on one socket (uvicorn's supervisor), each building its app with
     # api_worker_app(); their metrics meet in a fresh directory (see services.metrics).
+    # create_app's own check of the serving endpoints would fail in every child instead of
+    # as one line here.
+    check_serving_endpoints(settings.serving_endpoints)
     metrics_dir = tempfile.mkdtemp(prefix="ratchet-api-metrics-")
     os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir
     try:

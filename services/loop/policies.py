@@ -7,23 +7,34 @@ policy never silently becomes a default) and give the workflow its parsed config
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     ModelWrapValidatorHandler,
     StringConstraints,
     ValidationError,
     ValidationInfo,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 
-from services.serving.kinds import TARGET_KINDS, kind_names, target_kind
+from services.serving.kinds import (
+    TARGET_KINDS,
+    TargetKind,
+    endpoint_problem,
+    kind_names,
+    target_kind,
+)
 from services.training.config import HyperparameterError, algorithm_chain, parse_chain
+
+if TYPE_CHECKING:
+    from services.settings import ServingEndpoint
 
 # Strings Postgres can store in jsonb (no NUL) and a person can read.
 Text = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^[^\x00]*$")]
@@ -269,7 +280,6 @@ class ServingTarget(_Policy):
     kind: ServingKind = Field(
         default="local",
         description="a serving target kind (services.serving.kinds registers them)",
-        json_schema_extra={"enum": list(TARGET_KINDS)},
     )
     endpoint: EndpointName | None = Field(
         default=None,
@@ -292,6 +302,22 @@ class ServingTarget(_Policy):
         description="set only on a loop saved before serving endpoints: the keys it named "
         "that no longer apply; such a target cannot deploy until it names an endpoint",
     )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """Published as a union discriminated by ``kind``: one ``oneOf`` branch per registered
+        kind with what that kind needs, built whenever a schema is generated, so a kind
+        registered later appears. The runtime model stays this one class (its checks are
+        :meth:`_kind_problem`'s, and a recorded target's retired keys keep parsing)."""
+        json_schema = handler(core_schema)
+        schema = handler.resolve_ref_schema(json_schema)
+        schema["properties"]["kind"]["enum"] = list(TARGET_KINDS)
+        default = cls.model_fields["kind"].default
+        schema["oneOf"] = [_kind_branch(kind, default) for kind in TARGET_KINDS.values()]
+        schema["discriminator"] = {"propertyName": "kind"}
+        return json_schema
 
     @model_validator(mode="wrap")
     @classmethod
@@ -357,13 +383,33 @@ class ServingTarget(_Policy):
         return None
 
 
+def _kind_branch(kind: TargetKind, default_kind: str) -> dict[str, Any]:
+    """One kind's branch of the published serving target: ``kind`` fixed to its name and
+    required (but for the default kind, which a target may leave out: exactly one branch
+    matches either way), and the fields a new target of that kind must set."""
+    required = [] if kind.name == default_kind else ["kind"]
+    required += [
+        field
+        for field, needed in (("endpoint", kind.needs_endpoint), ("model", kind.needs_model))
+        if needed
+    ]
+    branch: dict[str, Any] = {"title": kind.name, "properties": {"kind": {"const": kind.name}}}
+    if kind.description:
+        branch["description"] = kind.description
+    if required:
+        branch["required"] = required
+    return branch
+
+
 def _field_error(field: str, value: object, message: str) -> InitErrorDetails:
     error = PydanticCustomError("serving_target", "{reason}", {"reason": message})
     return InitErrorDetails(type=error, loc=(field,), input=value)
 
 
-def serving_endpoint_problem(target: ServingTarget, endpoint_kinds: Mapping[str, str]) -> str:
-    """Why ``target`` cannot deploy with these configured endpoints (name -> kind), or "".
+def serving_endpoint_problem(
+    target: ServingTarget, endpoints: Mapping[str, ServingEndpoint]
+) -> str:
+    """Why ``target`` cannot deploy with these configured endpoints (by name), or "".
 
     The api asks this when a loop is saved and the worker when it deploys, so the answer
     (and its wording) is the same on both sides."""
@@ -377,17 +423,21 @@ def serving_endpoint_problem(target: ServingTarget, endpoint_kinds: Mapping[str,
         return ""
     if target.endpoint is None:
         return f"an {target.kind} serving target needs `endpoint`: {_ENDPOINTS_HINT}"
-    configured = ", ".join(sorted(endpoint_kinds)) or "none"
-    kind = endpoint_kinds.get(target.endpoint)
-    if kind is None:
+    configured = ", ".join(sorted(endpoints)) or "none"
+    endpoint = endpoints.get(target.endpoint)
+    if endpoint is None:
         return (
             f"no serving endpoint is named {target.endpoint!r} in RATCHET_SERVING_ENDPOINTS "
             f"(configured: {configured})"
         )
-    if kind != target.kind:
+    problem = endpoint_problem(target.endpoint, endpoint)
+    if problem:
+        return problem
+    if endpoint.kind != target.kind:
         return (
-            f"serving endpoint {target.endpoint!r} is of kind {kind}, not {target.kind}; "
-            f"set `kind: {kind}` or name another (configured: {configured})"
+            f"serving endpoint {target.endpoint!r} is of kind {endpoint.kind}, not "
+            f"{target.kind}; set `kind: {endpoint.kind}` or name another (configured: "
+            f"{configured})"
         )
     return ""
 

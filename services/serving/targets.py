@@ -23,6 +23,9 @@ the version the target verified it serves; :meth:`ServingTargets.prove` then pro
 delivery with the checkpoint's probe set (``services.serving.delivery``). A configuration
 that cannot deploy (an unknown endpoint, or a loop saved with a URL before serving
 endpoints) fails with :class:`DeployFailed`, which is not retried, saying what to configure.
+A configured endpoint its kind refuses (an unknown kind, a ``kubernetes`` one without a
+``deployment``) never gets that far: building :class:`ServingTargets`, as the worker does
+when it starts, refuses it (:func:`services.serving.kinds.check_serving_endpoints`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from services.modelserver.usage import UsageUnavailable, VersionUsage, read_usag
 from services.serving.base import BuildContext, CheckpointRef, DeployFailed, ServingTarget
 from services.serving.client import ModelServerClient
 from services.serving.delivery import NO_PROBE_SET, DeliveryProof, not_verified, prove_delivery
-from services.serving.kinds import TargetKind, kind_names, target_kind
+from services.serving.kinds import TargetKind, check_serving_endpoints, kind_names, target_kind
 from services.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -61,7 +64,11 @@ class ServingTargets:
         kubernetes_client: Callable[[], Any] | None = None,
         heartbeat: Callable[[str], None] | None = None,
     ) -> None:
-        """``start_local_server``: a local target starts the model server if none runs."""
+        """``start_local_server``: a local target starts the model server if none runs.
+
+        A serving endpoint its kind refuses stops the worker here, as it starts
+        (SettingsError naming the endpoint and the field), not at its first deploy."""
+        check_serving_endpoints(settings.serving_endpoints)
         self._settings = settings
         self._heartbeat = heartbeat
         self._start_local_server = start_local_server
@@ -134,10 +141,7 @@ class ServingTargets:
             return self._targets[key]
 
     def _build(self, policy: policies.ServingTarget) -> ServingTarget:
-        endpoints = self._settings.serving_endpoints
-        problem = serving_endpoint_problem(
-            policy, {name: endpoint.kind for name, endpoint in endpoints.items()}
-        )
+        problem = serving_endpoint_problem(policy, self._settings.serving_endpoints)
         if problem:
             raise DeployFailed(problem)
         kind = _kind(policy)

@@ -111,9 +111,7 @@ def test_serving_endpoints_come_from_json_with_their_kind_fields(
 @pytest.mark.parametrize(
     ("endpoint", "message"),
     [
-        ('{"kind": "kubernetes", "url": "http://p:8000"}', "needs `deployment`"),
-        ('{"kind": "openai", "url": "http://p:8000", "deployment": "d"}', "kubernetes"),
-        ('{"kind": "ssh", "url": "http://p:8000"}', "kind"),
+        ('{"kind": "Not A Kind", "url": "http://p:8000"}', "kind"),
         ('{"kind": "openai", "url": "ftp://p"}', "http"),
         ('{"kind": "kubernetes", "url": "http://p", "deployment": "Bad_Name"}', "deployment"),
         ('{"kind": "openai", "url": "http://p", "token": "x"}', "token"),
@@ -130,3 +128,16 @@ def test_bad_serving_endpoints_name_the_entry_and_never_show_its_key(
     text = str(refused.value)
     assert "RATCHET_SERVING_ENDPOINTS (vllm" in text and message in text
     assert key not in text
+
+
+def test_an_endpoints_kind_is_a_name_the_serving_registry_judges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Settings are the bottom layer: they do not know which kinds exist, nor what each kind
+    needs (tests/services/serving/test_endpoint_kinds.py: the api and the worker refuse)."""
+    monkeypatch.setenv(
+        "RATCHET_SERVING_ENDPOINTS",
+        '{"a": {"kind": "ssh", "url": "http://a"}, "b": {"kind": "kubernetes", "url": "http://b"}}',
+    )
+    endpoints = load_settings().serving_endpoints
+    assert (endpoints["a"].kind, endpoints["b"].deployment) == ("ssh", None)

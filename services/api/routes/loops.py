@@ -146,8 +146,7 @@ def _curation_policy_errors(policy: dict[str, Any], settings: Settings) -> list[
 
 def _serving_endpoint_errors(target: ServingTarget, settings: Settings) -> list[dict[str, str]]:
     """A serving target must name one of this deployment's serving endpoints, of its kind."""
-    kinds = {name: endpoint.kind for name, endpoint in settings.serving_endpoints.items()}
-    problem = serving_endpoint_problem(target, kinds)
+    problem = serving_endpoint_problem(target, settings.serving_endpoints)
     return [{"path": "serving_target.endpoint", "message": problem}] if problem else []
 
 

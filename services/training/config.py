@@ -224,7 +224,11 @@ class SamplingOptions(_Checked):
 class RFTConfig(SFTConfig, SamplingOptions):
     """Rejection-sampling fine-tuning: ``iterations`` rounds of sampling ``samples_per_task``
     episodes per task and ``steps`` SFT steps on the verified successes (the SFT fields are
-    :class:`SFTConfig`'s, with defaults for a few hundred successes rather than a corpus)."""
+    :class:`SFTConfig`'s, with defaults for a few hundred successes rather than a corpus).
+
+    ``replay_fraction`` of each draw are replayed episodes: ``replay_samples`` sampled once
+    from the starting weights on each of at most ``replay_tasks`` replay tasks (a loop's
+    regression split), the verified ones kept."""
 
     steps: int = field(default=100, metadata=_bounds(0))
     batch_size: int = field(default=16, metadata=_bounds(1))
@@ -233,6 +237,11 @@ class RFTConfig(SFTConfig, SamplingOptions):
     min_lr_ratio: float = field(default=0.1, metadata=_bounds(0, 1))
     iterations: int = field(default=1, metadata=_bounds(1))
     log_every: int = field(default=10, metadata=_bounds(0))
+    # Replay (services.training.rft): the starting weights' own verified episodes of tasks
+    # they already solve, a share of every SFT draw, so what is learned does not erase them.
+    replay_fraction: float = field(default=0.5, metadata=_bounds(0, 1, high_open=True))
+    replay_tasks: int = field(default=32, metadata=_bounds(0))
+    replay_samples: int = field(default=2, metadata=_bounds(1))
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,12 @@ fresh model (``hyperparameters.model`` sets its shape). Outputs:
 N in the spec, ``<output_dir>/episodes.jsonl`` too (up to N verified successes of each task
 and as many failures beside them, with their token ids; listed in metrics.json as
 ``episode_file``, see services.training.episode_file); ``demonstrations`` in the spec names
-earlier runs' stored episodes, which rft trains on and dpo pairs. GRPO keeps resume points
-under ``<output_dir>/state/`` and a restarted job continues from the last one. A job whose
-outputs are already complete exits 0 without retraining, so an executor may retry it safely.
+earlier runs' stored episodes, which rft trains on and dpo pairs; ``replay_dataset`` names a
+task file of tasks the starting weights already handle (a loop's regression split), which
+rft replays beside the new successes (``replay_fraction``) so that it does not forget them.
+GRPO keeps resume points under ``<output_dir>/state/`` and a restarted job continues from the
+last one. A job whose outputs are already complete exits 0 without retraining, so an
+executor may retry it safely.
 Under ``torchrun`` every rank trains and rank 0 writes.
 
 The model family is the base checkpoint's (``tiny`` without one; an optional spec
@@ -44,7 +47,7 @@ from typing import Any
 
 import torch
 
-from services.environments.base import Environment, TaskSpec
+from services.environments.base import Environment, TaskFileError, TaskSpec, read_task_file
 from services.environments.registry import get_environment
 from services.inference.remote import RemoteError, attach_rollout_backend
 from services.training.checkpoint import CheckpointError, read_manifest, verify_checkpoint
@@ -100,6 +103,7 @@ def _run(spec: JobSpec) -> int:
         logger.info("outputs of run %s are already complete in %s", spec.run_id, spec.output_dir)
         return 0
     tasks = _dataset(spec)
+    replay_tasks = _replay_tasks(spec)
     family_name = _base_family(spec)
     hypers = job_hyperparameters(spec, family=family_name, algorithm=algorithm)
     use_threads(hypers[0].options.threads)
@@ -123,6 +127,7 @@ def _run(spec: JobSpec) -> int:
         state_dir=spec.output_dir / "state",
         stored=_stored(spec),
         keeper=_keeper(spec, model),
+        replay_tasks=replay_tasks,
     )
     started = time.monotonic()
     result = _train(run, stages, hypers)
@@ -327,11 +332,31 @@ def _environment(name: str) -> Environment:
 
 
 def _dataset(spec: JobSpec) -> list[TaskSpec]:
-    tasks = read_job_dataset(spec)
+    return _of_job_environment(read_job_dataset(spec), spec, "dataset")
+
+
+def _replay_tasks(spec: JobSpec) -> list[TaskSpec]:
+    """The spec's ``replay_dataset``: tasks the starting weights already handle (a loop's
+    regression split), which rft replays; none without one, and an empty file is none."""
+    path = spec.raw.get("replay_dataset")
+    if path is None:
+        return []
+    if not isinstance(path, str) or not path:
+        raise JobError("spec 'replay_dataset' must be the path of a task file")
+    if not Path(path).is_file():
+        raise JobError(f"replay_dataset {path} does not exist")
+    try:
+        tasks = read_task_file(Path(path))
+    except TaskFileError as exc:
+        raise JobError(f"invalid replay_dataset: {exc}") from None
+    return _of_job_environment(tasks, spec, "replay_dataset")
+
+
+def _of_job_environment(tasks: list[TaskSpec], spec: JobSpec, name: str) -> list[TaskSpec]:
     foreign = {t.environment for t in tasks} - {spec.environment}
     if foreign:
         raise JobError(
-            f"dataset has tasks of environment(s) {sorted(foreign)}, job is {spec.environment}"
+            f"{name} has tasks of environment(s) {sorted(foreign)}, job is {spec.environment}"
         )
     return tasks
 

@@ -17,6 +17,15 @@ Choices, each on purpose:
 - **Stored successes** (``stored``: earlier runs' verified episodes of the same tasks, a
   train job's ``demonstrations.jsonl``) join every iteration's SFT set as successes of
   their task, weighed like sampled ones; only those of the model's family are used.
+- **Replay** (``replay_fraction`` > 0 and replay tasks given: a loop's regression split,
+  tasks the champion handled): before the first iteration, ``replay_samples`` episodes of
+  each of at most ``replay_tasks`` of them are sampled from the starting weights and the
+  verified ones kept; every iteration's SFT draw gives them ``replay_fraction`` of its
+  weight. Without them the SFT set holds only the new behaviour and the model forgets what
+  it did right before (measured on SmolLM2, docs/models.md run 5: v1 100% -> 72.5% while the
+  drift recovered); replaying its own successes is self-distillation, on its own tokens, so
+  it anchors without teaching anything new. Replay alone never trains: an iteration with no
+  new success leaves the model as it was.
 - **Zero successes** is a result, not an error: the iteration trains nothing, the model is
   left as it was, and the stats say so (``successes: 0``, ``trained: false``).
 - **Seeds**: episode ``s`` of task ``i`` in iteration ``it`` samples with
@@ -30,6 +39,7 @@ is also how :mod:`services.training.dpo` samples its pairs.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -49,6 +59,7 @@ from services.training.sft import train_sft
 logger = logging.getLogger(__name__)
 
 _SAMPLE_STREAM = 0x5F7  # keeps rft/dpo sampling seeds apart from GRPO's
+_REPLAY_STREAM = 0x3E9  # and the replay's draw and samples apart from the iterations'
 
 
 @dataclass(frozen=True)
@@ -139,12 +150,79 @@ def success_sequences(
     return sequences, draw
 
 
+@dataclass(frozen=True)
+class Replay:
+    """The starting weights' verified episodes of the replay tasks, as training sequences
+    with their draw weights (summing to 1), and what sampling them cost."""
+
+    sequences: list[TokenSequence]
+    weights: list[float]
+    tasks: int
+    episodes: int
+    generated_tokens: int
+    wall_s: float
+
+
+def replay_tasks_drawn(
+    replay_tasks: Sequence[TaskSpec], config: RFTConfig, *, exclude: Sequence[TaskSpec]
+) -> list[TaskSpec]:
+    """At most ``config.replay_tasks`` of the replay tasks, a seeded draw, none of them a
+    task this run trains on (those are the new behaviour, not the old)."""
+    if config.replay_fraction == 0:
+        return []
+    training = {task.task_id for task in exclude}
+    pool = [task for task in replay_tasks if task.task_id not in training]
+    if len(pool) <= config.replay_tasks:
+        return pool
+    return random.Random(derive_seed(config.seed, _REPLAY_STREAM)).sample(pool, config.replay_tasks)
+
+
+def sample_replay(
+    model: FamilyModel, env: Environment, tasks: Sequence[TaskSpec], config: RFTConfig
+) -> Replay | None:
+    """Sample the replay tasks once from the current (starting) weights and keep the
+    verified episodes; None when there is nothing to replay."""
+    if not tasks:
+        return None
+    options = replace(config, samples_per_task=config.replay_samples)
+    seed = derive_seed(config.seed, _REPLAY_STREAM, 1)
+    sampled = sample_episodes(model, env, tasks, options, seed=seed)
+    sequences, weights = success_sequences(sampled, tasks)
+    total = sum(weights)
+    return Replay(
+        sequences=sequences,
+        weights=[w / total for w in weights] if total > 0 else weights,
+        tasks=len(tasks),
+        episodes=sampled.episodes,
+        generated_tokens=sampled.generated_tokens,
+        wall_s=sampled.wall_s,
+    )
+
+
+def with_replay(
+    sequences: list[TokenSequence],
+    weights: list[float],
+    replay: Replay | None,
+    fraction: float,
+) -> tuple[list[TokenSequence], list[float]]:
+    """The iteration's successes and the replayed episodes in one draw, the replayed ones
+    weighing ``fraction`` of it; the successes alone when there are none of either."""
+    if not sequences or replay is None or not replay.sequences or fraction == 0:
+        return sequences, weights
+    total = sum(weights)
+    return (
+        sequences + replay.sequences,
+        [w / total * (1 - fraction) for w in weights] + [w * fraction for w in replay.weights],
+    )
+
+
 @dataclass
 class RFTResult:
     """What an rft run saw and did: per iteration and in total."""
 
     counters: RunCounters
     iterations: list[dict[str, Any]] = field(default_factory=list)
+    replay: dict[str, Any] = field(default_factory=dict)
 
     @property
     def successes(self) -> int:
@@ -164,6 +242,7 @@ class RFTResult:
                 else None
             ),
             "trained": bool(trained),
+            "replay": self.replay,
         }
 
 
@@ -176,18 +255,34 @@ def train_rft(
     ctx: DistContext,
     stored: Sequence[EpisodeRecord] = (),
     keeper: EpisodeKeeper | None = None,
+    replay_tasks: Sequence[TaskSpec] = (),
 ) -> RFTResult:
     """Run ``config.iterations`` rounds of sample / keep the successes / SFT, in place.
 
     ``stored`` are earlier runs' verified episodes of these tasks (the probe's, a previous
     cycle's): their successes join every iteration's SFT set, so a success found once is
     trained on even when this run's samples find none. ``keeper`` is handed every episode
-    sampled."""
+    sampled. ``replay_tasks`` are tasks the starting weights already handle (see the
+    module's *Replay*)."""
     if not tasks:
         raise ValueError("RFT needs at least one task")
     earlier = stored_episodes(tasks, stored, passed=True, family=model.family)
     result = RFTResult(counters=RunCounters())
     counters = result.counters
+    model.train(False)
+    replay = sample_replay(
+        model, env, replay_tasks_drawn(replay_tasks, config, exclude=tasks), config
+    )
+    if replay is not None:
+        counters.rollout_tokens += replay.generated_tokens
+        counters.rollout_s += replay.wall_s
+        counters.episodes += replay.episodes
+        result.replay = {
+            "tasks": replay.tasks,
+            "episodes": replay.episodes,
+            "sequences": len(replay.sequences),
+            "fraction": config.replay_fraction,
+        }
     for iteration in range(config.iterations):
         model.train(False)
         sampled = sample_episodes(
@@ -199,15 +294,17 @@ def train_rft(
         counters.groups += len(sampled.groups)
         if keeper is not None:
             keeper.add(episode for group in sampled.groups for episode in group)
-        sequences, weights = success_sequences(sampled, tasks, earlier)
+        successes, success_draw = success_sequences(sampled, tasks, earlier)
+        sequences, weights = with_replay(successes, success_draw, replay, config.replay_fraction)
         row: dict[str, Any] = {
             "iteration": iteration + 1,
             "episodes": sampled.episodes,
             "successes": sampled.successes,
             "stored_successes": sum(len(kept) for kept in earlier),
             "tasks_solved": sum(any(e.reward.passed for e in g) for g in sampled.groups),
-            "sequences": len(sequences),
-            "trained": bool(sequences) and config.steps > 0,
+            "sequences": len(successes),
+            "replayed_sequences": len(sequences) - len(successes),
+            "trained": bool(successes) and config.steps > 0,
             "loss": None,
         }
         if row["trained"]:
@@ -219,7 +316,7 @@ def train_rft(
             counters.final_loss = run.final_loss
             counters.history.extend({**h, "iteration": float(iteration + 1)} for h in run.history)
             row["loss"] = run.final_loss
-        elif ctx.is_main and not sequences:
+        elif ctx.is_main and not successes:
             logger.warning(
                 "rft iteration %d: no verified success in %d episodes; the model is unchanged",
                 iteration + 1,

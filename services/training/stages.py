@@ -58,6 +58,9 @@ class StageRun:
     # the second.
     stored: list[EpisodeRecord] = field(default_factory=list)
     keeper: EpisodeKeeper | None = None
+    # Tasks the starting weights already handle (spec ``replay_dataset``: a loop's
+    # regression split), which rft replays so that it does not forget them.
+    replay_tasks: list[TaskSpec] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,14 @@ def rft_stage(run: StageRun) -> StageResult:
     config = run.hyper.config
     assert isinstance(config, RFTConfig)
     rft = train_rft(
-        run.model, run.env, run.tasks, config, ctx=run.ctx, stored=run.stored, keeper=run.keeper
+        run.model,
+        run.env,
+        run.tasks,
+        config,
+        ctx=run.ctx,
+        stored=run.stored,
+        keeper=run.keeper,
+        replay_tasks=run.replay_tasks,
     )
     return StageResult({**rft.metrics(), "final_reward": None, "hyperparameters": config.to_dict()})
 

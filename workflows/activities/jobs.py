@@ -72,7 +72,13 @@ from services.executors.base import (
 )
 from services.executors.runfiles import UnsafeRunFile, create_exclusive
 from services.logs import log_context
-from services.loop.job_documents import endpoint_env, job_document, job_files, job_nodes
+from services.loop.job_documents import (
+    endpoint_env,
+    job_document,
+    job_files,
+    job_nodes,
+    replay_dataset,
+)
 from services.loop.states import RunStatus
 from services.settings import Settings
 from workflows.activities.errors import fails_as
@@ -215,13 +221,16 @@ class JobActivities:
                 dataset_id=input.dataset_id,
                 per_task=self._settings.demonstrations_per_task,
             )
+            replay = replay_dataset(
+                session=session, kind=input.kind, run_dir=run_dir, dataset_id=input.dataset_id
+            )
         try:
             env = endpoint_env(curation_policy, self._settings)
             spec = JobSpec(
                 run_id=input.run_id,
                 loop=input.loop,
                 kind=input.kind,
-                document={**job_document(input.job_spec, input.run_id), **kept},
+                document={**replay, **job_document(input.job_spec, input.run_id), **kept},
                 run_dir=run_dir,
                 output_dir=output_dir,
                 logs_dir=logs_dir,

@@ -10,7 +10,13 @@ from services.artifacts import path_to_uri
 from services.db.models import Checkpoint, Dataset, Loop
 from services.db.session import SessionFactory
 from services.executors.base import JobSpecError
-from services.loop.job_documents import job_document, job_files, job_nodes
+from services.loop.job_documents import (
+    REPLAY_FILE,
+    job_document,
+    job_files,
+    job_nodes,
+    replay_dataset,
+)
 
 
 def test_the_document_names_its_run_unless_it_does_already() -> None:
@@ -77,3 +83,49 @@ def test_files_from_the_rows_the_stage_names(
             dataset_id=dataset.id + 1000,
             base_checkpoint_id="ckpt-gone",
         ) == (None, None)
+
+
+def test_a_train_job_replays_its_datasets_regression_split_copied_into_its_run_dir(
+    session_factory: SessionFactory, tmp_path: Path
+) -> None:
+    regression = tmp_path / "regression.jsonl"
+    regression.write_text('{"task": 1}\n', encoding="utf-8")
+    with session_factory.begin() as session:
+        loop = Loop(name="replay-docs", environment="toolcalc")
+        session.add(loop)
+        session.flush()
+        with_split, without = (
+            Dataset(
+                loop_id=loop.id,
+                content_hash=char * 64,
+                train_uri=path_to_uri(tmp_path / "train.jsonl"),
+                eval_uri=path_to_uri(tmp_path / "eval.jsonl"),
+                train_count=1,
+                eval_count=1,
+                regression_count=count,
+                regression_uri=path_to_uri(regression) if count else None,
+            )
+            for char, count in (("r", 1), ("n", 0))
+        )
+        session.add_all([with_split, without])
+        session.flush()
+
+        def replay(kind: str, dataset_id: int | None, run_dir: Path) -> dict[str, str]:
+            return replay_dataset(
+                session=session, kind=kind, run_dir=run_dir, dataset_id=dataset_id
+            )
+
+        run_dir = tmp_path / "run"
+        copy = run_dir / REPLAY_FILE
+        assert replay("train", with_split.id, run_dir) == {"replay_dataset": str(copy)}
+        assert copy.read_text(encoding="utf-8") == regression.read_text(encoding="utf-8")
+        # Written once per run: a retried activity names the same bytes.
+        regression.write_text('{"task": 2}\n', encoding="utf-8")
+        assert replay("train", with_split.id, run_dir) == {"replay_dataset": str(copy)}
+        assert copy.read_text(encoding="utf-8") == '{"task": 1}\n'
+        # Nothing to replay: another kind, no regression split, no dataset, a file gone.
+        assert replay("eval", with_split.id, tmp_path / "r2") == {}
+        assert replay("train", without.id, tmp_path / "r3") == {}
+        assert replay("train", None, tmp_path / "r4") == {}
+        regression.unlink()
+        assert replay("train", with_split.id, tmp_path / "r5") == {}

@@ -20,6 +20,7 @@ figure from this benchmark is a measurement of the loop on that champion, not of
 drift from nothing.
 
     python benchmarks/loop.py [--cycles 1] [--drift-at 45] [--traffic 4] [--champion-cache DIR]
+    python benchmarks/loop.py --model smollm2    # the real LM's story (rft, v3 drift)
 
 ``--champion-cache`` reuses a champion an earlier run made there (the SFT takes minutes and
 is the same for the same settings); without it the wall time includes making the champion.
@@ -33,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from services.demo.options import DemoOptions
+from services.demo.options import MODEL_DEFAULTS, DemoOptions
 from services.demo.report import format_report
 from services.demo.run import run_demo
 from services.local.stack import stop_children_on_signals
@@ -47,9 +48,16 @@ def main() -> int:
     parser.add_argument("--traffic", type=float, default=4.0)
     parser.add_argument("--state-dir", type=Path, default=None)
     parser.add_argument("--champion-cache", type=Path, default=None)
+    parser.add_argument(
+        "--model",
+        choices=tuple(MODEL_DEFAULTS),
+        default="tiny",
+        help="the champion, as `ratchet demo --model` (smollm2: the v3 drift, 2 hours at most)",
+    )
     args = parser.parse_args()
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="ratchet-loop-bench-"))
-    options = DemoOptions(
+    options = DemoOptions.for_model(
+        args.model,
         cycles=args.cycles,
         drift_at=args.drift_at,
         traffic=args.traffic,
@@ -61,6 +69,7 @@ def main() -> int:
         report = run_demo(options, load_settings(), out=lambda line: print(line, flush=True))
     print(format_report(report), flush=True)
     figures = {
+        "model": args.model,
         "promotions": report.promotions,
         "live_success_before": report.live_success_before,
         "live_success_after": report.live_success_after,

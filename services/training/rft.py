@@ -26,6 +26,11 @@ Choices, each on purpose:
   drift recovered); replaying its own successes is self-distillation, on its own tokens, so
   it anchors without teaching anything new. Replay alone never trains: an iteration with no
   new success leaves the model as it was.
+- **Enough successes** (``enough_successes`` > 0): a task with that many successes in a
+  round is sampled no more in it. Once the model has the new behaviour most tasks pass
+  most samples, and sampling them all ``samples_per_task`` times buys successes the SFT
+  draw weighs down anyway (measured on SmolLM2, docs/models.md run 6: 666 successes of 54
+  tasks in the second round, most of the run's time).
 - **Zero successes** is a result, not an error: the iteration trains nothing, the model is
   left as it was, and the stats say so (``successes: 0``, ``trained: false``).
 - **Seeds**: episode ``s`` of task ``i`` in iteration ``it`` samples with
@@ -41,6 +46,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,16 +93,29 @@ def sample_episodes(
     *,
     seed: int,
     round_index: int = 0,
+    enough_successes: int = 0,
 ) -> SampledTasks:
-    """``options.samples_per_task`` verified episodes of every task under the current weights,
-    ``options.rollout_batch`` episodes per rollout call; each episode seeded on its own."""
-    k = options.samples_per_task
-    wanted = [(i, s) for i in range(len(tasks)) for s in range(k)]
+    """Up to ``options.samples_per_task`` verified episodes of every task under the current
+    weights, ``options.rollout_batch`` episodes per rollout call; each episode seeded on its
+    own, so which call it lands in changes nothing.
+
+    Episodes are drawn in waves over the sample index (episode 0 of every task, then 1, ...)
+    so that, with ``enough_successes`` > 0, a task with that many successes gets no more:
+    the rest of the round goes to the tasks still short of them (a call may overshoot by
+    the successes of its own wave)."""
+    pending = deque((i, s) for s in range(options.samples_per_task) for i in range(len(tasks)))
     groups: list[list[TokenEpisode]] = [[] for _ in tasks]
+    passed = [0] * len(tasks)
     generated = 0
     started = time.monotonic()
-    for begin in range(0, len(wanted), options.rollout_batch):
-        chunk = wanted[begin : begin + options.rollout_batch]
+    while pending:
+        chunk: list[tuple[int, int]] = []
+        while pending and len(chunk) < options.rollout_batch:
+            i, s = pending.popleft()
+            if not enough_successes or passed[i] < enough_successes:
+                chunk.append((i, s))
+        if not chunk:
+            break
         rollouts = model.rollouts(
             env,
             [tasks[i] for i, _ in chunk],
@@ -108,6 +127,7 @@ def sample_episodes(
         generated += rollouts.generated_tokens
         for (i, _), episode in zip(chunk, rollouts.episodes, strict=True):
             groups[i].append(episode)
+            passed[i] += episode.reward.passed
     return SampledTasks(
         groups=groups, generated_tokens=generated, wall_s=time.monotonic() - started
     )
@@ -246,6 +266,102 @@ class RFTResult:
         }
 
 
+def _count_replay(result: RFTResult, replay: Replay, config: RFTConfig) -> None:
+    """The replay's sampling is part of the run's cost, so its tokens, time and episodes
+    count beside the iterations'."""
+    counters = result.counters
+    counters.rollout_tokens += replay.generated_tokens
+    counters.rollout_s += replay.wall_s
+    counters.episodes += replay.episodes
+    result.replay = {
+        "tasks": replay.tasks,
+        "episodes": replay.episodes,
+        "sequences": len(replay.sequences),
+        "fraction": config.replay_fraction,
+    }
+
+
+@dataclass
+class _RunState:
+    """What every iteration of one :func:`train_rft` run reads or adds to."""
+
+    earlier: StoredEpisodes
+    replay: Replay | None
+    counters: RunCounters
+    ctx: DistContext
+    keeper: EpisodeKeeper | None
+
+
+def _rft_iteration(
+    model: FamilyModel,
+    env: Environment,
+    tasks: Sequence[TaskSpec],
+    config: RFTConfig,
+    iteration: int,
+    run_state: _RunState,
+) -> dict[str, Any]:
+    """One round: sample, keep the verified successes, SFT on them (with the replay); the
+    round's row of ``RFTResult.iterations``."""
+    earlier, replay, counters = run_state.earlier, run_state.replay, run_state.counters
+    ctx, keeper = run_state.ctx, run_state.keeper
+    model.train(False)
+    sampled = sample_episodes(
+        model,
+        env,
+        tasks,
+        config,
+        seed=config.seed,
+        round_index=iteration,
+        enough_successes=config.enough_successes,
+    )
+    counters.rollout_tokens += sampled.generated_tokens
+    counters.rollout_s += sampled.wall_s
+    counters.episodes += sampled.episodes
+    counters.groups += len(sampled.groups)
+    if keeper is not None:
+        keeper.add(episode for group in sampled.groups for episode in group)
+    successes, success_draw = success_sequences(sampled, tasks, earlier)
+    sequences, weights = with_replay(successes, success_draw, replay, config.replay_fraction)
+    row: dict[str, Any] = {
+        "iteration": iteration + 1,
+        "episodes": sampled.episodes,
+        "successes": sampled.successes,
+        "stored_successes": sum(len(kept) for kept in earlier),
+        "tasks_solved": sum(any(e.reward.passed for e in g) for g in sampled.groups),
+        "sequences": len(successes),
+        "replayed_sequences": len(sequences) - len(successes),
+        "trained": bool(successes) and config.steps > 0,
+        "loss": None,
+    }
+    if row["trained"]:
+        sft = replace(config, seed=derive_seed(config.seed, _SAMPLE_STREAM, iteration))
+        run = train_sft(model, sequences, sft, ctx=ctx, weights=weights)
+        counters.steps_done += run.steps_done
+        counters.train_tokens += run.train_tokens
+        counters.train_s += run.train_s
+        counters.final_loss = run.final_loss
+        counters.history.extend({**h, "iteration": float(iteration + 1)} for h in run.history)
+        row["loss"] = run.final_loss
+    elif ctx.is_main and not successes:
+        logger.warning(
+            "rft iteration %d: no verified success in %d episodes; the model is unchanged",
+            iteration + 1,
+            sampled.episodes,
+        )
+    if ctx.is_main:
+        logger.info(
+            "rft iteration %d/%d: %d/%d episodes passed, %d of %d tasks solved, loss %s",
+            iteration + 1,
+            config.iterations,
+            row["successes"],
+            row["episodes"],
+            row["tasks_solved"],
+            len(tasks),
+            row["loss"],
+        )
+    return row
+
+
 def train_rft(
     model: FamilyModel,
     env: Environment,
@@ -268,71 +384,14 @@ def train_rft(
         raise ValueError("RFT needs at least one task")
     earlier = stored_episodes(tasks, stored, passed=True, family=model.family)
     result = RFTResult(counters=RunCounters())
-    counters = result.counters
     model.train(False)
     replay = sample_replay(
         model, env, replay_tasks_drawn(replay_tasks, config, exclude=tasks), config
     )
     if replay is not None:
-        counters.rollout_tokens += replay.generated_tokens
-        counters.rollout_s += replay.wall_s
-        counters.episodes += replay.episodes
-        result.replay = {
-            "tasks": replay.tasks,
-            "episodes": replay.episodes,
-            "sequences": len(replay.sequences),
-            "fraction": config.replay_fraction,
-        }
+        _count_replay(result, replay, config)
+    run_state = _RunState(earlier, replay, result.counters, ctx, keeper)
     for iteration in range(config.iterations):
-        model.train(False)
-        sampled = sample_episodes(
-            model, env, tasks, config, seed=config.seed, round_index=iteration
-        )
-        counters.rollout_tokens += sampled.generated_tokens
-        counters.rollout_s += sampled.wall_s
-        counters.episodes += sampled.episodes
-        counters.groups += len(sampled.groups)
-        if keeper is not None:
-            keeper.add(episode for group in sampled.groups for episode in group)
-        successes, success_draw = success_sequences(sampled, tasks, earlier)
-        sequences, weights = with_replay(successes, success_draw, replay, config.replay_fraction)
-        row: dict[str, Any] = {
-            "iteration": iteration + 1,
-            "episodes": sampled.episodes,
-            "successes": sampled.successes,
-            "stored_successes": sum(len(kept) for kept in earlier),
-            "tasks_solved": sum(any(e.reward.passed for e in g) for g in sampled.groups),
-            "sequences": len(successes),
-            "replayed_sequences": len(sequences) - len(successes),
-            "trained": bool(successes) and config.steps > 0,
-            "loss": None,
-        }
-        if row["trained"]:
-            sft = replace(config, seed=derive_seed(config.seed, _SAMPLE_STREAM, iteration))
-            run = train_sft(model, sequences, sft, ctx=ctx, weights=weights)
-            counters.steps_done += run.steps_done
-            counters.train_tokens += run.train_tokens
-            counters.train_s += run.train_s
-            counters.final_loss = run.final_loss
-            counters.history.extend({**h, "iteration": float(iteration + 1)} for h in run.history)
-            row["loss"] = run.final_loss
-        elif ctx.is_main and not successes:
-            logger.warning(
-                "rft iteration %d: no verified success in %d episodes; the model is unchanged",
-                iteration + 1,
-                sampled.episodes,
-            )
-        result.iterations.append(row)
-        if ctx.is_main:
-            logger.info(
-                "rft iteration %d/%d: %d/%d episodes passed, %d of %d tasks solved, loss %s",
-                iteration + 1,
-                config.iterations,
-                row["successes"],
-                row["episodes"],
-                row["tasks_solved"],
-                len(tasks),
-                row["loss"],
-            )
+        result.iterations.append(_rft_iteration(model, env, tasks, config, iteration, run_state))
     model.train(False)
     return result

@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from services.serving.kinds import TARGET_KINDS
 from tests.helm.chart import (
     CHART_DIR,
     CI_DIR,
@@ -262,3 +263,17 @@ def test_every_value_is_in_the_schema() -> None:
         for part in key.split("."):
             assert part in node.get("properties", {}), f"{key} is not in values.schema.json"
             node = node["properties"][part]
+
+
+def test_the_charts_endpoint_kinds_are_the_registrys() -> None:
+    """values.schema.json is static JSON, so it spells out the endpoint kinds and their
+    rules; this keeps them the registry's (services/serving/kinds.py), so a kind registered
+    there and not here fails a test rather than an operator's install."""
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    endpoint = schema["properties"]["serving"]["properties"]["endpoints"]["additionalProperties"]
+    with_endpoint = {name: kind for name, kind in TARGET_KINDS.items() if kind.needs_endpoint}
+    assert endpoint["properties"]["kind"]["enum"] == list(with_endpoint)
+    assert endpoint["if"]["properties"]["kind"]["const"] == "kubernetes"
+    assert endpoint["then"]["required"] == list(with_endpoint["kubernetes"].endpoint_requires)
+    refused = {branch["required"][0] for branch in endpoint["else"]["not"]["anyOf"]}
+    assert refused == set(with_endpoint["openai"].endpoint_refuses) & set(endpoint["properties"])

@@ -17,7 +17,7 @@ from services.environments.toolcalc import ToolcalcEnvironment
 from services.training.config import HyperparameterError, RFTConfig, parse_hyperparameters
 from services.training.distributed import init_distributed
 from services.training.family import FamilyModel, PackedBatch, Rollouts, TokenEpisode, family_for
-from services.training.rft import SampledTasks, success_sequences, train_rft
+from services.training.rft import SampledTasks, sample_episodes, success_sequences, train_rft
 from tests.services.training.conftest import read_metrics, run_train_job
 
 
@@ -142,3 +142,66 @@ def test_bad_rft_hyperparameters_name_the_field(raw: dict[str, object], key: str
     with pytest.raises(HyperparameterError) as refused:
         parse_hyperparameters("tiny", "rft", raw)
     assert refused.value.key == key and key in refused.value.message
+
+
+def test_a_task_with_enough_successes_is_sampled_no_more_in_its_round(
+    capable_champion: Path,
+) -> None:
+    tasks = mixed_tasks()
+    model = Recording(load(capable_champion))
+    options = RFTConfig(samples_per_task=6, max_new_tokens=48, rollout_batch=len(tasks))
+    env = ToolcalcEnvironment()
+    sampled = sample_episodes(model, env, tasks, options, seed=3, enough_successes=1)
+
+    solved = [group for group in sampled.groups if any(e.reward.passed for e in group)]
+    unsolved = [group for group in sampled.groups if group not in solved]
+    assert solved and unsolved, "the task set must have both for this test to mean anything"
+    for group in solved:  # one wave holds one episode of each task: nothing overshoots
+        assert [e.reward.passed for e in group].count(True) == 1 and group[-1].reward.passed
+    assert all(len(group) == 6 for group in unsolved)
+    assert sampled.episodes == len(model.sampled) < 6 * len(tasks)
+
+
+def test_without_enough_successes_every_task_gets_every_sample_the_same_episodes(
+    capable_champion: Path,
+) -> None:
+    tasks = mixed_tasks()
+    options = RFTConfig(samples_per_task=3, max_new_tokens=48, rollout_batch=5)
+    sampled = sample_episodes(load(capable_champion), ToolcalcEnvironment(), tasks, options, seed=3)
+    capped = sample_episodes(
+        load(capable_champion),
+        ToolcalcEnvironment(),
+        tasks,
+        dataclasses.replace(options, rollout_batch=len(tasks)),
+        seed=3,
+        enough_successes=99,
+    )
+    assert [len(group) for group in sampled.groups] == [3] * len(tasks)
+    assert [[e.sequences for e in g] for g in sampled.groups] == [
+        [e.sequences for e in g] for g in capped.groups
+    ]
+
+
+def test_rft_rounds_stop_sampling_a_task_at_enough_successes(capable_champion: Path) -> None:
+    tasks = mixed_tasks()
+    config = RFTConfig(
+        samples_per_task=6,
+        max_new_tokens=48,
+        steps=1,
+        batch_size=4,
+        log_every=0,
+        rollout_batch=len(tasks),
+    )
+    full = train_rft(
+        load(capable_champion), ToolcalcEnvironment(), tasks, config, ctx=init_distributed("cpu")
+    )
+    capped = train_rft(
+        load(capable_champion),
+        ToolcalcEnvironment(),
+        tasks,
+        dataclasses.replace(config, enough_successes=1),
+        ctx=init_distributed("cpu"),
+    )
+    assert full.iterations[0]["episodes"] == 6 * len(tasks)
+    assert capped.iterations[0]["episodes"] < full.iterations[0]["episodes"]
+    assert capped.iterations[0]["tasks_solved"] == full.iterations[0]["tasks_solved"]

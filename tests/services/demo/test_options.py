@@ -1,0 +1,28 @@
+"""A demo's options follow the champion it is asked for, and what the caller sets wins."""
+
+from __future__ import annotations
+
+from services.demo import smollm2
+from services.demo.options import DemoOptions
+from services.training.config import HFRFTConfig, parse_hyperparameters
+
+
+def test_a_real_lm_demo_drifts_to_v3_and_waits_longer_unless_told() -> None:
+    tiny = DemoOptions.for_model("tiny")
+    real = DemoOptions.for_model("smollm2")
+    assert (tiny.drift_to, tiny.timeout_s) == ("v2", 1500.0)
+    assert (real.model, real.drift_to, real.timeout_s) == ("smollm2", "v3", 7200.0)
+    assert real.drift_to == smollm2.DRIFT_TO
+
+
+def test_what_the_caller_sets_wins_and_none_is_not_set() -> None:
+    options = DemoOptions.for_model("smollm2", timeout_s=60.0, drift_to=None, cycles=2)
+    assert (options.timeout_s, options.drift_to, options.cycles) == (60.0, "v3", 2)
+
+
+def test_the_real_lm_demo_trains_rft_candidates_its_jobs_accept() -> None:
+    profile = smollm2.training_profile()
+    assert (profile["algorithm"], profile["family"]) == ("rft", "hf")
+    parsed = parse_hyperparameters("hf", "rft", profile["hyperparameters"])
+    assert isinstance(parsed.config, HFRFTConfig)
+    assert parsed.config.samples_per_task == 16 and parsed.config.iterations == 2

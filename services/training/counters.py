@@ -28,6 +28,13 @@ class RunCounters:
     phase_s: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
 
+    def add_sampling(self, generated_tokens: int, wall_s: float, episodes: int) -> None:
+        """A round of sampled episodes (rft's, dpo's, rft's replay): their cost counts in
+        the rollout figures whatever the episodes are then used for."""
+        self.rollout_tokens += generated_tokens
+        self.rollout_s += wall_s
+        self.episodes += episodes
+
     @property
     def train_tokens_per_s(self) -> float:
         return round(self.train_tokens / self.train_s, 1) if self.train_s else 0.0

@@ -195,9 +195,7 @@ def train_dpo(
         sampled, tasks, pairs_per_task=config.pairs_per_task, stored=earlier
     )
     counters = result.counters
-    counters.rollout_tokens = sampled.generated_tokens
-    counters.rollout_s = sampled.wall_s
-    counters.episodes = sampled.episodes
+    counters.add_sampling(sampled.generated_tokens, sampled.wall_s, sampled.episodes)
     counters.groups = len(sampled.groups)
     result.successes = sampled.successes
     result.pairs = len(pairs)

@@ -269,10 +269,7 @@ class RFTResult:
 def _count_replay(result: RFTResult, replay: Replay, config: RFTConfig) -> None:
     """The replay's sampling is part of the run's cost, so its tokens, time and episodes
     count beside the iterations'."""
-    counters = result.counters
-    counters.rollout_tokens += replay.generated_tokens
-    counters.rollout_s += replay.wall_s
-    counters.episodes += replay.episodes
+    result.counters.add_sampling(replay.generated_tokens, replay.wall_s, replay.episodes)
     result.replay = {
         "tasks": replay.tasks,
         "episodes": replay.episodes,
@@ -314,9 +311,7 @@ def _rft_iteration(
         round_index=iteration,
         enough_successes=config.enough_successes,
     )
-    counters.rollout_tokens += sampled.generated_tokens
-    counters.rollout_s += sampled.wall_s
-    counters.episodes += sampled.episodes
+    counters.add_sampling(sampled.generated_tokens, sampled.wall_s, sampled.episodes)
     counters.groups += len(sampled.groups)
     if keeper is not None:
         keeper.add(episode for group in sampled.groups for episode in group)

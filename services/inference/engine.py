@@ -47,6 +47,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from services.chat.protocol import ChatMessage
+from services.inference.forward import BatchForward, ForwardCall, KVLayout
 from services.inference.prefix_cache import Block, PrefixCache, Session
 from services.inference.sampling import sample_next, top_logprobs
 
@@ -122,60 +123,6 @@ class GenerationResult:
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class KVLayout:
-    """The shape of a family's keys and values per token: layers, kv heads, head size."""
-
-    layers: int
-    heads: int
-    head_dim: int
-    dtype: torch.dtype
-
-
-@dataclass
-class ForwardCall:
-    """One model call over the engine's buffers.
-
-    ``ids`` and ``positions`` are (B, T); the new tokens' keys/values go to column
-    ``positions[b, t]`` of buffer row ``rows.start + b``; attention reads columns
-    ``[0, width)`` of those rows where ``mask`` (B, 1, T, width) allows. ``keys`` and
-    ``values`` are (L, R, H, S, D). The call returns the last position's logits (B, V).
-    """
-
-    ids: torch.Tensor
-    positions: torch.Tensor
-    rows: slice
-    width: int
-    mask: torch.Tensor
-    keys: torch.Tensor
-    values: torch.Tensor
-    adapters: list[str | None]
-
-
-@dataclass
-class BatchForward:
-    """A running batch's model calls: ``prefill`` for a joining row's prompt, ``step`` for
-    one new token of every row (two names for one kind of call, so each can be watched)."""
-
-    prefill: Callable[[ForwardCall], torch.Tensor]
-    step: Callable[[ForwardCall], torch.Tensor]
-
-
-def write_columns(
-    call: ForwardCall, layer: int, keys: torch.Tensor, values: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write one layer's new keys/values (B, H, T, D) into their positions' columns of the
-    call's buffer rows, in place; that layer's columns ``[0, width)`` of those rows
-    (B, H, W, D), views of the buffers (nothing is concatenated or copied)."""
-    key_rows = call.keys[layer, call.rows]  # (B, H, S, D) view
-    value_rows = call.values[layer, call.rows]  # (B, H, S, D) view
-    batch, _, tokens, _ = keys.shape
-    row = torch.arange(batch, device=keys.device)[:, None].expand(batch, tokens)  # (B, T)
-    key_rows[row, :, call.positions] = keys.transpose(1, 2).to(key_rows.dtype)  # (B, T, H, D)
-    value_rows[row, :, call.positions] = values.transpose(1, 2).to(value_rows.dtype)
-    return key_rows[:, :, : call.width], value_rows[:, :, : call.width]
-
-
 class Engine(Protocol):
     """A loaded model of one family, ready to decode batches."""
 
@@ -237,6 +184,9 @@ class _Row(Generic[Tag]):
     budget: int
     fed: list[int]  # the tokens whose keys/values are in the row's cache columns [0, len)
     cached: int = 0
+    # The serials of the prefix cache's full blocks that hold the row's columns from 0 on,
+    # bit for bit (copied into the row, or stored from it): what rows may share.
+    origin: tuple[int, ...] = ()
     generated: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -258,6 +208,7 @@ class ActiveBatch(Generic[Tag]):
         self._logits: torch.Tensor | None = None  # (B, V) each row's next-token logits
         self._keys: torch.Tensor | None = None  # (L, R, H, S, D)
         self._values: torch.Tensor | None = None  # (L, R, H, S, D)
+        self._shared = 0  # columns [0, n) every row holds the same keys and values in
 
     def __len__(self) -> int:
         return sum(1 for row in self._rows if row.finish is None)
@@ -302,6 +253,7 @@ class ActiveBatch(Generic[Tag]):
             for call in _prefill_calls(wave, self.engine.context_length()):
                 joined = self._prefill(call).float().cpu()  # (B2, V)
                 self._logits = joined if self._logits is None else torch.cat([self._logits, joined])
+        self._shared = self._shared_columns()
 
     def _next_wave(self, pending: list[_Row[Tag]]) -> tuple[list[_Prefill[Tag]], list[_Row[Tag]]]:
         """The rows to prefill now (with the cached prefix each starts from) and the rows
@@ -378,12 +330,47 @@ class ActiveBatch(Generic[Tag]):
         chosen = [item.row for item in rows]
         call = self._call(ids_t, positions_t, slice(first, first + len(rows)), width, mask, *chosen)
         logits = self._forward.prefill(call)  # (B, V)
-        for index, (item, at) in enumerate(zip(rows, starts, strict=True)):
+        for index, (item, at, copied) in enumerate(zip(rows, starts, found, strict=True)):
             row = item.row
             row.fed, row.cached = list(row.request.prompt_ids), at
             self._rows.append(row)
-            cache.insert(item.namespace, row.fed, self._reader(first + index))
+            row.origin = self._store_prompt(item.namespace, row.fed, first + index, copied)
         return logits
+
+    def _store_prompt(
+        self, namespace: Hashable, prompt: list[int], slot: int, copied: list[Block]
+    ) -> tuple[int, ...]:
+        """Store the full blocks of the prompt in buffer row ``slot`` in the prefix cache; the
+        serials of those that hold the row's columns bit for bit, from column 0 on: the blocks
+        copied into the row, then the ones stored from it. A block another row stored first
+        holds keys computed in another call, equal only to rounding, and ends the run."""
+        cache = self.engine.prefix_cache
+        reader, computed = self._reader(slot), set()
+
+        def read(start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+            computed.add(start)
+            return reader(start, end)
+
+        origin: list[int] = []
+        for index, block in enumerate(cache.insert(namespace, prompt, read)):
+            was_copied = index < len(copied) and copied[index] is block
+            if not (was_copied or index * cache.block_tokens in computed):
+                break
+            origin.append(block.serial)
+        return tuple(origin)
+
+    def _shared_columns(self) -> int:
+        """Columns ``[0, n)`` in which every row holds the same keys and values: the blocks
+        at the start of every row's origin (a decode step's attention may read them once)."""
+        if len(self._rows) < 2:
+            return 0
+        first, *others = (row.origin for row in self._rows)
+        blocks = 0
+        for index, serial in enumerate(first):
+            if any(len(origin) <= index or origin[index] != serial for origin in others):
+                break
+            blocks = index + 1
+        return blocks * self.engine.prefix_cache.block_tokens
 
     def _call(
         self,
@@ -393,6 +380,7 @@ class ActiveBatch(Generic[Tag]):
         width: int,
         mask: torch.Tensor,
         *only: _Row[Tag],
+        shared: int = 0,
     ) -> ForwardCall:
         assert self._keys is not None and self._values is not None
         chosen = only or tuple(self._rows)
@@ -405,6 +393,7 @@ class ActiveBatch(Generic[Tag]):
             keys=self._keys,
             values=self._values,
             adapters=[row.request.adapter for row in chosen],
+            shared=shared,
         )
 
     def _reader(self, slot: int) -> Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]:
@@ -478,7 +467,8 @@ class ActiveBatch(Generic[Tag]):
         columns = torch.arange(width, device=device)  # (W,)
         mask = (columns[None, :] <= lengths[:, None])[:, None, None]  # (B, 1, 1, W)
         ids = tokens.to(device)[:, None]  # (B, 1)
-        return self._call(ids, lengths[:, None], slice(0, len(self._rows)), width, mask)
+        rows = slice(0, len(self._rows))
+        return self._call(ids, lengths[:, None], rows, width, mask, shared=self._shared)
 
     def _retain(self, keep: list[int]) -> None:
         """Keep rows ``keep`` (in order), moving each to the first free buffer row."""
@@ -489,6 +479,7 @@ class ActiveBatch(Generic[Tag]):
                 self._keys[:, new, :, :width] = self._keys[:, old, :, :width]
                 self._values[:, new, :, :width] = self._values[:, old, :, :width]
         self._rows = [self._rows[b] for b in keep]
+        self._shared = self._shared_columns()
 
     def _keep_session(self, slot: int, row: _Row[Tag]) -> None:
         """Store a finished row's conversation for its session's next turn."""

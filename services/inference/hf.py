@@ -14,11 +14,12 @@ evaluation use, so what is served is what was trained and measured.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,9 @@ from services.chat.protocol import ChatMessage
 from services.chat.render import messages_with_tools_prompt
 from services.chat.stops import stop_token_ids
 from services.chat.toolcalls import parse_assistant_output
-from services.inference.engine import (
-    BatchForward,
-    EngineError,
-    ForwardCall,
-    KVLayout,
-    write_columns,
-)
+from services.inference.cascade import cascade_attention, worth_cascading
+from services.inference.engine import EngineError
+from services.inference.forward import BatchForward, ForwardCall, KVLayout, write_columns
 from services.inference.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from services.training.checkpoint import (
     CheckpointError,
@@ -90,6 +87,9 @@ class HFEngine:
         # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns).
         parameters = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        # Decode steps over a prefix every row shares cascade (services.inference.cascade)
+        # where the model runs transformers' sdpa, whose answers the cascade's equal.
+        self._cascades = getattr(model.config, "_attn_implementation", None) == "sdpa"
 
     @classmethod
     def load(cls, path: Path, *, device: str = "auto") -> HFEngine:
@@ -265,7 +265,10 @@ class HFEngine:
                 "attention_mask": mask,
                 cache_key: _columns_cache()(forward, layers),
             }
-            with self._lock:
+            cascade = self._cascades and forward.shared > 0
+            if cascade:
+                inputs[SHARED_COLUMNS] = forward.shared
+            with self._lock, _attention(self.model.config, cascade):
                 # Read under the lock: an adapter load may wrap the base in peft mid-batch, and
                 # from then on its layers carry LoRA, so base rows must say "__base__".
                 model = self._peft if self._peft is not None else self.model
@@ -362,6 +365,52 @@ def _columns_cache() -> Any:
             super().__init__(layers=[ColumnsLayer(forward, i) for i in range(layers)])
 
     return Columns
+
+
+CASCADE = "ratchet_cascade"  # the attention implementation's name in transformers' registry
+SHARED_COLUMNS = "shared_columns"  # the model call's keyword its attention layers receive
+
+
+@contextlib.contextmanager
+def _attention(config: Any, cascade: bool) -> Iterator[None]:
+    """The model's attention as the cascade for one call (transformers picks a layer's
+    attention function by ``config._attn_implementation`` on every call); sdpa after it,
+    so training's forward passes on the same model never see it."""
+    if not cascade:
+        yield
+        return
+    config._attn_implementation = _registered_cascade()
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
+
+
+@functools.cache
+def _registered_cascade() -> str:
+    """Register the cascade as an attention implementation of transformers, once: decode
+    steps over shared columns cascade, every other call is transformers' own sdpa."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        shared = int(kwargs.pop(SHARED_COLUMNS, 0))
+        plain = not any(kwargs.get(k) for k in ("softcap", "dropout", "position_bias", "s_aux"))
+        if attention_mask is not None and plain and worth_cascading(query, shared):
+            scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+            out = cascade_attention(query, key, value, attention_mask, shared=shared, scale=scale)
+            return out.transpose(1, 2), None  # (B, T, H, D), as sdpa_attention_forward's
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(CASCADE, attention)
+    return CASCADE
 
 
 def _plain_dynamic_cache(model: Any) -> bool:

@@ -32,13 +32,8 @@ from typing import Any
 import torch
 
 from services.chat.protocol import ChatMessage, ToolCall
-from services.inference.engine import (
-    BatchForward,
-    EngineError,
-    ForwardCall,
-    KVLayout,
-    write_columns,
-)
+from services.inference.engine import EngineError
+from services.inference.forward import BatchForward, ForwardCall, KVLayout, write_columns
 from services.inference.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from services.training.checkpoint import CheckpointError
 from services.training.device import autocast

@@ -14,13 +14,12 @@ from services.chat.protocol import ChatMessage
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.inference.engine import (
     ActiveBatch,
-    BatchForward,
     Engine,
-    ForwardCall,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
 )
+from services.inference.forward import BatchForward, ForwardCall
 from services.inference.hf import HFEngine
 from services.inference.prefix_cache import PrefixCache, Session
 from services.inference.tiny import TinyEngine

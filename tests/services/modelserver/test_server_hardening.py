@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.inference.engine import BatchForward
+from services.inference.forward import BatchForward
 from services.modelserver.openai_api import VERSION_HEADER
 from services.modelserver.registry import ModelRegistry
 from services.serving.base import CheckpointRef

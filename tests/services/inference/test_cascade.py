@@ -24,12 +24,12 @@ from services.inference.hf import HFEngine
 from services.serving.base import CheckpointRef
 from tests.services.inference.test_engine import (
     chat_prompts,
+    engine_with_two_adapters,
     hf_engine,
     hf_generate,
     request,
     staggered,
 )
-from tests.services.modelserver.conftest import path_of
 
 
 def additive_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -130,10 +130,7 @@ def test_sampled_rows_and_their_logprobs_are_the_same_with_and_without_the_casca
 def test_rows_of_different_adapters_share_no_columns(
     llama_with_adapters: list[CheckpointRef],
 ) -> None:
-    base, first, second = llama_with_adapters
-    engine = HFEngine.load(path_of(base), device="cpu")
-    engine.load_adapter("one", path_of(first))
-    engine.load_adapter("two", path_of(second))
+    engine = engine_with_two_adapters(llama_with_adapters)
     prompt = chat_prompts(engine, 1)[0]
     seen = watch_shared(engine)
     staggered(engine, [request(prompt, 3, adapter=a) for a in ("one", "two") * 5], [0] * 10)

@@ -276,13 +276,20 @@ def test_pinned_blocks_outlive_the_budget_and_unpinned_go_first() -> None:
     assert cache.lookup("one", [1, 2, 3, 4, 5], 5) == []  # unpinned, oldest: evicted
 
 
+def engine_with_two_adapters(checkpoints: list[CheckpointRef]) -> HFEngine:
+    """The base of ``llama_with_adapters`` with its two adapters resident as "one" and "two"."""
+    base, first, second = checkpoints
+    engine = HFEngine.load(path_of(base), device="cpu")
+    engine.load_adapter("one", path_of(first))
+    engine.load_adapter("two", path_of(second))
+    return engine
+
+
 def test_a_prefix_cached_under_one_adapter_is_never_used_for_another(
     llama_with_adapters: list[CheckpointRef],
 ) -> None:
     base, first, second = llama_with_adapters
-    engine = HFEngine.load(path_of(base), device="cpu")
-    engine.load_adapter("one", path_of(first))
-    engine.load_adapter("two", path_of(second))
+    engine = engine_with_two_adapters(llama_with_adapters)
     prompt = engine.render([ChatMessage(role="user", content="pear " * 20)], [])
     alone: dict[Any, list[int]] = {}
     for adapter in ("one", "two", None):

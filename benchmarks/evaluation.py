@@ -38,7 +38,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(args.code_root))
     import torch
 
-    from benchmarks.support import drift_task_sets
+    from benchmarks.drift import drift_task_sets
     from services.environments.toolcalc import ToolcalcEnvironment
     from services.evaluation import evaluator
     from services.training.hf.model import HFModel

@@ -76,7 +76,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import (
+from benchmarks.drift import (
     DriftTaskSets,
     drift_recovery_figures,
     drift_task_sets,
@@ -84,7 +84,7 @@ from benchmarks.support import (
     shared_machine_figures,
     smollm2_arguments,
 )
-from services.cli.common import fraction
+from services.argtypes import fraction
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, EvaluationSettings, evaluate

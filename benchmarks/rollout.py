@@ -48,12 +48,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import (
-    drift_task_sets,
-    free_port,
-    shared_machine_figures,
-    smollm2_arguments,
-)
+from benchmarks.drift import drift_task_sets, shared_machine_figures, smollm2_arguments
+from benchmarks.support import free_port
 from services.cores import thread_budget, thread_env
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import drift_recovery_figures, paired_on, shared_machine_figures
+from benchmarks.drift import drift_recovery_figures, paired_on, shared_machine_figures
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate

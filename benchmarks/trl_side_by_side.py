@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.support import drift_task_sets, shared_machine_figures, smollm2_arguments
+from benchmarks.drift import drift_task_sets, shared_machine_figures, smollm2_arguments
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationSettings, evaluate

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from services.api.schemas.tasks import DatasetPublic
+from services.argtypes import positive_int
 from services.artifacts import uri_to_path
 from services.cli import CliError
 from services.cli.common import (
@@ -24,7 +25,6 @@ from services.cli.common import (
     call_api,
     command_group,
     loop_name,
-    positive_int,
     print_json,
 )
 from services.cli.listing import Listing

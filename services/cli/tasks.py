@@ -13,13 +13,13 @@ import json
 from typing import Any
 
 from services.api.schemas.tasks import TaskPublic
+from services.argtypes import positive_int
 from services.cli.common import (
     add_command,
     add_loop_argument,
     call_api,
     command_group,
     loop_name,
-    positive_int,
     print_json,
 )
 from services.cli.listing import Listing

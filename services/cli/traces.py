@@ -14,13 +14,13 @@ import datetime as dt
 import json
 from typing import Any
 
+from services.argtypes import positive_int
 from services.cli.common import (
     add_command,
     add_loop_argument,
     call_api,
     command_group,
     loop_name,
-    positive_int,
 )
 
 CURATION_OUTCOMES = ("pending", "task", "duplicate", "rejected", "skipped")

@@ -11,7 +11,8 @@ import argparse
 import json
 from typing import Any
 
-from services.cli.common import actor, add_command, positive_int
+from services.argtypes import positive_int
+from services.cli.common import actor, add_command
 from services.cli.loop.credentials import (
     add_secret_options,
     check_secret_destination,

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from services.cli.common import fraction, positive_int
+from services.argtypes import fraction, positive_int
 
 
 @pytest.mark.parametrize(("raw", "value"), [("0", 0.0), ("0.5", 0.5), ("1", 1.0), ("1e-1", 0.1)])

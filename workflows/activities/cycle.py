@@ -18,6 +18,7 @@ from temporalio import activity
 from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.db.queries import cycles as q
 from services.db.queries.loops import require_loop
+from services.db.queries.runs import require_checkpoint
 from services.db.session import SessionFactory
 from services.logs import log_context
 from services.loop.budget import budget_usd, settle_budget
@@ -101,7 +102,7 @@ class CycleActivities:
             )
             champion_id = cycle.champion_checkpoint_id
             champion_uri = (
-                q.get_checkpoint(session=session, checkpoint_id=champion_id).uri
+                require_checkpoint(session=session, checkpoint_id=champion_id).uri
                 if champion_id
                 else None
             )

@@ -33,6 +33,7 @@ from temporalio.exceptions import ApplicationError
 from services.db.models import Cycle, Loop
 from services.db.queries import cycles as q
 from services.db.queries.loops import require_loop
+from services.db.queries.runs import require_checkpoint
 from services.db.session import SessionFactory
 from services.logs import log_context
 from services.loop.policies import RECORDED, ServingTarget
@@ -154,7 +155,7 @@ class DeployActivities:
             promotion = q.last_held_promotion(session=session, loop=loop)
             if promotion is None or promotion.previous_checkpoint_id is None:
                 return RollbackPlan(None, "no promotion to roll back")
-            previous = q.get_checkpoint(
+            previous = require_checkpoint(
                 session=session, checkpoint_id=promotion.previous_checkpoint_id
             )
             return RollbackPlan(
@@ -301,8 +302,8 @@ def _stale_candidate(session: Session, loop: Loop, checkpoint_id: str, cycle: Cy
             f"cycle {cycle.number} trained from {cycle.champion_checkpoint_id!r}, but the "
             f"champion is now {champion_id!r}"
         )
-    candidate = q.get_checkpoint(session=session, checkpoint_id=checkpoint_id)
-    champion = q.get_checkpoint(session=session, checkpoint_id=champion_id)
+    candidate = require_checkpoint(session=session, checkpoint_id=checkpoint_id)
+    champion = require_checkpoint(session=session, checkpoint_id=champion_id)
     if candidate.id != champion.id and candidate.created_at < champion.created_at:
         return f"{candidate.id!r} is older than the champion {champion.id!r}"
     return None

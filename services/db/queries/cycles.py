@@ -13,7 +13,6 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from services.db.models import (
-    Checkpoint,
     Cycle,
     Evaluation,
     EvaluationResult,
@@ -36,11 +35,6 @@ from services.evaluation.results import mean_pass_at_k, pass_at_1, reported_ks
 from services.loop.estimate import RunRecord, cycle_phase_costs
 from services.loop.points import CyclePoints
 from services.loop.states import CycleOutcome, CycleStage, Decision, PromotionStatus, RunStatus
-
-
-def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
-    return existing(session.get(Checkpoint, checkpoint_id), f"checkpoint {checkpoint_id!r}")
-
 
 # Cycles --------------------------------------------------------------------------------------
 

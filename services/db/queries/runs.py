@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from services.db.models import Checkpoint, Cycle, Loop, Run
+from services.db.queries.errors import existing
 from services.db.queries.loops import config_at
 from services.loop.states import RunStatus
 
@@ -165,7 +166,13 @@ def finish_run(*, session: Session, run_id: str, outcome: RunOutcome) -> Run:
 
 
 def get_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint | None:
+    """The checkpoint ``checkpoint_id``, or None if it is not registered."""
     return session.get(Checkpoint, checkpoint_id)
+
+
+def require_checkpoint(*, session: Session, checkpoint_id: str) -> Checkpoint:
+    """The checkpoint ``checkpoint_id``; :class:`NotFound` if it is not registered."""
+    return existing(session.get(Checkpoint, checkpoint_id), f"checkpoint {checkpoint_id!r}")
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from services.executors.base import (
     ExecutorUnavailable,
     Handle,
     JobRejected,
-    JobSpec,
-    JobSpecError,
+    JobRequest,
+    JobRequestError,
     JobState,
     JobStatus,
 )
@@ -38,7 +38,7 @@ def build_executor(name: str, settings: Settings) -> Executor:
         from services.executors.kubernetes.api import api_client_from_settings
 
         if settings.kubernetes_job_template is None:
-            raise JobSpecError(
+            raise JobRequestError(
                 "the kubernetes executor needs a job template: set "
                 "RATCHET_KUBERNETES_JOB_TEMPLATE to a YAML or JSON file (see docs/executors.md)"
             )
@@ -48,7 +48,7 @@ def build_executor(name: str, settings: Settings) -> Executor:
             namespace=settings.kubernetes_namespace,
             template=template,
         )
-    raise JobSpecError(f"unknown executor {name!r}; expected one of {', '.join(EXECUTOR_NAMES)}")
+    raise JobRequestError(f"unknown executor {name!r}; expected one of {', '.join(EXECUTOR_NAMES)}")
 
 
 __all__ = [
@@ -60,8 +60,8 @@ __all__ = [
     "ExecutorUnavailable",
     "Handle",
     "JobRejected",
-    "JobSpec",
-    "JobSpecError",
+    "JobRequest",
+    "JobRequestError",
     "JobState",
     "JobStatus",
     "build_executor",

@@ -1,4 +1,4 @@
-"""What every executor shares: the job description, the handle, the status, the errors.
+"""What every executor shares: the job request, the handle, the status, the errors.
 
 An executor runs one job of the job contract (DESIGN §5) somewhere — a subprocess here, a
 ``batch/v1`` Job in a cluster — and answers four questions about it: ``submit`` (start it,
@@ -11,8 +11,8 @@ Temporal heartbeat details, and a fresh process (a restarted worker) can pick a 
 its handle alone.
 
 Errors are split by what a retry can do about them: :class:`ExecutorUnavailable` (the API
-server hiccupped, try again) versus :class:`JobSpecError` and :class:`JobRejected` (the
-spec, the template or the cluster's answer will not change on retry).
+server hiccupped, try again) versus :class:`JobRequestError` and :class:`JobRejected` (the
+request, the template or the cluster's answer will not change on retry).
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ class ExecutorUnavailable(ExecutorError):
     retryable = True
 
 
-class JobSpecError(ExecutorError, ValueError):
-    """The job spec or the executor's configuration is invalid; a retry cannot fix it."""
+class JobRequestError(ExecutorError, ValueError):
+    """The job request or the executor's configuration is invalid; a retry cannot fix it."""
 
     retryable = False
 
@@ -90,10 +90,12 @@ class JobRejected(ExecutorError):
 
 
 @dataclass(frozen=True)
-class JobSpec:
-    """One job to run: who it is for, what it runs, where its files go.
+class JobRequest:
+    """One job to run, as the worker asks an executor for it: who it is for, what it runs,
+    where its files go.
 
-    ``document`` is the ``ratchet.job/v1`` spec the job reads; ``run_dir`` holds the spec
+    ``document`` is the job's job spec, the ``ratchet.job/v1`` document it reads (the job
+    side parses it as ``services.training.jobspec.JobSpec``); ``run_dir`` holds the spec
     file and the executor's own state, ``output_dir`` the job's checkpoint and metrics,
     ``logs_dir`` its logs. ``accelerators`` is per node; ``nodes`` > 1 asks for a
     multi-node (torchrun) job where the executor supports it. ``image`` and ``command``
@@ -126,55 +128,55 @@ class JobSpec:
 
     def _check_identity(self) -> None:
         if not _RUN_ID.match(self.run_id):
-            raise JobSpecError(
+            raise JobRequestError(
                 f"run id {self.run_id!r} must be 1-128 characters of letters, digits, '.', '_' "
                 "or '-', starting with a letter or digit"
             )
         if self.kind not in RUN_KINDS:
-            raise JobSpecError(f"run kind must be one of {sorted(RUN_KINDS)}, got {self.kind!r}")
+            raise JobRequestError(f"run kind must be one of {sorted(RUN_KINDS)}, got {self.kind!r}")
         if not self.loop:
-            raise JobSpecError("a job needs the name of its loop")
+            raise JobRequestError("a job needs the name of its loop")
 
     def _check_document(self) -> None:
         if not isinstance(self.document, Mapping):
-            raise JobSpecError("the job document must be a JSON object")
+            raise JobRequestError("the job document must be a JSON object")
         if self.document.get("schema") != JOB_SCHEMA:
-            raise JobSpecError(
+            raise JobRequestError(
                 f"the job document's schema must be {JOB_SCHEMA!r}, "
                 f"got {self.document.get('schema')!r}"
             )
         if self.document.get("kind") not in JOB_KINDS:
-            raise JobSpecError(
+            raise JobRequestError(
                 f"the job document's kind must be one of {sorted(JOB_KINDS)}, "
                 f"got {self.document.get('kind')!r}"
             )
         if self.document.get("run_id") != self.run_id:
-            raise JobSpecError(
+            raise JobRequestError(
                 f"the job document's run_id {self.document.get('run_id')!r} "
                 f"is not the run id {self.run_id!r}"
             )
 
     def _check_resources(self) -> None:
         if self.accelerators < 0:
-            raise JobSpecError(f"accelerators must be >= 0, got {self.accelerators}")
+            raise JobRequestError(f"accelerators must be >= 0, got {self.accelerators}")
         if self.nodes < 1:
-            raise JobSpecError(f"nodes must be >= 1, got {self.nodes}")
+            raise JobRequestError(f"nodes must be >= 1, got {self.nodes}")
         for path_name in ("run_dir", "output_dir", "logs_dir"):
             if not Path(getattr(self, path_name)).is_absolute():
-                raise JobSpecError(f"{path_name} must be an absolute path")
+                raise JobRequestError(f"{path_name} must be an absolute path")
 
     def _check_environment(self) -> None:
         if self.command is not None and (
             not self.command or not all(isinstance(part, str) and part for part in self.command)
         ):
-            raise JobSpecError("a job command must be a non-empty list of non-empty strings")
+            raise JobRequestError("a job command must be a non-empty list of non-empty strings")
         if self.image is not None and not self.image.strip():
-            raise JobSpecError("a job image must not be empty")
+            raise JobRequestError("a job image must not be empty")
         for name in self.env:
             if not _ENV_NAME.match(name):
-                raise JobSpecError(f"environment variable name {name!r} is not valid")
+                raise JobRequestError(f"environment variable name {name!r} is not valid")
             if name in CONTRACT_ENV:
-                raise JobSpecError(f"{name} is set by the executor and cannot be overridden")
+                raise JobRequestError(f"{name} is set by the executor and cannot be overridden")
 
     @property
     def job_kind(self) -> str:
@@ -243,7 +245,7 @@ class Executor(Protocol):
 
     name: str
 
-    def submit(self, spec: JobSpec) -> Handle:
+    def submit(self, spec: JobRequest) -> Handle:
         """Start the job, or return the handle of the job already started for this run id."""
         ...
 
@@ -264,7 +266,7 @@ class Executor(Protocol):
         ...
 
 
-def write_spec_file(spec: JobSpec) -> Path:
+def write_spec_file(spec: JobRequest) -> Path:
     """Write the job document to ``run_dir/spec.json`` atomically (same bytes every time)."""
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     data = json.dumps(dict(spec.document), sort_keys=True, indent=2) + "\n"

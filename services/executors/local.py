@@ -41,8 +41,8 @@ import psutil
 from services.cores import ThreadBudget, job_threads, thread_budget, thread_env
 from services.executors.base import (
     Handle,
-    JobSpec,
-    JobSpecError,
+    JobRequest,
+    JobRequestError,
     JobStatus,
     last_line,
     tail,
@@ -82,11 +82,11 @@ class LocalExecutor:
 
         ``command`` replaces that: the job kind and ``--spec <path>`` are appended to it, as
         the Kubernetes job template does, so any trainer honouring the job contract fits.
-        ``command`` is the deployment's; a *loop's* own command (``JobSpec.command``) runs
+        ``command`` is the deployment's; a *loop's* own command (``JobRequest.command``) runs
         only with ``loop_commands_enabled`` (``RATCHET_LOCAL_JOB_COMMANDS_ENABLED``).
         """
         if command is not None and not command:
-            raise JobSpecError("the local job command must not be empty")
+            raise JobRequestError("the local job command must not be empty")
         self._python = python or sys.executable
         self._command = list(command) if command is not None else None
         self._loop_commands_enabled = loop_commands_enabled
@@ -98,7 +98,7 @@ class LocalExecutor:
 
     # Submit ------------------------------------------------------------------------------
 
-    def job_command(self, spec: JobSpec) -> list[str]:
+    def job_command(self, spec: JobRequest) -> list[str]:
         """The loop's own command (where the deployment enables it), else this executor's,
         else Ratchet's job module.
 
@@ -107,14 +107,14 @@ class LocalExecutor:
         """
         if spec.command:
             if not self._loop_commands_enabled:
-                raise JobSpecError(f"run {spec.run_id}: {LOOP_COMMAND_REFUSED}")
+                raise JobRequestError(f"run {spec.run_id}: {LOOP_COMMAND_REFUSED}")
             return [*spec.command, spec.job_kind, "--spec", str(spec.spec_path)]
         if self._command is not None:
             return [*self._command, spec.job_kind, "--spec", str(spec.spec_path)]
         module = JOB_MODULES[spec.job_kind]
         return [self._python, "-m", module, "--spec", str(spec.spec_path)]
 
-    def submit(self, spec: JobSpec) -> Handle:
+    def submit(self, spec: JobRequest) -> Handle:
         """Start the job under a supervisor, or adopt the one this run id already has."""
         state_dir = spec.run_dir / STATE_SUBDIR
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ class LocalExecutor:
                 return self._handle_from_supervisor(spec, state_dir)
             return self._start(spec, state_dir)
 
-    def _start(self, spec: JobSpec, state_dir: Path) -> Handle:
+    def _start(self, spec: JobRequest, state_dir: Path) -> Handle:
         command = self.job_command(spec)
         write_spec_file(spec)
         spec.output_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ class LocalExecutor:
         logger.info("started local job of run %s (pid %s)", spec.run_id, process.pid)
         return handle
 
-    def _handle_from_supervisor(self, spec: JobSpec, state_dir: Path) -> Handle:
+    def _handle_from_supervisor(self, spec: JobRequest, state_dir: Path) -> Handle:
         record = _read_json(state_dir / SUPERVISOR_FILE) or {}
         pid = int(record.get("pid", 0))
         handle = self._make_handle(spec, state_dir, pid, _create_time(pid))
@@ -179,7 +179,7 @@ class LocalExecutor:
         return handle
 
     def _make_handle(
-        self, spec: JobSpec, state_dir: Path, pid: int, create_time: float | None
+        self, spec: JobRequest, state_dir: Path, pid: int, create_time: float | None
     ) -> Handle:
         return {
             "executor": self.name,
@@ -428,7 +428,7 @@ def job_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def job_thread_env(spec: JobSpec, budget: ThreadBudget | None = None) -> dict[str, str]:
+def job_thread_env(spec: JobRequest, budget: ThreadBudget | None = None) -> dict[str, str]:
     """The loop's ``env`` for the job, with the thread variables set to the job's threads:
     its ``hyperparameters.threads`` where set (over the loop's env too: the job sets torch
     to it), else the loop's env where it names them, else the job's share of the machine

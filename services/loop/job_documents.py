@@ -1,7 +1,7 @@
 """What a job of the loop is handed, by the job contract (docs/jobs.md): its document, the
 files it reads, how many nodes it spans and the endpoints it may call.
 
-The ``run_job`` activity (workflows/activities/jobs.py) builds an executor's ``JobSpec`` from
+The ``run_job`` activity (workflows/activities/jobs.py) builds an executor's ``JobRequest`` from
 these; they are plain functions of the stage's job spec, the rows it names and the worker's
 settings, so a job's inputs can be tested without Temporal or an executor.
 """
@@ -18,13 +18,13 @@ from sqlalchemy.orm import Session
 from services.artifacts import uri_to_path
 from services.db.models import Checkpoint, Dataset
 from services.environments.replay.endpoints import job_env as replay_job_env
-from services.executors.base import JobSpecError
+from services.executors.base import JobRequestError
 from services.settings import Endpoint, Settings
 
 REPLAY_FILE = "replay.jsonl"  # a train run's copy of its dataset's regression split
 
 
-class EndpointNotListed(JobSpecError):
+class EndpointNotListed(JobRequestError):
     """A loop names a judge or tool endpoint the deployment no longer lists."""
 
 
@@ -94,7 +94,7 @@ def job_nodes(job_spec: Mapping[str, Any]) -> int:
     cannot be described."""
     raw = job_spec.get("nodes", 1)
     if isinstance(raw, bool) or not isinstance(raw, int):
-        raise JobSpecError(f"the job spec's nodes must be an integer, got {raw!r}")
+        raise JobRequestError(f"the job spec's nodes must be an integer, got {raw!r}")
     return raw
 
 

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from services.executors.base import JobSpec
+from services.executors.base import JobRequest
 from services.executors.kubernetes.builder import KUEUE_QUEUE_LABEL, build_job
 from services.executors.kubernetes.template import JobTemplate, parse_template
 from tests.helm.chart import CI_FILES, NAMESPACE, Rendered, ci_values, render, render_ci
@@ -57,7 +57,7 @@ def train_job(template: JobTemplate, *, nodes: int = 1) -> dict[str, Any]:
     """The Job the executor builds for a training run with this template."""
     root = PurePosixPath(template.artifacts.mount_path)
     run_dir = root / "runs" / "r-0001"
-    spec = JobSpec(
+    spec = JobRequest(
         run_id="r-0001",
         loop="support-agent",
         kind="train",

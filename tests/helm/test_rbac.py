@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from services.executors.base import JobSpec
+from services.executors.base import JobRequest
 from services.executors.kubernetes.launcher import KubernetesExecutor
 from services.serving.kubernetes import KubernetesServingTarget
 from services.settings import ServingEndpoint
@@ -157,7 +157,7 @@ def test_named_deployments_include_the_charts_vllm_deployment() -> None:
     assert rule["resourceNames"] == ["agent-model", "rel-ratchet-vllm"]
 
 
-def _spec(root: Path, run_id: str, **overrides: Any) -> JobSpec:
+def _spec(root: Path, run_id: str, **overrides: Any) -> JobRequest:
     run_dir = root / "artifacts" / "loops" / "demo" / "runs" / run_id
     document = {"schema": "ratchet.job/v1", "kind": "train", "run_id": run_id}
     fields: dict[str, Any] = {
@@ -171,7 +171,7 @@ def _spec(root: Path, run_id: str, **overrides: Any) -> JobSpec:
         "cycle": 1,
         **overrides,
     }
-    return JobSpec(**fields)
+    return JobRequest(**fields)
 
 
 @contextmanager

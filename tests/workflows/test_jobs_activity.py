@@ -292,7 +292,7 @@ async def test_a_bad_spec_and_an_unknown_loop_are_not_retried(
         with pytest.raises(WorkflowFailureError) as unknown_loop:
             await run_job(temporal_client, task_queue, unknown)
 
-    assert application_error(bad_spec.value).type == "JobSpecError"
+    assert application_error(bad_spec.value).type == "JobRequestError"
     assert "kind must be one of" in str(application_error(bad_spec.value))
     run = world.run_row(bad.run_id)
     assert run.status == "failed" and "kind must be one of" in (run.error or "")

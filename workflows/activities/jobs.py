@@ -12,9 +12,9 @@
 
 It is idempotent (steps 1 and 2 adopt, step 4 writes absolute values once). A failed,
 lost or cancelled job is a result (``RunJobResult.status``), for the workflow to decide;
-errors are raised on purpose: a bad spec or template, an unknown loop, or a job exiting
-with a config exit code are non-retryable ``ApplicationError``s; an unreachable API server
-is retryable. A cancel requested by the workflow cancels the job; a worker shutting down
+errors are raised on purpose: a bad job request or template, an unknown loop, or a job
+exiting with a config exit code are non-retryable ``ApplicationError``s; an unreachable API
+server is retryable. A cancel requested by the workflow cancels the job; a worker shutting down
 or a heartbeat timeout does not (the next attempt adopts the job).
 
 ``cancel_job`` stops a run's job and marks it cancelled. ``register_checkpoint`` verifies
@@ -66,8 +66,8 @@ from services.executors.base import (
     ExecutorError,
     ExecutorUnavailable,
     Handle,
-    JobSpec,
-    JobSpecError,
+    JobRequest,
+    JobRequestError,
     JobStatus,
 )
 from services.executors.runfiles import UnsafeRunFile, create_exclusive
@@ -107,7 +107,7 @@ class _Prepared:
 
     executor: str
     handle: Handle | None
-    spec: JobSpec | None
+    spec: JobRequest | None
     result: RunJobResult | None
     started_at: dt.datetime | None = None
 
@@ -167,7 +167,7 @@ class JobActivities:
             assert prepared.spec is not None
             try:
                 handle = await asyncio.to_thread(executor.submit, prepared.spec)
-            except JobSpecError as exc:  # the executor refused the job (e.g. a loop command)
+            except JobRequestError as exc:  # the executor refused the job (e.g. a loop command)
                 await asyncio.to_thread(self._fail_before_submit, input.run_id, str(exc))
                 raise
             cancelled = await asyncio.to_thread(self._record_handle, input.run_id, handle)
@@ -226,7 +226,7 @@ class JobActivities:
             )
         try:
             env = endpoint_env(curation_policy, self._settings)
-            spec = JobSpec(
+            spec = JobRequest(
                 run_id=input.run_id,
                 loop=input.loop,
                 kind=input.kind,
@@ -243,7 +243,7 @@ class JobActivities:
                 command=tuple(input.job_command) if input.job_command else None,
                 env=env,
             )
-        except JobSpecError as exc:
+        except JobRequestError as exc:
             self._fail_before_submit(input.run_id, str(exc))
             raise
         return _Prepared(executor, handle, spec, None, started_at)
@@ -456,7 +456,7 @@ class JobActivities:
             try:
                 executor = factory[name] if isinstance(factory, Mapping) else factory(name)
             except KeyError:
-                raise JobSpecError(f"no executor called {name!r} is configured") from None
+                raise JobRequestError(f"no executor called {name!r} is configured") from None
             self._executor_cache[name] = executor
         return self._executor_cache[name]
 

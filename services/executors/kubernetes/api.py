@@ -1,7 +1,7 @@
 """The Kubernetes client plumbing shared by the Job launcher and the Deployment target.
 
 - :func:`api_client_from_settings` builds a real ``kubernetes`` client, in-cluster or from
-  kubeconfig, and turns configuration problems into :class:`JobSpecError` (no retry helps);
+  kubeconfig, and turns configuration problems into :class:`JobRequestError` (no retry helps);
 - :func:`classify` sorts API failures into "try again" (connection errors, 429, 5xx) and
   "give up" (400, 401, 403, 422...);
 - :func:`watch_object` follows one named object with list + watch from a resourceVersion,
@@ -22,7 +22,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from services.executors.base import ExecutorError, ExecutorUnavailable, JobRejected, JobSpecError
+from services.executors.base import ExecutorError, ExecutorUnavailable, JobRejected, JobRequestError
 from services.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def api_client_from_settings(settings: Settings) -> client.ApiClient:
             config.load_kube_config(client_configuration=configuration)
     except (ConfigException, FileNotFoundError, OSError) as exc:
         where = "in-cluster service account" if settings.kubernetes_in_cluster else "kubeconfig"
-        raise JobSpecError(
+        raise JobRequestError(
             f"cannot configure the Kubernetes client from the {where}: {exc}; set "
             "RATCHET_KUBERNETES_IN_CLUSTER=true inside a cluster, or point KUBECONFIG at a "
             "working config"

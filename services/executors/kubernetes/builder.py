@@ -1,6 +1,6 @@
 """The one place a Ratchet job becomes Kubernetes objects: pure functions, no API calls.
 
-:func:`build_job` turns a :class:`~services.executors.base.JobSpec` and the operator's
+:func:`build_job` turns a :class:`~services.executors.base.JobRequest` and the operator's
 :class:`~services.executors.kubernetes.template.JobTemplate` into a ``batch/v1`` Job, and
 :func:`build_headless_service` adds the Service a multi-node job needs for rendezvous.
 Being pure, both are tested by comparing dicts, and the launcher only sends what they built.
@@ -24,7 +24,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from services.cores import THREAD_VARIABLES
-from services.executors.base import CONFIG_EXIT_CODES, JobSpec, JobSpecError
+from services.executors.base import CONFIG_EXIT_CODES, JobRequest, JobRequestError
 from services.executors.kubernetes.template import GPU_RESOURCE, JobTemplate
 
 MAX_NAME_LENGTH = 63
@@ -78,7 +78,7 @@ def label_value(text: str) -> str:
     return f"{value[: MAX_NAME_LENGTH - len(suffix) - 1].rstrip('-._')}-{suffix}"
 
 
-def ratchet_labels(spec: JobSpec, name: str) -> dict[str, str]:
+def ratchet_labels(spec: JobRequest, name: str) -> dict[str, str]:
     """The labels every object of a job carries (low cardinality first, the run last)."""
     labels = {
         "app.kubernetes.io/name": "ratchet",
@@ -95,7 +95,7 @@ def ratchet_labels(spec: JobSpec, name: str) -> dict[str, str]:
     return labels
 
 
-def gpus_per_node(spec: JobSpec, template: JobTemplate) -> int:
+def gpus_per_node(spec: JobRequest, template: JobTemplate) -> int:
     """The template decides GPUs per node; without one, the job's declared accelerators."""
     return template.gpus_per_node or spec.accelerators
 
@@ -120,7 +120,7 @@ def default_pod_failure_policy() -> dict[str, Any]:
     }
 
 
-def _check_paths(spec: JobSpec, template: JobTemplate) -> None:
+def _check_paths(spec: JobRequest, template: JobTemplate) -> None:
     """The job must find its files on the shared volume at the same paths as the worker."""
     mount = PurePosixPath(template.artifacts.mount_path)
     paths = {
@@ -134,14 +134,14 @@ def _check_paths(spec: JobSpec, template: JobTemplate) -> None:
         paths["base checkpoint"] = spec.base_checkpoint
     for what, path in paths.items():
         if not PurePosixPath(path).is_relative_to(mount):
-            raise JobSpecError(
+            raise JobRequestError(
                 f"the job's {what} {path} is not under the artifacts volume mounted at {mount}; "
                 "set RATCHET_ARTIFACT_ROOT to the mount path so the worker and the job see "
                 "the same files"
             )
 
 
-def _volume_mounts(spec: JobSpec, template: JobTemplate) -> list[dict[str, Any]]:
+def _volume_mounts(spec: JobRequest, template: JobTemplate) -> list[dict[str, Any]]:
     """Only this run's own paths of the artifact volume, each at the path the worker uses.
 
     A job image is code the loop's owner brought; with the whole volume mounted it could read
@@ -175,7 +175,7 @@ def _outermost(paths: set[str]) -> list[str]:
     )
 
 
-def _resources(spec: JobSpec, template: JobTemplate) -> dict[str, Any]:
+def _resources(spec: JobRequest, template: JobTemplate) -> dict[str, Any]:
     requests = {key: str(value) for key, value in template.resources.requests.items()}
     limits = {key: str(value) for key, value in template.resources.limits.items()}
     gpus = gpus_per_node(spec, template)
@@ -191,7 +191,7 @@ def _resources(spec: JobSpec, template: JobTemplate) -> dict[str, Any]:
     return resources
 
 
-def _env(spec: JobSpec, template: JobTemplate, name: str) -> list[dict[str, Any]]:
+def _env(spec: JobRequest, template: JobTemplate, name: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": var.name, "value": var.value} for var in template.env]
     env += [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     env += [{"name": key, "value": value} for key, value in sorted(spec.contract_env().items())]
@@ -225,7 +225,7 @@ def _thread_env(already_set: set[str]) -> list[dict[str, Any]]:
     ]
 
 
-def _rendezvous_env(spec: JobSpec, template: JobTemplate, name: str) -> list[dict[str, Any]]:
+def _rendezvous_env(spec: JobRequest, template: JobTemplate, name: str) -> list[dict[str, Any]]:
     """torchrun's rendezvous: index 0's hostname through the headless Service."""
     index_ref = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
     values = {
@@ -244,7 +244,7 @@ def _rendezvous_env(spec: JobSpec, template: JobTemplate, name: str) -> list[dic
 JOB_UID = 10001  # the user of docker/Dockerfile.job
 
 
-def _pod_spec(spec: JobSpec, template: JobTemplate, name: str) -> dict[str, Any]:
+def _pod_spec(spec: JobRequest, template: JobTemplate, name: str) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image or template.image,
@@ -300,7 +300,7 @@ def _pod_spec(spec: JobSpec, template: JobTemplate, name: str) -> dict[str, Any]
     return pod
 
 
-def build_job(spec: JobSpec, template: JobTemplate, *, namespace: str) -> dict[str, Any]:
+def build_job(spec: JobRequest, template: JobTemplate, *, namespace: str) -> dict[str, Any]:
     """The ``batch/v1`` Job for ``spec``: same inputs, same object, every time."""
     _check_paths(spec, template)
     name = job_name(spec.kind, spec.run_id, nodes=spec.nodes)
@@ -341,7 +341,7 @@ def build_job(spec: JobSpec, template: JobTemplate, *, namespace: str) -> dict[s
 
 
 def build_headless_service(
-    spec: JobSpec,
+    spec: JobRequest,
     template: JobTemplate,
     *,
     namespace: str,

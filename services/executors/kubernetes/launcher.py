@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from services.executors.base import (
     Handle,
     JobRejected,
-    JobSpec,
+    JobRequest,
     JobStatus,
     last_line,
     tail,
@@ -82,7 +82,7 @@ class KubernetesExecutor:
 
     # Submit ------------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec) -> Handle:
+    def submit(self, spec: JobRequest) -> Handle:
         """Create the Job, or adopt the one an earlier attempt created for this run id."""
         # Plain dicts go to the client as they are (every client generation accepts them).
         job: Any = build_job(spec, self._template, namespace=self._namespace)

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from services.executors.base import CONTRACT_ENV, JobSpecError
+from services.executors.base import CONTRACT_ENV, JobRequestError
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -62,7 +62,7 @@ _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numk
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
-class JobTemplateError(JobSpecError):
+class JobTemplateError(JobRequestError):
     """The job template file is missing, unreadable or invalid."""
 
 

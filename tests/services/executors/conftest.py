@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from services.executors.base import JobSpec
+from services.executors.base import JobRequest
 from tests.services.executors.kube_cluster import EmulatedCluster
 
 
 @pytest.fixture
-def make_spec(tmp_path: Path) -> Callable[..., JobSpec]:
+def make_spec(tmp_path: Path) -> Callable[..., JobRequest]:
     """A job spec for run ``run_id`` under ``tmp_path/artifacts`` (the artifact root)."""
 
-    def make(run_id: str = "demo-c1-train", kind: str = "train", **overrides: Any) -> JobSpec:
+    def make(run_id: str = "demo-c1-train", kind: str = "train", **overrides: Any) -> JobRequest:
         root = tmp_path / "artifacts"
         run_dir = root / "loops" / "demo" / "runs" / run_id
         job_kind = "train" if kind == "train" else "eval"
@@ -33,7 +33,7 @@ def make_spec(tmp_path: Path) -> Callable[..., JobSpec]:
             "cycle": 1,
         }
         fields.update(overrides)
-        return JobSpec(**fields)
+        return JobRequest(**fields)
 
     return make
 

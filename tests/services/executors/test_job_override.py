@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.cores import THREAD_VARIABLES, ThreadBudget, thread_budget, thread_env
-from services.executors.base import JobSpec, JobSpecError
+from services.executors.base import JobRequest, JobRequestError
 from services.executors.kubernetes.builder import build_job
 from services.executors.local import LocalExecutor, job_environment, job_thread_env
 from services.loop.policies import TrainingProfile
@@ -22,7 +22,7 @@ from workflows.payloads.jobs import job_override
 
 
 def test_the_kubernetes_job_runs_the_loops_image_and_command(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     spec = make_spec(image="ghcr.io/acme/own-trainer:2.1", command=("python", "/app/train.py"))
     job = build_job(spec, template(tmp_path), namespace="ml")
@@ -41,7 +41,7 @@ def test_the_kubernetes_job_runs_the_loops_image_and_command(
     assert container(default)["command"][:2] == ["ratchet", "job"]
 
 
-def test_the_local_executor_runs_the_loops_command(make_spec: Callable[..., JobSpec]) -> None:
+def test_the_local_executor_runs_the_loops_command(make_spec: Callable[..., JobRequest]) -> None:
     executor = LocalExecutor(command=["ratchet-default"], loop_commands_enabled=True)
     spec = make_spec(command=("/opt/trainer/bin/train", "--fast"), image="ignored:1")
     assert executor.job_command(spec) == [
@@ -54,12 +54,12 @@ def test_the_local_executor_runs_the_loops_command(make_spec: Callable[..., JobS
     assert executor.job_command(make_spec())[0] == "ratchet-default"
 
 
-def test_bad_overrides_are_refused(make_spec: Callable[..., JobSpec]) -> None:
-    with pytest.raises(JobSpecError, match="non-empty list"):
+def test_bad_overrides_are_refused(make_spec: Callable[..., JobRequest]) -> None:
+    with pytest.raises(JobRequestError, match="non-empty list"):
         make_spec(command=())
-    with pytest.raises(JobSpecError, match="non-empty list"):
+    with pytest.raises(JobRequestError, match="non-empty list"):
         make_spec(command=("python", ""))
-    with pytest.raises(JobSpecError, match="image"):
+    with pytest.raises(JobRequestError, match="image"):
         make_spec(image=" ")
     with pytest.raises(ValidationError) as refused:
         TrainingProfile.model_validate({"train_job": {"command": [], "imagee": "x"}})
@@ -79,12 +79,12 @@ def test_the_workflow_reads_the_override_from_the_profile() -> None:
 
 
 def test_the_local_executor_refuses_a_loops_command_unless_enabled(
-    make_spec: Callable[..., JobSpec],
+    make_spec: Callable[..., JobRequest],
 ) -> None:
     """The executor is the last line: a loop saved before the deployment said no (or written
     to the database directly) still does not run its command on the worker's machine."""
     spec = make_spec(command=(sys.executable, "-c", "print('ran')"))
-    with pytest.raises(JobSpecError, match="RATCHET_LOCAL_JOB_COMMANDS_ENABLED") as refused:
+    with pytest.raises(JobRequestError, match="RATCHET_LOCAL_JOB_COMMANDS_ENABLED") as refused:
         LocalExecutor().submit(spec)
     assert not refused.value.retryable
     assert not (spec.output_dir).exists()  # nothing started
@@ -103,7 +103,7 @@ out = pathlib.Path(os.environ["RATCHET_OUTPUT_DIR"])
 
 
 def test_a_local_job_gets_an_allow_list_of_the_workers_environment(
-    make_spec: Callable[..., JobSpec], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    make_spec: Callable[..., JobRequest], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     for name, value in {
         "RATCHET_ADMIN_TOKEN": "admin-secret",
@@ -152,7 +152,7 @@ def test_a_local_job_gets_an_allow_list_of_the_workers_environment(
 
 
 def test_a_local_jobs_threads_are_its_setting_else_the_loops_env_else_its_share(
-    make_spec: Callable[..., JobSpec],
+    make_spec: Callable[..., JobRequest],
 ) -> None:
     budget = ThreadBudget(8)
     share = make_spec()
@@ -164,7 +164,7 @@ def test_a_local_jobs_threads_are_its_setting_else_the_loops_env_else_its_share(
 
 
 def test_a_started_local_job_gets_its_threads_setting_in_its_environment(
-    make_spec: Callable[..., JobSpec],
+    make_spec: Callable[..., JobRequest],
 ) -> None:
     executor = LocalExecutor(
         command=[sys.executable, "-c", DUMP_ENV], loop_commands_enabled=True, poll_interval_s=0.05

@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from services.executors.base import CONFIG_EXIT_CODES, JobSpec, JobSpecError
+from services.executors.base import CONFIG_EXIT_CODES, JobRequest, JobRequestError
 from services.executors.kubernetes.builder import (
     build_headless_service,
     build_job,
@@ -52,7 +52,7 @@ def assert_valid(obj: dict[str, Any]) -> None:
 
 
 def test_single_node_job_carries_command_env_volume_and_labels(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     spec = make_spec(dataset=str(tmp_path / "artifacts" / "ds" / "train.jsonl"))
     job = build_job(spec, template(tmp_path), namespace="ml")
@@ -110,7 +110,7 @@ def test_single_node_job_carries_command_env_volume_and_labels(
 
 
 def test_thread_pools_follow_the_containers_cpu_limit_unless_set(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     """A pod's torch must not size its pools from the node's cores (64 threads throttled
     under a 4-CPU limit): the Downward API hands it the limit; what the loop sets wins."""
@@ -128,7 +128,7 @@ def test_thread_pools_follow_the_containers_cpu_limit_unless_set(
 
 
 def test_default_pod_failure_policy_ignores_disruptions_and_fails_on_config_codes(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     job = build_job(make_spec(), template(tmp_path), namespace="ml")
     rules = job["spec"]["podFailurePolicy"]["rules"]
@@ -144,7 +144,9 @@ def test_default_pod_failure_policy_ignores_disruptions_and_fails_on_config_code
     }
 
 
-def test_template_settings_reach_the_pod(tmp_path: Path, make_spec: Callable[..., JobSpec]) -> None:
+def test_template_settings_reach_the_pod(
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
+) -> None:
     tpl = template(
         tmp_path,
         imagePullPolicy="Always",
@@ -192,21 +194,23 @@ def test_template_settings_reach_the_pod(tmp_path: Path, make_spec: Callable[...
     assert env_of(job)["HF_HUB_OFFLINE"] == "1"
 
 
-def test_gpus_per_node_become_gpu_limits(tmp_path: Path, make_spec: Callable[..., JobSpec]) -> None:
+def test_gpus_per_node_become_gpu_limits(
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
+) -> None:
     job = build_job(make_spec(), template(tmp_path, gpusPerNode=8), namespace="ml")
     assert_valid(job)
     assert container(job)["resources"]["limits"]["nvidia.com/gpu"] == "8"
 
 
 def test_declared_accelerators_apply_when_the_template_sets_no_gpus(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     job = build_job(make_spec(accelerators=2), template(tmp_path), namespace="ml")
     assert container(job)["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
 
 
 def test_kueue_labels_the_job_and_creates_it_suspended(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     job = build_job(make_spec(), template(tmp_path, kueue={"queueName": "team-a"}), namespace="ml")
     assert_valid(job)
@@ -215,7 +219,7 @@ def test_kueue_labels_the_job_and_creates_it_suspended(
 
 
 def test_multi_node_is_an_indexed_job_with_rendezvous_env_and_headless_service(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     spec = make_spec(nodes=4)
     tpl = template(tmp_path, gpusPerNode=8)
@@ -255,7 +259,7 @@ def test_multi_node_is_an_indexed_job_with_rendezvous_env_and_headless_service(
     }
 
 
-def test_build_is_deterministic(tmp_path: Path, make_spec: Callable[..., JobSpec]) -> None:
+def test_build_is_deterministic(tmp_path: Path, make_spec: Callable[..., JobRequest]) -> None:
     tpl = template(tmp_path)
     first = json.dumps(build_job(make_spec(), tpl, namespace="ml"), sort_keys=True)
     second = json.dumps(build_job(make_spec(), tpl, namespace="ml"), sort_keys=True)
@@ -280,10 +284,10 @@ def test_names_fit_dns_rules_and_stay_unique() -> None:
 
 
 def test_paths_outside_the_artifacts_mount_are_refused(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     spec = make_spec(base_checkpoint="/somewhere/else/ckpt")
-    with pytest.raises(JobSpecError, match="base checkpoint /somewhere/else/ckpt is not under"):
+    with pytest.raises(JobRequestError, match="base checkpoint /somewhere/else/ckpt is not under"):
         build_job(spec, template(tmp_path), namespace="ml")
 
 
@@ -352,7 +356,7 @@ def test_unreadable_templates_say_what_to_do(tmp_path: Path) -> None:
 
 
 def test_outputs_outside_the_run_dir_and_the_base_checkpoint_get_their_own_mounts(
-    tmp_path: Path, make_spec: Callable[..., JobSpec]
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     root = tmp_path / "artifacts"
     spec = make_spec(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.executors.base import ExecutorUnavailable, Handle, JobRejected, JobSpec, JobStatus
+from services.executors.base import ExecutorUnavailable, Handle, JobRejected, JobRequest, JobStatus
 from services.executors.kubernetes.builder import job_name
 from services.executors.kubernetes.launcher import KubernetesExecutor
 from services.executors.kubernetes.template import JobTemplate, parse_template
@@ -70,7 +70,7 @@ def executor(cluster: EmulatedCluster, tmp_path: Path) -> KubernetesExecutor:
 
 
 def test_submit_creates_the_job_and_writes_the_spec(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     spec = make_spec()
     handle = executor.submit(spec)
@@ -86,7 +86,7 @@ def test_submit_creates_the_job_and_writes_the_spec(
 
 
 def test_resubmitting_the_same_run_adopts_the_existing_job(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     first = executor.submit(make_spec())
     second = executor.submit(make_spec())
@@ -97,7 +97,7 @@ def test_resubmitting_the_same_run_adopts_the_existing_job(
 
 
 def test_a_job_of_another_run_with_the_same_name_is_refused(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     spec = make_spec()
     squatter: Any = {
@@ -116,7 +116,7 @@ def test_a_job_of_another_run_with_the_same_name_is_refused(
 
 
 def test_status_follows_the_job_from_pending_to_succeeded(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     assert executor.status(handle).state == "pending"
@@ -154,7 +154,7 @@ def states_of_a_wait(
 
 
 def test_wait_returns_when_the_watch_sees_the_change(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     assert executor.wait(handle, 0.5).state == "pending"  # nothing happens: times out
@@ -166,7 +166,7 @@ def test_wait_returns_when_the_watch_sees_the_change(
 
 
 def test_watch_recovers_from_410_gone_by_listing_again(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     executor.wait(handle, 0.5)  # leaves a resourceVersion to resume from
@@ -190,7 +190,7 @@ def job_lists(cluster: EmulatedCluster) -> list[Any]:
 
 
 def test_a_failed_job_reports_the_exit_code_and_message_of_its_pod(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     name = handle["job_name"]
@@ -208,7 +208,7 @@ def test_a_failed_job_reports_the_exit_code_and_message_of_its_pod(
 
 
 def test_a_config_exit_code_is_a_config_error(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     name = handle["job_name"]
@@ -220,7 +220,7 @@ def test_a_config_exit_code_is_a_config_error(
 
 
 def test_a_job_deleted_under_us_is_lost(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     cluster.batch.delete_namespaced_job(handle["job_name"], NAMESPACE)
@@ -230,7 +230,7 @@ def test_a_job_deleted_under_us_is_lost(
 
 
 def test_a_deletion_seen_by_the_watch_ends_the_wait(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     delete = partial(cluster.batch.delete_namespaced_job, handle["job_name"], NAMESPACE)
@@ -238,7 +238,7 @@ def test_a_deletion_seen_by_the_watch_ends_the_wait(
 
 
 def test_cancel_marks_and_deletes_the_job_with_foreground_propagation(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     executor.cancel(handle)
@@ -254,7 +254,7 @@ def test_cancel_marks_and_deletes_the_job_with_foreground_propagation(
 
 
 def test_kueue_jobs_wait_suspended(
-    cluster: EmulatedCluster, tmp_path: Path, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, tmp_path: Path, make_spec: Callable[..., JobRequest]
 ) -> None:
     queued = KubernetesExecutor(
         cluster.api_client,
@@ -270,7 +270,7 @@ def test_kueue_jobs_wait_suspended(
 
 
 def test_multi_node_jobs_get_their_headless_service(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec(nodes=2))
     assert handle["accelerators"] == 4
@@ -283,7 +283,7 @@ def test_multi_node_jobs_get_their_headless_service(
 
 
 def test_logs_come_from_the_jobs_pods(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     handle = executor.submit(make_spec())
     name = handle["job_name"]
@@ -299,7 +299,7 @@ def test_logs_come_from_the_jobs_pods(
 
 
 def test_api_failures_are_classified_for_retry(
-    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobSpec]
+    cluster: EmulatedCluster, executor: KubernetesExecutor, make_spec: Callable[..., JobRequest]
 ) -> None:
     cluster.fail_next("post", JOBS, 503, "etcd leader changed")
     with pytest.raises(ExecutorUnavailable, match="503"):

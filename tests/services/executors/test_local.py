@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.executors.base import Handle, JobSpec, JobSpecError
+from services.executors.base import Handle, JobRequest, JobRequestError
 from services.executors.local import LocalExecutor
 from tests.support import assert_eventually
 
@@ -71,7 +71,7 @@ def start() -> Iterator[Start]:
     test ends are killed with their process group."""
     started: list[tuple[LocalExecutor, Handle]] = []
 
-    def submit(script: str, spec: JobSpec, **options: float) -> tuple[LocalExecutor, Handle]:
+    def submit(script: str, spec: JobRequest, **options: float) -> tuple[LocalExecutor, Handle]:
         executor = executor_for(script, **options)
         started.append((executor, executor.submit(spec)))
         return started[-1]
@@ -91,7 +91,7 @@ def _assert_terminal(executor: LocalExecutor, handle: dict[str, object]) -> None
 
 
 def test_a_job_runs_to_success_with_logs_and_accounting(
-    make_spec: Callable[..., JobSpec],
+    make_spec: Callable[..., JobRequest],
 ) -> None:
     spec = make_spec(accelerators=2)
     executor = executor_for(SUCCEED)
@@ -111,7 +111,7 @@ def test_a_job_runs_to_success_with_logs_and_accounting(
     assert json.loads(spec.spec_path.read_text())["run_id"] == "demo-c1-train"
 
 
-def test_a_failed_job_reports_its_last_stderr_line(make_spec: Callable[..., JobSpec]) -> None:
+def test_a_failed_job_reports_its_last_stderr_line(make_spec: Callable[..., JobRequest]) -> None:
     executor = executor_for(FAIL)
     handle = executor.submit(make_spec())
     wait_done(executor, handle)
@@ -123,7 +123,7 @@ def test_a_failed_job_reports_its_last_stderr_line(make_spec: Callable[..., JobS
     assert executor.logs(handle, tail_lines=1) == "dataset is empty\n"
 
 
-def test_a_config_exit_code_is_a_config_error(make_spec: Callable[..., JobSpec]) -> None:
+def test_a_config_exit_code_is_a_config_error(make_spec: Callable[..., JobRequest]) -> None:
     executor = executor_for(CONFIG_ERROR)
     handle = executor.submit(make_spec())
     wait_done(executor, handle)
@@ -132,7 +132,7 @@ def test_a_config_exit_code_is_a_config_error(make_spec: Callable[..., JobSpec])
     assert status.message == "unknown hyperparameter 'lrr'"
 
 
-def test_a_missing_job_program_fails_with_the_reason(make_spec: Callable[..., JobSpec]) -> None:
+def test_a_missing_job_program_fails_with_the_reason(make_spec: Callable[..., JobRequest]) -> None:
     executor = LocalExecutor(command=["/nonexistent/trainer"], poll_interval_s=0.05)
     handle = executor.submit(make_spec())
     wait_done(executor, handle)
@@ -142,7 +142,7 @@ def test_a_missing_job_program_fails_with_the_reason(make_spec: Callable[..., Jo
 
 
 def test_submitting_a_run_twice_starts_one_job(
-    make_spec: Callable[..., JobSpec], start: Start
+    make_spec: Callable[..., JobRequest], start: Start
 ) -> None:
     spec = make_spec()
     executor, first = start(SLEEP, spec)
@@ -160,7 +160,7 @@ def _assert_lines(path: Path, count: int) -> None:
 
 
 def test_cancel_kills_the_whole_process_group(
-    make_spec: Callable[..., JobSpec], start: Start
+    make_spec: Callable[..., JobRequest], start: Start
 ) -> None:
     spec = make_spec()
     executor, handle = start(SLEEP, spec)
@@ -178,7 +178,7 @@ def test_cancel_kills_the_whole_process_group(
 
 
 def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(
-    make_spec: Callable[..., JobSpec], start: Start
+    make_spec: Callable[..., JobRequest], start: Start
 ) -> None:
     spec = make_spec()
     executor, handle = start(IGNORE_TERM, spec, cancel_grace_s=0.5)
@@ -190,7 +190,7 @@ def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(
 
 
 def test_a_restarted_worker_reattaches_and_sees_the_end(
-    make_spec: Callable[..., JobSpec], tmp_path: Path
+    make_spec: Callable[..., JobRequest], tmp_path: Path
 ) -> None:
     release = tmp_path / "release"
     script = f"""
@@ -209,7 +209,7 @@ while not pathlib.Path({str(release)!r}).exists():
     assert restarted.status(handle).state == "succeeded"
 
 
-def test_a_job_whose_supervisor_vanished_is_lost(make_spec: Callable[..., JobSpec]) -> None:
+def test_a_job_whose_supervisor_vanished_is_lost(make_spec: Callable[..., JobRequest]) -> None:
     spec = make_spec()
     executor = executor_for(SLEEP)
     handle = executor.submit(spec)
@@ -224,7 +224,7 @@ def _assert_state(executor: LocalExecutor, handle: dict[str, object], state: str
     assert executor.status(handle).state == state
 
 
-def test_a_recycled_pid_is_not_mistaken_for_the_job(make_spec: Callable[..., JobSpec]) -> None:
+def test_a_recycled_pid_is_not_mistaken_for_the_job(make_spec: Callable[..., JobRequest]) -> None:
     executor = executor_for(SUCCEED)
     handle = executor.submit(make_spec())
     wait_done(executor, handle)
@@ -245,7 +245,7 @@ def test_a_recycled_pid_is_not_mistaken_for_the_job(make_spec: Callable[..., Job
     ],
 )
 def test_invalid_specs_fail_before_anything_runs(
-    make_spec: Callable[..., JobSpec], overrides: dict[str, object], message: str
+    make_spec: Callable[..., JobRequest], overrides: dict[str, object], message: str
 ) -> None:
-    with pytest.raises(JobSpecError, match=message):
+    with pytest.raises(JobRequestError, match=message):
         make_spec(**overrides)

@@ -11,7 +11,7 @@ import pytest
 
 from services.environments.base import write_task_file
 from services.environments.registry import get_environment
-from services.executors.base import JobSpec, JobStatus
+from services.executors.base import JobRequest, JobStatus
 from services.executors.local import LocalExecutor
 from services.training.checkpoint import verify_checkpoint
 from tests.support import assert_eventually
@@ -26,7 +26,9 @@ def dataset(tmp_path: Path) -> Path:
     return path
 
 
-def sft_spec(make_spec: Callable[..., JobSpec], dataset: Path, steps: int, **kw: Any) -> JobSpec:
+def sft_spec(
+    make_spec: Callable[..., JobRequest], dataset: Path, steps: int, **kw: Any
+) -> JobRequest:
     document = {
         "algorithm": "sft",
         "environment": "toolcalc",
@@ -52,7 +54,7 @@ def run_to_end(executor: LocalExecutor, handle: dict[str, Any]) -> JobStatus:
 
 
 def test_the_trainer_job_runs_to_a_verified_checkpoint(
-    make_spec: Callable[..., JobSpec], dataset: Path
+    make_spec: Callable[..., JobRequest], dataset: Path
 ) -> None:
     spec = sft_spec(make_spec, dataset, steps=2)
     executor = LocalExecutor(poll_interval_s=0.1)
@@ -71,7 +73,9 @@ def test_the_trainer_job_runs_to_a_verified_checkpoint(
     assert manifest.checkpoint_id == metrics["checkpoint_id"]
 
 
-def test_the_trainer_job_can_be_cancelled(make_spec: Callable[..., JobSpec], dataset: Path) -> None:
+def test_the_trainer_job_can_be_cancelled(
+    make_spec: Callable[..., JobRequest], dataset: Path
+) -> None:
     spec = sft_spec(make_spec, dataset, steps=1_000_000)
     executor = LocalExecutor(poll_interval_s=0.1, cancel_grace_s=20)
     handle = executor.submit(spec)
@@ -91,7 +95,7 @@ def _assert_in_log(executor: LocalExecutor, handle: dict[str, Any], text: str) -
 
 
 def test_a_bad_trainer_spec_is_a_config_error(
-    make_spec: Callable[..., JobSpec], dataset: Path
+    make_spec: Callable[..., JobRequest], dataset: Path
 ) -> None:
     spec = make_spec(document={"algorithm": "ppo", "environment": "toolcalc"}, dataset=str(dataset))
     executor = LocalExecutor(poll_interval_s=0.1)

@@ -9,7 +9,7 @@ import pytest
 from services.artifacts import path_to_uri
 from services.db.models import Checkpoint, Dataset, Loop
 from services.db.session import SessionFactory
-from services.executors.base import JobSpecError
+from services.executors.base import JobRequestError
 from services.loop.job_documents import (
     REPLAY_FILE,
     job_document,
@@ -26,7 +26,7 @@ def test_the_document_names_its_run_unless_it_does_already() -> None:
 
 @pytest.mark.parametrize("nodes", ["2", 2.0, True, None])
 def test_nodes_must_be_an_integer(nodes: object) -> None:
-    with pytest.raises(JobSpecError, match="the job spec's nodes must be an integer"):
+    with pytest.raises(JobRequestError, match="the job spec's nodes must be an integer"):
         job_nodes({"nodes": nodes})
 
 

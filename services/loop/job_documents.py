@@ -16,7 +16,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from services.artifacts import uri_to_path
-from services.db.models import Checkpoint, Dataset
+from services.db.models import Dataset
+from services.db.queries.runs import get_checkpoint
 from services.environments.replay.endpoints import job_env as replay_job_env
 from services.executors.base import JobRequestError
 from services.settings import Endpoint, Settings
@@ -55,7 +56,7 @@ def job_files(
             dataset = str(uri_to_path(row.train_uri if kind == "train" else row.eval_uri))
     base = job_spec.get("base_checkpoint") or job_spec.get("checkpoint") or None
     if base is None and base_checkpoint_id is not None:
-        checkpoint = session.get(Checkpoint, base_checkpoint_id)
+        checkpoint = get_checkpoint(session=session, checkpoint_id=base_checkpoint_id)
         if checkpoint is not None:
             base = str(uri_to_path(checkpoint.uri))
     return (str(dataset) if dataset else None, str(base) if base else None)

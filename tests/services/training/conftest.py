@@ -140,8 +140,11 @@ def tiny_champion(tmp_path_factory: pytest.TempPathFactory, task_files: dict[str
 
 @pytest.fixture(scope="session")
 def capable_champion(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny policy that passes most v1 tasks (and none drifted to v3) when it samples."""
+    """A tiny policy that passes whole families of v1 tasks (and no task drifted to v3) when it
+    samples. 300 steps at lr 1e-2 gave one that passed most v1 tasks on some CPUs and 2 of 32
+    sampled episodes of the replay test's tasks on others (floating-point order); 1000 steps
+    at 3e-3 passes every sample of half those tasks."""
     root = tmp_path_factory.mktemp("capable")
     tasks = root / "v1.jsonl"
     write_task_file(tasks, ToolcalcEnvironment().generate_tasks(256, seed=11, api_version="v1"))
-    return sft_champion(root, tasks, steps=300, batch_size=32, lr=1e-2, model=CAPABLE_MODEL)
+    return sft_champion(root, tasks, steps=1000, batch_size=32, lr=3e-3, model=CAPABLE_MODEL)

@@ -38,11 +38,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(args.code_root))
     import torch
 
-    from benchmarks.drift import drift_task_sets
     from services.environments.toolcalc import ToolcalcEnvironment
     from services.evaluation import evaluator
     from services.training.hf.model import HFModel
     from services.training.hf.smollm2 import smollm2_checkpoint
+
+    try:
+        from benchmarks.drift import drift_task_sets
+    except ImportError:  # a baseline tree from before benchmarks/drift.py
+        from benchmarks.support import drift_task_sets  # type: ignore[attr-defined,no-redef]
 
     torch.set_num_threads(args.threads)
     settings = QUICK if args.quick else FULL

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import threading
 from collections.abc import Hashable, Iterator, Sequence
@@ -41,6 +40,7 @@ from services.training.checkpoint import (
 )
 from services.training.device import resolve_device
 from services.training.hf.checkpoint import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_hf_checkpoint
+from services.training.hf.kv_cache import cache_keyword
 
 FAMILY = "hf"
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -84,9 +84,7 @@ class HFEngine:
         self._template_takes_tools = _template_renders_tools(tokenizer)
         # A token's string in the vocabulary is never shorter than the text it decodes to.
         self.max_chars_per_token = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
-        # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns).
-        parameters = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._cache_kwarg = cache_keyword(model)
         # Decode steps over a prefix every row shares cascade (services.inference.cascade)
         # where the model runs transformers' sdpa, whose answers the cascade's equal.
         self._cascades = getattr(model.config, "_attn_implementation", None) == "sdpa"

@@ -41,6 +41,7 @@ from services.training.hf.checkpoint import (
 )
 from services.training.hf.model import HFModel, model_dtype
 from services.training.hf.rollout import demonstration_sequences
+from services.training.hf.shared_prefix import shared_prefix_logprobs
 
 MAX_NEW_TOKENS = 48  # evaluation default: a chat tool call is longer than a tiny turn
 BATCH_SIZE = 32  # evaluation default: batches of chat prompts on CPU stay small
@@ -215,13 +216,17 @@ def sequence_logprobs(
     """Log-probability of each next token: (N, T-1) for ids (N, T).
 
     With ``target`` (N, T-1), only the positions some row trains on are projected through
-    the output head (``logits_to_keep``); other positions come back 0.
+    the output head (``logits_to_keep``), and a prefix several rows share is computed once
+    (:mod:`services.training.hf.shared_prefix`); other positions come back 0.
     """
     n, width = ids.shape
     if target is None or not bool(target.any()):
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (N, T-1, V)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
         return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (N, T-1)
+    shared = shared_prefix_logprobs(model, ids, attention, target)
+    if shared is not None:
+        return shared
     keep = target.any(dim=0).nonzero().squeeze(-1)  # (K,) positions p predicting token p+1
     logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits  # (N, K, V)
     logp = torch.log_softmax(logits.float(), dim=-1)  # (N, K, V)

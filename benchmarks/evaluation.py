@@ -49,7 +49,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         from benchmarks.support import drift_task_sets  # type: ignore[attr-defined,no-redef]
 
     torch.set_num_threads(args.threads)
-    settings = QUICK if args.quick else FULL
+    settings = {**(QUICK if args.quick else FULL), "batch_size": args.batch_size}
     smollm2_checkpoint(args.model_dir)
     policy = HFModel.load(args.model_dir, device="cpu")
     env = ToolcalcEnvironment()
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures |= {
         "commit": _commit(ROOT),
         "threads": args.threads,
+        "batch_size": args.batch_size,
         "loadavg_start": [round(x, 2) for x in load_start],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     }
@@ -117,6 +118,7 @@ def _measure_in(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--measure-only"]
     command += ["--code-root", str(root), "--model-dir", str(args.model_dir)]
     command += ["--threads", str(args.threads), "--seed", str(args.seed), "--drift", args.drift]
+    command += ["--batch-size", str(args.batch_size)]
     command += ["--quick"] if args.quick else []
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": str(args.threads)}
     done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
@@ -142,6 +144,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--drift", choices=("v2", "v3"), default="v3")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=FULL["batch_size"],
+        help="episodes decoding at once, in both trees (default 32, the real-model benchmark's)",
+    )
     parser.add_argument(
         "--model-dir",
         type=Path,

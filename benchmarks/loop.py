@@ -19,7 +19,8 @@ The toy champion is pre-exposed to v2's names (``champion_note`` in the JSON say
 figure from this benchmark is a measurement of the loop on that champion, not of learning a
 drift from nothing.
 
-    python benchmarks/loop.py [--cycles 1] [--drift-at 45] [--traffic 4] [--champion-cache DIR]
+    python benchmarks/loop.py [--cycles 1] [--drift-at 45] [--traffic 4] [--traffic-workers N]
+                              [--champion-cache DIR]
     python benchmarks/loop.py --model smollm2    # the real LM's story (rft, v3 drift)
 
 ``--champion-cache`` reuses a champion an earlier run made there (the SFT takes minutes and
@@ -46,6 +47,12 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=1)
     parser.add_argument("--drift-at", type=float, default=45.0)
     parser.add_argument("--traffic", type=float, default=4.0)
+    parser.add_argument(
+        "--traffic-workers",
+        type=int,
+        default=None,
+        help="simulated users at once (the model's default: 2, 8 for smollm2)",
+    )
     parser.add_argument("--state-dir", type=Path, default=None)
     parser.add_argument("--champion-cache", type=Path, default=None)
     parser.add_argument(
@@ -61,6 +68,7 @@ def main() -> int:
         cycles=args.cycles,
         drift_at=args.drift_at,
         traffic=args.traffic,
+        traffic_workers=args.traffic_workers,
         state_dir=state_dir,
         champion_cache=args.champion_cache,
     )

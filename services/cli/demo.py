@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from services.argtypes import positive_int
 from services.cli.common import add_command, cli_settings
 from services.demo.options import MODEL_DEFAULTS, DemoOptions
 from services.logs import configure_logging
@@ -30,6 +31,14 @@ def register(subparsers: Any) -> None:
     )
     demo.add_argument(
         "--traffic", type=float, default=4.0, metavar="PER_S", help="traces per second (default 4)"
+    )
+    demo.add_argument(
+        "--traffic-workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="simulated users at once (default 2; 8 with --model smollm2, whose episodes "
+        "take the model server seconds)",
     )
     demo.add_argument(
         "--state-dir",
@@ -80,6 +89,7 @@ def _demo(args: argparse.Namespace) -> int:
         cycles=args.cycles,
         drift_at=args.drift_at,
         traffic=args.traffic,
+        traffic_workers=args.traffic_workers,
         state_dir=args.state_dir,
         timeout_s=args.timeout,
         champion_cache=settings.state_dir / "demo",

@@ -12,12 +12,13 @@ LOOP_NAME = "demo"
 # What differs by champion when the caller does not say (``DemoOptions.for_model``). Renames
 # alone (v2) do not hurt a real LM, which reads the function names from the tool list: the
 # SFT champion passes ~95% of v2 tasks (docs/models.md). v3's new required ``cur`` argument
-# does: it learned the lookup call's shape by heart and drops it. And a real LM's cycle on
-# 2 CPU cores takes hours, not minutes: ~36 minutes of traffic before the cycle starts, an
-# hour of rft on the 2 cores alone (docs/models.md), slower beside the model server.
+# does: it learned the lookup call's shape by heart and drops it. A real LM's episode takes
+# the model server seconds, not milliseconds: two simulated users curated ~3 failures a
+# minute (36 minutes to 48 tasks, docs/models.md); eight keep its engine's batch full, and
+# its decode steps cost little more at 8 rows than at 2. Its cycle is the rft job's hour.
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "smollm2": {"drift_to": "v3", "timeout_s": 7200.0},
+    "smollm2": {"drift_to": "v3", "timeout_s": 7200.0, "traffic_workers": 8},
 }
 # Where the demo's progress lines go: the CLI prints them, a benchmark may collect them.
 Printer = Callable[[str], None]
@@ -28,6 +29,7 @@ class DemoOptions:
     cycles: int = 1
     drift_at: float = 45.0
     traffic: float = 4.0
+    traffic_workers: int = 2  # simulated users at once, each one episode after another
     drift_to: str = "v2"
     state_dir: Path | None = None
     timeout_s: float = 1500.0

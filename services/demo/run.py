@@ -98,9 +98,13 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
             ),
             api_version=lambda: api_version[0],
             rate_per_s=options.traffic,
+            workers=options.traffic_workers,
         )
         traffic.start()
-        out(f"[demo] production traffic: {options.traffic:g} traces/s on tool API v1")
+        out(
+            f"[demo] production traffic: {options.traffic:g} traces/s from "
+            f"{options.traffic_workers} users on tool API v1"
+        )
         report = _watch_and_report(options, settings, traffic, api_version, out)
         report.demo_wall_s = time.monotonic() - wall_started
         report.champion_note = champion_note(options)

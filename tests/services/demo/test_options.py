@@ -20,6 +20,19 @@ def test_what_the_caller_sets_wins_and_none_is_not_set() -> None:
     assert (options.timeout_s, options.drift_to, options.cycles) == (60.0, "v3", 2)
 
 
+def test_a_real_lm_demo_has_more_users_at_once_unless_told() -> None:
+    assert DemoOptions.for_model("tiny").traffic_workers == 2
+    assert DemoOptions.for_model("smollm2").traffic_workers == 8
+    assert DemoOptions.for_model("smollm2", traffic_workers=3).traffic_workers == 3
+    assert DemoOptions.for_model("smollm2", traffic_workers=None).traffic_workers == 8
+
+
+def test_the_real_lm_champion_is_the_measured_recipe_its_job_accepts() -> None:
+    parsed = parse_hyperparameters("hf", "sft", smollm2.SFT_HYPERPARAMETERS)
+    assert parsed.config.recovery_fraction == 0.5  # type: ignore[attr-defined]
+    assert smollm2.SFT_TASKS == 96
+
+
 def test_the_real_lm_demo_trains_rft_candidates_its_jobs_accept() -> None:
     profile = smollm2.training_profile()
     assert (profile["algorithm"], profile["family"]) == ("rft", "hf")

@@ -26,11 +26,12 @@ def run_job(kind: str, spec: dict[str, Any], work_dir: Path, out: Printer) -> Pa
     work_dir.mkdir(parents=True, exist_ok=True)
     spec_path = work_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    # The job's share of the cores (the model server may run beside it), as the local
-    # executor gives one; a spec's own hyperparameters.threads is the job's to apply.
+    # Every usable core: the demo makes its champion before the model server starts (the
+    # loop's own jobs get their share from the local executor); a spec's own
+    # hyperparameters.threads is the job's to apply.
     env = {
         **os.environ,
-        **thread_env(thread_budget().job),
+        **thread_env(thread_budget().cores),
         "RATCHET_OUTPUT_DIR": str(work_dir / "output"),
     }
     log_path = work_dir / "job.log"

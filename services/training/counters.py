@@ -30,10 +30,17 @@ class RunCounters:
 
     def add_sampling(self, generated_tokens: int, wall_s: float, episodes: int) -> None:
         """A round of sampled episodes (rft's, dpo's, rft's replay): their cost counts in
-        the rollout figures whatever the episodes are then used for."""
+        the rollout figures and the rollout phase, whatever the episodes are then used for."""
         self.rollout_tokens += generated_tokens
         self.rollout_s += wall_s
         self.episodes += episodes
+        self.add_phases({"rollout": wall_s})
+
+    def add_phases(self, seconds: dict[str, float]) -> None:
+        """Seconds spent per phase (:mod:`services.training.phases`) by a part of the run,
+        e.g. an SFT run inside rft, added to the run's own."""
+        for name, value in seconds.items():
+            self.phase_s[name] = self.phase_s.get(name, 0.0) + value
 
     @property
     def train_tokens_per_s(self) -> float:

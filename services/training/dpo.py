@@ -209,7 +209,9 @@ def train_dpo(
                 sampled.successes,
             )
         return result
+    scored = time.monotonic()
     reference = reference_logps(model, pairs, config.micro_batch)  # (P, 2), the champion's
+    counters.add_phases({"scoring": time.monotonic() - scored})
     params = [p for _, p in model.trainable_parameters()]
     ctx.broadcast_parameters(params)
     optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -231,6 +233,7 @@ def train_dpo(
                 stats["margin"],
             )
     counters.train_s = time.monotonic() - started
+    counters.add_phases({"update": counters.train_s})
     counters.train_tokens = int(ctx.all_reduce_sum([float(counters.train_tokens)])[0])
     model.train(False)
     return result

@@ -334,6 +334,7 @@ def _rft_iteration(
         counters.steps_done += run.steps_done
         counters.train_tokens += run.train_tokens
         counters.train_s += run.train_s
+        counters.add_phases(run.phase_s)
         counters.final_loss = run.final_loss
         counters.history.extend({**h, "iteration": float(iteration + 1)} for h in run.history)
         row["loss"] = run.final_loss

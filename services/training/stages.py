@@ -145,7 +145,8 @@ def sft_stage(run: StageRun) -> StageResult:
 
 
 def rft_stage(run: StageRun) -> StageResult:
-    """RFT (:mod:`services.training.rft`); it times no phases."""
+    """RFT (:mod:`services.training.rft`): its sampling is the rollout phase, its SFT the
+    update phase."""
     config = run.hyper.config
     assert isinstance(config, RFTConfig)
     rft = train_rft(
@@ -158,14 +159,17 @@ def rft_stage(run: StageRun) -> StageResult:
         keeper=run.keeper,
         replay_tasks=run.replay_tasks,
     )
-    return StageResult({**rft.metrics(), "final_reward": None, "hyperparameters": config.to_dict()})
+    metrics = {**rft.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}
+    return StageResult(metrics, rft.counters.phase_s)
 
 
 def dpo_stage(run: StageRun) -> StageResult:
-    """DPO (:mod:`services.training.dpo`); it times no phases."""
+    """DPO (:mod:`services.training.dpo`): its sampling is the rollout phase, the
+    reference's scores the scoring phase, its steps the update phase."""
     config = run.hyper.config
     assert isinstance(config, DPOConfig)
     dpo = train_dpo(
         run.model, run.env, run.tasks, config, ctx=run.ctx, stored=run.stored, keeper=run.keeper
     )
-    return StageResult({**dpo.metrics(), "final_reward": None, "hyperparameters": config.to_dict()})
+    metrics = {**dpo.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}
+    return StageResult(metrics, dpo.counters.phase_s)

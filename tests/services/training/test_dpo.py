@@ -189,6 +189,8 @@ def test_a_dpo_job_trains_on_pairs_and_one_without_pairs_says_so(
     assert metrics["algorithm"] == "dpo" and metrics["episodes"] == 24
     assert metrics["pairs"] > 0 and metrics["trained"] is True and metrics["steps"] == 3
     assert math.isfinite(metrics["final_loss"]) and metrics["train_tokens"] > 0
+    # the ledger prices each: sampling, the champion's scores of the pairs, the steps
+    assert set(metrics["phases"]) == {"rollout", "scoring", "update", "sync"}
 
     drifted = tmp_path / "v3.jsonl"
     write_task_file(drifted, env.generate_tasks(3, seed=32, api_version="v3"))

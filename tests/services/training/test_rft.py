@@ -122,6 +122,7 @@ def test_rft_without_a_success_says_so_and_leaves_the_model_unchanged(
     assert metrics["algorithm"] == "rft"
     assert (metrics["successes"], metrics["trained"], metrics["steps"]) == (0, False, 0)
     assert metrics["episodes"] == 8 and metrics["iterations"][0]["trained"] is False
+    assert set(metrics["phases"]) == {"rollout", "sync"}  # sampling is priced as rollout
     before = load(capable_champion).trainable_parameters()
     after = load(tmp_path / "out" / "checkpoint").trainable_parameters()
     for (name, old), (_, new) in zip(before, after, strict=True):

@@ -106,6 +106,8 @@ def test_rft_replays_the_starting_weights_successes_sampled_once(
         row["replayed_sequences"] == metrics["replay"]["sequences"] for row in metrics["iterations"]
     )
     assert result.successes == sum(e.reward.passed for e in model.sampled[8:])
+    phases = result.counters.phase_s  # the replay's and the rounds' sampling, the SFT steps
+    assert set(phases) == {"rollout", "update"} and all(v > 0 for v in phases.values())
 
 
 def test_replay_alone_never_trains(capable_champion: Path) -> None:

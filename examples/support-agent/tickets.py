@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from datetime import date, timedelta
 
 from bookshop import FIRST_NAMES, LAST_NAMES, Order, Shop, eur
 
@@ -184,6 +185,15 @@ class Ticket:
         return rng.choice(PARAPHRASES[self.case]).format(**self.facts)
 
 
+def _fits(order: Order, day: date) -> bool:
+    """Whether a customer could ask about ``order`` on ``day`` (within two weeks of its
+    last news)."""
+    placed, when = date.fromisoformat(order.placed_on), date.fromisoformat(order.parcel.date)
+    if order.parcel.status == "in transit":
+        return placed < day <= when
+    return when <= day <= when + timedelta(days=14)
+
+
 class TicketMaker:
     """Draws tickets from a shop: each order is asked about at most once."""
 
@@ -195,16 +205,19 @@ class TicketMaker:
             order = shop.orders[order_id]
             self._unused[order.parcel.status].append(order)
 
-    def next(self) -> Ticket:
+    def next(self, day: date | None = None) -> Ticket:
+        """A ticket written on ``day`` (when given, about an order that was placed by then
+        and whose parcel's date fits: delivered or lost by then, still expected after)."""
         kind = self.rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
         if kind == "stock":
             return self._stock_ticket()
         statuses = _STATUS_FOR.get(kind, ("in transit", "delivered"))
-        status = self.rng.choice([s for s in statuses if self._unused[s]] or statuses)
+        status = self.rng.choice(statuses)
         pool = self._unused[status]
-        if not pool:
-            raise ValueError(f"the shop has no unused {status} order left for a ticket")
-        order = pool.pop(self.rng.randrange(len(pool)))
+        fits = [i for i, order in enumerate(pool) if day is None or _fits(order, day)]
+        if not fits:
+            raise ValueError(f"the shop has no unused {status} order left for a ticket on {day}")
+        order = pool.pop(self.rng.choice(fits))
         return self._order_ticket(kind, order)
 
     def _order_ticket(self, kind: str, order: Order) -> Ticket:

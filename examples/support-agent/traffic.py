@@ -163,7 +163,7 @@ def generate(seed: int = 0, count: int = 1000, change_at: float = 0.5) -> Traffi
     feedback: list[dict[str, Any]] = []
     for index in range(count):
         started = MONTH_START + MONTH * (index / count) + timedelta(seconds=rng.randint(0, 90))
-        ticket = maker.next()
+        ticket = maker.next(started.date())
         api = "v2" if started >= change_time else "v1"
         era = "changed" if api == "v2" and "track_parcel" in ticket.needed_tools else "steady"
         weights = SCENARIOS[era]

@@ -197,3 +197,22 @@ def test_the_generator_writes_its_files_and_refuses_bad_arguments(tmp_path: Any)
         traffic_module.main(["--out", str(tmp_path / "x"), "--count", "0"])
     with pytest.raises(ValueError, match="change_at"):
         traffic_module.generate(count=10, change_at=1.5)
+
+
+def test_a_ticket_is_about_an_order_that_existed_that_day(traffic: Any) -> None:
+    """An order is placed before its ticket, and delivered or lost by then, or expected
+    after it: what the customer could ask that day."""
+    checked = 0
+    for trace in traffic.traces:
+        day = trace["started_at"][:10]
+        for call, result in _calls(trace):
+            found = json.loads(result) if result.startswith("{") else {}
+            if call["name"] == "find_order" and "placed_on" in found:
+                assert found["placed_on"] < day
+            if call["name"] == "track_parcel" and "status" in found:
+                if found["status"] == "in transit":
+                    assert found["expected"] >= day
+                else:
+                    assert found.get("delivered_on", found.get("lost_since")) <= day
+                checked += 1
+    assert checked > 200

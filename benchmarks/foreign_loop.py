@@ -316,12 +316,11 @@ def wait_curated(bench: BenchStack, expected: int, *, timeout_s: float = 900) ->
             rows = session.execute(
                 select(Trace.curation_outcome, func.count())
                 .join(Loop, Loop.id == Trace.loop_id)
-                .where(Loop.name == LOOP)
+                .where(Loop.name == LOOP, Trace.curation_outcome.is_not(None))
                 .group_by(Trace.curation_outcome)
             ).all()
         counts = {str(outcome): int(n) for outcome, n in rows}
-        done = sum(n for outcome, n in counts.items() if outcome != "None")
-        return counts if done >= expected else None
+        return counts if sum(counts.values()) >= expected else None
 
     return wait_until(curated, timeout_s=timeout_s, what=f"{expected} traces curated")
 

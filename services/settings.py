@@ -234,10 +234,15 @@ class Settings(BaseSettings):
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(default=8100, ge=1, le=65535)
-    # The model server's own API key (vLLM's --api-key): `ratchet serve` requires it as a
-    # Bearer token when set, and the local serving target sends it. It is never the admin
-    # token: no credential of the control plane is sent to a model server.
+    # The model server's inference key (vLLM's --api-key): `ratchet serve` requires it as a
+    # Bearer token on every route but the health checks when set; it serves, it never swaps
+    # (the adapter routes refuse it). Agents and jobs that only sample hold it. It is never
+    # the admin token: no credential of the control plane is sent to a model server.
     serve_api_key: SecretStr | None = None
+    # The model server's admin key: the only key `POST /v1/load_lora_adapter` and
+    # `/v1/unload_lora_adapter` accept (it serves too). The worker holds it, and sends it to
+    # the local model server it deploys to; agents never get it.
+    serve_admin_key: SecretStr | None = None
     # Signs each response id of `ratchet serve` for the checkpoint that answered, so the
     # canary counts a trace for the version the server names, not the one the agent reports
     # (services/modelserver/attestation.py). The worker sends it to the model servers it starts

@@ -158,8 +158,9 @@ class LocalServerProcess:
 class LocalServingTarget(OpenAIServingTarget):
     """Deploys to the local model server at ``base_url``, starting it when asked to.
 
-    ``api_key`` is the model server's own (``RATCHET_SERVE_API_KEY``), never the admin
-    token: no credential of the control plane goes to a model server."""
+    ``api_key`` is the model server's admin key (``RATCHET_SERVE_ADMIN_KEY``: deploys load
+    models), never the control plane's admin token: no credential of the control plane goes
+    to a model server."""
 
     kind = "local"
 
@@ -218,22 +219,29 @@ def build(config: ServingConfig, context: BuildContext) -> LocalServingTarget:
 
 
 def address(settings: Settings) -> ServerAddress:
-    """Where the local model server answers, with the model server's own key (never the
-    admin token)."""
-    key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
-    return ServerAddress(f"http://{settings.serve_host}:{settings.serve_port}", key)
+    """Where the local model server answers, with the key the worker sends it: the model
+    server's admin key (deploys load and unload models; it serves too), else its API key
+    (never the control plane's admin token)."""
+    key = settings.serve_admin_key or settings.serve_api_key
+    return ServerAddress(
+        f"http://{settings.serve_host}:{settings.serve_port}",
+        key.get_secret_value() if key is not None else None,
+    )
 
 
 def model_server_environment(settings: Settings) -> dict[str, str]:
     """The environment of a model server this worker starts: its own, minus every secret
     setting (the admin token, the database URL, the secret key, endpoint keys), plus the
-    model server's API key, its attestation key and the roots it may load checkpoints from
+    model server's API and admin keys, its attestation key and the roots it may load
+    checkpoints from
     (this worker's artifact store, whatever the worker's settings came from). The model
     server loads checkpoints; it holds no credential of the control plane."""
     hidden = {f"{ENV_PREFIX}{name.upper()}" for name in secret_field_names()}
     env = {name: value for name, value in os.environ.items() if name not in hidden}
     if settings.serve_api_key is not None:
         env[f"{ENV_PREFIX}SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+    if settings.serve_admin_key is not None:
+        env[f"{ENV_PREFIX}SERVE_ADMIN_KEY"] = settings.serve_admin_key.get_secret_value()
     if settings.serve_attestation_key is not None:
         key = settings.serve_attestation_key.get_secret_value()
         env[f"{ENV_PREFIX}SERVE_ATTESTATION_KEY"] = key

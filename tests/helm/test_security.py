@@ -33,6 +33,8 @@ ALLOWED_RULES = {
     ("", "pods"): {"get", "list"},
     ("", "pods/log"): {"get"},
     ("", "services"): {"create", "delete"},
+    # A job's credentials, in a Secret of its run's own: written and deleted, never read.
+    ("", "secrets"): {"create", "delete"},
     ("apps", "deployments"): {"get", "list", "watch", "patch"},
 }
 SECRET_SETTINGS = {"RATCHET_DATABASE_URL", "RATCHET_ADMIN_TOKEN", "RATCHET_TEMPORAL_API_KEY"}

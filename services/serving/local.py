@@ -211,7 +211,7 @@ def build(config: ServingConfig, context: BuildContext) -> LocalServingTarget:
     return LocalServingTarget(
         server.url,
         model=config.model or DEFAULT_MODEL,
-        api_key=server.api_key,
+        api_key=deploy_key(settings),
         process=process,
         heartbeat=context.heartbeat,
         verify_timeout_s=config.verify_timeout_s,
@@ -219,14 +219,17 @@ def build(config: ServingConfig, context: BuildContext) -> LocalServingTarget:
 
 
 def address(settings: Settings) -> ServerAddress:
-    """Where the local model server answers, with the key the worker sends it: the model
-    server's admin key (deploys load and unload models; it serves too), else its API key
-    (never the control plane's admin token)."""
+    """Where the local model server answers, with the key that serves (its API key: what
+    reads its counters, or forwards an agent's request), never the admin token."""
+    key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
+    return ServerAddress(f"http://{settings.serve_host}:{settings.serve_port}", key)
+
+
+def deploy_key(settings: Settings) -> str | None:
+    """The key a deploy sends the local model server: its admin key (a deploy loads and
+    unloads models; the API key may not), else its API key."""
     key = settings.serve_admin_key or settings.serve_api_key
-    return ServerAddress(
-        f"http://{settings.serve_host}:{settings.serve_port}",
-        key.get_secret_value() if key is not None else None,
-    )
+    return key.get_secret_value() if key is not None else None
 
 
 def model_server_environment(settings: Settings) -> dict[str, str]:

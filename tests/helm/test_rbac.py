@@ -136,7 +136,7 @@ def test_the_audit_saw_both_components(used: set[tuple[str, str, str]]) -> None:
                 }
             },
         },
-        {**MINIMAL, "serving": {"vllm": {"enabled": True}}},
+        {**MINIMAL, "serving": {"vllm": {"enabled": True, "apiKey": {"existingSecret": "k"}}}},
     ],
     ids=["named-deployments", "endpoint-deployment", "with-vllm"],
 )
@@ -152,7 +152,7 @@ def test_named_deployments_include_the_charts_vllm_deployment() -> None:
     values = {
         **MINIMAL,
         "rbac": {"servingTarget": {"deploymentNames": ["agent-model"]}},
-        "serving": {"vllm": {"enabled": True}},
+        "serving": {"vllm": {"enabled": True, "apiKey": {"existingSecret": "k"}}},
     }
     (role,) = render(values).of_kind("Role")
     (rule,) = [r for r in role["rules"] if r["resources"] == ["deployments"]]

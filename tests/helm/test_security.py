@@ -161,7 +161,13 @@ def test_the_worker_may_patch_only_the_serving_deployments_never_its_own() -> No
         "ext": {"kind": "openai", "url": "http://sglang:30000"},
     }
     (rule,) = _deployment_rules(
-        {**minimal, "serving": {"endpoints": endpoints, "vllm": {"enabled": True}}}
+        {
+            **minimal,
+            "serving": {
+                "endpoints": endpoints,
+                "vllm": {"enabled": True, "apiKey": {"existingSecret": "vllm-key"}},
+            },
+        }
     )
     assert rule["resourceNames"] == ["rel-ratchet-vllm", "vllm-prod"]
     for own in ("rel-ratchet-worker", "rel-ratchet-api"):  # the schema knows the pattern

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from services.modelserver.registry import ModelRegistry
 from services.serving.base import CheckpointRef, DeployFailed, ServingError
 from services.serving.kubernetes import KubernetesServingTarget
-from services.serving.local import LocalServingTarget, model_server_environment
+from services.serving.local import LocalServingTarget, address, model_server_environment
 from services.serving.openai_target import OpenAIServingTarget
 from services.serving.targets import ServingTargets
 from services.settings import ServingEndpoint, Settings
@@ -297,6 +297,8 @@ def test_the_model_server_the_worker_starts_holds_no_control_plane_secret(
 
     assert env["RATCHET_SERVE_API_KEY"] == SERVE_KEY
     assert env["RATCHET_SERVE_ADMIN_KEY"] == SERVE_ADMIN_KEY
+    # What reads its counters or forwards an agent's call holds the key that serves only.
+    assert address(settings).api_key == SERVE_KEY
     assert json.loads(env["RATCHET_SERVE_MODEL_ROOTS"]) == [str(tmp_path / "store")]
     assert env["RATCHET_LOG_LEVEL"] == "DEBUG"
     for name in ("RATCHET_ADMIN_TOKEN", "RATCHET_DATABASE_URL", "RATCHET_SERVING_ENDPOINTS"):

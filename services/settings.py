@@ -237,7 +237,7 @@ class Settings(BaseSettings):
     serve_port: int = Field(default=8100, ge=1, le=65535)
     # The model server's inference key (vLLM's --api-key): `ratchet serve` requires it as a
     # Bearer token on every route but the health checks when set; it serves, it never swaps
-    # (the adapter routes refuse it). Agents and jobs that only sample hold it. It is never
+    # (the adapter routes refuse it). Agents, and whatever only samples, hold it. It is never
     # the admin token: no credential of the control plane is sent to a model server.
     serve_api_key: SecretStr | None = None
     # The model server's admin key: the only key `POST /v1/load_lora_adapter` and

@@ -162,6 +162,8 @@ class KubernetesExecutor:
                 f"create Secret {name}",
                 lambda: self._core.create_namespaced_secret(self._namespace, secret),
             )
+        with self._lock:
+            self._released.discard(name)  # made anew: the run's end deletes it again
         if self._template.kueue is None:
             self._call(
                 f"start Job {name}",

@@ -24,6 +24,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -234,10 +235,15 @@ class Settings(BaseSettings):
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(default=8100, ge=1, le=65535)
-    # The model server's own API key (vLLM's --api-key): `ratchet serve` requires it as a
-    # Bearer token when set, and the local serving target sends it. It is never the admin
-    # token: no credential of the control plane is sent to a model server.
+    # The model server's inference key (vLLM's --api-key): `ratchet serve` requires it as a
+    # Bearer token on every route but the health checks when set; it serves, it never swaps
+    # (the adapter routes refuse it). Agents, and whatever only samples, hold it. It is never
+    # the admin token: no credential of the control plane is sent to a model server.
     serve_api_key: SecretStr | None = None
+    # The model server's admin key: the only key `POST /v1/load_lora_adapter` and
+    # `/v1/unload_lora_adapter` accept (it serves too). The worker holds it, and sends it to
+    # the local model server it deploys to; agents never get it.
+    serve_admin_key: SecretStr | None = None
     # Signs each response id of `ratchet serve` for the checkpoint that answered, so the
     # canary counts a trace for the version the server names, not the one the agent reports
     # (services/modelserver/attestation.py). The worker sends it to the model servers it starts
@@ -255,6 +261,13 @@ class Settings(BaseSettings):
     # The model servers that serving targets deploy to (`openai`, `kubernetes`), by name (see
     # ServingEndpoint): a loop's serving target names one; each carries its own API key.
     serving_endpoints: dict[str, ServingEndpoint] = Field(default_factory=dict)
+    # The model server every job of this deployment rolls out on (docs/deploy.md, "Rollouts
+    # on vLLM"): one of serving_endpoints, by name, and the base model it serves. The worker
+    # hands each job the endpoint's URL, this model and a shared directory of the run's own,
+    # and the endpoint's key as a credential (a Secret of the run's own on Kubernetes). Unset:
+    # jobs roll out in the job.
+    rollout_endpoint: str | None = Field(default=None, min_length=1, max_length=253)
+    rollout_model: str | None = Field(default=None, min_length=1, max_length=256)
     # The serving ledger's prices (services.loop.ledger): an hour of the serving hardware,
     # charged per busy compute-second, and what a cached prompt token weighs against a
     # computed one (0..1) when that cost is shared over the tokens served.
@@ -313,6 +326,23 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit():
             raise ValueError("must be host:port, for example temporal-frontend:7233")
         return value
+
+    @model_validator(mode="after")
+    def _check_rollout_endpoint(self) -> Settings:
+        if self.rollout_endpoint is None:
+            return self
+        if self.rollout_endpoint not in self.serving_endpoints:
+            listed = ", ".join(sorted(self.serving_endpoints)) or "none"
+            raise ValueError(
+                f"RATCHET_ROLLOUT_ENDPOINT names {self.rollout_endpoint!r}, which is not one "
+                f"of RATCHET_SERVING_ENDPOINTS ({listed})"
+            )
+        if self.rollout_model is None:
+            raise ValueError(
+                "RATCHET_ROLLOUT_MODEL must name the base model the rollout endpoint serves "
+                "when RATCHET_ROLLOUT_ENDPOINT is set"
+            )
+        return self
 
     # Derived locations -------------------------------------------------------------------
 
@@ -408,6 +438,9 @@ def _describe_validation_error(exc: ValidationError) -> str:
     parts = []
     hidden = secret_field_names()
     for error in exc.errors():
+        if not error["loc"]:  # a rule over several settings names them in its message
+            parts.append(error["msg"].removeprefix("Value error, "))
+            continue
         top, *inner = (str(item) for item in error["loc"])
         variable = f"{ENV_PREFIX}{top.upper()}" + (f" ({'.'.join(inner)})" if inner else "")
         message = error["msg"].removeprefix("Value error, ")

@@ -330,6 +330,8 @@ class Stack:
             env["RATCHET_ADMIN_TOKEN"] = settings.admin_token.get_secret_value()
         if settings.serve_api_key is not None:
             env["RATCHET_SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+        if settings.serve_admin_key is not None:
+            env["RATCHET_SERVE_ADMIN_KEY"] = settings.serve_admin_key.get_secret_value()
         if settings.serve_attestation_key is not None:
             key = settings.serve_attestation_key.get_secret_value()
             env["RATCHET_SERVE_ATTESTATION_KEY"] = key
@@ -442,13 +444,14 @@ def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
 
 
 def with_local_serve_keys(settings: Settings) -> Settings:
-    """The settings with the model server's API key and attestation key: the ones set, else
-    the state dir's (made if needed). The worker sends both to the local model server; never
-    the admin token."""
+    """The settings with the model server's API key, admin key and attestation key: the ones
+    set, else the state dir's (made if needed). The worker sends them to the local model
+    server; never the admin token."""
     from pydantic import SecretStr
 
     from services.local.admin_token import (
         AdminTokenError,
+        ensure_local_serve_admin_key,
         ensure_local_serve_api_key,
         ensure_local_serve_attestation_key,
     )
@@ -457,6 +460,9 @@ def with_local_serve_keys(settings: Settings) -> Settings:
     try:
         if settings.serve_api_key is None:
             update["serve_api_key"] = SecretStr(ensure_local_serve_api_key(settings.state_dir))
+        if settings.serve_admin_key is None:
+            key = ensure_local_serve_admin_key(settings.state_dir)
+            update["serve_admin_key"] = SecretStr(key)
         if settings.serve_attestation_key is None:
             key = ensure_local_serve_attestation_key(settings.state_dir)
             update["serve_attestation_key"] = SecretStr(key)

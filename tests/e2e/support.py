@@ -119,6 +119,7 @@ class LiveStack:
             serve_port=free_port(),
             admin_token=SecretStr(token),
             serve_api_key=SecretStr(secrets.token_urlsafe(24)),
+            serve_admin_key=SecretStr(secrets.token_urlsafe(24)),
             executor="local",
         )
         extra_env = {

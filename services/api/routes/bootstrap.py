@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from services.api.deps import AdminDep, StateDep, TemporalDep
+from services.api.deps import AdminDep, StateDep, get_temporal
 from services.api.errors import ApiError
 from services.api.loop_control import signal_loop
 from services.api.routes.loops import loop_or_404
@@ -89,9 +89,7 @@ class BootstrapOut(BaseModel):
         "is not a replay loop of the hf family or the base model is refused."
     ),
 )
-async def bootstrap(
-    loop: str, body: BootstrapIn, state: StateDep, client: TemporalDep
-) -> BootstrapOut:
+async def bootstrap(loop: str, body: BootstrapIn, state: StateDep) -> BootstrapOut:
     with state.session_factory() as session:
         row = loop_or_404(session, loop)
         out, base = await _plan(session, row, body, ArtifactStore(state.settings.artifacts_dir))
@@ -99,6 +97,8 @@ async def bootstrap(
             session.rollback()  # a dry run records nothing (not even the base model's row)
             return out
         session.commit()  # the base model's row, before the workflow can look for it
+    # Temporal is needed only to signal: a dry run and every refusal answer without it.
+    client = await get_temporal(state)
     signal = BootstrapSignal(
         by=body.by, reason=body.reason or "", force=body.force, base_checkpoint_id=base
     )

@@ -54,9 +54,7 @@ def success(n: int, *, external_id: str | None = None) -> dict[str, Any]:
     return trace
 
 
-def replay_loop(
-    session_factory: SessionFactory, name: str = "desk", **policy: Any
-) -> int:
+def replay_loop(session_factory: SessionFactory, name: str = "desk", **policy: Any) -> int:
     return make_loop(
         session_factory, name, environment="replay", curation_policy={**POLICY, **policy}
     )

@@ -72,7 +72,10 @@ def test_a_task_curated_from_a_failure_has_no_demonstration() -> None:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (lambda m: m.insert(4, {"role": "user", "content": "and one more thing"}), "later_user_turn"),
+        (
+            lambda m: m.insert(4, {"role": "user", "content": "and one more thing"}),
+            "later_user_turn",
+        ),
         (lambda m: m.__setitem__(4, call("c2", "renew_loan", {})), "unknown_tool_call"),
         (lambda m: m.pop(5), "unanswered_tool_call"),
         (lambda m: m.pop(), "no_final_answer"),

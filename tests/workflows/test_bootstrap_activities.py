@@ -15,7 +15,15 @@ from temporalio.exceptions import ApplicationError
 from services.artifacts import ArtifactStore, uri_to_path
 from services.checkpoints import install_checkpoint
 from services.curation.snapshot import snapshot
-from services.db.models import Checkpoint, Cycle, Dataset, Loop, Run, Task
+from services.db.models import (
+    Checkpoint,
+    Cycle,
+    Dataset,
+    EvaluationResult,
+    Loop,
+    Run,
+    Task,
+)
 from services.db.queries import cycles as q
 from services.db.session import SessionFactory
 from services.environments import read_task_file
@@ -147,7 +155,11 @@ def _evaluate(
         run_id = f"desk-c1-eval-{checkpoint_id[:8]}-heldout"
         session.add(Run(id=run_id, loop_id=loop.id, kind="eval", executor="local", spec={}))
         session.flush()
-        rows = [{"task_id": t.task_id, "passed": p} for t, p in zip(tasks, passes, strict=False)]
+        # A model's answer may hold a NUL, which jsonb refuses: it is stored as U+FFFD.
+        rows = [
+            {"task_id": t.task_id, "passed": p, "answer": "ok\x00?"}
+            for t, p in zip(tasks, passes, strict=False)
+        ]
         record = q.EvaluationRecord(checkpoint_id, "heldout", dataset.id, run_id, rows, (0, 1))
         q.record_evaluation(session=session, loop=loop, cycle=cycle, record=record)
 
@@ -185,5 +197,8 @@ def test_the_gate_decides_on_the_heldout_set_against_the_base_model(
     statistics = gate.statistics
     assert statistics["heldout"]["n"] == n and statistics["heldout_points"] == 100.0
     assert statistics["decided_on"] == "heldout"
+    with session_factory() as session:
+        answers = set(session.scalars(select(EvaluationResult.details["answer"].as_string())))
+    assert answers == {"ok\ufffd?"}
     strict = GateInput("desk", 1, desk.base_id, "adapter", 0.5, 0.0, 2.0, n + 1)
     assert desk.activities.gate(strict).decision == Decision.REJECT

@@ -67,7 +67,10 @@ def test_a_dry_run_prints_what_it_learns_from(
 
 
 def test_refusals_are_one_line(
-    api_url: str, session_factory: SessionFactory, capsys: pytest.CaptureFixture[str]
+    api_url: str,
+    session_factory: SessionFactory,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, _, err = run(capsys, "loop", "bootstrap", "ghost")
     assert code == 1 and "there is no loop named 'ghost'" in err
@@ -78,3 +81,14 @@ def test_refusals_are_one_line(
     _create(api_url, session_factory, "calc", environment="toolcalc")
     code, _, err = run(capsys, "loop", "bootstrap", "calc", "--base", "x")
     assert code == 1 and "only the replay environment keeps" in err
+
+    build_tiny_llama(tmp_path / "base")
+    _create(api_url, session_factory, "crowned")
+    code, _, err = run(capsys, "loop", "set-champion", "crowned", str(tmp_path / "base"))
+    assert code == 0, err
+    code, _, err = run(capsys, "loop", "bootstrap", "crowned", "--base", str(tmp_path / "base"))
+    assert code == 1 and "already has champion" in err and "--force" in err
+    code, _, err = run(
+        capsys, "loop", "bootstrap", "crowned", "--base", str(tmp_path / "base"), "--force"
+    )
+    assert code == 1 and "no successful train-split traces to learn from" in err

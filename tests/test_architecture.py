@@ -112,6 +112,9 @@ def test_workflow_modules_import_only_temporal_and_shared(module: str) -> None:
         "workflows.options",
         "workflows.search_attributes",
         "workflows.cycle",
+        # LoopWorkflow's trigger check and bootstrap cycle: workflow code beside workflows.cycle
+        "workflows.trigger",
+        "workflows.bootstrap",
         "services.temporal",
         "services.loop.states",  # StrEnums over the standard library's enum only
     )

@@ -56,6 +56,9 @@ from services.environments.base import (
 )
 from services.environments.chat import ChatEpisode
 from services.environments.replay import matching
+from services.environments.replay.demonstrations import (
+    chat_demonstration as replay_demonstration,
+)
 from services.environments.replay.judge import Judge, JudgeError
 from services.environments.replay.records import (
     RecordedCall,
@@ -290,10 +293,14 @@ class ReplayEnvironment:
     def chat_demonstration(
         self, task: TaskSpec, *, recover_from_slip: bool = False
     ) -> list[tuple[list[ChatMessage], str]]:
-        raise NotImplementedError(
-            "replay tasks have no demonstrations (only a reference answer or a judge): "
-            "train them with grpo or rft"
-        )
+        """A successful trace's conversation replayed through this sandbox, one (messages so
+        far, agent text) pair per agent turn: what bootstrap's SFT trains on
+        (:mod:`.demonstrations`). A task curated from a failure has none (ValueError)."""
+        if recover_from_slip:
+            raise ValueError(
+                "replay demonstrations are recorded conversations: recovery_fraction does not apply"
+            )
+        return replay_demonstration(self, task)
 
     # -- the sandbox --------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.environments.base import Rejection, TaskSpec
 from services.environments.replay import ReplayEnvironment
@@ -201,3 +203,60 @@ def test_a_reference_with_no_fact_is_rejected_or_judged(reference: str) -> None:
     # A trace may choose another rule for such a reference, as before.
     text = failing_trace(reference_answer=reference, metadata={"reference_match": "text"})
     assert isinstance(ReplayEnvironment().task_from_trace(text), TaskSpec)
+
+
+_PIECES = (
+    "LX318",
+    "d4",
+    "PT-1002",
+    "ZRH",
+    "14:05",
+    "2:05 pm",
+    "12 am",
+    "2026-12-04",
+    "4 December",
+    "Dec 4th, 2026",
+    "Friday",
+    "€19.90",
+    "19,90 €",
+    "11-minute",
+    "eleven minutes",
+    "3 km",
+    "15%",
+    "1,234",
+    "'Dune'",
+    '"The Left Hand"',
+    "Elm Street",
+    "Anna",
+    "I",
+    "Please",
+    "or",
+    "the",
+    "walk",
+    "gate",
+    ".",
+    ",",
+    ";",
+    ":",
+    "!",
+    "?",
+    "\n",
+    "(",
+    ")",
+    "-",
+    "é",
+    "٣",
+    "\u2019",
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30), st.sampled_from((" ", "", "  ")))
+def test_every_reference_passes_its_own_check(pieces: list[str], glue: str) -> None:
+    reference = glue.join(pieces)
+    facts = extract_facts(reference)
+    if facts:
+        found = score_facts(reference, facts)
+        assert found.passed, (reference, found)
+    for fact in facts:  # what is stored reads back
+        assert Fact.from_dict(fact.to_dict(), where="f") == fact

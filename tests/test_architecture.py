@@ -37,6 +37,7 @@ JOB_MODULES = [
 JOB_ALLOWED = {
     "torch",
     "safetensors",
+    "re2",  # replay's regex references run on RE2 (linear time), in the job like the rest
     "services.chat",
     "services.training",
     "services.environments",

@@ -23,6 +23,7 @@ from services.dashboard.queries import (
     LiveSeries,
     LoopEvent,
     failure_clusters,
+    judge_agreement,
     live_success_series,
     loop_events,
     recent_runs,
@@ -41,6 +42,7 @@ from services.db.queries.points import CyclePoints, intelligence_per_dollar
 from services.db.queries.serving_ledger import ChampionFigures, loop_champion_figures
 from services.db.queries.spend import loop_spend
 from services.db.queries.traces import curation_counts
+from services.environments.replay.scoring import AGREEMENT_MAX_EPISODES, AGREEMENT_SHARE
 from services.loop.estimate import run_phase_costs
 from services.loop.states import LoopLifecycle
 
@@ -331,6 +333,9 @@ def loop_context(
         "cycles": cycles,
         "cycle_links": {c.number: cycle_links(links, loop.name, c) for c in cycles},
         "evaluation_chart": evaluation_chart(cycles),
+        "judge_agreement": judge_agreement(session=session, loop_id=loop.id),
+        "agreement_share": AGREEMENT_SHARE,
+        "agreement_max": AGREEMENT_MAX_EPISODES,
         "live": live,
         "live_passed": recent.successes,
         "live_n": recent.n,

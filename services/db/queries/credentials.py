@@ -139,14 +139,14 @@ def active_token_digests(*, session: Session, now: dt.datetime) -> Sequence[str]
 
 
 def loop_for_token(
-    *, session: Session, token_sha256: str, now: dt.datetime
+    *, session: Session, token_sha256: str, now: dt.datetime, kind: str = INGEST_TOKEN
 ) -> tuple[Loop, Credential] | None:
-    """The loop an active ingest token belongs to."""
+    """The loop an active ingest token (or gateway key, by ``kind``) belongs to."""
     row = session.execute(
         select(Loop, Credential)
         .join(Credential, Credential.loop_id == Loop.id)
         .where(
-            Credential.kind == INGEST_TOKEN,
+            Credential.kind == kind,
             Credential.token_sha256 == token_sha256,
             _active(now),
         )

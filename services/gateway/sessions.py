@@ -132,12 +132,14 @@ def text_transcript(calls: Sequence[StoredCall]) -> tuple[list[dict[str, Any]], 
 
 
 def _tools(calls: Sequence[StoredCall]) -> list[dict[str, Any]]:
+    """The last call's tools in its order, then those only earlier calls offered."""
     tools: dict[str, dict[str, Any]] = {}
     for call in reversed(calls):
         for tool in call.body.get("tools") or ():
-            if isinstance(tool, Mapping) and tool.get("name") and tool["name"] not in tools:
-                tools[str(tool["name"])[:MAX_ID]] = {**tool, "name": str(tool["name"])[:MAX_ID]}
-    return list(reversed(list(tools.values())))
+            name = str(tool.get("name") or "")[:MAX_ID] if isinstance(tool, Mapping) else ""
+            if name and name not in tools:
+                tools[name] = {**tool, "name": name}
+    return list(tools.values())
 
 
 def build_trace(

@@ -169,10 +169,11 @@ def session_for_ref(*, session: Session, loop_id: int, ref: str) -> GatewaySessi
     ).first()
     if by_key is not None:
         return by_key
+    call_id = ref.removeprefix("resp_")  # the gateway's Responses ids are resp_<call id>
     session_id = session.scalars(
         select(GatewayCall.session_id).where(
             GatewayCall.loop_id == loop_id,
-            or_(GatewayCall.call_id == ref, GatewayCall.response_id == ref),
+            or_(GatewayCall.call_id == call_id, GatewayCall.response_id == ref),
             GatewayCall.session_id.is_not(None),
         )
     ).first()

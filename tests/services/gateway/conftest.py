@@ -116,6 +116,17 @@ class Stack:
         assert_eventually(stored, timeout=30, interval=0.05)
         return self.calls()
 
+    def wait_placed(self, count: int) -> list[GatewaySession]:
+        """Wait until ``count`` calls are stored and placed into sessions (the assembler runs
+        every second in the gateway)."""
+
+        def placed() -> None:
+            calls = self.calls()
+            assert len(calls) >= count and all(c.session_id is not None for c in calls)
+
+        assert_eventually(placed, timeout=30, interval=0.1)
+        return self.sessions()
+
 
 def gateway_settings(
     database_url: str, tmp_path: Path, serve_port: int, **overrides: Any

@@ -3,6 +3,7 @@ process, and Postgres down for 30 s costs agents nothing and the spool nothing."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -182,10 +183,8 @@ class PostgresProxy:
             listener.close()
         with self._lock:
             for connection in self._connections:
-                try:
+                with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 connection.close()
             self._connections.clear()
 
@@ -211,10 +210,8 @@ class PostgresProxy:
             pass
         finally:
             for end in (source, target):
-                try:
+                with contextlib.suppress(OSError):
                     end.close()
-                except OSError:
-                    pass
 
 
 def _proxied(database_url: str, proxy: PostgresProxy) -> str:

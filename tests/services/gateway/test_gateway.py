@@ -190,9 +190,7 @@ def test_an_outcome_joins_its_session_before_and_after_close(stack: Stack) -> No
     from services.db.models import TraceFeedback
 
     with stack.session_factory() as session:
-        feedback = {
-            f.trace_id: f for f in session.scalars(select(TraceFeedback)).all()
-        }
+        feedback = {f.trace_id: f for f in session.scalars(select(TraceFeedback)).all()}
     assert feedback[before.id].correction == "12" and feedback[before.id].score == 1.0
     after = traces["after"]
     assert feedback[after.id].label == "wrong" and feedback[after.id].score == 0.0

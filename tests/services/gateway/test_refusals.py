@@ -4,12 +4,12 @@ and Responses state it does not keep (400)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
-
-from collections.abc import Iterator
-from pathlib import Path
 
 from services.modelserver.registry import ModelRegistry
 from tests.services.api.support import ADMIN
@@ -27,6 +27,7 @@ def model_server(tmp_path: Path) -> Iterator[ServerThread]:
     registry.load(MODEL, path_of(write_checkpoint(tmp_path / "tiny", 0)))
     with ServerThread(registry) as server:
         yield server
+
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -110,8 +111,6 @@ def test_the_model_servers_own_refusal_comes_back_with_its_status(stack: Stack) 
 
 def test_responses_state_is_refused_with_a_clear_error(stack: Stack) -> None:
     with pytest.raises(openai.BadRequestError) as raised:
-        stack.openai().responses.create(
-            model="m", input="hello", previous_response_id="resp_123"
-        )
+        stack.openai().responses.create(model="m", input="hello", previous_response_id="resp_123")
     assert raised.value.body["param"] == "previous_response_id"  # type: ignore[index]
     assert "stateless" in raised.value.message

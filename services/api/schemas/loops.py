@@ -96,7 +96,7 @@ class LoopCreate(BaseModel):
 class CredentialPublic(BaseModel):
     """An active credential, without its value."""
 
-    kind: Literal["signing_secret", "ingest_token"]
+    kind: Literal["signing_secret", "ingest_token", "gateway_key"]
     created_at: dt.datetime
     expires_at: dt.datetime | None
 

@@ -41,6 +41,7 @@ from services.db.queries.points import CyclePoints, intelligence_per_dollar
 from services.db.queries.serving_ledger import ChampionFigures, loop_champion_figures
 from services.db.queries.spend import loop_spend
 from services.db.queries.traces import curation_counts
+from services.gateway.queries import recent_sessions, session_counts
 from services.loop.estimate import run_phase_costs
 from services.loop.states import LoopLifecycle
 
@@ -340,6 +341,8 @@ def loop_context(
         "events": events,
         "clusters": failure_clusters(session=session, loop_id=loop.id),
         "curation": curation_counts(session=session, loop_id=loop.id),
+        "sessions": recent_sessions(session=session, loop_id=loop.id),
+        "session_counts": session_counts(session=session, loop_id=loop.id),
         "lineage": serving_lineage(session=session, loop_id=loop.id),
         "cost_chart": cost_chart(cycles),
         "ppd": ppd,

@@ -196,6 +196,12 @@ def test_an_outcome_joins_its_session_before_and_after_close(stack: Stack) -> No
     assert feedback[after.id].label == "wrong" and feedback[after.id].score == 0.0
     assert after.curated_at is None  # back to curation
 
+    # The loop page shows the sessions and their outcomes.
+    page = httpx.get(f"{stack.api}/loops/gw-agent", timeout=30).text
+    assert "0 open, 2 closed, 2 outcomes" in page
+    assert 'data-session="before" data-status="closed"' in page
+    assert "failure" in page and "wrong" in page
+
 
 def test_a_replayed_outcome_is_refused(stack: Stack) -> None:
     msg_id = f"msg_{uuid.uuid4().hex}"

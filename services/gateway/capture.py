@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from services.gateway.conversation import conversation_digests, text_digest
@@ -65,7 +65,10 @@ class CapturedCall:
     usage: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":")).encode()
+        # Not dataclasses.asdict: it deep-copies every message and tool first, on the path
+        # of the answer.
+        fields = {name: getattr(self, name) for name in _FIELDS}
+        return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> CapturedCall:
@@ -96,3 +99,6 @@ class CapturedCall:
         if self.usage is not None:
             body["usage"] = self.usage
         return body
+
+
+_FIELDS = tuple(f.name for f in fields(CapturedCall))

@@ -69,6 +69,7 @@ def call_row(call: CapturedCall) -> tuple[Any, ...]:
 class _Decoded:
     rows: list[tuple[Any, ...]]
     loops: list[str]
+    refused: int = 0
 
 
 class SpoolWriter:
@@ -164,6 +165,23 @@ class SpoolWriter:
                 await cursor.executemany(INSERT_CALL_SQL, decoded.rows)
         except _ROW_ERRORS:
             await self._insert_one_by_one(connection, decoded)
+        await self._confirm(connection, decoded)
+
+    async def _confirm(self, connection: psycopg.AsyncConnection[Any], decoded: _Decoded) -> None:
+        """Ask Postgres, after the commit, that it holds every call of the batch (refused
+        rows aside) before the cursor moves: a commit whose answer was lost with the
+        connection, or anything else that loses a row quietly, becomes a retry, never a
+        loss."""
+        ids = [row[1] for row in decoded.rows]
+        cursor = await connection.execute(
+            "SELECT count(*) FROM gateway_calls WHERE call_id = ANY(%s)", (ids,)
+        )
+        found = await cursor.fetchone()
+        held = int(found[0]) if found is not None else 0
+        if held < len(ids) - decoded.refused:
+            raise psycopg.OperationalError(
+                f"Postgres holds {held} of the batch's {len(ids)} calls after the commit"
+            )
 
     async def _insert_one_by_one(
         self, connection: psycopg.AsyncConnection[Any], decoded: _Decoded
@@ -175,6 +193,7 @@ class SpoolWriter:
             except _ROW_ERRORS as exc:
                 log.error("gateway writer: Postgres refused call %s (%s); skipped", row[1], exc)
                 GATEWAY_DROPPED.labels(loop, "refused").inc()
+                decoded.refused += 1
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         if self._connection is None or self._connection.closed or self._connection.broken:

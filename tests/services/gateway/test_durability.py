@@ -178,8 +178,11 @@ class PostgresProxy:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def cut(self) -> None:
-        listener, self._listener = self._listener, None
+        with self._lock:
+            listener, self._listener = self._listener, None
         if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
             listener.close()
         with self._lock:
             for connection in self._connections:
@@ -196,7 +199,11 @@ class PostgresProxy:
                 return
             upstream = socket.socket(socket.AF_UNIX)
             upstream.connect(self.socket_path)
-            with self._lock:
+            with self._lock:  # cut() holds it while it closes what is open
+                if self._listener is not listener:  # cut meanwhile: Postgres is down
+                    client.close()
+                    upstream.close()
+                    return
                 self._connections += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()

@@ -277,6 +277,37 @@ class Settings(BaseSettings):
     # (workflows/ledger.py); 0 turns the schedule off (deploys and cycle closes still sample).
     serving_ledger_sample_s: int = Field(default=300, ge=0, le=86_400)
 
+    # Capture gateway (`ratchet gateway`, services.gateway): the OpenAI-compatible proxy an
+    # agent's base_url points at; its calls become traces.
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8200, ge=1, le=65535)
+    # The gateway's URL as agents reach it (shown by `loop create` and the docs' snippets).
+    gateway_public_url: str | None = None
+    # The local spool captured calls wait in until they are in Postgres; unset:
+    # <state_dir>/gateway-spool. One directory per replica (the chart gives each pod its own).
+    gateway_spool_dir: Path | None = None
+    # Past this many bytes waiting, calls are still answered but no longer captured
+    # (counted in ratchet_gateway_dropped_total).
+    gateway_spool_max_bytes: int = Field(default=512 * 1024 * 1024, ge=64 * 1024)
+    # The group commit's window: the spool is fsync'd at most this long after a call was
+    # written (what a power cut can lose; a killed process loses nothing).
+    gateway_spool_fsync_ms: float = Field(default=20.0, ge=1, le=10_000)
+    # Request bodies past this size are refused (413) before they are read.
+    gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # A session with no call for this long closes and becomes a trace.
+    gateway_session_idle_s: float = Field(default=300.0, gt=0, le=7 * 86_400)
+    # How long the gateway waits on an upstream for an answer (or the next streamed event).
+    gateway_upstream_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    # How often each replica re-reads the loops' gateway keys and routes (a new key is read
+    # at once; a revoked one stops working within this).
+    gateway_key_refresh_s: float = Field(default=5.0, gt=0, le=3_600)
+    # OpenAI-compatible upstreams a loop may name (serving_target.upstream), each with the
+    # key Ratchet holds for it (agents never see it), e.g. '{"openai": {"url":
+    # "https://api.openai.com/v1", "api_key": "..."}}'.
+    gateway_upstreams: dict[str, Endpoint] = Field(default_factory=dict)
+    # /metrics on a port of its own (the chart sets one); unset serves it on the gateway port.
+    gateway_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -292,7 +323,9 @@ class Settings(BaseSettings):
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
         return tuple(sources)
 
-    @field_validator("state_dir", "artifact_root", "kubernetes_job_template", mode="after")
+    @field_validator(
+        "state_dir", "artifact_root", "kubernetes_job_template", "gateway_spool_dir", mode="after"
+    )
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -351,6 +384,17 @@ class Settings(BaseSettings):
         return (
             self.artifact_root if self.artifact_root is not None else self.state_dir / "artifacts"
         )
+
+    @property
+    def effective_gateway_spool_dir(self) -> Path:
+        return self.gateway_spool_dir or self.state_dir / "gateway-spool"
+
+    @property
+    def gateway_base_url(self) -> str:
+        """Where agents point ``base_url`` (without the ``/v1``)."""
+        return (
+            self.gateway_public_url or f"http://{self.gateway_host}:{self.gateway_port}"
+        ).rstrip("/")
 
     @property
     def embedded_postgres_dir(self) -> Path:

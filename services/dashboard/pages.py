@@ -43,6 +43,7 @@ from services.db.queries.serving_ledger import ChampionFigures, loop_champion_fi
 from services.db.queries.spend import loop_spend
 from services.db.queries.traces import curation_counts
 from services.environments.replay.scoring import AGREEMENT_MAX_EPISODES, AGREEMENT_SHARE
+from services.gateway.queries import recent_sessions, session_counts
 from services.loop.estimate import run_phase_costs
 from services.loop.states import LoopLifecycle
 
@@ -345,6 +346,8 @@ def loop_context(
         "events": events,
         "clusters": failure_clusters(session=session, loop_id=loop.id),
         "curation": curation_counts(session=session, loop_id=loop.id),
+        "sessions": recent_sessions(session=session, loop_id=loop.id),
+        "session_counts": session_counts(session=session, loop_id=loop.id),
         "lineage": serving_lineage(session=session, loop_id=loop.id),
         "cost_chart": cost_chart(cycles),
         "ppd": ppd,

@@ -401,6 +401,15 @@ class ServingTarget(_Policy):
     model: Text | None = Field(
         default=None, description="the served name the loop's agents call (the alias)"
     )
+    upstream: EndpointName | None = Field(
+        default=None,
+        description="the capture gateway: an OpenAI-compatible upstream the deployment lists "
+        "(RATCHET_GATEWAY_UPSTREAMS, with the key Ratchet holds for it) that the gateway "
+        "forwards to while the loop has no champion (then serving moves to the champion)",
+    )
+    upstream_model: Text | None = Field(
+        default=None, description="the model the gateway asks `upstream` for"
+    )
     verify_timeout_s: float = Field(default=60, gt=0, le=3600)
     value_per_success_usd: float | None = Field(
         default=None,
@@ -492,6 +501,12 @@ class ServingTarget(_Policy):
             )
         if kind.needs_model and not self.model:
             return "model", f"an {self.kind} serving target needs `model` (the loop's served name)"
+        if (self.upstream is None) != (self.upstream_model is None):
+            missing = "upstream_model" if self.upstream is not None else "upstream"
+            return (
+                missing,
+                "`upstream` and `upstream_model` are set together (the gateway's upstream)",
+            )
         return None
 
 

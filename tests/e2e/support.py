@@ -114,6 +114,7 @@ class LiveStack:
             temporal_address=None,
             api_port=free_port(),
             worker_port=free_port(),
+            gateway_port=free_port(),
             temporal_port=free_port(),
             temporal_ui_port=free_port(),
             serve_port=free_port(),

@@ -65,6 +65,7 @@ def test_every_pod_runs_as_non_root_with_a_locked_down_container(rendered: Rende
     assert {owner["metadata"]["labels"]["app.kubernetes.io/component"] for owner, _ in pods} == {
         "api",
         "worker",
+        "gateway",
         "migrate",
     }
     for owner, pod in pods:

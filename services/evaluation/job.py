@@ -10,7 +10,9 @@ Spec (``ratchet.job/v1``, kind ``eval``)::
 ``RATCHET_OUTPUT_DIR`` override the spec's paths. Writes ``<output_dir>/results.jsonl``
 (one line per task: task_id, passed, reward, components, turns, …) and
 ``<output_dir>/metrics.json`` (n, passed, pass_rate, ci_low, ci_high, tokens_per_s, …, and
-``judge``: each LLM judge's calls, cache hits, tokens and cost, when replay tasks used one),
+``judge``: each LLM judge's calls, cache hits, tokens and cost, when replay tasks used one;
+and, for replay tasks, ``unanswerable_calls`` per task and ``tool_answers``, the listing of
+``<output_dir>/tool_answers.jsonl``: services.environments.replay.sandbox),
 and the probe set proof of delivery checks every deploy against: ``<output_dir>/probes.json``
 (``services.evaluation.probe_capture``: the greedy answers, token ids and log-probs, to the first
 ``hyperparameters.probes`` tasks, 4 by default, 0 for none), listed in ``metrics.json`` as
@@ -45,6 +47,7 @@ from services.training.jobspec import (
     EXIT_FAILED,
     JobError,
     JobSpec,
+    environment_outputs,
     read_job_dataset,
     run_job_main,
     write_json,
@@ -131,6 +134,8 @@ def _run(spec: JobSpec) -> int:
     if callable(judge_usage) and (usage := judge_usage()):
         # Calls, cache hits, tokens and cost of each LLM judge the tasks named.
         metrics["judge"] = usage
+    # Replay: the live tool answers got (tool_answers.jsonl) and unanswerable calls per task.
+    metrics.update(environment_outputs(env, spec.output_dir))
     if probes:
         metrics.update(_probes(policy, env, tasks, probes, spec))
     if keeper is not None:

@@ -48,6 +48,7 @@ from services.checkpoints import (
     resolve_parent,
 )
 from services.curation import demonstrations
+from services.curation.tool_outcomes import record_job_tool_outcomes
 from services.db.models import Run
 from services.db.queries import runs as q
 from services.db.queries.errors import NotFound
@@ -394,6 +395,13 @@ class JobActivities:
                     output_dir=output_dir,
                     metrics=metrics,
                     per_task=self._settings.demonstrations_per_task,
+                )
+                record_job_tool_outcomes(
+                    session,
+                    run=run,
+                    output_dir=output_dir,
+                    metrics=metrics,
+                    tool_endpoints=self._settings.tool_endpoints,
                 )
             result = _result_of(run)
         observe_finished_job(

@@ -19,7 +19,7 @@ from services.artifacts import uri_to_path
 from services.db.models import Dataset
 from services.db.queries.runs import get_checkpoint
 from services.environments.replay.endpoints import job_env as replay_job_env
-from services.environments.replay.tool_endpoints import ToolEndpointConfig
+from services.environments.replay.tool_config import ToolEndpointConfig
 from services.executors.base import JobRequestError
 from services.settings import Endpoint, Settings, ToolEndpoint
 

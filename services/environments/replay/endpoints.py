@@ -24,11 +24,8 @@ from typing import Any
 
 from services.environments.replay.env import ReplayEnvironment
 from services.environments.replay.judge import Judge, JudgeEndpoint
-from services.environments.replay.tool_endpoints import (
-    LiveToolEndpoint,
-    ToolEndpointConfig,
-    ToolEndpointError,
-)
+from services.environments.replay.tool_config import ToolEndpointConfig, ToolEndpointError
+from services.environments.replay.tool_endpoints import LiveToolEndpoint
 
 ENV_JUDGES = "RATCHET_JUDGE_ENDPOINTS"
 ENV_TOOLS = "RATCHET_TOOL_ENDPOINTS"

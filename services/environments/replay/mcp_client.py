@@ -32,7 +32,7 @@ from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
-from services.environments.replay.tool_endpoints import (
+from services.environments.replay.tool_config import (
     ListedTool,
     ToolCallError,
     ToolEndpointConfig,

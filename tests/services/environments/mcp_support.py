@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from services.environments.replay.tool_endpoints import ToolEndpointConfig
+from services.environments.replay.tool_config import ToolEndpointConfig
 
 SERVER = Path(__file__).with_name("mcp_tools_server.py")
 ENDPOINT = "desk"
@@ -44,7 +44,9 @@ TOOLS = [
 STATUS = "LX318 departs 14:05 from gate D4"
 
 
-def airport_trace(external_id: str = "gate-1", *, endpoint: str | None = ENDPOINT) -> dict[str, Any]:
+def airport_trace(
+    external_id: str = "gate-1", *, endpoint: str | None = ENDPOINT
+) -> dict[str, Any]:
     """The agent looked up the flight, never asked how far the gate is, and guessed."""
     trace: dict[str, Any] = {
         "schema": "ratchet.trace/v1",
@@ -57,7 +59,9 @@ def airport_trace(external_id: str = "gate-1", *, endpoint: str | None = ENDPOIN
             {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [{"id": "c1", "name": "flight_status", "arguments": {"flight": "LX318"}}],
+                "tool_calls": [
+                    {"id": "c1", "name": "flight_status", "arguments": {"flight": "LX318"}}
+                ],
             },
             {"role": "tool", "tool_call_id": "c1", "name": "flight_status", "content": STATUS},
             {"role": "assistant", "content": "LX318 leaves 14:05 from D4, a short walk."},

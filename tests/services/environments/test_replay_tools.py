@@ -29,12 +29,8 @@ from services.environments.replay.records import (
     write_store_file,
 )
 from services.environments.replay.sandbox import TOOL_ANSWERS_FILE
-from services.environments.replay.tool_endpoints import (
-    LiveToolEndpoint,
-    Pacer,
-    ToolEndpointConfig,
-    no_record,
-)
+from services.environments.replay.tool_config import ToolEndpointConfig
+from services.environments.replay.tool_endpoints import LiveToolEndpoint, Pacer, no_record
 from tests.services.environments.mcp_support import (
     ENDPOINT,
     airport_trace,
@@ -356,8 +352,7 @@ def test_the_http_endpoint_keeps_the_same_terms(tool_servers: tuple[str, str]) -
     assert _Tools.seen == [("/call", "Bearer orders-key")]  # cancel_order never sent
     big = http_endpoint(f"{first}/big", max_result_bytes=4096).answer("order_status", {})
     assert big.text == (
-        "error: tool order_status answered more than this endpoint's cap of 4096 bytes; "
-        "no result"
+        "error: tool order_status answered more than this endpoint's cap of 4096 bytes; no result"
     )
     assert not big.answered
 
@@ -365,7 +360,7 @@ def test_the_http_endpoint_keeps_the_same_terms(tool_servers: tuple[str, str]) -
 def test_the_http_client_never_carries_the_key_to_another_host(
     tool_servers: tuple[str, str],
 ) -> None:
-    first, second = tool_servers
+    first, _ = tool_servers
     answer = http_endpoint(f"{first}/moved").answer("order_status", {"id": 1})
     assert answer.text == "landed"
     assert _Tools.seen == [("/moved", "Bearer orders-key"), ("/landed", None)]
@@ -397,6 +392,8 @@ def test_a_rate_limited_call_is_refused_not_queued_forever(tool_servers: tuple[s
     live = http_endpoint(f"{first}/call", requests_per_minute=1, timeout_s=0.5)
     assert live.answer("order_status", {"id": 1}).answered
     refused = live.answer("order_status", {"id": 2})
-    assert refused.text == "error: tool order_status is rate-limited (1 calls per minute); no result"
+    assert (
+        refused.text == "error: tool order_status is rate-limited (1 calls per minute); no result"
+    )
     assert not refused.answered and live.usage.failed == 1
     assert [path for path, _ in _Tools.seen] == ["/call"]

@@ -352,14 +352,19 @@ def list_tasks(
     session: Session,
     loop_id: int,
     split: str | None = None,
+    set_aside: bool | None = None,
     limit: int = 50,
     before_id: int | None = None,
 ) -> list[Task]:
-    """A loop's tasks, newest first; ``before_id`` (the last id of the previous page) pages
-    on by keyset, which stays correct while curation adds tasks."""
+    """A loop's tasks, newest first (only those of ``split``, only those set aside or not);
+    ``before_id`` (the last id of the previous page) pages on by keyset, which stays correct
+    while curation adds tasks."""
     query = select(Task).where(Task.loop_id == loop_id)
     if split is not None:
         query = query.where(Task.split == split)
+    if set_aside is not None:
+        column = Task.set_aside_reason
+        query = query.where(column.is_not(None) if set_aside else column.is_(None))
     if before_id is not None:
         query = query.where(Task.id < before_id)
     return list(session.scalars(query.order_by(Task.id.desc()).limit(limit)))

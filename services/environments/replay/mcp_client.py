@@ -27,6 +27,7 @@ import asyncio
 import atexit
 import contextlib
 import json
+import sys
 import threading
 from collections.abc import Coroutine
 from contextlib import AsyncExitStack
@@ -172,6 +173,7 @@ class McpTransport:
 
     async def _client_context(self, stack: AsyncExitStack) -> Any:
         from mcp import Client, StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
         config = self.config
         if config.command is not None:
@@ -180,7 +182,12 @@ class McpTransport:
                 args=list(config.command[1:]),
                 encoding_error_handler="replace",
             )
-            return Client(server, read_timeout_seconds=config.timeout_s)
+            # The server's stderr joins the process's own (the job's log); the real stream,
+            # since a replaced sys.stderr (a test's capture) may have no file to hand on.
+            errlog = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
+            return Client(
+                stdio_client(server, errlog=errlog), read_timeout_seconds=config.timeout_s
+            )
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 

@@ -21,6 +21,7 @@ import pytest
 
 from services.environments.base import TaskSpec
 from services.environments.replay import ReplayEnvironment
+from services.environments.replay.endpoints import EndpointConfigError, from_job_env
 from services.environments.replay.mcp_client import McpTransport
 from services.environments.replay.records import (
     RecordedCall,
@@ -397,3 +398,27 @@ def test_a_rate_limited_call_is_refused_not_queued_forever(tool_servers: tuple[s
     )
     assert not refused.answered and live.usage.failed == 1
     assert [path for path, _ in _Tools.seen] == ["/call"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ({"url": "http://t"}, "tools must list the tool names"),
+        ({"url": "http://t", "tools": "gate"}, "tools must list the tool names"),
+        ({"kind": "mcp", "tools": ["a"]}, "an mcp endpoint a url or a command"),
+        ({"kind": "mcp", "command": [], "tools": ["a"]}, "command must be a non-empty argv"),
+        ({"kind": "smtp", "url": "http://t", "tools": ["a"]}, "kind must be one of"),
+        ({"url": "file:///etc/passwd", "tools": ["a"]}, "url must be an http"),
+        ({"url": "http://t", "tools": ["a"], "timeout_s": "soon"}, "timeout_s must be a number"),
+        ({"url": "http://t", "tools": ["a"], "requests_per_minute": -1}, "requests_per_minute"),
+        ({"url": "http://t", "tools": ["a"], "max_result_bytes": True}, "max_result_bytes"),
+        ({"url": "http://t", "tools": ["a"], "api_key": 7}, "api_key must be a string"),
+        ({"url": "http://t", "tools": ["a"], "headers": {}}, "unknown field(s) ['headers']"),
+    ],
+)
+def test_a_job_refuses_a_tool_endpoint_variable_naming_the_field(
+    endpoint: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(EndpointConfigError) as refused:
+        from_job_env({"RATCHET_TOOL_ENDPOINTS": json.dumps({"orders": endpoint})})
+    assert "tool endpoint 'orders'" in str(refused.value) and message in str(refused.value)

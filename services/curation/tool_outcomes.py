@@ -14,8 +14,9 @@ only as far as its ``metrics.json`` vouches for it, as episodes are
   (``tool_responses``, a key already there keeps its first result), so the next snapshot
   ships them and its rollouts replay them instead of calling the endpoint again.
 - **unanswerable calls**: each task of the run (the run's dataset, else the loop) that
-  ``unanswerable_calls`` says hit a call nobody could answer in every one of its episodes is
-  set aside with the reason ``unanswerable_calls`` (services.db.queries.task_set_aside): the
+  ``unanswerable_calls`` says hit a call nobody could answer in every one of its episodes
+  (at least :data:`MIN_EPISODES_TO_SET_ASIDE`) is set aside with the reason
+  ``unanswerable_calls`` (services.db.queries.task_set_aside): the
   snapshot leaves it out of the train split, and ``ratchet tasks`` shows why.
 """
 
@@ -49,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 MAX_ANSWERS_BYTES = 32 << 20  # bounds what the worker reads from one job
 MAX_REPORTED_TASKS = 100_000
+# A task is set aside on at least this many episodes of one run, all of which hit an
+# unanswerable call: one sample's unlucky call says little about the task.
+MIN_EPISODES_TO_SET_ASIDE = 2
 
 
 class ToolOutcomeError(ValueError):
@@ -233,7 +237,7 @@ def _hopeless_tasks(report: Any) -> dict[str, tuple[int, int]]:
         unanswered = _count(counts, "episodes_unanswered", where)
         if unanswered > episodes or (unanswered and not calls):
             raise ToolOutcomeError(f"{where}: counts that cannot all hold")
-        if episodes and unanswered == episodes:
+        if episodes >= MIN_EPISODES_TO_SET_ASIDE and unanswered == episodes:
             hopeless[task_id] = (episodes, calls)
     return hopeless
 

@@ -173,7 +173,7 @@ def test_a_task_whose_every_episode_hit_an_unanswerable_call_is_set_aside(
     report = {
         hopeless: {"calls": 3, "episodes": 2, "episodes_unanswered": 2},
         partial: {"calls": 1, "episodes": 2, "episodes_unanswered": 1},
-        "f" * 64: {"calls": 1, "episodes": 1, "episodes_unanswered": 1},  # not the run's
+        "f" * 64: {"calls": 2, "episodes": 2, "episodes_unanswered": 2},  # not the run's
     }
     outcomes, error = seeded.record(tmp_path, {"unanswerable_calls": report})
     assert error is None and outcomes.set_aside == (seeded.task_rows[0],)
@@ -198,6 +198,12 @@ def test_a_task_whose_every_episode_hit_an_unanswerable_call_is_set_aside(
         assert restored == [seeded.task_rows[0]]
         train = task_queries.split_members(session=session, loop_id=seeded.loop_id, split="train")
         assert len(train) == 2
+
+
+def test_one_episode_is_too_few_to_set_a_task_aside(seeded: Seeded, tmp_path: Path) -> None:
+    report = {seeded.job_ids[0]: {"calls": 1, "episodes": 1, "episodes_unanswered": 1}}
+    outcomes, error = seeded.record(tmp_path, {"unanswerable_calls": report})
+    assert outcomes.set_aside == () and error is None
 
 
 @pytest.mark.parametrize(

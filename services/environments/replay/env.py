@@ -68,7 +68,7 @@ from services.environments.replay.records import (
     schema_hash,
 )
 from services.environments.replay.rewards import choose_reward, json_object
-from services.environments.replay.sandbox import SandboxLedger
+from services.environments.replay.sandbox import SandboxLedger, arguments_object, usage_error
 from services.environments.replay.tool_endpoints import LiveToolEndpoint, ToolAnswer, no_record
 
 ENVIRONMENT_NAME = "replay"
@@ -312,7 +312,7 @@ class ReplayEnvironment:
         for table in (self._own_records(task), self._store(task)):
             if key in table:
                 return ToolAnswer(table[key], answered=True)
-        usage = _usage_error(tool, arguments)
+        usage = usage_error(tool, arguments)
         if usage is not None:
             return ToolAnswer(usage, answered=True)
         live = self._ledger.live(key)
@@ -321,7 +321,7 @@ class ReplayEnvironment:
         endpoint = self._live_endpoint(task)
         if endpoint is None:
             return ToolAnswer(no_record(name), answered=False)
-        answer = endpoint.answer(name, _arguments_object(arguments))
+        answer = endpoint.answer(name, arguments_object(arguments))
         if answer.recordable:
             self._ledger.remember(RecordedCall(*key, answer.text))
         return answer
@@ -493,38 +493,6 @@ def _prefix_message(message: Mapping[str, Any]) -> dict[str, Any]:
     if message.get("name") is not None:
         out["name"] = message.get("name")
     return out
-
-
-def _usage_error(tool: Mapping[str, Any], arguments: Mapping[str, Any] | str) -> str | None:
-    """The error the real tool gives a call its schema refuses, or None."""
-    name = tool.get("name")
-    parameters = tool.get("parameters") or {}
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            return f"error: arguments of {name} are not valid JSON"
-        if not isinstance(arguments, dict):
-            return f"error: arguments of {name} must be a JSON object"
-    required = parameters.get("required") or []
-    missing = sorted(str(r) for r in required if r not in arguments)
-    if missing:
-        return f"error: {name} is missing required argument(s) {', '.join(missing)}"
-    properties = parameters.get("properties")
-    if parameters.get("additionalProperties") is False and isinstance(properties, Mapping):
-        unknown = sorted(str(k) for k in arguments if k not in properties)
-        if unknown:
-            return f"error: {name} takes no argument(s) {', '.join(unknown)}"
-    return None
-
-
-def _arguments_object(arguments: Mapping[str, Any] | str) -> dict[str, Any]:
-    """A call's arguments as the object a live tool takes (the usage check already refused
-    text that is not a JSON object)."""
-    if isinstance(arguments, str):
-        decoded = json.loads(arguments) if arguments.strip() else {}
-        return dict(decoded) if isinstance(decoded, dict) else {}
-    return dict(arguments)
 
 
 def _chat_text(message: ChatMessage) -> str:

@@ -29,6 +29,7 @@ import contextlib
 import json
 import sys
 import threading
+import time
 from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
@@ -45,6 +46,7 @@ _LIST_PAGES = 20
 # Opening a session may start a server (an interpreter and its imports, for stdio): it gets
 # at least this long, whatever the calls' own timeout.
 CONNECT_TIMEOUT_S = 30.0
+RETRY_AFTER_S = 30.0  # after a failed connect
 
 
 class McpTransport:
@@ -68,6 +70,8 @@ class McpTransport:
         self._stop: asyncio.Event | None = None
         self._holder: asyncio.Future[None] | None = None
         self._closed = False
+        self._down_until = 0.0
+        self._down_reason = ""
         atexit.register(self.close)
 
     @property
@@ -135,17 +139,24 @@ class McpTransport:
     # -- the session ------------------------------------------------------------------
 
     def _session(self, timeout_s: float) -> Any:
+        """The open session; opened now if there is none. A server that could not be
+        reached is not tried again for :data:`RETRY_AFTER_S`: the calls meanwhile fail at
+        once with the same reason, rather than each waiting out a connect."""
         with self._lock:
             if self._closed:
                 raise ToolCallError("the endpoint is closed")
             if self._client is not None:
                 return self._client
+            if time.monotonic() < self._down_until:
+                raise ToolCallError(self._down_reason)
             ready = asyncio.run_coroutine_threadsafe(self._open(), self._loop)
             try:
                 self._client = ready.result(timeout=self._connect_timeout_s + 1.0)
             except Exception as exc:
                 ready.cancel()
-                raise ToolCallError(f"cannot connect: {_describe(exc)}") from None
+                self._down_reason = f"cannot connect: {_describe(exc)}"
+                self._down_until = time.monotonic() + RETRY_AFTER_S
+                raise ToolCallError(self._down_reason) from None
             return self._client
 
     async def _open(self) -> Any:

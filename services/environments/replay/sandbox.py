@@ -16,6 +16,10 @@ after the job, :mod:`services.curation.tool_outcomes`):
   k}``: ``c`` such calls in ``k`` of the task's ``n`` verified episodes. A task whose every
   episode hit one (``k == n``) taught nothing but noise; the worker sets it aside.
 
+It also holds the sandbox's two small rules on a call's arguments (:func:`usage_error`, the
+error the real tool gives a call its schema refuses; :func:`arguments_object`, what a live
+tool is sent).
+
 An episode counts once it is verified (every rolled-out episode is, exactly once, whichever
 way it ended); a call marks the episode object it belongs to, held by a weak reference so an
 episode that is never verified leaves no trace.
@@ -27,6 +31,7 @@ import hashlib
 import json
 import threading
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,3 +156,35 @@ def write_tool_answers(output_dir: Path, calls: list[RecordedCall]) -> dict[str,
         "sha256": hashlib.sha256(data).hexdigest(),
         "count": len(calls),
     }
+
+
+def usage_error(tool: Mapping[str, Any], arguments: Mapping[str, Any] | str) -> str | None:
+    """The error the real tool gives a call its schema refuses, or None."""
+    name = tool.get("name")
+    parameters = tool.get("parameters") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return f"error: arguments of {name} are not valid JSON"
+        if not isinstance(arguments, dict):
+            return f"error: arguments of {name} must be a JSON object"
+    required = parameters.get("required") or []
+    missing = sorted(str(r) for r in required if r not in arguments)
+    if missing:
+        return f"error: {name} is missing required argument(s) {', '.join(missing)}"
+    properties = parameters.get("properties")
+    if parameters.get("additionalProperties") is False and isinstance(properties, Mapping):
+        unknown = sorted(str(k) for k in arguments if k not in properties)
+        if unknown:
+            return f"error: {name} takes no argument(s) {', '.join(unknown)}"
+    return None
+
+
+def arguments_object(arguments: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A call's arguments as the object a live tool takes (the usage check already refused
+    text that is not a JSON object)."""
+    if isinstance(arguments, str):
+        decoded = json.loads(arguments) if arguments.strip() else {}
+        return dict(decoded) if isinstance(decoded, dict) else {}
+    return dict(arguments)

@@ -422,3 +422,15 @@ def test_a_job_refuses_a_tool_endpoint_variable_naming_the_field(
     with pytest.raises(EndpointConfigError) as refused:
         from_job_env({"RATCHET_TOOL_ENDPOINTS": json.dumps({"orders": endpoint})})
     assert "tool endpoint 'orders'" in str(refused.value) and message in str(refused.value)
+
+
+def test_a_server_that_cannot_start_is_an_unanswerable_call_failing_fast(tmp_path: Path) -> None:
+    live = LiveToolEndpoint(config(command=[str(tmp_path / "no-such-server")]))
+    first = live.answer("gate_walk_minutes", GATE)
+    assert first.text.startswith("error: tool gate_walk_minutes gave no result: cannot connect")
+    assert not first.answered
+    # The next call does not wait out another start: it fails at once, saying the same.
+    again = live.answer("flight_status", {"flight": "LX318"})
+    assert again.text.endswith(first.text.split("gave no result: ")[1])
+    assert live.usage.failed == 2
+    live.close()

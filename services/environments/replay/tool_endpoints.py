@@ -16,7 +16,8 @@ confused deputy without terms, which :class:`LiveToolEndpoint` enforces for both
   any other call gets the sandbox's "no recorded result" answer and never leaves the job;
 - a **rate limit** per endpoint and process (calls are spaced ``60 / requests_per_minute``
   seconds apart; a call that would wait longer than its timeout is refused);
-- a **timeout** per call (connect, send and read together);
+- a **timeout** per call (connect, send and read together; opening an MCP session, which
+  may start a server, gets at least :data:`.mcp_client.CONNECT_TIMEOUT_S`);
 - a **result size cap**: a result over ``max_result_bytes`` becomes an error text;
 - no ``Authorization`` header across a redirect to another origin.
 

@@ -28,6 +28,7 @@ from services.api.schemas.loops import (
     LoopDetail,
     LoopPatch,
     LoopPublic,
+    NextCyclePublic,
     RotateRequest,
     RotateResult,
 )
@@ -48,6 +49,7 @@ from services.db.queries.loops import (
 from services.db.queries.traces import curation_counts
 from services.ingest.provisioning import provision_loop, rotate_credential
 from services.loop.config import POLICY_KEYS, Change, diff, merge_patch
+from services.loop.next_cycle import database_clock, read_next_cycle
 from services.loop.policies import (
     GatePolicy,
     ServingTarget,
@@ -257,6 +259,11 @@ def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
             )
             for c in curation_counts(session=session, loop_id=row.id)
         ],
+        next_cycle=NextCyclePublic.of(
+            read_next_cycle(session=session, loop=row),
+            database_clock(session=session, loop=row),
+            now=dt.datetime.now(dt.UTC),
+        ),
     )
 
 

@@ -215,6 +215,20 @@ class LoopCreated(LoopPublic):
     )
 
 
+class LoopCreateCheck(BaseModel):
+    """``POST /v1/loops?dry_run=true``: the loop passed every check its creation makes;
+    nothing was created."""
+
+    name: str
+    dry_run: Literal[True] = True
+    environment: str
+    executor: str = Field(description="The executor it would use (the server's default if unset)")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the loop's executor would ignore of its configuration",
+    )
+
+
 class RotateRequest(BaseModel):
     """Rotate a credential; the old one keeps working for the grace period."""
 

@@ -270,6 +270,8 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     # The local admin token `ratchet up` generated or reused (shown in the banner), if any.
     generated_admin_token: str | None = None
+    # Whether api and worker log to <state>/logs/*.log (the banner says where).
+    log_to_files: bool = False
 
     def preflight(self) -> None:
         settings = self.settings
@@ -365,17 +367,24 @@ class Stack:
                 output.close()
 
     def wait_api_ready(self, timeout: float = 60.0) -> None:
-        url = f"http://{self.settings.api_host}:{self.settings.api_port}/readyz"
+        self._wait_ready("api", self.settings.api_host, self.settings.api_port, timeout)
+
+    def wait_worker_ready(self, timeout: float = 120.0) -> None:
+        """The worker has started, so its startup lines come before the banner, not after."""
+        self._wait_ready("worker", self.settings.worker_host, self.settings.worker_port, timeout)
+
+    def _wait_ready(self, name: str, host: str, port: int, timeout: float) -> None:
+        url = f"http://{host}:{port}/readyz"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for name, child in self.children.items():
-                if child.poll() is not None:
-                    raise StackError(f"`ratchet {name}` exited with code {child.returncode}")
+            exited = self.first_exited_child()
+            if exited is not None:
+                raise StackError(f"`ratchet {exited[0]}` exited with code {exited[1]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=2).status_code == 200:
                     return
             time.sleep(0.3)
-        raise StackError(f"the api did not become ready at {url} within {timeout:.0f}s")
+        raise StackError(f"the {name} did not become ready at {url} within {timeout:.0f}s")
 
     def first_exited_child(self) -> tuple[str, int] | None:
         for name, child in self.children.items():
@@ -396,6 +405,17 @@ class Stack:
         if self.postgres is not None:
             self.postgres.stop()
 
+    def logs_line(self) -> str:
+        """Where the processes' logs go, for the banner."""
+        logs = self.settings.logs_dir
+        temporal = f"; Temporal: {logs / 'temporal.log'}" if self.temporal else ""
+        if self.log_to_files:
+            return (
+                f"{logs}/{{api,worker}}.log{temporal} (`tail -f` them; `ratchet up --logs "
+                "terminal` shows them here)"
+            )
+        return f"api and worker on this terminal{temporal}"
+
     def banner(self) -> str:
         settings = self.settings
         api = f"http://{settings.api_host}:{settings.api_port}"
@@ -415,6 +435,7 @@ class Stack:
         )
         lines.append(f"  Postgres          {postgres}")
         lines.append(f"  State             {settings.state_dir}")
+        lines.append(f"  Logs              {self.logs_line()}")
         if self.generated_admin_token:
             from services.local.admin_token import token_path
 
@@ -510,10 +531,13 @@ def stop_children_on_signals(redeliver_s: float = 1.0) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_up(settings: Settings, *, announce: Callable[[str], None]) -> int:
-    """Start everything, ``announce`` where it is (the CLI prints it), and supervise until
-    Ctrl-C or a child dies."""
-    stack = Stack(settings)
+def run_up(
+    settings: Settings, *, announce: Callable[[str], None], log_to_files: bool = False
+) -> int:
+    """Start everything, ``announce`` where it is (the CLI prints it) once api and worker
+    are ready, and supervise until Ctrl-C or a child dies. ``log_to_files``: api and worker
+    log to <state>/logs/*.log instead of this process's output."""
+    stack = Stack(settings, log_to_files=log_to_files)
     stack.preflight()  # first: a state dir that cannot hold the token is named as such
     stack.settings, stack.generated_admin_token = with_local_admin_token(settings)
     stack.settings = with_local_serve_keys(stack.settings)
@@ -528,8 +552,9 @@ def run_up(settings: Settings, *, announce: Callable[[str], None]) -> int:
     try:
         stack.start_servers()
         stack.migrate()
-        stack.start_children()
+        stack.start_children(log_to_files=log_to_files)
         stack.wait_api_ready()
+        stack.wait_worker_ready()
         announce(stack.banner())
         # From here Ctrl-C is a stop like SIGTERM. A terminal sends it to the whole process
         # group, so api and worker get it too and may exit first: that is the stop the user

@@ -34,7 +34,9 @@ def register(commands: Any) -> None:
     )
     apply.add_argument("-f", "--file", required=True, help="loop file (YAML or JSON)")
     apply.add_argument(
-        "--dry-run", action="store_true", help="validate and print the diff, change nothing"
+        "--dry-run",
+        action="store_true",
+        help="make every check the apply would (on the api) and print the diff; change nothing",
     )
     apply.add_argument("--by", default=None, help="who makes the change (default: user@host)")
     apply.add_argument("--reason", default=None, help="why, kept in the loop's history")

@@ -21,7 +21,11 @@ def register(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="print a JSON array")
 
     show = loop_command(
-        commands, "show", _show, help="show a loop, its traffic and active credentials"
+        commands,
+        "show",
+        _show,
+        help="show a loop, its traffic, credentials, curation counts and what its next cycle "
+        "waits for",
     )
     show.add_argument("--json", action="store_true", help="print one JSON object")
 

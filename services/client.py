@@ -242,6 +242,24 @@ class RatchetClient:
         body = {"checkpoint": checkpoint, **({"reason": reason} if reason else {})}
         return self._object("POST", f"/v1/loops/{name}/champion", body)
 
+    def bootstrap(
+        self,
+        name: str,
+        *,
+        base: str | None = None,
+        force: bool = False,
+        dry_run: bool = False,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> dict[str, Any]:
+        """Bootstrap a first champion from the loop's successful traces: what it will learn
+        from (or, with ``dry_run``, would), and the loop's workflow signalled."""
+        body: dict[str, Any] = {"force": force, "dry_run": dry_run}
+        for key, value in (("base", base), ("reason", reason), ("by", by)):
+            if value:
+                body[key] = value
+        return self._object("POST", f"/v1/loops/{name}/bootstrap", body)
+
     def status(self, name: str) -> dict[str, Any]:
         """The loop's row status and its workflow's live status."""
         return self._object("GET", f"/v1/loops/{name}/status")

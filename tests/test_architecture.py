@@ -37,6 +37,7 @@ JOB_MODULES = [
 JOB_ALLOWED = {
     "torch",
     "safetensors",
+    "re2",  # replay's regex references run on RE2 (linear time), in the job like the rest
     "services.chat",
     "services.training",
     "services.environments",
@@ -112,6 +113,9 @@ def test_workflow_modules_import_only_temporal_and_shared(module: str) -> None:
         "workflows.options",
         "workflows.search_attributes",
         "workflows.cycle",
+        # LoopWorkflow's trigger check and bootstrap cycle: workflow code beside workflows.cycle
+        "workflows.trigger",
+        "workflows.bootstrap",
         "services.temporal",
         "services.loop.states",  # StrEnums over the standard library's enum only
     )

@@ -1,4 +1,4 @@
-"""`ratchet up`, `ratchet api`, `ratchet worker`: the processes of DESIGN §3."""
+"""`ratchet up`, `ratchet api`, `ratchet worker`, `ratchet gateway`: the processes of DESIGN §3."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def register(subparsers: Any) -> None:
         "--logs",
         choices=("auto", "files", "terminal"),
         default="auto",
-        help="where api and worker log: files under <state dir>/logs, or this terminal "
-        "(auto: files when the output is a terminal, so the banner stays readable)",
+        help="where api, worker and gateway log: files under <state dir>/logs, or this "
+        "terminal (auto: files when the output is a terminal, so the banner stays readable)",
     )
     add_command(
         subparsers, "api", _api, help="run the api: webhook, admin API, dashboard, /metrics"
@@ -42,14 +42,21 @@ def register(subparsers: Any) -> None:
     add_command(
         subparsers, "worker", _worker, help="run the Temporal worker (workflows, activities)"
     )
+    add_command(
+        subparsers,
+        "gateway",
+        _gateway,
+        help="run the capture gateway: an OpenAI-compatible proxy whose calls become traces",
+    )
 
 
 def _up(args: argparse.Namespace) -> int:
     """Start Ratchet on one machine. When RATCHET_DATABASE_URL is unset an embedded Postgres
     keeps its data under RATCHET_STATE_DIR; when RATCHET_TEMPORAL_ADDRESS is unset the
-    Temporal dev server runs with its Web UI. Then migrate and run the api and the worker,
-    and print where everything is (URLs, the admin token, where the logs are) once both are
-    ready. On a terminal api and worker log to files under <state dir>/logs (--logs).
+    Temporal dev server runs with its Web UI. Then migrate, run the api, the worker and the
+    capture gateway, and print where everything is (URLs, the admin token, where the logs
+    are) once they are ready. On a terminal they log to files under <state dir>/logs
+    (--logs).
     Ctrl-C stops everything.
     """
     import sys
@@ -151,6 +158,39 @@ def freeze_startup_heap() -> None:
     under batch ingest most of a second of CPU per 10 s, and pauses in the latency tail)."""
     gc.collect()
     gc.freeze()
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    """The capture gateway on RATCHET_GATEWAY_HOST:PORT (one process; scale with replicas,
+    each with its own RATCHET_GATEWAY_SPOOL_DIR)."""
+    import uvicorn
+
+    from services.api.metrics_server import MetricsServer
+    from services.gateway.server import build_gateway
+
+    settings = cli_settings(require_database=True)
+    configure_logging(settings.log_level, settings.log_format, component="gateway")
+    app = build_gateway(settings, serve_metrics=settings.gateway_metrics_port is None)
+    metrics = None
+    if settings.gateway_metrics_port is not None:
+        metrics = MetricsServer(settings.gateway_host, settings.gateway_metrics_port)
+        metrics.start()
+    freeze_startup_heap()
+    try:
+        uvicorn.run(
+            app,
+            host=settings.gateway_host,
+            port=settings.gateway_port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=15,
+            timeout_keep_alive=30,
+            lifespan="on",
+        )
+    finally:
+        if metrics is not None:
+            metrics.stop()
+    return 0
 
 
 def _worker(args: argparse.Namespace) -> int:

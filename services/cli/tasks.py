@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from services.api.schemas.tasks import TaskPublic
+from services.api.schemas.tasks import RewardCheckPublic, TaskPublic
 from services.argtypes import positive_int
 from services.cli.common import (
     add_command,
@@ -47,6 +47,21 @@ def register(subparsers: Any) -> None:
     pin.add_argument("task_ids", type=positive_int, nargs="+")
 
 
+def check_text(check: RewardCheckPublic) -> str:
+    """What a reward checks, in one line: the rule, each fact in its normal form (with the
+    reference's own spelling where it differs), and the judge's part."""
+    if check.rule == "judge":
+        return f"judge {check.judge} decides"
+    parts = []
+    for fact in check.facts:
+        spelled = "" if fact.text.casefold() == fact.value.casefold() else f" ({fact.text})"
+        parts.append(f"{fact.kind} {fact.value}{spelled}")
+    line = check.rule + (": " + " · ".join(parts) if parts else "")
+    if check.judge:
+        line += f"; judge {check.judge} compared on a sample"
+    return line
+
+
 def _task_line(task: TaskPublic) -> str:
     prompt = " ".join(task.prompt.split())[:60]
     return (
@@ -77,7 +92,8 @@ def _tasks_list(args: argparse.Namespace) -> int:
 
 def _tasks_show(args: argparse.Namespace) -> int:
     """One task: where it sits (split, cluster, weight), what redaction removed, its
-    verifier and prompt, and the traces it came from."""
+    verifier (and for a replay task what it checks: the facts an answer must state) and
+    prompt, and the traces it came from."""
     task = call_api(lambda client: client.get_task(args.task_id))
     if args.json:
         print_json(task.model_dump(mode="json"))
@@ -89,6 +105,8 @@ def _tasks_show(args: argparse.Namespace) -> int:
     print(f"{'failure':<18}{task.failure_signature}")
     print(f"{'redactions':<18}{json.dumps(task.redactions, sort_keys=True)}")
     print(f"{'verifier':<18}{json.dumps(task.spec.get('verifier'), sort_keys=True)}")
+    if task.check is not None:
+        print(f"{'checks':<18}{check_text(task.check)}")
     print("prompt:")
     print("  " + task.prompt.replace("\n", "\n  "))
     print(f"sources ({len(task.sources)}):")

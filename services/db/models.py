@@ -72,16 +72,16 @@ class Loop(Base):
 
 
 class Credential(Base):
-    """A webhook signing secret or an ingest token of a loop.
+    """A webhook signing secret, an ingest token or a gateway key of a loop.
 
     Two may be active at once so a secret can be rotated with a grace period. Signing
-    secrets must be stored whole (HMAC needs them); ingest tokens are stored as sha256
-    digests only.
+    secrets must be stored whole (HMAC needs them); ingest tokens and gateway keys are stored
+    as sha256 digests only.
     """
 
     __tablename__ = "credentials"
     __table_args__ = (
-        CheckConstraint("kind IN ('signing_secret', 'ingest_token')", name="kind"),
+        CheckConstraint("kind IN ('signing_secret', 'ingest_token', 'gateway_key')", name="kind"),
         Index("ix_credentials_loop_kind", "loop_id", "kind"),
     )
 
@@ -440,6 +440,9 @@ __all__ = [
     "DatasetTask",
     "Evaluation",
     "EvaluationResult",
+    "GatewayCall",
+    "GatewayOutcome",
+    "GatewaySession",
     "Loop",
     "LoopConfigVersion",
     "LshBucket",
@@ -538,6 +541,7 @@ class ServingTenure(Base):
 # Re-exported: every table is importable from here (Alembic's env and the callers), while
 # the OTLP staging aggregate lives in its own module.
 from services.db.models_demonstrations import Demonstration  # noqa: E402
+from services.db.models_gateway import GatewayCall, GatewayOutcome, GatewaySession  # noqa: E402
 from services.db.models_otlp import OtlpPendingTrace, OtlpSpan  # noqa: E402
 
 __all__ = [
@@ -549,6 +553,9 @@ __all__ = [
     "Demonstration",
     "Evaluation",
     "EvaluationResult",
+    "GatewayCall",
+    "GatewayOutcome",
+    "GatewaySession",
     "Loop",
     "LoopConfigVersion",
     "LshBucket",

@@ -27,10 +27,14 @@ from typing import Any
 import httpx
 
 from services.cores import thread_budget, thread_env
+from services.local.banner import UpState, up_banner
 from services.local.binaries import temporal_cli_path
 from services.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+# The processes `ratchet up` runs (``ratchet <name>``), in the order they start.
+CHILDREN = ("api", "worker", "gateway")
 
 
 class StackError(RuntimeError):
@@ -259,7 +263,8 @@ def _terminate(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
 
 @dataclass
 class Stack:
-    """Embedded servers (when their settings are unset) plus api and worker processes."""
+    """Embedded servers (when their settings are unset) plus api, worker and gateway
+    processes."""
 
     settings: Settings
     postgres: EmbeddedPostgres | None = None
@@ -270,7 +275,7 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     # The local admin token `ratchet up` generated or reused (shown in the banner), if any.
     generated_admin_token: str | None = None
-    # Whether api and worker log to <state>/logs/*.log (the banner says where).
+    # Whether the children log to <state>/logs/<name>.log (the banner says where).
     log_to_files: bool = False
 
     def preflight(self) -> None:
@@ -278,6 +283,7 @@ class Stack:
         check_state_dir(settings.state_dir)
         check_port_free(settings.api_host, settings.api_port, "RATCHET_API_PORT")
         check_port_free(settings.worker_host, settings.worker_port, "RATCHET_WORKER_PORT")
+        check_port_free(settings.gateway_host, settings.gateway_port, "RATCHET_GATEWAY_PORT")
         if settings.uses_embedded_temporal:
             check_port_free("127.0.0.1", settings.temporal_port, "RATCHET_TEMPORAL_PORT")
             check_port_free("127.0.0.1", settings.temporal_ui_port, "RATCHET_TEMPORAL_UI_PORT")
@@ -324,6 +330,9 @@ class Stack:
             RATCHET_API_PORT=str(settings.api_port),
             RATCHET_WORKER_HOST=settings.worker_host,
             RATCHET_WORKER_PORT=str(settings.worker_port),
+            RATCHET_GATEWAY_HOST=settings.gateway_host,
+            RATCHET_GATEWAY_PORT=str(settings.gateway_port),
+            RATCHET_GATEWAY_SPOOL_DIR=str(settings.effective_gateway_spool_dir),
             # where a loop's local serving target deploys: the built-in model server
             RATCHET_SERVE_HOST=settings.serve_host,
             RATCHET_SERVE_PORT=str(settings.serve_port),
@@ -332,6 +341,8 @@ class Stack:
             env["RATCHET_ADMIN_TOKEN"] = settings.admin_token.get_secret_value()
         if settings.serve_api_key is not None:
             env["RATCHET_SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+        if settings.serve_admin_key is not None:
+            env["RATCHET_SERVE_ADMIN_KEY"] = settings.serve_admin_key.get_secret_value()
         if settings.serve_attestation_key is not None:
             key = settings.serve_attestation_key.get_secret_value()
             env["RATCHET_SERVE_ATTESTATION_KEY"] = key
@@ -349,9 +360,10 @@ class Stack:
         upgrade(self.database_url)
 
     def start_children(self, *, log_to_files: bool = False) -> None:
-        """Run api and worker; their logs go to the terminal, or to <state>/logs/*.log."""
+        """Run api, worker and gateway; their logs go to the terminal, or to
+        <state>/logs/*.log."""
         env = self.child_environment()
-        for name in ("api", "worker"):
+        for name in CHILDREN:
             output = None
             if log_to_files:
                 self.settings.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -372,6 +384,9 @@ class Stack:
     def wait_worker_ready(self, timeout: float = 120.0) -> None:
         """The worker has started, so its startup lines come before the banner, not after."""
         self._wait_ready("worker", self.settings.worker_host, self.settings.worker_port, timeout)
+
+    def wait_gateway_ready(self, timeout: float = 60.0) -> None:
+        self._wait_ready("gateway", self.settings.gateway_host, self.settings.gateway_port, timeout)
 
     def _wait_ready(self, name: str, host: str, port: int, timeout: float) -> None:
         url = f"http://{host}:{port}/readyz"
@@ -405,46 +420,16 @@ class Stack:
         if self.postgres is not None:
             self.postgres.stop()
 
-    def logs_line(self) -> str:
-        """Where the processes' logs go, for the banner."""
-        logs = self.settings.logs_dir
-        temporal = f"; Temporal: {logs / 'temporal.log'}" if self.temporal else ""
-        if self.log_to_files:
-            return (
-                f"{logs}/{{api,worker}}.log{temporal} (`tail -f` them; `ratchet up --logs "
-                "terminal` shows them here)"
-            )
-        return f"api and worker on this terminal{temporal}"
-
     def banner(self) -> str:
-        settings = self.settings
-        api = f"http://{settings.api_host}:{settings.api_port}"
-        lines = [
-            "Ratchet is up.",
-            f"  API + webhook     {api}  (OpenAPI: {api}/docs)",
-            f"  Loop dashboard    {api}/",
-            f"  Metrics           {api}/metrics  and  "
-            f"http://{settings.worker_host}:{settings.worker_port}/metrics (worker)",
-        ]
-        ui = settings.effective_temporal_ui_url
-        if ui:
-            lines.append(f"  Temporal Web UI   {ui}")
-        lines.append(f"  Temporal          {settings.effective_temporal_address}")
-        postgres = (
-            "embedded, " + str(settings.embedded_postgres_dir) if self.postgres else "external"
+        """Where everything is (services.local.banner)."""
+        up = UpState(
+            embedded_postgres=self.postgres is not None,
+            embedded_temporal=self.temporal is not None,
+            children=CHILDREN,
+            log_to_files=self.log_to_files,
+            generated_admin_token=self.generated_admin_token,
         )
-        lines.append(f"  Postgres          {postgres}")
-        lines.append(f"  State             {settings.state_dir}")
-        lines.append(f"  Logs              {self.logs_line()}")
-        if self.generated_admin_token:
-            from services.local.admin_token import token_path
-
-            lines.append(
-                f"  Admin token       {self.generated_admin_token}  "
-                f"(kept in {token_path(settings.state_dir)}; the CLI here finds it)"
-            )
-        lines.append("Press Ctrl-C to stop.")
-        return "\n".join(lines)
+        return up_banner(self.settings, up)
 
 
 def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
@@ -463,13 +448,14 @@ def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
 
 
 def with_local_serve_keys(settings: Settings) -> Settings:
-    """The settings with the model server's API key and attestation key: the ones set, else
-    the state dir's (made if needed). The worker sends both to the local model server; never
-    the admin token."""
+    """The settings with the model server's API key, admin key and attestation key: the ones
+    set, else the state dir's (made if needed). The worker sends them to the local model
+    server; never the admin token."""
     from pydantic import SecretStr
 
     from services.local.admin_token import (
         AdminTokenError,
+        ensure_local_serve_admin_key,
         ensure_local_serve_api_key,
         ensure_local_serve_attestation_key,
     )
@@ -478,6 +464,9 @@ def with_local_serve_keys(settings: Settings) -> Settings:
     try:
         if settings.serve_api_key is None:
             update["serve_api_key"] = SecretStr(ensure_local_serve_api_key(settings.state_dir))
+        if settings.serve_admin_key is None:
+            key = ensure_local_serve_admin_key(settings.state_dir)
+            update["serve_admin_key"] = SecretStr(key)
         if settings.serve_attestation_key is None:
             key = ensure_local_serve_attestation_key(settings.state_dir)
             update["serve_attestation_key"] = SecretStr(key)
@@ -534,8 +523,8 @@ def stop_children_on_signals(redeliver_s: float = 1.0) -> Iterator[None]:
 def run_up(
     settings: Settings, *, announce: Callable[[str], None], log_to_files: bool = False
 ) -> int:
-    """Start everything, ``announce`` where it is (the CLI prints it) once api and worker
-    are ready, and supervise until Ctrl-C or a child dies. ``log_to_files``: api and worker
+    """Start everything, ``announce`` where it is (the CLI prints it) once api, worker and
+    gateway are ready, and supervise until Ctrl-C or a child dies. ``log_to_files``: they
     log to <state>/logs/*.log instead of this process's output."""
     stack = Stack(settings, log_to_files=log_to_files)
     stack.preflight()  # first: a state dir that cannot hold the token is named as such
@@ -555,6 +544,7 @@ def run_up(
         stack.start_children(log_to_files=log_to_files)
         stack.wait_api_ready()
         stack.wait_worker_ready()
+        stack.wait_gateway_ready()
         announce(stack.banner())
         # From here Ctrl-C is a stop like SIGTERM. A terminal sends it to the whole process
         # group, so api and worker get it too and may exit first: that is the stop the user

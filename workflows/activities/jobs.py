@@ -73,8 +73,8 @@ from services.executors.base import (
 from services.executors.runfiles import UnsafeRunFile, create_exclusive
 from services.logs import log_context
 from services.loop.job_documents import (
-    endpoint_env,
     job_document,
+    job_environment,
     job_files,
     job_nodes,
     replay_dataset,
@@ -225,7 +225,7 @@ class JobActivities:
                 session=session, kind=input.kind, run_dir=run_dir, dataset_id=input.dataset_id
             )
         try:
-            env = endpoint_env(curation_policy, self._settings)
+            environment = job_environment(curation_policy, self._settings, run_dir)
             spec = JobRequest(
                 run_id=input.run_id,
                 loop=input.loop,
@@ -241,7 +241,8 @@ class JobActivities:
                 nodes=job_nodes(input.job_spec),
                 image=input.job_image,
                 command=tuple(input.job_command) if input.job_command else None,
-                env=env,
+                env=environment.plain,
+                secret_env=environment.credentials,
             )
         except JobRequestError as exc:
             self._fail_before_submit(input.run_id, str(exc))

@@ -16,7 +16,11 @@ from fastapi import APIRouter, Path, Query
 from services.api.deps import AdminDep, SessionDep
 from services.api.errors import ApiError
 from services.api.routes.loops import loop_or_404
-from services.api.routes.trace_listing import decode_id_cursor, encode_id_cursor
+from services.api.routes.trace_listing import (
+    decode_id_cursor,
+    encode_id_cursor,
+    reward_check_public,
+)
 from services.api.schemas.tasks import (
     PinIn,
     PinResult,
@@ -28,6 +32,7 @@ from services.api.schemas.tasks import (
 )
 from services.db.models import Task
 from services.db.queries import tasks as q
+from services.environments.replay.scoring import task_reward
 
 router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[AdminDep])
 
@@ -99,6 +104,7 @@ def show_task(task_id: Annotated[int, Path(ge=1, le=2**63 - 1)], session: Sessio
             TaskSourcePublic(trace_id=trace_id, external_id=external_id, relation=relation)
             for trace_id, external_id, relation in q.task_sources(session=session, task_id=task.id)
         ],
+        check=reward_check_public(task_reward(task.spec)),
     )
 
 

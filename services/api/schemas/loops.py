@@ -99,7 +99,7 @@ class LoopCreate(BaseModel):
 class CredentialPublic(BaseModel):
     """An active credential, without its value."""
 
-    kind: Literal["signing_secret", "ingest_token"]
+    kind: Literal["signing_secret", "ingest_token", "gateway_key"]
     created_at: dt.datetime
     expires_at: dt.datetime | None
 
@@ -204,6 +204,11 @@ class LoopCreated(LoopPublic):
 
     signing_secret: str = Field(description="Standard Webhooks secret (whsec_...), shown once")
     ingest_token: str = Field(description="Bearer token for the OTLP endpoint, shown once")
+    gateway_key: str = Field(
+        description="API key an agent gives the capture gateway (its base_url is gateway_url), "
+        "shown once"
+    )
+    gateway_url: str = Field(description="The capture gateway's OpenAI base_url (…/v1)")
     workflow_id: str = Field(description="The loop's Temporal workflow (loop/<name>)")
     workflow_started: bool = Field(
         description="False when Temporal was unreachable; POST /v1/loops/{loop}/start later"
@@ -234,13 +239,13 @@ class RotateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["signing_secret", "ingest_token"] = "signing_secret"
+    kind: Literal["signing_secret", "ingest_token", "gateway_key"] = "signing_secret"
     grace_seconds: int = Field(default=86400, ge=0, le=30 * 86400)
 
 
 class RotateResult(BaseModel):
     loop: str
-    kind: Literal["signing_secret", "ingest_token"]
+    kind: Literal["signing_secret", "ingest_token", "gateway_key"]
     secret: str = Field(description="The new secret or token, shown once")
     previous_expires_at: dt.datetime | None = Field(
         description="Until when the previous one is still accepted (null if there was none)"

@@ -28,6 +28,30 @@ class TaskPublic(BaseModel):
     created_at: dt.datetime
 
 
+class FactPublic(BaseModel):
+    """One fact of a reference answer that the facts rule looks for in an answer."""
+
+    kind: Literal["number", "time", "date", "code", "quote", "name"]
+    value: str = Field(description="The normal form an answer's fact is compared by")
+    text: str = Field(description="As the reference wrote it")
+
+
+class RewardCheckPublic(BaseModel):
+    """What a replay task's reward checks (docs/curation.md, "Rewards")."""
+
+    rule: str = Field(
+        description="facts, text, number, json_subset or regex (a rule decides), or judge "
+        "(an LLM judge decides)"
+    )
+    facts: list[FactPublic] = Field(
+        description="Under the facts rule: what an answer must state to pass"
+    )
+    judge: str | None = Field(
+        description="The loop's judge endpoint: it decides (rule judge), or is compared with "
+        "the rule on a sample"
+    )
+
+
 class TaskSourcePublic(BaseModel):
     """A trace behind a task: the first one (origin) or one deduplicated into it."""
 
@@ -43,6 +67,9 @@ class TaskDetail(TaskPublic):
     failure_signature: str | None
     spec: dict[str, Any]
     sources: list[TaskSourcePublic]
+    check: RewardCheckPublic | None = Field(
+        default=None, description="What the reward checks (replay tasks; null for others)"
+    )
 
 
 class TaskPage(BaseModel):

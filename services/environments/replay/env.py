@@ -14,8 +14,9 @@ A ``ratchet.trace/v1`` trace becomes a task whose
   task does not list gets ``error: unknown tool X``; a call missing a required argument of
   the task's schema gets the usage error the real tool would give;
 - **reward** is one of two kinds, chosen at curation in order of trust (:mod:`.rewards`):
-  a reference answer checked by a stated rule (:mod:`.matching`), or an LLM judge's verdict
-  under the loop's rubric (:mod:`.judge`), marked ``verifier_kind: judge`` on the task.
+  a reference answer checked by a stated rule (:mod:`.matching`; ``facts`` by default,
+  :mod:`.facts`), or an LLM judge's verdict under the loop's rubric (:mod:`.judge`), marked
+  ``verifier_kind: judge`` on the task; scored by :mod:`.scoring`.
 
 Episodes are multi-turn: each assistant turn is parsed for tool calls (Hermes
 ``<tool_call>`` blocks or bare JSON naming a listed tool, :mod:`services.chat.toolcalls`),
@@ -55,8 +56,11 @@ from services.environments.base import (
     user_request,
 )
 from services.environments.chat import ChatEpisode
-from services.environments.replay import matching
-from services.environments.replay.judge import Judge, JudgeError
+from services.environments.replay import scoring
+from services.environments.replay.demonstrations import (
+    chat_demonstration as replay_demonstration,
+)
+from services.environments.replay.judge import Judge
 from services.environments.replay.records import (
     RecordedCall,
     StoreFileError,
@@ -290,10 +294,14 @@ class ReplayEnvironment:
     def chat_demonstration(
         self, task: TaskSpec, *, recover_from_slip: bool = False
     ) -> list[tuple[list[ChatMessage], str]]:
-        raise NotImplementedError(
-            "replay tasks have no demonstrations (only a reference answer or a judge): "
-            "train them with grpo or rft"
-        )
+        """A successful trace's conversation replayed through this sandbox, one (messages so
+        far, agent text) pair per agent turn: what bootstrap's SFT trains on
+        (:mod:`.demonstrations`). A task curated from a failure has none (ValueError)."""
+        if recover_from_slip:
+            raise ValueError(
+                "replay demonstrations are recorded conversations: recovery_fraction does not apply"
+            )
+        return replay_demonstration(self, task)
 
     # -- the sandbox --------------------------------------------------------------------
 
@@ -360,36 +368,29 @@ class ReplayEnvironment:
 
     # -- rewards ------------------------------------------------------------------------
 
+    def compare_with_judges(self) -> None:
+        """Ask each judge about a sample of the tasks a rule decides and count whether they
+        agree (the eval job does; see :mod:`.scoring`)."""
+        for judge in self.judges.values():
+            judge.agreement.sampling = True
+
+    def judge_agreement(self) -> dict[str, dict[str, int]]:
+        """Each sampling judge's agreement with the rules so far (the eval job reports it)."""
+        return {
+            name: judge.agreement.to_dict()
+            for name, judge in sorted(self.judges.items())
+            if judge.agreement.sampling
+        }
+
     def _score(self, task: TaskSpec, answer: str | None, *, conversation: str) -> Reward:
         spec = self._reward_spec(task)
-        if spec["kind"] == "reference":
-            rule = matching.parse_rule(spec.get("match", "text"), where="verifier.match")
-            reference = task.reference_answer
-            if reference is None:
-                raise ValueError(f"task {task.task_id[:12]} has a reference reward and no answer")
-            passed = matching.matches(answer, reference, rule)
-            value = 1.0 if passed else 0.0
-            return Reward(components={"answer": value}, total=value, passed=passed)
-        judge = self.judges.get(spec["endpoint"])
-        if judge is None:
-            raise ValueError(
-                f"task {task.task_id[:12]} is scored by judge endpoint {spec['endpoint']!r}, "
-                "which this process was not given (settings.judge_endpoints)"
-            )
-        try:
-            verdict = judge.verdict(
-                task_id=task.task_id,
-                conversation=conversation,
-                answer=answer,
-                rubric=str(spec.get("rubric") or ""),
-                model=str(spec.get("model") or "judge"),
-                cost_per_1k_tokens=float(spec.get("cost_per_1k_tokens") or 0.0),
-            )
-        except JudgeError as exc:
-            raise ValueError(f"task {task.task_id[:12]}: {exc}") from None
-        return Reward(
-            components={"judge": verdict.score}, total=verdict.score, passed=verdict.passed
+        if spec["kind"] == "judge":
+            return scoring.judge_reward(self.judges, task, spec, answer, conversation)
+        reward = scoring.reference_reward(task, spec, answer)
+        scoring.compare_with_judge(
+            self.judges, task, spec.get("judge"), answer, conversation, rule_passed=reward.passed
         )
+        return reward
 
     def _reward_spec(self, task: TaskSpec) -> dict[str, Any]:
         if task.environment != self.name or task.verifier.get("reward_id") != REWARD_ID:

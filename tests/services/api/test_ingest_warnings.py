@@ -29,8 +29,9 @@ TOOLS = [
 
 def order_trace(external_id: str, *, tools: list[dict[str, Any]], called: str) -> dict[str, Any]:
     """A failed support episode with a reference answer: a task, if its tools allow (each
-    external id asks about its own order, so no two are the same task)."""
-    order = f"A-{external_id}"
+    external id asks about its own order, so no two are the same task; the order code is a
+    fact the reference's `facts` rule checks)."""
+    order = f"A-{1000 + sum(map(ord, external_id))}"
     return {
         "schema": "ratchet.trace/v1",
         "external_id": external_id,

@@ -38,8 +38,9 @@ def test_a_dry_run_refuses_an_unknown_environment_as_the_apply_does(
         "name: games\nenvironment: toolcalc\n"
         "serving_target: {kind: openai, endpoint: nowhere, model: games}\n"
     )
-    code, _, err = run(capsys, "loop", "apply", "-f", str(path), "--dry-run")
-    assert code == 1 and "serving_target.endpoint" in err and "nowhere" in err
+    dry = run(capsys, "loop", "apply", "-f", str(path), "--dry-run")
+    assert dry[0] == 1 and "'nowhere'" in dry[2]
+    assert dry == run(capsys, "loop", "apply", "-f", str(path), "--show-secrets")
 
     path.write_text("name: games\nenvironment: toolcalc\n")
     code, out, _ = run(capsys, "loop", "apply", "-f", str(path), "--dry-run")

@@ -24,12 +24,12 @@ def test_the_banner_says_where_the_logs_are(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     to_files = Stack(settings, log_to_files=True).banner().splitlines()
     assert (
-        f"  Logs              {logs}/{{api,worker}}.log (`tail -f` them; `ratchet up --logs "
-        "terminal` shows them here)" in to_files
+        f"  Logs              {logs}/{{api,worker,gateway}}.log (`tail -f` them; "
+        "`ratchet up --logs terminal` shows them here)" in to_files
     )
     assert to_files[-1] == "Press Ctrl-C to stop."
     here = Stack(settings).banner().splitlines()
-    assert "  Logs              api and worker on this terminal" in here
+    assert "  Logs              api, worker, gateway on this terminal" in here
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_up_with_log_files_ends_its_output_with_the_banner(state_dir: Path, tmp_
         # The worker's startup is in its log file, not around the banner.
         worker_log = (state_dir / "logs" / "worker.log").read_text()
         assert worker_log.strip()
-        assert f"Logs              {state_dir / 'logs'}/{{api,worker}}.log" in text
+        assert f"Logs              {state_dir / 'logs'}/{{api,worker,gateway}}.log" in text
         banner_at = text.index("Ratchet is up.")
         assert text[banner_at:].rstrip().endswith("Press Ctrl-C to stop.")
         assert "services.worker" not in text and "workflows.worker" not in text

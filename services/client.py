@@ -25,12 +25,14 @@ from services.api.schemas.loops import (
     LoopCreated,
     LoopDetail,
     LoopPublic,
+    LoopToolsPublic,
     RotateResult,
 )
 from services.api.schemas.tasks import (
     DatasetDetail,
     DatasetPage,
     PinResult,
+    RestoreResult,
     TaskDetail,
     TaskPage,
 )
@@ -295,11 +297,18 @@ class RatchetClient:
         return self._model(TraceDetail, "GET", path)
 
     def list_tasks(
-        self, name: str, *, split: str | None = None, cursor: str | None = None, limit: int = 50
+        self,
+        name: str,
+        *,
+        split: str | None = None,
+        set_aside: bool | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
     ) -> TaskPage:
         """A page of the loop's curated tasks, newest first; pass the page's
         ``next_cursor`` as ``cursor`` for the next one."""
-        params = _params(limit=str(limit), split=split, cursor=cursor)
+        aside = None if set_aside is None else str(set_aside).lower()
+        params = _params(limit=str(limit), split=split, set_aside=aside, cursor=cursor)
         return self._model(TaskPage, "GET", f"/v1/loops/{name}/tasks", params=params)
 
     def get_task(self, task_id: int) -> TaskDetail:
@@ -310,6 +319,15 @@ class RatchetClient:
         """Put tasks into the loop's pinned regression suite: all of them, or none."""
         body = {"task_ids": list(task_ids)}
         return self._model(PinResult, "POST", f"/v1/loops/{name}/tasks/pin", body)
+
+    def restore_tasks(self, name: str, task_ids: Sequence[int]) -> RestoreResult:
+        """Bring set-aside tasks back (all of them, or none when one is not the loop's)."""
+        body = {"task_ids": list(task_ids)}
+        return self._model(RestoreResult, "POST", f"/v1/loops/{name}/tasks/restore", body)
+
+    def loop_tools(self, name: str) -> LoopToolsPublic:
+        """The loop's live tool endpoint: its allow-list and the server's listing."""
+        return self._model(LoopToolsPublic, "GET", f"/v1/loops/{name}/tools")
 
     def list_datasets(
         self, name: str, *, cursor: str | None = None, limit: int = 50

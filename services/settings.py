@@ -13,6 +13,7 @@ traceback.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -69,6 +70,73 @@ class Endpoint(BaseModel):
         if not sep or scheme not in {"http", "https"} or not rest.strip("/"):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
+
+
+# A tool's name as an agent's tools list it (OpenAI function names; MCP tool names).
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class ToolEndpoint(BaseModel):
+    """A live tool server a replay loop may send the calls nobody recorded to, under a name.
+
+    Either Ratchet's own HTTP shape (``kind: http``: ``POST <url>`` with ``{"name",
+    "arguments"}``) or an MCP server (``kind: mcp``): streamable HTTP at ``url``, or, for the
+    local stack, a stdio ``command`` (an argv list) the job starts. Tool names come from
+    traces, so the operator says which ones this endpoint may be asked (``tools``, the
+    allow-list): any other call gets the sandbox's "no recorded result" answer and never
+    reaches the server. An endpoint must be free of side effects (or a staging copy): the
+    policy being trained, not a person, chooses the calls. Each process paces its calls
+    (``requests_per_minute``), gives each one ``timeout_s`` and refuses a result over
+    ``max_result_bytes`` with an error text. Given as JSON in ``RATCHET_TOOL_ENDPOINTS``,
+    e.g. ``{"airport": {"kind": "mcp", "command": ["airport-tools", "--stdio"], "tools":
+    ["gate_walk_minutes", "flight_status"]}}``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["http", "mcp"] = "http"
+    url: str | None = Field(default=None, min_length=1, max_length=2048)
+    command: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    api_key: SecretStr | None = None
+    tools: list[str] = Field(min_length=1, max_length=1024)
+    timeout_s: float = Field(default=30.0, gt=0, le=600)
+    requests_per_minute: float = Field(default=60.0, gt=0, le=60_000)
+    max_result_bytes: int = Field(default=65_536, ge=1, le=16 << 20)
+
+    @field_validator("url", mode="after")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in {"http", "https"} or not rest.strip("/"):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("command", mode="after")
+    @classmethod
+    def _check_command(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value[0] or any(len(part) > 4096 for part in value)):
+            raise ValueError("must be an argv list whose first item is the program")
+        return value
+
+    @field_validator("tools", mode="after")
+    @classmethod
+    def _check_tools(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not re.match(TOOL_NAME, name)]
+        if bad:
+            raise ValueError(f"tool names must match {TOOL_NAME}; refused: {bad[:3]}")
+        return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _check_transport(self) -> ToolEndpoint:
+        if self.kind == "http" and (self.url is None or self.command is not None):
+            raise ValueError("an http tool endpoint needs a url and takes no command")
+        if self.kind == "mcp" and (self.url is None) == (self.command is None):
+            raise ValueError("an mcp tool endpoint needs a url (streamable HTTP) or a command")
+        if self.command is not None and self.api_key is not None:
+            raise ValueError("a stdio command takes no api_key (nothing would carry it)")
+        return self
 
 
 # Names Kubernetes gives objects and containers (DNS-1123 labels), and environment variables.
@@ -227,9 +295,10 @@ class Settings(BaseSettings):
     # Default: the cores this process may use (affinity and cgroup CPU quota), at most 64.
     curation_processes: int = Field(default_factory=lambda: min(usable_cores(), 64), ge=1, le=64)
 
-    # Named endpoints a loop may call by name (see Endpoint): live tools for the replay
-    # environment, and OpenAI-compatible LLM judges.
-    tool_endpoints: dict[str, Endpoint] = Field(default_factory=dict)
+    # Named endpoints a loop may call by name: live tools for the replay environment (see
+    # ToolEndpoint: HTTP or MCP, each with its allow-list of tool names), and
+    # OpenAI-compatible LLM judges (see Endpoint).
+    tool_endpoints: dict[str, ToolEndpoint] = Field(default_factory=dict)
     judge_endpoints: dict[str, Endpoint] = Field(default_factory=dict)
 
     # Local serving target (the built-in model server).

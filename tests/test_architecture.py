@@ -47,6 +47,10 @@ JOB_ALLOWED = {
 # The hf family's model libraries, allowed only in its own package and its engine.
 HF_PACKAGES = ("services/training/hf/", "services/inference/hf.py")
 HF_ALLOWED = {"transformers", "peft"}
+# The MCP SDK (and its HTTP client), allowed only in the replay sandbox's client of it, which
+# a job imports when its loop names an MCP tool server.
+MCP_MODULES = ("services/environments/replay/mcp_client.py",)
+MCP_ALLOWED = {"mcp", "httpx2"}
 
 
 def imports_of(path: Path) -> list[str]:
@@ -140,6 +144,9 @@ def test_jobs_import_torch_and_stdlib_only() -> None:
                 continue
             in_hf = path.relative_to(ROOT).as_posix().startswith(HF_PACKAGES)
             if in_hf and top(name) in HF_ALLOWED:
+                continue
+            in_mcp = path.relative_to(ROOT).as_posix() in MCP_MODULES
+            if in_mcp and top(name) in MCP_ALLOWED:
                 continue
             offenders.append(f"{path.relative_to(ROOT)}: {name}")
     assert offenders == []

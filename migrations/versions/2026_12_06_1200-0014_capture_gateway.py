@@ -9,7 +9,7 @@ unique per loop, so a replayed outcome is refused. A loop's gateway keys are cre
 a third kind, ``gateway_key``, stored as sha256 like ingest tokens.
 
 Revision ID: 0014
-Revises: 0011
+Revises: 0012
 Create Date: 2026-12-06 12:00:00
 """
 
@@ -20,7 +20,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0014"
-down_revision: str | None = "0011"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

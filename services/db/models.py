@@ -163,6 +163,11 @@ class Task(Base):
     probe_pass_rate: Mapped[float | None] = mapped_column(Float)
     minhash: Mapped[bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[dt.datetime] = now_column()
+    # Set aside: kept, shown with its reason, never in a snapshot's train split (e.g.
+    # ``unanswerable_calls``: every episode needed a tool result nobody could give).
+    set_aside_reason: Mapped[str | None] = mapped_column(String(32))
+    set_aside_detail: Mapped[str | None] = mapped_column(Text)
+    set_aside_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class TaskSource(Base):

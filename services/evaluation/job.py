@@ -12,7 +12,9 @@ Spec (``ratchet.job/v1``, kind ``eval``)::
 ``<output_dir>/metrics.json`` (n, passed, pass_rate, ci_low, ci_high, tokens_per_s, …, and
 ``judge``: each LLM judge's calls, cache hits, tokens and cost, when replay tasks used one;
 ``judge_agreement``: where a rule decided and the loop names a judge, how often the judge
-agreed with the rule on the sampled episodes, with a 95% Wilson interval),
+agreed with the rule on the sampled episodes, with a 95% Wilson interval);
+and, for replay tasks, ``unanswerable_calls`` per task and ``tool_answers``, the listing of
+``<output_dir>/tool_answers.jsonl``: services.environments.replay.sandbox),
 and the probe set proof of delivery checks every deploy against: ``<output_dir>/probes.json``
 (``services.evaluation.probe_capture``: the greedy answers, token ids and log-probs, to the first
 ``hyperparameters.probes`` tasks, 4 by default, 0 for none), listed in ``metrics.json`` as
@@ -48,6 +50,7 @@ from services.training.jobspec import (
     EXIT_FAILED,
     JobError,
     JobSpec,
+    environment_outputs,
     read_job_dataset,
     run_job_main,
     write_json,
@@ -140,6 +143,8 @@ def _run(spec: JobSpec) -> int:
     agreement = getattr(env, "judge_agreement", None)
     if callable(agreement) and (counts := agreement()):
         metrics["judge_agreement"] = {name: _with_interval(c) for name, c in counts.items()}
+    # Replay: the live tool answers got (tool_answers.jsonl) and unanswerable calls per task.
+    metrics.update(environment_outputs(env, spec.output_dir))
     if probes:
         metrics.update(_probes(policy, env, tasks, probes, spec))
     if keeper is not None:

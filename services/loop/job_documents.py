@@ -20,9 +20,10 @@ from services.artifacts import uri_to_path
 from services.db.models import Dataset
 from services.db.queries.runs import get_checkpoint
 from services.environments.replay.endpoints import job_env as replay_job_env
+from services.environments.replay.tool_config import ToolEndpointConfig
 from services.executors.base import JobRequestError
 from services.inference.rollout_env import API_KEY_ENV, MODEL_ENV, SHARED_DIR_ENV, URL_ENV
-from services.settings import Endpoint, Settings
+from services.settings import Endpoint, Settings, ToolEndpoint
 
 REPLAY_FILE = "replay.jsonl"  # a train run's copy of its dataset's regression split
 # Where a job writes the adapters it rolls out on the deployment's rollout server: inside the
@@ -115,7 +116,7 @@ def endpoint_env(curation_policy: Mapping[str, Any], settings: Settings) -> dict
     try:
         return replay_job_env(
             judges=_listed(settings.judge_endpoints),
-            tools=_listed(settings.tool_endpoints),
+            tools=_listed_tools(settings.tool_endpoints),
             judge_names=[judge] if isinstance(judge, str) else [],
             tool_names=[tool] if isinstance(tool, str) else [],
         )
@@ -185,3 +186,26 @@ def rollout_environment(settings: Settings, run_dir: Path) -> JobEnvironment:
     }
     key = endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
     return JobEnvironment(plain=plain, credentials={API_KEY_ENV: key} if key else {})
+
+
+def _listed_tools(endpoints: Mapping[str, ToolEndpoint]) -> dict[str, dict[str, Any]]:
+    """The configured tool endpoints as the job variable carries them, allow-lists
+    included (the job enforces them)."""
+    return {
+        name: tool_endpoint_config(name, endpoint).to_json() for name, endpoint in endpoints.items()
+    }
+
+
+def tool_endpoint_config(name: str, endpoint: ToolEndpoint) -> ToolEndpointConfig:
+    """A deployment's tool endpoint as the replay environment takes it."""
+    return ToolEndpointConfig(
+        name=name,
+        kind=endpoint.kind,
+        tools=frozenset(endpoint.tools),
+        url=endpoint.url,
+        command=tuple(endpoint.command) if endpoint.command else None,
+        api_key=endpoint.api_key.get_secret_value() if endpoint.api_key else None,
+        timeout_s=endpoint.timeout_s,
+        requests_per_minute=endpoint.requests_per_minute,
+        max_result_bytes=endpoint.max_result_bytes,
+    )

@@ -48,6 +48,7 @@ from services.checkpoints import (
     resolve_parent,
 )
 from services.curation import demonstrations
+from services.curation.job_outputs import record_job_outputs
 from services.db.models import Run
 from services.db.queries import runs as q
 from services.db.queries.errors import NotFound
@@ -389,13 +390,7 @@ class JobActivities:
             )
             run = q.finish_run(session=session, run_id=input.run_id, outcome=outcome)
             if run.status == RunStatus.SUCCEEDED:
-                demonstrations.record_job_episodes(
-                    session,
-                    run=run,
-                    output_dir=output_dir,
-                    metrics=metrics,
-                    per_task=self._settings.demonstrations_per_task,
-                )
+                record_job_outputs(session, run, output_dir, metrics, self._settings)
             result = _result_of(run)
         observe_finished_job(
             FinishedJob(

@@ -4,7 +4,8 @@ where one came from, and pinning tasks into the loop's regression suite.
 ``GET /v1/loops/{loop}/tasks`` lists them newest first in pages joined by an opaque cursor;
 ``GET /v1/tasks/{task_id}`` shows one by its row id (the id every listing prints, which needs
 no loop); ``POST /v1/loops/{loop}/tasks/pin`` pins tasks, all of them or, when one cannot be
-pinned, none.
+pinned, none; ``POST /v1/loops/{loop}/tasks/restore`` brings set-aside tasks back (a task
+the worker set aside is shown with its reason, and never trained on while it stays aside).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from services.api.routes.trace_listing import (
 from services.api.schemas.tasks import (
     PinIn,
     PinResult,
+    RestoreIn,
+    RestoreResult,
     Split,
     TaskDetail,
     TaskPage,
@@ -31,6 +34,7 @@ from services.api.schemas.tasks import (
     TaskSourcePublic,
 )
 from services.db.models import Task
+from services.db.queries import task_set_aside
 from services.db.queries import tasks as q
 from services.environments.replay.scoring import task_reward
 
@@ -51,6 +55,9 @@ def task_public(task: Task) -> TaskPublic:
         redactions=task.redactions,
         prompt=str(task.spec.get("prompt", "")),
         created_at=task.created_at,
+        set_aside_reason=task.set_aside_reason,
+        set_aside_detail=task.set_aside_detail,
+        set_aside_at=task.set_aside_at,
     )
 
 
@@ -66,6 +73,9 @@ def list_loop_tasks(
     loop: str,
     session: SessionDep,
     split: Annotated[Split | None, Query(description="Only tasks of this split")] = None,
+    set_aside: Annotated[
+        bool | None, Query(description="Only tasks set aside (true) or not (false)")
+    ] = None,
     cursor: Annotated[str | None, Query(max_length=200, description="next_cursor")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> TaskPage:
@@ -74,6 +84,7 @@ def list_loop_tasks(
         session=session,
         loop_id=row.id,
         split=split,
+        set_aside=set_aside,
         limit=limit + 1,
         before_id=decode_id_cursor(cursor),
     )
@@ -132,3 +143,37 @@ def pin_loop_tasks(loop: str, body: PinIn, session: SessionDep) -> PinResult:
         )
     pinned = q.pin_tasks(session=session, loop_id=row.id, task_ids=body.task_ids)
     return PinResult(loop=row.name, pinned=pinned)
+
+
+@router.post(
+    "/loops/{loop}/tasks/restore",
+    summary="Bring set-aside tasks back: the next snapshot may train on them again",
+    responses={
+        404: {"description": "No such loop"},
+        422: {
+            "description": "Some ids are not tasks of the loop (fields: task_ids.N); none "
+            "was restored"
+        },
+    },
+)
+def restore_loop_tasks(loop: str, body: RestoreIn, session: SessionDep) -> RestoreResult:
+    row = loop_or_404(session, loop)
+    foreign = task_set_aside.foreign_task_ids(
+        session=session, loop_id=row.id, task_ids=body.task_ids
+    )
+    if foreign:
+        raise ApiError(
+            422,
+            "tasks_not_found",
+            f"tasks {', '.join(map(str, foreign))} are not tasks of loop {row.name!r}; "
+            "nothing was restored",
+            fields=[
+                {
+                    "path": f"task_ids.{body.task_ids.index(task_id)}",
+                    "message": "not a task of the loop",
+                }
+                for task_id in foreign
+            ],
+        )
+    restored = task_set_aside.restore_tasks(session=session, loop_id=row.id, task_ids=body.task_ids)
+    return RestoreResult(loop=row.name, restored=restored)

@@ -318,3 +318,28 @@ class LoopConfigVersionPublic(BaseModel):
     changed_by: str
     reason: str | None
     created_at: dt.datetime
+
+
+class LoopToolPublic(BaseModel):
+    """One tool of a loop's live endpoint."""
+
+    name: str
+    allowed: bool = Field(description="On the deployment's allow-list: the sandbox may ask it")
+    listed: bool | None = Field(
+        description="The server lists it (null: the endpoint cannot list, e.g. http)"
+    )
+    read_only_hint: bool | None = Field(
+        description="The server's readOnlyHint: shown for the operator, never taken as "
+        "permission (only the allow-list is)"
+    )
+    description: str | None
+
+
+class LoopToolsPublic(BaseModel):
+    """A replay loop's live tool endpoint and its tools, allowed or listed."""
+
+    loop: str
+    endpoint: str | None = Field(description="curation_policy.tool_endpoint")
+    kind: str | None = Field(description="http or mcp")
+    tools: list[LoopToolPublic]
+    error: str | None = Field(description="Why the server's listing is missing, if it is")

@@ -26,6 +26,13 @@ class TaskPublic(BaseModel):
     redactions: dict[str, Any] = Field(description="What redaction removed, by kind")
     prompt: str = Field(description="The task's prompt, as the model sees it")
     created_at: dt.datetime
+    set_aside_reason: str | None = Field(
+        default=None,
+        description="Why the task is set aside (never trained on), e.g. unanswerable_calls: "
+        "every episode needed a tool result nobody could give; null when it is not",
+    )
+    set_aside_detail: str | None = Field(default=None, description="What set it aside")
+    set_aside_at: dt.datetime | None = None
 
 
 class FactPublic(BaseModel):
@@ -92,6 +99,19 @@ class PinIn(BaseModel):
 class PinResult(BaseModel):
     loop: str
     pinned: list[int] = Field(description="The tasks now in the regression suite")
+
+
+class RestoreIn(BaseModel):
+    """Set-aside tasks to bring back (the next snapshot may train on them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_ids: list[int] = Field(min_length=1, max_length=1000, description="Task row ids")
+
+
+class RestoreResult(BaseModel):
+    loop: str
+    restored: list[int] = Field(description="The tasks that were set aside and are no longer")
 
 
 class DatasetPublic(BaseModel):

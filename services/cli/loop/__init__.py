@@ -2,7 +2,7 @@
 operator actions, one module per group of commands:
 
 - :mod:`.credentials`: ``create``, ``rotate-secret``
-- :mod:`.views`: ``list``, ``show``, ``status``
+- :mod:`.views`: ``list``, ``show``, ``status``, ``tools``
 - :mod:`.config`: ``apply``, ``history``, ``export``
 - :mod:`.actions`: ``set-champion``, ``start``, ``pause``, ``resume``, ``run-now``,
   ``approve``, ``reject``, ``rollback``

@@ -100,6 +100,12 @@ def test_grpo_trains_an_hf_champion_on_replay_tasks(champion: Path, tmp_path: Pa
     assert code == 0
     metrics = read_metrics(tmp_path / "train")
     assert metrics["steps"] == 1 and metrics["episodes"] == 4
+    # The sandbox reports what nobody could answer, per task (a random model seldom calls a
+    # tool at all; the counts' meaning is tested in test_replay_tools.py).
+    assert isinstance(metrics["unanswerable_calls"], dict)
+    assert all(
+        c["episodes_unanswered"] <= c["episodes"] for c in metrics["unanswerable_calls"].values()
+    )
 
 
 def test_the_eval_job_scores_replay_tasks_and_reports_the_judge(
@@ -127,6 +133,7 @@ def test_the_eval_job_scores_replay_tasks_and_reports_the_judge(
     assert components == [("answer",), ("answer",), ("answer",), ("judge",)]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     judged = next(row for row in rows if "judge" in row["components"])
+    assert isinstance(metrics["unanswerable_calls"], dict)
     usage = metrics["judge"]["grader"]
     # An empty answer is failed without asking; any other is one call to the judge.
     assert usage["calls"] == (1 if judged["answer"] and judged["answer"].strip() else 0)

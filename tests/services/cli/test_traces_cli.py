@@ -152,7 +152,14 @@ def test_the_help_lists_every_loop_command(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         run(capsys, "--help")
     listed = " ".join(capsys.readouterr().out.split())
-    for word in ("apply", "history", "export", "set the champion", "traces", "--version"):
+    for word in (
+        "apply",
+        "history",
+        "export",
+        "set or bootstrap the champion",
+        "traces",
+        "--version",
+    ):
         assert word in listed, word
 
 

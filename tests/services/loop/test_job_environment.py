@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 from services.loop.job_documents import job_environment, rollout_environment
-from services.settings import Endpoint, ServingEndpoint, Settings
+from services.settings import Endpoint, ServingEndpoint, Settings, ToolEndpoint
 
 
 def settings(**fields: object) -> Settings:
     return Settings.model_validate(
         {
             "judge_endpoints": {"grader": Endpoint(url="http://judge/v1", api_key="judge-key")},
-            "tool_endpoints": {"orders": Endpoint(url="http://orders")},
+            "tool_endpoints": {"orders": ToolEndpoint(url="http://orders", tools=["find_order"])},
             "serving_endpoints": {
                 "rollouts": ServingEndpoint(kind="openai", url="http://vllm:8000", api_key="k"),
                 "open": ServingEndpoint(kind="openai", url="http://sglang:30000"),
@@ -61,7 +61,7 @@ def test_every_endpoint_variable_is_a_credential_whatever_its_fields(tmp_path: P
     assert set(env.credentials) == {
         "RATCHET_ROLLOUT_API_KEY",
         "RATCHET_JUDGE_ENDPOINTS",
-        "RATCHET_TOOL_ENDPOINTS",  # no key in it today: a credential all the same
+        "RATCHET_TOOL_ENDPOINTS",  # no key in it: a credential all the same
     }
     assert json.loads(env.credentials["RATCHET_JUDGE_ENDPOINTS"])["grader"]["api_key"] == (
         "judge-key"

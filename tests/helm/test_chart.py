@@ -35,6 +35,8 @@ MINIMAL = {
     "temporal": {"address": "temporal:7233"},
     # rendered without a cluster: the API server's address cannot be looked up
     "networkPolicy": {"kubernetesApiCidrs": ["10.0.0.1/32"]},
+    # rendered without a cluster: a generated key would change on every render (refused)
+    "secrets": {"secretKey": "sJQlxgB6CIqOHIJHU8oM_Iqo1YsdXug-7L9q1saDjHI="},
 }
 
 

@@ -54,6 +54,32 @@ def test_a_generated_vllm_key_is_refused_where_no_cluster_can_keep_it() -> None:
     assert first.objects == again.objects
 
 
+def test_a_generated_fernet_key_is_refused_where_no_cluster_can_keep_it() -> None:
+    """The key that encrypts stored signing secrets, made at an offline render (Argo CD),
+    would be a new one every sync: the pods would roll and the stored secrets could no
+    longer be read. Refused, naming how to make one once; given, it is the same every time."""
+    values = {**MINIMAL, "secrets": {}}
+    with pytest.raises(
+        Exception, match=r"secrets\.secretKey is empty and no cluster answered"
+    ) as err:
+        render(values)
+    assert "ratchet db generate-key" in str(err.value)
+    first, again = render(MINIMAL), render(MINIMAL)
+    key = MINIMAL["secrets"]["secretKey"]
+    for rendered in (first, again):
+        assert rendered.secret_data("rel-ratchet-secrets")["RATCHET_SECRET_KEY"] == key
+    external = {
+        **MINIMAL,
+        "database": {},
+        "secrets": {"existingSecret": "vault-ratchet"},
+    }
+    assert not [
+        s
+        for s in render(external).of_kind("Secret")
+        if s["metadata"]["name"] == "rel-ratchet-secrets"
+    ]
+
+
 def _accounts(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {sa["metadata"]["name"]: sa for sa in render(values).of_kind("ServiceAccount")}
 

@@ -24,6 +24,7 @@ from services.executors.kubernetes.launcher import KubernetesExecutor
 from services.serving.kubernetes import KubernetesServingTarget
 from services.settings import ServingEndpoint
 from tests.helm.chart import Manifest, render
+from tests.helm.test_chart import MINIMAL
 from tests.services.executors.kube_cluster import EmulatedCluster
 from tests.services.executors.test_kubernetes_launcher import COMPLETE, make_template
 from tests.services.modelserver.conftest import write_checkpoint
@@ -37,12 +38,6 @@ from tests.services.serving.test_kubernetes_target import (
     create_deployment,
 )
 
-MINIMAL = {
-    "database": {"url": "postgresql://u:p@db:5432/ratchet"},
-    "temporal": {"address": "temporal:7233"},
-    # rendered without a cluster: the API server's address cannot be looked up
-    "networkPolicy": {"kubernetesApiCidrs": ["10.0.0.1/32"]},
-}
 USER_AGENT = "ratchet-worker"
 
 

@@ -250,7 +250,8 @@ def test_chart_secret_holds_exactly_the_given_secrets() -> None:
     assert data.pop("RATCHET_DATABASE_URL") == (
         "postgresql://ratchet:ratchet@postgres.databases:5432/ratchet"
     )
-    # A Fernet key made for the release when none is given (services.secrets).
+    # The Fernet key the values give (services.secrets): rendered without a cluster, the
+    # chart makes none (tests/helm/test_credentials.py).
     assert set(data) == {"RATCHET_SECRET_KEY"}
     Fernet(data["RATCHET_SECRET_KEY"])
     gpu = render_ci("gpu-kueue-values.yaml")

@@ -275,9 +275,13 @@ checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256
 
 {{/*
 The key that encrypts stored signing secrets (RATCHET_SECRET_KEY): secrets.secretKey, else
-the one already in the release's Secret (so upgrades keep it), else a new Fernet key. Worked
-out once per render and remembered in .Values, so the Secret and the migration hook's copy
-hold the same key.
+the one already in the release's Secret (so upgrades keep it), else a new Fernet key, made
+only when a cluster answers the lookup (the release namespace's `default` ServiceAccount is
+there). Rendered without one (helm template, Argo CD, a client dry run) a generated key would
+change on every render: the pods would roll on every sync and the signing secrets stored
+under the old key could no longer be read, so rendering fails and says to set the key once.
+Worked out once per render and remembered in .Values, so the Secret and the migration hook's
+copy hold the same key.
 */}}
 {{- define "ratchet.secretKey" -}}
 {{- if not (hasKey .Values.secrets "_resolvedSecretKey") }}
@@ -286,8 +290,10 @@ hold the same key.
 {{- $existing := lookup "v1" "Secret" .Release.Namespace (include "ratchet.secretName" .) }}
 {{- if and $existing $existing.data (hasKey $existing.data "RATCHET_SECRET_KEY") }}
 {{- $key = index $existing.data "RATCHET_SECRET_KEY" | b64dec }}
-{{- else }}
+{{- else if lookup "v1" "ServiceAccount" .Release.Namespace "default" }}
 {{- $key = randBytes 32 | replace "+" "-" | replace "/" "_" }}
+{{- else }}
+{{- fail (printf "secrets.secretKey is empty and no cluster answered (helm template, Argo CD, a client dry run, or namespace %s does not exist yet): a key generated here would change on every render, and the signing secrets stored under it could no longer be read. Make one once with `ratchet db generate-key` and set secrets.secretKey (or keep it in secrets.existingSecret)" .Release.Namespace) }}
 {{- end }}
 {{- end }}
 {{- $_ := set .Values.secrets "_resolvedSecretKey" $key }}

@@ -165,6 +165,10 @@ class Settings(BaseSettings):
     api_metrics_port: int | None = Field(default=None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"
     worker_port: int = Field(default=8001, ge=1, le=65535)
+    # Jobs one worker follows at once (a run_job activity waits for its job, hours perhaps),
+    # in slots of their own: never the slots of the database and curation activities every
+    # loop's cycle needs, so many loops' long jobs never starve another loop's cycle.
+    worker_max_jobs: int = Field(default=256, ge=1, le=10_000)
     public_url: str | None = None
     temporal_ui_url: str | None = None
 
@@ -194,6 +198,9 @@ class Settings(BaseSettings):
     # executor. Off: such a loop is refused, since the command would run as the worker's
     # user on the worker's machine (the kubernetes executor runs it in the loop's image).
     local_job_commands_enabled: bool = False
+    # Jobs the local executor runs at once on this machine; the rest wait in a queue fair
+    # between loops (services.executors.local_queue). 0: no limit.
+    local_max_jobs: int = Field(default=2, ge=0, le=1024)
 
     # Ingestion.
     ingest_max_body_bytes: int = Field(default=5 * 1024 * 1024, ge=1024)

@@ -261,6 +261,11 @@ class Settings(BaseSettings):
     # request is answered 429 with Retry-After instead of queued.
     serve_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     serve_queue_max: int = Field(default=256, ge=1)
+    # LoRA adapters `ratchet serve` keeps loaded (vLLM's --max-cpu-loras): past it the least
+    # recently requested one is unloaded and stays registered, loaded again on its next
+    # request (services/modelserver/registry.py). One loop per agent registers one or more
+    # adapters each; this bounds their memory. 0: no limit.
+    serve_max_adapters: int = Field(default=32, ge=0, le=100_000)
     # Directories `POST /v1/load_lora_adapter` may load checkpoints from (absolute; the path
     # must lie inside one, symlinks refused). Empty: the artifact store and the directory
     # holding the checkpoint `ratchet serve` started with.

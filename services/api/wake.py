@@ -39,7 +39,8 @@ _PRUNE_AT = 4096
 
 
 class LoopWaker:
-    """Signals ``wake`` to a loop on its first accepted trace after ``quiet_s`` of silence."""
+    """Signals ``wake`` to a loop on its first accepted trace after ``quiet_s`` of silence
+    (and on a configuration change). Made on the event loop it signals from."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class LoopWaker:
         self._clock = clock
         self._last: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._event_loop = asyncio.get_running_loop()
         self.sent = 0  # signals sent (for tests and /metrics readers)
 
     def traces_arrived(self, loop: str) -> None:
@@ -64,7 +66,15 @@ class LoopWaker:
             return
         if len(self._last) > _PRUNE_AT:
             self._prune(now)
-        task = asyncio.get_running_loop().create_task(self._wake(loop))
+        self._spawn(loop)
+
+    def wake(self, loop: str) -> None:
+        """Signal ``wake`` now, quiet or not (the loop's configuration changed, so its next
+        check should not wait out a backoff); callable from any thread, never blocks."""
+        self._event_loop.call_soon_threadsafe(self._spawn, loop)
+
+    def _spawn(self, loop: str) -> None:
+        task = self._event_loop.create_task(self._wake(loop))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

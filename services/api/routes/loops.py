@@ -418,6 +418,8 @@ def patch_loop(
             body.changed_by or "admin-api",
             ", ".join(c.path for c in result.changes),
         )
+        if state.waker is not None:  # an idle loop reads the change now, not after its backoff
+            state.waker.wake(loop)
     return result
 
 

@@ -13,7 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from services.api.wake import LoopWaker
 from services.settings import Settings
-from tests.services.api.support import ADMIN_TOKEN, body_of, make_trace, signed_headers
+from tests.services.api.support import ADMIN, ADMIN_TOKEN, body_of, make_trace, signed_headers
 from tests.support import assert_eventually_async
 
 
@@ -107,3 +107,31 @@ async def test_posted_traces_signal_wake_to_the_loops_workflow(
 
     await assert_eventually_async(woken, timeout=30)
     await handle.terminate()
+
+
+async def signals_of(temporal_env: WorkflowEnvironment, workflow_id: str) -> list[str]:
+    history = await temporal_env.client.get_workflow_handle(workflow_id).fetch_history()
+    return [
+        event.workflow_execution_signaled_event_attributes.signal_name
+        for event in history.events
+        if event.HasField("workflow_execution_signaled_event_attributes")
+    ]
+
+
+async def test_a_configuration_change_wakes_the_loop_and_a_dry_run_does_not(
+    client: TestClient, loop: dict[str, Any], temporal_env: WorkflowEnvironment
+) -> None:
+    patch = {"trigger_policy": {"min_new_tasks": 4}}
+    dry = client.patch(f"/v1/loops/{loop['name']}?dry_run=true", json=patch, headers=ADMIN)
+    assert dry.status_code == 200 and dry.json()["changed"]
+    changed = client.patch(f"/v1/loops/{loop['name']}", json=patch, headers=ADMIN)
+    assert changed.status_code == 200 and changed.json()["changed"]
+
+    async def woken() -> None:
+        assert await signals_of(temporal_env, loop["workflow_id"]) == ["wake"]
+
+    await assert_eventually_async(woken, timeout=30)
+    same = client.patch(f"/v1/loops/{loop['name']}", json=patch, headers=ADMIN)
+    assert same.status_code == 200 and not same.json()["changed"]  # nothing new: no signal
+    await temporal_env.client.get_workflow_handle(loop["workflow_id"]).terminate()
+    assert await signals_of(temporal_env, loop["workflow_id"]) == ["wake"]

@@ -59,7 +59,7 @@ from services.executors.local_env import (
     job_environment,
     job_thread_env,
 )
-from services.executors.local_queue import JobQueue, QueueEntry
+from services.executors.local_queue import JobQueue, QueueEntry, QueueView
 from services.executors.runfiles import UnsafeRunFile, read_text
 from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE, write_json_atomic
 from services.loop.states import RunStatus
@@ -72,6 +72,9 @@ CANCEL_FILE = "cancel.json"
 LOG_FILE = "job.log"
 JOB_MODULES = {"train": "services.training.job", "eval": "services.evaluation.job"}
 
+# How often the polls of waiting jobs look for a free slot, at most, per process (a job
+# that ends hands its slot on at once; this bounds the work of many jobs waiting).
+DISPATCH_EVERY_S = 0.5
 # Two start times of one process differ by float noise only; a recycled pid starts later.
 _START_TIME_TOLERANCE_S = 1.0
 
@@ -113,6 +116,10 @@ class LocalExecutor:
         )
         # Requests of this process's waiting jobs (credentials included: memory only).
         self._waiting: dict[str, JobRequest] = {}
+        # The queue as this process's last dispatch left it, and when that was: waiting
+        # jobs' polls dispatch at most every DISPATCH_EVERY_S, however many jobs wait.
+        self._view = QueueView(0, max_running or 0)
+        self._dispatched_at = 0.0
         self._python = python or sys.executable
         self._command = list(command) if command is not None else None
         self._loop_commands_enabled = loop_commands_enabled
@@ -169,10 +176,16 @@ class LocalExecutor:
         handle = self._make_handle(spec, state_dir, 0, None)
         return {**handle, "queued": True, "loop": spec.loop, "queued_at": time.time()}
 
-    def _dispatch(self) -> None:
-        """Start the waiting jobs whose turn it is (:class:`JobQueue`)."""
-        if self._queue is not None:
-            self._queue.dispatch(self._start_waiting, self._entry_running)
+    def _dispatch(self, *, force: bool = True) -> None:
+        """Start the waiting jobs whose turn it is (:class:`JobQueue`); unless ``force``,
+        only if this process has not looked within ``DISPATCH_EVERY_S``."""
+        if self._queue is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._dispatched_at < DISPATCH_EVERY_S:
+            return
+        self._dispatched_at = now
+        self._view = self._queue.dispatch(self._start_waiting, self._entry_running)
 
     def _start_waiting(self, entry: QueueEntry) -> bool | None:
         """Start a waiting job if this process holds its request (see JobQueue.dispatch)."""
@@ -317,19 +330,22 @@ class LocalExecutor:
                 f"run {handle['run_id']} waits in a local job queue, and this executor has "
                 "none (RATCHET_LOCAL_MAX_JOBS)"
             )
-        if not self._queue.touch(str(handle["run_id"])):
+        run_id = str(handle["run_id"])
+        if not self._queue.touch(run_id):
             self._queue.enqueue(_entry(handle))
-        self._dispatch()
+            self._dispatch()
+        else:
+            self._dispatch(force=False)
         started = self._started_handle(handle)
         if started is not None:
             return self.status(started)
-        place = self._queue.position(str(handle["run_id"]), self._entry_running)
+        view = self._view
         return JobStatus(
             state=RunStatus.PENDING,
             reason="Queued",
             message=(
-                f"waiting for a job slot: {place.running} of {place.slots} in use, "
-                f"{place.ahead} job(s) start before it (RATCHET_LOCAL_MAX_JOBS)"
+                f"waiting for a job slot: {view.running} of {view.slots} in use, "
+                f"{view.ahead_of(run_id)} job(s) start before it (RATCHET_LOCAL_MAX_JOBS)"
             ),
             accelerators=int(handle.get("accelerators", 0)),
         )

@@ -53,12 +53,17 @@ class QueueEntry:
 
 
 @dataclass(frozen=True)
-class QueuePosition:
-    """Where a waiting job stands: slots busy out of all, and jobs that start before it."""
+class QueueView:
+    """The queue as a dispatch left it: slots busy out of all, and the waiting jobs' run ids
+    in the order they will start."""
 
     running: int
     slots: int
-    ahead: int
+    waiting: tuple[str, ...] = ()
+
+    def ahead_of(self, run_id: str) -> int:
+        """Jobs that start before ``run_id`` (all of them if it is not in the view)."""
+        return self.waiting.index(run_id) if run_id in self.waiting else len(self.waiting)
 
 
 class JobQueue:
@@ -98,8 +103,8 @@ class JobQueue:
 
     def dispatch(
         self, start: Callable[[QueueEntry], bool | None], running: Callable[[QueueEntry], bool]
-    ) -> None:
-        """Start waiting jobs, in fair order, while slots are free.
+    ) -> QueueView:
+        """Start waiting jobs, in fair order, while slots are free; the queue as it is left.
 
         ``running(entry)``: whether a started job still runs (one that ended frees its slot).
         ``start(entry)``: start the job and say True; False when this process does not hold
@@ -124,17 +129,8 @@ class JobQueue:
                 served[entry.loop] = time.time()
                 busy += 1
             write_json_atomic(self.directory / SERVED_FILE, served)
-
-    def position(self, run_id: str, running: Callable[[QueueEntry], bool]) -> QueuePosition:
-        """Where the waiting job ``run_id`` stands (``ahead`` 0: it starts next)."""
-        with self._locked():
-            entries = self._entries()
-            busy = sum(1 for e in entries if e.started and running(e))
-            waiting = [e for e in entries if not e.started]
-            served = self._served()
             order = sorted(waiting, key=lambda e: _fair_key(e, served))
-            ahead = next((i for i, e in enumerate(order) if e.run_id == run_id), len(order))
-            return QueuePosition(busy, self.slots, ahead)
+            return QueueView(busy, self.slots, tuple(e.run_id for e in order))
 
     # Helpers ------------------------------------------------------------------------------
 

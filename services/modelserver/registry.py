@@ -473,3 +473,5 @@ class ModelRegistry:
                 for key in engine.adapters():
                     if (id(engine), key) not in kept:
                         engine.unload_adapter(key)
+                        with self._lock:
+                            self._last_used.pop((id(engine), key), None)

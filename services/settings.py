@@ -233,6 +233,10 @@ class Settings(BaseSettings):
     api_metrics_port: int | None = Field(default=None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"
     worker_port: int = Field(default=8001, ge=1, le=65535)
+    # Jobs one worker follows at once (a run_job activity waits for its job, hours perhaps),
+    # in slots of their own: never the slots of the database and curation activities every
+    # loop's cycle needs, so many loops' long jobs never starve another loop's cycle.
+    worker_max_jobs: int = Field(default=256, ge=1, le=10_000)
     public_url: str | None = None
     temporal_ui_url: str | None = None
 
@@ -262,6 +266,9 @@ class Settings(BaseSettings):
     # executor. Off: such a loop is refused, since the command would run as the worker's
     # user on the worker's machine (the kubernetes executor runs it in the loop's image).
     local_job_commands_enabled: bool = False
+    # Jobs the local executor runs at once on this machine; the rest wait in a queue fair
+    # between loops (services.executors.local_queue). 0: no limit.
+    local_max_jobs: int = Field(default=2, ge=0, le=1024)
 
     # Ingestion.
     ingest_max_body_bytes: int = Field(default=5 * 1024 * 1024, ge=1024)
@@ -323,6 +330,11 @@ class Settings(BaseSettings):
     # request is answered 429 with Retry-After instead of queued.
     serve_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     serve_queue_max: int = Field(default=256, ge=1)
+    # LoRA adapters `ratchet serve` keeps loaded (vLLM's --max-cpu-loras): past it the least
+    # recently requested one is unloaded and stays registered, loaded again on its next
+    # request (services/modelserver/registry.py). One loop per agent registers one or more
+    # adapters each; this bounds their memory. 0: no limit.
+    serve_max_adapters: int = Field(default=32, ge=0, le=100_000)
     # Directories `POST /v1/load_lora_adapter` may load checkpoints from (absolute; the path
     # must lie inside one, symlinks refused). Empty: the artifact store and the directory
     # holding the checkpoint `ratchet serve` started with.

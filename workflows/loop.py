@@ -63,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
         ResumeSignal,
         RollbackSignal,
         RunNowSignal,
+        WakeSignal,
     )
     from workflows.payloads.probe import ProbeInput
     from workflows.payloads.promote import PromoteResult
@@ -76,7 +77,7 @@ with workflow.unsafe.imports_passed_through():
         RATCHET_STAGE,
     )
     from workflows.train import TrainWorkflow
-    from workflows.trigger import check_trigger
+    from workflows.trigger import IDLE_PATCH, TriggerCheck, check_trigger, next_check_s
 
 # Results the stage functions of workflows/cycle.py, bootstrap.py and trigger.py decode: the
 # workflow sandbox resolves a result's type hints through its module, which it holds only
@@ -115,6 +116,8 @@ class LoopWorkflow:
         # The cycle in progress (0 between cycles).
         self.cycle = 0
         self.approval: tuple[str, ApprovalSignal] | None = None
+        # A wake signal arrived since the last trigger check began.
+        self.woken = False
 
     # Signals, query ----------------------------------------------------------------------
 
@@ -149,6 +152,12 @@ class LoopWorkflow:
     @workflow.signal
     def bootstrap(self, signal: BootstrapSignal) -> None:
         self.state.bootstrap = signal
+
+    @workflow.signal
+    def wake(self, signal: WakeSignal) -> None:
+        """Check for a trigger now (traces arrived): ends an idle loop's backoff."""
+        self.woken = True
+        self.state.idle_checks = 0
 
     @workflow.query
     def status(self) -> LoopStatus:
@@ -188,9 +197,11 @@ class LoopWorkflow:
                 self.waiting_for = None
                 self._set_stage(CycleStage.WAITING)
                 continue
-            trigger, detail = await check_trigger(self.loop, self.state, config)
-            if trigger is not None:
-                await self._run_cycle(config, trigger, detail)
+            self.woken = False
+            check = await check_trigger(self.loop, self.state, config)
+            if check.trigger is not None:
+                self.state.idle_checks = 0
+                await self._run_cycle(config, check.trigger, check.detail)
                 if input.max_cycles is not None and self.state.cycles_done >= input.max_cycles:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     return LoopResult(self.loop, self.state.cycles_done, self.state.last_outcome)
@@ -198,21 +209,7 @@ class LoopWorkflow:
             checks += 1
             if checks >= input.checks_per_run or workflow.info().is_continue_as_new_suggested():
                 break
-            self.waiting_for = "trigger"
-            due = workflow.now() + timedelta(seconds=config.trigger_policy.check_interval_s)
-            self.next_check_at = due.isoformat()
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: (
-                        self.state.run_now
-                        or self.state.paused
-                        or self.state.rollback_reason is not None
-                        or self.state.bootstrap is not None
-                    ),
-                    timeout=timedelta(seconds=config.trigger_policy.check_interval_s),
-                )
-            self.waiting_for = None
-            self.next_check_at = None
+            await self._wait_for_next_check(config, check)
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             LoopInput(
@@ -222,6 +219,33 @@ class LoopWorkflow:
                 checks_per_run=input.checks_per_run,
             )
         )
+
+    async def _wait_for_next_check(self, config: LoopConfig, check: TriggerCheck) -> None:
+        """Wait until the next trigger check is due, or a signal asks for one sooner.
+
+        With the idle backoff (:data:`IDLE_PATCH`) a quiet check lengthens the wait and any
+        other check resets it (workflows/trigger.py, :func:`next_check_s`); a ``wake``
+        signal (traces arrived) ends the wait at once. Histories before it wait
+        ``check_interval_s``."""
+        wait_s = config.trigger_policy.check_interval_s
+        if workflow.patched(IDLE_PATCH):
+            self.state.idle_checks = self.state.idle_checks + 1 if check.quiet else 0
+            wait_s = next_check_s(config, self.state.idle_checks, check.until_max_interval_s)
+        self.waiting_for = "trigger"
+        self.next_check_at = (workflow.now() + timedelta(seconds=wait_s)).isoformat()
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: (
+                    self.state.run_now
+                    or self.state.paused
+                    or self.state.rollback_reason is not None
+                    or self.state.bootstrap is not None
+                    or self.woken
+                ),
+                timeout=timedelta(seconds=wait_s),
+            )
+        self.waiting_for = None
+        self.next_check_at = None
 
     # Cycle -------------------------------------------------------------------------------
 

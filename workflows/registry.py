@@ -58,6 +58,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         executors=lambda name: build_executor(name, deps.settings),
         artifacts=deps.artifacts,
         settings=deps.settings,
+        follow_threads=deps.settings.worker_max_jobs,
     )
     curation = CurationActivities(
         deps.session_factory,

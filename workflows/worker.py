@@ -13,6 +13,7 @@ import concurrent.futures
 import logging
 import signal
 import socket
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,16 +54,30 @@ def build_worker(
     workflows: Sequence[type] | None = None,
     activities: Sequence[Callable[..., Any]] | None = None,
     max_concurrent_activities: int = 32,
+    max_followed_jobs: int | None = None,
 ) -> Worker:
-    """A worker on the settings' task queue with every workflow and activity registered."""
-    return Worker(
-        client,
-        task_queue=task_queue or deps.settings.temporal_task_queue,
-        workflows=list(workflows) if workflows is not None else workflow_classes(),
-        activities=list(activities) if activities is not None else activity_callables(deps),
-        activity_executor=concurrent.futures.ThreadPoolExecutor(max_concurrent_activities),
-        max_concurrent_activities=max_concurrent_activities,
-    )
+    """A worker on the settings' task queue with every workflow and activity registered.
+
+    Activity slots come in two budgets: ``max_concurrent_activities`` for the activities
+    that work (a transaction, a curation batch, a deploy: one thread each), and
+    ``max_followed_jobs`` (``RATCHET_WORKER_MAX_JOBS``) more for ``run_job``, which holds its
+    slot while its job runs but costs nothing meanwhile (it waits on the event loop). With
+    one budget, as many long jobs as slots would leave no slot for any loop's next database
+    call: every other loop's cycle would stall behind them.
+    """
+    jobs = deps.settings.worker_max_jobs if max_followed_jobs is None else max_followed_jobs
+    with warnings.catch_warnings():
+        # The SDK warns when slots outnumber the executor's threads: here on purpose, as the
+        # job slots' activities are async and never take a thread of it.
+        warnings.filterwarnings("ignore", message="Worker max_concurrent_activities is")
+        return Worker(
+            client,
+            task_queue=task_queue or deps.settings.temporal_task_queue,
+            workflows=list(workflows) if workflows is not None else workflow_classes(),
+            activities=list(activities) if activities is not None else activity_callables(deps),
+            activity_executor=concurrent.futures.ThreadPoolExecutor(max_concurrent_activities),
+            max_concurrent_activities=max_concurrent_activities + jobs,
+        )
 
 
 def _free_local_port() -> int:

@@ -15,6 +15,7 @@ from services.settings import Settings
 from services.temporal import connect_temporal
 
 if TYPE_CHECKING:
+    from services.api.wake import LoopWaker
     from services.ingest.service import IngestService
     from services.ingest.span_store import EpisodeAssembler
 
@@ -44,6 +45,7 @@ class AppState:
     # Owned by the route modules that start and stop them (services.api.routes.traces and
     # .otlp); None while they are not running, which the routes answer with a 503.
     ingest: IngestService | None = None
+    waker: LoopWaker | None = None
     otlp_assembler: EpisodeAssembler | None = None
     otlp_sweeper: asyncio.Task[None] | None = None
     _secret_box: SecretBox | None = None

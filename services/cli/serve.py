@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     RATCHET_SERVE_MODEL_ROOTS (default: the artifact store and the directory holding
     --checkpoint). RATCHET_SERVE_MAX_BODY_BYTES caps request bodies (413);
     RATCHET_SERVE_QUEUE_MAX bounds the rows waiting to decode (429 past it);
-    RATCHET_SERVE_ATTESTATION_KEY signs each response id for the checkpoint that answered.
+    RATCHET_SERVE_ATTESTATION_KEY signs each response id for the checkpoint that answered;
+    RATCHET_SERVE_MAX_ADAPTERS keeps at most that many LoRA adapters loaded (default 32, 0:
+    all), the least recently requested unloaded and loaded again on demand.
     """
     from services.cli import CliError
     from services.cli.common import cli_settings
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             model_name=args.served_model_name,
             device=args.device,
             threads=args.threads,
+            max_resident_adapters=settings.serve_max_adapters or None,
             options=ServerOptions(
                 api_key=key,
                 admin_key=admin,

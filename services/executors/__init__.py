@@ -22,6 +22,8 @@ from services.executors.base import (
 from services.settings import Settings
 
 EXECUTOR_NAMES = ("local", "kubernetes")
+# The local executor's job queue, under the artifact root (one per machine).
+LOCAL_QUEUE_SUBDIR = "local-jobs"
 
 
 def build_executor(name: str, settings: Settings) -> Executor:
@@ -32,6 +34,8 @@ def build_executor(name: str, settings: Settings) -> Executor:
         return LocalExecutor(
             python=settings.job_python,
             loop_commands_enabled=settings.local_job_commands_enabled,
+            max_running=settings.local_max_jobs or None,
+            queue_dir=settings.artifacts_dir / LOCAL_QUEUE_SUBDIR,
         )
     if name == "kubernetes":
         from services.executors.kubernetes import KubernetesExecutor, load_template

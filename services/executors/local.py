@@ -18,6 +18,12 @@ Re-attaching checks the supervisor's pid *and* its start time, so a recycled pid
 mistaken for the job; a supervisor that is gone without an ``exit.json`` marks the job
 ``lost``. Accounting: wall time x the declared accelerators, and the CPU seconds of the
 job process tree (from ``wait4`` once it ended, from the live tree while it runs).
+
+With ``max_running`` (``RATCHET_LOCAL_MAX_JOBS``) at most that many jobs run on the machine at
+once; the others wait, ``pending``, in a queue fair between loops
+(:mod:`services.executors.local_queue`). A waiting job's handle says ``queued``; it stays the
+job's handle once the job starts (``status`` reads the started job's ``handle.json``), so a
+follower never needs a new one.
 """
 
 from __future__ import annotations
@@ -32,13 +38,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from services.cores import ThreadBudget, job_threads, thread_budget, thread_env
 from services.executors.base import (
     Handle,
     JobRequest,
@@ -48,6 +53,13 @@ from services.executors.base import (
     tail,
     write_spec_file,
 )
+from services.executors.local_env import (
+    LOOP_COMMAND_REFUSED,
+    image_ignored,
+    job_environment,
+    job_thread_env,
+)
+from services.executors.local_queue import JobQueue, QueueEntry, QueueView
 from services.executors.runfiles import UnsafeRunFile, read_text
 from services.executors.supervise import EXIT_FILE, SUPERVISOR_FILE, write_json_atomic
 from services.loop.states import RunStatus
@@ -60,6 +72,9 @@ CANCEL_FILE = "cancel.json"
 LOG_FILE = "job.log"
 JOB_MODULES = {"train": "services.training.job", "eval": "services.evaluation.job"}
 
+# How often the polls of waiting jobs look for a free slot, at most, per process (a job
+# that ends hands its slot on at once; this bounds the work of many jobs waiting).
+DISPATCH_EVERY_S = 0.5
 # Two start times of one process differ by float noise only; a recycled pid starts later.
 _START_TIME_TOLERANCE_S = 1.0
 
@@ -77,6 +92,8 @@ class LocalExecutor:
         loop_commands_enabled: bool = False,
         cancel_grace_s: float = 10.0,
         poll_interval_s: float = 0.2,
+        max_running: int | None = None,
+        queue_dir: Path | None = None,
     ) -> None:
         """``python`` runs ``-m services.<training|evaluation>.job`` (default: this one).
 
@@ -84,9 +101,25 @@ class LocalExecutor:
         the Kubernetes job template does, so any trainer honouring the job contract fits.
         ``command`` is the deployment's; a *loop's* own command (``JobRequest.command``) runs
         only with ``loop_commands_enabled`` (``RATCHET_LOCAL_JOB_COMMANDS_ENABLED``).
+
+        ``max_running``: at most this many jobs at once on the machine (None: no limit), the
+        queue kept in ``queue_dir`` (one directory per machine, shared by its workers).
         """
         if command is not None and not command:
             raise JobRequestError("the local job command must not be empty")
+        if max_running is not None and queue_dir is None:
+            raise JobRequestError("a local executor with max_running needs a queue_dir")
+        self._queue = (
+            JobQueue(queue_dir, max_running)
+            if max_running is not None and queue_dir is not None
+            else None
+        )
+        # Requests of this process's waiting jobs (credentials included: memory only).
+        self._waiting: dict[str, JobRequest] = {}
+        # The queue as this process's last dispatch left it, and when that was: waiting
+        # jobs' polls dispatch at most every DISPATCH_EVERY_S, however many jobs wait.
+        self._view = QueueView(0, max_running or 0)
+        self._dispatched_at = 0.0
         self._python = python or sys.executable
         self._command = list(command) if command is not None else None
         self._loop_commands_enabled = loop_commands_enabled
@@ -115,18 +148,70 @@ class LocalExecutor:
         return [self._python, "-m", module, "--spec", str(spec.spec_path)]
 
     def submit(self, spec: JobRequest) -> Handle:
-        """Start the job under a supervisor, or adopt the one this run id already has."""
+        """Start the job under a supervisor (or queue it for a slot), or adopt the one this
+        run id already has; a waiting job submitted again is this process's to start."""
         state_dir = spec.run_dir / STATE_SUBDIR
         state_dir.mkdir(parents=True, exist_ok=True)
         with _file_lock(state_dir / "submit.lock"):
             existing = _read_json(state_dir / HANDLE_FILE)
-            if existing is not None:
+            if existing is not None and not existing.get("queued"):
                 logger.info("adopting local job of run %s (pid %s)", spec.run_id, existing["pid"])
                 return existing
-            if (state_dir / SUPERVISOR_FILE).exists():
+            if existing is not None and (state_dir / CANCEL_FILE).exists():
+                return existing  # cancelled while it waited: it never starts
+            if existing is None and (state_dir / SUPERVISOR_FILE).exists():
                 # A submit died between starting the supervisor and writing the handle.
                 return self._handle_from_supervisor(spec, state_dir)
-            return self._start(spec, state_dir)
+            if self._queue is None:
+                return self._start(spec, state_dir)
+            queued = existing or self._queued_handle(spec, state_dir)
+            write_json_atomic(state_dir / HANDLE_FILE, queued)
+            with self._lock:
+                self._waiting[spec.run_id] = spec
+        self._queue.enqueue(_entry(queued))
+        self._dispatch()
+        return _read_json(state_dir / HANDLE_FILE) or queued
+
+    def _queued_handle(self, spec: JobRequest, state_dir: Path) -> Handle:
+        handle = self._make_handle(spec, state_dir, 0, None)
+        return {**handle, "queued": True, "loop": spec.loop, "queued_at": time.time()}
+
+    def _dispatch(self, *, force: bool = True) -> None:
+        """Start the waiting jobs whose turn it is (:class:`JobQueue`); unless ``force``,
+        only if this process has not looked within ``DISPATCH_EVERY_S``."""
+        if self._queue is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._dispatched_at < DISPATCH_EVERY_S:
+            return
+        self._dispatched_at = now
+        self._view = self._queue.dispatch(self._start_waiting, self._entry_running)
+
+    def _start_waiting(self, entry: QueueEntry) -> bool | None:
+        """Start a waiting job if this process holds its request (see JobQueue.dispatch)."""
+        state_dir = Path(entry.state_dir)
+        with self._lock:
+            spec = self._waiting.get(entry.run_id)
+        if spec is None:
+            return False
+        with _file_lock(state_dir / "submit.lock"):
+            with self._lock:
+                self._waiting.pop(entry.run_id, None)
+            current = _read_json(state_dir / HANDLE_FILE)
+            if (state_dir / CANCEL_FILE).exists():
+                return None
+            if current is not None and not current.get("queued"):
+                return True  # started already
+            self._start(spec, state_dir)
+            return True
+
+    def _entry_running(self, entry: QueueEntry) -> bool:
+        """Whether a started job still holds its slot (its supervisor runs, no exit yet)."""
+        state_dir = Path(entry.state_dir)
+        handle = _read_json(state_dir / HANDLE_FILE)
+        if handle is None or handle.get("queued") or (state_dir / EXIT_FILE).exists():
+            return False
+        return self._supervisor_alive(handle)
 
     def _start(self, spec: JobRequest, state_dir: Path) -> Handle:
         command = self.job_command(spec)
@@ -203,6 +288,11 @@ class LocalExecutor:
 
     def status(self, handle: Handle) -> JobStatus:
         state_dir = Path(handle["state_dir"])
+        if handle.get("queued"):
+            started = self._started_handle(handle)
+            if started is None:
+                return self._waiting_status(handle)
+            handle = started
         self._reap(int(handle["pid"]))
         ended = _read_json(state_dir / EXIT_FILE)
         if ended is None and not self._supervisor_alive(handle):
@@ -211,7 +301,54 @@ class LocalExecutor:
                 return self._gone(handle, state_dir)
         if ended is None:
             return self._running(handle)
+        self._free_slot(handle)
         return self._ended(handle, state_dir, ended)
+
+    def _free_slot(self, handle: Handle) -> None:
+        """A job ended: its slot goes to the next waiting job at once."""
+        if self._queue is not None:
+            self._queue.remove(str(handle["run_id"]))
+            self._dispatch()
+
+    def _started_handle(self, handle: Handle) -> Handle | None:
+        """The started job's handle for a queued one; None while it waits."""
+        current = _read_json(Path(handle["state_dir"]) / HANDLE_FILE)
+        if current is None or current.get("queued"):
+            return None
+        return current
+
+    def _waiting_status(self, handle: Handle) -> JobStatus:
+        """A queued job: started now if its turn came, else pending (or cancelled)."""
+        state_dir = Path(handle["state_dir"])
+        queued_at = float(handle.get("queued_at") or handle.get("submitted_at") or time.time())
+        cancelled = _read_json(state_dir / CANCEL_FILE)
+        if cancelled is not None:
+            ended_at = float(cancelled.get("requested_at") or queued_at)
+            return JobStatus(state=RunStatus.CANCELLED, reason="Cancelled", ended_at=ended_at)
+        if self._queue is None:
+            raise JobRequestError(
+                f"run {handle['run_id']} waits in a local job queue, and this executor has "
+                "none (RATCHET_LOCAL_MAX_JOBS)"
+            )
+        run_id = str(handle["run_id"])
+        if not self._queue.touch(run_id):
+            self._queue.enqueue(_entry(handle))
+            self._dispatch()
+        else:
+            self._dispatch(force=False)
+        started = self._started_handle(handle)
+        if started is not None:
+            return self.status(started)
+        view = self._view
+        return JobStatus(
+            state=RunStatus.PENDING,
+            reason="Queued",
+            message=(
+                f"waiting for a job slot: {view.running} of {view.slots} in use, "
+                f"{view.ahead_of(run_id)} job(s) start before it (RATCHET_LOCAL_MAX_JOBS)"
+            ),
+            accelerators=int(handle.get("accelerators", 0)),
+        )
 
     def _running(self, handle: Handle) -> JobStatus:
         supervisor = _read_json(Path(handle["state_dir"]) / SUPERVISOR_FILE) or {}
@@ -246,6 +383,7 @@ class LocalExecutor:
 
     def _gone(self, handle: Handle, state_dir: Path) -> JobStatus:
         """The supervisor is gone and wrote no exit status: cancelled (SIGKILL) or lost."""
+        self._free_slot(handle)
         started = float(handle.get("submitted_at") or 0.0)
         cancel = _read_json(state_dir / CANCEL_FILE)
         accelerators = int(handle.get("accelerators", 0))
@@ -289,7 +427,13 @@ class LocalExecutor:
         return self._read_log(handle, tail_lines=tail_lines)
 
     def cancel(self, handle: Handle) -> None:
-        """SIGTERM the job's process group, SIGKILL it after the grace period."""
+        """SIGTERM the job's process group, SIGKILL it after the grace period; a job still
+        waiting for a slot leaves the queue and never starts."""
+        if handle.get("queued"):
+            started = self._started_handle(handle)
+            if started is None and self._cancel_waiting(handle):
+                return
+            handle = self._started_handle(handle) or handle
         state_dir = Path(handle["state_dir"])
         if self.status(handle).terminal:
             return
@@ -312,6 +456,21 @@ class LocalExecutor:
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and not self.status(handle).terminal:
             time.sleep(self._poll_interval_s)
+
+    def _cancel_waiting(self, handle: Handle) -> bool:
+        """Cancel a job that has not started; False when it started meanwhile."""
+        state_dir = Path(handle["state_dir"])
+        with _file_lock(state_dir / "submit.lock"):
+            if self._started_handle(handle) is not None:
+                return False
+            if not (state_dir / CANCEL_FILE).exists():
+                write_json_atomic(state_dir / CANCEL_FILE, {"requested_at": time.time()})
+            with self._lock:
+                self._waiting.pop(str(handle["run_id"]), None)
+        if self._queue is not None:
+            self._queue.remove(str(handle["run_id"]))
+        logger.info("cancelled run %s before its job started", handle["run_id"])
+        return True
 
     # Helpers -----------------------------------------------------------------------------
 
@@ -370,118 +529,21 @@ class LocalExecutor:
         return tail(text, tail_lines)
 
 
-# What a local job keeps of the worker's environment: how to find programs, libraries and
-# accelerators, the locale, thread counts and model caches. An allow-list, not a deny-list:
-# the worker's environment holds Ratchet's settings (RATCHET_DATABASE_URL, _ADMIN_TOKEN,
-# _SECRET_KEY, _SERVE_API_KEY, ...), and may hold a cloud's or a model hub's credentials,
-# none of which a job needs: it talks to nothing but its files (the job contract).
-JOB_ENV_NAMES: frozenset[str] = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "SHELL",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "TMPDIR",
-        "TERM",
-        "VIRTUAL_ENV",
-        "PYTHONPATH",
-        "PYTHONHASHSEED",
-        "PYTHONUNBUFFERED",
-        "PYTHONDONTWRITEBYTECODE",
-        "LD_LIBRARY_PATH",
-        "CUDA_HOME",
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "NVIDIA_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "PYTORCH_CUDA_ALLOC_CONF",
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "TOKENIZERS_PARALLELISM",
-        "XDG_CACHE_HOME",
-        "TORCH_HOME",
-        "HF_HOME",
-        "HF_HUB_CACHE",
-        "HF_HUB_OFFLINE",
-        "HF_DATASETS_OFFLINE",
-        "TRANSFORMERS_OFFLINE",
-    }
-)
-JOB_ENV_PREFIXES: tuple[str, ...] = ("LC_",)
-
-LOOP_COMMAND_REFUSED = (
-    "the local executor runs a loop's own job command only where the deployment enables "
-    "it: set RATCHET_LOCAL_JOB_COMMANDS_ENABLED=true (settings field "
-    "local_job_commands_enabled), trusting every author of a loop's configuration, as the "
-    "command runs as the worker's user on the worker's machine (docs/deploy.md, Security); "
-    "or use the kubernetes executor"
-)
-
-
-def job_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
-    """The part of the worker's environment a local job gets (see :data:`JOB_ENV_NAMES`);
-    the executor adds the job contract's variables."""
-    return {
-        key: value
-        for key, value in worker_env.items()
-        if key in JOB_ENV_NAMES or key.startswith(JOB_ENV_PREFIXES)
-    }
-
-
-def job_thread_env(spec: JobRequest, budget: ThreadBudget | None = None) -> dict[str, str]:
-    """The loop's ``env`` for the job, with the thread variables set to the job's threads:
-    its ``hyperparameters.threads`` where set (over the loop's env too: the job sets torch
-    to it), else the loop's env where it names them, else the job's share of the machine
-    (``ThreadBudget.job``: the model server beside it keeps the other half)."""
-    budget = budget or thread_budget()
-    hyperparameters = spec.document.get("hyperparameters")
-    own = job_threads(hyperparameters) if isinstance(hyperparameters, Mapping) else None
-    env = {**thread_env(budget.job), **spec.env}
-    if own is not None:
-        env.update(thread_env(own))
-    return env
-
-
-def image_ignored(image: str) -> str:
-    return (
-        f"the local executor ignores the job image {image!r}: the command runs on the "
-        "worker's machine, not in a container"
-    )
-
-
-def check_loop_jobs(
-    executor: str, training_profile: Mapping[str, Any], *, commands_enabled: bool
-) -> tuple[list[tuple[str, str]], list[str]]:
-    """What the local executor makes of a loop's ``train_job``/``eval_job``: the refusals
-    (path, message) and the warnings, so a loop is refused when it is saved, not at its
-    first job. Other executors run both the image and the command: nothing to say."""
-    errors: list[tuple[str, str]] = []
-    warnings: list[str] = []
-    if executor != "local":
-        return errors, warnings
-    for key in ("train_job", "eval_job"):
-        override = training_profile.get(key)
-        if not isinstance(override, Mapping):
-            continue
-        path = f"training_profile.{key}"
-        if override.get("command") and not commands_enabled:
-            errors.append((f"{path}.command", LOOP_COMMAND_REFUSED))
-        if override.get("image"):
-            warnings.append(f"{path}.image: {image_ignored(str(override['image']))}")
-    return errors, warnings
-
-
 def _append_line(path: Path, line: str) -> None:
     """One line at the end of a run file, never through a link."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
+
+
+def _entry(handle: Handle) -> QueueEntry:
+    """A queued handle's entry in the job queue."""
+    return QueueEntry(
+        run_id=str(handle["run_id"]),
+        loop=str(handle.get("loop") or ""),
+        state_dir=str(handle["state_dir"]),
+        queued_at=float(handle.get("queued_at") or handle.get("submitted_at") or time.time()),
+    )
 
 
 def _create_time(pid: int) -> float | None:
@@ -524,6 +586,8 @@ def kill_local_jobs(artifacts_dir: Path) -> int:
         with contextlib.suppress(OSError, ValueError, KeyError, psutil.Error):
             handle = json.loads(handle_path.read_text())
             pid = int(handle["pid"])
+            if pid <= 0:  # a job still waiting for a slot: no process
+                continue
             expected = handle.get("create_time")
             process = psutil.Process(pid)
             if expected is None or abs(process.create_time() - float(expected)) < 1.0:

@@ -11,7 +11,7 @@ import datetime as dt
 import re
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
@@ -67,9 +67,18 @@ class IngestService:
     """See the module docstring."""
 
     def __init__(
-        self, *, settings: Settings, session_factory: SessionFactory, conninfo: str
+        self,
+        *,
+        settings: Settings,
+        session_factory: SessionFactory,
+        conninfo: str,
+        on_accepted: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_accepted(loop_name)`` is called once per stored batch that accepted a trace,
+        after the commit (the api wakes an idle loop with it, services/api/wake.py); it must
+        not block."""
         self.settings = settings
+        self._on_accepted = on_accepted
         self.writer = GroupCommitWriter(
             conninfo,
             queue_max=settings.ingest_queue_max,
@@ -194,6 +203,8 @@ class IngestService:
         counts = Counter(outcome.status for outcome in outcomes)  # one metric update per kind
         if counts[WriteStatus.ACCEPTED]:
             INGEST_ACCEPTED.labels(loop_name, source).inc(counts[WriteStatus.ACCEPTED])
+            if self._on_accepted is not None:
+                self._on_accepted(loop_name)
         if counts[WriteStatus.DUPLICATE]:
             INGEST_DUPLICATE.labels(loop_name, source).inc(counts[WriteStatus.DUPLICATE])
         if counts[WriteStatus.REJECTED]:

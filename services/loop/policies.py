@@ -69,6 +69,13 @@ class TriggerPolicy(_Policy):
     check_interval_s: float = Field(
         default=30, gt=0, le=86_400, description="how often to curate and check"
     )
+    idle_check_interval_s: float = Field(
+        default=600,
+        gt=0,
+        le=86_400,
+        description="the longest wait between checks that find nothing new (a loop with no "
+        "traffic backs off to it; a trace's arrival wakes it at once)",
+    )
     drift_enabled: bool = True
     drift_failure_rate: float = Field(default=0.5, gt=0, le=1)
     drift_window: int = Field(default=200, ge=10)
@@ -114,7 +121,7 @@ class JobOverride(_Policy):
     as it does to the template's. ``image`` applies where jobs run in containers (the
     kubernetes executor); the local executor ignores it (with a warning) and runs ``command``
     on the worker's machine only where the deployment enables it
-    (``RATCHET_LOCAL_JOB_COMMANDS_ENABLED``, see services.executors.local.check_loop_jobs).
+    (``RATCHET_LOCAL_JOB_COMMANDS_ENABLED``, see services.executors.local_env.check_loop_jobs).
     """
 
     image: Text | None = Field(default=None, description="container image of the job")

@@ -10,6 +10,14 @@ never fails one. What nothing points at any more (no name, no request in flight)
 Names that point at the same checkpoint share it: loading ``agent`` and ``agent-<id>`` from
 one directory keeps one copy, which is what makes "load the candidate under its versioned
 name, then move the alias to it" cost one load.
+
+Many loops over one base model register many adapters, most of them asked for rarely. With
+``max_resident_adapters`` (``RATCHET_SERVE_MAX_ADAPTERS``, vLLM's ``--max-cpu-loras``) at
+most that many adapters stay loaded: past it, the least recently requested adapter that no
+request holds is unloaded, and its names stay registered, cold. A request for a cold name
+loads its adapter again on demand, from the checkpoint directory it was registered from,
+verified as on the first load (a checkpoint that changed meanwhile is refused, never served
+under the old version's name), and another cold one makes room.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from services.artifacts import uri_to_path
@@ -50,6 +58,11 @@ class LoadRefused(Exception):
 
 class ModelNotFound(LookupError):
     """No model is served under that name."""
+
+
+class AdapterCold(LookupError):
+    """The name's adapter is registered but not loaded: :meth:`ModelRegistry.acquire` with
+    ``load=True`` (off the event loop) loads it."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +182,18 @@ def _plain_directory(root: Path, parts: tuple[str, ...], refused: LoadRefused) -
 class ModelRegistry:
     """Served names → models. Safe to use from many threads."""
 
-    def __init__(self, *, device: str = "auto") -> None:
+    def __init__(self, *, device: str = "auto", max_resident_adapters: int | None = None) -> None:
+        if max_resident_adapters is not None and max_resident_adapters < 1:
+            raise ValueError("max_resident_adapters must be at least 1 (None: no limit)")
         self._device = device
+        self._max_resident = max_resident_adapters
+        # When each loaded adapter, (engine id, key), was last asked for (a tick, not a time).
+        self._last_used: dict[tuple[int, str], int] = {}
+        self._ticks = itertools.count()
+        # Adapters being unloaded to make room: a request for them loads them again instead.
+        self._evicting: set[tuple[int, str]] = set()
+        self.cold_loads = 0  # adapters loaded again on demand
+        self.evictions = 0  # adapters unloaded to make room
         self._names: dict[str, ServedModel] = {}
         self._in_flight: dict[int, tuple[ServedModel, int]] = {}  # id -> (model, requests)
         self._lock = threading.Lock()  # guards the maps; held only for assignments
@@ -187,15 +210,41 @@ class ModelRegistry:
         with self._lock:
             return list(self._names.values())
 
-    def acquire(self, name: str) -> ServedModel:
-        """The model serving ``name`` now, held until :meth:`release`."""
+    def acquire(self, name: str, *, load: bool = True) -> ServedModel:
+        """The model serving ``name`` now, held until :meth:`release`.
+
+        A cold adapter (unloaded to make room) is loaded again first, which blocks: with
+        ``load=False`` it raises :class:`AdapterCold` instead (the event loop's fast path)."""
         with self._lock:
             served = self._names.get(name)
             if served is None:
                 raise ModelNotFound(name)
-            _, count = self._in_flight.get(id(served), (served, 0))
-            self._in_flight[id(served)] = (served, count + 1)
-            return served
+            if self._resident(served):
+                return self._hold(served)
+        if not load:
+            raise AdapterCold(name)
+        return self._load_cold(name)
+
+    def resident_adapters(self) -> int:
+        """Adapters loaded now, on every engine."""
+        with self._lock:
+            engines = {id(m.engine): m.engine for m in self._names.values()}
+        return sum(len(e.adapters()) for e in engines.values() if isinstance(e, HFEngine))
+
+    def _resident(self, served: ServedModel) -> bool:
+        """Whether ``served``'s weights are loaded (a full model always is). Under the lock."""
+        if served.adapter is None:
+            return True
+        key = (id(served.engine), served.adapter)
+        return key not in self._evicting and served.adapter in served.engine.adapters()
+
+    def _hold(self, served: ServedModel) -> ServedModel:
+        """Count a request on ``served`` and mark its adapter used. Under the lock."""
+        _, count = self._in_flight.get(id(served), (served, 0))
+        self._in_flight[id(served)] = (served, count + 1)
+        if served.adapter is not None:
+            self._last_used[(id(served.engine), served.adapter)] = next(self._ticks)
+        return served
 
     def release(self, served: ServedModel) -> None:
         with self._lock:
@@ -205,6 +254,12 @@ class ModelRegistry:
                 return
             self._in_flight.pop(id(served), None)
         self._collect()
+        # Room that requests held is made now, unless a load (which makes it too) runs.
+        if self._load_lock.acquire(blocking=False):
+            try:
+                self._evict()
+            finally:
+                self._load_lock.release()
 
     # Loading -----------------------------------------------------------------------------
 
@@ -223,8 +278,10 @@ class ModelRegistry:
                 self._names[name] = served  # the switch
                 if served.adapter is not None:
                     self._loading.discard((id(served.engine), served.adapter))
+                    self._last_used[(id(served.engine), served.adapter)] = next(self._ticks)
                 if previous is not None:
                     self.swaps += 1
+            self._evict()
         if previous is not None:
             logger.info(
                 "%s now serves %s (was %s)", name, served.version[:12], previous.version[:12]
@@ -258,6 +315,91 @@ class ModelRegistry:
             del self._names[name]
         self._collect()
         return served
+
+    # Cold adapters ------------------------------------------------------------------------
+
+    def _load_cold(self, name: str) -> ServedModel:
+        """Load ``name``'s adapter again (it was unloaded to make room) and hold it; every
+        name that shared the old load shares the new one."""
+        with self._load_lock:
+            with self._lock:
+                served = self._names.get(name)
+                if served is None:
+                    raise ModelNotFound(name)
+                if self._resident(served):  # another request loaded it meanwhile
+                    return self._hold(served)
+            assert served.adapter is not None
+            key = self._reload_adapter(served)
+            with self._lock:
+                old = (served.engine, served.adapter)
+                for other, model in list(self._names.items()):
+                    if (model.engine, model.adapter) == old:
+                        self._names[other] = replace(model, adapter=key)
+                self._loading.discard((id(served.engine), key))
+                current = self._names.get(name, replace(served, adapter=key))
+                held = self._hold(current)
+                self.cold_loads += 1
+            self._evict()
+        logger.info("loaded cold adapter %s (%s) again", name, served.version[:12])
+        return held
+
+    def _reload_adapter(self, served: ServedModel) -> str:
+        """Load ``served``'s checkpoint onto its engine under a new key, refusing it if the
+        directory no longer holds the version the name was registered with."""
+        engine = served.engine
+        if not isinstance(engine, HFEngine):
+            raise LoadRefused(f"{served.name} is not an adapter")
+        key = f"a{next(self._keys)}"
+        with self._lock:
+            self._loading.add((id(engine), key))
+        try:
+            with verified_copy(Path(served.root)) as copy:
+                if read_manifest(copy).checkpoint_id != served.version:
+                    raise LoadRefused(
+                        f"the checkpoint of {served.name!r} at {served.root} changed since it was "
+                        f"loaded (it served {served.version[:12]}); load it again by name"
+                    )
+                engine.load_adapter(key, copy)
+        except CheckpointError as exc:
+            with self._lock:
+                self._loading.discard((id(engine), key))
+            raise LoadRefused(str(exc)) from exc
+        except BaseException:
+            with self._lock:
+                self._loading.discard((id(engine), key))
+            raise
+        return key
+
+    def _evict(self) -> None:
+        """Unload the least recently requested adapters that no request holds until at most
+        ``max_resident_adapters`` stay loaded. The caller holds the load lock."""
+        if self._max_resident is None:
+            return
+        with self._lock:
+            held = {(id(m.engine), m.adapter) for m, _ in self._in_flight.values()}
+            engines = {id(m.engine): m.engine for m in self._names.values()}
+            loaded = [
+                (engine, key)
+                for engine in engines.values()
+                if isinstance(engine, HFEngine)
+                for key in engine.adapters()
+            ]
+            over = len(loaded) - self._max_resident
+            idle = [
+                (engine, key)
+                for engine, key in loaded
+                if (id(engine), key) not in held and (id(engine), key) not in self._loading
+            ]
+            idle.sort(key=lambda item: self._last_used.get((id(item[0]), item[1]), -1))
+            victims = idle[: max(0, over)]
+            self._evicting.update((id(engine), key) for engine, key in victims)
+        for engine, key in victims:
+            engine.unload_adapter(key)
+        with self._lock:
+            for engine, key in victims:
+                self._evicting.discard((id(engine), key))
+                self._last_used.pop((id(engine), key), None)
+            self.evictions += len(victims)
 
     def _prepare(self, name: str, path: Path) -> ServedModel:
         """Load (or share) the checkpoint's weights; nothing is switched yet."""
@@ -331,3 +473,5 @@ class ModelRegistry:
                 for key in engine.adapters():
                     if (id(engine), key) not in kept:
                         engine.unload_adapter(key)
+                        with self._lock:
+                            self._last_used.pop((id(engine), key), None)

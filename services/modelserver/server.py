@@ -151,17 +151,18 @@ def serve(
     device: str = "auto",
     threads: int | None = None,
     options: ServerOptions = ServerOptions(),
+    max_resident_adapters: int | None = None,
 ) -> None:
     """Load ``checkpoint`` as ``model_name`` (refusing an invalid one before binding), serve.
 
     Adapter loads may come from ``options.model_roots``; none given means the directory
-    holding ``checkpoint``."""
+    holding ``checkpoint``. ``max_resident_adapters``: adapters kept loaded (None: all)."""
     import torch
     import uvicorn
 
     if threads is not None:
         torch.set_num_threads(threads)
-    registry = ModelRegistry(device=device)
+    registry = ModelRegistry(device=device, max_resident_adapters=max_resident_adapters)
     served = registry.load(model_name, checkpoint)
     roots = list(options.model_roots or ()) or [checkpoint.parent]
     app = create_serving_app(registry, replace(options, model_roots=roots), bind_host=host)

@@ -143,6 +143,34 @@ async def _record_operator_rollback(client: Client, scenario: str = "operator-ro
     _write(HISTORIES / f"loop-{scenario}.json", await handle.fetch_history())
 
 
+async def _record_idle(client: Client, scenario: str = "idle-woken") -> None:
+    """An idle loop (LoopWorkflow's idle-backoff patch): quiet checks that back off, then a
+    wake signal as traces arrive, their curation, and the cycle they trigger."""
+    from services.loop.policies import TriggerPolicy
+    from tests.support import assert_eventually_async
+    from tests.workflows.test_loop_idle import IdleWorld, timer_waits
+    from workflows.loop import LoopWorkflow
+    from workflows.payloads.loop import WakeSignal
+
+    trigger = TriggerPolicy(
+        min_new_tasks=8, check_interval_s=0.2, idle_check_interval_s=0.8, drift_enabled=False
+    )
+    world = IdleWorld(config=replace(BASE_CONFIG, trigger_policy=trigger))
+    task_queue = f"record-{uuid.uuid4().hex[:8]}"
+    name = f"rec-{scenario}"
+    async with make_worker(client, task_queue, world):
+        handle = await start_loop(client, task_queue, name, max_cycles=1)
+
+        async def backed_off() -> None:
+            assert len(await timer_waits(handle)) >= 4
+
+        await assert_eventually_async(backed_off, timeout=60)
+        world.uncurated, world.new_tasks = 12, 12
+        await handle.signal(LoopWorkflow.wake, WakeSignal())
+        await handle.result()
+    _write(HISTORIES / f"loop-{scenario}.json", await handle.fetch_history())
+
+
 async def _record_bootstrap(client: Client, scenario: str) -> None:
     """A bootstrap cycle (LoopWorkflow's bootstrap-cycle patch) on a loop with no champion:
     SFT over the base model, the base model and the adapter on the held-out set, the
@@ -254,6 +282,7 @@ SCENARIOS: dict[str, World | None] = {
     "operator-rollback-typed": None,
     "bootstrap": None,  # see _record_bootstrap
     "bootstrap-auto": None,
+    "idle-woken": None,  # see _record_idle
     "promoted": World(new_tasks=12),
     "rejected": World(new_tasks=12, gate_decision="reject"),
     "rolled-back": World(
@@ -343,6 +372,8 @@ async def main(names: list[str]) -> None:
                 await _record_operator_rollback(env.client, name)
             elif name in ("bootstrap", "bootstrap-auto"):
                 await _record_bootstrap(env.client, name)
+            elif name == "idle-woken":
+                await _record_idle(env.client, name)
             elif world is None:
                 await _record_curate(env.client)
             else:

@@ -27,6 +27,7 @@ into non-retryable ``ApplicationError``s.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import logging
 import os
@@ -49,7 +50,6 @@ from services.checkpoints import (
 )
 from services.curation import demonstrations
 from services.curation.job_outputs import record_job_outputs
-from services.db.models import Run
 from services.db.queries import runs as q
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import require_loop
@@ -83,6 +83,13 @@ from services.loop.job_documents import (
 from services.loop.states import RunStatus
 from services.settings import Settings
 from workflows.activities.errors import fails_as
+from workflows.activities.job_results import (
+    datetime_of,
+    error_of,
+    past_deadline,
+    result_details,
+    result_of,
+)
 from workflows.options import JOB
 from workflows.payloads.jobs import (
     CancelJobInput,
@@ -100,6 +107,8 @@ ExecutorFactory = Callable[[str], Executor]
 DEADLINE_GRACE = timedelta(minutes=5)
 LOG_FILE = "job.log"
 OUTPUT_SUBDIR = "output"
+# The names of the threads that wait on jobs (JobActivities' own pool).
+FOLLOW_THREAD_PREFIX = "ratchet-job-follow"
 
 
 @dataclass(frozen=True)
@@ -124,13 +133,23 @@ class JobActivities:
         artifacts: ArtifactStore,
         settings: Settings,
         max_poll_failures: int = 8,
+        follow_threads: int = 64,
     ) -> None:
         """``executors`` maps an executor name (a loop's ``executor``) to an executor.
 
         ``max_poll_failures`` consecutive status failures (with backoff) end the attempt with
         a retryable error; the next attempt adopts the job from the heartbeat.
+
+        ``follow_threads``: the threads that wait on jobs (``Executor.wait`` blocks until the
+        job's state changes or the poll interval passes). They are this class's own, made
+        as needed: followers waiting in the event loop's shared pool (a few threads) would
+        queue behind each other, heartbeat late, and hold up every other activity's
+        ``to_thread`` call (a deploy, a checkpoint's registration) meanwhile.
         """
         self._max_poll_failures = max_poll_failures
+        self._follow_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=follow_threads, thread_name_prefix=FOLLOW_THREAD_PREFIX
+        )
         self._sessions = session_factory
         self._artifacts = artifacts
         self._settings = settings
@@ -164,7 +183,9 @@ class JobActivities:
             str(handle.get("executor", prepared.executor)) if handle else prepared.executor
         )
         executor = self._executor(executor_name)
-        if handle is None:
+        # A job still waiting for a slot is submitted again: the executor adopts it, and the
+        # process that follows it holds its request to start it (a restarted worker too).
+        if handle is None or handle.get("queued"):
             assert prepared.spec is not None
             try:
                 handle = await asyncio.to_thread(executor.submit, prepared.spec)
@@ -204,7 +225,7 @@ class JobActivities:
             )
             run = q.upsert_run(session=session, run=submitted)
             if RunStatus(run.status).terminal:
-                return _Prepared(run.executor, run.handle, None, _result_of(run))
+                return _Prepared(run.executor, run.handle, None, result_of(run))
             executor, handle, started_at = run.executor, run.handle, run.started_at
             dataset, base = job_files(
                 session=session,
@@ -279,8 +300,8 @@ class JobActivities:
         try:
             while True:
                 try:
-                    status = await asyncio.to_thread(
-                        executor.wait, handle, max(0.1, input.poll_interval_s)
+                    status = await asyncio.get_running_loop().run_in_executor(
+                        self._follow_pool, executor.wait, handle, max(0.1, input.poll_interval_s)
                     )
                 except ExecutorUnavailable as exc:
                     # A blip of the API server should not cost a long job its attempt: keep
@@ -301,13 +322,13 @@ class JobActivities:
                 failures = 0
                 activity.heartbeat({"handle": handle, "state": status.state})
                 if status.state == RunStatus.RUNNING and not marked_running:
-                    started = _datetime(status.started_at) or dt.datetime.now(dt.UTC)
+                    started = datetime_of(status.started_at) or dt.datetime.now(dt.UTC)
                     await asyncio.to_thread(self._mark_running, input.run_id, started)
                     marked_running = True
                     started_at = started_at or started
                 if status.terminal:
                     return status
-                if _past_deadline(input.deadline_s, started_at):
+                if past_deadline(input.deadline_s, started_at):
                     stop = self._stop_past_deadline
                     return await asyncio.to_thread(stop, input, executor, handle)
         except asyncio.CancelledError:
@@ -359,7 +380,7 @@ class JobActivities:
         logs_path = self._artifacts.logs_dir(input.loop, input.run_id) / LOG_FILE
         self._save_logs(executor_name, handle, logs_path)
         state: RunStatus = status.state
-        error = _error_of(status)
+        error = error_of(status)
         metrics: dict[str, Any] = {}
         if state == RunStatus.SUCCEEDED or (output_dir / METRICS_FILE).exists():
             try:
@@ -382,8 +403,8 @@ class JobActivities:
                 cpu_seconds=status.cpu_seconds,
                 cost_usd=cost.cost_usd + judge_cost_usd(metrics),
                 accelerators=accelerators,
-                started_at=_datetime(status.started_at),
-                ended_at=_datetime(status.ended_at) or dt.datetime.now(dt.UTC),
+                started_at=datetime_of(status.started_at),
+                ended_at=datetime_of(status.ended_at) or dt.datetime.now(dt.UTC),
                 artifacts=q.RunArtifacts(
                     output_uri=path_to_uri(output_dir), logs_uri=path_to_uri(logs_path)
                 ),
@@ -391,7 +412,7 @@ class JobActivities:
             run = q.finish_run(session=session, run_id=input.run_id, outcome=outcome)
             if run.status == RunStatus.SUCCEEDED:
                 record_job_outputs(session, run, output_dir, metrics, self._settings)
-            result = _result_of(run)
+            result = result_of(run)
         observe_finished_job(
             FinishedJob(
                 loop=input.loop,
@@ -415,7 +436,7 @@ class JobActivities:
         if result.status == RunStatus.FAILED and status.config_error:
             raise ApplicationError(
                 f"job of run {input.run_id} failed on its spec or configuration: {result.error}",
-                _result_details(result),
+                result_details(result),
                 type="JobConfigError",
                 non_retryable=True,
             )
@@ -538,12 +559,6 @@ async def run_job_from_workflow(
     )
 
 
-def _past_deadline(deadline_s: float | None, started_at: dt.datetime | None) -> bool:
-    if deadline_s is None or started_at is None:
-        return False
-    return (dt.datetime.now(dt.UTC) - started_at).total_seconds() > deadline_s
-
-
 def _heartbeat_handle() -> Handle | None:
     """The handle from the previous attempt's last heartbeat, if there was one."""
     details = activity.info().heartbeat_details
@@ -553,41 +568,9 @@ def _heartbeat_handle() -> Handle | None:
     return None
 
 
-def _error_of(status: JobStatus) -> str | None:
-    if status.state == RunStatus.SUCCEEDED:
-        return None
-    return status.describe()
-
-
-def _result_of(run: Run) -> RunJobResult:
-    return RunJobResult(
-        run_id=run.id,
-        status=RunStatus(run.status),
-        output_uri=run.output_uri or "",
-        metrics=dict(run.metrics or {}),
-        compute_seconds=float(run.compute_seconds or 0.0),
-        cost_usd=float(run.cost_usd or 0),
-        error=run.error,
-    )
-
-
-def _result_details(result: RunJobResult) -> dict[str, Any]:
-    return {
-        "run_id": result.run_id,
-        "status": result.status,
-        "error": result.error,
-        "compute_seconds": result.compute_seconds,
-        "cost_usd": result.cost_usd,
-    }
-
-
 def _refused(exc: CheckpointRefused) -> ApplicationError:
     return ApplicationError(str(exc), type=exc.kind, non_retryable=True)
 
 
 def _application_error(exc: ExecutorError) -> ApplicationError:
     return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not exc.retryable)
-
-
-def _datetime(timestamp: float | None) -> dt.datetime | None:
-    return dt.datetime.fromtimestamp(timestamp, dt.UTC) if timestamp else None

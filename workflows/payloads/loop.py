@@ -47,6 +47,9 @@ class LoopState:
     # bootstrap's last look saw (it looks again only when that number moved).
     bootstrap: BootstrapSignal | None = None
     bootstrap_curated_seen: int = -1
+    # Trigger checks in a row that found nothing new: the idle backoff's exponent
+    # (workflows/trigger.py, next_check_s); a check that finds something resets it.
+    idle_checks: int = 0
 
 
 @dataclass
@@ -88,6 +91,14 @@ class ApprovalSignal:
     cycle: int = 0
     by: str = "operator"
     reason: str = ""
+
+
+@dataclass
+class WakeSignal:
+    """Check for a trigger now: traces arrived (the api sends it on the first trace after a
+    quiet spell, services/api/wake.py), so an idle loop does not wait out its backoff."""
+
+    reason: str = "traces arrived"
 
 
 @dataclass

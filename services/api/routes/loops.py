@@ -168,7 +168,7 @@ def _check_loop_jobs(
 ) -> list[str]:
     """Refuse (422 naming the field and the setting) a loop's own job command the local
     executor may not run; return what it will ignore (a job image) as warnings."""
-    from services.executors.local import check_loop_jobs
+    from services.executors.local_env import check_loop_jobs
 
     errors, warnings = check_loop_jobs(
         executor, training_profile, commands_enabled=settings.local_job_commands_enabled
@@ -477,6 +477,8 @@ def patch_loop(
             body.changed_by or "admin-api",
             ", ".join(c.path for c in result.changes),
         )
+        if state.waker is not None:  # an idle loop reads the change now, not after its backoff
+            state.waker.wake(loop)
     return result
 
 

@@ -5,7 +5,8 @@ fresh (401), the content type (415), the size (413, before and while reading, an
 gzip), the signature over the body under the loop's secrets (401; an unknown loop gets the
 same 401 as a wrong secret, so loop names cannot be probed), the loop takes traces (409),
 then JSON (400, with line and column) and the schema (422, with each field path). Only then
-are traces queued for the group-commit writer, and the answer waits for the commit.
+are traces queued for the group-commit writer, and the answer waits for the commit. The
+first accepted trace after a quiet spell wakes the loop's workflow (services.api.wake).
 
 The route is served by ``WebhookEndpoint``, a plain ASGI app first in the routing table (see
 services.api.asgi); the FastAPI route ``post_traces`` documents it and does the same work.
@@ -28,6 +29,7 @@ from services.api.asgi import PlainRoute, body_chunks, send_bytes
 from services.api.errors import ApiError
 from services.api.schemas.traces import IngestResult
 from services.api.state import AppState
+from services.api.wake import temporal_waker
 from services.ingest.body import read_body
 from services.ingest.errors import IngestError
 from services.ingest.schema import inlined_schema, parse_native
@@ -48,13 +50,16 @@ router = APIRouter(tags=["ingest"])
 
 async def startup(app: FastAPI) -> None:
     state: AppState = app.state.ratchet
+    waker = temporal_waker(state.temporal.get)
     service = IngestService(
         settings=state.settings,
         session_factory=state.session_factory,
         conninfo=conninfo_from_engine(state.engine),
+        on_accepted=waker.traces_arrived,
     )
     await service.start()
     state.ingest = service
+    state.waker = waker
 
 
 async def shutdown(app: FastAPI) -> None:
@@ -62,6 +67,9 @@ async def shutdown(app: FastAPI) -> None:
     service, state.ingest = state.ingest, None
     if service is not None:
         await service.stop()
+    waker, state.waker = state.waker, None
+    if waker is not None:
+        await waker.close()
 
 
 def ingest_service(state: AppState) -> IngestService:

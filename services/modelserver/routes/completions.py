@@ -16,6 +16,7 @@ from concurrent.futures import Future
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from services.inference.engine import GenerationResult
 from services.metrics import SERVING_REQUEST_DURATION
@@ -27,7 +28,7 @@ from services.modelserver.openai_api import (
     CompletionRequest,
     OpenAIError,
 )
-from services.modelserver.registry import ModelNotFound, ServedModel
+from services.modelserver.registry import AdapterCold, LoadRefused, ModelNotFound, ServedModel
 from services.modelserver.state import ServerDep, ServerState
 from services.modelserver.text_completion import TextCompletion
 
@@ -47,7 +48,7 @@ async def chat_completions(
     messages = body.parsed_messages()
     tools = body.parsed_tools()
     forced = body.forced_tool(tools)
-    served = _acquire(server, body.model)
+    served = await _acquire(server, body.model)
     try:
         completion = await Completion.create(
             body, served, messages, tools, forced, server.scheduler
@@ -64,7 +65,7 @@ async def completions(body: CompletionRequest, request: Request, server: ServerD
     refused = body.unsupported() or body.unencodable()
     if refused is not None:
         raise refused
-    served = _acquire(server, body.model)
+    served = await _acquire(server, body.model)
     try:
         completion: Completion = await TextCompletion.create_text(body, served, server.scheduler)
     except BaseException:
@@ -73,9 +74,13 @@ async def completions(body: CompletionRequest, request: Request, server: ServerD
     return await _answer(server, completion, request, started)
 
 
-def _acquire(server: ServerState, name: str) -> ServedModel:
+async def _acquire(server: ServerState, name: str) -> ServedModel:
+    """The served model, held; a cold adapter is loaded off the event loop first."""
     try:
-        return server.registry.acquire(name)
+        try:
+            return server.registry.acquire(name, load=False)
+        except AdapterCold:
+            return await run_in_threadpool(server.registry.acquire, name)
     except ModelNotFound:
         raise OpenAIError(
             404,
@@ -83,6 +88,13 @@ def _acquire(server: ServerState, name: str) -> ServedModel:
             param="model",
             code="model_not_found",
         ) from None
+    except LoadRefused as exc:
+        raise OpenAIError(
+            503,
+            f"the model {name!r} cannot be loaded: {exc}",
+            kind="server_error",
+            code="model_unavailable",
+        ) from exc
 
 
 async def _answer(

@@ -20,6 +20,9 @@ async def serving_stats(server: ServerDep) -> dict[str, Any]:
     return {
         "models": {m.name: m.version for m in server.registry.names()},
         "swaps": server.registry.swaps,
+        "resident_adapters": server.registry.resident_adapters(),
+        "cold_adapter_loads": server.registry.cold_loads,
+        "adapter_evictions": server.registry.evictions,
         "batches": scheduler.batches,
         "batched_rows": scheduler.rows,
         "decode_steps": scheduler.steps,

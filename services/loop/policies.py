@@ -163,16 +163,21 @@ def _check_job_bounds(title: str, profile: TrainingProfile) -> None:
                 f"one training job may hold at most {MAX_JOB_ACCELERATORS} accelerators",
             )
         )
+    _refuse(title, "job_bounds", [((field,), value, reason) for field, value, reason in problems])
+
+
+def _refuse(title: str, kind: str, problems: list[tuple[tuple[str, ...], object, str]]) -> None:
+    """Raise the validation error of ``problems`` (location, value, reason each), if any."""
     if problems:
         raise ValidationError.from_exception_data(
             title,
             [
                 InitErrorDetails(
-                    type=PydanticCustomError("job_bounds", "{reason}", {"reason": reason}),
-                    loc=(field,),
+                    type=PydanticCustomError(kind, "{reason}", {"reason": reason}),
+                    loc=location,
                     input=value,
                 )
-                for field, value, reason in problems
+                for location, value, reason in problems
             ],
         )
 
@@ -252,18 +257,7 @@ def _check_bootstrap(title: str, profile: TrainingProfile) -> None:
         problems.append(
             (("bootstrap", "auto"), True, "bootstrap trains an hf LoRA adapter: set family hf")
         )
-    if problems:
-        raise ValidationError.from_exception_data(
-            title,
-            [
-                InitErrorDetails(
-                    type=PydanticCustomError("bootstrap", "{reason}", {"reason": reason}),
-                    loc=location,
-                    input=value,
-                )
-                for location, value, reason in problems
-            ],
-        )
+    _refuse(title, "bootstrap", problems)
 
 
 class TrainingProfile(_Policy):

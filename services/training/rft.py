@@ -101,19 +101,15 @@ def sample_episodes(
 
     Episodes are drawn in waves over the sample index (episode 0 of every task, then 1, ...)
     so that, with ``enough_successes`` > 0, a task with that many successes gets no more:
-    the rest of the round goes to the tasks still short of them (a call may overshoot by
-    the successes of its own wave)."""
+    the rest of the round goes to the tasks still short of them. A call then holds at most
+    one episode of a task, so a task overshoots by no more than its episode in flight."""
     pending = deque((i, s) for s in range(options.samples_per_task) for i in range(len(tasks)))
     groups: list[list[TokenEpisode]] = [[] for _ in tasks]
     passed = [0] * len(tasks)
     generated = 0
     started = time.monotonic()
     while pending:
-        chunk: list[tuple[int, int]] = []
-        while pending and len(chunk) < options.rollout_batch:
-            i, s = pending.popleft()
-            if not enough_successes or passed[i] < enough_successes:
-                chunk.append((i, s))
+        chunk = _next_chunk(pending, passed, options.rollout_batch, enough_successes)
         if not chunk:
             break
         rollouts = model.rollouts(
@@ -131,6 +127,31 @@ def sample_episodes(
     return SampledTasks(
         groups=groups, generated_tokens=generated, wall_s=time.monotonic() - started
     )
+
+
+def _next_chunk(
+    pending: deque[tuple[int, int]], passed: list[int], size: int, enough_successes: int
+) -> list[tuple[int, int]]:
+    """The next rollout call's (task, sample) pairs, taken from ``pending`` in order. With
+    ``enough_successes``, a task that has them is dropped and a task's later sample waits
+    for the next call (were both in one call, the second could not be spared by the
+    first's success)."""
+    chunk: list[tuple[int, int]] = []
+    waiting: list[tuple[int, int]] = []
+    in_chunk: set[int] = set()
+    while pending and len(chunk) < size:
+        i, s = pending.popleft()
+        if not enough_successes:
+            chunk.append((i, s))
+        elif passed[i] >= enough_successes:
+            continue
+        elif i in in_chunk:
+            waiting.append((i, s))
+        else:
+            chunk.append((i, s))
+            in_chunk.add(i)
+    pending.extendleft(reversed(waiting))
+    return chunk
 
 
 StoredEpisodes = list[list[list[TokenSequence]]]  # per task: its stored episodes' sequences

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from services.chat.protocol import ChatMessage, validate_tools
+from services.chat.text import load_job_json, valid_json
 from services.evaluation.results import read_job_output
 
 PROBES_FILE = "probes.json"
@@ -73,7 +74,7 @@ def write_probes(output_dir: Path, checkpoint_id: str, probes: Sequence[Probe]) 
     body = {
         "schema": PROBES_SCHEMA,
         "checkpoint_id": checkpoint_id,
-        "probes": [asdict(p) for p in probes],
+        "probes": [valid_json(asdict(p)) for p in probes],  # model text, made storable
     }
     data = json.dumps(body, sort_keys=True).encode("utf-8")
     path = output_dir / PROBES_FILE
@@ -105,8 +106,8 @@ def read_listed_probes(output_dir: Path, metrics: Mapping[str, Any]) -> ProbeSet
     if hashlib.sha256(text.encode("utf-8")).hexdigest() != digest:
         raise ProbeFileError(f"the probe set {path} does not match the sha256 its run listed")
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        data = load_job_json(text)
+    except (ValueError, RecursionError) as exc:
         raise ProbeFileError(f"the probe set {path} is not JSON: {exc}") from None
     return parse_probe_set(data)
 

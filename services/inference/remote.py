@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlparse
 
+from services.chat.http import urlopen
 from services.chat.protocol import ChatMessage
 from services.inference.engine import Engine, FinishReason, GenerationRequest, GenerationResult
 
@@ -142,7 +143,7 @@ class RemoteClient:
             url, data=json.dumps(body).encode(), headers=headers, method="POST"
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.backend.timeout_s) as response:
+            with urlopen(request, timeout=self.backend.timeout_s) as response:  # no key leaves
                 return bytes(response.read())
         except urllib.error.HTTPError as exc:
             raise RemoteError(f"{url} answered {exc.code}: {_server_message(exc)}") from None

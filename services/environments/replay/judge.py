@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from services.chat.http import urlopen
+
 _VERDICT_WORD = re.compile(r"\b(PASS|FAIL)\b", re.IGNORECASE)
 _SCORE = re.compile(r"(?<![\d.])(0(?:\.\d+)?|1(?:\.0+)?)(?![\d.])")
 JUDGE_SYSTEM = (
@@ -174,7 +176,7 @@ class Judge:
         )
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(request, timeout=self.endpoint.timeout_s) as response:
+            with urlopen(request, timeout=self.endpoint.timeout_s) as response:  # no key leaves
                 data = json.loads(response.read().decode("utf-8"))
         except urllib.error.HTTPError as exc:
             raise JudgeError(f"judge at {self.endpoint.url} answered HTTP {exc.code}") from None

@@ -548,10 +548,17 @@ def _send_back_to_curation(*, session: Session, trace_id: int) -> None:
     )
 
 
-def trace_id_by_external_id(*, session: Session, loop_id: int, external_id: str) -> int | None:
-    return session.execute(
-        select(Trace.id).where(Trace.loop_id == loop_id, Trace.external_id == external_id)
-    ).scalar_one_or_none()
+def trace_purge_state(
+    *, session: Session, loop_id: int, external_id: str
+) -> tuple[int, dt.datetime | None] | None:
+    """A trace's row id and when retention purged its body (None: not purged); None when
+    the loop has no such trace."""
+    row = session.execute(
+        select(Trace.id, Trace.body_purged_at).where(
+            Trace.loop_id == loop_id, Trace.external_id == external_id
+        )
+    ).first()
+    return (int(row[0]), row[1]) if row is not None else None
 
 
 def trace_body(*, session: Session, trace_id: int) -> tuple[dict[str, Any], dt.datetime | None]:

@@ -121,8 +121,10 @@ def refuse_links(root: Path, directory: Path) -> None:
     name only: ``output/checkpoint -> /elsewhere`` would still lead the worker out of the
     run's directory. Job output never needs a link (DESIGN §5: symlinks and non-regular
     files in job output are refused), so one anywhere refuses the whole output.
-    ``FileNotFoundError`` when the directory does not exist.
+    ``FileNotFoundError`` when the directory does not exist. Relative paths are taken from
+    the working directory (a relative state directory), never resolved through links.
     """
+    root, directory = root.absolute(), directory.absolute()
     parts = relative_parts(root, directory)
     with _directory(root, parts, create=False) as fd:
         found = _first_link(fd, directory)

@@ -110,3 +110,21 @@ async def test_a_checkpoint_reached_through_a_link_is_not_installed(
     assert raised.value.type == "CheckpointInvalid" and raised.value.non_retryable
     assert "symbolic link" in str(raised.value)
     assert not world.artifacts.checkpoint_dir("x").parent.exists()
+
+
+def test_a_relative_state_directory_still_reads_job_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RATCHET_STATE_DIR=./state gives relative run paths: the link check takes them from the
+    working directory, and a clean output is read as before."""
+    from services.artifacts import ArtifactStore
+    from services.loop.states import RunStatus
+    from workflows.activities.job_outputs import read_outputs
+
+    monkeypatch.chdir(tmp_path)
+    store = ArtifactStore(Path("state") / "artifacts")
+    output = store.run_dir("loop", "run") / "output"
+    output.mkdir(parents=True)
+    (output / "metrics.json").write_text('{"loss": 0.5}')
+    read = read_outputs(store.root, output, state=RunStatus.SUCCEEDED, error=None)
+    assert (read.state, read.error, read.metrics) == (RunStatus.SUCCEEDED, None, {"loss": 0.5})

@@ -76,6 +76,7 @@ def refuse_links_in_job_output(root: Path, directory: Path) -> None:
     """UnsafeRunFile when ``directory``, if under the artifact ``root`` (a job's output, such
     as the checkpoint a train run wrote), is reached through a link or holds one. A
     directory elsewhere is the operator's (a first champion registered from a path)."""
+    directory, root = directory.absolute(), root.absolute()
     if directory.is_relative_to(root) or directory.is_relative_to(root.resolve()):
         refuse_links(root, directory)
 

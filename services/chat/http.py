@@ -31,30 +31,36 @@ def origin(url: str) -> tuple[str, str, int | None]:
     return scheme, (parts.hostname or "").lower(), port
 
 
-class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect only within the request's origin (see the module)."""
-
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: Any,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        if origin(newurl) != origin(req.full_url):
-            here, there = origin(req.full_url), origin(newurl)
-            raise urllib.error.URLError(
-                f"redirected from {here[0]}://{here[1]}:{here[2]} to another origin "
-                f"({there[0]}://{there[1]}:{there[2]}), which is refused: the request carries "
-                "the endpoint's key; configure the endpoint's final URL"
-            )
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+def refuse_other_origins(req: urllib.request.Request, newurl: str) -> None:
+    """URLError when a redirect from ``req`` to ``newurl`` leaves the request's origin."""
+    here, there = origin(req.full_url), origin(newurl)
+    if here != there:
+        raise urllib.error.URLError(
+            f"redirected from {here[0]}://{here[1]}:{here[2]} to another origin "
+            f"({there[0]}://{there[1]}:{there[2]}), which is refused: the request carries "
+            "the endpoint's key; configure the endpoint's final URL"
+        )
 
 
 @functools.cache
 def _opener() -> urllib.request.OpenerDirector:
+    """The opener, with a redirect handler that follows only within the origin. Built on
+    first use: workflow sandboxes import this module and may not subclass urllib's
+    handlers at import time."""
+
+    class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(
+            self,
+            req: urllib.request.Request,
+            fp: IO[bytes],
+            code: int,
+            msg: str,
+            headers: Any,
+            newurl: str,
+        ) -> urllib.request.Request | None:
+            refuse_other_origins(req, newurl)
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
     return urllib.request.build_opener(SameOriginRedirects)
 
 

@@ -216,8 +216,10 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
     def provision() -> tuple[dict[str, object], str, str]:
         # Its own transaction: the workflow starts only once the loop is committed.
         with state.session_factory.begin() as session:
-            _check_served_name(session, body.name, fields.serving_target or {})
             created = provision_loop(session, fields=fields, box=state.secret_box)
+            # After the name's own check (a loop of that name: 409 loop_exists); a refusal
+            # here rolls the new loop back.
+            _check_served_name(session, body.name, fields.serving_target or {})
             public = _public_fields(created.loop, state.settings)
             return public, created.signing_secret, created.ingest_token
 

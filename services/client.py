@@ -24,12 +24,14 @@ from services.api.schemas.loops import (
     LoopCreated,
     LoopDetail,
     LoopPublic,
+    LoopToolsPublic,
     RotateResult,
 )
 from services.api.schemas.tasks import (
     DatasetDetail,
     DatasetPage,
     PinResult,
+    RestoreResult,
     TaskDetail,
     TaskPage,
 )
@@ -234,6 +236,24 @@ class RatchetClient:
         body = {"checkpoint": checkpoint, **({"reason": reason} if reason else {})}
         return self._object("POST", f"/v1/loops/{name}/champion", body)
 
+    def bootstrap(
+        self,
+        name: str,
+        *,
+        base: str | None = None,
+        force: bool = False,
+        dry_run: bool = False,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> dict[str, Any]:
+        """Bootstrap a first champion from the loop's successful traces: what it will learn
+        from (or, with ``dry_run``, would), and the loop's workflow signalled."""
+        body: dict[str, Any] = {"force": force, "dry_run": dry_run}
+        for key, value in (("base", base), ("reason", reason), ("by", by)):
+            if value:
+                body[key] = value
+        return self._object("POST", f"/v1/loops/{name}/bootstrap", body)
+
     def status(self, name: str) -> dict[str, Any]:
         """The loop's row status and its workflow's live status."""
         return self._object("GET", f"/v1/loops/{name}/status")
@@ -269,11 +289,18 @@ class RatchetClient:
         return self._model(TraceDetail, "GET", path)
 
     def list_tasks(
-        self, name: str, *, split: str | None = None, cursor: str | None = None, limit: int = 50
+        self,
+        name: str,
+        *,
+        split: str | None = None,
+        set_aside: bool | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
     ) -> TaskPage:
         """A page of the loop's curated tasks, newest first; pass the page's
         ``next_cursor`` as ``cursor`` for the next one."""
-        params = _params(limit=str(limit), split=split, cursor=cursor)
+        aside = None if set_aside is None else str(set_aside).lower()
+        params = _params(limit=str(limit), split=split, set_aside=aside, cursor=cursor)
         return self._model(TaskPage, "GET", f"/v1/loops/{name}/tasks", params=params)
 
     def get_task(self, task_id: int) -> TaskDetail:
@@ -284,6 +311,15 @@ class RatchetClient:
         """Put tasks into the loop's pinned regression suite: all of them, or none."""
         body = {"task_ids": list(task_ids)}
         return self._model(PinResult, "POST", f"/v1/loops/{name}/tasks/pin", body)
+
+    def restore_tasks(self, name: str, task_ids: Sequence[int]) -> RestoreResult:
+        """Bring set-aside tasks back (all of them, or none when one is not the loop's)."""
+        body = {"task_ids": list(task_ids)}
+        return self._model(RestoreResult, "POST", f"/v1/loops/{name}/tasks/restore", body)
+
+    def loop_tools(self, name: str) -> LoopToolsPublic:
+        """The loop's live tool endpoint: its allow-list and the server's listing."""
+        return self._model(LoopToolsPublic, "GET", f"/v1/loops/{name}/tools")
 
     def list_datasets(
         self, name: str, *, cursor: str | None = None, limit: int = 50

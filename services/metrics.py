@@ -251,6 +251,52 @@ SERVING_SWAP_DURATION = Histogram(
 )
 
 
+# Gateway ------------------------------------------------------------------------------------
+_GATEWAY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+GATEWAY_REQUESTS = Counter(
+    "ratchet_gateway_requests_total",
+    "Requests the capture gateway answered, by loop, route and status code class.",
+    ["loop", "route", "status"],
+    registry=REGISTRY,
+)
+GATEWAY_CAPTURED = Counter(
+    "ratchet_gateway_captured_total",
+    "Calls written to the gateway's spool (durable against a killed process).",
+    ["loop"],
+    registry=REGISTRY,
+)
+GATEWAY_DROPPED = Counter(
+    "ratchet_gateway_dropped_total",
+    "Calls answered but not captured, by reason (spool_full, spool_error).",
+    ["loop", "reason"],
+    registry=REGISTRY,
+)
+GATEWAY_STORED = Counter(
+    "ratchet_gateway_stored_total",
+    "Captured calls the gateway's writer moved from its spool into Postgres.",
+    registry=REGISTRY,
+)
+GATEWAY_SPOOL_BYTES = Gauge(
+    "ratchet_gateway_spool_bytes",
+    "Bytes of captured calls in this replica's spool not yet in Postgres.",
+    registry=REGISTRY,
+)
+GATEWAY_OVERHEAD = Histogram(
+    "ratchet_gateway_overhead_seconds",
+    "The gateway's own time per request: from the request's arrival to the answer's last "
+    "byte, less the time spent waiting on the upstream.",
+    ["route"],
+    buckets=_GATEWAY_BUCKETS,
+    registry=REGISTRY,
+)
+GATEWAY_SESSIONS_CLOSED = Counter(
+    "ratchet_gateway_sessions_closed_total",
+    "Sessions closed into traces, by loop and why (idle, api).",
+    ["loop", "reason"],
+    registry=REGISTRY,
+)
+
+
 def multiprocess() -> bool:
     """Whether this process keeps its values for a multi-process api (see the docstring)."""
     return bool(getattr(values.ValueClass, "_multiprocess", False))

@@ -13,6 +13,7 @@ traceback.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -68,6 +70,73 @@ class Endpoint(BaseModel):
         if not sep or scheme not in {"http", "https"} or not rest.strip("/"):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
+
+
+# A tool's name as an agent's tools list it (OpenAI function names; MCP tool names).
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class ToolEndpoint(BaseModel):
+    """A live tool server a replay loop may send the calls nobody recorded to, under a name.
+
+    Either Ratchet's own HTTP shape (``kind: http``: ``POST <url>`` with ``{"name",
+    "arguments"}``) or an MCP server (``kind: mcp``): streamable HTTP at ``url``, or, for the
+    local stack, a stdio ``command`` (an argv list) the job starts. Tool names come from
+    traces, so the operator says which ones this endpoint may be asked (``tools``, the
+    allow-list): any other call gets the sandbox's "no recorded result" answer and never
+    reaches the server. An endpoint must be free of side effects (or a staging copy): the
+    policy being trained, not a person, chooses the calls. Each process paces its calls
+    (``requests_per_minute``), gives each one ``timeout_s`` and refuses a result over
+    ``max_result_bytes`` with an error text. Given as JSON in ``RATCHET_TOOL_ENDPOINTS``,
+    e.g. ``{"airport": {"kind": "mcp", "command": ["airport-tools", "--stdio"], "tools":
+    ["gate_walk_minutes", "flight_status"]}}``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["http", "mcp"] = "http"
+    url: str | None = Field(default=None, min_length=1, max_length=2048)
+    command: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    api_key: SecretStr | None = None
+    tools: list[str] = Field(min_length=1, max_length=1024)
+    timeout_s: float = Field(default=30.0, gt=0, le=600)
+    requests_per_minute: float = Field(default=60.0, gt=0, le=60_000)
+    max_result_bytes: int = Field(default=65_536, ge=1, le=16 << 20)
+
+    @field_validator("url", mode="after")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in {"http", "https"} or not rest.strip("/"):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("command", mode="after")
+    @classmethod
+    def _check_command(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value[0] or any(len(part) > 4096 for part in value)):
+            raise ValueError("must be an argv list whose first item is the program")
+        return value
+
+    @field_validator("tools", mode="after")
+    @classmethod
+    def _check_tools(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not re.match(TOOL_NAME, name)]
+        if bad:
+            raise ValueError(f"tool names must match {TOOL_NAME}; refused: {bad[:3]}")
+        return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _check_transport(self) -> ToolEndpoint:
+        if self.kind == "http" and (self.url is None or self.command is not None):
+            raise ValueError("an http tool endpoint needs a url and takes no command")
+        if self.kind == "mcp" and (self.url is None) == (self.command is None):
+            raise ValueError("an mcp tool endpoint needs a url (streamable HTTP) or a command")
+        if self.command is not None and self.api_key is not None:
+            raise ValueError("a stdio command takes no api_key (nothing would carry it)")
+        return self
 
 
 # Names Kubernetes gives objects and containers (DNS-1123 labels), and environment variables.
@@ -226,18 +295,24 @@ class Settings(BaseSettings):
     # Default: the cores this process may use (affinity and cgroup CPU quota), at most 64.
     curation_processes: int = Field(default_factory=lambda: min(usable_cores(), 64), ge=1, le=64)
 
-    # Named endpoints a loop may call by name (see Endpoint): live tools for the replay
-    # environment, and OpenAI-compatible LLM judges.
-    tool_endpoints: dict[str, Endpoint] = Field(default_factory=dict)
+    # Named endpoints a loop may call by name: live tools for the replay environment (see
+    # ToolEndpoint: HTTP or MCP, each with its allow-list of tool names), and
+    # OpenAI-compatible LLM judges (see Endpoint).
+    tool_endpoints: dict[str, ToolEndpoint] = Field(default_factory=dict)
     judge_endpoints: dict[str, Endpoint] = Field(default_factory=dict)
 
     # Local serving target (the built-in model server).
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(default=8100, ge=1, le=65535)
-    # The model server's own API key (vLLM's --api-key): `ratchet serve` requires it as a
-    # Bearer token when set, and the local serving target sends it. It is never the admin
-    # token: no credential of the control plane is sent to a model server.
+    # The model server's inference key (vLLM's --api-key): `ratchet serve` requires it as a
+    # Bearer token on every route but the health checks when set; it serves, it never swaps
+    # (the adapter routes refuse it). Agents, and whatever only samples, hold it. It is never
+    # the admin token: no credential of the control plane is sent to a model server.
     serve_api_key: SecretStr | None = None
+    # The model server's admin key: the only key `POST /v1/load_lora_adapter` and
+    # `/v1/unload_lora_adapter` accept (it serves too). The worker holds it, and sends it to
+    # the local model server it deploys to; agents never get it.
+    serve_admin_key: SecretStr | None = None
     # Signs each response id of `ratchet serve` for the checkpoint that answered, so the
     # canary counts a trace for the version the server names, not the one the agent reports
     # (services/modelserver/attestation.py). The worker sends it to the model servers it starts
@@ -255,6 +330,13 @@ class Settings(BaseSettings):
     # The model servers that serving targets deploy to (`openai`, `kubernetes`), by name (see
     # ServingEndpoint): a loop's serving target names one; each carries its own API key.
     serving_endpoints: dict[str, ServingEndpoint] = Field(default_factory=dict)
+    # The model server every job of this deployment rolls out on (docs/deploy.md, "Rollouts
+    # on vLLM"): one of serving_endpoints, by name, and the base model it serves. The worker
+    # hands each job the endpoint's URL, this model and a shared directory of the run's own,
+    # and the endpoint's key as a credential (a Secret of the run's own on Kubernetes). Unset:
+    # jobs roll out in the job.
+    rollout_endpoint: str | None = Field(default=None, min_length=1, max_length=253)
+    rollout_model: str | None = Field(default=None, min_length=1, max_length=256)
     # The serving ledger's prices (services.loop.ledger): an hour of the serving hardware,
     # charged per busy compute-second, and what a cached prompt token weighs against a
     # computed one (0..1) when that cost is shared over the tokens served.
@@ -263,6 +345,37 @@ class Settings(BaseSettings):
     # How often the worker's schedule samples every serving loop's counters between deploys
     # (workflows/ledger.py); 0 turns the schedule off (deploys and cycle closes still sample).
     serving_ledger_sample_s: int = Field(default=300, ge=0, le=86_400)
+
+    # Capture gateway (`ratchet gateway`, services.gateway): the OpenAI-compatible proxy an
+    # agent's base_url points at; its calls become traces.
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8200, ge=1, le=65535)
+    # The gateway's URL as agents reach it (shown by `loop create` and the docs' snippets).
+    gateway_public_url: str | None = None
+    # The local spool captured calls wait in until they are in Postgres; unset:
+    # <state_dir>/gateway-spool. One directory per replica (the chart gives each pod its own).
+    gateway_spool_dir: Path | None = None
+    # Past this many bytes waiting, calls are still answered but no longer captured
+    # (counted in ratchet_gateway_dropped_total).
+    gateway_spool_max_bytes: int = Field(default=512 * 1024 * 1024, ge=64 * 1024)
+    # The group commit's window: the spool is fsync'd at most this long after a call was
+    # written (what a power cut can lose; a killed process loses nothing).
+    gateway_spool_fsync_ms: float = Field(default=20.0, ge=1, le=10_000)
+    # Request bodies past this size are refused (413) before they are read.
+    gateway_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # A session with no call for this long closes and becomes a trace.
+    gateway_session_idle_s: float = Field(default=300.0, gt=0, le=7 * 86_400)
+    # How long the gateway waits on an upstream for an answer (or the next streamed event).
+    gateway_upstream_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    # How often each replica re-reads the loops' gateway keys and routes (a new key is read
+    # at once; a revoked one stops working within this).
+    gateway_key_refresh_s: float = Field(default=5.0, gt=0, le=3_600)
+    # OpenAI-compatible upstreams a loop may name (serving_target.upstream), each with the
+    # key Ratchet holds for it (agents never see it), e.g. '{"openai": {"url":
+    # "https://api.openai.com/v1", "api_key": "..."}}'.
+    gateway_upstreams: dict[str, Endpoint] = Field(default_factory=dict)
+    # /metrics on a port of its own (the chart sets one); unset serves it on the gateway port.
+    gateway_metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     @classmethod
     def settings_customise_sources(
@@ -279,7 +392,9 @@ class Settings(BaseSettings):
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
         return tuple(sources)
 
-    @field_validator("state_dir", "artifact_root", "kubernetes_job_template", mode="after")
+    @field_validator(
+        "state_dir", "artifact_root", "kubernetes_job_template", "gateway_spool_dir", mode="after"
+    )
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -314,6 +429,23 @@ class Settings(BaseSettings):
             raise ValueError("must be host:port, for example temporal-frontend:7233")
         return value
 
+    @model_validator(mode="after")
+    def _check_rollout_endpoint(self) -> Settings:
+        if self.rollout_endpoint is None:
+            return self
+        if self.rollout_endpoint not in self.serving_endpoints:
+            listed = ", ".join(sorted(self.serving_endpoints)) or "none"
+            raise ValueError(
+                f"RATCHET_ROLLOUT_ENDPOINT names {self.rollout_endpoint!r}, which is not one "
+                f"of RATCHET_SERVING_ENDPOINTS ({listed})"
+            )
+        if self.rollout_model is None:
+            raise ValueError(
+                "RATCHET_ROLLOUT_MODEL must name the base model the rollout endpoint serves "
+                "when RATCHET_ROLLOUT_ENDPOINT is set"
+            )
+        return self
+
     # Derived locations -------------------------------------------------------------------
 
     @property
@@ -321,6 +453,17 @@ class Settings(BaseSettings):
         return (
             self.artifact_root if self.artifact_root is not None else self.state_dir / "artifacts"
         )
+
+    @property
+    def effective_gateway_spool_dir(self) -> Path:
+        return self.gateway_spool_dir or self.state_dir / "gateway-spool"
+
+    @property
+    def gateway_base_url(self) -> str:
+        """Where agents point ``base_url`` (without the ``/v1``)."""
+        return (
+            self.gateway_public_url or f"http://{self.gateway_host}:{self.gateway_port}"
+        ).rstrip("/")
 
     @property
     def embedded_postgres_dir(self) -> Path:
@@ -408,6 +551,9 @@ def _describe_validation_error(exc: ValidationError) -> str:
     parts = []
     hidden = secret_field_names()
     for error in exc.errors():
+        if not error["loc"]:  # a rule over several settings names them in its message
+            parts.append(error["msg"].removeprefix("Value error, "))
+            continue
         top, *inner = (str(item) for item in error["loc"])
         variable = f"{ENV_PREFIX}{top.upper()}" + (f" ({'.'.join(inner)})" if inner else "")
         message = error["msg"].removeprefix("Value error, ")

@@ -1,7 +1,10 @@
 """What LoopWorkflow's stage methods share about the cycle they run: the cycle itself
 (:class:`CycleRun`), how it ends early (:class:`CycleAborted`) and how it closes, and the
-steps that need no workflow state: a stage as a child workflow (:func:`child_stage`), the
-budget estimate (:func:`estimate_stage`) and the operator rollback (:func:`roll_back`).
+steps a regular cycle and a bootstrap (workflows/bootstrap.py) both take: a stage as a child
+workflow (:func:`child_stage`), the budget estimate (:func:`estimate_stage`), the gate
+(:func:`gate_stage`) and the promotion (:func:`promote_stage`), which ask the workflow
+running them (:class:`CycleHost`) only to announce a stage and to wait for an approval; and
+the operator rollback (:func:`roll_back`).
 
 Workflow code (deterministic, no I/O); imported by workflows/loop.py inside
 ``imports_passed_through``.
@@ -11,25 +14,28 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
 
-from services.loop.states import CycleOutcome, CycleStage, PromotionStatus
+from services.loop.policies import TrainingProfile
+from services.loop.states import CycleOutcome, CycleStage, Decision, PromotionStatus
 from workflows.activities.deploy import DeployActivities
 from workflows.activities.estimate import EstimateActivities, EstimateInput
+from workflows.activities.gate import GateActivities
 from workflows.ids import cycle_workflow_id
 from workflows.options import DEPLOY, db_activity, long_activity
 from workflows.payloads.curation import SnapshotResult
 from workflows.payloads.cycle import CloseCycleInput, StartCycleResult
 from workflows.payloads.evaluate import EvalTarget
-from workflows.payloads.gate import GateResult
+from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput
 from workflows.payloads.loop import LoopConfig
-from workflows.payloads.promote import DeployInput, PromoteResult
+from workflows.payloads.promote import DeployInput, PromoteInput, PromoteResult
 from workflows.payloads.rollback import FinishRollbackInput, RollbackInput, RollbackResult
 from workflows.payloads.train import TrainResult
+from workflows.promote import PromoteWorkflow
 from workflows.search_attributes import RATCHET_CYCLE, RATCHET_LOOP, RATCHET_STAGE
 
 InputT = TypeVar("InputT")
@@ -59,6 +65,7 @@ CYCLE_ROW_STAGES = frozenset(
     {
         CycleStage.PROBE,
         CycleStage.SNAPSHOT,
+        CycleStage.DEMONSTRATIONS,
         CycleStage.TRAIN,
         CycleStage.EVALUATE,
         CycleStage.GATE,
@@ -198,19 +205,29 @@ def stage_search_attributes(loop: str, stage: CycleStage, cycle: int) -> TypedSe
     )
 
 
-async def estimate_stage(run: CycleRun, dataset: SnapshotResult) -> None:
+async def estimate_stage(
+    run: CycleRun,
+    dataset: SnapshotResult,
+    *,
+    profile: TrainingProfile | None = None,
+    eval_task_counts: list[int] | None = None,
+) -> None:
     """Estimate the cycle's train and eval jobs; one over what is left of the budget
-    ends the cycle as ``over_budget`` (the loop pauses) before anything is spent on it."""
-    counts = [dataset.eval_count, dataset.regression_count]
-    if dataset.heldout_uri:
-        counts.append(dataset.heldout_count)
+    ends the cycle as ``over_budget`` (the loop pauses) before anything is spent on it.
+    ``profile`` and ``eval_task_counts`` default to a regular cycle's: the loop's training
+    profile, the eval and regression sets and the held-out set if there is one."""
+    counts = eval_task_counts
+    if counts is None:
+        counts = [dataset.eval_count, dataset.regression_count]
+        if dataset.heldout_uri:
+            counts.append(dataset.heldout_count)
     try:
         estimate = await db_activity(
             EstimateActivities.estimate_cycle,
             EstimateInput(
                 loop=run.loop,
                 cycle=run.cycle,
-                profile=run.config.training_profile,
+                profile=profile or run.config.training_profile,
                 eval_task_counts=counts,
                 samples_per_task=run.config.gate_policy.eval_samples,
             ),
@@ -219,6 +236,113 @@ async def estimate_stage(run: CycleRun, dataset: SnapshotResult) -> None:
         raise CycleAborted.failed(f"estimate failed: {root_cause(exc)}") from exc
     if not estimate.fits:
         raise CycleAborted(CycleOutcome.OVER_BUDGET, estimate.reason)
+
+
+class CycleHost(Protocol):
+    """What the stage functions need of the workflow running the cycle (LoopWorkflow)."""
+
+    async def enter(
+        self,
+        stage: CycleStage,
+        cycle: int,
+        *,
+        dataset_id: int | None = None,
+        candidate: str | None = None,
+    ) -> None:
+        """Announce a stage (the workflow's status, search attributes, the cycle's row)."""
+        ...
+
+    async def await_approval(self, gate: GateResult) -> tuple[Decision, str, str]:
+        """A manual gate's verdict: the decision, its reason and who decided."""
+        ...
+
+
+# The gate's judgement: an activity from GateInput to GateResult (GateActivities.gate, or a
+# bootstrap's BootstrapActivities.gate on the held-out set).
+Judge = Callable[[Any, GateInput], GateResult]
+
+
+async def gate_stage(
+    host: CycleHost,
+    run: CycleRun,
+    *,
+    baseline: EvalTarget,
+    candidate: EvalTarget,
+    previous_id: str | None,
+    judge: Judge = GateActivities.gate,
+) -> Decided:
+    """The gate's decision on ``candidate`` against ``baseline`` (or the operator's, with a
+    manual gate), recorded with ``previous_id`` as the champion it would replace; a
+    decision other than promote ends the cycle as rejected."""
+    await host.enter(CycleStage.GATE, run.cycle)
+    policy = run.config.gate_policy
+    gate = await db_activity(
+        judge,
+        GateInput(
+            loop=run.loop,
+            cycle=run.cycle,
+            champion_checkpoint_id=baseline.checkpoint_id,
+            candidate_checkpoint_id=candidate.checkpoint_id,
+            confidence=policy.confidence,
+            min_improvement_points=policy.min_improvement_points,
+            regression_tolerance_points=policy.regression_tolerance_points,
+            min_discordant_pairs=policy.min_discordant_pairs,
+        ),
+    )
+    decision, reason, decided_by = gate.decision, gate.reason, "gate"
+    if policy.mode == "manual":
+        decision, reason, decided_by = await host.await_approval(gate)
+    recorded = await db_activity(
+        GateActivities.record_decision,
+        RecordDecisionInput(
+            loop=run.loop,
+            cycle=run.cycle,
+            decision=decision,
+            reason=reason,
+            statistics=gate.statistics,
+            candidate_checkpoint_id=candidate.checkpoint_id,
+            previous_checkpoint_id=previous_id,
+            decided_by=decided_by,
+        ),
+    )
+    if recorded.decision != Decision.PROMOTE:
+        raise CycleAborted(CycleOutcome.REJECTED, reason, gate_points=run.gate_points(gate))
+    return Decided(gate, recorded.promotion_id, reason)
+
+
+async def promote_stage(
+    host: CycleHost,
+    run: CycleRun,
+    *,
+    candidate: EvalTarget,
+    previous: EvalTarget | None,
+    decided: Decided,
+) -> CloseCycleInput:
+    """Deploy the candidate behind a canary (``previous`` is restored on a live regression;
+    None: nothing to restore); how the cycle closes, with its points."""
+    await host.enter(CycleStage.PROMOTE, run.cycle)
+    policy = run.config.gate_policy
+    promoted = await child_stage(
+        run.loop,
+        PromoteWorkflow.run,
+        PromoteInput(
+            loop=run.loop,
+            cycle=run.cycle,
+            promotion_id=decided.promotion_id,
+            candidate_checkpoint_id=candidate.checkpoint_id,
+            candidate_uri=candidate.checkpoint_uri,
+            previous_checkpoint_id=previous.checkpoint_id if previous else None,
+            previous_uri=previous.checkpoint_uri if previous else None,
+            serving_target=run.config.serving_target,
+            canary_seconds=policy.canary_seconds,
+            canary_check_interval_s=policy.canary_check_interval_s,
+            canary_min_traces=policy.canary_min_traces,
+            canary_max_drop_points=policy.canary_max_drop_points,
+        ),
+        CycleStage.PROMOTE,
+        run.cycle,
+    )
+    return run.closed(promoted, candidate.checkpoint_id, decided)
 
 
 async def roll_back(loop: str, reason: str) -> RollbackResult:

@@ -1,17 +1,19 @@
 """LoopWorkflow: one served model improved forever, one cycle per run.
 
-Id ``loop/<name>``. Each run waits for a trigger (enough new curated tasks, the maximum
-interval, a drift signal, or an operator's run-now), runs one cycle — curate, probe (only
-with the curation policy's ``difficulty_filter``), snapshot, train, evaluate, gate,
-promote, account — then continues as new carrying only :class:`LoopState`. Stages run as
-child workflows with ids derived from the cycle, so a retry never duplicates work; cycles of
-one loop never overlap because one workflow runs them in sequence.
+Id ``loop/<name>``. Each run waits for a trigger (workflows/trigger.py: enough new curated
+tasks, the maximum interval, a drift signal, an operator's run-now, or a bootstrap), runs one
+cycle — curate, probe (only with the curation policy's ``difficulty_filter``), snapshot,
+train, evaluate, gate, promote, account; a bootstrap's cycle (workflows/bootstrap.py) trains
+a first champion from the loop's successful traces and judges it against the base model —
+then continues as new carrying only :class:`LoopState`. Stages run as child workflows with
+ids derived from the cycle, so a retry never duplicates work; cycles of one loop never
+overlap because one workflow runs them in sequence.
 """
 
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -24,29 +26,24 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activities.curation import CurationActivities
     from workflows.activities.cycle import CycleActivities
     from workflows.activities.deploy import DeployActivities
-    from workflows.activities.gate import GateActivities
-    from workflows.curate import CurateWorkflow, curate_batches
+    from workflows.bootstrap import BOOTSTRAP_TRIGGER, bootstrap_stages
+    from workflows.curate import CurateWorkflow
     from workflows.cycle import (
         CYCLE_ROW_STAGES,
         CycleAborted,
         CycleRun,
-        Decided,
         candidate_of,
         champion_of,
         child_stage,
         estimate_stage,
+        gate_stage,
+        promote_stage,
         roll_back,
     )
     from workflows.evaluate import EvaluateWorkflow
     from workflows.options import LONG_DB_TIMEOUT, db_activity
-    from workflows.payloads.curation import (
-        CurateInput,
-        CurateResult,
-        DriftInput,
-        PendingWorkInput,
-        SnapshotInput,
-        SnapshotResult,
-    )
+    from workflows.payloads.bootstrap import BootstrapReadiness, PrepareBootstrapResult
+    from workflows.payloads.curation import CurateInput, SnapshotInput, SnapshotResult
     from workflows.payloads.cycle import (
         CloseCycleInput,
         StageInput,
@@ -54,9 +51,10 @@ with workflow.unsafe.imports_passed_through():
         StartCycleResult,
     )
     from workflows.payloads.evaluate import EvalTarget, EvaluateInput
-    from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput
+    from workflows.payloads.gate import GateResult
     from workflows.payloads.loop import (
         ApprovalSignal,
+        BootstrapSignal,
         LoopConfig,
         LoopConfigInput,
         LoopInput,
@@ -69,11 +67,10 @@ with workflow.unsafe.imports_passed_through():
         RunNowSignal,
     )
     from workflows.payloads.probe import ProbeInput
-    from workflows.payloads.promote import PromoteInput
+    from workflows.payloads.promote import PromoteResult
     from workflows.payloads.rollback import RollbackInput
     from workflows.payloads.train import TrainInput, TrainResult
     from workflows.probe import ProbeWorkflow
-    from workflows.promote import PromoteWorkflow
     from workflows.search_attributes import (
         RATCHET_CYCLE,
         RATCHET_LOOP,
@@ -81,6 +78,12 @@ with workflow.unsafe.imports_passed_through():
         RATCHET_STAGE,
     )
     from workflows.train import TrainWorkflow
+    from workflows.trigger import check_trigger
+
+# Results the stage functions of workflows/cycle.py, bootstrap.py and trigger.py decode: the
+# workflow sandbox resolves a result's type hints through its module, which it holds only
+# when this module (which runs in the sandbox) imports it; those functions' imports do not.
+DECODED_RESULTS = (BootstrapReadiness, PrepareBootstrapResult, PromoteResult)
 
 InputT = TypeVar("InputT")
 ResultT = TypeVar("ResultT")
@@ -101,8 +104,6 @@ ROLLBACK_DEPLOY_PATCH = "rollback-deploy"
 # and a cycle over what is left of the budget is refused (the loop pauses). Histories before
 # it train without one.
 ESTIMATE_PATCH = "cycle-estimate"
-# Batches one trigger check curates at most; what is left waits for the next check.
-TRIGGER_CHECK_MAX_BATCHES = 100
 
 
 @workflow.defn
@@ -146,6 +147,10 @@ class LoopWorkflow:
     def rollback(self, signal: RollbackSignal) -> None:
         self.state.rollback_reason = signal.reason
 
+    @workflow.signal
+    def bootstrap(self, signal: BootstrapSignal) -> None:
+        self.state.bootstrap = signal
+
     @workflow.query
     def status(self) -> LoopStatus:
         return LoopStatus(
@@ -183,7 +188,7 @@ class LoopWorkflow:
                 self.waiting_for = None
                 self._set_stage(CycleStage.WAITING)
                 continue
-            trigger, detail = await self._check_trigger(config)
+            trigger, detail = await check_trigger(self.loop, self.state, config)
             if trigger is not None:
                 await self._run_cycle(config, trigger, detail)
                 if input.max_cycles is not None and self.state.cycles_done >= input.max_cycles:
@@ -200,6 +205,7 @@ class LoopWorkflow:
                         self.state.run_now
                         or self.state.paused
                         or self.state.rollback_reason is not None
+                        or self.state.bootstrap is not None
                     ),
                     timeout=timedelta(seconds=config.trigger_policy.check_interval_s),
                 )
@@ -214,48 +220,6 @@ class LoopWorkflow:
             )
         )
 
-    # Trigger -----------------------------------------------------------------------------
-
-    async def _check_trigger(self, config: LoopConfig) -> tuple[str | None, dict[str, object]]:
-        """Curate what arrived, then decide whether a cycle starts now and why."""
-        await self._curate_pending()
-        pending = await db_activity(
-            CurationActivities.pending_work,
-            PendingWorkInput(self.loop),
-        )
-        detail: dict[str, object] = {"new_train_tasks": pending.new_train_tasks}
-        if self.state.run_now:
-            self.state.run_now = False
-            return "operator", detail
-        if pending.new_train_tasks <= 0:
-            return None, detail
-        if pending.new_train_tasks >= config.trigger_policy.min_new_tasks:
-            detail["min_new_tasks"] = config.trigger_policy.min_new_tasks
-            return "min_new_tasks", detail
-        if config.trigger_policy.drift_enabled:
-            drift = await db_activity(
-                CurationActivities.check_drift,
-                DriftInput(self.loop),
-            )
-            if drift.drifted:
-                detail.update(
-                    failure_rate=drift.failure_rate,
-                    threshold=drift.threshold,
-                    model_version=drift.model_version,
-                )
-                return "drift", detail
-        if self.state.last_cycle_ended_at is not None:
-            ended = datetime.fromisoformat(self.state.last_cycle_ended_at)
-            elapsed = (workflow.now() - ended).total_seconds()
-            if elapsed >= config.trigger_policy.max_interval_s:
-                detail["max_interval_s"] = config.trigger_policy.max_interval_s
-                return "max_interval", detail
-        return None, detail
-
-    async def _curate_pending(self) -> CurateResult:
-        """Curate what arrived, with the batches and settings of the cycle's curate stage."""
-        return await curate_batches(CurateInput(self.loop, max_batches=TRIGGER_CHECK_MAX_BATCHES))
-
     # Cycle -------------------------------------------------------------------------------
 
     async def _run_cycle(self, config: LoopConfig, trigger: str, detail: dict[str, object]) -> None:
@@ -267,6 +231,9 @@ class LoopWorkflow:
         self.state.cycle_number = cycle
         self.cycle = cycle
         self.approval = None
+        bootstrap: BootstrapSignal | None = None
+        if trigger == BOOTSTRAP_TRIGGER:
+            bootstrap, self.state.bootstrap = self.state.bootstrap, None
         started = await db_activity(
             CycleActivities.start_cycle,
             StartCycleInput(
@@ -279,7 +246,11 @@ class LoopWorkflow:
         )
         ended = CloseCycleInput(self.loop, cycle, CycleOutcome.FAILED, "")
         try:
-            ended = await self._cycle_stages(config, cycle, started, honest=honest)
+            run = CycleRun(self.loop, config, cycle, honest)
+            if bootstrap is not None:
+                ended = await bootstrap_stages(self, run, started, bootstrap)
+            else:
+                ended = await self._cycle_stages(run, started)
         except CycleAborted as aborted:
             ended = CloseCycleInput(
                 self.loop, cycle, aborted.outcome, aborted.detail, gate_points=aborted.gate_points
@@ -309,14 +280,12 @@ class LoopWorkflow:
                 f"budget spent (${closed.cumulative_cost_usd:.2f} of the loop's budget)"
             )
 
-    async def _cycle_stages(
-        self, config: LoopConfig, cycle: int, started: StartCycleResult, *, honest: bool
-    ) -> CloseCycleInput:
+    async def _cycle_stages(self, run: CycleRun, started: StartCycleResult) -> CloseCycleInput:
         """Run the stages of a cycle, in order; how it ended, with its numbers (held-out
         points, gate points, the canary's samples), as the accounting stage records it.
         A stage that ends the cycle early raises :class:`CycleAborted`."""
-        run = CycleRun(self.loop, config, cycle, honest)
-        await self._curate_stage(run)
+        config = run.config
+        await self.curate_stage(run)
         # Checked first so a loop without the filter records no marker: its history is
         # exactly what it was before the stage existed.
         if config.curation_policy.difficulty_filter and workflow.patched(PROBE_PATCH):
@@ -324,14 +293,19 @@ class LoopWorkflow:
         dataset = await self._snapshot_stage(run)
         champion = champion_of(started)
         if workflow.patched(ESTIMATE_PATCH):
-            await self._enter(CycleStage.ESTIMATE, run.cycle)
+            await self.enter(CycleStage.ESTIMATE, run.cycle)
             await estimate_stage(run, dataset)
         trained = await self._train_stage(run, dataset, champion)
         await self._evaluate_stage(run, dataset, champion, trained)
-        decided = await self._gate_stage(run, champion, trained)
-        return await self._promote_stage(run, champion, trained, decided)
+        candidate = candidate_of(trained)
+        decided = await gate_stage(
+            self, run, baseline=champion, candidate=candidate, previous_id=champion.checkpoint_id
+        )
+        return await promote_stage(
+            self, run, candidate=candidate, previous=champion, decided=decided
+        )
 
-    async def _enter(
+    async def enter(
         self,
         stage: CycleStage,
         cycle: int,
@@ -348,8 +322,8 @@ class LoopWorkflow:
                 StageInput(self.loop, cycle, stage, dataset_id, candidate),
             )
 
-    async def _curate_stage(self, run: CycleRun) -> None:
-        await self._enter(CycleStage.CURATE, run.cycle)
+    async def curate_stage(self, run: CycleRun) -> None:
+        await self.enter(CycleStage.CURATE, run.cycle)
         await child_stage(
             self.loop,
             CurateWorkflow.run,
@@ -361,7 +335,7 @@ class LoopWorkflow:
 
     async def _snapshot_stage(self, run: CycleRun) -> SnapshotResult:
         """Freeze the cycle's dataset; too few train or eval tasks end the cycle (no_data)."""
-        await self._enter(CycleStage.SNAPSHOT, run.cycle)
+        await self.enter(CycleStage.SNAPSHOT, run.cycle)
         dataset = await db_activity(
             CurationActivities.snapshot_dataset,
             SnapshotInput(self.loop, run.cycle),
@@ -381,7 +355,7 @@ class LoopWorkflow:
     async def _train_stage(
         self, run: CycleRun, dataset: SnapshotResult, champion: EvalTarget
     ) -> TrainResult:
-        await self._enter(CycleStage.TRAIN, run.cycle, dataset_id=dataset.dataset_id)
+        await self.enter(CycleStage.TRAIN, run.cycle, dataset_id=dataset.dataset_id)
         trained = await child_stage(
             self.loop,
             TrainWorkflow.run,
@@ -408,7 +382,7 @@ class LoopWorkflow:
         """Evaluate champion and candidate on the eval set, the regression set, and (honest
         points) the frozen held-out set; a failed evaluation ends the cycle."""
         candidate = candidate_of(trained)
-        await self._enter(CycleStage.EVALUATE, run.cycle, candidate=candidate.checkpoint_id)
+        await self.enter(CycleStage.EVALUATE, run.cycle, candidate=candidate.checkpoint_id)
         task_sets = {"eval": dataset.eval_uri}
         if dataset.regression_uri and dataset.regression_count > 0:
             task_sets["regression"] = dataset.regression_uri
@@ -435,80 +409,6 @@ class LoopWorkflow:
         if evaluated.errors:
             raise CycleAborted.failed("evaluation failed: " + "; ".join(evaluated.errors))
 
-    async def _gate_stage(
-        self, run: CycleRun, champion: EvalTarget, trained: TrainResult
-    ) -> Decided:
-        """The gate's decision (or the operator's, with a manual gate), recorded; a decision
-        other than promote ends the cycle as rejected."""
-        candidate = candidate_of(trained)
-        await self._enter(CycleStage.GATE, run.cycle)
-        policy = run.config.gate_policy
-        gate = await db_activity(
-            GateActivities.gate,
-            GateInput(
-                loop=self.loop,
-                cycle=run.cycle,
-                champion_checkpoint_id=champion.checkpoint_id,
-                candidate_checkpoint_id=candidate.checkpoint_id,
-                confidence=policy.confidence,
-                min_improvement_points=policy.min_improvement_points,
-                regression_tolerance_points=policy.regression_tolerance_points,
-                min_discordant_pairs=policy.min_discordant_pairs,
-            ),
-        )
-        decision, reason, decided_by = gate.decision, gate.reason, "gate"
-        if policy.mode == "manual":
-            decision, reason, decided_by = await self._await_approval(gate)
-        recorded = await db_activity(
-            GateActivities.record_decision,
-            RecordDecisionInput(
-                loop=self.loop,
-                cycle=run.cycle,
-                decision=decision,
-                reason=reason,
-                statistics=gate.statistics,
-                candidate_checkpoint_id=candidate.checkpoint_id,
-                previous_checkpoint_id=champion.checkpoint_id,
-                decided_by=decided_by,
-            ),
-        )
-        if recorded.decision != Decision.PROMOTE:
-            raise CycleAborted(CycleOutcome.REJECTED, reason, gate_points=run.gate_points(gate))
-        return Decided(gate, recorded.promotion_id, reason)
-
-    async def _promote_stage(
-        self,
-        run: CycleRun,
-        champion: EvalTarget,
-        trained: TrainResult,
-        decided: Decided,
-    ) -> CloseCycleInput:
-        """Deploy the candidate behind a canary; how the cycle closes, with its points."""
-        candidate = candidate_of(trained)
-        await self._enter(CycleStage.PROMOTE, run.cycle)
-        policy = run.config.gate_policy
-        promoted = await child_stage(
-            self.loop,
-            PromoteWorkflow.run,
-            PromoteInput(
-                loop=self.loop,
-                cycle=run.cycle,
-                promotion_id=decided.promotion_id,
-                candidate_checkpoint_id=candidate.checkpoint_id,
-                candidate_uri=candidate.checkpoint_uri,
-                previous_checkpoint_id=champion.checkpoint_id,
-                previous_uri=champion.checkpoint_uri,
-                serving_target=run.config.serving_target,
-                canary_seconds=policy.canary_seconds,
-                canary_check_interval_s=policy.canary_check_interval_s,
-                canary_min_traces=policy.canary_min_traces,
-                canary_max_drop_points=policy.canary_max_drop_points,
-            ),
-            CycleStage.PROMOTE,
-            run.cycle,
-        )
-        return run.closed(promoted, candidate.checkpoint_id, decided)
-
     async def _probe(self, run: CycleRun, started: StartCycleResult) -> None:
         """Probe the champion on unprobed train tasks so the snapshot can filter them.
 
@@ -520,7 +420,7 @@ class LoopWorkflow:
         """
         if started.champion_checkpoint_id is None or started.champion_uri is None:
             return  # nothing to probe with; the cycle fails for the same reason after the snapshot
-        await self._enter(CycleStage.PROBE, run.cycle)
+        await self.enter(CycleStage.PROBE, run.cycle)
         try:
             probed = await child_stage(
                 self.loop,
@@ -550,7 +450,7 @@ class LoopWorkflow:
                 probed.error or "no reason given",
             )
 
-    async def _await_approval(self, gate: GateResult) -> tuple[Decision, str, str]:
+    async def await_approval(self, gate: GateResult) -> tuple[Decision, str, str]:
         """Manual gate: wait for approve/reject; the gate's statistics are shown meanwhile."""
         self._set_stage(CycleStage.AWAITING_APPROVAL, cycle=self.cycle)
         self.waiting_for = f"approve or reject (gate recommends {gate.decision}: {gate.reason})"

@@ -46,6 +46,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
     from services.loop.estimate import Prices
     from services.loop.ledger import ServingLedger, ServingPrices
     from services.serving.targets import ServingTargets
+    from workflows.activities.bootstrap import BootstrapActivities
     from workflows.activities.curation import CurationActivities
     from workflows.activities.estimate import EstimateActivities
     from workflows.activities.jobs import JobActivities
@@ -80,8 +81,10 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         Prices(deps.settings.accelerator_hour_price_usd, deps.settings.cpu_hour_price_usd),
     )
     retention = RetentionActivities(deps.session_factory)
+    bootstrap = BootstrapActivities(deps.session_factory, deps.artifacts)
     return [
         *curation.activities(),
+        *bootstrap.activities(),
         *jobs.activities(),
         *loop.activities(),
         *estimate.activities(),

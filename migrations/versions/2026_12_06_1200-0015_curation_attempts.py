@@ -8,7 +8,7 @@ is set aside (``rejected``, reason ``curation_failed``, the error in ``curation_
 so the queue behind it moves on. Feedback that sends a trace back to curation resets it.
 
 Revision ID: 0015
-Revises: 0011
+Revises: 0014
 Create Date: 2026-12-06 12:00:00
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
-down_revision: str | None = "0011"
+down_revision: str | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

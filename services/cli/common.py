@@ -130,7 +130,10 @@ def call_api(action: Callable[[Any], Any], *, invalid: str | None = None) -> Any
 def explain(exc: Any, *, invalid: str | None = None) -> str:
     """An api error as the one line a command prints (``exc``: services.client's
     ApiRequestError), with what to do next where the api's message cannot say it."""
-    fields = "; ".join(f"{f['path']}: {f['message']}" for f in exc.fields)
+    # A field whose message is the error's own is named once, by the message.
+    fields = "; ".join(
+        f"{f['path']}: {f['message']}" for f in exc.fields if f["message"] != exc.message
+    )
     if exc.status_code == 401:
         return (
             "the api refused the admin token: set RATCHET_ADMIN_TOKEN to the api's admin token "

@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
     are decoded in batches.
 
     Security (environment or config file, never argv): RATCHET_SERVE_API_KEY makes every
-    route but /health need `Authorization: Bearer <key>`, and is required for the adapter
-    routes whenever --host is not a loopback address. Adapters load only from
+    route but /health need `Authorization: Bearer <key>` and serves only;
+    RATCHET_SERVE_ADMIN_KEY is the one key the adapter routes take (it serves too), required
+    for them whenever a key is set or --host is not a loopback address. Adapters load only from
     RATCHET_SERVE_MODEL_ROOTS (default: the artifact store and the directory holding
     --checkpoint). RATCHET_SERVE_MAX_BODY_BYTES caps request bodies (413);
     RATCHET_SERVE_QUEUE_MAX bounds the rows waiting to decode (429 past it);
@@ -94,6 +95,12 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--served-model-name must be valid UTF-8") from None
     # The key comes from the environment or the config file only: argv is visible in ps.
     key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
+    admin = settings.serve_admin_key.get_secret_value() if settings.serve_admin_key else None
+    if admin is not None and admin == key:
+        raise CliError(
+            "RATCHET_SERVE_ADMIN_KEY must differ from RATCHET_SERVE_API_KEY: the key handed "
+            "to agents would load and unload models"
+        )
     checkpoint = args.checkpoint.absolute()
     roots = settings.serve_model_roots or [settings.artifacts_dir, checkpoint.parent]
     try:
@@ -106,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads,
             options=ServerOptions(
                 api_key=key,
+                admin_key=admin,
                 max_batch_rows=args.max_batch_rows,
                 max_body_bytes=settings.serve_max_body_bytes,
                 queue_max=settings.serve_queue_max,

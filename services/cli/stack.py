@@ -1,4 +1,4 @@
-"""`ratchet up`, `ratchet api`, `ratchet worker`: the processes of DESIGN §3."""
+"""`ratchet up`, `ratchet api`, `ratchet worker`, `ratchet gateway`: the processes of DESIGN §3."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ def register(subparsers: Any) -> None:
     )
     add_command(
         subparsers, "worker", _worker, help="run the Temporal worker (workflows, activities)"
+    )
+    add_command(
+        subparsers,
+        "gateway",
+        _gateway,
+        help="run the capture gateway: an OpenAI-compatible proxy whose calls become traces",
     )
 
 
@@ -137,6 +143,39 @@ def freeze_startup_heap() -> None:
     under batch ingest most of a second of CPU per 10 s, and pauses in the latency tail)."""
     gc.collect()
     gc.freeze()
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    """The capture gateway on RATCHET_GATEWAY_HOST:PORT (one process; scale with replicas,
+    each with its own RATCHET_GATEWAY_SPOOL_DIR)."""
+    import uvicorn
+
+    from services.api.metrics_server import MetricsServer
+    from services.gateway.server import build_gateway
+
+    settings = cli_settings(require_database=True)
+    configure_logging(settings.log_level, settings.log_format, component="gateway")
+    app = build_gateway(settings, serve_metrics=settings.gateway_metrics_port is None)
+    metrics = None
+    if settings.gateway_metrics_port is not None:
+        metrics = MetricsServer(settings.gateway_host, settings.gateway_metrics_port)
+        metrics.start()
+    freeze_startup_heap()
+    try:
+        uvicorn.run(
+            app,
+            host=settings.gateway_host,
+            port=settings.gateway_port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=15,
+            timeout_keep_alive=30,
+            lifespan="on",
+        )
+    finally:
+        if metrics is not None:
+            metrics.stop()
+    return 0
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from services.cli.common import (
     command_group,
     loop_name,
 )
+from services.cli.tasks import check_text
 
 CURATION_OUTCOMES = ("pending", "task", "duplicate", "rejected", "skipped")
 REPORTED_OUTCOMES = ("success", "failure", "unknown")
@@ -65,7 +66,8 @@ def register(subparsers: Any) -> None:
 
 def _list(args: argparse.Namespace) -> int:
     """List a loop's traces, newest first: what the agent reported, what curation made of
-    each and why (the reason of a rejection or a skip). Pages with --cursor."""
+    each and why (the reason of a rejection or a skip), and what its task's reward checks
+    (the facts an answer must state). Pages with --cursor."""
     name = loop_name(args)
     page = call_api(
         lambda client: client.list_traces(
@@ -93,14 +95,16 @@ def _list(args: argparse.Namespace) -> int:
             f"{trace.external_id:<{width}}  {trace.outcome:<8} {trace.curation_outcome:<10} "
             f"{received:<20} {trace.reason or '-'}"
         )
+        if trace.check is not None:
+            print(f"{'':<{width}}  checks {check_text(trace.check)}")
     if page.next_cursor:
         print(f"more: ratchet traces list --loop {name} --cursor {page.next_cursor}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    """One trace of a loop: what the agent reported, curation's verdict in full, the tasks
-    it became (or was counted into) and the feedback it got."""
+    """One trace of a loop: what the agent reported, curation's verdict in full, what its
+    task checks, the tasks it became (or was counted into) and the feedback it got."""
     name = loop_name(args)
     trace = call_api(lambda client: client.get_trace(name, args.external_id))
     if args.json:
@@ -121,6 +125,8 @@ def _show(args: argparse.Namespace) -> int:
     )
     if trace.curation_detail:
         print(f"  detail       {trace.curation_detail}")
+    if trace.check is not None:
+        print(f"  checks       {check_text(trace.check)}")
     for task in trace.tasks:
         print(
             f"  task         {task.task_id} ({task.relation}, {task.split}, {task.environment}); "

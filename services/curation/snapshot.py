@@ -2,10 +2,11 @@
 
 :func:`snapshot` picks
 
-- **train**: the loop's train tasks (never pinned, never eval or held-out), after the
-  difficulty filter; when more than ``max_train_tasks`` remain, a weighted sample of that
-  many without replacement, a task's weight being the traces folded into it by dedup (so a
-  failure seen twenty times is likelier in than one seen once, as in production);
+- **train**: the loop's train tasks (never pinned, never set aside, never eval or
+  held-out), after the difficulty filter; when more than ``max_train_tasks`` remain, a
+  weighted sample of that many without replacement, a task's weight being the traces
+  folded into it by dedup (so a failure seen twenty times is likelier in than one seen
+  once, as in production);
 - **eval**: the loop's eval tasks, newest first up to ``max_eval_tasks``;
 - **regression**: every pinned task, then the newest sampled successes, up to
   ``max_regression_tasks`` (pinned ones are always included);
@@ -13,7 +14,8 @@
   ``heldout_max_tasks``), sampled from all curated traffic; evaluated for points gained,
   never trained on;
 
-hashes the selection (sha256 over the sorted ``split, task content hash, weight`` lines),
+hashes the selection (sha256 over the sorted ``split, task content hash, weight`` lines, and
+a replay loop's tool-response store version),
 and either returns the dataset that already has that hash or writes the JSONL task files
 (``train.jsonl``, ``eval.jsonl``, ``regression.jsonl``, ``heldout.jsonl``, ``ratchet.task/v1``)
 plus a ``manifest.json`` (and, for a replay loop, its tool-response store as
@@ -85,13 +87,19 @@ class DatasetSnapshot(DatasetFiles):
 class _Selection:
     members: dict[str, list[task_queries.SplitMember]]
     difficulty: dict[str, int]
+    # A replay loop's tool-response store version: part of what its jobs read, so answers
+    # recorded since the last snapshot (live tool answers included) make a new dataset.
+    tool_store_version: int | None = None
 
     def lines(self) -> list[str]:
-        return sorted(
+        lines = sorted(
             f"{split}\t{m.dedup_key}\t{m.weight}"
             for split, members in self.members.items()
             for m in members
         )
+        if self.tool_store_version is not None:
+            lines.append(f"tool_store\t{self.tool_store_version}")
+        return lines
 
     def content_hash(self) -> str:
         digest = hashlib.sha256()
@@ -252,6 +260,11 @@ def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selecti
             "heldout": heldout,
         },
         difficulty=difficulty,
+        tool_store_version=(
+            replay_queries.tool_store_version(session=session, loop_id=loop.id)
+            if loop.environment == REPLAY
+            else None
+        ),
     )
 
 

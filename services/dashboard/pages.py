@@ -24,6 +24,7 @@ from services.dashboard.queries import (
     LiveSeries,
     LoopEvent,
     failure_clusters,
+    judge_agreement,
     live_success_series,
     loop_events,
     recent_runs,
@@ -42,6 +43,8 @@ from services.db.queries.points import CyclePoints, intelligence_per_dollar
 from services.db.queries.serving_ledger import ChampionFigures, loop_champion_figures
 from services.db.queries.spend import loop_spend
 from services.db.queries.traces import curation_counts
+from services.environments.replay.scoring import AGREEMENT_MAX_EPISODES, AGREEMENT_SHARE
+from services.gateway.queries import recent_sessions, session_counts
 from services.loop.estimate import run_phase_costs
 from services.loop.states import LoopLifecycle
 
@@ -332,6 +335,9 @@ def loop_context(
         "cycles": cycles,
         "cycle_links": {c.number: cycle_links(links, loop.name, c) for c in cycles},
         "evaluation_chart": evaluation_chart(cycles),
+        "judge_agreement": judge_agreement(session=session, loop_id=loop.id),
+        "agreement_share": AGREEMENT_SHARE,
+        "agreement_max": AGREEMENT_MAX_EPISODES,
         "live": live,
         "live_passed": recent.successes,
         "live_n": recent.n,
@@ -342,6 +348,8 @@ def loop_context(
         "clusters": failure_clusters(session=session, loop_id=loop.id),
         "preview_chars": PROMPT_PREVIEW_CHARS,
         "curation": curation_counts(session=session, loop_id=loop.id),
+        "sessions": recent_sessions(session=session, loop_id=loop.id),
+        "session_counts": session_counts(session=session, loop_id=loop.id),
         "lineage": serving_lineage(session=session, loop_id=loop.id),
         "cost_chart": cost_chart(cycles),
         "ppd": ppd,

@@ -341,3 +341,81 @@ def run_detail(*, session: Session, loop_id: int, run_id: str) -> RunDetail | No
         )
     )
     return RunDetail(run=run, cycle_number=number, checkpoints=checkpoints, evaluations=evaluations)
+
+
+# Judge agreement ------------------------------------------------------------------------------
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+@dataclass(frozen=True)
+class JudgeAgreementRow:
+    """How often a judge agreed with the rule in one eval job (its ``judge_agreement``
+    metrics, services.environments.replay.scoring): the episodes both scored, split by
+    verdict."""
+
+    run_id: str
+    cycle_number: int | None
+    checkpoint_id: str | None
+    judge: str
+    both_pass: int
+    both_fail: int
+    rule_only: int
+    judge_only: int
+    unparseable: int
+    errors: int
+
+    @property
+    def episodes(self) -> int:
+        return self.both_pass + self.both_fail + self.rule_only + self.judge_only
+
+    @property
+    def agreed(self) -> int:
+        return self.both_pass + self.both_fail
+
+    @property
+    def share(self) -> float | None:
+        return self.agreed / self.episodes if self.episodes else None
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.agreed, self.episodes)
+
+
+def judge_agreement(*, session: Session, loop_id: int, limit: int = 20) -> list[JudgeAgreementRow]:
+    """The loop's latest eval jobs that compared a judge with the rule, newest first, one
+    row per judge (reads only the ``judge_agreement`` element of each job's metrics)."""
+    agreement = Run.metrics["judge_agreement"]
+    statement = (
+        select(Run.id, Cycle.number, Run.base_checkpoint_id, agreement)
+        .outerjoin(Cycle, Cycle.id == Run.cycle_id)
+        .where(Run.loop_id == loop_id, Run.kind == "eval", agreement.isnot(None))
+        .order_by(Run.submitted_at.desc(), Run.id)
+        .limit(limit)
+    )
+    rows: list[JudgeAgreementRow] = []
+    for run_id, number, checkpoint_id, found in session.execute(statement):
+        for judge, counts in sorted(found.items()) if isinstance(found, dict) else ():
+            counts = counts if isinstance(counts, dict) else {}
+            rows.append(
+                JudgeAgreementRow(
+                    run_id=run_id,
+                    cycle_number=number,
+                    checkpoint_id=checkpoint_id,
+                    judge=str(judge),
+                    **{
+                        key: _count(counts.get(key))
+                        for key in (
+                            "both_pass",
+                            "both_fail",
+                            "rule_only",
+                            "judge_only",
+                            "unparseable",
+                            "errors",
+                        )
+                    },
+                )
+            )
+    return rows

@@ -72,16 +72,16 @@ class Loop(Base):
 
 
 class Credential(Base):
-    """A webhook signing secret or an ingest token of a loop.
+    """A webhook signing secret, an ingest token or a gateway key of a loop.
 
     Two may be active at once so a secret can be rotated with a grace period. Signing
-    secrets must be stored whole (HMAC needs them); ingest tokens are stored as sha256
-    digests only.
+    secrets must be stored whole (HMAC needs them); ingest tokens and gateway keys are stored
+    as sha256 digests only.
     """
 
     __tablename__ = "credentials"
     __table_args__ = (
-        CheckConstraint("kind IN ('signing_secret', 'ingest_token')", name="kind"),
+        CheckConstraint("kind IN ('signing_secret', 'ingest_token', 'gateway_key')", name="kind"),
         Index("ix_credentials_loop_kind", "loop_id", "kind"),
     )
 
@@ -165,6 +165,11 @@ class Task(Base):
     probe_pass_rate: Mapped[float | None] = mapped_column(Float)
     minhash: Mapped[bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[dt.datetime] = now_column()
+    # Set aside: kept, shown with its reason, never in a snapshot's train split (e.g.
+    # ``unanswerable_calls``: every episode needed a tool result nobody could give).
+    set_aside_reason: Mapped[str | None] = mapped_column(String(32))
+    set_aside_detail: Mapped[str | None] = mapped_column(Text)
+    set_aside_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class TaskSource(Base):
@@ -442,6 +447,9 @@ __all__ = [
     "DatasetTask",
     "Evaluation",
     "EvaluationResult",
+    "GatewayCall",
+    "GatewayOutcome",
+    "GatewaySession",
     "Loop",
     "LoopConfigVersion",
     "LshBucket",
@@ -540,6 +548,7 @@ class ServingTenure(Base):
 # Re-exported: every table is importable from here (Alembic's env and the callers), while
 # the OTLP staging aggregate lives in its own module.
 from services.db.models_demonstrations import Demonstration  # noqa: E402
+from services.db.models_gateway import GatewayCall, GatewayOutcome, GatewaySession  # noqa: E402
 from services.db.models_otlp import OtlpPendingTrace, OtlpSpan  # noqa: E402
 
 __all__ = [
@@ -551,6 +560,9 @@ __all__ = [
     "Demonstration",
     "Evaluation",
     "EvaluationResult",
+    "GatewayCall",
+    "GatewayOutcome",
+    "GatewaySession",
     "Loop",
     "LoopConfigVersion",
     "LshBucket",

@@ -61,6 +61,7 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
         update={
             "admin_token": SecretStr(token),
             "serve_api_key": SecretStr(secrets.token_urlsafe(24)),
+            "serve_admin_key": SecretStr(secrets.token_urlsafe(24)),
             "serve_attestation_key": SecretStr(secrets.token_urlsafe(32)),
         }
     )

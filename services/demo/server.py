@@ -18,9 +18,10 @@ from services.settings import Settings
 def start_model_server(settings: Settings, checkpoint: Path) -> subprocess.Popen[bytes]:
     """Start ``ratchet serve`` and wait until it answers its health check.
 
-    It gets the model server's key (``settings.serve_api_key``, which the worker's local
-    serving target sends), the stack's artifact store as the root it loads adapters from,
-    and none of the control plane's secrets."""
+    It gets the model server's keys (``settings.serve_api_key``, which the demo's agents
+    send, and ``settings.serve_admin_key``, which the worker's local serving target sends to
+    load models), the stack's artifact store as the root it loads adapters from, and none of
+    the control plane's secrets."""
     from services.serving.local import model_server_environment
 
     log = (settings.logs_dir / "serve.log").open("ab")

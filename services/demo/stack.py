@@ -27,6 +27,7 @@ def demo_settings(options: DemoOptions, base: Settings) -> Settings:
             "temporal_address": None,
             "api_port": _free_port(),
             "worker_port": _free_port(),
+            "gateway_port": _free_port(),
             "temporal_port": _free_port(),
             "temporal_ui_port": _free_port(),
             "serve_port": _free_port(),

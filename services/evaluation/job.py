@@ -10,7 +10,11 @@ Spec (``ratchet.job/v1``, kind ``eval``)::
 ``RATCHET_OUTPUT_DIR`` override the spec's paths. Writes ``<output_dir>/results.jsonl``
 (one line per task: task_id, passed, reward, components, turns, …) and
 ``<output_dir>/metrics.json`` (n, passed, pass_rate, ci_low, ci_high, tokens_per_s, …, and
-``judge``: each LLM judge's calls, cache hits, tokens and cost, when replay tasks used one),
+``judge``: each LLM judge's calls, cache hits, tokens and cost, when replay tasks used one;
+``judge_agreement``: where a rule decided and the loop names a judge, how often the judge
+agreed with the rule on the sampled episodes, with a 95% Wilson interval);
+and, for replay tasks, ``unanswerable_calls`` per task and ``tool_answers``, the listing of
+``<output_dir>/tool_answers.jsonl``: services.environments.replay.sandbox),
 and the probe set proof of delivery checks every deploy against: ``<output_dir>/probes.json``
 (``services.evaluation.probe_capture``: the greedy answers, token ids and log-probs, to the first
 ``hyperparameters.probes`` tasks, 4 by default, 0 for none), listed in ``metrics.json`` as
@@ -36,6 +40,7 @@ from services.evaluation.evaluator import EvaluationResult, EvaluationSettings, 
 from services.evaluation.probe_capture import DEFAULT_PROBES, capture_probes, probe_engine
 from services.evaluation.probes import write_probes
 from services.evaluation.results import RESULTS_FILE
+from services.evaluation.stats import wilson_interval
 from services.inference.remote import RemoteError, attach_rollout_backend
 from services.training.checkpoint import CheckpointError, read_manifest
 from services.training.device import DeviceError, resolve_device, use_threads
@@ -45,6 +50,7 @@ from services.training.jobspec import (
     EXIT_FAILED,
     JobError,
     JobSpec,
+    environment_outputs,
     read_job_dataset,
     run_job_main,
     write_json,
@@ -105,6 +111,9 @@ def _run(spec: JobSpec) -> int:
         raise JobError("hyperparameters.probes must be >= 0")
     policy = _policy(spec, options, clock)
     keeper = _keeper(spec, policy)
+    compare = getattr(env, "compare_with_judges", None)
+    if callable(compare):  # replay: a judge beside a rule is asked on a sample
+        compare()
     started = time.monotonic()
     try:
         with clock.phase("evaluation"):
@@ -131,6 +140,11 @@ def _run(spec: JobSpec) -> int:
     if callable(judge_usage) and (usage := judge_usage()):
         # Calls, cache hits, tokens and cost of each LLM judge the tasks named.
         metrics["judge"] = usage
+    agreement = getattr(env, "judge_agreement", None)
+    if callable(agreement) and (counts := agreement()):
+        metrics["judge_agreement"] = {name: _with_interval(c) for name, c in counts.items()}
+    # Replay: the live tool answers got (tool_answers.jsonl) and unanswerable calls per task.
+    metrics.update(environment_outputs(env, spec.output_dir))
     if probes:
         metrics.update(_probes(policy, env, tasks, probes, spec))
     if keeper is not None:
@@ -140,6 +154,14 @@ def _run(spec: JobSpec) -> int:
         "eval %s: %d/%d passed (%.3f)", spec.run_id, result.passed, result.n, result.pass_rate
     )
     return 0
+
+
+def _with_interval(counts: Mapping[str, int]) -> dict[str, Any]:
+    """A judge's agreement counts with the share agreeing and its 95% Wilson interval."""
+    episodes, agreed = int(counts.get("episodes", 0)), int(counts.get("agreed", 0))
+    low, high = wilson_interval(agreed, episodes)
+    share = agreed / episodes if episodes else None
+    return {**counts, "share": share, "ci_low": round(low, 6), "ci_high": round(high, 6)}
 
 
 def _environment(spec: JobSpec) -> Environment:

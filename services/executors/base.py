@@ -101,6 +101,12 @@ class JobRequest:
     multi-node (torchrun) job where the executor supports it. ``image`` and ``command``
     replace the executor's (a loop's ``training_profile.train_job``/``eval_job``); the job
     kind and ``--spec <path>`` are appended to ``command`` as to the default one.
+
+    ``env`` is the job's plain environment; ``secret_env`` holds the credentials it needs
+    (the rollout server's key, judge and tool endpoints): an executor hands them over
+    without writing them anywhere others can read (the Kubernetes one through a Secret of
+    the run's own, referenced by ``secretKeyRef`` and deleted with the run; the local one
+    through the subprocess's environment). A name is in one of the two, never both.
     """
 
     run_id: str
@@ -116,6 +122,7 @@ class JobRequest:
     accelerators: int = 0
     nodes: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     # The loop's own job image and command (bring your own trainer); None: the executor's.
     image: str | None = None
     command: tuple[str, ...] | None = None
@@ -172,11 +179,14 @@ class JobRequest:
             raise JobRequestError("a job command must be a non-empty list of non-empty strings")
         if self.image is not None and not self.image.strip():
             raise JobRequestError("a job image must not be empty")
-        for name in self.env:
+        for name in [*self.env, *self.secret_env]:
             if not _ENV_NAME.match(name):
                 raise JobRequestError(f"environment variable name {name!r} is not valid")
             if name in CONTRACT_ENV:
                 raise JobRequestError(f"{name} is set by the executor and cannot be overridden")
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise JobRequestError(f"{both[0]} is given both as plain and as secret environment")
 
     @property
     def job_kind(self) -> str:

@@ -153,7 +153,13 @@ class LocalExecutor:
             "--",
             *command,
         ]
-        env = {**job_environment(os.environ), **job_thread_env(spec), **spec.contract_env()}
+        # The job's credentials go through the subprocess's environment only: never a file.
+        env = {
+            **job_environment(os.environ),
+            **job_thread_env(spec),
+            **spec.secret_env,
+            **spec.contract_env(),
+        }
         with (state_dir / "supervisor.log").open("ab") as supervisor_log:
             process = subprocess.Popen(
                 supervisor,

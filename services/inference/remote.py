@@ -52,16 +52,12 @@ from urllib.parse import urlparse
 from services.chat.http import urlopen
 from services.chat.protocol import ChatMessage
 from services.inference.engine import Engine, FinishReason, GenerationRequest, GenerationResult
+from services.inference.rollout_env import API_KEY_ENV, MODEL_ENV, SHARED_DIR_ENV, URL_ENV
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_CONCURRENCY = 64
-API_KEY_ENV = "RATCHET_ROLLOUT_API_KEY"  # the default env var holding the server's key
-# A deployment points every job at a server through the job template's environment.
-URL_ENV = "RATCHET_ROLLOUT_URL"
-MODEL_ENV = "RATCHET_ROLLOUT_MODEL"
-SHARED_DIR_ENV = "RATCHET_ROLLOUT_SHARED_DIR"
 _CONFIG_KEYS = frozenset(
     {"url", "model", "shared_dir", "api_key_env", "timeout_s", "max_concurrency"}
 )
@@ -368,8 +364,9 @@ class RemotePolicy:
 
 def rollout_config(raw: object, environ: Mapping[str, str]) -> object | None:
     """The backend a job is pointed at: its spec's ``rollout_backend``, else the deployment's
-    ``RATCHET_ROLLOUT_URL`` / ``_MODEL`` / ``_SHARED_DIR`` (the job template's environment,
-    so every loop's jobs of a deployment roll out on its server); None: in the job."""
+    ``RATCHET_ROLLOUT_URL`` / ``_MODEL`` / ``_SHARED_DIR`` (which the worker sets for every
+    job from its rollout endpoint, the key in ``RATCHET_ROLLOUT_API_KEY``, so every loop's
+    jobs of a deployment roll out on its server); None: in the job."""
     if raw is not None:
         return raw
     url = environ.get(URL_ENV)

@@ -43,12 +43,19 @@ from services.ingest.writer import StorageUnavailable
 from services.secrets import SecretBox
 
 TOKEN_PREFIX = "rit_"
+GATEWAY_KEY_PREFIX = "rgk_"
 MAX_ENTRIES = 10_000
 
 
 def generate_ingest_token() -> str:
     """A new ingest token (``rit_`` + 43 url-safe characters, 256 bits)."""
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def generate_gateway_key() -> str:
+    """A new gateway key (``rgk_`` + 43 url-safe characters, 256 bits): the API key an
+    agent gives the capture gateway; it names the loop (services.gateway)."""
+    return GATEWAY_KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 def hash_token(token: str) -> str:

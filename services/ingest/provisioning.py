@@ -4,8 +4,8 @@ Kept out of the route so that other callers (the lead's loop actions, which also
 loop's Temporal workflow on creation) reuse one function: :func:`provision_loop` does
 everything that belongs in the loop's creating transaction and returns the secrets, which
 are shown once and never again (the signing secret is stored because HMAC needs it,
-encrypted under ``RATCHET_SECRET_KEY`` (services.secrets); the ingest token only as its
-sha256).
+encrypted under ``RATCHET_SECRET_KEY`` (services.secrets); the ingest token and the gateway
+key only as their sha256).
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ from sqlalchemy.orm import Session
 
 from services.db.models import Loop
 from services.db.queries.credentials import (
+    GATEWAY_KEY,
     INGEST_TOKEN,
     SIGNING_SECRET,
     active_credentials,
+    add_gateway_key,
     add_ingest_token,
     add_signing_secret,
     expire_credentials,
     lock_loop,
 )
 from services.db.queries.loops import LoopFields, create_loop
-from services.ingest.credentials import generate_ingest_token, hash_token
+from services.ingest.credentials import generate_gateway_key, generate_ingest_token, hash_token
 from services.ingest.signature import generate_secret
 from services.secrets import SecretBox
 
-CredentialKind = Literal["signing_secret", "ingest_token"]
+CredentialKind = Literal["signing_secret", "ingest_token", "gateway_key"]
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,12 @@ class ProvisionedLoop:
     loop: Loop
     signing_secret: str
     ingest_token: str
+    gateway_key: str
 
 
 def provision_loop(session: Session, *, fields: LoopFields, box: SecretBox) -> ProvisionedLoop:
-    """Create a loop with one signing secret and one ingest token, in the caller's transaction.
+    """Create a loop with one signing secret, one ingest token and one gateway key, in the
+    caller's transaction.
 
     Raises :class:`services.db.queries.loops.LoopNameTaken` when the name is in use.
     """
@@ -53,7 +57,14 @@ def provision_loop(session: Session, *, fields: LoopFields, box: SecretBox) -> P
     ingest_token = generate_ingest_token()
     add_signing_secret(session=session, loop_id=loop.id, secret=box.encrypt(signing_secret))
     add_ingest_token(session=session, loop_id=loop.id, token_sha256=hash_token(ingest_token))
-    return ProvisionedLoop(loop=loop, signing_secret=signing_secret, ingest_token=ingest_token)
+    gateway_key = generate_gateway_key()
+    add_gateway_key(session=session, loop_id=loop.id, key_sha256=hash_token(gateway_key))
+    return ProvisionedLoop(
+        loop=loop,
+        signing_secret=signing_secret,
+        ingest_token=ingest_token,
+        gateway_key=gateway_key,
+    )
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,9 @@ def rotate_credential(
     elif kind == INGEST_TOKEN:
         value = generate_ingest_token()
         add_ingest_token(session=session, loop_id=loop.id, token_sha256=hash_token(value))
+    elif kind == GATEWAY_KEY:
+        value = generate_gateway_key()
+        add_gateway_key(session=session, loop_id=loop.id, key_sha256=hash_token(value))
     else:  # pragma: no cover - the Literal type and the api schema exclude it
         raise ValueError(f"unknown credential kind {kind!r}")
     return RotatedCredential(

@@ -8,10 +8,12 @@ the same machine, talking to an api on a loopback address, read it from there wh
 is set. A cluster's api is started by ``ratchet api``, which never generates one: there the
 token is an explicit secret (the chart's ``secrets.adminToken``).
 
-The model server's own key (``RATCHET_SERVE_API_KEY``, vLLM's ``--api-key``) is made the
-same way, in ``<state_dir>/serve-api-key``: the worker sends it to the local model server it
-starts (through that process's environment), so the admin token never leaves the control
-plane for a model server.
+The model server's own keys are made the same way: its API key (``RATCHET_SERVE_API_KEY``,
+vLLM's ``--api-key``, which serves and never swaps: what the demo's agents hold) in
+``<state_dir>/serve-api-key``, and its admin key (``RATCHET_SERVE_ADMIN_KEY``, the only key
+that loads and unloads models: the worker's) in ``<state_dir>/serve-admin-key``. The worker
+hands both to the local model server it starts (through that process's environment), so the
+admin token never leaves the control plane for a model server.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit
 
 TOKEN_FILE = "admin-token"
 SERVE_KEY_FILE = "serve-api-key"
+SERVE_ADMIN_KEY_FILE = "serve-admin-key"
 SERVE_ATTESTATION_KEY_FILE = "serve-attestation-key"
 
 
@@ -58,6 +61,11 @@ def ensure_local_admin_token(state_dir: Path) -> str:
 def ensure_local_serve_api_key(state_dir: Path) -> str:
     """The local model server's key, generated (0600) like the admin token on first use."""
     return _ensure_secret_file(state_dir / SERVE_KEY_FILE)
+
+
+def ensure_local_serve_admin_key(state_dir: Path) -> str:
+    """The local model server's admin key (adapter loads), generated (0600) on first use."""
+    return _ensure_secret_file(state_dir / SERVE_ADMIN_KEY_FILE)
 
 
 def ensure_local_serve_attestation_key(state_dir: Path) -> str:

@@ -259,7 +259,8 @@ def _terminate(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
 
 @dataclass
 class Stack:
-    """Embedded servers (when their settings are unset) plus api and worker processes."""
+    """Embedded servers (when their settings are unset) plus api, worker and gateway
+    processes."""
 
     settings: Settings
     postgres: EmbeddedPostgres | None = None
@@ -276,6 +277,7 @@ class Stack:
         check_state_dir(settings.state_dir)
         check_port_free(settings.api_host, settings.api_port, "RATCHET_API_PORT")
         check_port_free(settings.worker_host, settings.worker_port, "RATCHET_WORKER_PORT")
+        check_port_free(settings.gateway_host, settings.gateway_port, "RATCHET_GATEWAY_PORT")
         if settings.uses_embedded_temporal:
             check_port_free("127.0.0.1", settings.temporal_port, "RATCHET_TEMPORAL_PORT")
             check_port_free("127.0.0.1", settings.temporal_ui_port, "RATCHET_TEMPORAL_UI_PORT")
@@ -322,6 +324,9 @@ class Stack:
             RATCHET_API_PORT=str(settings.api_port),
             RATCHET_WORKER_HOST=settings.worker_host,
             RATCHET_WORKER_PORT=str(settings.worker_port),
+            RATCHET_GATEWAY_HOST=settings.gateway_host,
+            RATCHET_GATEWAY_PORT=str(settings.gateway_port),
+            RATCHET_GATEWAY_SPOOL_DIR=str(settings.effective_gateway_spool_dir),
             # where a loop's local serving target deploys: the built-in model server
             RATCHET_SERVE_HOST=settings.serve_host,
             RATCHET_SERVE_PORT=str(settings.serve_port),
@@ -330,6 +335,8 @@ class Stack:
             env["RATCHET_ADMIN_TOKEN"] = settings.admin_token.get_secret_value()
         if settings.serve_api_key is not None:
             env["RATCHET_SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+        if settings.serve_admin_key is not None:
+            env["RATCHET_SERVE_ADMIN_KEY"] = settings.serve_admin_key.get_secret_value()
         if settings.serve_attestation_key is not None:
             key = settings.serve_attestation_key.get_secret_value()
             env["RATCHET_SERVE_ATTESTATION_KEY"] = key
@@ -347,9 +354,10 @@ class Stack:
         upgrade(self.database_url)
 
     def start_children(self, *, log_to_files: bool = False) -> None:
-        """Run api and worker; their logs go to the terminal, or to <state>/logs/*.log."""
+        """Run api, worker and gateway; their logs go to the terminal, or to
+        <state>/logs/*.log."""
         env = self.child_environment()
-        for name in ("api", "worker"):
+        for name in ("api", "worker", "gateway"):
             output = None
             if log_to_files:
                 self.settings.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -401,6 +409,8 @@ class Stack:
         api = f"http://{settings.api_host}:{settings.api_port}"
         lines = [
             "Ratchet is up.",
+            f"  Gateway (agents)  {settings.gateway_base_url}/v1  (OpenAI base_url; api_key: the "
+            "loop's gateway key)",
             f"  API + webhook     {api}  (OpenAPI: {api}/docs)",
             f"  Loop dashboard    {api}/",
             f"  Metrics           {api}/metrics  and  "
@@ -442,13 +452,14 @@ def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
 
 
 def with_local_serve_keys(settings: Settings) -> Settings:
-    """The settings with the model server's API key and attestation key: the ones set, else
-    the state dir's (made if needed). The worker sends both to the local model server; never
-    the admin token."""
+    """The settings with the model server's API key, admin key and attestation key: the ones
+    set, else the state dir's (made if needed). The worker sends them to the local model
+    server; never the admin token."""
     from pydantic import SecretStr
 
     from services.local.admin_token import (
         AdminTokenError,
+        ensure_local_serve_admin_key,
         ensure_local_serve_api_key,
         ensure_local_serve_attestation_key,
     )
@@ -457,6 +468,9 @@ def with_local_serve_keys(settings: Settings) -> Settings:
     try:
         if settings.serve_api_key is None:
             update["serve_api_key"] = SecretStr(ensure_local_serve_api_key(settings.state_dir))
+        if settings.serve_admin_key is None:
+            key = ensure_local_serve_admin_key(settings.state_dir)
+            update["serve_admin_key"] = SecretStr(key)
         if settings.serve_attestation_key is None:
             key = ensure_local_serve_attestation_key(settings.state_dir)
             update["serve_attestation_key"] = SecretStr(key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,15 @@ from services.artifacts import uri_to_path
 from services.db.models import Dataset
 from services.db.queries.runs import get_checkpoint
 from services.environments.replay.endpoints import job_env as replay_job_env
+from services.environments.replay.tool_config import ToolEndpointConfig
 from services.executors.base import JobRequestError
-from services.settings import Endpoint, Settings
+from services.inference.rollout_env import API_KEY_ENV, MODEL_ENV, SHARED_DIR_ENV, URL_ENV
+from services.settings import Endpoint, Settings, ToolEndpoint
 
 REPLAY_FILE = "replay.jsonl"  # a train run's copy of its dataset's regression split
+# Where a job writes the adapters it rolls out on the deployment's rollout server: inside the
+# run dir, which the job mounts writable and the server reads at the same path.
+ROLLOUT_SUBDIR = "rollouts"
 
 
 class EndpointNotListed(JobRequestError):
@@ -110,7 +116,7 @@ def endpoint_env(curation_policy: Mapping[str, Any], settings: Settings) -> dict
     try:
         return replay_job_env(
             judges=_listed(settings.judge_endpoints),
-            tools=_listed(settings.tool_endpoints),
+            tools=_listed_tools(settings.tool_endpoints),
             judge_names=[judge] if isinstance(judge, str) else [],
             tool_names=[tool] if isinstance(tool, str) else [],
         )
@@ -131,3 +137,75 @@ def _listed(endpoints: Mapping[str, Endpoint]) -> dict[str, dict[str, Any]]:
         }
         for name, endpoint in endpoints.items()
     }
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """What a job is handed besides the job contract's files: ``plain`` settings and the
+    ``credentials`` it needs, which an executor never writes where others can read them
+    (``JobRequest.secret_env``)."""
+
+    plain: dict[str, str] = field(default_factory=dict)
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+def job_environment(
+    curation_policy: Mapping[str, Any], settings: Settings, run_dir: Path
+) -> JobEnvironment:
+    """Everything a job of this loop gets in its environment: the deployment's rollout
+    server (:func:`rollout_environment`) and the judge and tool endpoints the loop names
+    (:func:`endpoint_env`). Every variable :func:`endpoint_env` returns is a credential, as
+    a whole: its endpoints' keys travel inside it, whatever fields an endpoint has."""
+    rollout = rollout_environment(settings, run_dir)
+    return JobEnvironment(
+        plain=rollout.plain,
+        credentials={**rollout.credentials, **endpoint_env(curation_policy, settings)},
+    )
+
+
+def rollout_environment(settings: Settings, run_dir: Path) -> JobEnvironment:
+    """The deployment's rollout server (``RATCHET_ROLLOUT_ENDPOINT``, one of the serving
+    endpoints) as the job's remote backend reads it (services.inference.remote): its URL,
+    the base model it serves and a shared directory of the run's own, in ``run_dir``,
+    which the job mounts writable and the server reads at the same path (the chart's vLLM
+    mounts the whole artifact volume). The endpoint's key is a credential: it loads and
+    unloads adapters there. Nothing when no rollout endpoint is configured."""
+    name = settings.rollout_endpoint
+    if name is None:
+        return JobEnvironment()
+    endpoint = settings.serving_endpoints.get(name)
+    if endpoint is None or settings.rollout_model is None:
+        raise EndpointNotListed(
+            f"the rollout endpoint {name!r} is not one of the serving endpoints, or has no "
+            "model: set RATCHET_ROLLOUT_ENDPOINT and RATCHET_ROLLOUT_MODEL on the worker"
+        )
+    plain = {
+        URL_ENV: endpoint.url,
+        MODEL_ENV: settings.rollout_model,
+        SHARED_DIR_ENV: str(run_dir / ROLLOUT_SUBDIR),
+    }
+    key = endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
+    return JobEnvironment(plain=plain, credentials={API_KEY_ENV: key} if key else {})
+
+
+def _listed_tools(endpoints: Mapping[str, ToolEndpoint]) -> dict[str, dict[str, Any]]:
+    """The configured tool endpoints as the job variable carries them, allow-lists
+    included (the job enforces them)."""
+    return {
+        name: tool_endpoint_config(name, endpoint).to_json() for name, endpoint in endpoints.items()
+    }
+
+
+def tool_endpoint_config(name: str, endpoint: ToolEndpoint) -> ToolEndpointConfig:
+    """A deployment's tool endpoint as the replay environment takes it."""
+    return ToolEndpointConfig(
+        name=name,
+        kind=endpoint.kind,
+        tools=frozenset(endpoint.tools),
+        url=endpoint.url,
+        command=tuple(endpoint.command) if endpoint.command else None,
+        api_key=endpoint.api_key.get_secret_value() if endpoint.api_key else None,
+        timeout_s=endpoint.timeout_s,
+        requests_per_minute=endpoint.requests_per_minute,
+        max_result_bytes=endpoint.max_result_bytes,
+    )

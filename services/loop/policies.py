@@ -6,6 +6,7 @@ policy never silently becomes a default) and give the workflow its parsed config
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
@@ -31,7 +32,12 @@ from services.serving.kinds import (
     kind_names,
     target_kind,
 )
-from services.training.config import HyperparameterError, algorithm_chain, parse_chain
+from services.training.config import (
+    HyperparameterError,
+    algorithm_chain,
+    parse_chain,
+    parse_hyperparameters,
+)
 
 if TYPE_CHECKING:
     from services.settings import ServingEndpoint
@@ -164,6 +170,95 @@ def _check_job_bounds(title: str, profile: TrainingProfile) -> None:
         )
 
 
+# A checkpoint id of the content-addressed store (the sha256 its manifest names).
+CHECKPOINT_ID_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+CheckpointId = Annotated[str, StringConstraints(pattern=CHECKPOINT_ID_PATTERN.pattern)]
+
+
+class BootstrapPolicy(_Policy):
+    """How a loop with no champion gets its first one from its own successful traces
+    (``ratchet loop bootstrap``; docs/loops.md, "A first champion by bootstrap"): an SFT-LoRA
+    adapter over the profile's ``base_checkpoint``, trained on the conversations of the train
+    split's successful traces and judged against the base model on the held-out set by the
+    gate."""
+
+    auto: bool = Field(
+        default=False,
+        description="bootstrap automatically when the loop has no champion and at least "
+        "`min_successes` successful train-split traces (needs `base_checkpoint`, family hf)",
+    )
+    min_successes: int = Field(
+        default=16,
+        ge=1,
+        le=100_000,
+        description="fewest successful train-split traces an automatic bootstrap waits for",
+    )
+    max_demonstrations: int = Field(
+        default=2000,
+        ge=1,
+        le=100_000,
+        description="the newest successful train-split traces a bootstrap trains on, at most",
+    )
+    hyperparameters: dict[Text, Scalar] = Field(
+        default_factory=dict,
+        description="the SFT-LoRA job's hyper-parameters (the hf sft trainer's keys: steps, "
+        "lr, lora_r, ...); its defaults otherwise",
+    )
+
+
+def _check_bootstrap(title: str, profile: TrainingProfile) -> None:
+    """A bootstrap that could never run is refused when the loop is saved, the error naming
+    the key (``training_profile.bootstrap.hyperparameters.lr``)."""
+    bootstrap = profile.bootstrap
+    problems: list[tuple[tuple[str, ...], object, str]] = []
+    try:
+        parse_hyperparameters("hf", "sft", bootstrap.hyperparameters)
+    except HyperparameterError as exc:
+        location = ("bootstrap", "hyperparameters", *((exc.key,) if exc.key else ()))
+        problems.append((location, bootstrap.hyperparameters.get(exc.key or ""), exc.message))
+    if bootstrap.hyperparameters.get("lora") is False:
+        problems.append(
+            (
+                ("bootstrap", "hyperparameters", "lora"),
+                False,
+                "bootstrap trains a LoRA adapter over the base model; lora cannot be false",
+            )
+        )
+    if bootstrap.hyperparameters.get("recovery_fraction"):
+        problems.append(
+            (
+                ("bootstrap", "hyperparameters", "recovery_fraction"),
+                bootstrap.hyperparameters["recovery_fraction"],
+                "bootstrap trains on recorded conversations, which have no synthetic slips",
+            )
+        )
+    if bootstrap.auto and profile.base_checkpoint is None:
+        problems.append(
+            (
+                ("bootstrap", "auto"),
+                True,
+                "an automatic bootstrap needs `base_checkpoint` (the checkpoint id `ratchet "
+                "models import` prints) to train its adapter over",
+            )
+        )
+    if bootstrap.auto and profile.family != "hf":
+        problems.append(
+            (("bootstrap", "auto"), True, "bootstrap trains an hf LoRA adapter: set family hf")
+        )
+    if problems:
+        raise ValidationError.from_exception_data(
+            title,
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("bootstrap", "{reason}", {"reason": reason}),
+                    loc=location,
+                    input=value,
+                )
+                for location, value, reason in problems
+            ],
+        )
+
+
 class TrainingProfile(_Policy):
     """What a training job gets: algorithm, hyper-parameters, accelerators, limits."""
 
@@ -194,6 +289,15 @@ class TrainingProfile(_Policy):
     eval_job: JobOverride | None = Field(
         default=None, description="the evaluator's image and command (default: Ratchet's)"
     )
+    base_checkpoint: CheckpointId | None = Field(
+        default=None,
+        description="the loop's base model: a checkpoint id of the store (`ratchet models "
+        "import` prints it); what bootstrap trains its adapter over and judges it against",
+    )
+    bootstrap: BootstrapPolicy = Field(
+        default_factory=BootstrapPolicy,
+        description="a first champion from the loop's successful traces (docs/loops.md)",
+    )
 
     @model_validator(mode="wrap")
     @classmethod
@@ -207,6 +311,7 @@ class TrainingProfile(_Policy):
         if info.context == RECORDED:
             return profile
         _check_job_bounds(cls.__name__, profile)
+        _check_bootstrap(cls.__name__, profile)
         try:
             algorithm_chain(profile.algorithm)
         except HyperparameterError as exc:
@@ -228,6 +333,13 @@ class TrainingProfile(_Policy):
                 cls.__name__, [InitErrorDetails(type=error, loc=location, input=value)]
             ) from None
         return profile
+
+    def bootstrap_profile(self) -> TrainingProfile:
+        """The profile a bootstrap's train job runs: this one with SFT and the bootstrap's
+        hyper-parameters (copied, not validated: both were checked when the loop was saved)."""
+        return self.model_copy(
+            update={"algorithm": "sft", "hyperparameters": dict(self.bootstrap.hyperparameters)}
+        )
 
 
 # A serving endpoint's name, as listed in RATCHET_SERVING_ENDPOINTS.
@@ -288,6 +400,15 @@ class ServingTarget(_Policy):
     )
     model: Text | None = Field(
         default=None, description="the served name the loop's agents call (the alias)"
+    )
+    upstream: EndpointName | None = Field(
+        default=None,
+        description="the capture gateway: an OpenAI-compatible upstream the deployment lists "
+        "(RATCHET_GATEWAY_UPSTREAMS, with the key Ratchet holds for it) that the gateway "
+        "forwards to while the loop has no champion (then serving moves to the champion)",
+    )
+    upstream_model: Text | None = Field(
+        default=None, description="the model the gateway asks `upstream` for"
     )
     verify_timeout_s: float = Field(default=60, gt=0, le=3600)
     value_per_success_usd: float | None = Field(
@@ -380,6 +501,12 @@ class ServingTarget(_Policy):
             )
         if kind.needs_model and not self.model:
             return "model", f"an {self.kind} serving target needs `model` (the loop's served name)"
+        if (self.upstream is None) != (self.upstream_model is None):
+            missing = "upstream_model" if self.upstream is not None else "upstream"
+            return (
+                missing,
+                "`upstream` and `upstream_model` are set together (the gateway's upstream)",
+            )
         return None
 
 

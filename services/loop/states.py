@@ -29,6 +29,7 @@ class CycleStage(enum.StrEnum):
     ESTIMATE = "estimate"
     PROBE = "probe"
     SNAPSHOT = "snapshot"
+    DEMONSTRATIONS = "demonstrations"  # a bootstrap's (workflows/bootstrap.py)
     TRAIN = "train"
     EVALUATE = "evaluate"
     GATE = "gate"

@@ -2,13 +2,16 @@
 
 Plain ASGI (no per-request task), in this order:
 
-1. **Who may ask.** With an API key (``RATCHET_SERVE_API_KEY``, vLLM's ``--api-key``) every
-   route but ``/health`` and ``/healthz`` needs ``Authorization: Bearer <key>`` (401
-   otherwise). Without a key on a loopback-only bind, loopback is not taken as an identity
-   by itself: a request whose ``Host`` names another host (a web page's DNS rebinding) or
-   that carries ``Forwarded``/``X-Forwarded-For`` (it came through a proxy on this machine)
-   is refused (403). Whether the adapter routes may be used at all is the routes' own check
-   (:func:`adapter_access_refusal`).
+1. **Who may ask.** Two keys, two powers. With an API key (``RATCHET_SERVE_API_KEY``,
+   vLLM's ``--api-key``) every route but ``/health`` and ``/healthz`` needs ``Authorization:
+   Bearer <key>`` (401 otherwise); the admin key (``RATCHET_SERVE_ADMIN_KEY``) is accepted
+   wherever the API key is. Without an API key on a loopback-only bind, loopback is not
+   taken as an identity by itself: a request whose ``Host`` names another host (a web
+   page's DNS rebinding) or that carries ``Forwarded``/``X-Forwarded-For`` (it came through
+   a proxy on this machine) is refused (403) unless it carries the admin key. Whether the
+   adapter routes may be used is the routes' own check (:func:`adapter_access_refusal`):
+   only the admin key loads or unloads models, so the key agents hold serves and never
+   swaps.
 2. **How much.** A body over the limit is refused (413) from ``Content-Length`` at once, and
    while it streams in when chunked, so no client makes the server buffer more than the limit
    (one 131 MB request used to add 1.5 GB and stall ``/health``).
@@ -58,11 +61,21 @@ def host_of(header: str) -> str:
 
 @dataclass(frozen=True)
 class DoorPolicy:
-    """What the door checks: the API key (None: no key), the bind address, the body limit."""
+    """What the door checks: the API key that serves and the admin key that also loads and
+    unloads models (None: no such key), the bind address, the body limit."""
 
     api_key: str | None
     bind_host: str
     max_body_bytes: int
+    admin_key: str | None = None
+
+    def is_admin(self, authorization: str | None) -> bool:
+        """Whether the request carries the admin key."""
+        return self.admin_key is not None and bearer_matches(authorization, self.admin_key)
+
+    def is_inference(self, authorization: str | None) -> bool:
+        """Whether the request carries the API key (the one that serves only)."""
+        return self.api_key is not None and bearer_matches(authorization, self.api_key)
 
     @property
     def loopback_only(self) -> bool:
@@ -82,27 +95,51 @@ def bearer_matches(authorization: str | None, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
-def adapter_access_refusal(policy: DoorPolicy, peer: str | None) -> OpenAIError | None:
+ADMIN_KEY_REQUIRED = "admin_key_required"
+
+
+def adapter_access_refusal(
+    policy: DoorPolicy, peer: str | None, authorization: str | None = None
+) -> OpenAIError | None:
     """Why this request may not load or unload models (None: it may).
 
-    With a key the door has authenticated it already. Without one only a loopback-only server
-    answers, and only to loopback peers (the door has refused foreign ``Host`` and forwarded
-    requests): on any other bind anyone who can reach the port could swap the model."""
-    if policy.api_key is not None:
-        return None
-    if not policy.loopback_only:
+    With an admin key only that key may: the API key serves and never swaps (403), no key at
+    all is 401. A server with an API key and no admin key lets no one swap its models: the
+    key it hands out must not be the key that loads. With no key at all only a
+    loopback-only server answers, and only to loopback peers (the door has refused foreign
+    ``Host`` and forwarded requests): on any other bind anyone who can reach the port could
+    swap the model."""
+    if policy.admin_key is not None:
+        if policy.is_admin(authorization):
+            return None
+        if policy.is_inference(authorization):
+            return _admin_key_required("the API key serves completions only")
         return OpenAIError(
-            403,
-            "loading and unloading models on a server that listens beyond loopback needs "
-            "RATCHET_SERVE_API_KEY on the model server",
-            kind="permission_error",
-            code="api_key_required",
+            401,
+            "loading and unloading models needs the admin key "
+            "(Authorization: Bearer <RATCHET_SERVE_ADMIN_KEY>)",
+            kind="authentication_error",
+            code="invalid_api_key",
         )
+    if policy.api_key is not None:
+        return _admin_key_required("this server has no admin key; its API key serves only")
+    if not policy.loopback_only:
+        return _admin_key_required("this server listens beyond loopback without an admin key")
     if peer is None or not (is_loopback(peer) or peer == "testclient"):
         return OpenAIError(
             403, "only this machine may load models on this server", kind="permission_error"
         )
     return None
+
+
+def _admin_key_required(why: str) -> OpenAIError:
+    return OpenAIError(
+        403,
+        f"{why}: loading and unloading models needs RATCHET_SERVE_ADMIN_KEY on the model "
+        "server and that key in the request",
+        kind="permission_error",
+        code=ADMIN_KEY_REQUIRED,
+    )
 
 
 class ServingDoor:
@@ -135,9 +172,10 @@ class ServingDoor:
 
     def _refusal(self, path: str, headers: Headers) -> OpenAIError | None:
         policy = self.policy
-        if path not in OPEN_PATHS:
+        authorization = headers.get("authorization")
+        if path not in OPEN_PATHS and not policy.is_admin(authorization):
             if policy.api_key is not None:
-                if not bearer_matches(headers.get("authorization"), policy.api_key):
+                if not policy.is_inference(authorization):
                     return OpenAIError(
                         401,
                         "missing or wrong API key (Authorization: Bearer <RATCHET_SERVE_API_KEY>)",

@@ -27,13 +27,16 @@ completion names the checkpoint that produced it in ``system_fingerprint`` and i
 word, not the client's (:mod:`services.modelserver.attestation`).
 
 Under careless or hostile clients (:mod:`services.modelserver.guards` is the door): with
-``RATCHET_SERVE_API_KEY`` set every route but ``/health`` needs it as a Bearer token; bodies
+``RATCHET_SERVE_API_KEY`` set every route but ``/health`` needs it (or the admin key,
+``RATCHET_SERVE_ADMIN_KEY``) as a Bearer token, and only the admin key loads or unloads
+models, so the key agents hold serves and never swaps; bodies
 are capped before parsing (413); a conversation too long for the context is refused before
 it is rendered, and rendering runs off the event loop; at most ``queue_max`` rows wait (429
 with ``Retry-After`` past that); a client that hangs up has its rows cancelled, streaming or
-not. The adapter endpoints need the key whenever the server listens beyond loopback, and
-load only checkpoints inside the model roots; a checkpoint is loaded from a private copy of
-exactly the files its manifest lists (:func:`services.modelserver.registry.verified_copy`).
+not. The adapter endpoints need the admin key whenever a key is set or the server listens
+beyond loopback, and load only checkpoints inside the model roots; a checkpoint is loaded
+from a private copy of exactly the files its manifest lists
+(:func:`services.modelserver.registry.verified_copy`).
 
 The routes live in :mod:`services.modelserver.routes` (completions, models, status), sharing
 one :class:`~services.modelserver.state.ServerState`; this module assembles the app and runs
@@ -67,18 +70,27 @@ DEFAULT_QUEUE_MAX = 256
 class ServerOptions:
     """How the model server guards its door and batches, whatever it serves.
 
-    ``api_key``: required of every request but /health when set. ``model_roots``: the
-    directories adapter loads may come from (None: those holding the models served at the
-    start). ``attestation_key``: signs each response id for the version that answered
-    (:mod:`services.modelserver.attestation`).
+    ``api_key``: required of every request but /health when set; it serves, never swaps.
+    ``admin_key``: the only key the adapter routes take (it serves too); it must differ from
+    ``api_key``. ``model_roots``: the directories adapter loads may come from (None: those
+    holding the models served at the start). ``attestation_key``: signs each response id
+    for the version that answered (:mod:`services.modelserver.attestation`).
     """
 
     api_key: str | None = field(default=None, repr=False)
+    admin_key: str | None = field(default=None, repr=False)
     max_batch_rows: int = 32
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     queue_max: int = DEFAULT_QUEUE_MAX
     model_roots: Sequence[Path] | None = None
     attestation_key: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.admin_key is not None and self.admin_key == self.api_key:
+            raise ValueError(
+                "RATCHET_SERVE_ADMIN_KEY must differ from RATCHET_SERVE_API_KEY: the key "
+                "handed to agents would load and unload models"
+            )
 
 
 def create_serving_app(
@@ -92,7 +104,10 @@ def create_serving_app(
     ``bind_host``: where the server listens (beyond loopback the adapter routes need the key).
     """
     policy = DoorPolicy(
-        api_key=options.api_key, bind_host=bind_host, max_body_bytes=options.max_body_bytes
+        api_key=options.api_key,
+        bind_host=bind_host,
+        max_body_bytes=options.max_body_bytes,
+        admin_key=options.admin_key,
     )
     roots = (
         list(options.model_roots)
@@ -153,8 +168,13 @@ def serve(
     if options.api_key is None and not is_loopback(host):
         logger.warning(
             "listening on %s without RATCHET_SERVE_API_KEY: anyone who reaches the port may "
-            "ask for completions, and the adapter routes are refused",
+            "ask for completions",
             host,
+        )
+    if options.admin_key is None and (options.api_key is not None or not is_loopback(host)):
+        logger.warning(
+            "no RATCHET_SERVE_ADMIN_KEY: the adapter routes (load and unload) are refused to "
+            "every client"
         )
     logger.info(
         "serving %s (%s) as %r on http://%s:%d",

@@ -82,11 +82,13 @@ class ServerState:
 
     def may_load(self, request: Request) -> bool:
         """Whether this client may use the adapter routes (and so see checkpoint paths)."""
-        return adapter_access_refusal(self.policy, _peer(request)) is None
+        authorization = request.headers.get("authorization")
+        return adapter_access_refusal(self.policy, _peer(request), authorization) is None
 
     def check_adapter_access(self, request: Request) -> None:
         """Refuse (401/403) a client that may not load or unload models."""
-        refusal = adapter_access_refusal(self.policy, _peer(request))
+        authorization = request.headers.get("authorization")
+        refusal = adapter_access_refusal(self.policy, _peer(request), authorization)
         if refusal is not None:
             raise refusal
 

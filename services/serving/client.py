@@ -31,8 +31,9 @@ SHOWN_CHARS = 80  # of a field a server reported, in an error message
 STATUS_DESCRIPTIONS = {
     400: "the request was refused as invalid (a checkpoint the server cannot load?)",
     401: "the server wants an API key, or refused the one sent: check the serving "
-    "endpoint's api_key (or RATCHET_SERVE_API_KEY for the local model server)",
-    403: "the server refused this client: check the serving endpoint's api_key",
+    "endpoint's api_key (or RATCHET_SERVE_ADMIN_KEY for the local model server)",
+    403: "the server refused this client: check the serving endpoint's api_key (a `ratchet "
+    "serve` loads models only for its admin key, RATCHET_SERVE_ADMIN_KEY)",
     404: "the route or model is not there (for adapters, vLLM needs "
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora)",
     405: "the server does not take this method on this route",

@@ -158,8 +158,9 @@ class LocalServerProcess:
 class LocalServingTarget(OpenAIServingTarget):
     """Deploys to the local model server at ``base_url``, starting it when asked to.
 
-    ``api_key`` is the model server's own (``RATCHET_SERVE_API_KEY``), never the admin
-    token: no credential of the control plane goes to a model server."""
+    ``api_key`` is the model server's admin key (``RATCHET_SERVE_ADMIN_KEY``: deploys load
+    models), never the control plane's admin token: no credential of the control plane goes
+    to a model server."""
 
     kind = "local"
 
@@ -210,7 +211,7 @@ def build(config: ServingConfig, context: BuildContext) -> LocalServingTarget:
     return LocalServingTarget(
         server.url,
         model=config.model or DEFAULT_MODEL,
-        api_key=server.api_key,
+        api_key=deploy_key(settings),
         process=process,
         heartbeat=context.heartbeat,
         verify_timeout_s=config.verify_timeout_s,
@@ -218,22 +219,32 @@ def build(config: ServingConfig, context: BuildContext) -> LocalServingTarget:
 
 
 def address(settings: Settings) -> ServerAddress:
-    """Where the local model server answers, with the model server's own key (never the
-    admin token)."""
+    """Where the local model server answers, with the key that serves (its API key: what
+    reads its counters, or forwards an agent's request), never the admin token."""
     key = settings.serve_api_key.get_secret_value() if settings.serve_api_key else None
     return ServerAddress(f"http://{settings.serve_host}:{settings.serve_port}", key)
+
+
+def deploy_key(settings: Settings) -> str | None:
+    """The key a deploy sends the local model server: its admin key (a deploy loads and
+    unloads models; the API key may not), else its API key."""
+    key = settings.serve_admin_key or settings.serve_api_key
+    return key.get_secret_value() if key is not None else None
 
 
 def model_server_environment(settings: Settings) -> dict[str, str]:
     """The environment of a model server this worker starts: its own, minus every secret
     setting (the admin token, the database URL, the secret key, endpoint keys), plus the
-    model server's API key, its attestation key and the roots it may load checkpoints from
+    model server's API and admin keys, its attestation key and the roots it may load
+    checkpoints from
     (this worker's artifact store, whatever the worker's settings came from). The model
     server loads checkpoints; it holds no credential of the control plane."""
     hidden = {f"{ENV_PREFIX}{name.upper()}" for name in secret_field_names()}
     env = {name: value for name, value in os.environ.items() if name not in hidden}
     if settings.serve_api_key is not None:
         env[f"{ENV_PREFIX}SERVE_API_KEY"] = settings.serve_api_key.get_secret_value()
+    if settings.serve_admin_key is not None:
+        env[f"{ENV_PREFIX}SERVE_ADMIN_KEY"] = settings.serve_admin_key.get_secret_value()
     if settings.serve_attestation_key is not None:
         key = settings.serve_attestation_key.get_secret_value()
         env[f"{ENV_PREFIX}SERVE_ATTESTATION_KEY"] = key

@@ -18,7 +18,10 @@ fresh model (``hyperparameters.model`` sets its shape). Outputs:
 ``<output_dir>/checkpoint/`` and ``<output_dir>/metrics.json``; with ``keep_episodes`` =
 N in the spec, ``<output_dir>/episodes.jsonl`` too (up to N verified successes of each task
 and as many failures beside them, with their token ids; listed in metrics.json as
-``episode_file``, see services.training.episode_file); ``demonstrations`` in the spec names
+``episode_file``, see services.training.episode_file); a replay job adds what its sandbox
+learned (``unanswerable_calls`` per task, and ``tool_answers``: the listing of
+``<output_dir>/tool_answers.jsonl``, the live tool answers it got, see
+services.environments.replay.sandbox); ``demonstrations`` in the spec names
 earlier runs' stored episodes, which rft trains on and dpo pairs; ``replay_dataset`` names a
 task file of tasks the starting weights already handle (a loop's regression split), which
 rft replays beside the new successes (``replay_fraction``) so that it does not forget them.
@@ -71,6 +74,7 @@ from services.training.jobspec import (
     EXIT_FAILED,
     JobError,
     JobSpec,
+    environment_outputs,
     job_hyperparameters,
     read_job_dataset,
     run_job_main,
@@ -151,6 +155,7 @@ def _run(spec: JobSpec) -> int:
     )
     if ctx.is_main:
         metrics.update(_kept_episodes(spec, run.keeper))
+        metrics.update(environment_outputs(env, spec.output_dir))
         _save(spec, model, StageResult(metrics, result.phases), clock=clock, ctx=ctx)
     ctx.barrier()
     return 0

@@ -344,3 +344,11 @@ def run_job_main(
     finally:
         if finally_ is not None:
             finally_()
+
+
+def environment_outputs(env: object, output_dir: Path) -> dict[str, Any]:
+    """What the environment adds to ``metrics.json`` and the files beside it, when it has any
+    (replay: its live tool answers and unanswerable calls, services.environments.replay.
+    sandbox)."""
+    outputs = getattr(env, "job_outputs", None)
+    return dict(outputs(output_dir)) if callable(outputs) else {}

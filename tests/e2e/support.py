@@ -117,11 +117,13 @@ class LiveStack:
             temporal_address=None,
             api_port=free_port(),
             worker_port=free_port(),
+            gateway_port=free_port(),
             temporal_port=free_port(),
             temporal_ui_port=free_port(),
             serve_port=free_port(),
             admin_token=SecretStr(token),
             serve_api_key=SecretStr(secrets.token_urlsafe(24)),
+            serve_admin_key=SecretStr(secrets.token_urlsafe(24)),
             executor="local",
         )
         extra_env = {

@@ -234,7 +234,11 @@ def test_images_start_the_processes_the_chart_runs() -> None:
     assert arguments_of(control, "ENTRYPOINT") == ['["ratchet"]']
     exposed = {int(port) for ports in arguments_of(control, "EXPOSE") for port in ports.split()}
     defaults = Settings.model_fields
-    assert exposed == {defaults["api_port"].default, defaults["worker_port"].default}
+    assert exposed == {
+        defaults["api_port"].default,
+        defaults["worker_port"].default,
+        defaults["gateway_port"].default,
+    }
     rendered = render_ci("minimal-values.yaml")
     for component in ("api", "worker"):
         container = rendered.named("Deployment", component)["spec"]["template"]["spec"][

@@ -76,7 +76,8 @@ def run_the_executor(cluster: EmulatedCluster) -> None:
             template=make_template(tmp),
             watch_read_slack_s=0.3,
         )
-        spec = _spec(tmp, "demo-c1-train", nodes=2)
+        # With credentials: the run's Secret, made, replaced on a retry, deleted at the end.
+        spec = _spec(tmp, "demo-c1-train", nodes=2, secret_env={"RATCHET_ROLLOUT_API_KEY": "k"})
         handle = executor.submit(spec)
         executor.submit(spec)  # a retried activity adopts the Job
         cluster.set_job_status(NAMESPACE, handle["job_name"], COMPLETE)
@@ -118,6 +119,7 @@ def run_the_serving_target(cluster: EmulatedCluster) -> None:
 def test_the_audit_saw_both_components(used: set[tuple[str, str, str]]) -> None:
     resources = {(group, resource) for group, resource, _ in used}
     assert ("batch", "jobs") in resources
+    assert {("", "secrets", "create"), ("", "secrets", "delete")} <= used  # never get or list
     assert ("apps", "deployments") in resources
     assert ("apps", "deployments", "watch") in used  # the rollout is followed, not polled
 
@@ -134,7 +136,7 @@ def test_the_audit_saw_both_components(used: set[tuple[str, str, str]]) -> None:
                 }
             },
         },
-        {**MINIMAL, "serving": {"vllm": {"enabled": True}}},
+        {**MINIMAL, "serving": {"vllm": {"enabled": True, "apiKey": {"existingSecret": "k"}}}},
     ],
     ids=["named-deployments", "endpoint-deployment", "with-vllm"],
 )
@@ -150,7 +152,7 @@ def test_named_deployments_include_the_charts_vllm_deployment() -> None:
     values = {
         **MINIMAL,
         "rbac": {"servingTarget": {"deploymentNames": ["agent-model"]}},
-        "serving": {"vllm": {"enabled": True}},
+        "serving": {"vllm": {"enabled": True, "apiKey": {"existingSecret": "k"}}},
     }
     (role,) = render(values).of_kind("Role")
     (rule,) = [r for r in role["rules"] if r["resources"] == ["deployments"]]

@@ -33,6 +33,8 @@ ALLOWED_RULES = {
     ("", "pods"): {"get", "list"},
     ("", "pods/log"): {"get"},
     ("", "services"): {"create", "delete"},
+    # A job's credentials, in a Secret of its run's own: written and deleted, never read.
+    ("", "secrets"): {"create", "delete"},
     ("apps", "deployments"): {"get", "list", "watch", "patch"},
 }
 SECRET_SETTINGS = {"RATCHET_DATABASE_URL", "RATCHET_ADMIN_TOKEN", "RATCHET_TEMPORAL_API_KEY"}
@@ -63,6 +65,7 @@ def test_every_pod_runs_as_non_root_with_a_locked_down_container(rendered: Rende
     assert {owner["metadata"]["labels"]["app.kubernetes.io/component"] for owner, _ in pods} == {
         "api",
         "worker",
+        "gateway",
         "migrate",
     }
     for owner, pod in pods:
@@ -159,7 +162,13 @@ def test_the_worker_may_patch_only_the_serving_deployments_never_its_own() -> No
         "ext": {"kind": "openai", "url": "http://sglang:30000"},
     }
     (rule,) = _deployment_rules(
-        {**minimal, "serving": {"endpoints": endpoints, "vllm": {"enabled": True}}}
+        {
+            **minimal,
+            "serving": {
+                "endpoints": endpoints,
+                "vllm": {"enabled": True, "apiKey": {"existingSecret": "vllm-key"}},
+            },
+        }
     )
     assert rule["resourceNames"] == ["rel-ratchet-vllm", "vllm-prod"]
     for own in ("rel-ratchet-worker", "rel-ratchet-api"):  # the schema knows the pattern

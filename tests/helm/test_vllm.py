@@ -15,16 +15,24 @@ from services.settings import Settings
 from tests.helm.chart import CHART_DIR, NAMESPACE, Rendered, render
 from tests.helm.test_chart import KUBERNETES_VERSIONS, MINIMAL
 
+# Rendered without a cluster, as helm template and Argo CD do: the key is a Secret made once.
+VLLM_KEY = "vllm-key-made-once-for-this-release"
+VLLM_SECRETS = {"vllm-api-key": {"api-key": VLLM_KEY}}
+VLLM_ENABLED: dict[str, Any] = {"enabled": True, "apiKey": {"existingSecret": "vllm-api-key"}}
 VLLM: dict[str, Any] = {
     **MINIMAL,
-    "serving": {"vllm": {"enabled": True, "servedModelName": "support-agent"}},
+    "serving": {"vllm": {**VLLM_ENABLED, "servedModelName": "support-agent"}},
     "networkPolicy": {"enabled": True, "kubernetesApiCidrs": ["10.0.0.1/32"]},
 }
 
 
+def render_vllm(values: dict[str, Any]) -> Rendered:
+    return render(values, external_secrets=VLLM_SECRETS)
+
+
 @pytest.fixture(scope="module")
 def rendered() -> Rendered:
-    return render(VLLM)
+    return render_vllm(VLLM)
 
 
 def test_off_by_default() -> None:
@@ -56,7 +64,9 @@ def test_the_pods_read_the_model_the_serving_target_patches(rendered: Rendered) 
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["RATCHET_SERVED_MODEL"] == "support-agent"
     assert env["RATCHET_MODEL_PATH"] == "/var/lib/ratchet/artifacts/models/base"
-    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    # The kubernetes target names the adapter in the environment: no runtime loads needed,
+    # so the adapter routes (and a key that could swap the model) do not exist.
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
     script = container["args"][0]
     assert 'vllm serve "$RATCHET_MODEL_PATH"' in script
     assert '--lora-modules "$name=$RATCHET_LORA_PATH"' in script
@@ -111,9 +121,9 @@ def test_vllm_requires_an_api_key_from_a_secret_and_the_worker_holds_the_same(
     vllm = _container(rendered, "vllm")
     (key_var,) = [var for var in vllm["env"] if var["name"] == "VLLM_API_KEY"]
     reference = key_var["valueFrom"]["secretKeyRef"]
-    assert reference == {"name": "rel-ratchet-vllm-api-key", "key": "api-key"}
-    key = rendered.secret_data("rel-ratchet-vllm-api-key")["api-key"]
-    assert len(key) >= 32
+    assert reference == {"name": "vllm-api-key", "key": "api-key"}
+    key = rendered.secret_data("vllm-api-key")["api-key"]
+    assert key == VLLM_KEY
     assert 'if [ -z "$VLLM_API_KEY" ]' in vllm["args"][0]  # no key, no server
     assert key not in json.dumps(rendered.named("Deployment", "vllm"))  # not in the pod spec
 
@@ -178,7 +188,7 @@ def test_only_the_worker_and_the_agents_reach_the_vllm_pods(rendered: Rendered) 
     assert {port["port"] for e in policy["egress"] for port in e["ports"]} == {53}
 
     agents = {"namespaceSelector": {"matchLabels": {"team": "agents"}}}
-    opened = render({**VLLM, "serving": {"vllm": {"enabled": True, "agentsFrom": [agents]}}})
+    opened = render_vllm({**VLLM, "serving": {"vllm": {**VLLM_ENABLED, "agentsFrom": [agents]}}})
     (rule,) = opened.named("NetworkPolicy", "vllm")["spec"]["ingress"]
     assert rule["from"][1:] == [agents]
     for version in KUBERNETES_VERSIONS:

@@ -141,3 +141,57 @@ def test_an_endpoints_kind_is_a_name_the_serving_registry_judges(
     )
     endpoints = load_settings().serving_endpoints
     assert (endpoints["a"].kind, endpoints["b"].deployment) == ("ssh", None)
+
+
+def test_tool_endpoints_are_http_or_mcp_with_an_allow_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "RATCHET_TOOL_ENDPOINTS",
+        '{"orders": {"url": "http://orders/call/", "api_key": "k", "tools": ["b", "a", "a"]},'
+        ' "desk": {"kind": "mcp", "command": ["desk-tools", "--stdio"], "tools": ["gate"],'
+        ' "timeout_s": 5, "requests_per_minute": 10, "max_result_bytes": 1024},'
+        ' "airport": {"kind": "mcp", "url": "https://tools/mcp", "tools": ["flight_status"]}}',
+    )
+    endpoints = load_settings().tool_endpoints
+    orders, desk = endpoints["orders"], endpoints["desk"]
+    assert (orders.kind, orders.url, orders.tools) == ("http", "http://orders/call", ["a", "b"])
+    assert (orders.timeout_s, orders.requests_per_minute, orders.max_result_bytes) == (
+        30.0,
+        60.0,
+        65_536,
+    )
+    assert (desk.kind, desk.command, desk.url) == ("mcp", ["desk-tools", "--stdio"], None)
+    assert endpoints["airport"].url == "https://tools/mcp"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ('{"url": "http://t"}', "tools"),  # the allow-list is required
+        ('{"url": "http://t", "tools": []}', "tools"),
+        ('{"url": "http://t", "tools": ["drop table"]}', "tool names must match"),
+        ('{"kind": "http", "command": ["x"], "tools": ["a"]}', "needs a url"),
+        ('{"kind": "mcp", "tools": ["a"]}', "a url (streamable HTTP) or a command"),
+        ('{"kind": "mcp", "url": "http://t", "command": ["x"], "tools": ["a"]}', "or a command"),
+        ('{"kind": "mcp", "command": ["x"], "tools": ["a"], "api_key": "k"}', "takes no api_key"),
+        ('{"kind": "grpc", "url": "http://t", "tools": ["a"]}', "kind"),
+        ('{"url": "ftp://t", "tools": ["a"]}', "http"),
+        ('{"url": "http://t", "tools": ["a"], "timeout_s": 0}', "timeout_s"),
+        ('{"url": "http://t", "tools": ["a"], "max_result_bytes": 0}', "max_result_bytes"),
+        ('{"url": "http://t", "tools": ["a"], "allow": "all"}', "allow"),
+    ],
+)
+def test_bad_tool_endpoints_name_the_entry_and_never_show_their_key(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str, message: str
+) -> None:
+    key = "do-not-print-this-key"
+    monkeypatch.setenv("RATCHET_TOOL_ENDPOINTS", f'{{"orders": {endpoint}}}')
+    monkeypatch.setenv(
+        "RATCHET_JUDGE_ENDPOINTS", f'{{"g": {{"url": "http://g", "api_key": "{key}"}}}}'
+    )
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    text = str(refused.value)
+    assert "RATCHET_TOOL_ENDPOINTS (orders" in text and message in text
+    assert "value hidden" in text and key not in text

@@ -143,6 +143,36 @@ async def _record_operator_rollback(client: Client, scenario: str = "operator-ro
     _write(HISTORIES / f"loop-{scenario}.json", await handle.fetch_history())
 
 
+async def _record_bootstrap(client: Client, scenario: str) -> None:
+    """A bootstrap cycle (LoopWorkflow's bootstrap-cycle patch) on a loop with no champion:
+    SFT over the base model, the base model and the adapter on the held-out set, the
+    bootstrap gate, the promotion; the loop and its children. ``bootstrap``: an operator's
+    signal starts it; ``bootstrap-auto``: the training profile's bootstrap.auto, once the
+    readiness check says enough successes are there (the loop's history only)."""
+    from tests.workflows.test_bootstrap_cycle import BOOTSTRAP_PROFILE, NO_CHAMPION, BootstrapWorld
+    from workflows.loop import LoopWorkflow
+    from workflows.payloads.loop import BootstrapSignal
+
+    auto = scenario == "bootstrap-auto"
+    world = BootstrapWorld()
+    if auto:
+        policy = BOOTSTRAP_PROFILE.bootstrap.model_copy(update={"auto": True})
+        profile = BOOTSTRAP_PROFILE.model_copy(update={"bootstrap": policy})
+        world = BootstrapWorld(config=replace(NO_CHAMPION, training_profile=profile))
+    task_queue = f"record-{uuid.uuid4().hex[:8]}"
+    name = f"rec-{scenario}"
+    async with make_worker(client, task_queue, world):
+        handle = await start_loop(client, task_queue, name, max_cycles=1)
+        if not auto:
+            await handle.signal(LoopWorkflow.bootstrap, BootstrapSignal(by="ops", reason="first"))
+        await handle.result()
+    stages = () if auto else ("train", "evaluate", "promote")
+    for workflow_id in [f"loop/{name}"] + [cycle_workflow_id(name, 1, s) for s in stages]:
+        history = await client.get_workflow_handle(workflow_id).fetch_history()
+        stage = workflow_id.rsplit("/", 1)[-1] if "/cycle/" in workflow_id else "loop"
+        _write(HISTORIES / f"{stage}-{scenario}.json", history)
+
+
 @activity.defn(name="purge_trace_bodies")
 def _fake_purge(input: PurgeTraceBodiesInput) -> PurgeTraceBodiesResult:
     return PurgeTraceBodiesResult(purged=3, cutoff=input.now)
@@ -222,6 +252,8 @@ SCENARIOS: dict[str, World | None] = {
     # The same, recorded with the serving target typed in the rollback plan and deploy
     # payloads (workflows/payload.py).
     "operator-rollback-typed": None,
+    "bootstrap": None,  # see _record_bootstrap
+    "bootstrap-auto": None,
     "promoted": World(new_tasks=12),
     "rejected": World(new_tasks=12, gate_decision="reject"),
     "rolled-back": World(
@@ -309,6 +341,8 @@ async def main(names: list[str]) -> None:
                 await _record_serving_ledger(env.client)
             elif name in ("operator-rollback", "operator-rollback-typed"):
                 await _record_operator_rollback(env.client, name)
+            elif name in ("bootstrap", "bootstrap-auto"):
+                await _record_bootstrap(env.client, name)
             elif world is None:
                 await _record_curate(env.client)
             else:

@@ -8,14 +8,19 @@ import pytest
 
 from services.environments.replay.endpoints import ENV_JUDGES, ENV_TOOLS, from_job_env
 from services.loop.job_documents import EndpointNotListed, endpoint_env
-from services.settings import Endpoint, Settings
+from services.settings import Endpoint, Settings, ToolEndpoint
 
 SETTINGS = Settings(
     judge_endpoints={
         "grader": Endpoint(url="http://judge.internal/v1", api_key="judge-key", timeout_s=5),
         "other": Endpoint(url="http://other.internal/v1", api_key="other-key"),
     },
-    tool_endpoints={"orders": Endpoint(url="http://orders.internal")},
+    tool_endpoints={
+        "orders": ToolEndpoint(
+            url="http://orders.internal", api_key="orders-key", tools=["order_status"]
+        ),
+        "desk": ToolEndpoint(kind="mcp", command=["desk-tools", "--stdio"], tools=["gate"]),
+    },
 )
 
 
@@ -26,9 +31,30 @@ def test_a_job_gets_only_the_endpoints_its_loop_names() -> None:
         "grader": {"url": "http://judge.internal/v1", "api_key": "judge-key", "timeout_s": 5.0}
     }
     assert "other-key" not in json.dumps(env)
-    assert json.loads(env[ENV_TOOLS])["orders"]["url"] == "http://orders.internal"
+    tools = json.loads(env[ENV_TOOLS])
+    assert list(tools) == ["orders"]  # not the deployment's other endpoint
+    assert tools["orders"]["url"] == "http://orders.internal"
+    assert tools["orders"]["tools"] == ["order_status"]  # the allow-list travels
     replay = from_job_env(env)  # what the job side reads back
-    assert replay is not None
+    orders = replay.live_tools["orders"]
+    assert orders.config.api_key == "orders-key" and orders.allows("order_status")
+    assert not orders.allows("cancel_order")
+
+
+def test_an_mcp_endpoint_travels_as_its_command_and_allow_list() -> None:
+    env = endpoint_env({"tool_endpoint": "desk"}, SETTINGS)
+    assert json.loads(env[ENV_TOOLS]) == {
+        "desk": {
+            "kind": "mcp",
+            "command": ["desk-tools", "--stdio"],
+            "tools": ["gate"],
+            "timeout_s": 30.0,
+            "requests_per_minute": 60.0,
+            "max_result_bytes": 65536,
+        }
+    }
+    desk = from_job_env(env).live_tools["desk"].config
+    assert desk.kind == "mcp" and desk.command == ("desk-tools", "--stdio")
 
 
 def test_a_loop_without_endpoints_hands_its_jobs_nothing() -> None:

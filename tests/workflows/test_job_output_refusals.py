@@ -119,7 +119,7 @@ def test_a_relative_state_directory_still_reads_job_output(
     working directory, and a clean output is read as before."""
     from services.artifacts import ArtifactStore
     from services.loop.states import RunStatus
-    from workflows.activities.job_outputs import read_outputs
+    from workflows.activities.finished_outputs import read_outputs
 
     monkeypatch.chdir(tmp_path)
     store = ArtifactStore(Path("state") / "artifacts")

@@ -48,6 +48,7 @@ from services.checkpoints import (
     resolve_parent,
 )
 from services.curation import demonstrations
+from services.curation.job_outputs import record_job_outputs
 from services.db.models import Run
 from services.db.queries import runs as q
 from services.db.queries.errors import NotFound
@@ -71,15 +72,15 @@ from services.executors.base import (
 from services.executors.runfiles import UnsafeRunFile, create_exclusive
 from services.logs import log_context
 from services.loop.job_documents import (
-    endpoint_env,
     job_document,
+    job_environment,
     job_files,
     job_nodes,
     replay_dataset,
 )
 from services.loop.states import RunStatus
 from services.settings import Settings
-from workflows.activities import job_outputs
+from workflows.activities import finished_outputs
 from workflows.activities.errors import fails_as
 from workflows.options import JOB
 from workflows.payloads.jobs import (
@@ -224,7 +225,7 @@ class JobActivities:
                 session=session, kind=input.kind, run_dir=run_dir, dataset_id=input.dataset_id
             )
         try:
-            env = endpoint_env(curation_policy, self._settings)
+            environment = job_environment(curation_policy, self._settings, run_dir)
             spec = JobRequest(
                 run_id=input.run_id,
                 loop=input.loop,
@@ -240,7 +241,8 @@ class JobActivities:
                 nodes=job_nodes(input.job_spec),
                 image=input.job_image,
                 command=tuple(input.job_command) if input.job_command else None,
-                env=env,
+                env=environment.plain,
+                secret_env=environment.credentials,
             )
         except JobRequestError as exc:
             self._fail_before_submit(input.run_id, str(exc))
@@ -355,7 +357,7 @@ class JobActivities:
         output_dir = Path(handle.get("output_dir") or self._output_dir(input))
         logs_path = self._artifacts.logs_dir(input.loop, input.run_id) / LOG_FILE
         self._save_logs(executor_name, handle, logs_path)
-        outputs = job_outputs.read_outputs(
+        outputs = finished_outputs.read_outputs(
             self._artifacts.root, output_dir, state=status.state, error=_error_of(status)
         )
         metrics = outputs.metrics
@@ -382,18 +384,7 @@ class JobActivities:
             )
             run = q.finish_run(session=session, run_id=input.run_id, outcome=outcome)
             if run.status == RunStatus.SUCCEEDED:
-                job_outputs.record_auxiliary(
-                    session,
-                    run,
-                    "demonstrations",
-                    lambda: demonstrations.record_job_episodes(
-                        session,
-                        run=run,
-                        output_dir=output_dir,
-                        metrics=metrics,
-                        per_task=self._settings.demonstrations_per_task,
-                    ),
-                )
+                record_job_outputs(session, run, output_dir, metrics, self._settings)
             result = _result_of(run)
         observe_finished_job(
             FinishedJob(
@@ -498,7 +489,7 @@ class JobActivities:
         invalid = f"checkpoint of run {input.run_id} is invalid"
         source = uri_to_path(input.checkpoint_dir_uri)
         with fails_as("CheckpointInvalid", CheckpointError, UnsafeRunFile, context=invalid):
-            job_outputs.refuse_links_in_job_output(self._artifacts.root, source)
+            finished_outputs.refuse_links_in_job_output(self._artifacts.root, source)
             installed = install_checkpoint(source, self._artifacts)
         try:
             parent = resolve_parent(installed.parent, input.parent_checkpoint_id)

@@ -18,6 +18,18 @@ from workflows.payload import PolicyPayload, policy_payload
 
 
 @dataclass
+class BootstrapSignal:
+    """Bootstrap a first champion from the loop's successful traces (``ratchet loop
+    bootstrap``): the base model to train over (None: the training profile's), whether a
+    loop that has a champion bootstraps anyway, who asked and why."""
+
+    by: str = "operator"
+    reason: str = ""
+    force: bool = False
+    base_checkpoint_id: str | None = None
+
+
+@dataclass
 class LoopState:
     """The small state carried through continue-as-new; everything else lives in Postgres."""
 
@@ -31,6 +43,10 @@ class LoopState:
     last_cycle_ended_at: str | None = None
     last_outcome: str | None = None
     cycles_done: int = 0
+    # A bootstrap asked for and not yet started, and how many curated traces the automatic
+    # bootstrap's last look saw (it looks again only when that number moved).
+    bootstrap: BootstrapSignal | None = None
+    bootstrap_curated_seen: int = -1
 
 
 @dataclass

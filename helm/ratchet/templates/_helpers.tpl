@@ -158,6 +158,33 @@ database, no Temporal, or secrets given twice.
 {{- if and (include "ratchet.temporalTlsFiles" .) (ne (empty .Values.temporal.tls.certKey) (empty .Values.temporal.tls.keyKey)) }}
 {{- fail "temporal.tls.certKey and temporal.tls.keyKey go together: set both for mTLS, or neither" }}
 {{- end }}
+{{- with .Values.jobs.rollouts.endpoint }}
+{{- if not (hasKey (include "ratchet.servingEndpoints" $ | fromYaml) .) }}
+{{- fail (printf "jobs.rollouts.endpoint %q is neither `vllm` (with serving.vllm.enabled) nor a name of serving.endpoints" .) }}
+{{- end }}
+{{- if and (eq . "vllm") (not $.Values.serving.vllm.lora.enabled) }}
+{{- fail "jobs.rollouts.endpoint is vllm: rollouts load adapters, so serving.vllm.lora.enabled must be true" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The base model jobs roll out on: jobs.rollouts.model, else the chart's vLLM's. */}}
+{{- define "ratchet.rolloutModel" -}}
+{{- $rollouts := .Values.jobs.rollouts }}
+{{- $model := $rollouts.model | default (ternary .Values.serving.vllm.servedModelName "" (eq $rollouts.endpoint "vllm")) }}
+{{- if not $model }}
+{{- fail (printf "jobs.rollouts.model is required: the base model the endpoint %q serves" $rollouts.endpoint) }}
+{{- end }}
+{{- $model }}
+{{- end }}
+
+{{/*
+"true" when the chart's vLLM takes runtime adapter loads (its key then loads adapters too):
+asked for, or needed by the jobs' rollouts.
+*/}}
+{{- define "ratchet.vllmRuntimeLoading" -}}
+{{- $vllm := .Values.serving.vllm }}
+{{- if and $vllm.lora.enabled (or $vllm.lora.runtimeLoading (eq .Values.jobs.rollouts.endpoint "vllm")) }}true{{ end }}
 {{- end }}
 
 {{/* Environment from Secret keys; optional ones may be absent from an existing Secret. */}}
@@ -275,7 +302,10 @@ hold the same key.
 
 {{/*
 vLLM's generated API key: the one already in the release's Secret (so upgrades keep it),
-else a new one. Worked out once per render.
+else a new one, made only when a cluster answers the lookup (the release namespace's
+`default` ServiceAccount is there): rendered without one (helm template, Argo CD, a client
+dry run) a generated key would change on every render, so rendering fails and says to name a
+Secret made once. Worked out once per render.
 */}}
 {{- define "ratchet.vllmApiKey" -}}
 {{- if not (hasKey .Values.serving.vllm "_resolvedApiKey") }}
@@ -285,8 +315,10 @@ else a new one. Worked out once per render.
 {{- $value := "" }}
 {{- if and $existing $existing.data (hasKey $existing.data $key) }}
 {{- $value = index $existing.data $key | b64dec }}
-{{- else }}
+{{- else if lookup "v1" "ServiceAccount" .Release.Namespace "default" }}
 {{- $value = randAlphaNum 48 }}
+{{- else }}
+{{- fail (printf "serving.vllm.apiKey.existingSecret is empty and no cluster answered (helm template, Argo CD, a client dry run, or namespace %s does not exist yet): a key generated here would change on every render. Create the Secret once, e.g. `kubectl -n %s create secret generic vllm-api-key --from-literal=%s=\"$(openssl rand -hex 32)\"`, and set serving.vllm.apiKey.existingSecret: vllm-api-key" .Release.Namespace .Release.Namespace $key) }}
 {{- end }}
 {{- $_ := set .Values.serving.vllm "_resolvedApiKey" $value }}
 {{- end }}

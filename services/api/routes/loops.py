@@ -47,7 +47,7 @@ from services.db.queries.loops import (
     update_loop_config,
 )
 from services.db.queries.traces import curation_counts
-from services.ingest.provisioning import provision_loop, rotate_credential
+from services.ingest.provisioning import ProvisionedLoop, provision_loop, rotate_credential
 from services.loop.config import POLICY_KEYS, Change, diff, merge_patch
 from services.loop.policies import (
     GatePolicy,
@@ -149,7 +149,15 @@ def _curation_policy_errors(policy: dict[str, Any], settings: Settings) -> list[
 def _serving_endpoint_errors(target: ServingTarget, settings: Settings) -> list[dict[str, str]]:
     """A serving target must name one of this deployment's serving endpoints, of its kind."""
     problem = serving_endpoint_problem(target, settings.serving_endpoints)
-    return [{"path": "serving_target.endpoint", "message": problem}] if problem else []
+    errors = [{"path": "serving_target.endpoint", "message": problem}] if problem else []
+    if target.upstream is not None and target.upstream not in settings.gateway_upstreams:
+        listed = ", ".join(sorted(settings.gateway_upstreams)) or "none"
+        message = (
+            f"{target.upstream!r} is not an upstream of this deployment "
+            f"(RATCHET_GATEWAY_UPSTREAMS lists: {listed})"
+        )
+        errors.append({"path": "serving_target.upstream", "message": message})
+    return errors
 
 
 def _check_served_name(session: Session, loop: str, serving_target: dict[str, Any]) -> None:
@@ -213,18 +221,17 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         changed_by=body.changed_by or "admin-api",
     )
 
-    def provision() -> tuple[dict[str, object], str, str]:
+    def provision() -> tuple[dict[str, object], ProvisionedLoop]:
         # Its own transaction: the workflow starts only once the loop is committed.
         with state.session_factory.begin() as session:
             created = provision_loop(session, fields=fields, box=state.secret_box)
             # After the name's own check (a loop of that name: 409 loop_exists); a refusal
             # here rolls the new loop back.
             _check_served_name(session, body.name, fields.serving_target or {})
-            public = _public_fields(created.loop, state.settings)
-            return public, created.signing_secret, created.ingest_token
+            return _public_fields(created.loop, state.settings), created
 
     try:
-        public, signing_secret, ingest_token = await asyncio.to_thread(provision)
+        public, created = await asyncio.to_thread(provision)
     except LoopNameTaken:
         raise ApiError(409, "loop_exists", f"a loop named {body.name!r} already exists") from None
     if state.ingest is not None:
@@ -238,8 +245,10 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         logger.warning("loop %s created, but its workflow did not start: %s", body.name, exc)
     return LoopCreated(
         **public,
-        signing_secret=signing_secret,
-        ingest_token=ingest_token,
+        signing_secret=created.signing_secret,
+        ingest_token=created.ingest_token,
+        gateway_key=created.gateway_key,
+        gateway_url=f"{state.settings.gateway_base_url}/v1",
         workflow_id=loop_workflow_id(body.name),
         workflow_started=started,
         warnings=warnings,
@@ -281,7 +290,8 @@ def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
 
 @router.post(
     "/{loop}/secrets/rotate",
-    summary="Rotate the signing secret (or ingest token); the old one works for a grace period",
+    summary="Rotate the signing secret (or ingest token, or gateway key); the old one works for "
+    "a grace period (0 revokes it at once)",
 )
 def rotate(
     loop: str,

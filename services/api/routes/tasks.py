@@ -7,7 +7,8 @@ no loop) and ``GET /v1/tasks/{task_id}/demonstrations`` its stored episodes (wha
 dashboard's task page shows to a tab holding the admin token; the page itself, open to
 anyone who reaches the dashboard, shows neither prompt nor episodes);
 ``POST /v1/loops/{loop}/tasks/pin`` pins tasks, all of them or, when one cannot be pinned,
-none.
+none; ``POST /v1/loops/{loop}/tasks/restore`` brings set-aside tasks back (a task the worker
+set aside is shown with its reason, and never trained on while it stays aside).
 """
 
 from __future__ import annotations
@@ -19,11 +20,17 @@ from fastapi import APIRouter, Path, Query
 from services.api.deps import AdminDep, SessionDep
 from services.api.errors import ApiError
 from services.api.routes.loops import loop_or_404
-from services.api.routes.trace_listing import decode_id_cursor, encode_id_cursor
+from services.api.routes.trace_listing import (
+    decode_id_cursor,
+    encode_id_cursor,
+    reward_check_public,
+)
 from services.api.schemas.tasks import (
     DemonstrationPublic,
     PinIn,
     PinResult,
+    RestoreIn,
+    RestoreResult,
     Split,
     TaskDetail,
     TaskPage,
@@ -31,8 +38,10 @@ from services.api.schemas.tasks import (
     TaskSourcePublic,
 )
 from services.db.models import Task
+from services.db.queries import task_set_aside
 from services.db.queries import tasks as q
 from services.db.queries.demonstrations import task_demonstrations
+from services.environments.replay.scoring import task_reward
 
 router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[AdminDep])
 
@@ -51,6 +60,9 @@ def task_public(task: Task) -> TaskPublic:
         redactions=task.redactions,
         prompt=str(task.spec.get("prompt", "")),
         created_at=task.created_at,
+        set_aside_reason=task.set_aside_reason,
+        set_aside_detail=task.set_aside_detail,
+        set_aside_at=task.set_aside_at,
     )
 
 
@@ -66,6 +78,9 @@ def list_loop_tasks(
     loop: str,
     session: SessionDep,
     split: Annotated[Split | None, Query(description="Only tasks of this split")] = None,
+    set_aside: Annotated[
+        bool | None, Query(description="Only tasks set aside (true) or not (false)")
+    ] = None,
     cursor: Annotated[str | None, Query(max_length=200, description="next_cursor")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> TaskPage:
@@ -74,6 +89,7 @@ def list_loop_tasks(
         session=session,
         loop_id=row.id,
         split=split,
+        set_aside=set_aside,
         limit=limit + 1,
         before_id=decode_id_cursor(cursor),
     )
@@ -104,6 +120,7 @@ def show_task(task_id: Annotated[int, Path(ge=1, le=2**63 - 1)], session: Sessio
             TaskSourcePublic(trace_id=trace_id, external_id=external_id, relation=relation)
             for trace_id, external_id, relation in q.task_sources(session=session, task_id=task.id)
         ],
+        check=reward_check_public(task_reward(task.spec)),
     )
 
 
@@ -159,3 +176,37 @@ def pin_loop_tasks(loop: str, body: PinIn, session: SessionDep) -> PinResult:
         )
     pinned = q.pin_tasks(session=session, loop_id=row.id, task_ids=body.task_ids)
     return PinResult(loop=row.name, pinned=pinned)
+
+
+@router.post(
+    "/loops/{loop}/tasks/restore",
+    summary="Bring set-aside tasks back: the next snapshot may train on them again",
+    responses={
+        404: {"description": "No such loop"},
+        422: {
+            "description": "Some ids are not tasks of the loop (fields: task_ids.N); none "
+            "was restored"
+        },
+    },
+)
+def restore_loop_tasks(loop: str, body: RestoreIn, session: SessionDep) -> RestoreResult:
+    row = loop_or_404(session, loop)
+    foreign = task_set_aside.foreign_task_ids(
+        session=session, loop_id=row.id, task_ids=body.task_ids
+    )
+    if foreign:
+        raise ApiError(
+            422,
+            "tasks_not_found",
+            f"tasks {', '.join(map(str, foreign))} are not tasks of loop {row.name!r}; "
+            "nothing was restored",
+            fields=[
+                {
+                    "path": f"task_ids.{body.task_ids.index(task_id)}",
+                    "message": "not a task of the loop",
+                }
+                for task_id in foreign
+            ],
+        )
+    restored = task_set_aside.restore_tasks(session=session, loop_id=row.id, task_ids=body.task_ids)
+    return RestoreResult(loop=row.name, restored=restored)

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Query
 from services.api.deps import AdminDep, SessionDep
 from services.api.errors import ApiError
 from services.api.routes.loops import loop_or_404
+from services.api.schemas.tasks import FactPublic, RewardCheckPublic
 from services.api.schemas.traces import (
     FeedbackPublic,
     ReportedOutcome,
@@ -40,6 +41,7 @@ from services.db.queries.traces import (
     trace_summary,
     trace_tasks,
 )
+from services.environments.replay.scoring import describe_reward
 
 router = APIRouter(prefix="/v1/loops", tags=["traces"], dependencies=[AdminDep])
 
@@ -115,6 +117,18 @@ def reported_outcome(row: TraceSummary) -> ReportedOutcome:
     return "unknown"
 
 
+def reward_check_public(reward: Any) -> RewardCheckPublic | None:
+    """What a stored replay reward checks, as the listings show it (None: not replay)."""
+    check = describe_reward(reward)
+    if check is None:
+        return None
+    return RewardCheckPublic(
+        rule=check.rule,
+        facts=[FactPublic(kind=f.kind, value=f.value, text=f.text) for f in check.facts],
+        judge=check.judge,
+    )
+
+
 def summary_public(row: TraceSummary) -> TraceSummaryPublic:
     return TraceSummaryPublic(
         external_id=row.external_id,
@@ -128,6 +142,7 @@ def summary_public(row: TraceSummary) -> TraceSummaryPublic:
         curation_outcome=row.curation_outcome,
         reason=row.reason,
         curation_detail=row.curation_detail,
+        check=reward_check_public(row.reward),
     )
 
 

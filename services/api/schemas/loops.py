@@ -96,7 +96,7 @@ class LoopCreate(BaseModel):
 class CredentialPublic(BaseModel):
     """An active credential, without its value."""
 
-    kind: Literal["signing_secret", "ingest_token"]
+    kind: Literal["signing_secret", "ingest_token", "gateway_key"]
     created_at: dt.datetime
     expires_at: dt.datetime | None
 
@@ -162,6 +162,11 @@ class LoopCreated(LoopPublic):
 
     signing_secret: str = Field(description="Standard Webhooks secret (whsec_...), shown once")
     ingest_token: str = Field(description="Bearer token for the OTLP endpoint, shown once")
+    gateway_key: str = Field(
+        description="API key an agent gives the capture gateway (its base_url is gateway_url), "
+        "shown once"
+    )
+    gateway_url: str = Field(description="The capture gateway's OpenAI base_url (…/v1)")
     workflow_id: str = Field(description="The loop's Temporal workflow (loop/<name>)")
     workflow_started: bool = Field(
         description="False when Temporal was unreachable; POST /v1/loops/{loop}/start later"
@@ -178,13 +183,13 @@ class RotateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["signing_secret", "ingest_token"] = "signing_secret"
+    kind: Literal["signing_secret", "ingest_token", "gateway_key"] = "signing_secret"
     grace_seconds: int = Field(default=86400, ge=0, le=30 * 86400)
 
 
 class RotateResult(BaseModel):
     loop: str
-    kind: Literal["signing_secret", "ingest_token"]
+    kind: Literal["signing_secret", "ingest_token", "gateway_key"]
     secret: str = Field(description="The new secret or token, shown once")
     previous_expires_at: dt.datetime | None = Field(
         description="Until when the previous one is still accepted (null if there was none)"
@@ -257,3 +262,28 @@ class LoopConfigVersionPublic(BaseModel):
     changed_by: str
     reason: str | None
     created_at: dt.datetime
+
+
+class LoopToolPublic(BaseModel):
+    """One tool of a loop's live endpoint."""
+
+    name: str
+    allowed: bool = Field(description="On the deployment's allow-list: the sandbox may ask it")
+    listed: bool | None = Field(
+        description="The server lists it (null: the endpoint cannot list, e.g. http)"
+    )
+    read_only_hint: bool | None = Field(
+        description="The server's readOnlyHint: shown for the operator, never taken as "
+        "permission (only the allow-list is)"
+    )
+    description: str | None
+
+
+class LoopToolsPublic(BaseModel):
+    """A replay loop's live tool endpoint and its tools, allowed or listed."""
+
+    loop: str
+    endpoint: str | None = Field(description="curation_policy.tool_endpoint")
+    kind: str | None = Field(description="http or mcp")
+    tools: list[LoopToolPublic]
+    error: str | None = Field(description="Why the server's listing is missing, if it is")

@@ -26,6 +26,37 @@ class TaskPublic(BaseModel):
     redactions: dict[str, Any] = Field(description="What redaction removed, by kind")
     prompt: str = Field(description="The task's prompt, as the model sees it")
     created_at: dt.datetime
+    set_aside_reason: str | None = Field(
+        default=None,
+        description="Why the task is set aside (never trained on), e.g. unanswerable_calls: "
+        "every episode needed a tool result nobody could give; null when it is not",
+    )
+    set_aside_detail: str | None = Field(default=None, description="What set it aside")
+    set_aside_at: dt.datetime | None = None
+
+
+class FactPublic(BaseModel):
+    """One fact of a reference answer that the facts rule looks for in an answer."""
+
+    kind: Literal["number", "time", "date", "code", "quote", "name"]
+    value: str = Field(description="The normal form an answer's fact is compared by")
+    text: str = Field(description="As the reference wrote it")
+
+
+class RewardCheckPublic(BaseModel):
+    """What a replay task's reward checks (docs/curation.md, "Rewards")."""
+
+    rule: str = Field(
+        description="facts, text, number, json_subset or regex (a rule decides), or judge "
+        "(an LLM judge decides)"
+    )
+    facts: list[FactPublic] = Field(
+        description="Under the facts rule: what an answer must state to pass"
+    )
+    judge: str | None = Field(
+        description="The loop's judge endpoint: it decides (rule judge), or is compared with "
+        "the rule on a sample"
+    )
 
 
 class TaskSourcePublic(BaseModel):
@@ -43,6 +74,9 @@ class TaskDetail(TaskPublic):
     failure_signature: str | None
     spec: dict[str, Any]
     sources: list[TaskSourcePublic]
+    check: RewardCheckPublic | None = Field(
+        default=None, description="What the reward checks (replay tasks; null for others)"
+    )
 
 
 class TaskPage(BaseModel):
@@ -65,6 +99,19 @@ class PinIn(BaseModel):
 class PinResult(BaseModel):
     loop: str
     pinned: list[int] = Field(description="The tasks now in the regression suite")
+
+
+class RestoreIn(BaseModel):
+    """Set-aside tasks to bring back (the next snapshot may train on them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_ids: list[int] = Field(min_length=1, max_length=1000, description="Task row ids")
+
+
+class RestoreResult(BaseModel):
+    loop: str
+    restored: list[int] = Field(description="The tasks that were set aside and are no longer")
 
 
 class DatasetPublic(BaseModel):

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from services.api.schemas.tasks import RewardCheckPublic
+
 
 class FieldError(BaseModel):
     path: str = Field(description="Dotted path of the field at fault, e.g. messages.0.role")
@@ -163,6 +165,11 @@ class TraceSummaryPublic(BaseModel):
         "was skipped"
     )
     curation_detail: str | None = Field(description="Curation's full verdict, in a sentence")
+    check: RewardCheckPublic | None = Field(
+        default=None,
+        description="What the reward of the trace's task checks (its facts under the facts "
+        "rule); null when the trace became no task",
+    )
 
 
 class TracePage(BaseModel):

@@ -1,8 +1,8 @@
 """``ratchet loop create`` and ``ratchet loop rotate-secret``: a loop's ingest credentials.
 
-A new loop's webhook signing secret and OTLP ingest token are shown once: they go to a new
-0600 file (``--secret-file``) or, asked for, to stdout (``--show-secrets``); ``loop apply``
-creating a loop shares the same options and printing.
+A new loop's gateway key, webhook signing secret and OTLP ingest token are shown once: they
+go to a new 0600 file (``--secret-file``) or, asked for, to stdout (``--show-secrets``);
+``loop apply`` creating a loop shares the same options and printing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def register(commands: Any) -> None:
         commands,
         "create",
         _create,
-        help="create a loop; its webhook signing secret and ingest token (shown once) go to "
+        help="create a loop; its gateway key, signing secret and ingest token (shown once) go to "
         "--secret-file PATH (0600) or, with --show-secrets, to stdout",
     )
     create.add_argument("name", help="loop name: lowercase letters, digits, dashes (DNS label)")
@@ -50,8 +50,15 @@ def register(commands: Any) -> None:
         help="issue a new signing secret; the old one works for the grace period",
     )
     rotate.add_argument("--grace-seconds", type=_grace, default=86400)
-    rotate.add_argument(
+    which = rotate.add_mutually_exclusive_group()
+    which.add_argument(
         "--ingest-token", action="store_true", help="rotate the OTLP ingest token instead"
+    )
+    which.add_argument(
+        "--gateway-key",
+        action="store_true",
+        help="rotate the capture gateway's key instead (--grace-seconds 0 revokes the old one "
+        "at once)",
     )
     rotate.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -61,14 +68,14 @@ def add_secret_options(parser: argparse.ArgumentParser, *, creating: str = "") -
         "--secret-file",
         default=None,
         metavar="PATH",
-        help=f"{creating}write the new loop's signing secret and ingest token to PATH, a new "
-        "file (mode 0600, JSON)",
+        help=f"{creating}write the new loop's gateway key, signing secret and ingest token to "
+        "PATH, a new file (mode 0600, JSON)",
     )
     parser.add_argument(
         "--show-secrets",
         action="store_true",
-        help=f"{creating}print the signing secret and ingest token (they are shown once; a "
-        "terminal's scrollback or a CI log keeps them)",
+        help=f"{creating}print the gateway key, signing secret and ingest token (they are shown "
+        "once; a terminal's scrollback or a CI log keeps them)",
     )
 
 
@@ -119,7 +126,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 # What --secret-file holds: the new loop's credentials and where to use them.
-_SECRET_FIELDS = ("signing_secret", "ingest_token")
+_SECRET_FIELDS = ("signing_secret", "ingest_token", "gateway_key")
 
 
 def check_secret_destination(args: argparse.Namespace) -> None:
@@ -128,8 +135,9 @@ def check_secret_destination(args: argparse.Namespace) -> None:
 
     if args.secret_file is None and not args.show_secrets:
         raise CliError(
-            "a new loop's signing secret and ingest token are shown once: pass --secret-file "
-            "PATH to write them to a new file (mode 0600), or --show-secrets to print them"
+            "a new loop's gateway key, signing secret and ingest token are shown once: pass "
+            "--secret-file PATH to write them to a new file (mode 0600), or --show-secrets to "
+            "print them"
         )
     if args.secret_file is not None:
         path = Path(args.secret_file)
@@ -152,6 +160,7 @@ def write_secret_file(args: argparse.Namespace, created: Any) -> Path | None:
         "loop": created.name,
         "webhook_url": created.webhook_url,
         "otlp_traces_url": created.otlp_traces_url,
+        "gateway_url": created.gateway_url,
         **{name: getattr(created, name) for name in _SECRET_FIELDS},
     }
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -180,6 +189,9 @@ def print_created_json(args: argparse.Namespace, created: Any, written: Path | N
 
 
 def print_created(args: argparse.Namespace, created: Any, written: Path | None) -> None:
+    print(f"gateway:        base_url {created.gateway_url}  (OpenAI-compatible)")
+    if args.show_secrets:
+        print(f"gateway key:    {created.gateway_key}")
     print(f"webhook:        POST {created.webhook_url}")
     if args.show_secrets:
         print(f"signing secret: {created.signing_secret}")
@@ -187,21 +199,33 @@ def print_created(args: argparse.Namespace, created: Any, written: Path | None) 
     if args.show_secrets:
         print(f"ingest token:   {created.ingest_token}")
     if written is not None:
-        print(f"signing secret and ingest token written to {written} (mode 0600)")
+        print(f"gateway key, signing secret and ingest token written to {written} (mode 0600)")
     print("they are not shown again (rotate with `ratchet loop rotate-secret`)")
     print_warnings(created.warnings)
 
 
+_LABELS = {
+    "signing_secret": "signing secret",
+    "ingest_token": "ingest token",
+    "gateway_key": "gateway key",
+}
+
+
 def _rotate(args: argparse.Namespace) -> int:
-    kind = "ingest_token" if args.ingest_token else "signing_secret"
+    kind = (
+        "ingest_token"
+        if args.ingest_token
+        else "gateway_key"
+        if args.gateway_key
+        else "signing_secret"
+    )
     rotated = call(
         lambda client: client.rotate_secret(args.name, grace_seconds=args.grace_seconds, kind=kind),
     )
     if args.json:
         print_model(rotated)
         return 0
-    label = "ingest token" if kind == "ingest_token" else "signing secret"
-    print(f"new {label} for {rotated.loop}: {rotated.secret}")
+    print(f"new {_LABELS[kind]} for {rotated.loop}: {rotated.secret}")
     if rotated.previous_expires_at is not None:
         print(f"the previous one keeps working until {rotated.previous_expires_at}")
     return 0

@@ -1,5 +1,5 @@
-"""``ratchet loop list|show|status``: the loops, one loop's traffic, credentials,
-curation and serving ledger, and its live status."""
+"""``ratchet loop list|show|status|tools``: the loops, one loop's traffic, credentials,
+curation and serving ledger, its live status, and a replay loop's live tools."""
 
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ def register(commands: Any) -> None:
         commands, "status", _status, help="the loop's stage, cycle and what it waits for"
     )
     status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    tools = loop_command(
+        commands,
+        "tools",
+        _tools,
+        help="a replay loop's live tool endpoint: the tools it may ask, what the server lists",
+    )
+    tools.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -143,3 +151,30 @@ def _status(args: argparse.Namespace) -> int:
     if rollback:
         print(f"  rollback     {rollback['status']} {rollback['decided_at']}: {rollback['reason']}")
     return 0
+
+
+def _tools(args: argparse.Namespace) -> int:
+    """The loop's endpoint and each tool: on the allow-list, listed by the server, and the
+    server's readOnlyHint (its word, shown; only the allow-list decides what is asked)."""
+    found = call(lambda client: client.loop_tools(args.name))
+    if args.json:
+        print_model(found)
+        return 0
+    if found.endpoint is None:
+        print(f"loop {found.loop} names no tool endpoint (curation_policy.tool_endpoint)")
+        return 0
+    print(f"loop {found.loop}: tool endpoint {found.endpoint} ({found.kind or 'unknown'})")
+    if found.error:
+        print(f"  {found.error}")
+    print(f"  {'TOOL':<28} {'ALLOWED':<8} {'LISTED':<7} {'READ-ONLY':<10} DESCRIPTION")
+    for tool in found.tools:
+        print(
+            f"  {tool.name:<28} {_yes(tool.allowed):<8} {_yes(tool.listed):<7} "
+            f"{_yes(tool.read_only_hint):<10} {' '.join((tool.description or '').split())[:50]}"
+        )
+    print("  READ-ONLY is the server's own hint, never permission: only allowed tools are asked")
+    return 0
+
+
+def _yes(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")

@@ -18,6 +18,7 @@ from services.db.queries.loops import require_loop
 
 SIGNING_SECRET = "signing_secret"
 INGEST_TOKEN = "ingest_token"
+GATEWAY_KEY = "gateway_key"
 
 
 def _active(now: dt.datetime) -> ColumnElement[bool]:
@@ -44,6 +45,27 @@ def add_ingest_token(*, session: Session, loop_id: int, token_sha256: str) -> Cr
     session.add(credential)
     session.flush()
     return credential
+
+
+def add_gateway_key(*, session: Session, loop_id: int, key_sha256: str) -> Credential:
+    """Gateway keys, like ingest tokens, are stored as their sha256 only."""
+    credential = Credential(loop_id=loop_id, kind=GATEWAY_KEY, token_sha256=key_sha256)
+    session.add(credential)
+    session.flush()
+    return credential
+
+
+def active_gateway_keys(
+    *, session: Session, now: dt.datetime
+) -> Sequence[tuple[str, dt.datetime | None, Loop]]:
+    """Every active gateway key's sha256 and expiry, with its loop (the gateway's key table,
+    read whole every few seconds: one row per loop and rotation, so a small table)."""
+    rows = session.execute(
+        select(Credential.token_sha256, Credential.expires_at, Loop)
+        .join(Loop, Loop.id == Credential.loop_id)
+        .where(Credential.kind == GATEWAY_KEY, Credential.token_sha256.is_not(None), _active(now))
+    ).all()
+    return [(str(digest), expires_at, loop) for digest, expires_at, loop in rows]
 
 
 def active_credentials(
@@ -117,14 +139,14 @@ def active_token_digests(*, session: Session, now: dt.datetime) -> Sequence[str]
 
 
 def loop_for_token(
-    *, session: Session, token_sha256: str, now: dt.datetime
+    *, session: Session, token_sha256: str, now: dt.datetime, kind: str = INGEST_TOKEN
 ) -> tuple[Loop, Credential] | None:
-    """The loop an active ingest token belongs to."""
+    """The loop an active ingest token (or gateway key, by ``kind``) belongs to."""
     row = session.execute(
         select(Loop, Credential)
         .join(Credential, Credential.loop_id == Loop.id)
         .where(
-            Credential.kind == INGEST_TOKEN,
+            Credential.kind == kind,
             Credential.token_sha256 == token_sha256,
             _active(now),
         )

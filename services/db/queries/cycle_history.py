@@ -145,6 +145,9 @@ class CycleRow:
         return rows
 
     delivery: dict[str, Any] | None = None  # the promotion's statistics.delivery
+    # A bootstrap's report (``trigger_detail.bootstrap``: traces seen, successes used and
+    # left out by reason, the base model; services.curation.bootstrap), None for other cycles.
+    bootstrap: dict[str, Any] | None = None
 
     @property
     def delivery_notes(self) -> list[DeliveryNote]:
@@ -348,9 +351,15 @@ def loop_cycles(*, session: Session, loop_id: int, limit: int = 50) -> list[Cycl
                 estimate=dict(cycle.estimate or {}),
                 cost_by_phase=dict(cycle.cost_by_phase or {}),
                 delivery=_delivery(row.promotion_statistics),
+                bootstrap=_bootstrap(cycle.trigger_detail),
             )
         )
     return rows
+
+
+def _bootstrap(trigger_detail: Any) -> dict[str, Any] | None:
+    found = trigger_detail.get("bootstrap") if isinstance(trigger_detail, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 @dataclass(frozen=True)

@@ -305,16 +305,30 @@ def record_evaluation(
                 "task_id": row_ids[str(row["task_id"])],
                 "passed": bool(row.get("passed")),
                 "reward": float(row.get("reward", 0.0)),
-                "details": {
-                    key: value
-                    for key, value in row.items()
-                    if key not in {"task_id", "passed", "reward"}
-                },
+                "details": _storable(
+                    {
+                        key: value
+                        for key, value in row.items()
+                        if key not in {"task_id", "passed", "reward"}
+                    }
+                ),
             }
             for row in rows
         ],
     )
     return evaluation
+
+
+def _storable(value: Any) -> Any:
+    """A results row's details as Postgres's jsonb stores them: a model's answer is text it
+    sampled, and jsonb refuses NUL (``\\u0000``), so a NUL becomes U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_storable(key): _storable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_storable(item) for item in value]
+    return value
 
 
 def paired_results(

@@ -87,12 +87,21 @@ def success_answers(*, session: Session, loop_id: int, keys: Sequence[str]) -> d
     return {key: answer for key, answer in rows}
 
 
+def tool_store_version(*, session: Session, loop_id: int) -> int:
+    """The loop's store version: its newest row id, 0 when empty."""
+    return int(
+        session.execute(
+            select(func.coalesce(func.max(ToolResponse.id), 0)).where(
+                ToolResponse.loop_id == loop_id
+            )
+        ).scalar_one()
+    )
+
+
 def tool_store(*, session: Session, loop_id: int) -> tuple[int, list[RecordedCall]]:
     """The loop's store as it is now: its version (newest row id, 0 when empty) and every
     recorded tool call (answers excluded), in key order."""
-    version = session.execute(
-        select(func.coalesce(func.max(ToolResponse.id), 0)).where(ToolResponse.loop_id == loop_id)
-    ).scalar_one()
+    version = tool_store_version(session=session, loop_id=loop_id)
     rows = session.execute(
         select(
             ToolResponse.tool, ToolResponse.schema_hash, ToolResponse.arguments, ToolResponse.result
@@ -101,6 +110,27 @@ def tool_store(*, session: Session, loop_id: int) -> tuple[int, list[RecordedCal
         .order_by(ToolResponse.tool, ToolResponse.schema_hash, ToolResponse.arguments)
     ).all()
     return int(version), [RecordedCall(*row) for row in rows]
+
+
+def tool_schemas(*, session: Session, loop_id: int, dataset_id: int | None) -> list[Any]:
+    """Every distinct tool (as the task specs list it) of a dataset's tasks, or of the
+    loop's tasks without one: a few rows however many tasks share them."""
+    scope = (
+        "JOIN dataset_tasks AS d ON d.task_id = t.id AND d.dataset_id = :dataset_id"
+        if dataset_id is not None
+        else ""
+    )
+    rows = session.execute(
+        text(
+            "SELECT DISTINCT tool FROM tasks AS t "
+            f"{scope} "
+            "CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(t.spec->'tools') "
+            "= 'array' THEN t.spec->'tools' ELSE '[]'::jsonb END) AS tool "
+            "WHERE t.loop_id = :loop_id"
+        ),
+        {"loop_id": loop_id, "dataset_id": dataset_id},
+    ).scalars()
+    return list(rows)
 
 
 def latest_feedback(*, session: Session, trace_ids: Sequence[int]) -> dict[int, Feedback]:

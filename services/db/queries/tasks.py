@@ -352,14 +352,19 @@ def list_tasks(
     session: Session,
     loop_id: int,
     split: str | None = None,
+    set_aside: bool | None = None,
     limit: int = 50,
     before_id: int | None = None,
 ) -> list[Task]:
-    """A loop's tasks, newest first; ``before_id`` (the last id of the previous page) pages
-    on by keyset, which stays correct while curation adds tasks."""
+    """A loop's tasks, newest first (only those of ``split``, only those set aside or not);
+    ``before_id`` (the last id of the previous page) pages on by keyset, which stays correct
+    while curation adds tasks."""
     query = select(Task).where(Task.loop_id == loop_id)
     if split is not None:
         query = query.where(Task.split == split)
+    if set_aside is not None:
+        column = Task.set_aside_reason
+        query = query.where(column.is_not(None) if set_aside else column.is_(None))
     if before_id is not None:
         query = query.where(Task.id < before_id)
     return list(session.scalars(query.order_by(Task.id.desc()).limit(limit)))
@@ -384,6 +389,7 @@ def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: 
                 """
                 SELECT count(*) FROM tasks AS t
                  WHERE t.loop_id = :loop_id AND t.split = 'train' AND NOT t.pinned
+                   AND t.set_aside_reason IS NULL
                    AND (NOT :filtered OR t.probe_pass_rate IS NULL
                         OR (t.probe_pass_rate > 0 AND t.probe_pass_rate < 1))
                    AND NOT EXISTS (SELECT 1 FROM dataset_tasks AS d WHERE d.task_id = t.id)
@@ -408,8 +414,9 @@ class SplitMember:
 def split_members(*, session: Session, loop_id: int, split: str) -> list[SplitMember]:
     """Candidates for one split of a dataset, newest first.
 
-    ``train`` and ``eval`` exclude pinned tasks; ``regression`` is the regression split plus
-    every pinned task, pinned ones first.
+    ``train`` and ``eval`` exclude pinned tasks, and ``train`` the tasks set aside (never
+    trained on, e.g. every episode needed a tool result nobody could give); ``regression`` is
+    the regression split plus every pinned task, pinned ones first.
     """
     query = select(
         Task.id, Task.content_hash, Task.weight, Task.probe_pass_rate, Task.pinned
@@ -420,17 +427,21 @@ def split_members(*, session: Session, loop_id: int, split: str) -> list[SplitMe
         )
     else:
         query = query.where(Task.split == split, Task.pinned.is_(False)).order_by(Task.id.desc())
+    if split == "train":
+        query = query.where(Task.set_aside_reason.is_(None))
     return [SplitMember(*row) for row in session.execute(query).all()]
 
 
 def unprobed_train_members(*, session: Session, loop_id: int, limit: int) -> list[SplitMember]:
-    """The newest ``limit`` train tasks (not pinned) that have no probe pass rate yet."""
+    """The newest ``limit`` train tasks (not pinned, not set aside) that have no probe pass
+    rate yet."""
     query = (
         select(Task.id, Task.content_hash, Task.weight, Task.probe_pass_rate, Task.pinned)
         .where(
             Task.loop_id == loop_id,
             Task.split == "train",
             Task.pinned.is_(False),
+            Task.set_aside_reason.is_(None),
             Task.probe_pass_rate.is_(None),
         )
         .order_by(Task.id.desc())

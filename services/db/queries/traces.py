@@ -343,6 +343,9 @@ class TraceSummary:
     curation_outcome: str
     reason: str | None
     curation_detail: str | None
+    # The stored reward (``verifier.params.reward``) of the task the trace became or was
+    # counted into, so the listing can show what will be checked; None for no task.
+    reward: Any = None
 
 
 @dataclass(frozen=True)
@@ -376,6 +379,18 @@ class CurationCount:
     example_external_id: str
 
 
+# The reward of the trace's task, its origin task first: one small JSON value per row,
+# read through the trace_id index of task_sources (never the task's whole spec).
+_TASK_REWARD = (
+    select(Task.spec["verifier"]["params"]["reward"])
+    .join(TaskSource, TaskSource.task_id == Task.id)
+    .where(TaskSource.trace_id == Trace.id)
+    .order_by(TaskSource.relation != "origin", TaskSource.task_id)
+    .limit(1)
+    .correlate(Trace)
+    .scalar_subquery()
+)
+
 _SUMMARY_COLUMNS = (
     Trace.id,
     Trace.external_id,
@@ -388,6 +403,7 @@ _SUMMARY_COLUMNS = (
     _curation,
     _reason,
     Trace.curation_detail,
+    _TASK_REWARD,
 )
 
 

@@ -6,7 +6,9 @@ A task names its judge (``verifier.params.reward.endpoint``) and its live tool e
 so the worker that starts it passes the endpoints the loop names as
 
 - ``RATCHET_JUDGE_ENDPOINTS``: ``{"name": {"url": ..., "api_key": ..., "timeout_s": ...}}``
-- ``RATCHET_TOOL_ENDPOINTS``: the same shape,
+- ``RATCHET_TOOL_ENDPOINTS``: ``{"name": {"kind": "http"|"mcp", "url" or "command", "tools":
+  [allow-list], "api_key", "timeout_s", "requests_per_minute", "max_result_bytes"}}``
+  (:class:`~.tool_endpoints.ToolEndpointConfig`),
 
 the format of the settings themselves. :func:`job_env` builds them (worker side, from the
 resolved settings), :func:`from_job_env` reads them (job side). Only named endpoints travel,
@@ -20,8 +22,10 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from services.environments.replay.env import LiveToolEndpoint, ReplayEnvironment
+from services.environments.replay.env import ReplayEnvironment
 from services.environments.replay.judge import Judge, JudgeEndpoint
+from services.environments.replay.tool_config import ToolEndpointConfig, ToolEndpointError
+from services.environments.replay.tool_endpoints import LiveToolEndpoint
 
 ENV_JUDGES = "RATCHET_JUDGE_ENDPOINTS"
 ENV_TOOLS = "RATCHET_TOOL_ENDPOINTS"
@@ -39,8 +43,9 @@ def job_env(
     judge_names: Iterable[str] = (),
     tool_names: Iterable[str] = (),
 ) -> dict[str, str]:
-    """The variables that hand a job the named endpoints (``{"url", "api_key",
-    "timeout_s"}`` each, the key in clear: the executor keeps job env like any secret).
+    """The variables that hand a job the named endpoints (a judge as ``{"url", "api_key",
+    "timeout_s"}``, a tool endpoint as :meth:`ToolEndpointConfig.to_json`; the key in clear:
+    the executor keeps job env like any secret).
     A name the deployment does not list is a ValueError naming the known ones."""
     env: dict[str, str] = {}
     for variable, known, names in (
@@ -68,10 +73,27 @@ def from_job_env(environ: Mapping[str, str] | None = None) -> ReplayEnvironment:
         for name, config in _parse(environ.get(ENV_JUDGES), ENV_JUDGES).items()
     }
     tools = {
-        name: LiveToolEndpoint(**config)
-        for name, config in _parse(environ.get(ENV_TOOLS), ENV_TOOLS).items()
+        name: LiveToolEndpoint(config)
+        for name, config in tool_endpoint_configs(environ.get(ENV_TOOLS)).items()
     }
     return ReplayEnvironment(judges=judges, live_tools=tools)
+
+
+def tool_endpoint_configs(raw: str | None) -> dict[str, ToolEndpointConfig]:
+    """``RATCHET_TOOL_ENDPOINTS`` parsed (none when unset); :class:`EndpointConfigError`
+    names the endpoint and field at fault."""
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise EndpointConfigError(f"{ENV_TOOLS} is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise EndpointConfigError(f"{ENV_TOOLS} must be an object of name -> endpoint")
+    try:
+        return {name: ToolEndpointConfig.from_json(name, config) for name, config in data.items()}
+    except ToolEndpointError as exc:
+        raise EndpointConfigError(f"{ENV_TOOLS}: {exc}") from None
 
 
 def _parse(raw: str | None, variable: str) -> dict[str, dict[str, Any]]:

@@ -9,13 +9,16 @@ A ``ratchet.trace/v1`` trace becomes a task whose
   canonical arguments (see :mod:`.records`) were recorded, in this trace or in another trace
   of the loop (the tool-response store curation keeps and ships with each dataset), gets
   that result, error texts included; any other call gets ``error: no recorded result for
-  tool X with these arguments``, unless the loop names a live tool endpoint (allow-listed in
-  the deployment's ``settings.tool_endpoints``), which then answers it. A call of a tool the
+  tool X with these arguments``, unless the loop names a live tool endpoint of the
+  deployment's ``settings.tool_endpoints`` (HTTP or MCP, :mod:`.tool_endpoints`) whose
+  allow-list holds X, which then answers it; what it answers is kept for the next rollout
+  and what nobody could answer is counted per task (:mod:`.sandbox`). A call of a tool the
   task does not list gets ``error: unknown tool X``; a call missing a required argument of
   the task's schema gets the usage error the real tool would give;
 - **reward** is one of two kinds, chosen at curation in order of trust (:mod:`.rewards`):
-  a reference answer checked by a stated rule (:mod:`.matching`), or an LLM judge's verdict
-  under the loop's rubric (:mod:`.judge`), marked ``verifier_kind: judge`` on the task.
+  a reference answer checked by a stated rule (:mod:`.matching`; ``facts`` by default,
+  :mod:`.facts`), or an LLM judge's verdict under the loop's rubric (:mod:`.judge`), marked
+  ``verifier_kind: judge`` on the task; scored by :mod:`.scoring`.
 
 Episodes are multi-turn: each assistant turn is parsed for tool calls (Hermes
 ``<tool_call>`` blocks or bare JSON naming a listed tool, :mod:`services.chat.toolcalls`),
@@ -33,10 +36,8 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,11 @@ from services.environments.base import (
     user_request,
 )
 from services.environments.chat import ChatEpisode
-from services.environments.replay import matching
-from services.environments.replay.judge import Judge, JudgeError
+from services.environments.replay import scoring
+from services.environments.replay.demonstrations import (
+    chat_demonstration as replay_demonstration,
+)
+from services.environments.replay.judge import Judge
 from services.environments.replay.records import (
     RecordedCall,
     StoreFileError,
@@ -68,44 +72,14 @@ from services.environments.replay.records import (
     schema_hash,
 )
 from services.environments.replay.rewards import choose_reward, json_object
+from services.environments.replay.sandbox import SandboxLedger, arguments_object, usage_error
+from services.environments.replay.tool_endpoints import LiveToolEndpoint, ToolAnswer, no_record
 
 ENVIRONMENT_NAME = "replay"
 REWARD_ID = "replay/v1"
 DEFAULT_MAX_TURNS = 8
 _STORES_MAX = 4
 _OWN_MAX = 4096
-
-
-@dataclass(frozen=True)
-class LiveToolEndpoint:
-    """A live tool server: ``POST <url>`` with ``{"name": tool, "arguments": {...}}``; the
-    reply is the result (``{"content": "..."}``, or the body as text). Resolved from the
-    deployment's ``settings.tool_endpoints`` by the process that runs the job."""
-
-    url: str
-    api_key: str | None = None
-    timeout_s: float = 30.0
-
-    def call(self, name: str, arguments: Mapping[str, Any] | str) -> str:
-        body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url, body.encode(), headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                text = response.read().decode("utf-8", errors="replace")
-        except urllib.error.HTTPError as exc:
-            return f"error: tool {name} answered HTTP {exc.code}"
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            return f"error: tool {name} is unreachable: {getattr(exc, 'reason', exc)}"
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return text
-        if isinstance(data, Mapping) and isinstance(data.get("content"), str):
-            return str(data["content"])
-        return text
 
 
 class ReplayEnvironment:
@@ -129,6 +103,7 @@ class ReplayEnvironment:
         self._stores: dict[str, dict[tuple[str, str, str], str]] = {}
         self._own: dict[str, dict[tuple[str, str, str], str]] = {}
         self._lock = threading.Lock()
+        self._ledger = SandboxLedger()
 
     def __getstate__(self) -> dict[str, Any]:
         """Curation ships the adapter to worker processes: endpoints and caches stay home."""
@@ -138,6 +113,7 @@ class ReplayEnvironment:
         self.judges, self.live_tools = {}, {}
         self._stores, self._own = {}, {}
         self._lock = threading.Lock()
+        self._ledger = SandboxLedger()
 
     # -- tasks --------------------------------------------------------------------------
 
@@ -217,7 +193,7 @@ class ReplayEnvironment:
             episode.turns.append(
                 Turn("agent", text, tool_call=ToolCall(call_id, call.name, dict(call.arguments)))
             )
-            result = self.tool_result(task, call.name, call.arguments)
+            result = self._episode_tool_result(task, episode, call.name, call.arguments)
             episode.turns.append(Turn("env", result.replace("\n", " ")))
         if len(episode.agent_turns) >= episode.max_turns:
             episode.done, episode.end_reason = True, "max_turns"
@@ -228,6 +204,7 @@ class ReplayEnvironment:
         return run_episode_with(self, task, act, max_turns=max_turns)
 
     def verify(self, task: TaskSpec, episode: Episode) -> Reward:
+        self._ledger.episode_verified(task.task_id, episode)
         return self._score(task, episode.final_answer, conversation=episode.full_text())
 
     def demonstrations(
@@ -269,7 +246,7 @@ class ReplayEnvironment:
             episode.done, episode.end_reason = True, "answered"
             return
         for call in calls:
-            result = self.tool_result(task, call.name, call.arguments)
+            result = self._episode_tool_result(task, episode, call.name, call.arguments)
             episode.messages.append(
                 ChatMessage(role="tool", content=result, tool_call_id=call.id, name=call.name)
             )
@@ -278,6 +255,7 @@ class ReplayEnvironment:
 
     def chat_verify(self, task: TaskSpec, episode: ChatEpisode) -> Reward:
         """The answer is re-read from the last raw completion, never from the episode."""
+        self._ledger.episode_verified(task.task_id, episode)
         answer = None
         if episode.completions:
             last = parse_assistant_output(episode.completions[-1], self._tool_names(task))
@@ -290,36 +268,84 @@ class ReplayEnvironment:
     def chat_demonstration(
         self, task: TaskSpec, *, recover_from_slip: bool = False
     ) -> list[tuple[list[ChatMessage], str]]:
-        raise NotImplementedError(
-            "replay tasks have no demonstrations (only a reference answer or a judge): "
-            "train them with grpo or rft"
-        )
+        """A successful trace's conversation replayed through this sandbox, one (messages so
+        far, agent text) pair per agent turn: what bootstrap's SFT trains on
+        (:mod:`.demonstrations`). A task curated from a failure has none (ValueError)."""
+        if recover_from_slip:
+            raise ValueError(
+                "replay demonstrations are recorded conversations: recovery_fraction does not apply"
+            )
+        return replay_demonstration(self, task)
 
     # -- the sandbox --------------------------------------------------------------------
 
     def tool_result(self, task: TaskSpec, name: str, arguments: Mapping[str, Any] | str) -> str:
         """What the task's tool ``name`` answers to ``arguments`` (see the module docstring)."""
+        return self._tool_answer(task, name, arguments).text
+
+    def job_outputs(self, output_dir: Path) -> dict[str, Any]:
+        """What the sandbox adds to a job's ``metrics.json`` (``unanswerable_calls``, each
+        endpoint's usage, and ``tool_answers``, the listing of the live answers file it
+        writes into ``output_dir``; see :mod:`.sandbox`)."""
+        usage = {name: e.usage.to_dict() for name, e in sorted(self.live_tools.items())}
+        return self._ledger.job_outputs(output_dir, usage)
+
+    def close(self) -> None:
+        """Close the live endpoints (an MCP stdio server exits)."""
+        for endpoint in self.live_tools.values():
+            endpoint.close()
+
+    def _episode_tool_result(
+        self,
+        task: TaskSpec,
+        episode: Episode | ChatEpisode,
+        name: str,
+        arguments: Mapping[str, Any] | str,
+    ) -> str:
+        answer = self._tool_answer(task, name, arguments)
+        if not answer.answered:
+            self._ledger.unanswered(episode)
+        return answer.text
+
+    def _tool_answer(
+        self, task: TaskSpec, name: str, arguments: Mapping[str, Any] | str
+    ) -> ToolAnswer:
+        """In order: unknown tool, a recorded result (the task's own trace, the loop's
+        store), the schema's usage error, an answer a live endpoint already gave this
+        process, the loop's live endpoint, and else no result."""
         tool = next((t for t in task.tools if t.get("name") == name), None)
         if tool is None:
-            return f"error: unknown tool {name}"
+            return ToolAnswer(f"error: unknown tool {name}", answered=True)
         key = (name, schema_hash(tool), canonical_arguments(arguments))
         for table in (self._own_records(task), self._store(task)):
             if key in table:
-                return table[key]
-        usage = _usage_error(tool, arguments)
+                return ToolAnswer(table[key], answered=True)
+        usage = usage_error(tool, arguments)
         if usage is not None:
-            return usage
+            return ToolAnswer(usage, answered=True)
+        live = self._ledger.live(key)
+        if live is not None:
+            return ToolAnswer(live, answered=True)
+        endpoint = self._live_endpoint(task)
+        if endpoint is None:
+            return ToolAnswer(no_record(name), answered=False)
+        answer = endpoint.answer(name, arguments_object(arguments))
+        if answer.recordable:
+            self._ledger.remember(RecordedCall(*key, answer.text))
+        return answer
+
+    def _live_endpoint(self, task: TaskSpec) -> LiveToolEndpoint | None:
         endpoint_name = task.verifier.get("params", {}).get("tool_endpoint")
-        if endpoint_name:
-            endpoint = self.live_tools.get(endpoint_name)
-            if endpoint is None:
-                raise ValueError(
-                    f"task {task.task_id[:12]} sends unrecorded calls to tool endpoint "
-                    f"{endpoint_name!r}, which this process was not given "
-                    "(settings.tool_endpoints)"
-                )
-            return endpoint.call(name, arguments)
-        return f"error: no recorded result for tool {name} with these arguments"
+        if not endpoint_name:
+            return None
+        endpoint = self.live_tools.get(endpoint_name)
+        if endpoint is None:
+            raise ValueError(
+                f"task {task.task_id[:12]} sends unrecorded calls to tool endpoint "
+                f"{endpoint_name!r}, which this process was not given "
+                "(settings.tool_endpoints)"
+            )
+        return endpoint
 
     def judge_usage(self) -> dict[str, dict[str, Any]]:
         """Each judge's calls, cache hits, tokens and cost so far (the eval job reports it)."""
@@ -360,36 +386,29 @@ class ReplayEnvironment:
 
     # -- rewards ------------------------------------------------------------------------
 
+    def compare_with_judges(self) -> None:
+        """Ask each judge about a sample of the tasks a rule decides and count whether they
+        agree (the eval job does; see :mod:`.scoring`)."""
+        for judge in self.judges.values():
+            judge.agreement.sampling = True
+
+    def judge_agreement(self) -> dict[str, dict[str, int]]:
+        """Each sampling judge's agreement with the rules so far (the eval job reports it)."""
+        return {
+            name: judge.agreement.to_dict()
+            for name, judge in sorted(self.judges.items())
+            if judge.agreement.sampling
+        }
+
     def _score(self, task: TaskSpec, answer: str | None, *, conversation: str) -> Reward:
         spec = self._reward_spec(task)
-        if spec["kind"] == "reference":
-            rule = matching.parse_rule(spec.get("match", "text"), where="verifier.match")
-            reference = task.reference_answer
-            if reference is None:
-                raise ValueError(f"task {task.task_id[:12]} has a reference reward and no answer")
-            passed = matching.matches(answer, reference, rule)
-            value = 1.0 if passed else 0.0
-            return Reward(components={"answer": value}, total=value, passed=passed)
-        judge = self.judges.get(spec["endpoint"])
-        if judge is None:
-            raise ValueError(
-                f"task {task.task_id[:12]} is scored by judge endpoint {spec['endpoint']!r}, "
-                "which this process was not given (settings.judge_endpoints)"
-            )
-        try:
-            verdict = judge.verdict(
-                task_id=task.task_id,
-                conversation=conversation,
-                answer=answer,
-                rubric=str(spec.get("rubric") or ""),
-                model=str(spec.get("model") or "judge"),
-                cost_per_1k_tokens=float(spec.get("cost_per_1k_tokens") or 0.0),
-            )
-        except JudgeError as exc:
-            raise ValueError(f"task {task.task_id[:12]}: {exc}") from None
-        return Reward(
-            components={"judge": verdict.score}, total=verdict.score, passed=verdict.passed
+        if spec["kind"] == "judge":
+            return scoring.judge_reward(self.judges, task, spec, answer, conversation)
+        reward = scoring.reference_reward(task, spec, answer)
+        scoring.compare_with_judge(
+            self.judges, task, spec.get("judge"), answer, conversation, rule_passed=reward.passed
         )
+        return reward
 
     def _reward_spec(self, task: TaskSpec) -> dict[str, Any]:
         if task.environment != self.name or task.verifier.get("reward_id") != REWARD_ID:
@@ -475,29 +494,6 @@ def _prefix_message(message: Mapping[str, Any]) -> dict[str, Any]:
     if message.get("name") is not None:
         out["name"] = message.get("name")
     return out
-
-
-def _usage_error(tool: Mapping[str, Any], arguments: Mapping[str, Any] | str) -> str | None:
-    """The error the real tool gives a call its schema refuses, or None."""
-    name = tool.get("name")
-    parameters = tool.get("parameters") or {}
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            return f"error: arguments of {name} are not valid JSON"
-        if not isinstance(arguments, dict):
-            return f"error: arguments of {name} must be a JSON object"
-    required = parameters.get("required") or []
-    missing = sorted(str(r) for r in required if r not in arguments)
-    if missing:
-        return f"error: {name} is missing required argument(s) {', '.join(missing)}"
-    properties = parameters.get("properties")
-    if parameters.get("additionalProperties") is False and isinstance(properties, Mapping):
-        unknown = sorted(str(k) for k in arguments if k not in properties)
-        if unknown:
-            return f"error: {name} takes no argument(s) {', '.join(unknown)}"
-    return None
 
 
 def _chat_text(message: ChatMessage) -> str:

@@ -9,6 +9,16 @@ Names derive from the run id (``ratchet-<kind>-<run>``, at most 63 characters, a
 suffix when the run id had to be shortened or changed to fit DNS rules), so a retried
 submit asks for the same name and finds the Job that is already there.
 
+A job's credentials (``JobRequest.secret_env``: the rollout server's key, judge and tool
+endpoints) never appear in the Job: :func:`build_job_secret` puts them in a Secret of the
+run's own, named like the Job and owned by it (deleted with it), which the container reads
+through ``secretKeyRef``. A Job with credentials is created suspended, so no pod starts
+before its Secret exists; the launcher creates the Secret, then lets the Job run.
+
+The container runs with a read-only root filesystem: it writes its run's directories on the
+artifact volume and an ``emptyDir`` at ``/tmp``, where ``HOME`` points (torch's, triton's and
+Hugging Face's caches live under it) unless the template sets ``HOME``.
+
 Multi-node jobs are Indexed Jobs (completions = parallelism = nodes). Each pod gets the
 torchrun rendezvous environment: ``MASTER_ADDR`` is index 0's stable hostname through the
 headless Service (``<job>-0.<service>``), ``NNODES``, ``NPROC_PER_NODE``, and ``NODE_RANK``
@@ -18,6 +28,7 @@ template's command picks them up.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from pathlib import PurePosixPath
@@ -30,6 +41,9 @@ from services.executors.kubernetes.template import GPU_RESOURCE, JobTemplate
 MAX_NAME_LENGTH = 63
 CONTAINER_NAME = "job"
 ARTIFACTS_VOLUME = "artifacts"
+SCRATCH_VOLUME = "tmp"
+SCRATCH_PATH = "/tmp"
+SCRATCH_HOME = "/tmp/home"  # HOME of a job: the image's own is on the read-only root
 RENDEZVOUS_PORT = 29500
 
 LABEL_LOOP = "ratchet.dev/loop"
@@ -192,9 +206,23 @@ def _resources(spec: JobRequest, template: JobTemplate) -> dict[str, Any]:
 
 
 def _env(spec: JobRequest, template: JobTemplate, name: str) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": var.name, "value": var.value} for var in template.env]
+    env: list[dict[str, Any]] = [
+        var.model_dump(by_alias=True, exclude_none=True) for var in template.env
+    ]
+    clash = sorted({var.name for var in template.env} & {*spec.env, *spec.secret_env})
+    if clash:
+        raise JobRequestError(
+            f"the job template's env sets {clash[0]}, which the worker sets for this job: "
+            "remove it from the template (jobs.env)"
+        )
     env += [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
+    env += [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}
+        for key in sorted(spec.secret_env)
+    ]
     env += [{"name": key, "value": value} for key, value in sorted(spec.contract_env().items())]
+    if "HOME" not in {e["name"] for e in env}:
+        env.append({"name": "HOME", "value": SCRATCH_HOME})
     env += _thread_env({e["name"] for e in env})
     if spec.nodes > 1:
         env += _rendezvous_env(spec, template, name)
@@ -256,10 +284,16 @@ def _pod_spec(spec: JobRequest, template: JobTemplate, name: str) -> dict[str, A
             str(spec.spec_path),
         ],
         "env": _env(spec, template, name),
-        "volumeMounts": _volume_mounts(spec, template),
+        "volumeMounts": [
+            *_volume_mounts(spec, template),
+            {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH},
+        ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False,
+            "privileged": False,
             "capabilities": {"drop": ["ALL"]},
         },
     }
@@ -282,7 +316,8 @@ def _pod_spec(spec: JobRequest, template: JobTemplate, name: str) -> dict[str, A
             {
                 "name": ARTIFACTS_VOLUME,
                 "persistentVolumeClaim": {"claimName": template.artifacts.claim_name},
-            }
+            },
+            {"name": SCRATCH_VOLUME, "emptyDir": {}},
         ],
     }
     if template.service_account_name:
@@ -325,8 +360,9 @@ def build_job(spec: JobRequest, template: JobTemplate, *, namespace: str) -> dic
         job_spec["activeDeadlineSeconds"] = template.active_deadline_seconds
     if template.ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = template.ttl_seconds_after_finished
-    if template.kueue is not None:
-        job_spec["suspend"] = True  # Kueue admits it by unsuspending
+    if template.kueue is not None or spec.secret_env:
+        # Kueue admits it by unsuspending; a Job with credentials waits for its Secret.
+        job_spec["suspend"] = True
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -361,16 +397,7 @@ def build_headless_service(
         "annotations": {ANNOTATION_RUN_ID: spec.run_id},
     }
     if owner_uid:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "name": name,
-                "uid": owner_uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+        metadata["ownerReferences"] = owned_by_job(name, owner_uid)
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -387,5 +414,49 @@ def build_headless_service(
                     "protocol": "TCP",
                 }
             ],
+        },
+    }
+
+
+def owned_by_job(name: str, uid: str) -> list[dict[str, Any]]:
+    """The owner reference that makes an object go when the Job ``name`` goes."""
+    return [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def build_job_secret(
+    spec: JobRequest, template: JobTemplate, *, namespace: str, owner_uid: str
+) -> dict[str, Any] | None:
+    """The Secret holding the job's credentials, owned by its Job; None when it has none.
+
+    Named like the Job (its container's ``secretKeyRef`` names it), one key per variable,
+    immutable: nothing but the worker writes it, and it goes with the Job (the owner
+    reference) or sooner, when the worker sees the run end."""
+    if not spec.secret_env:
+        return None
+    name = job_name(spec.kind, spec.run_id, nodes=spec.nodes)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**template.labels, **ratchet_labels(spec, name)},
+            "annotations": {ANNOTATION_RUN_ID: spec.run_id},
+            "ownerReferences": owned_by_job(name, owner_uid),
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {
+            key: base64.b64encode(value.encode()).decode()
+            for key, value in sorted(spec.secret_env.items())
         },
     }

@@ -5,13 +5,17 @@ module only talks to the API server:
 
 - ``submit`` creates the Job (and, for multi-node, its headless Service owned by the Job).
   ``409 AlreadyExists`` means an earlier attempt created it: the Job is read and adopted if
-  it carries this run id, refused if it belongs to another run;
+  it carries this run id, refused if it belongs to another run. A job with credentials gets
+  its Secret (owned by the Job; one found in the way is replaced, never trusted), and only
+  then is its Job, created suspended, let run (unless Kueue admits it);
 - ``status`` reads the Job and maps its conditions (Complete, Failed, Suspended...) to a
   :class:`~services.executors.base.JobStatus`, with the failing container's exit code and
   termination message from the Job's pods;
 - ``wait`` watches the Job from the last resourceVersion it saw and re-lists on ``410 Gone``;
 - ``logs`` reads the logs of the Job's pods; ``cancel`` marks the Job and deletes it with
-  foreground propagation, so its pods go first.
+  foreground propagation, so its pods go first;
+- the run's Secret goes as soon as the executor sees the job end (or cancels it), not only
+  with the Job when its TTL expires.
 
 Accounting: wall time from the Job's start to its completion x GPUs per node x nodes; CPU
 seconds are the cores the pods reserved x wall time (what a cluster bills), since the Job
@@ -31,6 +35,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from services.executors.base import (
+    ExecutorError,
     Handle,
     JobRejected,
     JobRequest,
@@ -47,6 +52,7 @@ from services.executors.kubernetes.builder import (
     LABEL_JOB_NAME,
     build_headless_service,
     build_job,
+    build_job_secret,
     gpus_per_node,
 )
 from services.executors.kubernetes.template import JobTemplate
@@ -78,6 +84,8 @@ class KubernetesExecutor:
         self._versions: dict[str, str | None] = {}
         # Jobs this process cancelled: once deleted they read as cancelled, not lost.
         self._cancelled: set[str] = set()
+        # Secrets of ended runs this process deleted already.
+        self._released: set[str] = set()
         self._lock = threading.Lock()
 
     # Submit ------------------------------------------------------------------------------
@@ -99,6 +107,7 @@ class KubernetesExecutor:
         except _Allowed:
             created = self._adopt(name, spec.run_id)
         uid = created.metadata.uid if created is not None and created.metadata else None
+        secret_name = self._hand_over_credentials(spec, name, uid)
         service: Any = build_headless_service(
             spec, self._template, namespace=self._namespace, owner_uid=uid
         )
@@ -119,12 +128,84 @@ class KubernetesExecutor:
             "job_name": name,
             "uid": uid,
             "service_name": name if service is not None else None,
+            "secret_name": secret_name,
             "nodes": spec.nodes,
             "accelerators": gpus_per_node(spec, self._template) * spec.nodes,
             "cpu_per_node": self._template.cpu_per_node(),
             "output_dir": str(spec.output_dir),
             "submitted_at": time.time(),
         }
+
+    def _hand_over_credentials(self, spec: JobRequest, name: str, uid: str | None) -> str | None:
+        """The run's Secret, owned by its Job, then the Job let run (it was created suspended
+        so that no pod starts without it); None for a job without credentials.
+
+        A Secret already there is replaced, not trusted: an earlier attempt's holds the same
+        keys, and anything else under the Job's name must not reach its pods. The Job is let
+        run only where Ratchet suspended it: under Kueue, Kueue admits it."""
+        if not spec.secret_env:
+            return None
+        if not uid:
+            raise JobRejected(f"Job {self._namespace}/{name} has no uid to own its Secret")
+        secret: Any = build_job_secret(
+            spec, self._template, namespace=self._namespace, owner_uid=uid
+        )
+        try:
+            self._call(
+                f"create Secret {name}",
+                lambda: self._core.create_namespaced_secret(self._namespace, secret),
+                allow={409},
+            )
+        except _Allowed:
+            self._delete_secret(name)
+            self._call(
+                f"create Secret {name}",
+                lambda: self._core.create_namespaced_secret(self._namespace, secret),
+            )
+        with self._lock:
+            self._released.discard(name)  # made anew: the run's end deletes it again
+        if self._template.kueue is None:
+            self._call(
+                f"start Job {name}",
+                lambda: self._batch.patch_namespaced_job(
+                    name,
+                    self._namespace,
+                    {"spec": {"suspend": False}},
+                    _content_type="application/merge-patch+json",
+                ),
+            )
+        return name
+
+    def _delete_secret(self, name: str) -> None:
+        with contextlib.suppress(_Allowed):  # already gone
+            self._call(
+                f"delete Secret {name}",
+                lambda: self._core.delete_namespaced_secret(name, self._namespace),
+                allow={404},
+            )
+
+    def _release(self, handle: Handle, status: JobStatus) -> JobStatus:
+        """Delete an ended run's Secret (the owner reference would only when the Job's TTL
+        runs out). A failure to delete is logged, never raised: the Job still owns it."""
+        name = handle.get("secret_name")
+        if not name or not status.terminal:
+            return status
+        with self._lock:
+            if name in self._released:
+                return status
+        try:
+            self._delete_secret(name)
+        except ExecutorError as exc:
+            logger.warning(
+                "run %s: its Secret %s stays until its Job goes: %s",
+                handle.get("run_id"),
+                name,
+                exc,
+            )
+            return status
+        with self._lock:
+            self._released.add(name)
+        return status
 
     def _adopt(self, name: str, run_id: str) -> client.V1Job:
         existing: client.V1Job = self._call(
@@ -153,8 +234,8 @@ class KubernetesExecutor:
                 allow={404},
             )
         except _Allowed:
-            return self._from_job(handle, None)
-        return self._from_job(handle, response_json(job))
+            return self._release(handle, self._from_job(handle, None))
+        return self._release(handle, self._from_job(handle, response_json(job)))
 
     def wait(self, handle: Handle, timeout_s: float) -> JobStatus:
         """Watch the Job until its state changes (or it ends) or ``timeout_s`` passes."""
@@ -184,7 +265,7 @@ class KubernetesExecutor:
         with self._lock:
             self._versions[name] = observed.resource_version
         if changed(observed.obj):
-            return self._from_job(handle, observed.obj)
+            return self._release(handle, self._from_job(handle, observed.obj))
         # Nothing changed within the window: confirm with a fresh read, which costs one
         # request and guards against an event the watch never delivered.
         return self.status(handle)
@@ -328,6 +409,8 @@ class KubernetesExecutor:
             )
         except _Allowed:
             logger.info("Job %s/%s is already gone", namespace, name)
+        if handle.get("secret_name"):
+            self._delete_secret(handle["secret_name"])
         if handle.get("service_name"):
             with contextlib.suppress(_Allowed):  # already gone with its Job
                 self._call(

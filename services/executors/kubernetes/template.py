@@ -18,13 +18,20 @@ else, so a typo fails loudly instead of being ignored::
     backoffLimit: 0
     activeDeadlineSeconds: 86400
     ttlSecondsAfterFinished: 604800
-    env: [{name: HF_HUB_OFFLINE, value: "1"}]
+    env: [{name: HF_HUB_OFFLINE, value: "1"},            # plain values, or a key of a
+          {name: HF_TOKEN, valueFrom: {secretKeyRef: {name: hub, key: token}}}]  # Secret
     labels: {team: a}
     annotations: {}
     podFailurePolicy: {rules: [...]}   # default: ignore disruptions, fail on config exit codes
 
 Validation happens once, when the template is loaded, and every error names the file and
 the key at fault.
+
+The template is read from a ConfigMap, which whoever may ``view`` the namespace reads: it
+holds no credential. A job's own credentials (the rollout server's key, judge and tool
+endpoints) are the worker's to hand over, in a Secret of the run's own (the builder), so
+the variables that carry them cannot be set here; an operator's credential goes in through
+``valueFrom.secretKeyRef`` to a Secret of theirs.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from services.environments.replay.endpoints import ENV_JUDGES, ENV_TOOLS
 from services.executors.base import CONTRACT_ENV, JobRequestError
+from services.inference.rollout_env import ENV_PREFIX as ROLLOUT_ENV_PREFIX
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -56,6 +65,10 @@ RENDEZVOUS_ENV: frozenset[str] = frozenset(
         "PET_NPROC_PER_NODE",
     }
 )
+# Variables the worker sets for each job from its own settings (the rollout server, the judge
+# and tool endpoints): credentials among them, so never in the template's ConfigMap.
+WORKER_ENV: frozenset[str] = frozenset({ENV_JUDGES, ENV_TOOLS})
+WORKER_ENV_PREFIXES = (ROLLOUT_ENV_PREFIX,)
 RESERVED_LABEL_PREFIXES = ("ratchet.dev/", "app.kubernetes.io/", "kueue.x-k8s.io/")
 
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkKMGTPE]i?)?$")
@@ -99,9 +112,23 @@ class Artifacts(_Strict):
         return value.rstrip("/") or "/"
 
 
+class SecretKeySelector(_Strict):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    optional: bool | None = None
+
+
+class EnvVarSource(_Strict):
+    secret_key_ref: SecretKeySelector = Field(alias="secretKeyRef")
+
+
 class EnvVar(_Strict):
+    """``{name, value}``, or ``{name, valueFrom: {secretKeyRef: {name, key}}}`` for a
+    credential of the operator's (the template itself is no place for one)."""
+
     name: str
-    value: str
+    value: str | None = None
+    value_from: EnvVarSource | None = Field(default=None, alias="valueFrom")
 
     @field_validator("name")
     @classmethod
@@ -110,7 +137,20 @@ class EnvVar(_Strict):
             raise ValueError(f"{value!r} is not a valid environment variable name")
         if value in CONTRACT_ENV or value in RENDEZVOUS_ENV:
             raise ValueError(f"{value} is set by Ratchet and cannot be overridden")
+        if value in WORKER_ENV or value.startswith(WORKER_ENV_PREFIXES):
+            raise ValueError(
+                f"{value} is set by the worker for each job, its credentials in a Secret of "
+                "the run's own: configure the rollout server (RATCHET_ROLLOUT_ENDPOINT, the "
+                "chart's jobs.rollouts) or the endpoints on the worker instead "
+                "(docs/deploy.md, Job credentials)"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(f"{self.name} needs exactly one of value, valueFrom")
+        return self
 
 
 class Toleration(_Strict):

@@ -57,11 +57,20 @@ def test_create_returns_the_credentials_once(
         # The ingest token is stored as its digest only.
         assert kinds["ingest_token"].secret is None
         assert kinds["ingest_token"].token_sha256 == hash_token(created["ingest_token"])
+        # So is the capture gateway's key.
+        assert created["gateway_key"].startswith("rgk_")
+        assert kinds["gateway_key"].token_sha256 == hash_token(created["gateway_key"])
+        assert kinds["gateway_key"].secret is None
 
     shown = client.get("/v1/loops/checkout-bot", headers=ADMIN).json()
     assert "signing_secret" not in shown and "ingest_token" not in shown
+    assert "gateway_key" not in shown
     assert shown["trace_count"] == 0
-    assert sorted(c["kind"] for c in shown["credentials"]) == ["ingest_token", "signing_secret"]
+    assert sorted(c["kind"] for c in shown["credentials"]) == [
+        "gateway_key",
+        "ingest_token",
+        "signing_secret",
+    ]
     listed = client.get("/v1/loops", headers=ADMIN).json()
     assert [loop["name"] for loop in listed] == ["checkout-bot"]
 

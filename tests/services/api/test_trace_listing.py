@@ -13,7 +13,10 @@ from sqlalchemy import select, update
 from services.db.models import Task, TaskSource, Trace
 from services.db.queries.traces import Verdict, mark_traces_curated
 from services.db.session import SessionFactory
+from services.environments.base import TaskSpec
+from services.environments.replay import ReplayEnvironment
 from tests.services.api.support import ADMIN, body_of, make_trace, signed_headers
+from tests.services.environments.replay_traces import failing_trace
 
 # external id -> (success, curation verdict or None for pending)
 TRACES: dict[str, tuple[bool | None, tuple[str, str] | None]] = {
@@ -233,3 +236,52 @@ def test_the_loop_counts_traces_by_curation_outcome_and_reason(
         ("skipped", "success outside the regression sample"): (1, "t-ok"),
     }
     assert [c["outcome"] for c in shown["curation"]][:3] == ["pending", "task", "duplicate"]
+
+
+FLIGHT = "Your connection LX318 leaves 14:05 from gate D4; it is a 11 minute walk."
+
+
+def _link_replay_task(session_factory: SessionFactory, external_id: str) -> int:
+    """A replay task of the facts rule, made from a trace by the environment, as curation
+    would store it, with ``external_id``'s trace as its origin."""
+    task = ReplayEnvironment().task_from_trace(failing_trace(reference_answer=FLIGHT, metadata={}))
+    assert isinstance(task, TaskSpec)
+    with session_factory.begin() as session:
+        trace = session.scalars(select(Trace).where(Trace.external_id == external_id)).one()
+        row = Task(
+            loop_id=trace.loop_id,
+            content_hash="f" * 64,
+            environment="replay",
+            spec=task.to_dict(),
+            cluster_id="c2",
+            split="train",
+        )
+        session.add(row)
+        session.flush()
+        session.add(TaskSource(task_id=row.id, trace_id=trace.id, relation="origin"))
+        return row.id
+
+
+def test_the_listing_shows_the_facts_a_traces_task_checks(
+    client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
+) -> None:
+    seed(client, loop, session_factory)
+    task_id = _link_replay_task(session_factory, "t-pending")
+    expected = {
+        "rule": "facts",
+        "facts": [
+            {"kind": "code", "value": "LX318", "text": "LX318"},
+            {"kind": "time", "value": "14:05", "text": "14:05"},
+            {"kind": "code", "value": "D4", "text": "D4"},
+            {"kind": "number", "value": "11 minute", "text": "11 minute"},
+        ],
+        "judge": None,
+    }
+    page = listing(client, loop).json()
+    checks = {t["external_id"]: t["check"] for t in page["traces"]}
+    assert checks["t-pending"] == expected
+    assert checks["t-task"] is None and checks["t-rej-1"] is None  # toolcalc; no task
+    shown = client.get(f"/v1/loops/{loop['name']}/traces/t-pending", headers=ADMIN).json()
+    assert shown["check"] == expected
+    task = client.get(f"/v1/tasks/{task_id}", headers=ADMIN).json()
+    assert task["check"] == expected

@@ -5,7 +5,7 @@ curation outcome, and the loop page shows what became of them.
 What the test does not take from the doc: section 1 (`pip install`, `ratchet up`: the test
 serves the api itself, and curates once where `ratchet up`'s worker would, with the same
 pipeline), `source .venv/bin/activate` and `pip install ./clients/python` (the test puts
-`ratchet` and the light client on the paths), section 6 (the SmolLM2 champion needs the hf
+`ratchet` and the light client on the paths), section 7 (the SmolLM2 champion needs the hf
 extra and its wheel), the api's address (a free port instead of 127.0.0.1:8000) and the
 secret, which it reads from `ratchet loop create`'s output as the reader copies it.
 
@@ -104,13 +104,14 @@ def test_the_quickstart_verbatim(
     applied = bash(as_written(apply, api_url, replay), shell_env, work)
     assert "version" in applied
 
-    # 3. Post a trace with curl (in the shell where SECRET was exported).
-    [curl, *_] = blocks("3", "bash")
+    # 3. Connect your agent (the gateway) is tests/services/gateway's.
+    # 4. Post a trace with curl (in the shell where SECRET was exported).
+    [curl, *_] = blocks("4", "bash")
     posted = bash(export + as_written(curl, api_url, replay), shell_env, work)
     assert '"accepted":1' in posted, posted
 
-    # 4. Post from Python, with feedback.
-    [client_code] = blocks("4", "python")
+    # 5. Post from Python, with feedback.
+    [client_code] = blocks("5", "python")
     script = work / "post.py"
     script.write_text(as_written(client_code, api_url, replay).replace("whsec_...", secret))
     done = subprocess.run(
@@ -119,9 +120,9 @@ def test_the_quickstart_verbatim(
     assert done.returncode == 0, done.stderr
     assert "accepted=2" in done.stdout and "status='accepted'" in done.stdout, done.stdout
 
-    # 5. See what became of each trace (after the pass the worker makes within seconds).
+    # 6. See what became of each trace (after the pass the worker makes within seconds).
     curate_once(session_factory, "myloop")
-    [see] = blocks("5", "bash")
+    [see] = blocks("6", "bash")
     shown = bash(as_written(see, api_url, replay), shell_env, work)
     for external_id in TRACES:
         assert external_id in shown

@@ -1,5 +1,6 @@
-"""`ratchet traces list|show`, the curation counts of `ratchet loop show`, `--version`, and
-the one way to name a loop, against a real api and database."""
+"""`ratchet traces list|show` (with the facts a trace's task checks, as `ratchet tasks show`
+prints them), the curation counts of `ratchet loop show`, `--version`, and the one way to
+name a loop, against a real api and database."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import pytest
 from ratchet_client import TraceClient
 from sqlalchemy import select
 
-from services.db.models import Trace
+from services.db.models import Task, TaskSource, Trace
 from services.db.queries.traces import Verdict, mark_traces_curated
 from services.db.session import SessionFactory
+from services.environments.base import TaskSpec
+from services.environments.replay import ReplayEnvironment
 from services.settings import get_settings
 from tests.services.api.support import make_trace
 from tests.services.cli.support import run
+from tests.services.environments.replay_traces import failing_trace
 
 
 def make_loop(capsys: pytest.CaptureFixture[str], name: str = "helpdesk") -> dict[str, Any]:
@@ -146,3 +150,39 @@ def test_the_help_lists_every_loop_command(capsys: pytest.CaptureFixture[str]) -
     listed = " ".join(capsys.readouterr().out.split())
     for word in ("apply", "history", "export", "set the champion", "traces", "--version"):
         assert word in listed, word
+
+
+def test_traces_and_tasks_print_the_facts_a_task_checks(
+    api_url: str, capsys: pytest.CaptureFixture[str], session_factory: SessionFactory
+) -> None:
+    loop = make_loop(capsys)
+    seed(api_url, loop, session_factory)
+    reference = "Order PT-1003 was lost; it has been refunded in full (€19.90)."
+    task = ReplayEnvironment().task_from_trace(
+        failing_trace(reference_answer=reference, metadata={})
+    )
+    assert isinstance(task, TaskSpec)
+    with session_factory.begin() as session:
+        trace = session.scalars(select(Trace).where(Trace.external_id == "tk-3")).one()
+        row = Task(
+            loop_id=trace.loop_id,
+            content_hash="r" * 64,
+            environment="replay",
+            spec=task.to_dict(),
+            cluster_id="c1",
+            split="train",
+        )
+        session.add(row)
+        session.flush()
+        session.add(TaskSource(task_id=row.id, trace_id=trace.id, relation="origin"))
+        task_id = row.id
+    checks = "facts: code PT1003 (PT-1003) · number 19.9 EUR (€19.90)"
+
+    code, out, err = run(capsys, "traces", "list", "helpdesk")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].split()[0] == "tk-3" and lines[2].split() == ["checks", *checks.split()]
+    code, out, err = run(capsys, "traces", "show", "tk-3", "--loop", "helpdesk")
+    assert code == 0 and f"  checks       {checks}" in out, err
+    code, out, err = run(capsys, "tasks", "show", str(task_id))
+    assert code == 0 and f"checks            {checks}" in out, err

@@ -70,9 +70,12 @@ def test_replay_traces_become_tasks_by_their_most_trusted_reward(
         _trace(3, reference_answer=None, metadata={}),  # nothing: rejected
         # A success and, later, a failure of the same conversation: the success's answer.
         _trace(4, reference_answer=None, metadata={}, outcome={"success": True}),
+        # A reference with nothing the facts rule (the default) could check.
+        _trace(5, reference_answer="It is blocked, sorry.", metadata={}),
     ]
+    bodies[3]["messages"][-1] = {"role": "assistant", "content": "Hold B-77 placed for P-204."}
     ids = add_traces(session_factory, loop_id, bodies)
-    _add_feedback(session_factory, loop_id, ids[1], score=0.0, correction="Overdue loans block it")
+    _add_feedback(session_factory, loop_id, ids[1], score=0.0, correction="P-204 has 3 overdue")
     _curate(session_factory, loop_id)
     later = _trace(4, reference_answer=None, metadata={})
     later["external_id"] = "loan-4-again"
@@ -86,18 +89,44 @@ def test_replay_traces_become_tasks_by_their_most_trusted_reward(
     assert rows[ids[2]].curation_outcome == "rejected"
     assert (rows[ids[2]].curation_detail or "").startswith("no_reward_source: nothing can score")
     assert rows[ids[3]].curation_outcome == "skipped"  # a success outside the sample
+    assert rows[ids[4]].curation_outcome == "rejected"
+    assert (rows[ids[4]].curation_detail or "").startswith(
+        "no_checkable_facts: the reference answer holds no checkable fact"
+    )
+    assert "set reference_match" in (rows[ids[4]].curation_detail or "")
     assert rows[later_id].curation_outcome == "task"
     by_source = {
         t.spec["metadata"]["source"]["external_id"]: (
             t.spec["verifier"]["params"]["reward"]["source"],
             t.spec["reference_answer"],
+            t.spec["verifier"]["params"]["reward"]["match"],
         )
         for t in _tasks(session_factory, loop_id)
     }
     assert by_source == {
-        "loan-1": ("trace", r".*\boverdue\b.*"),
-        "loan-2": ("feedback_correction", "Overdue loans block it"),
-        "loan-4-again": ("success_trace", "Done! The hold is placed."),
+        "loan-1": ("trace", r".*\boverdue\b.*", {"rule": "regex"}),
+        "loan-2": (
+            "feedback_correction",
+            "P-204 has 3 overdue",
+            {
+                "rule": "facts",
+                "facts": [
+                    {"kind": "code", "value": "P204", "text": "P-204"},
+                    {"kind": "number", "value": "3", "text": "3"},
+                ],
+            },
+        ),
+        "loan-4-again": (
+            "success_trace",
+            "Hold B-77 placed for P-204.",
+            {
+                "rule": "facts",
+                "facts": [
+                    {"kind": "code", "value": "B77", "text": "B-77"},
+                    {"kind": "code", "value": "P204", "text": "P-204"},
+                ],
+            },
+        ),
     }
 
 
@@ -105,21 +134,37 @@ def test_feedback_turns_a_claimed_success_into_a_failure(session_factory: Sessio
     loop_id = make_loop(session_factory, "desk", environment="replay")
     claimed = _trace(5, reference_answer=None, metadata={}, outcome={"success": True})
     (trace_id,) = add_traces(session_factory, loop_id, [claimed])
-    _add_feedback(session_factory, loop_id, trace_id, label="wrong", correction="It is blocked")
+    correction = "It is blocked by 3 overdue loans"
+    _add_feedback(session_factory, loop_id, trace_id, label="wrong", correction=correction)
     _curate(session_factory, loop_id)
     assert traces_by_id(session_factory, [trace_id])[trace_id].curation_outcome == "task"
     (task,) = _tasks(session_factory, loop_id)
-    assert task.origin == "failure" and task.spec["reference_answer"] == "It is blocked"
+    assert task.origin == "failure" and task.spec["reference_answer"] == correction
 
 
 def test_a_judge_loop_marks_judge_only_tasks(session_factory: SessionFactory) -> None:
     policy = {"judge_endpoint": "grader", "judge_rubric": "Holds for overdue patrons fail."}
     loop_id = make_loop(session_factory, "desk", environment="replay", curation_policy=policy)
-    add_traces(session_factory, loop_id, [_trace(6, reference_answer=None, metadata={})])
+    traces = [
+        _trace(6, reference_answer=None, metadata={}),  # nothing but the judge
+        _trace(7, reference_answer="It is blocked, sorry.", metadata={}),  # no fact to check
+        _trace(8, reference_answer="Blocked: P-204 has 3 overdue loans.", metadata={}),
+    ]
+    add_traces(session_factory, loop_id, traces)
     _curate(session_factory, loop_id)
-    (task,) = _tasks(session_factory, loop_id)
-    assert task.spec["metadata"]["verifier_kind"] == "judge"
-    assert task.spec["verifier"]["params"]["reward"]["rubric"] == policy["judge_rubric"]
+    tasks = {
+        t.spec["metadata"]["source"]["external_id"]: t for t in _tasks(session_factory, loop_id)
+    }
+    alone, guided, facts = tasks["loan-6"], tasks["loan-7"], tasks["loan-8"]
+    assert alone.spec["metadata"]["verifier_kind"] == "judge"
+    assert alone.spec["verifier"]["params"]["reward"]["rubric"] == policy["judge_rubric"]
+    # The reference-guided judge decides where the reference has no fact, and sees it.
+    assert guided.spec["metadata"]["verifier_kind"] == "judge"
+    assert guided.spec["reference_answer"] == "It is blocked, sorry."
+    # Where the facts rule can check, it decides; the judge rides along for the comparison.
+    assert facts.spec["metadata"]["verifier_kind"] == "reference"
+    reward = facts.spec["verifier"]["params"]["reward"]
+    assert reward["match"]["rule"] == "facts" and reward["judge"]["endpoint"] == "grader"
 
 
 def test_the_store_is_fed_by_every_trace_and_shipped_with_the_dataset(

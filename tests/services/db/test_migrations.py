@@ -46,4 +46,4 @@ def test_the_revision_chain_is_linear_from_0001_to_0015() -> None:
     script = ScriptDirectory.from_config(config)
     assert script.get_heads() == ["0015"]
     chain = [rev.revision for rev in script.walk_revisions("base", "heads")]
-    assert chain == ["0015", *(f"{n:04d}" for n in range(11, 0, -1))]
+    assert chain == ["0015", "0014", *(f"{n:04d}" for n in range(12, 0, -1))]

@@ -16,7 +16,7 @@ from services.chat.render import messages_with_tools_prompt
 from services.environments import get_environment
 from services.environments.base import Rejection, TaskSpec
 from services.environments.registry import environment_names
-from services.environments.replay import LiveToolEndpoint, ReplayEnvironment
+from services.environments.replay import LiveToolEndpoint, ReplayEnvironment, ToolEndpointConfig
 from services.environments.replay.env import openai_tools
 from services.environments.replay.records import (
     RecordedCall,
@@ -218,11 +218,17 @@ def tool_server() -> Iterator[str]:
     server.server_close()
 
 
+def library(url: str, *, tools: frozenset[str] = frozenset({"patron_loans"})) -> LiveToolEndpoint:
+    return LiveToolEndpoint(
+        ToolEndpointConfig(name="library", kind="http", url=url, tools=tools, timeout_s=5)
+    )
+
+
 def test_an_unrecorded_call_goes_to_the_loops_live_tool_endpoint(tool_server: str) -> None:
     trace = failing_trace(ratchet={"policy": {"tool_endpoint": "library"}})
     task = task_of(trace)
     assert task.verifier["params"]["tool_endpoint"] == "library"
-    env = ReplayEnvironment(live_tools={"library": LiveToolEndpoint(tool_server, timeout_s=5)})
+    env = ReplayEnvironment(live_tools={"library": library(tool_server)})
     assert env.tool_result(task, "patron_loans", {"patron_id": "P-9"}) == (
         'live patron_loans {"patron_id": "P-9"}'
     )
@@ -236,11 +242,9 @@ def test_an_unrecorded_call_goes_to_the_loops_live_tool_endpoint(tool_server: st
 
 def test_an_unreachable_live_endpoint_is_a_tool_error(tool_server: str) -> None:
     task = task_of(failing_trace(ratchet={"policy": {"tool_endpoint": "library"}}))
-    env = ReplayEnvironment(
-        live_tools={"library": LiveToolEndpoint("http://127.0.0.1:9/none", timeout_s=2)}
-    )
+    env = ReplayEnvironment(live_tools={"library": library("http://127.0.0.1:9/none")})
     assert env.tool_result(task, "patron_loans", {"patron_id": "P-9"}).startswith(
-        "error: tool patron_loans is unreachable"
+        "error: tool patron_loans gave no result: unreachable"
     )
 
 

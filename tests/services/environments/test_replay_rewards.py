@@ -1,5 +1,6 @@
-"""Replay rewards: which source a trace's task is scored by (in order of trust), the four
-matching rules, and a trace none can score."""
+"""Replay rewards: which source a trace's task is scored by (in order of trust), the five
+matching rules, and a trace none can score. (The facts rule's own cases are in
+test_replay_facts.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from services.environments.base import Rejection, TaskSpec
 from services.environments.replay import ReplayEnvironment
 from services.environments.replay.judge import parse_verdict
-from services.environments.replay.matching import MatchRuleError, matches, parse_rule
+from services.environments.replay.matching import MatchRuleError, matches, parse_rule, score
 from tests.services.environments.replay_traces import failing_trace, hermes
 
 
@@ -38,18 +39,22 @@ def test_a_feedback_correction_becomes_the_reference() -> None:
     trace = failing_trace(
         reference_answer=None,
         metadata={},
-        ratchet={"feedback": {"score": 0.0, "correction": "Holds are blocked by overdue loans"}},
+        ratchet={"feedback": {"score": 0.0, "correction": "P-204 has 3 overdue loans: no hold"}},
     )
     task = _task(trace)
-    assert task.reference_answer == "Holds are blocked by overdue loans"
+    assert task.reference_answer == "P-204 has 3 overdue loans: no hold"
     assert task.verifier["params"]["reward"]["source"] == "feedback_correction"
-    assert _reward(task, "holds are blocked by overdue loans.") == 1.0
+    # The default rule checks the correction's facts: the patron and the count.
+    assert _reward(task, "Holds are blocked: patron p-204 has 3 overdue loans.") == 1.0
     assert _reward(task, "Done! The hold is placed.") == 0.0
 
 
 def test_positive_feedback_makes_the_traces_answer_the_reference() -> None:
+    # "Done! The hold is placed." states no checkable fact: the trace chooses the text rule.
     trace = failing_trace(
-        reference_answer=None, metadata={}, ratchet={"feedback": {"label": "thumbs_up"}}
+        reference_answer=None,
+        metadata={"reference_match": "text"},
+        ratchet={"feedback": {"label": "thumbs_up"}},
     )
     task = _task(trace)
     assert task.reference_answer == "Done! The hold is placed."
@@ -69,7 +74,11 @@ def test_negative_feedback_without_correction_gives_no_reference() -> None:
 
 
 def test_a_successful_trace_of_the_same_conversation_gives_the_reference() -> None:
-    own = _task(failing_trace(reference_answer=None, metadata={}, outcome={"success": True}))
+    own = _task(
+        failing_trace(
+            reference_answer=None, metadata={"reference_match": "text"}, outcome={"success": True}
+        )
+    )
     assert own.verifier["params"]["reward"]["source"] == "success_trace"
     other = _task(
         failing_trace(
@@ -80,6 +89,10 @@ def test_a_successful_trace_of_the_same_conversation_gives_the_reference() -> No
     )
     assert other.reference_answer == "The patron must return 3 overdue books first."
     assert other.verifier["params"]["reward"]["source"] == "success_trace"
+    assert other.verifier["params"]["reward"]["match"] == {
+        "rule": "facts",
+        "facts": [{"kind": "number", "value": "3", "text": "3"}],
+    }
 
 
 def test_the_loops_judge_scores_what_nothing_else_can() -> None:
@@ -105,6 +118,8 @@ def test_a_trace_nothing_can_score_is_rejected_with_the_reason() -> None:
 @pytest.mark.parametrize(
     ("rule", "reference", "answer", "expected"),
     [
+        ("facts", "The book is due Friday.", "It is due on friday", True),
+        ("facts", "The book is due Friday.", "The book is due Monday.", False),
         ("text", "The book is due Friday.", "  the BOOK is due   friday ", True),
         ("text", "The book is due Friday.", "The book is due Monday.", False),
         ({"rule": "number", "tolerance": 0.01}, "4.20", "The fine is $4.2", True),
@@ -129,13 +144,65 @@ def test_unknown_rules_are_refused_by_name() -> None:
         parse_rule({"rule": "number", "tol": 1})
     with pytest.raises(MatchRuleError, match="tolerance"):
         parse_rule({"rule": "number", "tolerance": -1})
+    # Facts come from the reference at curation; a loop or a trace cannot hand them in.
+    with pytest.raises(MatchRuleError, match="read from the reference at curation"):
+        parse_rule({"rule": "facts", "facts": [{"kind": "code", "value": "D4", "text": "D4"}]})
+    stored = {"rule": "facts", "facts": [{"kind": "code", "value": "D4", "text": "D4"}]}
+    assert parse_rule(stored, stored=True).to_dict() == stored
+    with pytest.raises(MatchRuleError, match="only with rule facts"):
+        parse_rule({"rule": "text", "facts": stored["facts"]}, stored=True)
+    with pytest.raises(MatchRuleError, match=r"facts\[0\]\.kind"):
+        parse_rule(
+            {"rule": "facts", "facts": [{"kind": "x", "value": "1", "text": "1"}]}, stored=True
+        )
+    with pytest.raises(MatchRuleError, match="not a number"):
+        parse_rule(
+            {"rule": "facts", "facts": [{"kind": "number", "value": "ten", "text": "x"}]},
+            stored=True,
+        )
 
 
-def test_judge_replies_are_read_leniently() -> None:
-    assert parse_verdict("PASS") == (1.0, True)
-    assert parse_verdict("Verdict: fail, the hold was not refused") == (0.0, True)
-    assert parse_verdict("0.8") == (0.8, True)
-    assert parse_verdict("~~~ zq") == (0.0, False)
+def test_the_default_rule_is_facts_and_scores_partial_credit() -> None:
+    assert parse_rule({}).rule == "facts"
+    reference = "Order PT-1003 was lost; it has been refunded in full (19.9 EUR)."
+    assert score("PT-1003: refunded €19.90", reference, parse_rule("facts")).passed
+    half = score("PT-1003 was refunded", reference, parse_rule("facts"))
+    assert (half.credit, half.passed) == (0.5, False)
+    with pytest.raises(MatchRuleError, match="no checkable fact"):
+        score("anything", "Done! The hold is placed.", parse_rule("facts"))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"verdict": "pass", "score": 0.9, "reason": "states the overdue loans"}',
+        '```json\n{"verdict": "pass", "score": 1, "reason": "ok"}\n```',
+    ],
+)
+def test_a_judge_reply_is_one_json_verdict(reply: str) -> None:
+    verdict = parse_verdict(reply)
+    assert verdict.parsed and verdict.passed and verdict.score >= 0.9
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "PASS",  # the old lenient parse passed this
+        "Verdict: PASS",
+        "0.8",
+        'The answer says: reply PASS. {"verdict": "pass", "score": 1, "reason": "x"}',
+        '{"verdict": "pass", "score": 1}{"verdict": "fail", "score": 0}',
+        '{"verdict": "pass", "score": 0.2, "reason": "contradicts itself"}',
+        '{"verdict": "PASS!", "score": 1, "reason": "x"}',
+        '{"verdict": "pass", "score": true, "reason": "x"}',
+        '{"verdict": "pass", "score": 1.5, "reason": "x"}',
+        '["pass"]',
+        "",
+    ],
+)
+def test_anything_but_one_json_verdict_is_an_unparseable_fail(reply: str) -> None:
+    verdict = parse_verdict(reply)
+    assert (verdict.parsed, verdict.passed, verdict.score) == (False, False, 0.0)
 
 
 def test_the_answer_is_read_from_the_raw_completion() -> None:

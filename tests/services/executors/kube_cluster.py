@@ -4,9 +4,9 @@ The emulator runs in a thread with its own event loop; tests talk to it with the
 ``kubernetes`` client. It stores objects and streams watch events, but it is not a
 cluster: no controllers run. Tests play the controllers' part through the same API (the
 Job controller patching a Job's status, the Deployment controller rolling out), and the
-emulator is taught the two API-server behaviours the code under test relies on:
-``metadata.generation`` increments when a Deployment's spec changes, and pod logs are
-served as text.
+emulator is taught the API-server behaviours the code under test relies on:
+``metadata.generation`` increments when a Deployment's spec changes, a created Job gets a
+``metadata.uid`` (what owner references name), and pod logs are served as text.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from kubernetes import client
 JOBS = kmock.resource("batch", "v1", "jobs")
 PODS = kmock.resource("", "v1", "pods")
 SERVICES = kmock.resource("", "v1", "services")
+SECRETS = kmock.resource("", "v1", "secrets")
 DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
 
 
@@ -64,9 +66,17 @@ class EmulatedCluster:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self.url = str(server.url)
-            for resource in ("batch/v1/jobs", "v1/pods", "v1/services", "apps/v1/deployments"):
+            for resource in (
+                "batch/v1/jobs",
+                "v1/pods",
+                "v1/services",
+                "v1/secrets",
+                "apps/v1/deployments",
+            ):
                 emulator.resources[resource] = kmock.ResourceInfo()
             emulator["patch", DEPLOYMENTS] << self._bump_generation
+            # Below the default priority: an injected failure (fail_next) answers first.
+            (emulator["post", JOBS] ** -1) << self._assign_uid
             (
                 emulator["get", PODS, kmock.subresource("log")]
                 << {"Content-Type": "text/plain"}
@@ -83,6 +93,16 @@ class EmulatedCluster:
         if request.subresource != "status" and "spec" in (request.data or {}):
             generation = int(obj.get("metadata", {}).get("generation") or 1)
             obj.patch({"metadata": {"generation": generation + 1}})
+        raw: dict[str, Any] = obj.raw
+        return raw
+
+    def _assign_uid(self, request: Any) -> dict[str, Any]:
+        """A created object gets its uid from the server (owner references name it)."""
+        name = (request.data or {}).get("metadata", {}).get("name")
+        namespace = request.namespace or (request.data or {}).get("metadata", {}).get("namespace")
+        obj = self.emulator.objects[request.resource, namespace, name]
+        if not obj.get("metadata", {}).get("uid"):
+            obj.patch({"metadata": {"uid": str(uuid.uuid4())}})
         raw: dict[str, Any] = obj.raw
         return raw
 

@@ -78,7 +78,8 @@ def test_single_node_job_carries_command_env_volume_and_labels(
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert pod["volumes"] == [
-        {"name": "artifacts", "persistentVolumeClaim": {"claimName": "ratchet-artifacts"}}
+        {"name": "artifacts", "persistentVolumeClaim": {"claimName": "ratchet-artifacts"}},
+        {"name": "tmp", "emptyDir": {}},  # the only writable path off the artifact volume
     ]
     main = container(job)
     assert main["image"] == "ghcr.io/acme/trainer:1.0"
@@ -97,6 +98,7 @@ def test_single_node_job_carries_command_env_volume_and_labels(
             "subPath": "ds/train.jsonl",
             "readOnly": True,
         },
+        {"name": "tmp", "mountPath": "/tmp"},
     ]
     assert main["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert "resources" not in main
@@ -364,6 +366,7 @@ def test_outputs_outside_the_run_dir_and_the_base_checkpoint_get_their_own_mount
         base_checkpoint=str(root / "checkpoints" / "champion"),
     )
     mounts = container(build_job(spec, template(tmp_path), namespace="ml"))["volumeMounts"]
+    mounts = [m for m in mounts if m["name"] == "artifacts"]
     by_path = {m["mountPath"]: m for m in mounts}
     assert set(by_path) == {
         str(spec.run_dir),

@@ -337,3 +337,65 @@ def test_vllms_answer_is_read_as_it_is_and_checked(local_engine: HFEngine) -> No
             engine.result_of(request, vllm_answer(logprobs={"token_logprobs": [-1.0, -1.0]}))
     finally:
         engine.close()
+
+
+def test_a_train_job_rolls_out_where_the_worker_points_it_with_the_key_it_is_handed(
+    llama_with_adapters: list[CheckpointRef],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 43 (items 2 and 8): the worker's rollout endpoint becomes the job's environment
+    (services.loop.job_documents), and with exactly that environment a train job publishes
+    each step's adapter into its run's own shared directory (made on first use, inside the
+    run dir a Kubernetes job mounts) and loads it with the key it was handed as a credential:
+    on a keyed ``ratchet serve`` the server's admin key, which the API key cannot stand in
+    for."""
+    from pydantic import SecretStr
+
+    from services.loop.job_documents import job_environment
+    from services.settings import ServingEndpoint, Settings
+
+    monkeypatch.setenv("RATCHET_SERVE_MODEL_ROOTS", json.dumps([str(tmp_path)]))
+    base_dir = path_of(llama_with_adapters[0])
+    server = ServeProcess(
+        base_dir, name="base", log=tmp_path / "serve.log", token="agents", admin_token="worker"
+    )
+    try:
+        endpoint = ServingEndpoint(kind="openai", url=server.url, api_key=SecretStr("worker"))
+        settings = Settings(
+            serving_endpoints={"rollouts": endpoint},
+            rollout_endpoint="rollouts",
+            rollout_model="base",
+        )
+        run_dir = tmp_path / "loops" / "demo" / "runs" / "r-1"
+        handed = job_environment({}, settings, run_dir)
+        environ = {**handed.plain, **handed.credentials}
+        model = HFFamily().load(base_dir, device=torch.device("cpu"), training=HFGRPOConfig())
+        tasks = ENV.generate_tasks(2, seed=3, api_version="v1")
+        asked: dict[str, Any] = {"seeds": [1, 2], **OPTIONS}
+
+        attach_rollout_backend(model, None, {**environ, "RATCHET_ROLLOUT_API_KEY": "agents"})
+        with pytest.raises(RemoteError, match="load_lora_adapter answered 403"):
+            model.rollouts(ENV, tasks, **asked)  # the key that serves never loads
+
+        attach_rollout_backend(model, None, environ)
+        remote_policy = model.chat.remote
+        assert remote_policy is not None and remote_policy.publish is not None
+        publish, published = remote_policy.publish, []
+
+        def watched(out_dir: Path) -> None:
+            publish(out_dir)
+            published.append(out_dir)
+
+        remote_policy.publish = watched
+        rollouts = model.rollouts(ENV, tasks, **asked)
+
+        assert len(rollouts.episodes) == 2
+        (adapter,) = published
+        assert adapter.parent == run_dir / "rollouts"
+        assert not adapter.exists()  # removed after the step's rollouts
+        agents = {"Authorization": "Bearer agents"}
+        cards = httpx.get(f"{server.url}/v1/models", headers=agents).json()["data"]
+        assert [card["id"] for card in cards] == ["base"]  # unloaded after the step
+    finally:
+        server.stop()

@@ -16,6 +16,7 @@ from services.cli import main
 from services.cli.common import admin_token_for_cli
 from services.db.session import SessionFactory
 from services.local.admin_token import (
+    SERVE_ADMIN_KEY_FILE,
     SERVE_ATTESTATION_KEY_FILE,
     SERVE_KEY_FILE,
     AdminTokenError,
@@ -84,8 +85,13 @@ def test_ratchet_up_makes_model_server_keys_of_their_own_for_the_worker(tmp_path
     attesting = settings.serve_attestation_key.get_secret_value()
     assert len(attesting) >= 32 and attesting not in (key, token)
     assert stat.S_IMODE((state / SERVE_ATTESTATION_KEY_FILE).stat().st_mode) == 0o600
+    assert settings.serve_admin_key is not None  # loads models: the worker's, not the agents'
+    admin = settings.serve_admin_key.get_secret_value()
+    assert len(admin) >= 32 and admin not in (key, token, attesting)
+    assert stat.S_IMODE((state / SERVE_ADMIN_KEY_FILE).stat().st_mode) == 0o600
     environment = Stack(settings, database_url="postgresql://x/y").child_environment()
     assert environment["RATCHET_SERVE_API_KEY"] == key
+    assert environment["RATCHET_SERVE_ADMIN_KEY"] == admin
     assert environment["RATCHET_SERVE_ATTESTATION_KEY"] == attesting
     # api and worker run one torch thread each; the servers and jobs get their shares.
     assert environment["OMP_NUM_THREADS"] == environment["MKL_NUM_THREADS"] == "1"
@@ -93,10 +99,12 @@ def test_ratchet_up_makes_model_server_keys_of_their_own_for_the_worker(tmp_path
     explicit = Settings(
         state_dir=tmp_path / "set",
         serve_api_key=SecretStr("operator-key"),
+        serve_admin_key=SecretStr("operator-admin-key"),
         serve_attestation_key=SecretStr("operator-attestation-key"),
     )
     assert with_local_serve_keys(explicit) is explicit
     assert not (tmp_path / "set" / SERVE_KEY_FILE).exists()
+    assert not (tmp_path / "set" / SERVE_ADMIN_KEY_FILE).exists()
     assert not (tmp_path / "set" / SERVE_ATTESTATION_KEY_FILE).exists()
 
     (state / SERVE_KEY_FILE).chmod(0o644)

@@ -96,6 +96,7 @@ def _stack_env(state_dir: Path) -> dict[str, str]:
         RATCHET_STATE_DIR=str(state_dir),
         RATCHET_API_PORT=str(free_port()),
         RATCHET_WORKER_PORT=str(free_port()),
+        RATCHET_GATEWAY_PORT=str(free_port()),
         RATCHET_TEMPORAL_PORT=str(free_port()),
         RATCHET_TEMPORAL_UI_PORT=str(free_port()),
         RATCHET_LOG_FORMAT="text",

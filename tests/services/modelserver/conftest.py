@@ -112,10 +112,21 @@ def free_port() -> int:
 class ServeProcess:
     """``python -m services serve`` in a subprocess: the real command, as a user runs it."""
 
-    def __init__(self, checkpoint: Path, *, name: str, log: Path, token: str | None = None):
+    def __init__(
+        self,
+        checkpoint: Path,
+        *,
+        name: str,
+        log: Path,
+        token: str | None = None,
+        admin_token: str | None = None,
+    ):
+        """``token``: its API key (serves); ``admin_token``: its admin key (loads too)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {"RATCHET_SERVE_API_KEY": token} if token else {}
+        if admin_token:
+            env["RATCHET_SERVE_ADMIN_KEY"] = admin_token
         import os
 
         self._log = log.open("ab")

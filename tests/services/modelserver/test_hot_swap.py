@@ -219,7 +219,7 @@ def test_with_an_api_key_every_route_but_health_needs_it(
 ) -> None:
     registry = ModelRegistry(device="cpu")
     registry.load("agent", path_of(checkpoints[0]))
-    server = serve(checkpoints[0], api_key="s3cret", registry=registry)
+    server = serve(checkpoints[0], api_key="s3cret", admin_key="adm1n", registry=registry)
     denied = load(server, "v2", checkpoints[1])
     assert denied.status_code == 401
     assert denied.json()["error"]["type"] == "authentication_error"
@@ -227,7 +227,7 @@ def test_with_an_api_key_every_route_but_health_needs_it(
     allowed = httpx.post(
         f"{server.url}/v1/load_lora_adapter",
         json={"lora_name": "v2", "lora_path": str(path_of(checkpoints[1]))},
-        headers=key,
+        headers={"Authorization": "Bearer adm1n"},
     )
     assert allowed.status_code == 200
     chat = {"model": "v2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

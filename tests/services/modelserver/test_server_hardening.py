@@ -171,9 +171,9 @@ def test_beyond_loopback_the_adapter_routes_need_a_key_and_paths_are_hidden(
     server = serve(checkpoints[0], bind_host="0.0.0.0")
     load = {"lora_name": "v2", "lora_path": str(path_of(checkpoints[1]))}
     refused = httpx.post(f"{server.url}/v1/load_lora_adapter", json=load)
-    assert openai_error(refused, 403)["code"] == "api_key_required"
+    assert openai_error(refused, 403)["code"] == "admin_key_required"
     unload = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "ratchet"})
-    assert openai_error(unload, 403)["code"] == "api_key_required"
+    assert openai_error(unload, 403)["code"] == "admin_key_required"
     assert httpx.post(f"{server.url}/v1/chat/completions", json=CHAT).status_code == 200
     card = httpx.get(f"{server.url}/v1/models").json()["data"][0]
     assert card["root"] == path_of(checkpoints[0]).name

@@ -27,7 +27,8 @@ from services.training.checkpoint import save_checkpoint
 from services.training.tiny.model import GPT, GPTConfig
 from tests.services.modelserver.conftest import ServeProcess, path_of
 
-KEY = "key-of-the-model-server"
+KEY = "key-of-the-model-server"  # its admin key: the worker's, which loads models
+AGENT_KEY = "key-the-agents-hold"  # its API key: serves only
 MODEL = "agent"
 # A context long enough for toolcalc's chat rendering and the probes' tokens.
 TINY = GPTConfig(n_layer=1, n_head=2, d_model=16, max_seq_len=256)
@@ -89,7 +90,11 @@ class World:
     def serve(self, ref: CheckpointRef) -> ServeProcess:
         """``ratchet serve`` answering ``ref``'s weights under the candidate's alias."""
         server = ServeProcess(
-            path_of(ref), name=MODEL, log=self.root / f"serve-{len(self.servers)}.log", token=KEY
+            path_of(ref),
+            name=MODEL,
+            log=self.root / f"serve-{len(self.servers)}.log",
+            token=AGENT_KEY,
+            admin_token=KEY,
         )
         self.servers.append(server)
         return server
@@ -111,7 +116,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 def targets_for(server: ServeProcess, tmp_path: Path) -> ServingTargets:
     settings = Settings(
         state_dir=tmp_path / "state",
-        serve_api_key=SecretStr(KEY),
+        serve_api_key=SecretStr(AGENT_KEY),
+        serve_admin_key=SecretStr(KEY),
         serve_port=server.port,
         serving_endpoints={
             "srv": ServingEndpoint.model_validate(

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from services.modelserver.registry import ModelRegistry
 from services.serving.base import CheckpointRef, DeployFailed, ServingError
 from services.serving.kubernetes import KubernetesServingTarget
-from services.serving.local import LocalServingTarget, model_server_environment
+from services.serving.local import LocalServingTarget, address, model_server_environment
 from services.serving.openai_target import OpenAIServingTarget
 from services.serving.targets import ServingTargets
 from services.settings import ServingEndpoint, Settings
@@ -25,6 +25,7 @@ from tests.services.modelserver.conftest import ServerThread, path_of
 
 ADMIN_TOKEN = "admin-token-of-the-control-plane"
 SERVE_KEY = "key-of-the-local-model-server"
+SERVE_ADMIN_KEY = "admin-key-of-the-local-model-server"
 ENDPOINT_KEY = "key-of-the-vllm-endpoint"
 REMOTE_SECRET = "what-the-remote-put-in-its-body"
 
@@ -89,6 +90,7 @@ def settings(tmp_path: Path) -> Settings:
         kubernetes_namespace="serving",
         admin_token=SecretStr(ADMIN_TOKEN),
         serve_api_key=SecretStr(SERVE_KEY),
+        serve_admin_key=SecretStr(SERVE_ADMIN_KEY),
     )
 
 
@@ -157,7 +159,8 @@ def test_the_local_target_sends_the_model_servers_key_never_the_admin_token(
     settings: Settings,
 ) -> None:
     """Every call of a deploy and a rollback to the local model server carries
-    RATCHET_SERVE_API_KEY; the admin token stays in the control plane."""
+    RATCHET_SERVE_ADMIN_KEY (a deploy loads models: the API key, the agents', may not); the
+    control plane's admin token stays in the control plane."""
     server, seen = recording_server
     settings = settings.model_copy(update={"serve_port": server.port})
 
@@ -167,7 +170,7 @@ def test_the_local_target_sends_the_model_servers_key_never_the_admin_token(
         checkpoints[1],
     )
 
-    assert seen and set(seen) == {f"Bearer {SERVE_KEY}"}
+    assert seen and set(seen) == {f"Bearer {SERVE_ADMIN_KEY}"}
 
 
 def test_an_endpoint_gets_its_own_key_and_no_key_is_never_the_admin_token(
@@ -287,10 +290,15 @@ def test_the_model_server_the_worker_starts_holds_no_control_plane_secret(
     monkeypatch.setenv("RATCHET_SERVING_ENDPOINTS", "{}")
     monkeypatch.setenv("RATCHET_LOG_LEVEL", "DEBUG")
 
-    settings = Settings(serve_api_key=SERVE_KEY, artifact_root=tmp_path / "store")
+    settings = Settings(
+        serve_api_key=SERVE_KEY, serve_admin_key=SERVE_ADMIN_KEY, artifact_root=tmp_path / "store"
+    )
     env = model_server_environment(settings)
 
     assert env["RATCHET_SERVE_API_KEY"] == SERVE_KEY
+    assert env["RATCHET_SERVE_ADMIN_KEY"] == SERVE_ADMIN_KEY
+    # What reads its counters or forwards an agent's call holds the key that serves only.
+    assert address(settings).api_key == SERVE_KEY
     assert json.loads(env["RATCHET_SERVE_MODEL_ROOTS"]) == [str(tmp_path / "store")]
     assert env["RATCHET_LOG_LEVEL"] == "DEBUG"
     for name in ("RATCHET_ADMIN_TOKEN", "RATCHET_DATABASE_URL", "RATCHET_SERVING_ENDPOINTS"):

@@ -1,36 +1,27 @@
-"""What the worker reads of a finished job's output directory, and records beside its run.
+"""What the worker reads of a finished job's output directory.
 
 A job's output is untrusted (any trainer image can honour the job contract) and is read
-once, when its run is finished:
+once, when its run is finished (:func:`read_outputs`): refused whole when a symbolic link
+leads to the directory or lies anywhere in it
+(:func:`~services.executors.runfiles.refuse_links`); else its ``metrics.json``, read as every
+job output is (a regular file, finite numbers, text made storable: services.chat.text). A
+job that exited 0 without metrics the run can hold has failed, and its run says why: a
+``NaN`` left the run ``running`` while the activity retried, before issue 43.
 
-- :func:`read_outputs`: refused whole when a symbolic link leads to the directory or lies
-  anywhere in it (:func:`~services.executors.runfiles.refuse_links`); else its
-  ``metrics.json``, read as every job output is (a regular file, finite numbers, text made
-  storable: services.chat.text). A job that exited 0 without metrics the run can hold has
-  failed, and its run says why: a ``NaN`` left the run ``running`` while the activity
-  retried, before issue 43.
-- :func:`record_auxiliary`: the rows a finished run leaves beside its outcome (its
-  demonstrations, ...), which must never fail it.
+The rows a succeeded run leaves beside its outcome (its demonstrations, its tool outcomes)
+are services.curation.job_outputs', each recorded so that it can never fail the run.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-from services.chat.text import valid_text
-from services.db.models import Run
 from services.executors.accounting import read_job_metrics
 from services.executors.base import METRICS_FILE
 from services.executors.runfiles import UnsafeRunFile, refuse_links
 from services.loop.states import RunStatus
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,18 +70,3 @@ def refuse_links_in_job_output(root: Path, directory: Path) -> None:
     directory, root = directory.absolute(), root.absolute()
     if directory.is_relative_to(root) or directory.is_relative_to(root.resolve()):
         refuse_links(root, directory)
-
-
-def record_auxiliary(session: Session, run: Run, what: str, record: Callable[[], object]) -> None:
-    """Record rows a finished run leaves beside its outcome (its demonstrations, ...) in a
-    savepoint of the transaction that finishes it. They are worth keeping, never worth the
-    run: whatever goes wrong (a row Postgres refuses, a bug) is rolled back to the savepoint,
-    logged, and said on the run (``runs.error``), and the run's outcome stands. Failing here
-    instead would fail the activity and, retried, the cycle's train stage (issue 43)."""
-    try:
-        with session.begin_nested():
-            record()
-    except Exception as exc:  # see the docstring: nothing here fails the run
-        logger.exception("run %s: its %s were not recorded", run.id, what)
-        note = valid_text(f"{what} not recorded: {type(exc).__name__}: {exc}")[:1000]
-        run.error = f"{run.error}; {note}" if run.error else note

@@ -21,6 +21,7 @@ from services.api.schemas.ledger import ServingLedgerPublic
 from services.api.schemas.loops import (
     LoopConfigChange,
     LoopConfigVersionPublic,
+    LoopCreateCheck,
     LoopCreated,
     LoopDetail,
     LoopPublic,
@@ -165,15 +166,22 @@ class RatchetClient:
         changed_by: str | None = None,
     ) -> LoopCreated:
         """Create a loop; the answer holds its signing secret and ingest token (shown once)."""
-        body: dict[str, Any] = {"name": name, "environment": environment}
-        if executor is not None:  # None: the server's RATCHET_EXECUTOR
-            body["executor"] = executor
-        if changed_by:
-            body["changed_by"] = changed_by
-        if budget_usd is not None:
-            body["budget_usd"] = str(budget_usd)
-        body.update(policies.documents())
+        body = _create_body(name, environment, executor, budget_usd, policies, changed_by)
         return self._model(LoopCreated, "POST", "/v1/loops", body)
+
+    def check_new_loop(
+        self,
+        name: str,
+        environment: str,
+        *,
+        executor: str | None = "local",
+        budget_usd: Decimal | float | None = None,
+        policies: LoopPolicies = LoopPolicies(),
+    ) -> LoopCreateCheck:
+        """Every check creating this loop would make (a 422 naming the field, a 409 for a
+        taken name), creating nothing: ``ratchet loop apply --dry-run``."""
+        body = _create_body(name, environment, executor, budget_usd, policies, None)
+        return self._model(LoopCreateCheck, "POST", "/v1/loops", body, {"dry_run": "true"})
 
     def list_loops(self) -> list[LoopPublic]:
         return self._models(LoopPublic, "/v1/loops")
@@ -331,6 +339,26 @@ class RatchetClient:
     def get_dataset(self, dataset_id: int) -> DatasetDetail:
         """One dataset by its row id: counts, files, statistics, source trace count."""
         return self._model(DatasetDetail, "GET", f"/v1/datasets/{dataset_id}")
+
+
+def _create_body(
+    name: str,
+    environment: str,
+    executor: str | None,
+    budget_usd: Decimal | float | None,
+    policies: LoopPolicies,
+    changed_by: str | None,
+) -> dict[str, Any]:
+    """``POST /v1/loops``'s body: what is set, the server's defaults for the rest."""
+    body: dict[str, Any] = {"name": name, "environment": environment}
+    if executor is not None:  # None: the server's RATCHET_EXECUTOR
+        body["executor"] = executor
+    if changed_by:
+        body["changed_by"] = changed_by
+    if budget_usd is not None:
+        body["budget_usd"] = str(budget_usd)
+    body.update(policies.documents())
+    return body
 
 
 def _params(**values: str | None) -> dict[str, str]:

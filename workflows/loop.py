@@ -17,9 +17,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import (
-    SearchAttributeUpdate,
-)
+from temporalio.common import SearchAttributeUpdate
 
 with workflow.unsafe.imports_passed_through():
     from services.loop.states import CycleOutcome, CycleStage, Decision, LoopLifecycle, RunStatus
@@ -113,6 +111,7 @@ class LoopWorkflow:
         self.state = LoopState()
         self.stage = CycleStage.STARTING
         self.waiting_for: str | None = None
+        self.next_check_at: str | None = None  # while waiting: when the next check is due
         # The cycle in progress (0 between cycles).
         self.cycle = 0
         self.approval: tuple[str, ApprovalSignal] | None = None
@@ -162,6 +161,7 @@ class LoopWorkflow:
             waiting_for=self.waiting_for,
             last_outcome=self.state.last_outcome,
             cycles_done=self.state.cycles_done,
+            next_check_at=self.next_check_at,
         )
 
     # Main --------------------------------------------------------------------------------
@@ -199,6 +199,8 @@ class LoopWorkflow:
             if checks >= input.checks_per_run or workflow.info().is_continue_as_new_suggested():
                 break
             self.waiting_for = "trigger"
+            due = workflow.now() + timedelta(seconds=config.trigger_policy.check_interval_s)
+            self.next_check_at = due.isoformat()
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
                     lambda: (
@@ -210,6 +212,7 @@ class LoopWorkflow:
                     timeout=timedelta(seconds=config.trigger_policy.check_interval_s),
                 )
             self.waiting_for = None
+            self.next_check_at = None
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             LoopInput(
@@ -482,10 +485,7 @@ class LoopWorkflow:
     # Helpers -----------------------------------------------------------------------------
 
     async def _load_config(self) -> LoopConfig:
-        return await db_activity(
-            CycleActivities.load_loop_config,
-            LoopConfigInput(self.loop),
-        )
+        return await db_activity(CycleActivities.load_loop_config, LoopConfigInput(self.loop))
 
     def _set_stage(
         self, stage: CycleStage, *, cycle: int | None = None, outcome: str | None = None

@@ -3,7 +3,8 @@
 Each command group lives in its own module under ``services.cli`` and exposes
 ``register(subparsers)``; a command sets ``func`` to a callable taking the parsed args and
 returning an exit code. Errors a user can fix (:class:`CliError`, :class:`SettingsError`)
-print one line and exit non-zero, never a traceback.
+print one line and exit non-zero, never a traceback; a reader that stops reading
+(``ratchet loop show NAME | head``) ends the command quietly.
 
 Two kinds of command. Those that read or change a running Ratchet (``loop``, ``traces``,
 ``tasks``, ``datasets``, ``models import --loop``) go through the admin API with the typed
@@ -88,12 +89,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not in a traceback at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except (CliError, SettingsError) as exc:
         print(f"ratchet: error: {exc}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, CliError) else 2
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> int:
+    """``ratchet ... | head``: the reader stopped reading. End quietly, as ``git log | head``
+    does, with the status a process killed by SIGPIPE has. What is still buffered goes to
+    /dev/null, so Python's flush at exit raises nothing either."""
+    import os
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -23,11 +23,18 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: Any) -> None:
-    add_command(
+    up = add_command(
         subparsers,
         "up",
         _up,
         help="run everything: embedded Postgres + Temporal dev server (when unset), api, worker",
+    )
+    up.add_argument(
+        "--logs",
+        choices=("auto", "files", "terminal"),
+        default="auto",
+        help="where api, worker and gateway log: files under <state dir>/logs, or this "
+        "terminal (auto: files when the output is a terminal, so the banner stays readable)",
     )
     add_command(
         subparsers, "api", _api, help="run the api: webhook, admin API, dashboard, /metrics"
@@ -46,16 +53,24 @@ def register(subparsers: Any) -> None:
 def _up(args: argparse.Namespace) -> int:
     """Start Ratchet on one machine. When RATCHET_DATABASE_URL is unset an embedded Postgres
     keeps its data under RATCHET_STATE_DIR; when RATCHET_TEMPORAL_ADDRESS is unset the
-    Temporal dev server runs with its Web UI. Then migrate and run the api and the worker.
+    Temporal dev server runs with its Web UI. Then migrate, run the api, the worker and the
+    capture gateway, and print where everything is (URLs, the admin token, where the logs
+    are) once they are ready. On a terminal they log to files under <state dir>/logs
+    (--logs).
     Ctrl-C stops everything.
     """
+    import sys
+
     from services.cli import CliError
     from services.local.stack import StackError, run_up
 
     settings = cli_settings()
     configure_logging(settings.log_level, settings.log_format, component="up")
+    to_files = args.logs == "files" or (args.logs == "auto" and sys.stdout.isatty())
     try:
-        return run_up(settings, announce=lambda banner: print(banner, flush=True))
+        return run_up(
+            settings, announce=lambda banner: print(banner, flush=True), log_to_files=to_files
+        )
     except StackError as exc:
         raise CliError(str(exc), exit_code=1) from None
 

@@ -49,7 +49,11 @@ def register(subparsers: Any) -> None:
     add_loop_argument(listing, positional=True)
     listing.add_argument("--outcome", choices=REPORTED_OUTCOMES, help="what the agent reported")
     listing.add_argument("--curation", choices=CURATION_OUTCOMES, help="what curation made of it")
-    listing.add_argument("--reason", help="rejection reason code, e.g. unknown_api_version")
+    listing.add_argument(
+        "--reason",
+        help="reason code of a rejection or a skip, e.g. no_tools (one that no trace has lists "
+        "the loop's reasons)",
+    )
     listing.add_argument("--since", type=_timestamp, help="received at or after (ISO 8601)")
     listing.add_argument("--until", type=_timestamp, help="received before (ISO 8601)")
     listing.add_argument("--limit", type=positive_int, default=50, help="traces per page")
@@ -86,6 +90,8 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     if not page.traces:
         print(f"loop {name!r} has no traces that match")
+        if args.reason:
+            _print_known_reasons(name, args.reason)
         return 0
     width = max(12, *(len(t.external_id) for t in page.traces))
     print(f"{'EXTERNAL ID':<{width}}  {'OUTCOME':<8} {'CURATION':<10} {'RECEIVED':<20} REASON")
@@ -100,6 +106,23 @@ def _list(args: argparse.Namespace) -> int:
     if page.next_cursor:
         print(f"more: ratchet traces list --loop {name} --cursor {page.next_cursor}")
     return 0
+
+
+def _print_known_reasons(name: str, given: str) -> None:
+    """After a ``--reason`` that matched nothing: the reasons the loop's traces do have, so
+    a mistyped code is seen as one (reason codes come from the loop's environment)."""
+    loop = call_api(lambda client: client.get_loop(name))
+    reasons: dict[str, int] = {}
+    for count in loop.curation:
+        if count.reason:
+            reasons[count.reason] = reasons.get(count.reason, 0) + count.count
+    if given in reasons:
+        return  # a real reason, outside the other filters
+    if not reasons:
+        print(f"no trace of loop {name!r} has a reason yet (`ratchet loop show {name}`)")
+        return
+    listed = ", ".join(f"{reason} ({n})" for reason, n in sorted(reasons.items()))
+    print(f"no trace of loop {name!r} has reason {given!r}; the reasons its traces have: {listed}")
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -46,6 +46,7 @@ from services.db.queries.traces import curation_counts
 from services.environments.replay.scoring import AGREEMENT_MAX_EPISODES, AGREEMENT_SHARE
 from services.gateway.queries import recent_sessions, session_counts
 from services.loop.estimate import run_phase_costs
+from services.loop.next_cycle import database_clock, read_next_cycle
 from services.loop.states import LoopLifecycle
 
 
@@ -327,8 +328,13 @@ def loop_context(
     champions = loop_champion_figures(
         session=session, loop=loop, cached_token_weight=cached_token_weight
     )
+    next_cycle = read_next_cycle(session=session, loop=loop)
     return {
         "ratchet_loop": loop,
+        "next_cycle_waits_for": next_cycle.waits_for(),
+        "pending_curation": next_cycle.curation_note(
+            database_clock(session=session, loop=loop), now=dt.datetime.now(dt.UTC)
+        ),
         "spend": loop_spend(session=session, loop_id=loop.id).cost_usd,
         "current": current,
         "steps": _steps(current) if current else [],

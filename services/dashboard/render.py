@@ -2,7 +2,8 @@
 
 Autoescaping is on for every template (and for strings), undefined variables fail loudly,
 and the only ``Markup`` that reaches a page is the SVG that ``charts`` builds from escaped
-text, so user data (loop names, reasons, prompts, log lines) is always escaped.
+text and :func:`code_spans` (escaped text with ``<code>`` around its backticked commands),
+so user data (loop names, reasons, prompts, log lines) is always escaped.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup, escape
 
 STATIC_TYPES = {
     "dashboard.css": "text/css; charset=utf-8",
@@ -97,6 +99,16 @@ def size(value: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def code_spans(value: str) -> Markup:
+    """Text whose `backticked` parts are commands to copy: escaped, each such part in
+    ``<code>`` (an unpaired backtick stays as it is)."""
+    parts = str(escape(value)).split("`")
+    if len(parts) % 2 == 0:  # unpaired: the last backtick is text
+        parts[-2:] = ["`".join(parts[-2:])]
+    html = "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
+    return Markup(html)  # every part was escaped above
+
+
 def static_bytes(name: str) -> bytes:
     return resources.files("services.dashboard").joinpath("static", name).read_bytes()
 
@@ -129,6 +141,7 @@ def environment() -> Environment:
         short=short,
         number=number,
         size=size,
+        code_spans=code_spans,
     )
     env.globals["static_url"] = static_url
     return env

@@ -80,9 +80,11 @@ class IngestLoop:
 
 @dataclass(frozen=True)
 class LoopKeys(IngestLoop):
-    """The webhook's loop, with its signing keys."""
+    """The webhook's loop, with its signing keys and its environment (whose curation the
+    answer's warnings foresee: services.ingest.warnings)."""
 
     keys: tuple[SigningKey, ...]
+    environment: str = ""
 
     def active(self, now: dt.datetime) -> list[bytes]:
         return [k.key for k in self.keys if k.expires_at is None or k.expires_at > now]
@@ -288,7 +290,7 @@ class CredentialCache:
                 for c in credentials
                 if c.secret
             )
-            return LoopKeys(loop.id, loop.name, loop.status, keys)
+            return LoopKeys(loop.id, loop.name, loop.status, keys, loop.environment)
 
     def _decrypt(self, stored: str) -> str:
         if self._box is None:

@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from services.ingest.errors import IngestError
+from services.ingest.warnings import Screen, TraceWarning
 
 TRACE_SCHEMA = "ratchet.trace/v1"
 SCHEMA_ID = "https://ratchet.dev/schemas/ratchet.trace.v1.json"
@@ -257,6 +258,8 @@ class StoredTrace:
     error_kind: str | None
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
+    # What the loop's curation will make of it that its poster should know (.warnings).
+    warnings: tuple[TraceWarning, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,9 @@ def _has_escaped_nul(text: str) -> bool:
     return False
 
 
-def to_stored(trace: TraceV1, prefix: tuple[str | int, ...] = ()) -> StoredTrace:
+def to_stored(
+    trace: TraceV1, prefix: tuple[str | int, ...] = (), warnings: tuple[TraceWarning, ...] = ()
+) -> StoredTrace:
     """Serialize a validated trace for storage; refuse what Postgres cannot hold (NUL)."""
     # Bytes straight from the Rust serializer (model_dump_json would decode them to str, and
     # the size would need an encode back).
@@ -350,11 +355,15 @@ def to_stored(trace: TraceV1, prefix: tuple[str | int, ...] = ()) -> StoredTrace
         error_kind=error.kind if error is not None else None,
         started_at=trace.started_at,
         ended_at=trace.ended_at,
+        warnings=warnings,
     )
 
 
-def validate_trace(item: Any, prefix: tuple[str | int, ...] = ()) -> StoredTrace:
-    """Validate one decoded trace; raise :class:`IngestError` (422) listing each bad field."""
+def validate_trace(
+    item: Any, prefix: tuple[str | int, ...] = (), screen: Screen | None = None
+) -> StoredTrace:
+    """Validate one decoded trace; raise :class:`IngestError` (422) listing each bad field.
+    ``screen``: the loop's warnings (services.ingest.warnings), kept on the stored trace."""
     try:
         # The validator itself: model_validate's wrapper costs ~0.3 µs per trace.
         trace: TraceV1 = TraceV1.__pydantic_validator__.validate_python(item)
@@ -365,7 +374,7 @@ def validate_trace(item: Any, prefix: tuple[str | int, ...] = ()) -> StoredTrace
             "the trace does not match ratchet.trace/v1",
             field_errors(exc, prefix),
         ) from None
-    return to_stored(trace, prefix)
+    return to_stored(trace, prefix, tuple(screen(trace)) if screen is not None else ())
 
 
 def decode_json(body: bytes) -> Any:
@@ -394,11 +403,12 @@ def _item_external_id(item: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def parse_native(body: bytes, *, max_batch: int) -> ParsedBody:
+def parse_native(body: bytes, *, max_batch: int, screen: Screen | None = None) -> ParsedBody:
     """Parse a webhook body: one trace, or ``{"traces": [...]}`` validated item by item.
 
     A single invalid trace is a 422; in a batch, invalid items are rejected one by one and
-    the valid ones go on, unless no item is valid (then the whole request is a 422).
+    the valid ones go on, unless no item is valid (then the whole request is a 422). Each
+    valid trace is run through ``screen`` (the loop's warnings), if given.
     """
     data = decode_json(body)
     if not isinstance(data, dict):
@@ -409,13 +419,13 @@ def parse_native(body: bytes, *, max_batch: int) -> ParsedBody:
             [{"path": "(root)", "message": f"got a JSON {type(data).__name__}"}],
         )
     if "traces" in data and "schema" not in data:
-        return _parse_batch(data, max_batch=max_batch)
+        return _parse_batch(data, max_batch=max_batch, screen=screen)
     parsed = ParsedBody(batch=False, total=1)
-    parsed.traces.append((0, validate_trace(data)))
+    parsed.traces.append((0, validate_trace(data, screen=screen)))
     return parsed
 
 
-def _parse_batch(data: dict[str, Any], *, max_batch: int) -> ParsedBody:
+def _parse_batch(data: dict[str, Any], *, max_batch: int, screen: Screen | None) -> ParsedBody:
     extra = sorted(key for key in data if key != "traces")
     items = data["traces"]
     if extra or not isinstance(items, list) or not items:
@@ -434,7 +444,7 @@ def _parse_batch(data: dict[str, Any], *, max_batch: int) -> ParsedBody:
     parsed = ParsedBody(batch=True, total=len(items))
     for index, item in enumerate(items):
         try:
-            parsed.traces.append((index, validate_trace(item, ("traces", index))))
+            parsed.traces.append((index, validate_trace(item, ("traces", index), screen)))
         except IngestError as exc:
             parsed.rejected.append(
                 Rejection(index, _item_external_id(item), exc.message, exc.fields)

@@ -21,6 +21,7 @@ from services.ingest.credentials import CredentialCache, IngestLoop, LoopKeys, T
 from services.ingest.errors import IngestError
 from services.ingest.schema import Rejection, StoredTrace
 from services.ingest.signature import SignatureError, SignedHeaders, parse_headers, verify
+from services.ingest.warnings import TraceWarning
 from services.ingest.writer import GroupCommitWriter, StorageUnavailable, TraceRow, WriteStatus
 from services.loop.states import LoopLifecycle
 from services.metrics import (
@@ -50,6 +51,7 @@ class ItemOutcome:
     trace_id: int | None = None
     reason: str | None = None
     fields: list[dict[str, str]] = field(default_factory=list)
+    warnings: tuple[TraceWarning, ...] = ()
 
 
 def conninfo_from_engine(engine: Engine) -> str:
@@ -178,7 +180,15 @@ class IngestService:
             INGEST_REJECTED.labels(loop_name, source, "unavailable").inc(len(rows))
             raise
         results = [
-            ItemOutcome(index, trace.external_id, outcome.status, outcome.trace_id, outcome.reason)
+            ItemOutcome(
+                index,
+                trace.external_id,
+                outcome.status,
+                outcome.trace_id,
+                outcome.reason,
+                # A duplicate's warnings would be about a body that was not stored.
+                warnings=trace.warnings if outcome.status == WriteStatus.ACCEPTED else (),
+            )
             for (index, trace), outcome in zip(traces, outcomes, strict=True)
         ]
         counts = Counter(outcome.status for outcome in outcomes)  # one metric update per kind

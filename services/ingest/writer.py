@@ -42,6 +42,8 @@ from services.db.queries.traces import (
     INSERT_FROM_STAGE_SQL,
     INSERT_TRACE_SQL,
     STAGE_TYPES,
+    STAGED_IDS_SQL,
+    TRACE_ID_SQL,
 )
 from services.ingest.errors import IngestError
 from services.ingest.schema import StoredTrace
@@ -122,7 +124,8 @@ class TraceRow:
 # one of these is built per trace on the ingest hot path. Treat instances as read-only.
 @dataclass(slots=True)
 class WriteOutcome:
-    """What happened to one trace: stored (with its row id), already there, or refused."""
+    """What happened to one trace: stored (with its row id), already there (with the id of
+    the row it repeats), or refused."""
 
     status: WriteStatus
     trace_id: int | None = None
@@ -344,9 +347,15 @@ class GroupCommitWriter:
                     (loop_id, external_id): tid
                     for tid, loop_id, external_id in await cursor.fetchall()
                 }
+                stored = inserted
+                if len(inserted) < len(unique):  # duplicates: the rows they repeat
+                    await cursor.execute(STAGED_IDS_SQL)
+                    stored = {
+                        (loop, external): tid for tid, loop, external in await cursor.fetchall()
+                    }
             refused: dict[int, str] = {}
         except _ROW_ERRORS:
-            inserted, refused = await self._insert_one_by_one(connection, rows, unique)
+            inserted, stored, refused = await self._insert_one_by_one(connection, rows, unique)
         outcomes = []
         for index, row in enumerate(rows):
             key = (row.loop_id, row.trace.external_id)
@@ -356,7 +365,7 @@ class GroupCommitWriter:
             elif first == index and key in inserted:
                 outcomes.append(WriteOutcome(WriteStatus.ACCEPTED, trace_id=inserted[key]))
             else:
-                outcomes.append(WriteOutcome(WriteStatus.DUPLICATE))
+                outcomes.append(WriteOutcome(WriteStatus.DUPLICATE, trace_id=stored.get(key)))
         return outcomes
 
     async def _insert_one_by_one(
@@ -364,9 +373,11 @@ class GroupCommitWriter:
         connection: psycopg.AsyncConnection[Any],
         rows: list[TraceRow],
         unique: list[tuple[tuple[int, str], int]],
-    ) -> tuple[dict[tuple[int, str], int], dict[int, str]]:
-        """The slow path after a row error: each row under its own savepoint."""
+    ) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], int], dict[int, str]]:
+        """The slow path after a row error: each row under its own savepoint. The rows
+        inserted, every stored row's id (duplicates' too), and the refused rows' reasons."""
         inserted: dict[tuple[int, str], int] = {}
+        stored: dict[tuple[int, str], int] = {}
         refused: dict[int, str] = {}
         async with connection.transaction():
             for key, index in unique:
@@ -374,9 +385,14 @@ class GroupCommitWriter:
                     async with connection.transaction():
                         cursor = await connection.execute(INSERT_TRACE_SQL, rows[index].values())
                         found = await cursor.fetchone()
+                        if found is None:  # a duplicate: the row it repeats
+                            cursor = await connection.execute(TRACE_ID_SQL, key)
+                            found = await cursor.fetchone()
+                        else:
+                            inserted[key] = found[0]
                 except _ROW_ERRORS as exc:
                     refused[index] = f"the database refused the trace: {exc.diag.message_primary}"
                     continue
                 if found is not None:
-                    inserted[key] = found[0]
-        return inserted, refused
+                    stored[key] = found[0]
+        return inserted, stored, refused

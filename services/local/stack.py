@@ -27,10 +27,14 @@ from typing import Any
 import httpx
 
 from services.cores import thread_budget, thread_env
+from services.local.banner import UpState, up_banner
 from services.local.binaries import temporal_cli_path
 from services.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+# The processes `ratchet up` runs (``ratchet <name>``), in the order they start.
+CHILDREN = ("api", "worker", "gateway")
 
 
 class StackError(RuntimeError):
@@ -271,6 +275,8 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     # The local admin token `ratchet up` generated or reused (shown in the banner), if any.
     generated_admin_token: str | None = None
+    # Whether the children log to <state>/logs/<name>.log (the banner says where).
+    log_to_files: bool = False
 
     def preflight(self) -> None:
         settings = self.settings
@@ -357,7 +363,7 @@ class Stack:
         """Run api, worker and gateway; their logs go to the terminal, or to
         <state>/logs/*.log."""
         env = self.child_environment()
-        for name in ("api", "worker", "gateway"):
+        for name in CHILDREN:
             output = None
             if log_to_files:
                 self.settings.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -373,17 +379,27 @@ class Stack:
                 output.close()
 
     def wait_api_ready(self, timeout: float = 60.0) -> None:
-        url = f"http://{self.settings.api_host}:{self.settings.api_port}/readyz"
+        self._wait_ready("api", self.settings.api_host, self.settings.api_port, timeout)
+
+    def wait_worker_ready(self, timeout: float = 120.0) -> None:
+        """The worker has started, so its startup lines come before the banner, not after."""
+        self._wait_ready("worker", self.settings.worker_host, self.settings.worker_port, timeout)
+
+    def wait_gateway_ready(self, timeout: float = 60.0) -> None:
+        self._wait_ready("gateway", self.settings.gateway_host, self.settings.gateway_port, timeout)
+
+    def _wait_ready(self, name: str, host: str, port: int, timeout: float) -> None:
+        url = f"http://{host}:{port}/readyz"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for name, child in self.children.items():
-                if child.poll() is not None:
-                    raise StackError(f"`ratchet {name}` exited with code {child.returncode}")
+            exited = self.first_exited_child()
+            if exited is not None:
+                raise StackError(f"`ratchet {exited[0]}` exited with code {exited[1]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=2).status_code == 200:
                     return
             time.sleep(0.3)
-        raise StackError(f"the api did not become ready at {url} within {timeout:.0f}s")
+        raise StackError(f"the {name} did not become ready at {url} within {timeout:.0f}s")
 
     def first_exited_child(self) -> tuple[str, int] | None:
         for name, child in self.children.items():
@@ -405,35 +421,15 @@ class Stack:
             self.postgres.stop()
 
     def banner(self) -> str:
-        settings = self.settings
-        api = f"http://{settings.api_host}:{settings.api_port}"
-        lines = [
-            "Ratchet is up.",
-            f"  Gateway (agents)  {settings.gateway_base_url}/v1  (OpenAI base_url; api_key: the "
-            "loop's gateway key)",
-            f"  API + webhook     {api}  (OpenAPI: {api}/docs)",
-            f"  Loop dashboard    {api}/",
-            f"  Metrics           {api}/metrics  and  "
-            f"http://{settings.worker_host}:{settings.worker_port}/metrics (worker)",
-        ]
-        ui = settings.effective_temporal_ui_url
-        if ui:
-            lines.append(f"  Temporal Web UI   {ui}")
-        lines.append(f"  Temporal          {settings.effective_temporal_address}")
-        postgres = (
-            "embedded, " + str(settings.embedded_postgres_dir) if self.postgres else "external"
+        """Where everything is (services.local.banner)."""
+        up = UpState(
+            embedded_postgres=self.postgres is not None,
+            embedded_temporal=self.temporal is not None,
+            children=CHILDREN,
+            log_to_files=self.log_to_files,
+            generated_admin_token=self.generated_admin_token,
         )
-        lines.append(f"  Postgres          {postgres}")
-        lines.append(f"  State             {settings.state_dir}")
-        if self.generated_admin_token:
-            from services.local.admin_token import token_path
-
-            lines.append(
-                f"  Admin token       {self.generated_admin_token}  "
-                f"(kept in {token_path(settings.state_dir)}; the CLI here finds it)"
-            )
-        lines.append("Press Ctrl-C to stop.")
-        return "\n".join(lines)
+        return up_banner(self.settings, up)
 
 
 def with_local_admin_token(settings: Settings) -> tuple[Settings, str | None]:
@@ -524,10 +520,13 @@ def stop_children_on_signals(redeliver_s: float = 1.0) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_up(settings: Settings, *, announce: Callable[[str], None]) -> int:
-    """Start everything, ``announce`` where it is (the CLI prints it), and supervise until
-    Ctrl-C or a child dies."""
-    stack = Stack(settings)
+def run_up(
+    settings: Settings, *, announce: Callable[[str], None], log_to_files: bool = False
+) -> int:
+    """Start everything, ``announce`` where it is (the CLI prints it) once api, worker and
+    gateway are ready, and supervise until Ctrl-C or a child dies. ``log_to_files``: they
+    log to <state>/logs/*.log instead of this process's output."""
+    stack = Stack(settings, log_to_files=log_to_files)
     stack.preflight()  # first: a state dir that cannot hold the token is named as such
     stack.settings, stack.generated_admin_token = with_local_admin_token(settings)
     stack.settings = with_local_serve_keys(stack.settings)
@@ -542,8 +541,10 @@ def run_up(settings: Settings, *, announce: Callable[[str], None]) -> int:
     try:
         stack.start_servers()
         stack.migrate()
-        stack.start_children()
+        stack.start_children(log_to_files=log_to_files)
         stack.wait_api_ready()
+        stack.wait_worker_ready()
+        stack.wait_gateway_ready()
         announce(stack.banner())
         # From here Ctrl-C is a stop like SIGTERM. A terminal sends it to the whole process
         # group, so api and worker get it too and may exit first: that is the stop the user

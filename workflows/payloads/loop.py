@@ -105,6 +105,9 @@ class LoopStatus:
     waiting_for: str | None
     last_outcome: str | None
     cycles_done: int
+    # While the loop waits for a trigger: when its next check (which curates first) is due,
+    # ISO 8601 UTC. Added later: a worker without it answers without the field.
+    next_check_at: str | None = None
 
 
 @dataclass

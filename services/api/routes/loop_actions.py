@@ -14,25 +14,41 @@ from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from services.api.deps import AdminDep, SessionDep, SettingsDep, TemporalDep
+from services.api.deps import (
+    AdminDep,
+    SessionDep,
+    SettingsDep,
+    StateDep,
+    TemporalDep,
+    get_temporal,
+)
 from services.api.errors import ApiError
 from services.api.loop_control import signal_loop, start_loop_workflow
 from services.api.routes.loops import loop_or_404
+from services.api.schemas.loops import NextCyclePublic
+from services.api.state import AppState
 from services.artifacts import ArtifactStore, uri_to_path
 from services.checkpoints import install_checkpoint, record_checkpoint
 from services.db.models import Loop
 from services.db.queries.cycles import current_open_cycle, last_rollback_record
+from services.loop.next_cycle import (
+    WorkflowClock,
+    WorkflowState,
+    read_next_cycle,
+    run_now_note,
+    run_now_refusal,
+)
 from services.loop.promotions import operator_promotion
-from services.loop.states import Decision, LoopLifecycle, PromotionStatus
-from services.settings import Settings
+from services.loop.states import CycleStage, Decision, LoopLifecycle, PromotionStatus
 from services.training.checkpoint_manifest import CheckpointError
 from workflows.ids import loop_workflow_id
 from workflows.loop import LoopWorkflow
 from workflows.payloads.loop import (
     ApprovalSignal,
+    LoopStatus,
     PauseSignal,
     ResumeSignal,
     RollbackSignal,
@@ -55,6 +71,9 @@ class ActionOut(BaseModel):
     action: str
     workflow_id: str
     status: str
+    note: str | None = Field(
+        default=None, description="run-now: what the cycle will likely lack (no eval task)"
+    )
 
 
 class RollbackOut(BaseModel):
@@ -80,6 +99,9 @@ class LoopStatusOut(BaseModel):
     last_outcome: str | None = None
     cycles_done: int | None = None
     last_rollback: RollbackOut | None = None
+    next_cycle: NextCyclePublic | None = Field(
+        default=None, description="What the loop's next cycle waits for"
+    )
 
 
 # Each action's signal handler, by reference (a renamed handler breaks here, at import, not
@@ -195,13 +217,10 @@ async def start(
 
 
 async def _act(
-    loop: str,
-    action: str,
-    session: Any,
-    settings: Settings,
-    client: Client,
-    body: ActionIn | None,
+    loop: str, action: str, session: Any, state: AppState, body: ActionIn | None
 ) -> ActionOut:
+    """Check, record and signal one action. Temporal is reached last, so a missing loop or
+    a run-now that cannot train is answered as such even while Temporal is down."""
     row = loop_or_404(session, loop)
     body = body or ActionIn()
     handler: Callable[..., None]
@@ -211,28 +230,40 @@ async def _act(
     else:
         handler, signal_type = _SIGNALS[action]
         arg = signal_type(reason=body.reason) if body.reason else signal_type()
+    note = _check_run_now(session, row) if action == "run-now" else None
     if action == "pause":
         row.status, row.status_reason = LoopLifecycle.PAUSED, body.reason or "paused by operator"
     elif action == "resume":
         row.status, row.status_reason = LoopLifecycle.ACTIVE, None
     session.flush()
-    await signal_loop(client, settings, loop, handler, arg)
+    client = await get_temporal(state)
+    await signal_loop(client, state.settings, loop, handler, arg)
     return ActionOut(
-        loop=loop, action=action, workflow_id=loop_workflow_id(loop), status="signalled"
+        loop=loop,
+        action=action,
+        workflow_id=loop_workflow_id(loop),
+        status="signalled",
+        note=note,
     )
+
+
+def _check_run_now(session: Any, loop: Loop) -> str | None:
+    """Refuse a run-now that cannot train (no champion: 409 saying how to get one); else
+    what its cycle will likely lack, for the answer's ``note``."""
+    next_cycle = read_next_cycle(session=session, loop=loop)
+    refusal = run_now_refusal(next_cycle)
+    if refusal is not None:
+        raise ApiError(409, "no_champion", refusal)
+    return run_now_note(next_cycle)
 
 
 def _action_route(action: str, summary: str) -> None:
     """One explicit route per action, so no catch-all can shadow other loop routes."""
 
     async def endpoint(
-        loop: str,
-        session: SessionDep,
-        settings: SettingsDep,
-        client: TemporalDep,
-        body: ActionIn | None = None,
+        loop: str, session: SessionDep, state: StateDep, body: ActionIn | None = None
     ) -> ActionOut:
-        return await _act(loop, action, session, settings, client, body)
+        return await _act(loop, action, session, state, body)
 
     endpoint.__name__ = f"loop_{action.replace('-', '_')}"
     router.add_api_route(
@@ -277,17 +308,35 @@ async def status(loop: str, session: SessionDep, client: TemporalDep) -> LoopSta
             else None
         ),
     )
+    next_cycle = read_next_cycle(session=session, loop=row)
+    clock = WorkflowClock(WorkflowState.NOT_RUNNING)
     handle = client.get_workflow_handle(workflow_id)
     try:
         description = await handle.describe()
     except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return out
-        raise
-    out.workflow_status = description.status.name if description.status else None
-    if description.status == WorkflowExecutionStatus.RUNNING:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        description = None
+    if description is not None:
+        out.workflow_status = description.status.name if description.status else None
+    if description is not None and description.status == WorkflowExecutionStatus.RUNNING:
         live = await handle.query(LoopWorkflow.status)
         out.stage, out.cycle, out.paused = live.stage, live.cycle, live.paused
         out.waiting_for, out.last_outcome = live.waiting_for, live.last_outcome
         out.cycles_done = live.cycles_done
+        clock = workflow_clock(live)
+    out.next_cycle = NextCyclePublic.of(next_cycle, clock, now=dt.datetime.now(dt.UTC))
     return out
+
+
+def workflow_clock(live: LoopStatus) -> WorkflowClock:
+    """The running workflow's status query as :class:`WorkflowClock`: paused, waiting for
+    a trigger (with its next check, from a worker that reports it), or in a cycle."""
+    if live.paused or live.stage == CycleStage.PAUSED:
+        return WorkflowClock(WorkflowState.PAUSED)
+    if live.stage in (CycleStage.WAITING, CycleStage.STARTING):
+        due = live.next_check_at
+        return WorkflowClock(
+            WorkflowState.WAITING, next_check_at=dt.datetime.fromisoformat(due) if due else None
+        )
+    return WorkflowClock(WorkflowState.IN_CYCLE, cycle=live.cycle)

@@ -11,7 +11,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session
 
@@ -24,14 +24,17 @@ from services.api.schemas.loops import (
     LoopConfigChange,
     LoopConfigVersionPublic,
     LoopCreate,
+    LoopCreateCheck,
     LoopCreated,
     LoopDetail,
     LoopPatch,
     LoopPublic,
+    NextCyclePublic,
     RotateRequest,
     RotateResult,
 )
 from services.api.schemas.traces import CurationCountPublic
+from services.api.state import AppState
 from services.db.models import Loop
 from services.db.queries.credentials import active_credentials
 from services.db.queries.errors import NotFound
@@ -49,6 +52,7 @@ from services.db.queries.loops import (
 from services.db.queries.traces import curation_counts
 from services.ingest.provisioning import ProvisionedLoop, provision_loop, rotate_credential
 from services.loop.config import POLICY_KEYS, Change, diff, merge_patch
+from services.loop.next_cycle import database_clock, read_next_cycle
 from services.loop.policies import (
     GatePolicy,
     ServingTarget,
@@ -105,14 +109,15 @@ def _check_environment(name: str) -> None:
 
     known = environment_names()
     if name not in known:
-        # The field's message carries the list too: clients that print the fields (the CLI
-        # does) must still say which environments there are.
+        # The field's message carries the value and the list too: clients that print the
+        # fields (the CLI does) must still say what was refused and which environments exist.
         listed = ", ".join(sorted(known))
+        refused = f"{name!r} is not installed; known: {listed}"
         raise ApiError(
             422,
             "unknown_environment",
-            f"environment {name!r} is not installed; known: {listed}",
-            fields=[{"path": "environment", "message": f"unknown environment; known: {listed}"}],
+            f"environment {refused}",
+            fields=[{"path": "environment", "message": refused}],
         )
 
 
@@ -194,24 +199,25 @@ def _check_loop_jobs(
     return warnings
 
 
-@router.post("", status_code=201, summary="Create a loop, its ingest credentials and workflow")
-async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
+def _checked_creation(body: LoopCreate, settings: Settings) -> tuple[LoopFields, list[str]]:
+    """Every check a new loop passes (422 naming the field), and what its executor will
+    ignore; a creation and its dry run make the same ones."""
     _check_environment(body.environment)
-    _check_curation_policy(body.curation_policy, state.settings)
-    endpoint_errors = _serving_endpoint_errors(body.serving_target, state.settings)
+    _check_curation_policy(body.curation_policy, settings)
+    endpoint_errors = _serving_endpoint_errors(body.serving_target, settings)
     if endpoint_errors:
         raise ApiError(
             422, "unknown_serving_endpoint", endpoint_errors[0]["message"], fields=endpoint_errors
         )
     warnings = _check_loop_jobs(
-        body.executor or state.settings.executor,
+        body.executor or settings.executor,
         body.training_profile.model_dump(mode="json"),
-        state.settings,
+        settings,
     )
     fields = LoopFields(
         name=body.name,
         environment=body.environment,
-        executor=body.executor or state.settings.executor,
+        executor=body.executor or settings.executor,
         training_profile=_given(body.training_profile),
         serving_target=_given(body.serving_target),
         gate_policy=_given(body.gate_policy),
@@ -220,6 +226,44 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
         budget_usd=body.budget_usd,
         changed_by=body.changed_by or "admin-api",
     )
+    return fields, warnings
+
+
+def _name_taken(name: str) -> ApiError:
+    return ApiError(409, "loop_exists", f"a loop named {name!r} already exists")
+
+
+def _refuse_a_taken_name(state: AppState, name: str) -> None:
+    with state.session_factory() as session:
+        try:
+            require_loop(session=session, name=name)
+        except NotFound:
+            return
+    raise _name_taken(name)
+
+
+@router.post(
+    "",
+    status_code=201,
+    summary="Create a loop, its ingest credentials and workflow",
+    responses={200: {"description": "dry_run: the loop passed every check; nothing created"}},
+)
+async def create_loop(
+    body: LoopCreate,
+    state: StateDep,
+    response: Response,
+    dry_run: bool = Query(default=False, description="make every check, create nothing"),
+) -> LoopCreated | LoopCreateCheck:
+    fields, warnings = _checked_creation(body, state.settings)
+    if dry_run:
+        await asyncio.to_thread(_refuse_a_taken_name, state, body.name)
+        response.status_code = 200
+        return LoopCreateCheck(
+            name=body.name,
+            environment=fields.environment,
+            executor=fields.executor,
+            warnings=warnings,
+        )
 
     def provision() -> tuple[dict[str, object], ProvisionedLoop]:
         # Its own transaction: the workflow starts only once the loop is committed.
@@ -233,7 +277,7 @@ async def create_loop(body: LoopCreate, state: StateDep) -> LoopCreated:
     try:
         public, created = await asyncio.to_thread(provision)
     except LoopNameTaken:
-        raise ApiError(409, "loop_exists", f"a loop named {body.name!r} already exists") from None
+        raise _name_taken(body.name) from None
     if state.ingest is not None:
         state.ingest.credentials.invalidate(body.name)  # its webhook works at once in this process
     started = True
@@ -285,6 +329,11 @@ def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
             )
             for c in curation_counts(session=session, loop_id=row.id)
         ],
+        next_cycle=NextCyclePublic.of(
+            read_next_cycle(session=session, loop=row),
+            database_clock(session=session, loop=row),
+            now=dt.datetime.now(dt.UTC),
+        ),
     )
 
 

@@ -37,6 +37,7 @@ from services.ingest.service import (
     ItemOutcome,
     conninfo_from_engine,
 )
+from services.ingest.warnings import screen_for
 from services.ingest.writer import StorageUnavailable
 
 SOURCE = "webhook"
@@ -134,6 +135,10 @@ def answer_json(outcomes: list[ItemOutcome]) -> bytes:
                     "reason": o.reason,
                     # FieldError's keys, in its order (field_errors writes them so)
                     "fields": [{"path": f["path"], "message": f["message"]} for f in o.fields],
+                    # TraceWarningPublic's keys, in its order
+                    "warnings": [
+                        {"code": w.code, "path": w.path, "message": w.message} for w in o.warnings
+                    ],
                 }
                 for o in outcomes
             ],
@@ -196,7 +201,11 @@ async def ingest_webhook(
         service.count_bytes(SOURCE, len(body))
         keys = await service.verify_signature(found, signed, body)
         service.check_accepts_traces(keys)
-        parsed = parse_native(body, max_batch=service.settings.ingest_max_batch)
+        parsed = parse_native(
+            body,
+            max_batch=service.settings.ingest_max_batch,
+            screen=screen_for(keys.environment),
+        )
         outcomes = await service.store(
             loop_id=keys.loop_id,
             loop_name=keys.name,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -25,6 +25,9 @@ from services.loop.policies import (
     TrainingProfile,
     TriggerPolicy,
 )
+
+if TYPE_CHECKING:  # the module reads Postgres; a wire model needs only its fields
+    from services.loop.next_cycle import NextCycle, WorkflowClock
 
 LOOP_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 LoopName = Annotated[
@@ -141,6 +144,42 @@ class LoopPublic(BaseModel):
     otlp_traces_url: str = Field(description="OTLP/HTTP traces endpoint (Bearer ingest token)")
 
 
+class NextCyclePublic(BaseModel):
+    """What the loop's next cycle waits for (services.loop.next_cycle), with the counts."""
+
+    waits_for: list[str] = Field(
+        description="What the next cycle lacks, each with what to do; empty: nothing"
+    )
+    summary: str = Field(description="The same in one line")
+    new_train_tasks: int = Field(description="Curated train tasks no dataset holds yet")
+    min_new_tasks: int = Field(description="trigger_policy.min_new_tasks")
+    eval_tasks: int = Field(description="Eval tasks a snapshot can take (it needs one)")
+    has_champion: bool = Field(description="A cycle trains from the champion")
+    pending_traces: int = Field(description="Traces not curated yet")
+    curation: str | None = Field(
+        default=None, description="When the pending traces will be curated (None: none)"
+    )
+    next_check_at: dt.datetime | None = Field(
+        default=None,
+        description="When the loop's next trigger check (it curates first) is due, where the "
+        "loop's workflow said so",
+    )
+
+    @classmethod
+    def of(cls, next_cycle: NextCycle, clock: WorkflowClock, *, now: dt.datetime) -> Self:
+        return cls(
+            waits_for=next_cycle.waits_for(),
+            summary=next_cycle.summary(),
+            new_train_tasks=next_cycle.new_train_tasks,
+            min_new_tasks=next_cycle.min_new_tasks,
+            eval_tasks=next_cycle.eval_tasks,
+            has_champion=next_cycle.has_champion,
+            pending_traces=next_cycle.pending_traces,
+            curation=next_cycle.curation_note(clock, now=now),
+            next_check_at=clock.next_check_at,
+        )
+
+
 class LoopDetail(LoopPublic):
     """One loop with its traffic and active credentials."""
 
@@ -154,6 +193,9 @@ class LoopDetail(LoopPublic):
         default_factory=list,
         description="Traces by curation outcome and reason, each with an example trace "
         "(see GET /v1/loops/{loop}/traces?curation=...&reason=...)",
+    )
+    next_cycle: NextCyclePublic | None = Field(
+        default=None, description="What the loop's next cycle waits for"
     )
 
 
@@ -175,6 +217,20 @@ class LoopCreated(LoopPublic):
         default_factory=list,
         description="What the loop's executor ignores of its configuration (a job image on "
         "the local executor)",
+    )
+
+
+class LoopCreateCheck(BaseModel):
+    """``POST /v1/loops?dry_run=true``: the loop passed every check its creation makes;
+    nothing was created."""
+
+    name: str
+    dry_run: Literal[True] = True
+    environment: str
+    executor: str = Field(description="The executor it would use (the server's default if unset)")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the loop's executor would ignore of its configuration",
     )
 
 

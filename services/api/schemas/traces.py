@@ -16,6 +16,15 @@ class FieldError(BaseModel):
     message: str
 
 
+class TraceWarningPublic(BaseModel):
+    """An accepted trace that curation will reject, or cannot learn all of
+    (services.ingest.warnings lists the codes)."""
+
+    code: str = Field(description="no_tools, unlisted_tool", examples=["no_tools"])
+    path: str = Field(description="Dotted path of the field it is about, e.g. tools")
+    message: str
+
+
 class ItemResult(BaseModel):
     """What happened to one trace of the request."""
 
@@ -25,9 +34,18 @@ class ItemResult(BaseModel):
         description="accepted: stored now; duplicate: already stored, nothing changed; "
         "rejected: not stored, see reason"
     )
-    trace_id: int | None = Field(default=None, description="Row id of a newly stored trace")
+    trace_id: int | None = Field(
+        default=None,
+        description="Row id of the stored trace: the new row, or for a duplicate the one "
+        "stored before",
+    )
     reason: str | None = None
     fields: list[FieldError] = Field(default_factory=list)
+    warnings: list[TraceWarningPublic] = Field(
+        default_factory=list,
+        description="For an accepted trace: what the loop's curation will make of it that "
+        "the sender should know, e.g. no_tools (a replay loop rejects it)",
+    )
 
 
 class IngestResult(BaseModel):

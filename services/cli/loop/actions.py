@@ -11,7 +11,8 @@ from services.cli.loop.parsing import call, loop_command
 ACTIONS = {
     "pause": "pause the loop: no new cycle starts",
     "resume": "resume a paused loop",
-    "run-now": "start a cycle now, without waiting for a trigger",
+    "run-now": "start a cycle now, without waiting for a trigger (refused while the loop has "
+    "no champion to train from)",
     "approve": "approve the candidate waiting at a manual gate",
     "reject": "reject the candidate waiting at a manual gate",
     "rollback": "roll back to the champion before the last promotion",
@@ -65,4 +66,6 @@ def _action(args: argparse.Namespace) -> int:
         ),
     )
     print(f"{args.action}: {result['status']} ({result['workflow_id']})")
+    if result.get("note"):
+        print(f"note: {result['note']}")
     return 0

@@ -34,7 +34,9 @@ def register(commands: Any) -> None:
     )
     apply.add_argument("-f", "--file", required=True, help="loop file (YAML or JSON)")
     apply.add_argument(
-        "--dry-run", action="store_true", help="validate and print the diff, change nothing"
+        "--dry-run",
+        action="store_true",
+        help="make every check the apply would (on the api) and print the diff; change nothing",
     )
     apply.add_argument("--by", default=None, help="who makes the change (default: user@host)")
     apply.add_argument("--reason", default=None, help="why, kept in the loop's history")
@@ -124,33 +126,40 @@ def _document(loop: Any) -> dict[str, Any]:
 
 
 def _apply_create(args: argparse.Namespace, manifest: Any, by: str) -> int:
-    from services.cli import CliError
     from services.client import LoopPolicies
     from services.loop.config import diff
 
+    arguments = manifest.create_arguments()
     if args.dry_run:
-        from pydantic import ValidationError
-
-        from services.api.schemas.loops import LoopCreate
-
-        try:
-            LoopCreate.model_validate(
-                {"name": manifest.name, "environment": manifest.environment, **manifest.settings}
+        # The api makes every check the creation would (environment, endpoints, policies,
+        # the name), so a dry run fails where the real apply would, saying the same.
+        checked = call(
+            lambda client: client.check_new_loop(
+                manifest.name,
+                manifest.environment,
+                executor=arguments.get("executor"),
+                budget_usd=arguments.get("budget_usd"),
+                policies=LoopPolicies.of(arguments),
             )
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
-            raise CliError(f"invalid loop: {problems}", exit_code=1) from None
-        document = {"environment": manifest.environment, **manifest.create_arguments()}
+        )
+        document = {"environment": manifest.environment, **arguments}
         if args.json:
-            print(json.dumps({"loop": manifest.name, "dry_run": True, "create": document}))
+            print(
+                json.dumps(
+                    {
+                        "loop": manifest.name,
+                        "dry_run": True,
+                        "create": document,
+                        "warnings": checked.warnings,
+                    }
+                )
+            )
             return 0
         print_changes(diff({}, document))
+        print_warnings(checked.warnings)
         print(f"loop {manifest.name} would be created (dry run)")
         return 0
     check_secret_destination(args)
-    arguments = manifest.create_arguments()
     created = call(
         lambda client: client.create_loop(
             manifest.name,

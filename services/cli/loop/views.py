@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from services.api.schemas.loops import NextCyclePublic
 from services.cli.common import add_command
 from services.cli.loop.parsing import call, loop_command, print_model
 
@@ -20,7 +21,11 @@ def register(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="print a JSON array")
 
     show = loop_command(
-        commands, "show", _show, help="show a loop, its traffic and active credentials"
+        commands,
+        "show",
+        _show,
+        help="show a loop, its traffic, credentials, curation counts and what its next cycle "
+        "waits for",
     )
     show.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -74,8 +79,24 @@ def _show(args: argparse.Namespace) -> int:
         until = f"expires {credential.expires_at}" if credential.expires_at else "no expiry"
         print(f"  credential   {credential.kind} created {credential.created_at}, {until}")
     _print_curation(loop)
+    _print_next_cycle(loop.next_cycle)
     _print_serving_ledger(call(lambda client: client.serving_ledger(args.name)))
     return 0
+
+
+def _print_next_cycle(next_cycle: NextCyclePublic | None) -> None:
+    """What the next cycle waits for, one line each with what to do, and when the traces
+    not curated yet will be (services.loop.next_cycle words them)."""
+    if next_cycle is None:  # an api from before the field
+        return
+    if next_cycle.waits_for:
+        print("  next cycle   waits for")
+        for line in next_cycle.waits_for:
+            print(f"    - {line}")
+    else:
+        print(f"  next cycle   waits for {next_cycle.summary}")
+    if next_cycle.curation:
+        print(f"  pending      {next_cycle.curation}")
 
 
 def _print_serving_ledger(ledger: ServingLedgerPublic) -> None:
@@ -147,6 +168,8 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  waiting for  {status.get('waiting_for') or '-'}")
         print(f"  last outcome {status.get('last_outcome') or '-'}")
         print(f"  cycles done  {status.get('cycles_done')}")
+    if status.get("next_cycle"):
+        _print_next_cycle(NextCyclePublic.model_validate(status["next_cycle"]))
     rollback = status.get("last_rollback")
     if rollback:
         print(f"  rollback     {rollback['status']} {rollback['decided_at']}: {rollback['reason']}")

@@ -400,6 +400,17 @@ def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: 
     )
 
 
+def count_eval_tasks(*, session: Session, loop_id: int) -> int:
+    """Eval tasks a snapshot can take (not pinned: pinned ones are regression tasks)."""
+    return int(
+        session.execute(
+            select(func.count()).where(
+                Task.loop_id == loop_id, Task.split == "eval", Task.pinned.is_(False)
+            )
+        ).scalar_one()
+    )
+
+
 @dataclass(frozen=True)
 class SplitMember:
     """A task that may enter a dataset, without its spec (cheap to list by the thousand)."""

@@ -88,6 +88,13 @@ INSERT_TRACE_SQL = (
     "ON CONFLICT (loop_id, external_id) DO NOTHING "
     "RETURNING id, loop_id, external_id"
 )
+# The rows the staged traces repeat (run when some were not inserted): a duplicate's answer
+# names the trace already stored.
+STAGED_IDS_SQL = (
+    "SELECT t.id, t.loop_id, t.external_id FROM traces AS t "
+    "JOIN ingest_stage AS s USING (loop_id, external_id)"
+)
+TRACE_ID_SQL = "SELECT id FROM traces WHERE loop_id = %s AND external_id = %s"
 
 
 @dataclass(frozen=True)

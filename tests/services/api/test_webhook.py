@@ -116,7 +116,8 @@ def test_a_repost_is_a_duplicate_and_never_a_second_row(
     client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
 ) -> None:
     trace = make_trace("ep-dup")
-    assert post(client, loop, trace).json()["accepted"] == 1
+    first = post(client, loop, trace).json()
+    assert first["accepted"] == 1
     again = post(client, loop, make_trace("ep-dup", metadata={"changed": True}))
 
     assert again.status_code == 200
@@ -125,9 +126,10 @@ def test_a_repost_is_a_duplicate_and_never_a_second_row(
             "index": 0,
             "external_id": "ep-dup",
             "status": "duplicate",
-            "trace_id": None,
+            "trace_id": first["results"][0]["trace_id"],  # the trace stored before
             "reason": None,
             "fields": [],
+            "warnings": [],
         }
     ]
     [row] = stored(session_factory)
@@ -161,6 +163,9 @@ def test_a_batch_reports_each_item(
     assert (answer["accepted"], answer["duplicates"], answer["rejected"]) == (2, 2, 1)
     assert answer["results"][2]["fields"][0]["path"] == "traces.2.outcome.success"
     assert sorted(r.external_id for r in stored(session_factory)) == ["new-1", "new-2", "old"]
+    ids = {r.external_id: r.id for r in stored(session_factory)}
+    trace_ids = [r["trace_id"] for r in answer["results"]]
+    assert trace_ids == [ids["new-1"], ids["old"], None, ids["new-2"], ids["new-2"]]
 
 
 def test_a_gzip_body_is_accepted_signed_over_the_uncompressed_json(

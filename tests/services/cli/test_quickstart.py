@@ -126,6 +126,10 @@ def test_the_quickstart_verbatim(
     shown = bash(as_written(see, api_url, replay), shell_env, work)
     for external_id in TRACES:
         assert external_id in shown
+    # `ratchet loop show` says what the next cycle waits for, in the doc's words.
+    [waits_for] = [text for lang, text in sections()["6"] if lang == "text"]
+    for line in waits_for.splitlines():
+        assert line.strip() in shown, f"{line.strip()!r} not in:\n{shown}"
     listing = httpx.get(f"{api_url}/v1/loops/myloop/traces", headers=ADMIN, timeout=30).json()
     verdicts = {t["external_id"]: t for t in listing["traces"]}
     assert set(verdicts) == set(TRACES)

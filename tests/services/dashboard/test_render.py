@@ -10,6 +10,7 @@ import pytest
 from jinja2 import UndefinedError
 
 from services.dashboard.render import (
+    code_spans,
     duration,
     environment,
     interval,
@@ -83,3 +84,11 @@ def test_static_urls_are_versioned_by_content() -> None:
     assert static_url("dashboard.js") == f"/static/dashboard/dashboard.js?v={digest}"
     with pytest.raises(KeyError, match="unknown static file"):
         static_url("../settings.py")
+
+
+def test_code_spans_escape_the_text_and_mark_the_commands() -> None:
+    assert str(code_spans("run `ratchet loop start <x>` & wait")) == (
+        "run <code>ratchet loop start &lt;x&gt;</code> &amp; wait"
+    )
+    assert str(code_spans("an unpaired ` backtick <b>")) == "an unpaired ` backtick &lt;b&gt;"
+    assert str(code_spans("`a` and `b")) == "<code>a</code> and `b"

@@ -82,6 +82,10 @@ async def test_duplicates_in_and_across_groups(
 
     assert [o.status for o in first] == ["accepted", "accepted", "duplicate"]
     assert [o.status for o in second] == ["duplicate", "accepted"]
+    # A duplicate names the row it repeats, in its own group or an earlier one.
+    a, b = first[0].trace_id, first[1].trace_id
+    assert a is not None and b is not None and a != b
+    assert (first[2].trace_id, second[0].trace_id) == (a, b)
     with session_factory() as session:
         assert trace_stats(session=session, loop_id=loop_id).count == 3
 
@@ -99,6 +103,21 @@ async def test_a_row_postgres_refuses_is_rejected_alone(
     assert outcomes[1].reason is not None and "refused" in outcomes[1].reason
     with session_factory() as session:
         assert trace_stats(session=session, loop_id=loop_id).count == 2
+
+
+async def test_the_row_by_row_path_names_the_row_a_duplicate_repeats(
+    engine: Engine, loop_id: int
+) -> None:
+    missing_loop = loop_id + 1000  # forces the row-by-row path for the whole group
+    async with running_writer(engine) as writer:
+        [stored] = await writer.write([row(loop_id, "kept")])
+        outcomes = await writer.write(
+            [row(loop_id, "kept"), row(missing_loop, "orphan"), row(loop_id, "kept")]
+        )
+
+    assert [o.status for o in outcomes] == ["duplicate", "rejected", "duplicate"]
+    assert stored.trace_id is not None
+    assert [o.trace_id for o in outcomes] == [stored.trace_id, None, stored.trace_id]
 
 
 async def test_stop_writes_what_is_queued_then_refuses(

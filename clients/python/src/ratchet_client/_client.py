@@ -54,6 +54,17 @@ class IngestResult:
         for item in answer.get("results", []):
             self.results.append({**item, "index": int(item.get("index", 0)) + offset})
 
+    @property
+    def warnings(self) -> list[dict[str, Any]]:
+        """Each warning of an accepted trace, with the trace's index and external id: what
+        the loop's curation will make of it (``no_tools``: a replay loop rejects it;
+        ``unlisted_tool``: a call that cannot be replayed). Empty from an api before them."""
+        return [
+            {"index": item.get("index"), "external_id": item.get("external_id"), **warning}
+            for item in self.results
+            for warning in item.get("warnings") or []
+        ]
+
 
 @dataclass(frozen=True)
 class FeedbackResult:

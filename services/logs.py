@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
+from services.chat.text import valid_json, valid_text
+
 _CONTEXT: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "ratchet_log_context", default=MappingProxyType({})
 )
@@ -60,7 +62,7 @@ class JsonFormatter(logging.Formatter):
             payload.update(extra)
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
-        return json.dumps(payload, default=str)
+        return json.dumps(valid_json(payload), default=str)  # model text in a message too
 
 
 class TextFormatter(logging.Formatter):
@@ -78,7 +80,7 @@ class TextFormatter(logging.Formatter):
             base += f"  [{ids}]"
         if record.exc_info:
             base += "\n" + self.formatException(record.exc_info)
-        return base
+        return valid_text(base)
 
 
 def configure_logging(

@@ -4,6 +4,12 @@ The champion pointer moves only when the canary holds. During the window, live o
 from ingested traces of the new version are compared with the previous champion's; a
 significant drop (the upper end of the new version's Wilson interval below the old rate
 minus the tolerance) rolls back to the previous champion. Id ``loop/<name>/cycle/<n>/promote``.
+
+Restoring the previous champion (after a failed deploy or a live regression) is itself a
+deploy that can fail (the server is down, its proof of delivery refuses). It no longer
+fails the workflow (behind :data:`RESTORE_GUARD_PATCH`, so histories recorded before keep
+replaying): the promotion ends ``failed`` and its reason says that the restore failed too,
+which an operator must see, since the server may still answer with the candidate.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
+# Issue 43: a restore that fails is recorded on the promotion instead of failing the workflow.
+RESTORE_GUARD_PATCH = "promote-guarded-restore"
+
+
 @workflow.defn
 class PromoteWorkflow:
     def __init__(self) -> None:
@@ -47,7 +57,7 @@ class PromoteWorkflow:
             )
         except ActivityError as exc:
             reason = f"deploy of the candidate failed: {exc.cause or exc}"
-            await self._restore_previous(input)
+            reason += await self._restore_previous(input)
             await self._set_status(input, PromotionStatus.FAILED, reason=reason)
             return PromoteResult(status=PromotionStatus.FAILED, reason=reason)
 
@@ -92,23 +102,44 @@ class PromoteWorkflow:
         self, input: PromoteInput, baseline: LiveStats, latest: LiveStats
     ) -> PromoteResult:
         self.phase = "rolling_back"
-        reason = (
+        regression = (
             f"live regression: {_rate(latest)} on {latest.n} traces (interval up to "
-            f"{(latest.ci_high or 0) * 100:.1f}%) against {_rate(baseline)} before; "
-            f"rolled back to {input.previous_checkpoint_id}"
+            f"{(latest.ci_high or 0) * 100:.1f}%) against {_rate(baseline)} before"
         )
-        await self._restore_previous(input)
+        reason = f"{regression}; rolled back to {input.previous_checkpoint_id}"
+        restore_failed = await self._restore_previous(input)
+        if restore_failed:  # the candidate may still be serving: not a rollback
+            reason = regression + restore_failed
+            await self._set_status(input, PromotionStatus.FAILED, reason=reason)
+            self.phase = "failed"
+            return _after_canary(PromotionStatus.FAILED, reason, baseline, latest)
         await self._set_status(
             input, PromotionStatus.ROLLED_BACK, reason=reason, timestamp_field="rolled_back_at"
         )
         self.phase = "rolled_back"
         return _after_canary(PromotionStatus.ROLLED_BACK, reason, baseline, latest)
 
-    async def _restore_previous(self, input: PromoteInput) -> None:
-        if input.previous_checkpoint_id and input.previous_uri:
+    async def _restore_previous(self, input: PromoteInput) -> str:
+        """Deploy the previous champion again; "" when it is served (or there is none), else
+        what went wrong, for the promotion's reason (see the module)."""
+        if not (input.previous_checkpoint_id and input.previous_uri):
+            return ""
+        if not workflow.patched(RESTORE_GUARD_PATCH):
             await self._deploy(
                 input, input.previous_checkpoint_id, input.previous_uri, purpose="restore"
             )
+            return ""
+        try:
+            await self._deploy(
+                input, input.previous_checkpoint_id, input.previous_uri, purpose="restore"
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("restoring the previous champion failed: %s", exc.cause or exc)
+            return (
+                f"; restoring the previous champion {input.previous_checkpoint_id[:12]} "
+                f"failed too: {exc.cause or exc}"
+            )
+        return ""
 
     async def _deploy(
         self, input: PromoteInput, checkpoint_id: str, uri: str, *, purpose: str

@@ -108,6 +108,25 @@ class BodyLimitMiddleware:
         return f"the request body is over the limit of {self.limit} bytes"
 
 
+class NulInUrlMiddleware:
+    """Refuse a URL whose path or query holds a NUL character (``%00``) with a 400, before
+    any route reads it. Postgres ``text`` cannot hold NUL: a loop name, a trace's external
+    id or a listing filter carrying one reached a query and failed it as a 500 (found by
+    the hostile pass of issue 43). No name, id or filter Ratchet stores can hold one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (
+            "\x00" in scope.get("path", "") or b"%00" in scope.get("query_string", b"")
+        ):
+            message = "the URL holds a NUL character (%00), which no name, id or filter can"
+            await _refuse(send, 400, "invalid_url", message)
+            return
+        await self.app(scope, receive, send)
+
+
 async def _refuse(send: Send, status: int, code: str, message: str) -> None:
     response = JSONResponse(error_body(code, message), status_code=status)
     await response({"type": "http"}, _no_body, send)
@@ -170,6 +189,7 @@ def create_app(settings: Settings, *, state: AppState | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.api_max_body_bytes)
+    app.add_middleware(NulInUrlMiddleware)
     app.add_middleware(HttpMetricsMiddleware)
     plain_routes = [route for module in modules for route in getattr(module, "plain_routes", ())]
     app.router.routes[:0] = plain_routes  # ahead of FastAPI's own routes and every router

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -94,8 +94,10 @@ def curate_batch(
     limit: int,
     heartbeat: Callable[[], None] = lambda: None,
     pool: PreparePool | None = None,
+    only: Sequence[int] | None = None,
 ) -> BatchReport:
-    """Curate up to ``limit`` uncurated traces of ``loop`` (see the module docstring).
+    """Curate up to ``limit`` uncurated traces of ``loop`` (see the module docstring), of
+    ``only`` those when given (a failed batch curated again trace by trace).
 
     ``pool`` runs the per-trace work on several processes (see :mod:`.workers`); without
     one it runs here. The result is the same either way.
@@ -104,7 +106,11 @@ def curate_batch(
         raise ValueError("limit must be at least 1")
     report = BatchReport()
     with report.timed("lock"):
-        traces = trace_queries.lock_uncurated_traces(session=session, loop_id=loop.id, limit=limit)
+        traces = trace_queries.lock_uncurated_traces(
+            session=session, loop_id=loop.id, limit=limit, only=only
+        )
+        # An uncurated trace has no task link; one left behind would fail the batch.
+        trace_queries.unlink_traces(session=session, trace_ids=[t.id for t in traces])
     report.traces_seen = len(traces)
     report.more = len(traces) == limit
     if not traces:
@@ -132,18 +138,7 @@ def curate_batch(
                 session=session, loop_id=loop.id, after_id=traces[-1].id, limit=limit
             )
         pool.prefetch(replace(job, traces=upcoming))
-    verdicts: dict[int, trace_queries.Verdict] = {}
-    prepared: list[Prepared] = []
-    for result in results:
-        if isinstance(result, trace_queries.Verdict):
-            verdicts[result.trace_id] = result
-            if result.outcome == trace_queries.CurationOutcome.REJECTED:
-                report.rejected += 1
-                report.rejections[result.detail.split(":", 1)[0]] += 1
-            else:
-                report.skipped += 1
-        else:
-            prepared.append(result)
+    verdicts, prepared = _split(results, report)
     heartbeat()
     _store(
         session,
@@ -160,6 +155,26 @@ def curate_batch(
             session=session, verdicts=[verdicts[t.id] for t in traces]
         )
     return report
+
+
+def _split(
+    results: list[Prepared | trace_queries.Verdict], report: BatchReport
+) -> tuple[dict[int, trace_queries.Verdict], list[Prepared]]:
+    """The per-trace results as verdicts already reached (counted in ``report``) and the
+    traces that yielded a task, ready for deduplication."""
+    verdicts: dict[int, trace_queries.Verdict] = {}
+    prepared: list[Prepared] = []
+    for result in results:
+        if isinstance(result, trace_queries.Verdict):
+            verdicts[result.trace_id] = result
+            if result.outcome == trace_queries.CurationOutcome.REJECTED:
+                report.rejected += 1
+                report.rejections[result.detail.split(":", 1)[0]] += 1
+            else:
+                report.skipped += 1
+        else:
+            prepared.append(result)
+    return verdicts, prepared
 
 
 def _store(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from services.chat.text import load_job_json
 from services.db.models import Loop, Run
 from services.db.queries.replay import record_tool_responses, tool_schemas
 from services.db.queries.task_set_aside import UNANSWERABLE_CALLS, set_aside_tasks
@@ -155,7 +155,7 @@ def read_listed_tool_answers(output_dir: Path, metrics: Mapping[str, Any]) -> li
         if not line.strip():
             continue
         try:
-            call = RecordedCall.from_dict(json.loads(line))
+            call = RecordedCall.from_dict(load_job_json(line))  # job output: storable text
         except (ValueError, RecursionError, StoreFileError) as exc:
             raise ToolOutcomeError(f"{TOOL_ANSWERS_FILE} line {number}: {exc}") from None
         if not call.tool or len(call.tool) > 64 or len(call.schema_hash) != 16:

@@ -20,6 +20,7 @@ from services.dashboard.lineage import serving_lineage
 from services.dashboard.links import CHILD_WORKFLOW_STAGES, RUN_KIND_STAGE, TemporalLinks
 from services.dashboard.logs_tail import read_logs_tail
 from services.dashboard.queries import (
+    PROMPT_PREVIEW_CHARS,
     LiveSeries,
     LoopEvent,
     failure_clusters,
@@ -351,6 +352,7 @@ def loop_context(
         "live_chart": live_chart(live, events) if live else None,
         "events": events,
         "clusters": failure_clusters(session=session, loop_id=loop.id),
+        "preview_chars": PROMPT_PREVIEW_CHARS,
         "curation": curation_counts(session=session, loop_id=loop.id),
         "sessions": recent_sessions(session=session, loop_id=loop.id),
         "session_counts": session_counts(session=session, loop_id=loop.id),
@@ -412,7 +414,11 @@ def run_context(
 
 def task_context(session: Session, *, loop: Loop, task_ref: str) -> dict[str, Any] | None:
     """Everything the task page shows: the task, and its stored successes and failures
-    (services.curation.demonstrations), or ``None`` when the loop has no such task."""
+    (services.curation.demonstrations), or ``None`` when the loop has no such task.
+
+    Neither the prompt nor an episode's text is in it: the dashboard is open to whoever
+    reaches it, and they are the loop's data, which the admin API guards (``/v1/tasks``).
+    The page's script fills them in from that API in a tab holding the admin token."""
     if not task_ref.isdigit() or len(task_ref) > 18:
         return None
     task = session.get(Task, int(task_ref))
@@ -422,7 +428,6 @@ def task_context(session: Session, *, loop: Loop, task_ref: str) -> dict[str, An
     return {
         "ratchet_loop": loop,
         "task": task,
-        "prompt": str(task.spec.get("prompt", "")) if isinstance(task.spec, dict) else "",
         "successes": [e for e in episodes if e.passed],
         "failures": [e for e in episodes if not e.passed],
     }

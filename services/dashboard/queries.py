@@ -30,7 +30,8 @@ _BUCKET_WIDTHS = tuple(
 )
 _BUCKET_ORIGIN = dt.datetime(2000, 1, 3, tzinfo=dt.UTC)  # a Monday, so weeks line up
 
-# Characters of a task prompt shown as an example of its cluster.
+# Characters of a task prompt shown as an example of its cluster (by the page's script, in a
+# tab holding the admin token: the page itself carries no prompt).
 PROMPT_PREVIEW_CHARS = 600
 
 
@@ -142,13 +143,13 @@ def loop_events(*, session: Session, loop_id: int, since: dt.datetime) -> list[L
 
 @dataclass(frozen=True)
 class ClusterExample:
-    """A task of a cluster, shown by its (already redacted) prompt, never a raw trace."""
+    """A task of a cluster: where it sits and what it calls. Its (redacted) prompt is the
+    loop's data, which the admin API guards: the page's script shows it to a tab holding
+    the admin token (``/v1/tasks/{id}``), the page itself never carries it."""
 
     task_id: int
     split: str
     origin: str
-    prompt: str
-    truncated: bool
     tools: list[str]
     source_traces: int
     created_at: dt.datetime
@@ -203,8 +204,6 @@ def signature_label(signature: str | None) -> str | None:
 
 def _example(task: Task, source_traces: int) -> ClusterExample:
     spec = task.spec or {}
-    prompt = spec.get("prompt")
-    prompt = prompt if isinstance(prompt, str) else ""
     tools = [
         str(tool.get("name"))
         for tool in spec.get("tools") or []
@@ -214,8 +213,6 @@ def _example(task: Task, source_traces: int) -> ClusterExample:
         task_id=task.id,
         split=task.split,
         origin=task.origin,
-        prompt=prompt[:PROMPT_PREVIEW_CHARS],
-        truncated=len(prompt) > PROMPT_PREVIEW_CHARS,
         tools=tools,
         source_traces=source_traces,
         created_at=task.created_at,

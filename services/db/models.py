@@ -126,6 +126,8 @@ class Trace(Base):
     curated_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     curation_outcome: Mapped[str | None] = mapped_column(String(32))
     curation_detail: Mapped[str | None] = mapped_column(Text)
+    # Attempts that failed to curate the trace alone; at the bound it is set aside (issue 43).
+    curation_attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     # Set when retention replaced the raw body (RATCHET_TRACE_RETENTION_DAYS); the row stays
     # for lineage and counts, its tasks keep their redacted copies.
     body_purged_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from services.chat.text import valid_text
 from services.environments.base import Environment, Reward, TaskSpec
 from services.evaluation.results import mean_pass_at_k, reported_ks
 from services.evaluation.stats import wilson_interval
@@ -56,7 +57,12 @@ class TaskResult:
     answer: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The row as ``results.jsonl`` holds it: the answer is model text, made storable
+        (services.chat.text)."""
+        row = asdict(self)
+        if self.answer is not None:
+            row["answer"] = valid_text(self.answer)
+        return row
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,12 @@ def capture_probes(
     batch: ActiveBatch[int] = ActiveBatch(engine)
     batch.join(
         [
-            (GenerationRequest(list(prompt), SamplingParams(room, temperature=0.0)), i)
+            (
+                GenerationRequest(
+                    list(prompt), SamplingParams(room, temperature=0.0, top_logprobs=2)
+                ),
+                i,
+            )
             for i, (_, _, _, prompt, room) in enumerate(chosen)
         ]
     )
@@ -98,6 +103,7 @@ def capture_probes(
     for i, (task, messages, tools, prompt, room) in enumerate(chosen):
         result = results[i]
         stopped = len(result.sampled_ids) > len(result.token_ids)
+        margins, runners_up = _runners_up(result)
         probes.append(
             Probe(
                 task_id=task.task_id,
@@ -109,6 +115,24 @@ def capture_probes(
                 stop_id=result.sampled_ids[-1] if stopped else None,
                 logprobs=[float(x) for x in result.logprobs],
                 text=engine.decode_text(result.token_ids),
+                margins=margins,
+                runners_up=runners_up,
             )
         )
     return probes
+
+
+def _runners_up(result: GenerationResult) -> tuple[list[float] | None, list[int] | None]:
+    """Per sampled id, the greedy choice's lead over the runner-up (nats) and the
+    runner-up's id (the likeliest other id: on an exact tie, top-k may list either first);
+    None when the engine reported fewer than two candidates somewhere."""
+    tops = result.top_logprobs
+    if len(tops) != len(result.sampled_ids) or any(len(top) < 2 for top in tops):
+        return None, None
+    margins: list[float] = []
+    runners_up: list[int] = []
+    for sampled, logprob, top in zip(result.sampled_ids, result.logprobs, tops, strict=True):
+        runner_id, runner_logprob = next((i, lp) for i, lp in top if i != sampled)
+        margins.append(max(0.0, float(logprob) - float(runner_logprob)))
+        runners_up.append(int(runner_id))
+    return margins, runners_up

@@ -12,7 +12,11 @@ here. So a probe is recorded exactly as a model server would see and answer it:
   inference engine the server decodes with; ``stop_id`` the stop token that ended it, if one
   did; ``logprobs``: one log-probability per sampled id (the stop token's last), under the
   model's raw logits (temperature 1: what ``logprobs: true`` returns);
-- ``text``: the completion's text, for servers that return neither token ids nor log-probs.
+- ``text``: the completion's text, for servers that return neither token ids nor log-probs;
+- ``margins`` and ``runners_up``: per sampled id, how many nats the greedy choice led the
+  runner-up by, and the runner-up's id. Where the margin is this small, a server computing
+  in another precision may pick the runner-up, and proof of delivery accepts it there
+  (``services.serving.delivery``). Absent (None) in probe sets written before them.
 
 The eval job writes ``probes.json`` (``ratchet.probes/v1``) beside ``results.jsonl`` and
 lists it in ``metrics.json`` (``"probes": {"file", "sha256", "count"}``); the worker reads it
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from services.chat.protocol import ChatMessage, validate_tools
+from services.chat.text import load_job_json, valid_json
 from services.evaluation.results import read_job_output
 
 PROBES_FILE = "probes.json"
@@ -58,6 +63,8 @@ class Probe:
     stop_id: int | None
     logprobs: list[float]
     text: str
+    margins: list[float] | None = None
+    runners_up: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,7 @@ def write_probes(output_dir: Path, checkpoint_id: str, probes: Sequence[Probe]) 
     body = {
         "schema": PROBES_SCHEMA,
         "checkpoint_id": checkpoint_id,
-        "probes": [asdict(p) for p in probes],
+        "probes": [valid_json(asdict(p)) for p in probes],  # model text, made storable
     }
     data = json.dumps(body, sort_keys=True).encode("utf-8")
     path = output_dir / PROBES_FILE
@@ -105,8 +112,8 @@ def read_listed_probes(output_dir: Path, metrics: Mapping[str, Any]) -> ProbeSet
     if hashlib.sha256(text.encode("utf-8")).hexdigest() != digest:
         raise ProbeFileError(f"the probe set {path} does not match the sha256 its run listed")
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        data = load_job_json(text)
+    except (ValueError, RecursionError) as exc:
         raise ProbeFileError(f"the probe set {path} is not JSON: {exc}") from None
     return parse_probe_set(data)
 
@@ -166,6 +173,7 @@ def _probe(item: Any, where: str) -> Probe:
     task_id, text = item.get("task_id"), item.get("text")
     if not isinstance(task_id, str) or not isinstance(text, str):
         raise ProbeFileError(f"{where}.task_id and {where}.text must be strings")
+    margins, runners_up = _runners_up(item, where, sampled)
     return Probe(
         task_id=task_id,
         messages=list(messages),
@@ -176,20 +184,41 @@ def _probe(item: Any, where: str) -> Probe:
         stop_id=stop_id,
         logprobs=[float(x) for x in logprobs],
         text=text,
+        margins=margins,
+        runners_up=runners_up,
     )
+
+
+def _runners_up(
+    item: dict[str, Any], where: str, sampled: int
+) -> tuple[list[float] | None, list[int] | None]:
+    """``margins`` and ``runners_up``: both absent, or one finite margin >= 0 and one id per
+    sampled token."""
+    margins, runners_up = item.get("margins"), item.get("runners_up")
+    if margins is None and runners_up is None:
+        return None, None
+    if (
+        not isinstance(margins, list)
+        or len(margins) != sampled
+        or not all(_is_number(x) and x >= 0 for x in margins)
+    ):
+        raise ProbeFileError(f"{where}.margins must hold {sampled} finite numbers >= 0")
+    ids = _ints(runners_up, f"{where}.runners_up")
+    if len(ids) != sampled:
+        raise ProbeFileError(f"{where}.runners_up must hold {sampled} token ids")
+    return [float(x) for x in margins], ids
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _is_logprob(value: Any) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value <= 0
-    )
+    return _is_number(value) and value <= 0
 
 
 def _ints(value: Any, where: str) -> list[int]:

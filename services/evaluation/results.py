@@ -8,11 +8,12 @@ only: the job imports the name, the worker the reader.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
+
+from services.chat.text import load_job_json
 
 RESULTS_FILE = "results.jsonl"
 MAX_JOB_FILE_BYTES = 256 << 20  # far above any results or metrics file; bounds the worker
@@ -48,8 +49,8 @@ def read_results(output_dir: Path) -> list[dict[str, Any]]:
     path = output_dir / RESULTS_FILE
     try:
         text = read_job_output(path)
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        rows = [load_job_json(line) for line in text.splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ResultsFileError(f"cannot read evaluation results {path}: {exc}") from exc
     if not all(isinstance(row, dict) for row in rows):
         raise ResultsFileError(f"evaluation results {path} hold a line that is not an object")

@@ -9,7 +9,6 @@ reading the executor's status and writing the run row.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
+from services.chat.text import load_job_json
 from services.executors.base import METRICS_FILE, JobStatus
 from services.metrics import (
     JOB_COMPUTE_SECONDS,
@@ -79,11 +79,11 @@ def read_job_metrics(path: Path) -> dict[str, Any]:
     """A job's ``metrics.json``; ``ValueError`` saying what is wrong with it."""
     from services.evaluation.results import read_job_output
 
-    try:
-        data = json.loads(read_job_output(path))  # job output: regular files only, no symlinks
+    try:  # job output: regular files only, no symlinks; finite numbers, storable text
+        data = load_job_json(read_job_output(path))
     except FileNotFoundError:
         raise ValueError(f"the job exited 0 but wrote no {METRICS_FILE}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ValueError(f"cannot read the job's {METRICS_FILE}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"the job's {METRICS_FILE} is not a JSON object")

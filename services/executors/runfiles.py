@@ -113,6 +113,43 @@ def create_exclusive(root: Path, path: Path, *, mode: int = 0o644) -> int:
         )
 
 
+def refuse_links(root: Path, directory: Path) -> None:
+    """:class:`UnsafeRunFile` when a job's output ``directory`` (under the trusted ``root``)
+    is reached through a symbolic link, or holds one anywhere inside it.
+
+    Readers of job output open each file with ``O_NOFOLLOW``, which guards the file's own
+    name only: ``output/checkpoint -> /elsewhere`` would still lead the worker out of the
+    run's directory. Job output never needs a link (DESIGN §5: symlinks and non-regular
+    files in job output are refused), so one anywhere refuses the whole output.
+    ``FileNotFoundError`` when the directory does not exist. Relative paths are taken from
+    the working directory (a relative state directory), never resolved through links.
+    """
+    root, directory = root.absolute(), directory.absolute()
+    parts = relative_parts(root, directory)
+    with _directory(root, parts, create=False) as fd:
+        found = _first_link(fd, directory)
+    if found is not None:
+        raise UnsafeRunFile(f"{found} is a symbolic link (job output holds none)")
+
+
+def _first_link(fd: int, where: Path) -> Path | None:
+    """The first symbolic link below the directory open as ``fd`` (depth first)."""
+    with os.scandir(fd) as entries:
+        names = sorted((entry.name, entry.is_symlink(), entry.is_dir()) for entry in entries)
+    for name, is_link, is_dir in names:
+        if is_link:
+            return where / name
+        if is_dir:
+            child = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+            try:
+                found = _first_link(child, where / name)
+            finally:
+                os.close(child)
+            if found is not None:
+                return found
+    return None
+
+
 def read_tail_bytes(fd: int, max_bytes: int) -> tuple[bytes, int]:
     """The last ``max_bytes`` of an open file and the offset they start at; closes ``fd``."""
     with os.fdopen(fd, "rb") as handle:
@@ -134,5 +171,6 @@ __all__ = [
     "open_for_reading",
     "read_tail_bytes",
     "read_text",
+    "refuse_links",
     "relative_parts",
 ]

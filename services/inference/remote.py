@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlparse
 
+from services.chat.http import urlopen
 from services.chat.protocol import ChatMessage
 from services.inference.engine import Engine, FinishReason, GenerationRequest, GenerationResult
 from services.inference.rollout_env import API_KEY_ENV, MODEL_ENV, SHARED_DIR_ENV, URL_ENV
@@ -138,7 +139,7 @@ class RemoteClient:
             url, data=json.dumps(body).encode(), headers=headers, method="POST"
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.backend.timeout_s) as response:
+            with urlopen(request, timeout=self.backend.timeout_s) as response:  # no key leaves
                 return bytes(response.read())
         except urllib.error.HTTPError as exc:
             raise RemoteError(f"{url} answered {exc.code}: {_server_message(exc)}") from None

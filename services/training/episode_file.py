@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from services.chat.text import load_job_json, valid_text
 from services.evaluation.results import read_job_output
 
 EPISODES_FILE = "episodes.jsonl"
@@ -67,6 +68,7 @@ class EpisodeRecord:
 
     def to_json(self) -> str:
         row = asdict(self)
+        row["text"] = valid_text(self.text)  # no model text leaves a job unstorable
         row["sequences"] = [[list(ids), [bool(m) for m in mask]] for ids, mask in self.sequences]
         return json.dumps(row, sort_keys=True, separators=(",", ":"))
 
@@ -169,8 +171,8 @@ def parse_episode_lines(lines: Sequence[str], *, where: str) -> list[EpisodeReco
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
+            row = load_job_json(line)
+        except (ValueError, RecursionError) as exc:
             raise EpisodeFileError(f"{where} line {number} is not JSON: {exc}") from None
         records.append(_record(row, f"{where} line {number}"))
     return records

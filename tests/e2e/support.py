@@ -23,11 +23,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 from pydantic import SecretStr
 from sqlalchemy import Engine, select
 from temporalio.api.enums.v1 import TimeoutType
@@ -101,6 +103,7 @@ class LiveStack:
     token: str
     stack: Stack
     workers_started: int = 0
+    apis_started: int = 1
     _engine: Engine | None = None
 
     @classmethod
@@ -152,6 +155,48 @@ class LiveStack:
         worker = self.stack.children.pop("worker")
         worker.send_signal(signal.SIGKILL)
         worker.wait(30)
+
+    def kill_api(self) -> None:
+        """SIGKILL the api, every process of it at once (``ratchet api`` serves from one
+        process per core under a supervisor), as a node failure or an OOM kill of its pod:
+        requests in flight are cut, its ingest writer loses what it had not committed."""
+        api = self.stack.children.pop("api")
+        processes = [psutil.Process(api.pid)]
+        processes += processes[0].children(recursive=True)
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(processes, timeout=30)
+        api.wait(30)
+
+    def start_api(self, timeout: float = 120) -> None:
+        """Start an api process again (a new log file) and wait until it answers."""
+        self.apis_started += 1
+        log = self.settings.logs_dir / f"api-{self.apis_started}.log"
+        self.stack.children["api"] = self._spawn("api", log)
+        self.stack.wait_api_ready(timeout=timeout)
+
+    def restart_postgres(self, down_s: float) -> None:
+        """Stop the embedded Postgres (every connection of api and worker is cut), leave it
+        down ``down_s`` seconds, and start it again on the same data and socket."""
+        postgres = self.stack.postgres
+        assert postgres is not None, "the stack's Postgres is not embedded"
+        if self._engine is not None:  # the test's own connections go too
+            self._engine.dispose()
+            self._engine = None
+        postgres.stop()
+        time.sleep(down_s)
+        assert postgres.start() == self.stack.database_url, "Postgres came back elsewhere"
+
+    def restart_temporal(self, down_s: float) -> None:
+        """Stop the Temporal dev server, leave it down ``down_s`` seconds, and start it again
+        on the same file database (its workflows, timers and tasks persist)."""
+        temporal = self.stack.temporal
+        assert temporal is not None, "the stack's Temporal is not embedded"
+        temporal.stop()
+        time.sleep(down_s)
+        temporal.start()
+        temporal.wait_ready()
 
     def stop(self) -> None:
         """Stop api, worker, Temporal and Postgres, then any job a killed worker left behind."""

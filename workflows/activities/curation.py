@@ -14,9 +14,18 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psycopg
+from sqlalchemy.exc import (
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    StatementError,
+)
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from sqlalchemy.orm import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -28,6 +37,7 @@ from services.curation.drift import DriftPolicyError, read_drift
 from services.curation.policy import CurationPolicy, CurationPolicyError
 from services.curation.snapshot import SnapshotError, snapshot
 from services.db.models import Loop
+from services.db.queries import curation_failures as failures
 from services.db.queries import tasks as task_queries
 from services.db.queries import traces as trace_queries
 from services.db.queries.errors import NotFound
@@ -73,6 +83,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_BATCH_SIZE = 10_000
+# Failures of a trace curated alone before it is set aside: one can be bad luck (a worker
+# restarting mid-batch), three in three batches is the trace.
+MAX_CURATION_ATTEMPTS = 3
 
 PayloadT = TypeVar("PayloadT", bound="DataclassInstance")
 
@@ -110,6 +123,10 @@ class CurationActivities:
         ``curated_at`` in the same transaction that writes their tasks, so a retry after a
         crash finds them uncurated again (nothing was committed) and a retry after success
         finds them curated (nothing left to do). Each trace is curated exactly once.
+
+        A batch that fails on something other than the database's availability is curated
+        again one trace per transaction (:meth:`_one_by_one`), so one bad trace never stops
+        the queue behind it.
         """
         if not 1 <= input.batch_size <= MAX_BATCH_SIZE:
             raise ApplicationError(
@@ -117,22 +134,18 @@ class CurationActivities:
                 type="InvalidInput",
                 non_retryable=True,
             )
-        from services.curation import pipeline
-
-        with log_context(loop=input.loop), self._transaction() as session:
-            loop = self._loop(session, input.loop)
-            policy = _policy(loop)
-            adapter = self._adapter(loop)
-            self._wait_for_lock(session, loop.id)
-            report = pipeline.curate_batch(
-                session,
-                loop=loop,
-                policy=policy,
-                adapter=adapter,
-                limit=input.batch_size,
-                heartbeat=activity.heartbeat,
-                pool=self._pool,
-            )
+        with log_context(loop=input.loop):
+            try:
+                report = self._batch(input.loop, limit=input.batch_size)
+            except Exception as exc:
+                if not _trace_may_be_at_fault(exc):
+                    raise
+                logger.warning(
+                    "a curation batch of %s failed; curating it trace by trace: %s",
+                    input.loop,
+                    _short_error(exc),
+                )
+                report = self._one_by_one(input, exc)
         _record_metrics(input.loop, report)
         if report.traces_seen:
             logger.info(
@@ -280,6 +293,81 @@ class CurationActivities:
             self.record_probes,
         ]
 
+    # A failed batch, trace by trace -----------------------------------------------------------
+
+    def _batch(
+        self, loop_name: str, *, limit: int, only: list[int] | None = None
+    ) -> pipeline.BatchReport:
+        from services.curation import pipeline
+
+        with self._transaction() as session:
+            loop = self._loop(session, loop_name)
+            policy = _policy(loop)
+            adapter = self._adapter(loop)
+            self._wait_for_lock(session, loop.id)
+            return pipeline.curate_batch(
+                session,
+                loop=loop,
+                policy=policy,
+                adapter=adapter,
+                limit=limit,
+                heartbeat=activity.heartbeat,
+                pool=self._pool,
+                only=only,
+            )
+
+    def _one_by_one(self, input: CurateBatchInput, failure: Exception) -> pipeline.BatchReport:
+        """Curate the traces of a batch that failed (the loop's oldest uncurated ones) one per
+        transaction. A trace that fails alone has the failure counted on it and, at
+        :data:`MAX_CURATION_ATTEMPTS`, is set aside (``rejected``, ``curation_failed``, the
+        error in its detail), so the next batches no longer take it. When several traces
+        were tried and every one failed alone, the fault is not a trace's (the code, the
+        database): ``failure`` is raised and nothing is counted, so a fixed deploy resumes
+        the queue whole."""
+        from services.curation.pipeline import BatchReport
+
+        with self._transaction() as session:
+            loop = self._loop(session, input.loop)
+            ids = failures.oldest_uncurated_ids(
+                session=session, loop_id=loop.id, limit=input.batch_size
+            )
+        total = BatchReport(more=len(ids) == input.batch_size)
+        failed: dict[int, Exception] = {}
+        for trace_id in ids:
+            activity.heartbeat()
+            try:
+                _merge(total, self._batch(input.loop, limit=1, only=[trace_id]))
+            except Exception as exc:
+                if not _trace_may_be_at_fault(exc):
+                    raise
+                failed[trace_id] = exc
+        if len(ids) > 1 and len(failed) == len(ids):
+            raise failure
+        for trace_id, error in failed.items():
+            _merge(total, self._count_failure(input.loop, trace_id, error))
+        return total
+
+    def _count_failure(self, loop: str, trace_id: int, exc: Exception) -> pipeline.BatchReport:
+        from services.curation.pipeline import BatchReport
+
+        error = _short_error(exc)
+        with self._transaction() as session:
+            set_aside = failures.record_curation_failure(
+                session=session, trace_id=trace_id, error=error, max_attempts=MAX_CURATION_ATTEMPTS
+            )
+        logger.warning(
+            "trace %d of %s failed curation alone%s: %s",
+            trace_id,
+            loop,
+            " and is set aside" if set_aside else "",
+            error,
+        )
+        report = BatchReport(traces_seen=1)
+        if set_aside:
+            report.rejected = 1
+            report.rejections[failures.CURATION_FAILED] += 1
+        return report
+
     # Helpers --------------------------------------------------------------------------------
 
     @contextmanager
@@ -302,6 +390,41 @@ class CurationActivities:
         while not task_queries.try_lock_loop_curation(session=session, loop_id=loop_id):
             activity.heartbeat()
             time.sleep(self._lock_poll_s)
+
+
+def _trace_may_be_at_fault(exc: Exception) -> bool:
+    """Whether a failed batch may owe its failure to one of its traces: not when the
+    database was unreachable or the transaction was aborted for concurrency (a retry of the
+    whole batch is right), nor for the activity's own refusals (bad configuration), nor
+    when a worker process died (memory: the batch is retried with a new pool)."""
+    transient = (
+        ApplicationError,
+        OperationalError,
+        InterfaceError,
+        DisconnectionError,
+        SQLAlchemyTimeoutError,
+        psycopg.OperationalError,  # the COPY writes use the driver's cursor directly
+        psycopg.InterfaceError,
+        BrokenProcessPool,
+    )
+    return not isinstance(exc, transient)
+
+
+def _short_error(exc: Exception) -> str:
+    """The error as a trace's detail keeps it: the first line of the driver's message, not
+    the statement, its parameters or the row it was copying (which could hold trace
+    content)."""
+    cause = exc.orig if isinstance(exc, StatementError) and exc.orig is not None else exc
+    lines = str(cause).splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"[:800]
+
+
+def _merge(total: pipeline.BatchReport, report: pipeline.BatchReport) -> None:
+    total.add(report)
+    total.rejections.update(report.rejections)
+    total.redactions.update(report.redactions)
+    for phase, seconds in report.seconds.items():
+        total.seconds[phase] = total.seconds.get(phase, 0.0) + seconds
 
 
 def _policy(loop: Loop) -> CurationPolicy:

@@ -32,7 +32,7 @@ from temporalio.exceptions import ApplicationError
 
 from services.db.models import Cycle, Loop
 from services.db.queries import cycles as q
-from services.db.queries.loops import require_loop
+from services.db.queries.loops import require_loop, serving_targets_of_other_loops
 from services.db.queries.runs import require_checkpoint
 from services.db.session import SessionFactory
 from services.logs import log_context
@@ -41,6 +41,7 @@ from services.loop.promotions import rollback_promotion
 from services.loop.states import Decision, PromotionStatus
 from services.metrics import LOOP_PROMOTIONS
 from services.serving.base import ServingError
+from services.serving.names import loop_serving_the_same_name, name_taken_message
 from workflows.activities.delivery import Delivery
 from workflows.activities.serving_ledger import ServingSampler
 from workflows.activities.transactions import (
@@ -92,8 +93,9 @@ class DeployActivities:
         let serving slip back: see :func:`_refuse_slipping_back`. The check commits before
         the deploy starts (the module's docstring says why that is safe).
         """
-        if input.cycle is not None:
-            with transaction(self._sessions) as session:
+        with transaction(self._sessions) as session:
+            _refuse_a_shared_name(session, input)
+            if input.cycle is not None:
                 _refuse_slipping_back(session, input)
         served = self._deploy_verified(
             input.loop, input.serving_target, input.checkpoint_id, input.checkpoint_uri
@@ -248,6 +250,20 @@ def _record_failed_rollback(
         )
     logger.warning("loop %s: %s", input.loop, reason)
     return RollbackResult(False, reason)
+
+
+def _refuse_a_shared_name(session: Session, input: DeployInput) -> None:
+    """Refuse a deploy under a model name another loop serves under on the same server (a
+    loop saved before the api checked it): see services.serving.names."""
+    target = serving_mapping(input.serving_target)
+    others = serving_targets_of_other_loops(session=session, except_name=input.loop)
+    other = loop_serving_the_same_name(target, others)
+    if other is not None:
+        raise ApplicationError(
+            f"refusing to deploy for loop {input.loop!r}: {name_taken_message(target, other)}",
+            type="ServedNameTaken",
+            non_retryable=True,
+        )
 
 
 def _refuse_slipping_back(session: Session, input: DeployInput) -> None:

@@ -59,10 +59,8 @@ from services.executors.accounting import (
     job_cost,
     judge_cost_usd,
     observe_finished_job,
-    read_job_metrics,
 )
 from services.executors.base import (
-    METRICS_FILE,
     Executor,
     ExecutorError,
     ExecutorUnavailable,
@@ -82,6 +80,7 @@ from services.loop.job_documents import (
 )
 from services.loop.states import RunStatus
 from services.settings import Settings
+from workflows.activities import finished_outputs
 from workflows.activities.errors import fails_as
 from workflows.activities.job_results import (
     datetime_of,
@@ -379,15 +378,10 @@ class JobActivities:
         output_dir = Path(handle.get("output_dir") or self._output_dir(input))
         logs_path = self._artifacts.logs_dir(input.loop, input.run_id) / LOG_FILE
         self._save_logs(executor_name, handle, logs_path)
-        state: RunStatus = status.state
-        error = error_of(status)
-        metrics: dict[str, Any] = {}
-        if state == RunStatus.SUCCEEDED or (output_dir / METRICS_FILE).exists():
-            try:
-                metrics = read_job_metrics(output_dir / METRICS_FILE)
-            except ValueError as exc:
-                if state == RunStatus.SUCCEEDED:
-                    state, error = RunStatus.FAILED, str(exc)
+        outputs = finished_outputs.read_outputs(
+            self._artifacts.root, output_dir, state=status.state, error=error_of(status)
+        )
+        metrics = outputs.metrics
         accelerators = status.accelerators
         cost = job_cost(
             status,
@@ -396,8 +390,8 @@ class JobActivities:
         )
         with self._sessions.begin() as session:
             outcome = q.RunOutcome(
-                status=state,
-                error=error,
+                status=outputs.state,
+                error=outputs.error,
                 metrics=metrics,
                 compute_seconds=cost.compute_seconds,
                 cpu_seconds=status.cpu_seconds,
@@ -514,8 +508,10 @@ class JobActivities:
         from services.training.checkpoint_manifest import CheckpointError
 
         invalid = f"checkpoint of run {input.run_id} is invalid"
-        with fails_as("CheckpointInvalid", CheckpointError, context=invalid):
-            installed = install_checkpoint(uri_to_path(input.checkpoint_dir_uri), self._artifacts)
+        source = uri_to_path(input.checkpoint_dir_uri)
+        with fails_as("CheckpointInvalid", CheckpointError, UnsafeRunFile, context=invalid):
+            finished_outputs.refuse_links_in_job_output(self._artifacts.root, source)
+            installed = install_checkpoint(source, self._artifacts)
         try:
             parent = resolve_parent(installed.parent, input.parent_checkpoint_id)
         except CheckpointRefused as exc:

@@ -10,6 +10,13 @@ trace (404) is told only to a sender that holds the loop's secret.
 Feedback is stored once per content (or per client ``id``): a re-post answers 200 with the
 first row and changes nothing; new feedback answers 201 and sends the trace back to curation,
 whose next pass reads the feedback as a reward source.
+
+The signature covers the body, and the body names its trace (``external_id``, which must be
+the URL's): a captured request cannot be replayed onto another trace. Replayed as it was,
+within the timestamp tolerance, it is the same feedback on the same trace: a 200 that
+changes nothing, so the api keeps no memory of webhook ids for it (issue 43). Feedback on a
+trace whose body retention purged is refused (410): its tasks keep their own copies, and
+nothing could curate the trace again.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from services.api.routes.traces import check_json_content_type, ingest_service
 from services.api.schemas.traces import FeedbackIn, FeedbackResult
 from services.api.state import AppState
 from services.db.models import TraceFeedback
-from services.db.queries.traces import add_feedback, trace_id_by_external_id
+from services.db.queries.traces import add_feedback, trace_purge_state
 from services.ingest.body import read_body
 from services.ingest.errors import IngestError
 from services.ingest.schema import decode_json, field_errors
@@ -38,6 +45,7 @@ _CONTENT_FIELDS = ("score", "label", "correction", "comment")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "Empty body or invalid JSON (says where)"},
+    410: {"description": "Retention purged the trace's body: feedback can change nothing"},
     401: {
         "description": "Missing, malformed, stale or wrong Standard Webhooks signature, or no "
         "such loop (the two are not told apart)"
@@ -60,18 +68,30 @@ def content_hash(feedback: FeedbackIn) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def parse_feedback(body: bytes) -> FeedbackIn:
+def parse_feedback(body: bytes, external_id: str) -> FeedbackIn:
+    """The body as feedback on the trace the URL names (422 when it names another)."""
     if not body.strip():
         raise IngestError(
-            400, "empty_body", 'the request has no body; send {"score": ..., "label": ...}'
+            400,
+            "empty_body",
+            'the request has no body; send {"external_id": ..., "score": ..., "label": ...}',
         )
     data = decode_json(body)
     try:
-        return FeedbackIn.model_validate(data)
+        feedback = FeedbackIn.model_validate(data)
     except ValidationError as exc:
         raise IngestError(
             422, "invalid_feedback", "the body is not valid feedback", field_errors(exc)
         ) from None
+    if feedback.external_id != external_id:
+        raise IngestError(
+            422,
+            "trace_mismatch",
+            "the body's external_id is not the trace in the URL: the signed body must name "
+            "the trace the feedback is about",
+            [{"path": "external_id", "message": "does not match the trace in the URL"}],
+        )
+    return feedback
 
 
 def store_feedback(
@@ -80,15 +100,22 @@ def store_feedback(
     """The feedback's row id and whether it is new (one transaction, the caller's thread)."""
     digest = content_hash(feedback)
     with state.session_factory.begin() as session:
-        trace_id = trace_id_by_external_id(
-            session=session, loop_id=loop_id, external_id=external_id
-        )
-        if trace_id is None:
+        found = trace_purge_state(session=session, loop_id=loop_id, external_id=external_id)
+        if found is None:
             raise ApiError(
                 404,
                 "trace_not_found",
                 f"the loop has no trace with external_id {external_id[:256]!r}",
                 fields=[{"path": "external_id", "message": "unknown trace"}],
+            )
+        trace_id, purged_at = found
+        if purged_at is not None:
+            raise ApiError(
+                410,
+                "trace_purged",
+                f"retention purged the body of trace {external_id[:256]!r} on "
+                f"{purged_at.date().isoformat()}: feedback can no longer change what it taught",
+                fields=[{"path": "external_id", "message": "trace body purged"}],
             )
         row_id, created = add_feedback(
             session=session,
@@ -157,7 +184,7 @@ async def post_feedback(loop: str, external_id: str, request: Request) -> Respon
     )
     keys = await service.verify_signature(found, signed, body)
     service.check_accepts_traces(keys)
-    feedback = parse_feedback(body)
+    feedback = parse_feedback(body, external_id)
     row_id, created = await asyncio.to_thread(
         store_feedback, state, loop_id=keys.loop_id, external_id=external_id, feedback=feedback
     )

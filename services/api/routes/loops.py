@@ -45,6 +45,7 @@ from services.db.queries.loops import (
     config_versions,
     list_loops,
     require_loop,
+    serving_targets_of_other_loops,
     trace_stats,
     update_loop_config,
 )
@@ -59,6 +60,7 @@ from services.loop.policies import (
     TriggerPolicy,
     serving_endpoint_problem,
 )
+from services.serving.names import loop_serving_the_same_name, name_taken_message
 from services.settings import Settings
 from workflows.ids import loop_workflow_id
 
@@ -163,6 +165,20 @@ def _serving_endpoint_errors(target: ServingTarget, settings: Settings) -> list[
     return errors
 
 
+def _check_served_name(session: Session, loop: str, serving_target: dict[str, Any]) -> None:
+    """409 when another loop already serves under this loop's model name on its server
+    (services.serving.names)."""
+    others = serving_targets_of_other_loops(session=session, except_name=loop)
+    other = loop_serving_the_same_name(serving_target, others)
+    if other is not None:
+        raise ApiError(
+            409,
+            "served_name_taken",
+            name_taken_message(serving_target, other),
+            fields=[{"path": "serving_target.model", "message": f"loop {other!r} serves it"}],
+        )
+
+
 def _check_loop_jobs(
     executor: str, training_profile: dict[str, Any], settings: Settings
 ) -> list[str]:
@@ -253,6 +269,9 @@ async def create_loop(
         # Its own transaction: the workflow starts only once the loop is committed.
         with state.session_factory.begin() as session:
             created = provision_loop(session, fields=fields, box=state.secret_box)
+            # After the name's own check (a loop of that name: 409 loop_exists); a refusal
+            # here rolls the new loop back.
+            _check_served_name(session, body.name, fields.serving_target or {})
             return _public_fields(created.loop, state.settings), created
 
     try:
@@ -433,6 +452,8 @@ def patch_loop(
         row = loop_or_404(session, loop, for_update=True)
         current = config_document(row)
         config = _patched_config(current, body, state.settings)
+        if "serving_target" in body.model_fields_set:
+            _check_served_name(session, loop, config.get("serving_target") or {})
         warnings = _check_loop_jobs(
             config["executor"], config.get("training_profile") or {}, state.settings
         )

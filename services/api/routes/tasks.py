@@ -3,9 +3,12 @@ where one came from, and pinning tasks into the loop's regression suite.
 
 ``GET /v1/loops/{loop}/tasks`` lists them newest first in pages joined by an opaque cursor;
 ``GET /v1/tasks/{task_id}`` shows one by its row id (the id every listing prints, which needs
-no loop); ``POST /v1/loops/{loop}/tasks/pin`` pins tasks, all of them or, when one cannot be
-pinned, none; ``POST /v1/loops/{loop}/tasks/restore`` brings set-aside tasks back (a task
-the worker set aside is shown with its reason, and never trained on while it stays aside).
+no loop) and ``GET /v1/tasks/{task_id}/demonstrations`` its stored episodes (what the
+dashboard's task page shows to a tab holding the admin token; the page itself, open to
+anyone who reaches the dashboard, shows neither prompt nor episodes);
+``POST /v1/loops/{loop}/tasks/pin`` pins tasks, all of them or, when one cannot be pinned,
+none; ``POST /v1/loops/{loop}/tasks/restore`` brings set-aside tasks back (a task the worker
+set aside is shown with its reason, and never trained on while it stays aside).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from services.api.routes.trace_listing import (
     reward_check_public,
 )
 from services.api.schemas.tasks import (
+    DemonstrationPublic,
     PinIn,
     PinResult,
     RestoreIn,
@@ -36,6 +40,7 @@ from services.api.schemas.tasks import (
 from services.db.models import Task
 from services.db.queries import task_set_aside
 from services.db.queries import tasks as q
+from services.db.queries.demonstrations import task_demonstrations
 from services.environments.replay.scoring import task_reward
 
 router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[AdminDep])
@@ -117,6 +122,34 @@ def show_task(task_id: Annotated[int, Path(ge=1, le=2**63 - 1)], session: Sessio
         ],
         check=reward_check_public(task_reward(task.spec)),
     )
+
+
+@router.get(
+    "/tasks/{task_id}/demonstrations",
+    summary="One task's stored successes and failures, successes first, newest first",
+    responses={404: {"description": "No task with this id"}},
+)
+def show_task_demonstrations(
+    task_id: Annotated[int, Path(ge=1, le=2**63 - 1)], session: SessionDep
+) -> list[DemonstrationPublic]:
+    found = q.task_with_loop_name(session=session, task_id=task_id)
+    if found is None:
+        raise ApiError(404, "task_not_found", f"there is no task {task_id}")
+    task, _ = found
+    rows = task_demonstrations(session=session, loop_id=task.loop_id, task_id=task.id)
+    return [
+        DemonstrationPublic(
+            id=row.id,
+            passed=row.passed,
+            reward=row.reward,
+            source=row.source,
+            run_id=row.run_id,
+            checkpoint_id=row.checkpoint_id,
+            text=row.text,
+            created_at=row.created_at,
+        )
+        for row in rows
+    ]
 
 
 @router.post(

@@ -143,3 +143,16 @@ class DatasetPage(BaseModel):
     next_cursor: str | None = Field(
         description="Pass as `cursor` for the next page; null on the last page"
     )
+
+
+class DemonstrationPublic(BaseModel):
+    """A stored episode of a task (a demonstration): what the model said and how it scored."""
+
+    id: int
+    passed: bool
+    reward: float
+    source: str = Field(description="The kind of run that sampled it: probe or train")
+    run_id: str
+    checkpoint_id: str | None = Field(description="The weights that sampled it")
+    text: str = Field(description="The episode as the model's tokenizer reads it back")
+    created_at: dt.datetime

@@ -72,11 +72,18 @@ class FeedbackIn(BaseModel):
     At least one of score, label and correction: a comment alone says nothing a reward can
     use. ``id`` is the client's idempotency key: feedback re-posted with the same id is the
     same feedback (a no-op), and the same id with different content is a 409. Without an id,
-    identical content is the same feedback.
+    identical content is the same feedback. ``external_id`` names the trace, as the URL
+    does: the signature covers the body, so a signed feedback cannot be replayed onto another
+    trace's URL (issue 43).
     """
 
     model_config = ConfigDict(extra="forbid")
 
+    external_id: NoNulText = Field(
+        min_length=1,
+        max_length=256,
+        description="The trace the feedback is about, as in the URL: the signature covers it",
+    )
     id: NoNulText | None = Field(
         default=None, min_length=1, max_length=256, description="Client id (idempotency key)"
     )

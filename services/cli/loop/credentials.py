@@ -34,6 +34,12 @@ def register(commands: Any) -> None:
     )
     create.add_argument("--executor", choices=("local", "kubernetes"), default="local")
     create.add_argument("--budget-usd", type=_budget, default=None, help="spend cap in USD")
+    create.add_argument(
+        "--model",
+        default=None,
+        help="the served model name the loop's agents call (serving_target.model; default "
+        "ratchet): each loop serving on one server needs a name of its own",
+    )
     create.add_argument("--json", action="store_true", help="print one JSON object")
     add_secret_options(create)
 
@@ -94,6 +100,8 @@ def _grace(text: str) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
+    from services.client import LoopPolicies
+
     check_secret_destination(args)
     created = call(
         lambda client: client.create_loop(
@@ -102,6 +110,9 @@ def _create(args: argparse.Namespace) -> int:
             executor=args.executor,
             budget_usd=args.budget_usd,
             changed_by=actor(None),
+            policies=LoopPolicies(
+                serving_target={"model": args.model} if args.model is not None else None
+            ),
         ),
     )
     written = write_secret_file(args, created)

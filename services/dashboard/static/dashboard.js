@@ -1,8 +1,10 @@
-// Ratchet dashboard: loop actions behind the admin token, and auto-refresh.
+// Ratchet dashboard: loop actions behind the admin token, a task's content, auto-refresh.
 //
 // The admin token is pasted by the operator and kept in sessionStorage (this tab only,
 // gone when it closes); it is sent as an Authorization header and never put in a cookie
-// or a URL. Pages are server-rendered and work read-only without this script.
+// or a URL. Pages are server-rendered and work read-only without this script. A task's
+// prompt and episodes are the loop's data: the page does not carry them, this script
+// fetches them from the admin API with the token and sets them as text.
 "use strict";
 
 (() => {
@@ -159,6 +161,67 @@
     }, seconds * 1000);
   }
 
+  function adminGet(token, path) {
+    return fetch(`${base}/v1/tasks/${path}`, {
+      headers: { Authorization: `Bearer ${token}`, Accept: "application/json" },
+      credentials: "omit",
+      cache: "no-store",
+    }).then((response) => {
+      if (!response.ok) throw new Error(`the admin API answered HTTP ${response.status}`);
+      return response.json();
+    });
+  }
+
+  async function initTaskPage(token) {
+    const holder = document.getElementById("task-content");
+    if (!holder) return;
+    const note = document.getElementById("task-content-note");
+    const id = encodeURIComponent(holder.dataset.task);
+    try {
+      const [task, episodes] = await Promise.all([
+        adminGet(token, id),
+        adminGet(token, `${id}/demonstrations`),
+      ]);
+      const prompt = document.getElementById("task-prompt");
+      prompt.textContent = task.prompt;
+      prompt.hidden = false;
+      for (const episode of episodes) {
+        const cell = document.querySelector(
+          `[data-demonstration-text="${CSS.escape(String(episode.id))}"]`,
+        );
+        if (cell) cell.textContent = episode.text;
+      }
+      note.hidden = true;
+    } catch (error) {
+      note.textContent = `The prompt and episodes could not be shown: ${error.message}.`;
+    }
+  }
+
+  async function initClusterPrompts(token) {
+    const previews = document.querySelectorAll("pre[data-task-prompt]");
+    await Promise.all(
+      Array.from(previews).map(async (pre) => {
+        try {
+          const task = await adminGet(token, encodeURIComponent(pre.dataset.taskPrompt));
+          const limit = Number(pre.dataset.previewChars || 600);
+          const text = String(task.prompt);
+          pre.textContent = text.length > limit ? `${text.slice(0, limit)}…` : text;
+          pre.hidden = false;
+        } catch (_) {
+          // The example stays a link to its task: the token may be wrong or gone.
+        }
+      }),
+    );
+  }
+
+  function initLoopData() {
+    const token = store.get(TOKEN_KEY);
+    if (!token) return;
+    initTaskPage(token);
+    initClusterPrompts(token);
+  }
+
   initActions();
   initAutoRefresh();
+  initLoopData();
 })();

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from services.db.models import Loop, LoopConfigVersion, Trace
 from services.db.queries.errors import existing
 from services.loop.config import CONFIG_KEYS, Change, diff
+from services.loop.states import LoopLifecycle
 
 
 class LoopNameTaken(Exception):
@@ -84,6 +85,18 @@ def require_loop(*, session: Session, name: str, for_update: bool = False) -> Lo
 
 def list_loops(*, session: Session) -> Sequence[Loop]:
     return session.scalars(select(Loop).order_by(Loop.name)).all()
+
+
+def serving_targets_of_other_loops(
+    *, session: Session, except_name: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, serving target)`` of every loop but ``except_name`` that is not archived."""
+    rows = session.execute(
+        select(Loop.name, Loop.serving_target)
+        .where(Loop.name != except_name, Loop.status != LoopLifecycle.ARCHIVED)
+        .order_by(Loop.name)
+    ).all()
+    return [(name, dict(target or {})) for name, target in rows]
 
 
 @dataclass(frozen=True)

@@ -146,16 +146,49 @@ _TRACE_ROW_COLUMNS = (
 )
 
 
-def lock_uncurated_traces(*, session: Session, loop_id: int, limit: int) -> list[TraceRow]:
-    """The oldest uncurated traces of a loop, locked; rows another batch holds are skipped."""
+def lock_uncurated_traces(
+    *, session: Session, loop_id: int, limit: int, only: Sequence[int] | None = None
+) -> list[TraceRow]:
+    """The oldest uncurated traces of a loop (among ``only`` when given), locked; rows
+    another transaction holds are skipped."""
+    query = select(*_TRACE_ROW_COLUMNS).where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
+    if only is not None:
+        query = query.where(Trace.id.in_(list(only)))
     rows = session.execute(
-        select(*_TRACE_ROW_COLUMNS)
-        .where(Trace.loop_id == loop_id, Trace.curated_at.is_(None))
-        .order_by(Trace.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
+        query.order_by(Trace.id).limit(limit).with_for_update(skip_locked=True)
     ).all()
     return [TraceRow(*row) for row in rows]
+
+
+def unlink_traces(*, session: Session, trace_ids: Sequence[int]) -> int:
+    """Delete the task links of ``trace_ids``; each task a link leaves loses the weight the
+    trace gave it. How many links went.
+
+    Curation links a trace when it curates it, so an uncurated trace has no link: one found
+    on a trace a batch has just locked was left behind (on versions before issue 43, by
+    feedback that arrived while an earlier batch held the trace) and would collide with
+    the link the batch makes (``task_sources`` is keyed by task and trace), failing the
+    batch, and every retry of it, for good."""
+    if not trace_ids:
+        return 0
+    removed = session.execute(
+        text(
+            """
+            WITH removed AS (
+                DELETE FROM task_sources WHERE trace_id = ANY(CAST(:ids AS bigint[]))
+                RETURNING task_id
+            ), lost AS (
+                SELECT task_id, count(*) AS n FROM removed GROUP BY task_id
+            ), updated AS (
+                UPDATE tasks SET weight = greatest(weight - lost.n, 0)
+                  FROM lost WHERE tasks.id = lost.task_id
+            )
+            SELECT count(*) FROM removed
+            """
+        ),
+        {"ids": list(trace_ids)},
+    ).scalar_one()
+    return int(removed)
 
 
 def peek_uncurated_traces(
@@ -520,32 +553,35 @@ def _send_back_to_curation(*, session: Session, trace_id: int) -> None:
     """Clear a trace's verdict and its links to tasks, so the next curation pass reads it
     as new. The links go too: curation links the trace again (to the same task as a
     duplicate, or as the origin of a new one when the feedback changed its reward), and a
-    link left behind would collide with that one (``task_sources`` is keyed by task and
-    trace) and fail the whole batch. A task's weight counts the traces folded into it, so
-    each task it leaves loses one."""
-    session.execute(
-        text(
-            """
-            WITH removed AS (
-                DELETE FROM task_sources WHERE trace_id = :trace_id RETURNING task_id
-            )
-            UPDATE tasks SET weight = greatest(weight - 1, 0)
-              FROM removed WHERE tasks.id = removed.task_id
-            """
-        ),
-        {"trace_id": trace_id},
-    )
+    link left behind would collide with that one (:func:`unlink_traces`).
+
+    The trace's row is locked first. A curation batch that holds the trace (it locks its
+    traces) may have written a link this transaction cannot see yet; the delete must come
+    after that batch commits, so that it sees the link. The feedback row's foreign-key
+    check already waits for the batch (its ``FOR KEY SHARE`` conflicts with the batch's
+    ``FOR UPDATE``), and a batch that comes second skips the trace; the explicit lock says
+    so here instead of leaving it to how Postgres checks a foreign key
+    (tests/services/curation/test_feedback_race.py)."""
+    session.execute(select(Trace.id).where(Trace.id == trace_id).with_for_update())
+    unlink_traces(session=session, trace_ids=[trace_id])
     session.execute(
         update(Trace)
         .where(Trace.id == trace_id)
-        .values(curated_at=None, curation_outcome=None, curation_detail=None)
+        .values(curated_at=None, curation_outcome=None, curation_detail=None, curation_attempts=0)
     )
 
 
-def trace_id_by_external_id(*, session: Session, loop_id: int, external_id: str) -> int | None:
-    return session.execute(
-        select(Trace.id).where(Trace.loop_id == loop_id, Trace.external_id == external_id)
-    ).scalar_one_or_none()
+def trace_purge_state(
+    *, session: Session, loop_id: int, external_id: str
+) -> tuple[int, dt.datetime | None] | None:
+    """A trace's row id and when retention purged its body (None: not purged); None when
+    the loop has no such trace."""
+    row = session.execute(
+        select(Trace.id, Trace.body_purged_at).where(
+            Trace.loop_id == loop_id, Trace.external_id == external_id
+        )
+    ).first()
+    return (int(row[0]), row[1]) if row is not None else None
 
 
 def trace_body(*, session: Session, trace_id: int) -> tuple[dict[str, Any], dt.datetime | None]:

@@ -47,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from services.chat.http import urlopen
+
 DATA_START = "<<<GRADING DATA>>>"
 DATA_END = "<<<END OF GRADING DATA>>>"
 JUDGE_MAX_TOKENS = 200
@@ -267,7 +269,7 @@ class Judge:
         )
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(request, timeout=self.endpoint.timeout_s) as response:
+            with urlopen(request, timeout=self.endpoint.timeout_s) as response:  # no key leaves
                 data = json.loads(response.read().decode("utf-8"))
         except urllib.error.HTTPError as exc:
             raise JudgeError(f"judge at {self.endpoint.url} answered HTTP {exc.code}") from None

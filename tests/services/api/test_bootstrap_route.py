@@ -43,7 +43,12 @@ def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _replay_loop(client: TestClient, name: str = "desk", **fields: Any) -> dict[str, Any]:
-    fields = {"training_profile": HF_PROFILE, "curation_policy": POLICY, **fields}
+    fields = {
+        "training_profile": HF_PROFILE,
+        "curation_policy": POLICY,
+        "serving_target": {"model": name},  # each loop serves under a name of its own
+        **fields,
+    }
     return create_loop(client, name, environment="replay", **fields)
 
 

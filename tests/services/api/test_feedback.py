@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -9,6 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from services.db.models import Task, TaskSource, Trace, TraceFeedback
+from services.db.queries.retention import purge_trace_bodies
 from services.db.session import SessionFactory
 from tests.services.api.support import body_of, make_trace, signed_headers
 
@@ -32,7 +34,12 @@ def post_feedback(
     secret: str | None = None,
     loop_name: str | None = None,
     headers: dict[str, str] | None = None,
+    name_trace: bool = True,
 ) -> Any:
+    """Post signed feedback; a dict payload names the trace (``external_id``) unless it
+    does itself or ``name_trace`` is false."""
+    if isinstance(payload, dict) and name_trace:
+        payload = {"external_id": external_id, **payload}
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     all_headers = signed_headers(secret or loop["signing_secret"], body)
     all_headers.update(headers or {})
@@ -162,6 +169,8 @@ def test_bad_feedback_bodies_name_the_field(client: TestClient, loop: dict[str, 
         ({"label": ""}, 422, "invalid_feedback", ["label"]),
         ({"label": "x" * 201}, 422, "invalid_feedback", ["label"]),
         ({"score": 1, "stars": 5}, 422, "invalid_feedback", ["stars"]),
+        ({"score": 1, "external_id": ""}, 422, "invalid_feedback", ["external_id"]),
+        ({"score": 1, "external_id": "ticket-5"}, 422, "trace_mismatch", ["external_id"]),
         ({"correction": "a\u0000b"}, 422, "invalid_feedback", ["correction"]),
         ([1, 2], 422, "invalid_feedback", ["(root)"]),
     ]
@@ -208,3 +217,66 @@ def test_feedback_unlinks_a_curated_trace_from_its_task(
     assert post_feedback(client, loop, "ticket-6", {"label": "wrong"}).status_code == 200
     with session_factory() as session:
         assert session.get_one(Task, task_id).weight == 1
+
+
+def test_a_body_that_does_not_name_its_trace_is_refused(
+    client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
+) -> None:
+    post_trace(client, loop, make_trace("ticket-8"))
+    response = post_feedback(client, loop, "ticket-8", {"score": 1}, name_trace=False)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_feedback"
+    assert [f["path"] for f in error["fields"]] == ["external_id"]
+    assert feedback_rows(session_factory) == []
+
+
+def test_a_signed_feedback_cannot_be_replayed_onto_another_trace(
+    client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
+) -> None:
+    """Issue 43: the signature covers the body, and the body names its trace, so a captured
+    thumbs-down for one trace is refused at another trace's URL; replayed where it was sent
+    (within the timestamp tolerance) it is the same feedback, and changes nothing."""
+    post_trace(client, loop, make_trace("ticket-a"))
+    post_trace(client, loop, make_trace("ticket-b"))
+    body = json.dumps({"external_id": "ticket-a", "score": 0.0, "label": "wrong"}).encode()
+    captured = signed_headers(loop["signing_secret"], body)
+    url = f"/v1/loops/{loop['name']}/traces/{{}}/feedback"
+
+    sent = client.post(url.format("ticket-a"), content=body, headers=captured)
+    assert sent.status_code == 201, sent.text
+    replayed_elsewhere = client.post(url.format("ticket-b"), content=body, headers=captured)
+    assert replayed_elsewhere.status_code == 422
+    assert replayed_elsewhere.json()["error"]["code"] == "trace_mismatch"
+    replayed = client.post(url.format("ticket-a"), content=body, headers=captured)
+    assert replayed.status_code == 200 and replayed.json()["status"] == "duplicate"
+    with session_factory() as session:
+        trace_a = session.scalars(select(Trace.id).where(Trace.external_id == "ticket-a")).one()
+    assert [row.trace_id for row in feedback_rows(session_factory)] == [trace_a]
+
+
+def test_feedback_on_a_purged_trace_is_a_clear_410(
+    client: TestClient, loop: dict[str, Any], session_factory: SessionFactory
+) -> None:
+    """Retention purged the body: nothing could curate the trace again, so feedback is
+    refused with the reason, and the trace keeps its verdict and links."""
+    post_trace(client, loop, make_trace("ticket-old"))
+    mark_curated(session_factory, "ticket-old")
+    with session_factory.begin() as session:
+        purged = purge_trace_bodies(
+            session=session,
+            received_before=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1),
+            now=dt.datetime.now(dt.UTC),
+            limit=10,
+        )
+    assert purged == 1
+
+    response = post_feedback(client, loop, "ticket-old", {"label": "wrong"})
+
+    assert response.status_code == 410, response.text
+    error = response.json()["error"]
+    assert error["code"] == "trace_purged" and "ticket-old" in error["message"]
+    assert feedback_rows(session_factory) == []
+    with session_factory() as session:
+        trace = session.scalars(select(Trace).where(Trace.external_id == "ticket-old")).one()
+        assert trace.curation_outcome == "rejected" and trace.curated_at is not None

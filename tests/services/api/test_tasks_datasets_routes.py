@@ -14,7 +14,8 @@ from sqlalchemy import select, update
 
 from services.artifacts import ArtifactStore
 from services.curation.snapshot import snapshot
-from services.db.models import Task
+from services.db.models import Demonstration, Task
+from services.db.queries.runs import NewRun, upsert_run
 from services.db.session import SessionFactory
 from tests.services.api.support import ADMIN
 from tests.services.curation.support import add_traces, curate_all, make_loop, trace_body
@@ -62,6 +63,42 @@ def test_one_task_shows_its_loop_spec_and_sources(client: TestClient, dataset_id
     detail = get(client, f"/v1/tasks/{heavy['id']}").json()
     assert detail["loop"] == LOOP and detail["prompt"] == detail["spec"]["prompt"]
     assert sorted(s["relation"] for s in detail["sources"]) == ["duplicate", "origin"]
+
+
+def test_a_tasks_demonstrations_are_the_admins_to_read(
+    client: TestClient, dataset_id: int, session_factory: SessionFactory
+) -> None:
+    """What the dashboard's task page fetches with the token: its pages carry neither the
+    prompt nor the episodes (issue 43)."""
+    task_id = get(client, f"/v1/loops/{LOOP}/tasks").json()["tasks"][0]["id"]
+    with session_factory.begin() as session:
+        task = session.get_one(Task, task_id)
+        run = NewRun(run_id="r1", loop_id=task.loop_id, kind="probe", executor="local", spec={})
+        upsert_run(session=session, run=run)
+        session.add(
+            Demonstration(
+                loop_id=task.loop_id,
+                task_id=task.id,
+                task_hash="h",
+                run_id="r1",
+                sample=0,
+                source="probe",
+                checkpoint_id=None,
+                family="tiny",
+                passed=True,
+                reward=1.0,
+                text="the answer",
+                tokens=2,
+                sequences=[[[1, 2], [False, True]]],
+            )
+        )
+    shown = get(client, f"/v1/tasks/{task_id}/demonstrations")
+    assert shown.status_code == 200, shown.text
+    assert [(d["text"], d["passed"], d["source"]) for d in shown.json()] == [
+        ("the answer", True, "probe")
+    ]
+    assert client.get(f"/v1/tasks/{task_id}/demonstrations").status_code == 401
+    assert get(client, "/v1/tasks/999999/demonstrations").status_code == 404
 
 
 def test_datasets_list_and_show(client: TestClient, dataset_id: int) -> None:
@@ -146,6 +183,7 @@ def test_the_routes_are_in_the_openapi(client: TestClient) -> None:
         "/v1/loops/{loop}/tasks",
         "/v1/loops/{loop}/tasks/pin",
         "/v1/tasks/{task_id}",
+        "/v1/tasks/{task_id}/demonstrations",
         "/v1/loops/{loop}/datasets",
         "/v1/datasets/{dataset_id}",
     ):

@@ -29,6 +29,7 @@ def _create(
             "environment": environment,
             "training_profile": {"family": "hf"},
             "curation_policy": POLICY,
+            "serving_target": {"model": name},  # each loop serves under a name of its own
         },
         timeout=30,
     )

@@ -58,7 +58,12 @@ def test_create_list_show_rotate(api_url: str, capsys: pytest.CaptureFixture[str
         with TraceClient(api_url, "calc", secret) as client:
             ok = client.post([make_trace()])
         assert ok.accepted == 1
-    code, out, _ = run(capsys, "loop", "create", "plain", "--env", "toolcalc", "--show-secrets")
+    code, _, err = run(capsys, "loop", "create", "plain", "--env", "toolcalc", "--show-secrets")
+    # Both would serve as 'ratchet' on the local model server (issue 43).
+    assert code == 1 and "already serves under the model name 'ratchet'" in err
+    code, out, _ = run(
+        capsys, "loop", "create", "plain", "--env", "toolcalc", "--model", "plain", "--show-secrets"
+    )
     assert code == 0 and "signing secret: whsec_" in out and "ingest token:   rit_" in out
 
 

@@ -55,6 +55,8 @@ def test_create_writes_the_secrets_to_a_private_file_and_not_to_stdout(
         "other",
         "--env",
         "toolcalc",
+        "--model",
+        "other",
         "--json",
         "--secret-file",
         str(other),

@@ -226,8 +226,18 @@ def test_user_data_is_escaped_everywhere(seeded: Seeded, browser_page: BrowserPa
     assert page.locator("#status-reason").inner_text() == XSS_REASON
     date_cluster = page.locator("details[data-cluster='c-date-format']")
     assert XSS_SIGNATURE in (date_cluster.locator("summary").text_content() or "")
+    assert XSS_PROMPT not in page.content()  # a prompt is shown only with the admin token
+    page.evaluate(f"sessionStorage.setItem('ratchet.adminToken', {ADMIN_TOKEN!r})")
+    page = _open(browser_page, f"{base}/loops/{story.loop}")
+    date_cluster = page.locator("details[data-cluster='c-date-format']")
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('pre[data-task-prompt]'))"
+        ".every((pre) => !pre.hidden)"
+    )
     prompts = [p.text_content() for p in date_cluster.locator("pre.prompt").all()]
     assert XSS_PROMPT in prompts
+    _no_xss(page)
+    page.evaluate("sessionStorage.clear()")
     assert page.locator("#clusters script, #clusters b").count() == 0
 
     evil_name = "<svg onload=window.__xss=9>"  # a loop name is one path segment: no slash

@@ -1,6 +1,8 @@
-"""The task page in headless Chromium: a task's stored successes and failures (episode
-text, the run and checkpoint that produced it, when, reward), escaped; an unknown or
-malformed task id is the not-found page, never a 5xx."""
+"""The task page in headless Chromium: a task's stored successes and failures (the run and
+checkpoint that produced each, when, reward), and, in a tab holding the admin token, the
+prompt and the episode texts, escaped; without the token the page carries neither (they are
+the loop's data, which /v1/tasks guards: issue 43); an unknown or malformed task id is the
+not-found page, never a 5xx."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from sqlalchemy import select
 
 from services.db.models import Demonstration, Loop, Task
 from tests.services.dashboard.conftest import (
+    ADMIN_TOKEN,
     BrowserPage,
     SeededDatabase,
     dashboard_settings,
@@ -58,7 +61,13 @@ def page_of_task(seeded_database: SeededDatabase) -> Iterator[tuple[Server, str,
         yield server, story.loop, task_id
 
 
-def test_the_task_page_shows_successes_and_failures(
+def task_prompt(page_of_task: tuple[Server, str, int]) -> str:
+    server, _, task_id = page_of_task
+    with server.session_factory() as session:
+        return str(session.get_one(Task, task_id).spec["prompt"])
+
+
+def test_the_task_page_shows_successes_and_failures_and_no_content_without_the_token(
     page_of_task: tuple[Server, str, int], browser_page: BrowserPage
 ) -> None:
     server, loop, task_id = page_of_task
@@ -70,13 +79,33 @@ def test_the_task_page_shows_successes_and_failures(
     assert successes.count() == 2 and failures.count() == 1
     assert "Successes (2)" in page.locator("#task-successes h2").inner_text()
     first = successes.nth(0).inner_text()
-    assert XSS_EPISODE in first  # shown as text, not markup
     assert "1.000" in first and "train run" in first
     assert "0.250" in failures.nth(0).inner_text()
     link = successes.nth(0).locator("a[href*='/runs/']")
     assert link.count() == 1
+    html = page.content()
+    assert XSS_EPISODE not in html and "fmt(date='10/11/2026')" not in html
+    assert task_prompt(page_of_task) not in html
+    assert "admin token" in page.locator("#task-content-note").inner_text()
+    assert browser_page.errors == []
+
+
+def test_a_tab_holding_the_admin_token_sees_the_prompt_and_episodes_as_text(
+    page_of_task: tuple[Server, str, int], browser_page: BrowserPage
+) -> None:
+    server, loop, task_id = page_of_task
+    page = browser_page.page
+    url = f"{server.url}/loops/{quote(loop)}/tasks/{task_id}"
+    page.goto(url)
+    page.evaluate(f"sessionStorage.setItem('ratchet.adminToken', {ADMIN_TOKEN!r})")
+    page.goto(url)
+    page.wait_for_function("() => !document.getElementById('task-prompt').hidden")
+    assert page.locator("#task-prompt").inner_text() == task_prompt(page_of_task)
+    first = page.locator("#task-successes tbody tr").nth(0).inner_text()
+    assert XSS_EPISODE in first  # shown as text, not markup
     assert page.evaluate("typeof window.__xss") == "undefined"
     assert page.locator("img[src='x']").count() == 0
+    page.evaluate("sessionStorage.clear()")
     assert browser_page.errors == []
 
 

@@ -36,7 +36,7 @@ def test_upgrade_downgrade_upgrade(make_database: Callable[[], str]) -> None:
     assert {"evaluations", "evaluation_results", "promotions", "credentials"} <= tables
 
 
-def test_the_revision_chain_is_linear_from_0001_to_0014() -> None:
+def test_the_revision_chain_is_linear_from_0001_to_0015() -> None:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
@@ -44,6 +44,6 @@ def test_the_revision_chain_is_linear_from_0001_to_0014() -> None:
     config = Config()
     config.set_main_option("script_location", str(root / "migrations"))
     script = ScriptDirectory.from_config(config)
-    assert script.get_heads() == ["0014"]
+    assert script.get_heads() == ["0015"]
     chain = [rev.revision for rev in script.walk_revisions("base", "heads")]
-    assert chain == ["0014", *(f"{n:04d}" for n in range(12, 0, -1))]
+    assert chain == ["0015", "0014", *(f"{n:04d}" for n in range(12, 0, -1))]

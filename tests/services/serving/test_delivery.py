@@ -194,6 +194,17 @@ def test_a_probe_set_of_another_checkpoint_proves_nothing(world: World) -> None:
         prove_delivery(client, MODEL, world.probes, checkpoint_id=world.other.id)
 
 
+def test_the_evaluation_records_each_tokens_lead_over_its_runner_up(world: World) -> None:
+    """What a near tie is judged by (issue 43): the eval job's greedy margins, from its
+    engine's top-2 log-probs."""
+    for probe_ in world.probes.probes:
+        sampled = [*probe_.token_ids, *([probe_.stop_id] if probe_.stop_id is not None else [])]
+        assert probe_.margins is not None and probe_.runners_up is not None
+        assert len(probe_.margins) == len(probe_.runners_up) == len(sampled)
+        assert all(margin >= 0 for margin in probe_.margins)
+        assert all(other != token for other, token in zip(probe_.runners_up, sampled, strict=True))
+
+
 # The comparison itself, on answers of every shape a server may give ---------------------------
 
 

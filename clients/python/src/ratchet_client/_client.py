@@ -78,18 +78,22 @@ class FeedbackResult:
 
 def feedback_body(
     *,
+    external_id: str,
     score: float | None,
     label: str | None,
     correction: str | None,
     comment: str | None,
     feedback_id: str | None,
 ) -> bytes:
-    """The JSON body of a feedback post; at least one of score, label and correction."""
+    """The JSON body of a feedback post; at least one of score, label and correction. It
+    names its trace (``external_id``, as the URL does), so the signature covers which trace
+    the feedback is about."""
     if score is None and label is None and correction is None:
         raise ValueError("feedback needs at least one of score, label and correction")
     document = {
         key: value
         for key, value in (
+            ("external_id", external_id),
             ("id", feedback_id),
             ("score", score),
             ("label", label),
@@ -280,6 +284,7 @@ class TraceClient(_BufferedClient[httpx.Client]):
         same ``feedback_id``) is a no-op; an unknown trace raises RatchetError (404). Traces
         buffered by ``add`` are sent first, so feedback never races its own trace."""
         body = feedback_body(
+            external_id=external_id,
             score=score,
             label=label,
             correction=correction,
@@ -352,6 +357,7 @@ class AsyncTraceClient(_BufferedClient[httpx.AsyncClient]):
     ) -> FeedbackResult:
         """:meth:`TraceClient.feedback`."""
         body = feedback_body(
+            external_id=external_id,
             score=score,
             label=label,
             correction=correction,

@@ -227,8 +227,8 @@ class RFTConfig(SFTConfig, SamplingOptions):
     :class:`SFTConfig`'s, with defaults for a few hundred successes rather than a corpus).
 
     ``replay_fraction`` of each draw are replayed episodes: ``replay_samples`` sampled once
-    from the starting weights on each of at most ``replay_tasks`` replay tasks (a loop's
-    regression split), the verified ones kept."""
+    from the starting weights on each of at most ``replay_tasks`` replay tasks (a dataset's
+    replay split, never its regression suite), the verified ones kept."""
 
     steps: int = field(default=100, metadata=_bounds(0))
     batch_size: int = field(default=16, metadata=_bounds(1))

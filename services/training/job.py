@@ -20,8 +20,9 @@ N in the spec, ``<output_dir>/episodes.jsonl`` too (up to N verified successes o
 and as many failures beside them, with their token ids; listed in metrics.json as
 ``episode_file``, see services.training.episode_file); ``demonstrations`` in the spec names
 earlier runs' stored episodes, which rft trains on and dpo pairs; ``replay_dataset`` names a
-task file of tasks the starting weights already handle (a loop's regression split), which
-rft replays beside the new successes (``replay_fraction``) so that it does not forget them.
+task file of tasks the starting weights already handle (a dataset's replay split, never the
+regression suite that judges the candidate), which rft replays beside the new successes
+(``replay_fraction``) so that it does not forget them.
 GRPO keeps resume points under ``<output_dir>/state/`` and a restarted job continues from the
 last one. A job whose outputs are already complete exits 0 without retraining, so an
 executor may retry it safely.
@@ -336,8 +337,8 @@ def _dataset(spec: JobSpec) -> list[TaskSpec]:
 
 
 def _replay_tasks(spec: JobSpec) -> list[TaskSpec]:
-    """The spec's ``replay_dataset``: tasks the starting weights already handle (a loop's
-    regression split), which rft replays; none without one, and an empty file is none."""
+    """The spec's ``replay_dataset``: tasks the starting weights already handle (a dataset's
+    replay split), which rft replays; none without one, and an empty file is none."""
     path = spec.raw.get("replay_dataset")
     if path is None:
         return []

@@ -17,7 +17,7 @@ Choices, each on purpose:
 - **Stored successes** (``stored``: earlier runs' verified episodes of the same tasks, a
   train job's ``demonstrations.jsonl``) join every iteration's SFT set as successes of
   their task, weighed like sampled ones; only those of the model's family are used.
-- **Replay** (``replay_fraction`` > 0 and replay tasks given: a loop's regression split,
+- **Replay** (``replay_fraction`` > 0 and replay tasks given: a dataset's replay split,
   tasks the champion handled): before the first iteration, ``replay_samples`` episodes of
   each of at most ``replay_tasks`` of them are sampled from the starting weights and the
   verified ones kept; every iteration's SFT draw gives them ``replay_fraction`` of its

@@ -12,6 +12,7 @@ Nothing the demo saw while it ran is trusted over what was stored.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -25,6 +26,14 @@ from services.db.queries.live import live_counts
 from services.db.queries.points import IntelligencePerDollar, intelligence_per_dollar
 from services.db.queries.promotions import PromotionRow, loop_promotions
 from services.db.queries.serving_ledger import serving_totals
+from services.evaluation.figures import (
+    Gain,
+    Rate,
+    gain_from_detail,
+    imprecise_note,
+    live_gain,
+    rate,
+)
 from services.loop.ledger import usd_per_mtok
 
 # Far more cycles than a demo runs: the report and the watcher read them all.
@@ -59,6 +68,12 @@ class CycleRow:
     # and the actual cost by phase ($), services.loop.estimate.
     estimate_usd: float | None = None
     cost_by_phase: dict[str, float] = field(default_factory=dict)
+    # The three numbers as measured, each with its interval and counts
+    # (services.evaluation.figures); ``points`` above is the held-out figure only while the
+    # candidate serves.
+    heldout: Gain | None = None
+    gate: Gain | None = None
+    live_delta: Gain | None = None
 
 
 @dataclass
@@ -87,6 +102,15 @@ class DemoReport:
     actual_usd: float = 0.0
     cost_by_phase: dict[str, float] = field(default_factory=dict)
     cycle_wall_s: float | None = None
+    # Live success on the drifted API before and after, with counts and Wilson intervals
+    # (``Rate.to_json``); the held-out gain of the one cycle that bought the points (None
+    # when no cycle or several did: each cycle's row has its own); what a reader must know
+    # about the figures' precision.
+    live_before: Rate | None = None
+    live_after: Rate | None = None
+    heldout_gain: Gain | None = None
+    live_change: Gain | None = None  # after minus before, Newcombe's interval
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,12 +151,18 @@ def build_report(
     for row in rows:
         for phase, dollars in row.cost_by_phase.items():
             phases[phase] = round(phases.get(phase, 0.0) + dollars, 6)
+    heldout_gain = headline_gain(rows)
     return DemoReport(
         cycles=rows,
         live=live,
         promotions=len(promotions),
         live_success_before=measured.before,
         live_success_after=measured.after,
+        live_before=measured.before_figure,
+        live_after=measured.after_figure,
+        live_change=measured.delta,
+        heldout_gain=heldout_gain,
+        notes=precision_notes(rows, heldout_gain),
         demo_wall_s=0.0,
         orchestration_overhead_frac=max(overheads) if overheads else None,
         drift_at_s=drift_at,
@@ -149,6 +179,28 @@ def build_report(
         cost_by_phase=phases,
         cycle_wall_s=round(sum(row.wall_s for row in rows) / len(rows), 1) if rows else None,
     )
+
+
+def headline_gain(rows: list[CycleRow]) -> Gain | None:
+    """The held-out gain behind the report's points: the measured figure of the one cycle
+    whose candidate kept serving; None when none or several did (the points are then a sum,
+    and each cycle's row carries its own interval)."""
+    kept = [row.heldout for row in rows if row.points and row.heldout is not None]
+    return kept[0] if len(kept) == 1 else None
+
+
+def precision_notes(rows: list[CycleRow], headline: Gain | None) -> list[str]:
+    """What the report says about its figures' precision: a held-out interval wider than
+    ±15 points (its set is too small to tell such a gain from noise)."""
+    measured = [gain for gain in [headline, *(row.heldout for row in rows)] if gain is not None]
+    widest = max(measured, key=lambda gain: gain.half_width_points, default=None)
+    note = imprecise_note("held-out", widest)
+    return [note] if note is not None else []
+
+
+def _gain(detail: Mapping[str, Any] | None, key: str) -> Gain | None:
+    found = (detail or {}).get(key)
+    return gain_from_detail(found if isinstance(found, Mapping) else None, live=key == "live")
 
 
 def _serving_figures(session: Session, loop: Loop) -> dict[str, Any]:
@@ -197,6 +249,9 @@ def cycle_row(
         heldout_candidate_pass=_estimate(cycle.heldout_candidate),
         estimate_usd=float(cycle.estimate_usd) if cycle.estimate_usd is not None else None,
         cost_by_phase={p.phase: p.cost_usd for p in cycle.phase_costs if p.cost_usd is not None},
+        heldout=_gain(cycle.points_detail, "heldout"),
+        gate=_gain(cycle.points_detail, "gate"),
+        live_delta=_gain(cycle.points_detail, "live"),
     )
 
 
@@ -222,10 +277,35 @@ def job_seconds(spans: list[RunSpan]) -> float:
 
 @dataclass(frozen=True)
 class LiveBeforeAfter:
-    """Live success on the drifted API before and after the promotions, from Postgres."""
+    """Live success on the drifted API before and after the promotions, from Postgres:
+    (successes, traces) on each side."""
 
-    before: float | None
-    after: float | None
+    before_counts: tuple[int, int]
+    after_counts: tuple[int, int]
+
+    @property
+    def before(self) -> float | None:
+        ok, n = self.before_counts
+        return ok / n if n else None
+
+    @property
+    def after(self) -> float | None:
+        ok, n = self.after_counts
+        return ok / n if n else None
+
+    @property
+    def before_figure(self) -> Rate | None:
+        ok, n = self.before_counts
+        return rate(ok, n) if n else None
+
+    @property
+    def after_figure(self) -> Rate | None:
+        ok, n = self.after_counts
+        return rate(ok, n) if n else None
+
+    @property
+    def delta(self) -> Gain | None:
+        return live_gain(self.before_counts, self.after_counts)
 
 
 def live_before_after(
@@ -252,9 +332,7 @@ def live_before_after(
         if drift_wall is not None:
             before_n, before_ok = before_n + old.n, before_ok + old.successes
         after_n, after_ok = after_n + new.n, after_ok + new.successes
-    return LiveBeforeAfter(
-        before_ok / before_n if before_n else None, after_ok / after_n if after_n else None
-    )
+    return LiveBeforeAfter((before_ok, before_n), (after_ok, after_n))
 
 
 def percent(rate: float | None) -> str:
@@ -285,6 +363,9 @@ def format_report(report: DemoReport) -> str:
                 f"    held-out pass@1: champion {_interval(row.heldout_champion_pass)}, "
                 f"candidate {_interval(row.heldout_candidate_pass)}"
             )
+        measured = _measured(row)
+        if measured:
+            lines.append(f"    measured: {measured}")
         if row.cost_by_phase:
             lines.append(f"    cost by phase: {_phases(row.cost_by_phase)}")
         if row.reason:
@@ -294,21 +375,27 @@ def format_report(report: DemoReport) -> str:
         "champion, eval and candidate columns: pass@1 on the eval set (new failures); held-out:",
         "points gained on the frozen held-out set (the $ per point); gate: the eval-set delta",
         "the gate decided on; live: the canary's delta on traces in Postgres; est.: the",
-        "cost estimated before training, from the loop's measured per-phase rates.",
+        "cost estimated before training, from the loop's measured per-phase rates. Every",
+        "interval is 95% (pass rates: Wilson; gains on the same tasks: paired bootstrap;",
+        "live deltas: Newcombe), beside what it counted.",
     ]
     if report.champion_note:
         lines += [f"NOTE: {report.champion_note}"]
+    lines += [f"NOTE: {note}" for note in report.notes]
     lines += ["", "Live success rate (20 s window, traces in Postgres)", ""]
-    for at, rate, n, version in report.live:
-        bar = "#" * round((rate or 0) * 40)
-        lines.append(f"  t={at:5.0f}s {version}  {percent(rate)} of {n:3d}  {bar}")
+    for at, share, n, version in report.live:
+        bar = "#" * round((share or 0) * 40)
+        counted = rate(round((share or 0) * n), n).text() if n else "n/a (0)"
+        lines.append(f"  t={at:5.0f}s {version}  {counted:>20}  {bar}")
     lines += [
         "",
-        f"promotions: {report.promotions}   live success after drift: "
-        f"{percent(report.live_success_before)} -> {percent(report.live_success_after)}   "
-        f"traces posted: {report.traces_posted}   wall: {report.demo_wall_s:.0f}s",
-        f"held-out points gained: {report.heldout_points_gained:+.1f}   $ per held-out point: "
-        f"{_usd(report.usd_per_heldout_point)}   canary windows: {report.canary_window_s:.0f}s",
+        f"promotions: {report.promotions}   traces posted: {report.traces_posted}   "
+        f"wall: {report.demo_wall_s:.0f}s",
+        f"live success after drift: {_rate(report.live_before)} -> {_rate(report.live_after)}"
+        f"{'   ' + report.live_change.text() if report.live_change else ''}",
+        f"held-out points gained: {_headline(report)}",
+        f"$ per held-out point: {_usd(report.usd_per_heldout_point)}   canary windows: "
+        f"{report.canary_window_s:.0f}s",
         f"tokens served: {report.tokens_served:,}   $/Mtok served: "
         f"{_usd(report.serving_usd_per_mtok)}",
         f"estimate: {_usd(report.estimate_usd)}   actual: {_usd(report.actual_usd)}   "
@@ -316,6 +403,27 @@ def format_report(report: DemoReport) -> str:
         f"by phase: {_phases(report.cost_by_phase) or '-'}",
     ]
     return "\n".join(lines)
+
+
+def _measured(row: CycleRow) -> str:
+    """The cycle's three numbers as measured, each with its interval and counts."""
+    named = (("held-out", row.heldout), ("gate", row.gate), ("live", row.live_delta))
+    return " · ".join(f"{name} {gain.text()}" for name, gain in named if gain is not None)
+
+
+def _rate(figure: Rate | None) -> str:
+    return "n/a" if figure is None else figure.text()
+
+
+def _headline(report: DemoReport) -> str:
+    """The held-out points with the interval of the cycle that bought them; a sum of
+    several cycles says where the intervals are."""
+    if report.heldout_gain is not None:
+        return report.heldout_gain.text()
+    gained = sum(1 for row in report.cycles if row.points)
+    if gained > 1:
+        return f"{report.heldout_points_gained:+.1f} (the sum of {gained} cycles: intervals above)"
+    return f"{report.heldout_points_gained:+.1f}"
 
 
 def _phases(dollars: dict[str, float]) -> str:

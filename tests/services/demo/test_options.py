@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.curation.policy import CurationPolicy
 from services.demo import smollm2
 from services.demo.options import DemoOptions
 from services.training.config import HFRFTConfig, parse_hyperparameters
@@ -39,3 +40,11 @@ def test_the_real_lm_demo_trains_rft_candidates_its_jobs_accept() -> None:
     parsed = parse_hyperparameters("hf", "rft", profile["hyperparameters"])
     assert isinstance(parsed.config, HFRFTConfig)
     assert parsed.config.samples_per_task == 16 and parsed.config.iterations == 2
+
+
+def test_the_demo_curates_a_held_out_set_sized_for_its_interval() -> None:
+    """Every success curated (the held-out set has the traffic's mix) and three clusters in
+    ten held out, a valid curation policy."""
+    policy = CurationPolicy.from_json(DemoOptions.for_model("tiny").curation_policy)
+    assert (policy.success_sample_rate, policy.heldout_fraction) == (1.0, 0.3)
+    assert DemoOptions.for_model("smollm2").curation_policy == DemoOptions().curation_policy

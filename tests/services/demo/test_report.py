@@ -13,6 +13,7 @@ from services.db.session import SessionFactory
 from services.demo.champion import champion_note
 from services.demo.options import DemoOptions
 from services.demo.report import build_report, format_report, live_before_after
+from services.evaluation.figures import live_gain, rate
 from tests.services.dashboard.seed import seed_story
 
 T0 = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.UTC)
@@ -79,6 +80,9 @@ def test_live_success_before_and_after_come_from_the_stored_traces(
         measured = live_before_after(session, loop, [promotion], T0 + dt.timedelta(minutes=10))
         assert measured.before == 2 / 8
         assert measured.after == 9 / 10
+        # with their counts and intervals
+        assert measured.before_figure == rate(2, 8) and measured.after_figure == rate(9, 10)
+        assert measured.delta == live_gain((2, 8), (9, 10))
         # Without a drift there is no "before" to speak of.
         assert live_before_after(session, loop, [promotion], None).before is None
 
@@ -162,3 +166,20 @@ def test_the_report_reads_the_dashboards_cycles(
     assert "estimate: $2.0000   actual: $3.5000" in text
     figures = report.to_json()
     assert {"estimate_usd", "actual_usd", "cost_by_phase", "cycle_wall_s"} <= set(figures)
+    # Every number with its interval and what it counted.
+    assert second.heldout is not None and second.live_delta is not None
+    assert (second.heldout.n, second.heldout.low, second.heldout.high) == (40, 40.1, 72.4)
+    assert (second.live_delta.n_before, second.live_delta.n) == (40, 60)
+    assert (
+        "measured: held-out +58.3 [+40.1, +72.4] pts (40 tasks) · gate +91.7 [+75.0, +100.0] "
+        "pts (12 tasks) · live +41.0 [+22.5, +55.2] pts (40 → 60 traces)"
+    ) in text
+    assert report.heldout_gain == second.heldout
+    assert "held-out points gained: +58.3 [+40.1, +72.4] pts (40 tasks)" in text
+    # ±16.2 points on 40 tasks: the report says the set is too small for ±15
+    assert report.notes == [
+        "the held-out interval is ±16.2 points on 40 tasks: wider than ±15, so the set is "
+        "too small to tell a gain under that from noise"
+    ]
+    assert f"NOTE: {report.notes[0]}" in text
+    assert figures["heldout_gain"]["n"] == 40 and figures["cycles"][1]["gate"]["n"] == 12

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, aliased
 from services.dashboard.timeline import current_stage
 from services.db.models import Cycle, Dataset, Evaluation, Promotion, Run
 from services.db.queries.points import cycle_cost_usd
+from services.evaluation.figures import gain_from_detail
 from services.evaluation.stats import wilson_interval
 from services.loop.estimate import PHASES
 
@@ -66,6 +67,7 @@ class CycleNumber:
     points: float
     ci_low: float | None
     ci_high: float | None
+    counted: str | None = None  # what it counted: "40 tasks", "50 → 60 traces"
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ class CycleRow:
             found = detail.get(key)
             interval: dict[str, Any] = found if isinstance(found, dict) else {}
             low, high = interval.get("ci_low_points"), interval.get("ci_high_points")
+            figure = gain_from_detail(interval, live=key == "live")
             out.append(
                 CycleNumber(
                     key,
@@ -190,6 +193,7 @@ class CycleRow:
                     float(value),
                     float(low) if isinstance(low, int | float) else None,
                     float(high) if isinstance(high, int | float) else None,
+                    figure.counted() if figure is not None and figure.n else None,
                 )
             )
         return out

@@ -325,7 +325,7 @@ class LoopWorkflow:
         champion = champion_of(started)
         if workflow.patched(ESTIMATE_PATCH):
             await self._enter(CycleStage.ESTIMATE, run.cycle)
-            await estimate_stage(run, dataset)
+            await estimate_stage(run, dataset, champion)
         trained = await self._train_stage(run, dataset, champion)
         await self._evaluate_stage(run, dataset, champion, trained)
         decided = await self._gate_stage(run, champion, trained)

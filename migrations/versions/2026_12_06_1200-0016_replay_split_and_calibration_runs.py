@@ -1,9 +1,14 @@
-"""replay split: the successes a dataset may train on, apart from the ones that judge
+"""replay split and calibration runs
+
+The replay split: the successes a dataset may train on, apart from the ones that judge.
 
 A dataset's sampled successes were one ``regression`` split that the gate judged a
 candidate on and rft replayed, so the regression suite was trained on. Now a snapshot puts
 the successes of clusters on the trained side into ``replay`` (``replay_count``,
 ``replay_uri``), which train jobs replay, and keeps the rest as the regression suite.
+
+Calibration runs: a loop's first cycle times a shortened train job (run kind
+``calibrate``) before its estimate, so the estimate rests on a measurement.
 
 Revision ID: 0016
 Revises: 0011
@@ -32,9 +37,16 @@ def upgrade() -> None:
         "dataset_tasks",
         "split IN ('train', 'replay', 'eval', 'heldout', 'regression')",
     )
+    op.drop_constraint(op.f("ck_runs_kind"), "runs", type_="check")
+    op.create_check_constraint(
+        op.f("ck_runs_kind"), "runs", "kind IN ('train', 'eval', 'probe', 'calibrate')"
+    )
 
 
 def downgrade() -> None:
+    op.execute("DELETE FROM runs WHERE kind = 'calibrate'")
+    op.drop_constraint(op.f("ck_runs_kind"), "runs", type_="check")
+    op.create_check_constraint(op.f("ck_runs_kind"), "runs", "kind IN ('train', 'eval', 'probe')")
     op.execute("DELETE FROM dataset_tasks WHERE split = 'replay'")
     op.drop_constraint(op.f("ck_dataset_tasks_split"), "dataset_tasks", type_="check")
     op.create_check_constraint(

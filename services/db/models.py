@@ -295,7 +295,7 @@ class Run(Base):
 
     __tablename__ = "runs"
     __table_args__ = (
-        CheckConstraint("kind IN ('train', 'eval', 'probe')", name="kind"),
+        CheckConstraint("kind IN ('train', 'eval', 'probe', 'calibrate')", name="kind"),
         CheckConstraint(
             "status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled', 'lost')",
             name="status",

@@ -602,6 +602,9 @@ def _training_cycle(scene: _Scene, champion: Checkpoint) -> Run:
             },
             "measured_cycles": 2,
             "left_usd": 21.2,
+            "low_usd": 1.5,
+            "high_usd": 2.4,
+            "basis": "measured over 2 cycle(s)",
         },
     )
     session.add(c3)

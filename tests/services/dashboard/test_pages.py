@@ -159,8 +159,8 @@ def test_the_cycle_shows_its_estimate_beside_the_actual_and_where_the_money_went
 ) -> None:
     page = _open(browser_page, f"{seeded.server.url}/loops/{seeded.story.loop}")
     summary = page.locator("#estimate-vs-actual").inner_text()
-    assert "Estimate $1.90" in summary and "so far" in summary
-    assert "rates measured over the last 2 cycles" in summary and "$21.20" in summary
+    assert "Estimate $1.90 ($1.50 to $2.40)" in summary and "so far" in summary
+    assert "measured over 2 cycle(s)" in summary and "$21.20" in summary
     phases = page.locator("#cost-by-phase tbody tr")
     assert [phases.nth(i).get_attribute("data-phase") for i in range(phases.count())] == [
         "rollout",

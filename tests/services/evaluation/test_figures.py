@@ -91,3 +91,16 @@ def test_a_wide_interval_is_said_to_be_too_wide() -> None:
     assert note.startswith("the held-out interval is ±25.0 points on 12 tasks")
     assert f"±{PRECISION_POINTS:g}" in note
     assert imprecise_note("held-out", None) is None
+
+
+def test_the_gates_number_is_shown_at_95_whatever_the_policys_confidence() -> None:
+    """The gate decides at its policy's confidence (here 90 %); the figure it leaves for
+    every page is the 95 % interval the gate activity adds beside (``ci95_*``)."""
+    champion, candidate = [0.0] * 10, [1.0] * 6 + [0.0] * 4
+    decided = compare_paired(champion, candidate, confidence=0.9).to_dict()
+    shown = paired_gain(champion, candidate)
+    statistics = {"eval": {**decided, "ci95_low": shown.low / 100, "ci95_high": shown.high / 100}}
+    gate = gain_from_detail(cycle_points(statistics, None, None).detail["gate"])
+    assert gate is not None
+    assert (gate.low, gate.high) == pytest.approx((shown.low, shown.high))
+    assert gate.low <= 100 * decided["ci_low"]  # the 95 % interval is the wider one

@@ -35,6 +35,11 @@ class DemoOptions:
     timeout_s: float = 1500.0
     min_new_tasks: int = 48
     canary_seconds: float = 30.0
+    # The sampling temperature the simulated agent asks the model server for (0: greedy, as
+    # the agents of docs/quickstart.md). The demo's gate evaluates at the same temperature
+    # (greedy: one sample per task), so offline figures measure what is served
+    # (docs/models.md, "Live against offline").
+    traffic_temperature: float = 0.0
     # The demo loop's curation (docs/curation.md): every success curated, so successes and
     # failures enter the held-out set alike and it has the traffic's mix; a held-out share
     # of 0.3 of clusters (the default is 0.1) so that by the first cycle (48 train tasks)

@@ -35,6 +35,7 @@ from services.evaluation.figures import (
     rate,
 )
 from services.loop.ledger import usd_per_mtok
+from services.modelserver.attestation import TraceAttestation
 
 # Far more cycles than a demo runs: the report and the watcher read them all.
 ALL_CYCLES = 10_000
@@ -68,6 +69,9 @@ class CycleRow:
     # and the actual cost by phase ($), services.loop.estimate.
     estimate_usd: float | None = None
     cost_by_phase: dict[str, float] = field(default_factory=dict)
+    # The estimate's range ($) and what its rates rested on (measured, calibrated, defaults).
+    estimate_range: tuple[float, float] | None = None
+    estimate_basis: str = ""
     # The three numbers as measured, each with its interval and counts
     # (services.evaluation.figures); ``points`` above is the held-out figure only while the
     # candidate serves.
@@ -130,8 +134,11 @@ def build_report(
     drift_wall: dt.datetime | None,
     traces_posted: int,
     state_dir: str,
+    attested: TraceAttestation | None = None,
 ) -> DemoReport:
-    """The report of the loop's ended cycles, from what Postgres holds."""
+    """The report of the loop's ended cycles, from what Postgres holds; live success counts
+    only the traces ``attested`` vouches for, as the canary does (an episode the model
+    server answered with two versions, across a deploy, counts for neither)."""
     spans = cycle_run_spans(session=session, loop_id=loop.id)
     bought = intelligence_per_dollar(session=session, loop_id=loop.id)
     rows = [
@@ -143,7 +150,7 @@ def build_report(
     # overhead, and reported on its own as ``canary_window_s``).
     overheads = [max(0.0, row.wall_s - row.job_s) / row.wall_s for row in rows if row.wall_s > 0]
     promotions = loop_promotions(session=session, loop_id=loop.id, held_by_cycles=True)
-    measured = live_before_after(session, loop, promotions, drift_wall)
+    measured = live_before_after(session, loop, promotions, drift_wall, attested=attested)
     gate = [row.gate_points for row in rows if row.gate_points is not None]
     live_points = [row.live_points for row in rows if row.live_points is not None]
     estimated = [row.estimate_usd for row in rows if row.estimate_usd is not None]
@@ -198,6 +205,13 @@ def precision_notes(rows: list[CycleRow], headline: Gain | None) -> list[str]:
     return [note] if note is not None else []
 
 
+def _estimate_range(estimate: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    low, high = (estimate or {}).get("low_usd"), (estimate or {}).get("high_usd")
+    if isinstance(low, int | float) and isinstance(high, int | float) and high > 0:
+        return float(low), float(high)
+    return None
+
+
 def _gain(detail: Mapping[str, Any] | None, key: str) -> Gain | None:
     found = (detail or {}).get(key)
     return gain_from_detail(found if isinstance(found, Mapping) else None, live=key == "live")
@@ -249,6 +263,8 @@ def cycle_row(
         heldout_candidate_pass=_estimate(cycle.heldout_candidate),
         estimate_usd=float(cycle.estimate_usd) if cycle.estimate_usd is not None else None,
         cost_by_phase={p.phase: p.cost_usd for p in cycle.phase_costs if p.cost_usd is not None},
+        estimate_range=_estimate_range(cycle.estimate),
+        estimate_basis=str((cycle.estimate or {}).get("basis") or ""),
         heldout=_gain(cycle.points_detail, "heldout"),
         gate=_gain(cycle.points_detail, "gate"),
         live_delta=_gain(cycle.points_detail, "live"),
@@ -309,14 +325,22 @@ class LiveBeforeAfter:
 
 
 def live_before_after(
-    session: Session, loop: Loop, promotions: list[PromotionRow], drift_wall: dt.datetime | None
+    session: Session,
+    loop: Loop,
+    promotions: list[PromotionRow],
+    drift_wall: dt.datetime | None,
+    *,
+    attested: TraceAttestation | None = None,
 ) -> LiveBeforeAfter:
-    """The canary's query (:func:`live_counts`) over the traces in Postgres.
+    """The canary's query (:func:`live_counts`, with its ``attested`` when the server signs
+    its answers) over the traces in Postgres.
 
     Before: traces of a version that was later replaced, from the drift until its
     replacement was deployed. After: traces of every promoted version since it was deployed.
     """
-    counts = partial(live_counts, session=session, loop=loop, limit=1_000_000)  # every trace
+    counts = partial(  # every trace
+        live_counts, session=session, loop=loop, limit=1_000_000, attested=attested
+    )
     before_n = before_ok = after_n = after_ok = 0
     for promotion in promotions:
         if promotion.deployed_at is None:
@@ -366,6 +390,12 @@ def format_report(report: DemoReport) -> str:
         measured = _measured(row)
         if measured:
             lines.append(f"    measured: {measured}")
+        if row.estimate_range is not None:
+            low, high = row.estimate_range
+            lines.append(
+                f"    estimate {_usd(row.estimate_usd)} (${low:.4f} to ${high:.4f}): "
+                f"{row.estimate_basis or 'basis not recorded'}"
+            )
         if row.cost_by_phase:
             lines.append(f"    cost by phase: {_phases(row.cost_by_phase)}")
         if row.reason:
@@ -375,7 +405,8 @@ def format_report(report: DemoReport) -> str:
         "champion, eval and candidate columns: pass@1 on the eval set (new failures); held-out:",
         "points gained on the frozen held-out set (the $ per point); gate: the eval-set delta",
         "the gate decided on; live: the canary's delta on traces in Postgres; est.: the",
-        "cost estimated before training, from the loop's measured per-phase rates. Every",
+        "cost estimated before training, from the loop's per-phase rates (measured, or its",
+        "calibration pass's; the range and basis under the row). Every",
         "interval is 95% (pass rates: Wilson; gains on the same tasks: paired bootstrap;",
         "live deltas: Newcombe), beside what it counted.",
     ]

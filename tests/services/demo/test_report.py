@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy import select
@@ -14,6 +15,7 @@ from services.demo.champion import champion_note
 from services.demo.options import DemoOptions
 from services.demo.report import build_report, format_report, live_before_after
 from services.evaluation.figures import live_gain, rate
+from services.modelserver.attestation import attested, response_id
 from tests.services.dashboard.seed import seed_story
 
 T0 = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.UTC)
@@ -93,6 +95,9 @@ def test_every_report_says_how_the_toy_champion_was_made() -> None:
     assert "not exposed to v2's names" in champion_note(plain)
     real = champion_note(DemoOptions(model="smollm2"))
     assert "SmolLM2-135M-Instruct" in real and "pre-exposed" not in real
+    # what the champion saw: v1 only, about half of it recovering from a usage error
+    assert "about half first make a call without its last argument" in real
+    assert "usage error, and make it right" in real and " only" not in real
 
 
 def test_the_report_reads_the_dashboards_cycles(
@@ -183,3 +188,45 @@ def test_the_report_reads_the_dashboards_cycles(
     ]
     assert f"NOTE: {report.notes[0]}" in text
     assert figures["heldout_gain"]["n"] == 40 and figures["cycles"][1]["gate"]["n"] == 12
+
+
+def test_live_success_counts_what_the_server_signed_as_the_canary_does(
+    session_factory: SessionFactory,
+) -> None:
+    """An episode the server answered with two versions (it straddled the deploy, and the
+    agent reports the last version) counts for neither, as in the canary: with the
+    attestation key, the report's after-promotion figure is the new version's own."""
+    key = b"demo-attestation-key"
+    loop_id, _ = _seed(session_factory)
+    with session_factory.begin() as session:
+        for trace in session.scalars(select(Trace).where(Trace.loop_id == loop_id)):
+            trace.body = {"response_ids": [response_id("chatcmpl", trace.model_version, key)]}
+        # two episodes that began on the old version and ended on the new one, both failed
+        for index in range(2):
+            session.add(
+                Trace(
+                    loop_id=loop_id,
+                    external_id=f"straddled-{index}",
+                    model_version="new",
+                    success=False,
+                    body={
+                        "response_ids": [
+                            response_id("chatcmpl", "old", key),
+                            response_id("chatcmpl", "new", key),
+                        ]
+                    },
+                    size_bytes=2,
+                    received_at=T0 + dt.timedelta(minutes=21),
+                )
+            )
+    with session_factory() as session:
+        loop = session.get(Loop, loop_id)
+        assert loop is not None
+        (promotion,) = loop_promotions(session=session, loop_id=loop_id)
+        drift = T0 + dt.timedelta(minutes=10)
+        claimed = live_before_after(session, loop, [promotion], drift)
+        served = live_before_after(
+            session, loop, [promotion], drift, attested=partial(attested, key=key)
+        )
+    assert claimed.after_counts == (9, 12)  # the client's word: the straddlers count
+    assert served.after_counts == (9, 10) and served.before_counts == (2, 8)

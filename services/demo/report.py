@@ -78,6 +78,8 @@ class CycleRow:
     heldout: Gain | None = None
     gate: Gain | None = None
     live_delta: Gain | None = None
+    # The train job's sentence when its successes were rare (services.training.rft).
+    rare_successes: str | None = None
 
 
 @dataclass
@@ -198,11 +200,15 @@ def headline_gain(rows: list[CycleRow]) -> Gain | None:
 
 def precision_notes(rows: list[CycleRow], headline: Gain | None) -> list[str]:
     """What the report says about its figures' precision: a held-out interval wider than
-    ±15 points (its set is too small to tell such a gain from noise)."""
+    ±15 points (its set is too small to tell such a gain from noise), and a training whose
+    successes were rare (what it learned rests on a handful of episodes)."""
     measured = [gain for gain in [headline, *(row.heldout for row in rows)] if gain is not None]
     widest = max(measured, key=lambda gain: gain.half_width_points, default=None)
     note = imprecise_note("held-out", widest)
-    return [note] if note is not None else []
+    rare = [
+        f"cycle {row.number}'s training: {row.rare_successes}" for row in rows if row.rare_successes
+    ]
+    return ([note] if note is not None else []) + rare
 
 
 def _estimate_range(estimate: Mapping[str, Any] | None) -> tuple[float, float] | None:
@@ -268,6 +274,7 @@ def cycle_row(
         heldout=_gain(cycle.points_detail, "heldout"),
         gate=_gain(cycle.points_detail, "gate"),
         live_delta=_gain(cycle.points_detail, "live"),
+        rare_successes=train.rare_successes if train is not None else None,
     )
 
 

@@ -364,6 +364,8 @@ class RunSpan:
     kind: str
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
+    # A train job's sentence when a round's successes were rare (services.training.rft).
+    rare_successes: str | None = None
 
     @property
     def seconds(self) -> float:
@@ -375,12 +377,18 @@ class RunSpan:
 def cycle_run_spans(*, session: Session, loop_id: int) -> dict[int, list[RunSpan]]:
     """Cycle number → when its jobs ran, in the order they were submitted; one query."""
     statement = (
-        select(Cycle.number, Run.kind, Run.started_at, Run.ended_at)
+        select(
+            Cycle.number,
+            Run.kind,
+            Run.started_at,
+            Run.ended_at,
+            Run.metrics["rare_successes"].as_string(),
+        )
         .join(Cycle, Cycle.id == Run.cycle_id)
         .where(Run.loop_id == loop_id)
         .order_by(Cycle.number, Run.submitted_at, Run.id)
     )
     spans: dict[int, list[RunSpan]] = {}
-    for number, kind, started_at, ended_at in session.execute(statement):
-        spans.setdefault(number, []).append(RunSpan(kind, started_at, ended_at))
+    for number, kind, started_at, ended_at, rare in session.execute(statement):
+        spans.setdefault(number, []).append(RunSpan(kind, started_at, ended_at, rare))
     return spans

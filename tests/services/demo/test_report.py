@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from services.db.models import Checkpoint, Cycle, Evaluation, Loop, Promotion, Trace
+from services.db.models import Checkpoint, Cycle, Evaluation, Loop, Promotion, Run, Trace
 from services.db.queries.promotions import loop_promotions
 from services.db.session import SessionFactory
 from services.demo.champion import champion_note
@@ -132,6 +132,9 @@ def test_the_report_reads_the_dashboards_cycles(
                     ci_high=passed / 40 + 0.1,
                 )
             )
+        # cycle 2's train job found its successes rare, and said so in its metrics
+        train_run = session.get_one(Run, "demo-c2-train")
+        train_run.metrics = {**train_run.metrics, "rare_successes": "round 1: 1 of 1,024"}
     with session_factory() as session:
         loop = session.scalars(select(Loop).where(Loop.name == "demo")).one()
         report = build_report(
@@ -181,11 +184,14 @@ def test_the_report_reads_the_dashboards_cycles(
     ) in text
     assert report.heldout_gain == second.heldout
     assert "held-out points gained: +58.3 [+40.1, +72.4] pts (40 tasks)" in text
-    # ±16.2 points on 40 tasks: the report says the set is too small for ±15
+    # ±16.2 points on 40 tasks: the report says the set is too small for ±15; and rare
+    # successes in training, where they were
     assert report.notes == [
         "the held-out interval is ±16.2 points on 40 tasks: wider than ±15, so the set is "
-        "too small to tell a gain under that from noise"
+        "too small to tell a gain under that from noise",
+        "cycle 2's training: round 1: 1 of 1,024",
     ]
+    assert second.rare_successes == "round 1: 1 of 1,024" and first.rare_successes is None
     assert f"NOTE: {report.notes[0]}" in text
     assert figures["heldout_gain"]["n"] == 40 and figures["cycles"][1]["gate"]["n"] == 12
 

@@ -13,7 +13,7 @@ from services.db.queries.promotions import loop_promotions
 from services.db.session import SessionFactory
 from services.demo.champion import champion_note
 from services.demo.options import DemoOptions
-from services.demo.report import build_report, format_report, live_before_after
+from services.demo.report import DemoReport, build_report, format_report, live_before_after
 from services.evaluation.figures import live_gain, rate
 from services.modelserver.attestation import attested, response_id
 from tests.services.dashboard.seed import seed_story
@@ -100,10 +100,9 @@ def test_every_report_says_how_the_toy_champion_was_made() -> None:
     assert "usage error, and make it right" in real and " only" not in real
 
 
-def test_the_report_reads_the_dashboards_cycles(
-    session_factory: SessionFactory, tmp_path: Path
-) -> None:
-    """Every row comes from the stored cycles, evaluations, runs and promotions."""
+def story_report(session_factory: SessionFactory, tmp_path: Path) -> DemoReport:
+    """The dashboard's seeded story (two cycles), with held-out evaluations for the promoted
+    one and a rare-successes sentence on its train run, reported."""
     now = dt.datetime.now(dt.UTC)
     with session_factory.begin() as session:
         seed_story(session, now=now, artifacts_dir=tmp_path, name="demo")
@@ -137,7 +136,7 @@ def test_the_report_reads_the_dashboards_cycles(
         train_run.metrics = {**train_run.metrics, "rare_successes": "round 1: 1 of 1,024"}
     with session_factory() as session:
         loop = session.scalars(select(Loop).where(Loop.name == "demo")).one()
-        report = build_report(
+        return build_report(
             session,
             loop=loop,
             live=[(1.0, 0.5, 10, "v1")],
@@ -146,6 +145,13 @@ def test_the_report_reads_the_dashboards_cycles(
             traces_posted=7,
             state_dir=str(tmp_path),
         )
+
+
+def test_the_report_reads_the_dashboards_cycles(
+    session_factory: SessionFactory, tmp_path: Path
+) -> None:
+    """Every row comes from the stored cycles, evaluations, runs and promotions."""
+    report = story_report(session_factory, tmp_path)
     first, second = report.cycles
     assert (first.number, first.outcome, first.decision) == (1, "rolled_back", "promote")
     assert (second.number, second.outcome, second.trigger) == (2, "promoted", "drift")
@@ -174,7 +180,14 @@ def test_the_report_reads_the_dashboards_cycles(
     assert "estimate: $2.0000   actual: $3.5000" in text
     figures = report.to_json()
     assert {"estimate_usd", "actual_usd", "cost_by_phase", "cycle_wall_s"} <= set(figures)
-    # Every number with its interval and what it counted.
+
+
+def test_the_report_gives_every_number_its_interval_and_counts(
+    session_factory: SessionFactory, tmp_path: Path
+) -> None:
+    report = story_report(session_factory, tmp_path)
+    first, second = report.cycles
+    text, figures = format_report(report), report.to_json()
     assert second.heldout is not None and second.live_delta is not None
     assert (second.heldout.n, second.heldout.low, second.heldout.high) == (40, 40.1, 72.4)
     assert (second.live_delta.n_before, second.live_delta.n) == (40, 60)

@@ -55,6 +55,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.payloads.evaluate import EvalTarget, EvaluateInput
     from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput
+
+    # The calibration pass's job result is decoded in this workflow's sandbox, which finds
+    # its types' module only when it was passed through here (workflows/cycle.py runs it).
+    from workflows.payloads.jobs import RunJobResult  # noqa: F401
     from workflows.payloads.loop import (
         ApprovalSignal,
         LoopConfig,

@@ -58,7 +58,7 @@ import heapq
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -118,25 +118,34 @@ class SampleBudget:
     def _closed(self, i: int) -> bool:
         return bool(self.enough) and self.passed[i] >= self.enough
 
-    def next(self) -> int | None:
+    def next(self, busy: Collection[int] = ()) -> int | None:
         """The task of the next episode (its sample index is ``count[i] - 1`` after), or
-        None when the round is spent."""
-        while self._heap:
-            count, solved, i = heapq.heappop(self._heap)
-            if count != self.count[i] or solved != (self.passed[i] > 0) or self._closed(i):
-                continue  # a stale entry, or a task with enough successes
-            if count < self.per_task:
-                self.owed -= 1
-            elif solved or count >= self.most:
-                continue
-            elif self.left - self.owed <= 0:
-                self._parked.append(i)
-                continue
-            self.count[i] += 1
-            self.left -= 1
-            heapq.heappush(self._heap, (count + 1, solved, i))
-            return i
-        return None
+        None when the round is spent or every open task is ``busy`` (has an episode in
+        flight, when the caller waits for each before the next)."""
+        deferred: list[tuple[int, int, int]] = []
+        try:
+            while self._heap:
+                count, solved, i = heapq.heappop(self._heap)
+                if count != self.count[i] or solved != (self.passed[i] > 0) or self._closed(i):
+                    continue  # a stale entry, or a task with enough successes
+                if i in busy:
+                    deferred.append((count, solved, i))
+                    continue
+                if count < self.per_task:
+                    self.owed -= 1
+                elif solved or count >= self.most:
+                    continue
+                elif self.left - self.owed <= 0:
+                    self._parked.append(i)
+                    continue
+                self.count[i] += 1
+                self.left -= 1
+                heapq.heappush(self._heap, (count + 1, solved, i))
+                return i
+            return None
+        finally:
+            for entry in deferred:
+                heapq.heappush(self._heap, entry)
 
     def record(self, i: int, passed: bool) -> None:
         """An episode of task ``i`` came back."""
@@ -169,9 +178,9 @@ def sample_episodes(
 
     Episodes are drawn in waves over the sample index, tasks with no success yet first
     (:class:`SampleBudget`): with ``enough_successes`` > 0 a task with that many
-    successes gets no more (a call may overshoot by the successes of its own wave), and
-    what it leaves of the round goes to tasks still without a success, up to
-    ``most_per_task`` episodes each. Without ``enough_successes`` every task gets exactly
+    successes gets no more (a call holds one episode of a task at most, so none
+    overshoots), and what it leaves of the round goes to tasks still without a success, up
+    to ``most_per_task`` episodes each. Without ``enough_successes`` every task gets exactly
     ``samples_per_task``."""
     budget = SampleBudget(len(tasks), options.samples_per_task, enough_successes, most_per_task)
     groups: list[list[TokenEpisode]] = [[] for _ in tasks]
@@ -179,8 +188,13 @@ def sample_episodes(
     started = time.monotonic()
     while True:
         chunk: list[tuple[int, int]] = []
-        while len(chunk) < options.rollout_batch and (i := budget.next()) is not None:
+        # With enough_successes a call holds one episode per task at most, so a task's
+        # success is known before its next episode is drawn; without, calls stay full.
+        busy: set[int] = set()
+        while len(chunk) < options.rollout_batch and (i := budget.next(busy)) is not None:
             chunk.append((i, budget.count[i] - 1))
+            if enough_successes:
+                busy.add(i)
         if not chunk:
             break
         rollouts = model.rollouts(

@@ -242,7 +242,9 @@ async def calibrate(run: CycleRun, dataset: SnapshotResult, champion: EvalTarget
     """Run the calibration pass (the cycle's own train job, shortened:
     services.training.calibration) when the loop has no measured rates yet; its run id, or
     None when none was needed. A pass that fails leaves the estimate on the defaults, which
-    it then says; it does not end the cycle."""
+    it then says; it does not end the cycle. Its job result is decoded in LoopWorkflow's
+    sandbox, which finds the result's types only because workflows/loop.py passes
+    ``workflows.payloads.jobs`` through."""
     need = await db_activity(
         EstimateActivities.calibration_needed, CalibrationInput(run.loop, run.cycle)
     )

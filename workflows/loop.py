@@ -55,10 +55,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.payloads.evaluate import EvalTarget, EvaluateInput
     from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput
-
-    # The calibration pass's job result is decoded in this workflow's sandbox, which finds
-    # its types' module only when it was passed through here (workflows/cycle.py runs it).
-    from workflows.payloads.jobs import RunJobResult  # noqa: F401
+    from workflows.payloads.jobs import RunJobResult  # noqa: F401 (see cycle.calibrate)
     from workflows.payloads.loop import (
         ApprovalSignal,
         LoopConfig,
@@ -102,8 +99,7 @@ CURATE_STAGE_PATCH = "curate-stage-helper"
 # preset outside any transaction, record): histories before it ran one rollback_champion.
 ROLLBACK_DEPLOY_PATCH = "rollback-deploy"
 # workflow.patched id of the estimate stage: before training, the cycle's cost is estimated
-# and a cycle over what is left of the budget is refused (the loop pauses). Histories before
-# it train without one.
+# and refused over what is left of the budget (the loop pauses); earlier histories have none.
 ESTIMATE_PATCH = "cycle-estimate"
 # Batches one trigger check curates at most; what is left waits for the next check.
 TRIGGER_CHECK_MAX_BATCHES = 100

@@ -98,12 +98,12 @@ from benchmarks.drift import (
     paired_on,
     shared_machine_figures,
     smollm2_arguments,
+    uncertainty_figures,
 )
 from services.argtypes import fraction, positive_int
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, EvaluationSettings, evaluate
-from services.evaluation.figures import paired_gain, rate
 from services.training.checkpoint import Manifest, verify_checkpoint
 from services.training.config import HFSFTConfig, parse_hyperparameters
 from services.training.distributed import DistContext, init_distributed
@@ -358,7 +358,11 @@ def _figures(
         **drift_recovery_figures(
             (champion.v1, champion.drifted), (candidate.v1, candidate.drifted)
         ),
-        "figures": uncertainty_figures(bench, champion, candidate),
+        "figures": uncertainty_figures(
+            (bench.task_sets.eval_v1, champion.v1, candidate.v1),
+            (eval_v2, champion.drifted, candidate.drifted),
+            seed=args.seed,
+        ),
         "rare_successes": (candidate.metrics or {}).get("rare_successes"),
         "v2_mcnemar_p_improvement": paired.p_value_improvement,
         "gate_significant": paired.p_value_improvement < 0.05,
@@ -381,24 +385,6 @@ def _figures(
         "candidate_id": candidate.manifest.checkpoint_id,
         "workdir": str(bench.work),
     }
-
-
-def uncertainty_figures(bench: _Bench, champion: _Trained, candidate: _Trained) -> dict[str, Any]:
-    """Each pass rate with its count and Wilson interval, and the candidate's gain on each
-    held-out set with the paired bootstrap's (services.evaluation.figures)."""
-    sets = (
-        ("v1", "v1_change", bench.task_sets.eval_v1, champion.v1, candidate.v1),
-        ("v2", "v2_gain", bench.task_sets.eval_drifted, champion.drifted, candidate.drifted),
-    )
-    out: dict[str, Any] = {}
-    for name, gain_key, tasks, before, after in sets:
-        ids = [t.task_id for t in tasks]
-        old, new = ([result.passes()[i] for i in ids] for result in (before, after))
-        out[f"{name}_pass_champion"] = rate(sum(old), len(ids)).to_json()
-        out[f"{name}_pass_candidate"] = rate(sum(new), len(ids)).to_json()
-        gain = paired_gain(old, new, seed=bench.args.seed) if ids else None
-        out[gain_key] = gain.to_json() if gain is not None else None
-    return out
 
 
 # The figures ``--seeds`` aggregates (mean, min, max over the seeds).

@@ -102,8 +102,10 @@ class Gain:
         return f"{self.n} tasks"
 
     def text(self) -> str:
-        """``+50.0 [+38.1, +61.9] pts (40 tasks)``."""
-        return f"{self.points:+.1f} [{self.low:+.1f}, {self.high:+.1f}] pts ({self.counted()})"
+        """``+50.0 [+38.1, +61.9] pts (40 tasks)``; without counts (a figure recorded before
+        they were kept) the interval alone."""
+        shown = f"{self.points:+.1f} [{self.low:+.1f}, {self.high:+.1f}] pts"
+        return f"{shown} ({self.counted()})" if self.n else shown
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

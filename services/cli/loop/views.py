@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.cli.common import add_command
 from services.cli.loop.parsing import call, loop_command, print_model
+from services.evaluation.figures import Gain
 
 if TYPE_CHECKING:
     from services.api.schemas.ledger import ServingLedgerPublic
@@ -93,13 +94,11 @@ def _print_cycles(cycles: list[CycleFiguresPublic]) -> None:
 
 
 def _gain(figure: GainPublic) -> str:
+    """The API's figure as every report prints it (services.evaluation.figures)."""
     low, high = figure.ci95_points
-    counted = (
-        f"{figure.n_before} → {figure.n} traces"
-        if figure.method == "newcombe"
-        else f"{figure.n} tasks"
-    )
-    return f"{figure.points:+.1f} [{low:+.1f}, {high:+.1f}] ({counted})"
+    if figure.method == "newcombe":
+        return Gain(figure.points, low, high, figure.n, "newcombe", figure.n_before).text()
+    return Gain(figure.points, low, high, figure.n).text()
 
 
 def _print_serving_ledger(ledger: ServingLedgerPublic) -> None:

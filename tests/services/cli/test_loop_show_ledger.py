@@ -133,8 +133,8 @@ def test_loop_show_prints_every_figure_with_its_interval_and_counts(
     code, out, _ = run(capsys, "loop", "show", "sure")
     assert code == 0
     assert (
-        "       1  promoted     held-out +58.3 [+40.1, +72.4] (40 tasks) · "
-        "live +41.0 [+22.5, +55.2] (40 → 60 traces), +58.3 gained"
+        "       1  promoted     held-out +58.3 [+40.1, +72.4] pts (40 tasks) · "
+        "live +41.0 [+22.5, +55.2] pts (40 → 60 traces), +58.3 gained"
     ) in out
     assert "75% [60, 86] 40 tasks" in out
     code, out, _ = run(capsys, "loop", "show", "sure", "--json")

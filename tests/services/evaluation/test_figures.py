@@ -51,6 +51,8 @@ def test_a_paired_gain_is_the_bootstrap_interval_in_points() -> None:
         f"+37.5 [{100 * comparison.ci_low:+.1f}, {100 * comparison.ci_high:+.1f}] pts (40 tasks)"
     )
     assert gain.to_json()["ci95_points"] == [gain.low, gain.high]
+    # a figure stored before counts were kept shows its interval alone
+    assert Gain(5.0, 1.0, 9.0, 0).text() == "+5.0 [+1.0, +9.0] pts"
 
 
 def test_a_live_gain_is_newcombes_with_the_traces_on_each_side() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.environments.base import Environment, TaskSpec
+from services.evaluation.figures import paired_gain, rate
 from services.evaluation.stats import PairedComparison, compare_paired
 
 if TYPE_CHECKING:
@@ -141,6 +142,27 @@ def drift_recovery_figures(
         "v1_regression_drop_points": round(100.0 * (v1_before.pass_rate - v1_after.pass_rate), 2),
         "v2_gain_points": round(100.0 * (v2_after.pass_rate - v2_before.pass_rate), 2),
     }
+
+
+ScoredSet = tuple[Sequence[TaskSpec], "EvaluationResult", "EvaluationResult"]
+
+
+def uncertainty_figures(v1: ScoredSet, v2: ScoredSet, *, seed: int) -> dict[str, Any]:
+    """Each model's pass rate on each held-out set with its count and Wilson interval, and
+    the candidate's gain on each with the paired bootstrap's (services.evaluation.figures);
+    a set is (its tasks, the champion's result, the candidate's)."""
+    out: dict[str, Any] = {}
+    for name, gain_key, (tasks, before, after) in (
+        ("v1", "v1_change", v1),
+        ("v2", "v2_gain", v2),
+    ):
+        ids = [t.task_id for t in tasks]
+        old, new = ([float(result.passes()[i]) for i in ids] for result in (before, after))
+        out[f"{name}_pass_champion"] = rate(sum(old), len(ids)).to_json()
+        out[f"{name}_pass_candidate"] = rate(sum(new), len(ids)).to_json()
+        gain = paired_gain(old, new, seed=seed) if ids else None
+        out[gain_key] = gain.to_json() if gain is not None else None
+    return out
 
 
 def shared_machine_figures(

@@ -10,6 +10,10 @@ toward the candidate by construction) and ``live_points_gained`` (the canary's l
 with ``usd_per_heldout_point``. ``points_gained`` is kept and equals the held-out points.
 ``tokens_served`` and ``serving_usd_per_mtok`` are the serving ledger's (every champion's
 tenure together; services.loop.ledger).
+Each headline also comes with its counts and 95 % interval: ``live_success_before_figure`` and
+``live_success_after_figure`` (Wilson), ``live_change`` (Newcombe), ``heldout_gain`` (paired
+bootstrap, the one cycle that bought the points), ``cycle_figures`` (each cycle's held-out,
+gate and live numbers) and ``notes`` (a held-out interval wider than ±15 points says so).
 ``estimate_usd`` (the estimates made before training, summed over the cycles estimated),
 ``actual_usd`` (what the cycles cost), ``cost_by_phase`` (their dollars per phase: rollout,
 scoring, update, sync, evaluation, other) and ``cycle_wall_s`` (the mean cycle wall time)
@@ -34,12 +38,41 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from services.demo.options import MODEL_DEFAULTS, DemoOptions
-from services.demo.report import format_report
+from services.demo.report import DemoReport, format_report
 from services.demo.run import run_demo
+from services.evaluation.figures import Gain, Rate
 from services.local.stack import stop_children_on_signals
 from services.settings import load_settings
+
+
+def uncertainty_figures(report: DemoReport) -> dict[str, Any]:
+    """Every headline with its counts and 95 % interval (services.evaluation.figures):
+    live success before and after (Wilson) and its change (Newcombe), the held-out gain
+    behind the points (paired bootstrap), each cycle's three numbers, and the report's notes
+    (a held-out interval wider than ±15 points says so)."""
+
+    def figure(value: Gain | Rate | None) -> dict[str, Any] | None:
+        return value.to_json() if value is not None else None
+
+    return {
+        "live_success_before_figure": figure(report.live_before),
+        "live_success_after_figure": figure(report.live_after),
+        "live_change": figure(report.live_change),
+        "heldout_gain": figure(report.heldout_gain),
+        "cycle_figures": [
+            {
+                "cycle": row.number,
+                "heldout": figure(row.heldout),
+                "gate": figure(row.gate),
+                "live": figure(row.live_delta),
+            }
+            for row in report.cycles
+        ],
+        "notes": report.notes,
+    }
 
 
 def main() -> int:
@@ -99,6 +132,7 @@ def main() -> int:
         "champion_note": report.champion_note,
         "tokens_served": report.tokens_served,
         "serving_usd_per_mtok": report.serving_usd_per_mtok,
+        **uncertainty_figures(report),
     }
     print(json.dumps(figures))
     return 0 if report.cycles else 1

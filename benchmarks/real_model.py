@@ -3,6 +3,7 @@
     python benchmarks/real_model.py            # the acceptance run (~60 min on 2 idle cores)
     python benchmarks/real_model.py --quick    # a smoke run of every step with tiny settings
     python benchmarks/real_model.py --algorithm rft --champion DIR   # rft from a cached champion
+    python benchmarks/real_model.py --algorithm rft --seeds 3   # the headline: 3 seeds
 
 Steps, each timed and logged:
 
@@ -54,7 +55,20 @@ algorithm: ``grpo_wall_s``, ``grpo_steps`` and ``grpo_episodes`` are the candida
 training, ``grpo_final_reward`` is null for an algorithm without rewards per step.
 ``replay`` is rft's replay of the v1 replay tasks (tasks, episodes sampled, verified
 sequences kept, the draw's fraction; null for the other algorithms): its episodes count in
-``episodes``, not in ``passing_episodes``.
+``episodes``, not in ``passing_episodes``. ``rare_successes`` is the trainer's sentence when a
+round's successes were rare (services.training.rft), else null.
+
+Every headline comes with its counts and 95 % interval (services.evaluation.figures):
+``figures`` holds each model's pass rate on each set (Wilson) and the candidate's gains on
+the same tasks (``v2_gain``, ``v1_change``: paired bootstrap).
+
+One seed says little: rerun with another and the first round may find one passing episode in
+a thousand instead of two, and the candidate 37.5 % instead of 100 % (docs/models.md).
+``--seeds N`` runs the benchmark with seeds ``--seed`` to ``--seed + N - 1`` (each its own
+task sets, champion unless ``--champion``, sampling and candidate; the converted model is
+shared), prints each run's JSON line as it ends, then one line ``"benchmark":
+"real_model_seeds"`` with ``headline``: each headline figure's mean, min, max and per-seed
+values, and the runs whose first round's successes were rare.
 """
 
 from __future__ import annotations
@@ -68,6 +82,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,8 +98,9 @@ from benchmarks.drift import (
     paired_on,
     shared_machine_figures,
     smollm2_arguments,
+    uncertainty_figures,
 )
-from services.argtypes import fraction
+from services.argtypes import fraction, positive_int
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, EvaluationSettings, evaluate
@@ -333,6 +349,7 @@ def _figures(
     paired = paired_on(eval_v2, champion.drifted, candidate.drifted, seed=args.seed)
     return {
         "benchmark": "real_model",
+        "seed": args.seed,
         "model": MODEL_NAME,
         "params_m": round(params_m, 1),
         "quick": bool(args.quick),
@@ -341,6 +358,12 @@ def _figures(
         **drift_recovery_figures(
             (champion.v1, champion.drifted), (candidate.v1, candidate.drifted)
         ),
+        "figures": uncertainty_figures(
+            (bench.task_sets.eval_v1, champion.v1, candidate.v1),
+            (eval_v2, champion.drifted, candidate.drifted),
+            seed=args.seed,
+        ),
+        "rare_successes": (candidate.metrics or {}).get("rare_successes"),
         "v2_mcnemar_p_improvement": paired.p_value_improvement,
         "gate_significant": paired.p_value_improvement < 0.05,
         "sft_wall_s": round(sft_wall, 1) if sft_wall is not None else None,
@@ -362,6 +385,67 @@ def _figures(
         "candidate_id": candidate.manifest.checkpoint_id,
         "workdir": str(bench.work),
     }
+
+
+# The figures ``--seeds`` aggregates (mean, min, max over the seeds).
+HEADLINE = (
+    "v2_pass_before",
+    "v2_pass_after",
+    "v2_gain_points",
+    "v1_pass_champion",
+    "v1_pass_after",
+    "v1_regression_drop_points",
+    "passing_episodes",
+    "episodes",
+    "grpo_wall_s",
+    "recovery_wall_s",
+)
+
+
+def aggregate_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One line over several seeds' runs: each headline figure's mean, min, max and values
+    (in seed order), the seeds, and those whose first round's successes were rare."""
+    headline: dict[str, Any] = {}
+    for key in HEADLINE:
+        values = [run[key] for run in runs if isinstance(run.get(key), int | float)]
+        if values:
+            headline[key] = {
+                "mean": round(sum(values) / len(values), 4),
+                "min": min(values),
+                "max": max(values),
+                "values": values,
+            }
+    return {
+        "benchmark": "real_model_seeds",
+        "seeds": [run["seed"] for run in runs],
+        "algorithm": runs[0]["algorithm"] if runs else None,
+        "quick": runs[0]["quick"] if runs else None,
+        "headline": headline,
+        "rare_successes": {
+            str(run["seed"]): run["rare_successes"] for run in runs if run.get("rare_successes")
+        },
+    }
+
+
+def run_seeds(args: argparse.Namespace, out: Callable[[str], None] = print) -> dict[str, Any]:
+    """The benchmark at ``--seeds`` consecutive seeds from ``--seed``, each in its own work
+    dir (under ``--workdir`` when given), sharing the converted model; each run's JSON line
+    printed as it ends; the aggregate returned."""
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-real-model-seeds-"))
+    runs = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        seeded = argparse.Namespace(
+            **{
+                **vars(args),
+                "seed": seed,
+                "workdir": str(root / f"seed-{seed}"),
+                "model_dir": args.model_dir or root / "smollm2",
+            }
+        )
+        result = run(seeded)
+        out(json.dumps(result, sort_keys=True))
+        runs.append(result)
+    return aggregate_seeds(runs)
 
 
 def _training_figures(algorithm: str, candidate: _Trained) -> dict[str, Any]:
@@ -465,8 +549,18 @@ def main() -> None:
         help="a hyperparameter of the candidate's algorithm, over the benchmark's settings "
         "(repeatable; e.g. --hyper samples_per_task=16); checked as a train job checks it",
     )
+    parser.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=1,
+        help="run with this many consecutive seeds from --seed and print their mean and range "
+        "after each run's line (the headline: 3)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.seeds > 1:
+        print(json.dumps(run_seeds(args), sort_keys=True))
+        return
     result = run(args)
     print(json.dumps(result, sort_keys=True))
 

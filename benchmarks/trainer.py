@@ -16,7 +16,8 @@ Steps, each timed and logged:
 
 Ends with one JSON line: v1_pass_champion, v2_pass_before, v2_pass_after,
 v1_regression_drop_points, grpo_wall_s, rollout_tokens_per_s, train_tokens_per_s and more,
-including the load average, since the machine may be shared.
+including the load average, since the machine may be shared; ``figures`` gives each pass rate
+with its count and Wilson interval and each gain with the paired bootstrap's.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.drift import drift_recovery_figures, paired_on, shared_machine_figures
+from benchmarks.drift import (
+    drift_recovery_figures,
+    paired_on,
+    shared_machine_figures,
+    uncertainty_figures,
+)
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationResult, evaluate
@@ -165,6 +171,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **drift_recovery_figures((v1_before, v2_before), (v1_after, v2_after)),
         "v2_mcnemar_p": paired.p_value,
         "v2_delta_ci": [paired.ci_low, paired.ci_high],
+        "figures": uncertainty_figures(
+            (eval_v1, v1_before, v1_after), (eval_v2, v2_before, v2_after), seed=args.seed
+        ),
         "grpo_wall_s": round(grpo_wall, 1),
         "grpo_steps": c.steps_done,
         "grpo_tasks": len(grpo_tasks),

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from services.environments.base import read_task_file
+from services.training.episode_file import read_demonstrations
 
 T = TypeVar("T")
 
@@ -39,3 +43,37 @@ async def assert_eventually_async(
             if time.monotonic() >= deadline:
                 raise
         await asyncio.sleep(interval)
+
+
+def assert_nothing_trained_is_judged(
+    train_spec: Mapping[str, Any], judged: Mapping[str, Path | str | None]
+) -> None:
+    """No task a train job's spec trains on (its ``dataset``, ``replay_dataset`` and
+    ``demonstrations``) is in a task file that judges its candidate (``judged``: the eval,
+    regression and held-out files by name), by job task id and, for task files, by the
+    curation cluster their lineage names (DESIGN §8: replay included)."""
+    trained_ids: dict[str, str] = {}
+    trained_clusters: dict[str, str] = {}
+    for key in ("dataset", "replay_dataset"):
+        if train_spec.get(key):
+            for task in read_task_file(Path(str(train_spec[key]))):
+                trained_ids[task.task_id] = key
+                cluster = task.metadata.get("ratchet", {}).get("cluster_id")
+                if cluster:
+                    trained_clusters[str(cluster)] = key
+    if train_spec.get("demonstrations"):
+        for record in read_demonstrations(Path(str(train_spec["demonstrations"]))):
+            trained_ids[record.task_id] = "demonstrations"
+    for name, path in judged.items():
+        if not path:
+            continue
+        for task in read_task_file(Path(str(path))):
+            assert task.task_id not in trained_ids, (
+                f"task {task.task_id[:12]} of the {name} set is trained on "
+                f"(the train spec's {trained_ids[task.task_id]})"
+            )
+            cluster = str(task.metadata.get("ratchet", {}).get("cluster_id") or "")
+            assert cluster not in trained_clusters, (
+                f"cluster {cluster[:12]} has a task of the {name} set and one the train "
+                f"spec's {trained_clusters[cluster]} trains on"
+            )

@@ -80,7 +80,9 @@ async def bootstrap_stages(
     base = EvalTarget("base", prepared.base_checkpoint_id, prepared.base_uri)
     profile = run.config.training_profile.bootstrap_profile()
     await host.enter(CycleStage.ESTIMATE, run.cycle)
-    await estimate_stage(run, dataset, profile=profile, eval_task_counts=[dataset.heldout_count])
+    await estimate_stage(
+        run, dataset, None, profile=profile, eval_task_counts=[dataset.heldout_count]
+    )
     candidate = await _train(host, run, dataset, prepared, base, profile)
     await _evaluate(host, run, dataset, base, candidate)
     previous = _previous(started)

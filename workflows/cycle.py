@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 from temporalio import workflow
@@ -21,22 +22,32 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
 
 from services.loop.policies import TrainingProfile
-from services.loop.states import CycleOutcome, CycleStage, Decision, PromotionStatus
+from services.loop.states import CycleOutcome, CycleStage, Decision, PromotionStatus, RunStatus
 from workflows.activities.deploy import DeployActivities
-from workflows.activities.estimate import EstimateActivities, EstimateInput
+from workflows.activities.estimate import CalibrationInput, EstimateActivities, EstimateInput
 from workflows.activities.gate import GateActivities
-from workflows.ids import cycle_workflow_id
+from workflows.activities.jobs import run_job_from_workflow
+from workflows.ids import cycle_workflow_id, run_id_for
 from workflows.options import DEPLOY, db_activity, long_activity
 from workflows.payloads.curation import SnapshotResult
 from workflows.payloads.cycle import CloseCycleInput, StartCycleResult
 from workflows.payloads.evaluate import EvalTarget
 from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput
+from workflows.payloads.jobs import cycle_job
 from workflows.payloads.loop import LoopConfig
 from workflows.payloads.promote import DeployInput, PromoteInput, PromoteResult
 from workflows.payloads.rollback import FinishRollbackInput, RollbackInput, RollbackResult
-from workflows.payloads.train import TrainResult
+from workflows.payloads.train import TrainInput, TrainResult
 from workflows.promote import PromoteWorkflow
 from workflows.search_attributes import RATCHET_CYCLE, RATCHET_LOOP, RATCHET_STAGE
+from workflows.train import train_job_spec
+
+# workflow.patched id of the calibration pass: a loop with no measured rates runs its train
+# job shortened before the estimate, which prices the cycle at that run's rates. Histories
+# before it estimated on the defaults.
+CALIBRATE_PATCH = "estimate-calibration"
+# The longest a calibration pass may run: a couple of steps and one rollout batch.
+CALIBRATION_TIMEOUT = timedelta(minutes=30)
 
 InputT = TypeVar("InputT")
 ResultT = TypeVar("ResultT")
@@ -208,19 +219,27 @@ def stage_search_attributes(loop: str, stage: CycleStage, cycle: int) -> TypedSe
 async def estimate_stage(
     run: CycleRun,
     dataset: SnapshotResult,
+    champion: EvalTarget | None,
     *,
     profile: TrainingProfile | None = None,
     eval_task_counts: list[int] | None = None,
 ) -> None:
-    """Estimate the cycle's train and eval jobs; one over what is left of the budget
-    ends the cycle as ``over_budget`` (the loop pauses) before anything is spent on it.
-    ``profile`` and ``eval_task_counts`` default to a regular cycle's: the loop's training
-    profile, the eval and regression sets and the held-out set if there is one."""
+    """Estimate the cycle's train and eval jobs (calibrated first by a short pass of its
+    train job when the loop has measured nothing yet and a ``champion`` trains); one over
+    what is left of the budget ends the cycle as ``over_budget`` (the loop pauses) before
+    anything more is spent. ``profile`` and ``eval_task_counts`` default to a regular
+    cycle's: the loop's training profile, the eval and regression sets and the held-out set
+    if there is one. A bootstrap passes no champion: its train job distils demonstrations,
+    which a regular train job's shortened pass would not measure, so it runs uncalibrated
+    and its estimate says so."""
     counts = eval_task_counts
     if counts is None:
         counts = [dataset.eval_count, dataset.regression_count]
         if dataset.heldout_uri:
             counts.append(dataset.heldout_count)
+    calibration_run_id = None
+    if champion is not None and workflow.patched(CALIBRATE_PATCH):
+        calibration_run_id = await calibrate(run, dataset, champion)
     try:
         estimate = await db_activity(
             EstimateActivities.estimate_cycle,
@@ -230,6 +249,8 @@ async def estimate_stage(
                 profile=profile or run.config.training_profile,
                 eval_task_counts=counts,
                 samples_per_task=run.config.gate_policy.eval_samples,
+                calibration_run_id=calibration_run_id,
+                replay_tasks=dataset.replay_count,
             ),
         )
     except ActivityError as exc:
@@ -343,6 +364,48 @@ async def promote_stage(
         run.cycle,
     )
     return run.closed(promoted, candidate.checkpoint_id, decided)
+
+
+async def calibrate(run: CycleRun, dataset: SnapshotResult, champion: EvalTarget) -> str | None:
+    """Run the calibration pass (the cycle's own train job, shortened:
+    services.training.calibration) when the loop has no measured rates yet; its run id, or
+    None when none was needed. A pass that fails leaves the estimate on the defaults, which
+    it then says; it does not end the cycle. Its job result is decoded in LoopWorkflow's
+    sandbox, which finds the result's types only because workflows/loop.py passes
+    ``workflows.payloads.jobs`` through."""
+    need = await db_activity(
+        EstimateActivities.calibration_needed, CalibrationInput(run.loop, run.cycle)
+    )
+    if not need.needed:
+        return None
+    run_id = run_id_for(run.loop, run.cycle, "calibrate")
+    stage = TrainInput(
+        loop=run.loop,
+        cycle=run.cycle,
+        dataset_id=dataset.dataset_id,
+        train_uri=dataset.train_uri,
+        base_checkpoint_id=champion.checkpoint_id,
+        base_checkpoint_uri=champion.checkpoint_uri,
+        environment=run.config.environment,
+        profile=run.config.training_profile,
+    )
+    spec = {**train_job_spec(stage, run_id), "calibrate": True}
+    job = cycle_job(
+        stage,
+        "calibrate",
+        run_id,
+        spec,
+        base_checkpoint_id=champion.checkpoint_id,
+        dataset_id=dataset.dataset_id,
+    )
+    try:
+        done = await run_job_from_workflow(job, CALIBRATION_TIMEOUT)
+    except ActivityError as exc:
+        workflow.logger.warning("calibration %s failed: %s", run_id, root_cause(exc))
+        return run_id
+    if done.status != RunStatus.SUCCEEDED:
+        workflow.logger.warning("calibration %s %s: %s", run_id, done.status, done.error or "")
+    return run_id
 
 
 async def roll_back(loop: str, reason: str) -> RollbackResult:

@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.payloads.evaluate import EvalTarget, EvaluateInput
     from workflows.payloads.gate import GateResult
+    from workflows.payloads.jobs import RunJobResult  # noqa: F401 (see cycle.calibrate)
     from workflows.payloads.loop import (
         ApprovalSignal,
         BootstrapSignal,
@@ -100,8 +101,7 @@ CURATE_STAGE_PATCH = "curate-stage-helper"
 # preset outside any transaction, record): histories before it ran one rollback_champion.
 ROLLBACK_DEPLOY_PATCH = "rollback-deploy"
 # workflow.patched id of the estimate stage: before training, the cycle's cost is estimated
-# and a cycle over what is left of the budget is refused (the loop pauses). Histories before
-# it train without one.
+# and refused over what is left of the budget (the loop pauses); earlier histories have none.
 ESTIMATE_PATCH = "cycle-estimate"
 
 
@@ -321,7 +321,7 @@ class LoopWorkflow:
         champion = champion_of(started)
         if workflow.patched(ESTIMATE_PATCH):
             await self.enter(CycleStage.ESTIMATE, run.cycle)
-            await estimate_stage(run, dataset)
+            await estimate_stage(run, dataset, champion)
         trained = await self._train_stage(run, dataset, champion)
         await self._evaluate_stage(run, dataset, champion, trained)
         candidate = candidate_of(trained)

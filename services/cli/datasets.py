@@ -103,10 +103,16 @@ def _copy_with_progress(source: Path, target: Path, progress: Progress) -> None:
 
 
 def _datasets_export(args: argparse.Namespace) -> int:
-    """Copy a dataset's task files (train, eval, regression JSONL) and its manifest into
-    --out, from the artifact store the api names."""
+    """Copy a dataset's task files (train, eval, regression, held-out and replay JSONL) and
+    its manifest into --out, from the artifact store the api names."""
     dataset = call_api(lambda client: client.get_dataset(args.dataset_id))
-    uris = [dataset.train_uri, dataset.eval_uri, dataset.regression_uri]
+    uris = [
+        dataset.train_uri,
+        dataset.eval_uri,
+        dataset.regression_uri,
+        dataset.heldout_uri,
+        dataset.replay_uri,
+    ]
     try:
         sources = [uri_to_path(u) for u in uris if u is not None]
     except ValueError as exc:  # an object-store URI: not a file this command can read

@@ -56,6 +56,8 @@ class CurationPolicy:
     max_train_tasks: int = 20_000
     max_eval_tasks: int = 2_000
     max_regression_tasks: int = 1_000
+    # Successes on the trained side a dataset offers rft's replay (services.curation.splits).
+    max_replay_tasks: int = 1_000
     # Drift: fewest traces of a model version before its failure rate counts.
     drift_min_traces: int = 20
     # Rewards of the replay environment (docs/curation.md, "Rewards"): the rule a reference
@@ -253,6 +255,7 @@ _PARSERS: dict[str, Any] = {
     "max_train_tasks": lambda k, v: _count(k, v, low=1),
     "max_eval_tasks": lambda k, v: _count(k, v, low=1),
     "max_regression_tasks": _count,
+    "max_replay_tasks": _count,
     "drift_min_traces": lambda k, v: _count(k, v, low=1),
     "reference_match": _match_rule,
     "judge_endpoint": _endpoint_name,

@@ -47,3 +47,6 @@ class DatasetFiles:
     # The frozen held-out set (all curated traffic, never trained on): points gained.
     heldout_count: int = 0
     heldout_uri: str | None = None
+    # Successes on the trained side (services.curation.splits): what train jobs replay.
+    replay_count: int = 0
+    replay_uri: str | None = None

@@ -8,8 +8,11 @@
   folded into it by dedup (so a failure seen twenty times is likelier in than one seen
   once, as in production);
 - **eval**: the loop's eval tasks, newest first up to ``max_eval_tasks``;
-- **regression**: every pinned task, then the newest sampled successes, up to
-  ``max_regression_tasks`` (pinned ones are always included);
+- **regression**: every pinned task, then the newest sampled successes of clusters on the
+  judged side, up to ``max_regression_tasks`` (pinned ones are always included);
+- **replay**: the newest sampled successes of clusters on the trained side (they hold train
+  tasks, or their hash would put a failure there; :mod:`services.curation.splits`), up to
+  ``max_replay_tasks``: what a train job replays, never what judges its candidate;
 - **heldout**: the loop's whole frozen held-out set (capped at curation by
   ``heldout_max_tasks``), sampled from all curated traffic; evaluated for points gained,
   never trained on;
@@ -17,7 +20,8 @@
 hashes the selection (sha256 over the sorted ``split, task content hash, weight`` lines, and
 a replay loop's tool-response store version),
 and either returns the dataset that already has that hash or writes the JSONL task files
-(``train.jsonl``, ``eval.jsonl``, ``regression.jsonl``, ``heldout.jsonl``, ``ratchet.task/v1``)
+(``train.jsonl``, ``replay.jsonl``, ``eval.jsonl``, ``regression.jsonl``, ``heldout.jsonl``,
+``ratchet.task/v1``)
 plus a ``manifest.json`` (and, for a replay loop, its tool-response store as
 ``tool_responses.jsonl``, whose version the manifest records) under
 ``ArtifactStore.dataset_dir(loop, hash)`` and records the ``datasets`` and
@@ -48,6 +52,7 @@ from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
 from services.curation.difficulty import select_by_difficulty
 from services.curation.policy import CurationPolicy
 from services.curation.results import DatasetFiles
+from services.curation.splits import replays_with_its_cluster
 from services.db.models import Dataset, Loop
 from services.db.queries import datasets as dataset_queries
 from services.db.queries import replay as replay_queries
@@ -68,6 +73,7 @@ FILES = {
     "eval": "eval.jsonl",
     "regression": "regression.jsonl",
     "heldout": "heldout.jsonl",
+    "replay": "replay.jsonl",
 }
 _CHUNK = 1_000
 
@@ -170,6 +176,8 @@ def _record(
             "regression_uri": uris["regression"],
             "heldout_count": counts["heldout"],
             "heldout_uri": uris["heldout"],
+            "replay_count": counts["replay"],
+            "replay_uri": uris["replay"],
             "stats": json.dumps(_stats(directory, selection=selection, cycle=cycle)),
         },
     )
@@ -188,10 +196,11 @@ def _record(
         ],
     )
     logger.info(
-        "dataset %s of loop %s: %d train, %d eval, %d regression, %d held-out",
+        "dataset %s of loop %s: %d train, %d replay, %d eval, %d regression, %d held-out",
         content_hash[:12],
         loop.name,
         counts["train"],
+        counts["replay"],
         counts["eval"],
         counts["regression"],
         counts["heldout"],
@@ -209,6 +218,8 @@ def _record(
         difficulty=dict(selection.difficulty),
         heldout_count=counts["heldout"],
         heldout_uri=uris["heldout"],
+        replay_count=counts["replay"],
+        replay_uri=uris["replay"],
     )
 
 
@@ -237,24 +248,24 @@ def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selecti
     evaluation = task_queries.split_members(session=session, loop_id=loop.id, split="eval")[
         : policy.max_eval_tasks
     ]
-    regression_all = task_queries.split_members(
-        session=session, loop_id=loop.id, split="regression"
-    )
-    pinned = [m for m in regression_all if m.pinned]
-    room = max(policy.max_regression_tasks - len(pinned), 0)
-    regression = pinned + [m for m in regression_all if not m.pinned][:room]
+    regression, replay = _successes(session, loop=loop, policy=policy)
     heldout = task_queries.split_members(session=session, loop_id=loop.id, split="heldout")
-    crossing = dataset_queries.clusters_crossing_train_line(
-        session=session, loop_id=loop.id, train_ids=[m.task_id for m in train]
+    crossing = dataset_queries.clusters_crossing_trained_line(
+        session=session,
+        loop_id=loop.id,
+        trained_ids=[m.task_id for m in train + replay],
+        judged_ids=[m.task_id for m in regression if not m.pinned],
     )
     if crossing:
         raise SnapshotError(
-            f"loop {loop.name!r}: clusters {', '.join(c[:12] for c in crossing)} have tasks in "
-            "train and in eval/held-out; refusing to write a leaking dataset"
+            f"loop {loop.name!r}: clusters {', '.join(c[:12] for c in crossing)} have tasks "
+            "trained on (train, replay) and tasks that judge (eval, held-out, regression); "
+            "refusing to write a leaking dataset"
         )
     return _Selection(
         members={
             "train": train,
+            "replay": replay,
             "eval": evaluation,
             "regression": regression,
             "heldout": heldout,
@@ -266,6 +277,33 @@ def _select(session: Session, *, loop: Loop, policy: CurationPolicy) -> _Selecti
             else None
         ),
     )
+
+
+def _successes(
+    session: Session, *, loop: Loop, policy: CurationPolicy
+) -> tuple[list[task_queries.SplitMember], list[task_queries.SplitMember]]:
+    """The regression suite (every pinned task, then the newest unpinned successes of
+    clusters on the judged side, up to ``max_regression_tasks``) and the replay pool (the
+    newest successes of clusters on the trained side, up to ``max_replay_tasks``), by
+    :func:`services.curation.splits.replays_with_its_cluster`."""
+    candidates = task_queries.split_members(session=session, loop_id=loop.id, split="regression")
+    pinned = [m for m in candidates if m.pinned]
+    unpinned = [m for m in candidates if not m.pinned]
+    stored = task_queries.cluster_splits(
+        session=session, loop_id=loop.id, cluster_ids=sorted({m.cluster_id for m in unpinned})
+    )
+    judged: list[task_queries.SplitMember] = []
+    replay: list[task_queries.SplitMember] = []
+    for member in unpinned:
+        trained_side = replays_with_its_cluster(
+            member.cluster_id,
+            stored.get(member.cluster_id),
+            eval_fraction=policy.eval_fraction,
+            heldout_fraction=policy.heldout_fraction,
+        )
+        (replay if trained_side else judged).append(member)
+    room = max(policy.max_regression_tasks - len(pinned), 0)
+    return pinned + judged[:room], replay[: policy.max_replay_tasks]
 
 
 def weighted_sample(
@@ -405,6 +443,7 @@ def _check_files(dataset: Dataset) -> None:
         dataset.eval_uri,
         dataset.regression_uri,
         dataset.heldout_uri,
+        dataset.replay_uri,
     )
     missing = [u for u in uris if u is not None and not uri_to_path(u).is_file()]
     if missing:
@@ -428,6 +467,8 @@ def _as_snapshot(dataset: Dataset, *, created: bool) -> DatasetSnapshot:
         difficulty=_difficulty_of(dataset),
         heldout_count=dataset.heldout_count,
         heldout_uri=dataset.heldout_uri,
+        replay_count=dataset.replay_count,
+        replay_uri=dataset.replay_uri,
     )
 
 

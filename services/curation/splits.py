@@ -12,9 +12,14 @@
   served distribution's, not the champion's failures' (on which the champion scores ~0 by
   construction). Datasets carry it as their ``heldout`` file, which is evaluated for points
   gained and never trained on.
-- Any other sampled **success** becomes a ``regression`` task: the champion handled it, and
-  the gate checks that a candidate still does. Pinned tasks are regression tasks too.
-  Neither is ever trained on.
+- Any other sampled **success** becomes a ``regression`` task in the tasks table. A dataset
+  then splits them by cluster (:func:`replays_with_its_cluster`): a success whose cluster is
+  on the trained side (it holds train tasks, or would if a failure came: its hash says
+  ``train``) is **replay** (tasks the champion already handles, which rft replays so the
+  candidate does not forget them); the others, and every pinned task, are the dataset's
+  **regression** suite, which the gate checks a candidate on and which is never trained on.
+  So a cluster is trained on (train, replay) or judged (eval, held-out, regression), never
+  both, and a success keeps its side from one cycle to the next.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ import hashlib
 from typing import Literal
 
 Split = Literal["train", "eval", "heldout", "regression"]
+# A dataset's splits: the tasks table's, plus replay (regression tasks on the trained side).
+DatasetSplit = Literal["train", "replay", "eval", "heldout", "regression"]
+TRAINED_SPLITS: tuple[DatasetSplit, ...] = ("train", "replay")
+JUDGED_SPLITS: tuple[DatasetSplit, ...] = ("eval", "heldout", "regression")
 ClusterSplit = Literal["train", "eval", "heldout"]
 Origin = Literal["failure", "success"]
 
@@ -43,6 +52,24 @@ def split_for_cluster(
     if u < heldout_fraction + eval_fraction:
         return "eval"
     return "train"
+
+
+def replays_with_its_cluster(
+    cluster_id: str,
+    stored_split: str | None,
+    *,
+    eval_fraction: float,
+    heldout_fraction: float,
+) -> bool:
+    """Whether an unpinned success (a ``regression`` task) is on the trained side, so a
+    dataset may replay it: its cluster's stored split (``train``, ``eval`` or ``heldout``,
+    None for a cluster of successes only) is ``train``, or, with none stored, the split its
+    hash gives (:func:`split_for_cluster`), which is the one the cluster's first failure
+    would take. Either way the cluster never holds a task that judges a candidate."""
+    split = stored_split or split_for_cluster(
+        cluster_id, eval_fraction=eval_fraction, heldout_fraction=heldout_fraction
+    )
+    return split == "train"
 
 
 class SplitAssigner:

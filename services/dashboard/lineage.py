@@ -42,7 +42,7 @@ SELECT
     r.cost_usd AS run_cost_usd, r.compute_seconds AS run_compute_seconds,
     r.ended_at AS run_ended_at,
     d.id AS dataset_id, d.content_hash AS dataset_hash, d.train_count, d.eval_count,
-    d.regression_count, d.created_at AS dataset_created_at,
+    d.regression_count, d.replay_count, d.created_at AS dataset_created_at,
     tasks.task_count, tasks.cluster_count,
     traces.trace_count, traces.failed_trace_count, traces.first_received_at,
     traces.last_received_at,
@@ -104,6 +104,7 @@ class Lineage:
     train_count: int | None
     eval_count: int | None
     regression_count: int | None
+    replay_count: int | None
     dataset_created_at: dt.datetime | None
     task_count: int
     cluster_count: int

@@ -222,6 +222,10 @@ class Dataset(Base):
     # The frozen held-out set as of this snapshot: evaluated for points gained, never trained.
     heldout_count: Mapped[int] = mapped_column(Integer, server_default="0")
     heldout_uri: Mapped[str | None] = mapped_column(Text)
+    # Successes on the trained side (services.curation.splits): what rft replays; never
+    # judged. The regression suite above holds the rest.
+    replay_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    replay_uri: Mapped[str | None] = mapped_column(Text)
     stats: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     created_at: Mapped[dt.datetime] = now_column()
 
@@ -231,7 +235,9 @@ class DatasetTask(Base):
 
     __tablename__ = "dataset_tasks"
     __table_args__ = (
-        CheckConstraint("split IN ('train', 'eval', 'heldout', 'regression')", name="split"),
+        CheckConstraint(
+            "split IN ('train', 'replay', 'eval', 'heldout', 'regression')", name="split"
+        ),
     )
 
     dataset_id: Mapped[int] = mapped_column(
@@ -296,7 +302,7 @@ class Run(Base):
 
     __tablename__ = "runs"
     __table_args__ = (
-        CheckConstraint("kind IN ('train', 'eval', 'probe')", name="kind"),
+        CheckConstraint("kind IN ('train', 'eval', 'probe', 'calibrate')", name="kind"),
         CheckConstraint(
             "status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled', 'lost')",
             name="status",

@@ -12,6 +12,7 @@ Nothing the demo saw while it ran is trusted over what was stored.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -25,7 +26,16 @@ from services.db.queries.live import live_counts
 from services.db.queries.points import IntelligencePerDollar, intelligence_per_dollar
 from services.db.queries.promotions import PromotionRow, loop_promotions
 from services.db.queries.serving_ledger import serving_totals
+from services.evaluation.figures import (
+    Gain,
+    Rate,
+    gain_from_detail,
+    imprecise_note,
+    live_gain,
+    rate,
+)
 from services.loop.ledger import usd_per_mtok
+from services.modelserver.attestation import TraceAttestation
 
 # Far more cycles than a demo runs: the report and the watcher read them all.
 ALL_CYCLES = 10_000
@@ -59,6 +69,17 @@ class CycleRow:
     # and the actual cost by phase ($), services.loop.estimate.
     estimate_usd: float | None = None
     cost_by_phase: dict[str, float] = field(default_factory=dict)
+    # The estimate's range ($) and what its rates rested on (measured, calibrated, defaults).
+    estimate_range: tuple[float, float] | None = None
+    estimate_basis: str = ""
+    # The three numbers as measured, each with its interval and counts
+    # (services.evaluation.figures); ``points`` above is the held-out figure only while the
+    # candidate serves.
+    heldout: Gain | None = None
+    gate: Gain | None = None
+    live_delta: Gain | None = None
+    # The train job's sentence when its successes were rare (services.training.rft).
+    rare_successes: str | None = None
 
 
 @dataclass
@@ -87,6 +108,15 @@ class DemoReport:
     actual_usd: float = 0.0
     cost_by_phase: dict[str, float] = field(default_factory=dict)
     cycle_wall_s: float | None = None
+    # Live success on the drifted API before and after, with counts and Wilson intervals
+    # (``Rate.to_json``); the held-out gain of the one cycle that bought the points (None
+    # when no cycle or several did: each cycle's row has its own); what a reader must know
+    # about the figures' precision.
+    live_before: Rate | None = None
+    live_after: Rate | None = None
+    heldout_gain: Gain | None = None
+    live_change: Gain | None = None  # after minus before, Newcombe's interval
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,8 +136,11 @@ def build_report(
     drift_wall: dt.datetime | None,
     traces_posted: int,
     state_dir: str,
+    attested: TraceAttestation | None = None,
 ) -> DemoReport:
-    """The report of the loop's ended cycles, from what Postgres holds."""
+    """The report of the loop's ended cycles, from what Postgres holds; live success counts
+    only the traces ``attested`` vouches for, as the canary does (an episode the model
+    server answered with two versions, across a deploy, counts for neither)."""
     spans = cycle_run_spans(session=session, loop_id=loop.id)
     bought = intelligence_per_dollar(session=session, loop_id=loop.id)
     rows = [
@@ -119,7 +152,7 @@ def build_report(
     # overhead, and reported on its own as ``canary_window_s``).
     overheads = [max(0.0, row.wall_s - row.job_s) / row.wall_s for row in rows if row.wall_s > 0]
     promotions = loop_promotions(session=session, loop_id=loop.id, held_by_cycles=True)
-    measured = live_before_after(session, loop, promotions, drift_wall)
+    measured = live_before_after(session, loop, promotions, drift_wall, attested=attested)
     gate = [row.gate_points for row in rows if row.gate_points is not None]
     live_points = [row.live_points for row in rows if row.live_points is not None]
     estimated = [row.estimate_usd for row in rows if row.estimate_usd is not None]
@@ -127,12 +160,18 @@ def build_report(
     for row in rows:
         for phase, dollars in row.cost_by_phase.items():
             phases[phase] = round(phases.get(phase, 0.0) + dollars, 6)
+    heldout_gain = headline_gain(rows)
     return DemoReport(
         cycles=rows,
         live=live,
         promotions=len(promotions),
         live_success_before=measured.before,
         live_success_after=measured.after,
+        live_before=measured.before_figure,
+        live_after=measured.after_figure,
+        live_change=measured.delta,
+        heldout_gain=heldout_gain,
+        notes=precision_notes(rows, heldout_gain),
         demo_wall_s=0.0,
         orchestration_overhead_frac=max(overheads) if overheads else None,
         drift_at_s=drift_at,
@@ -149,6 +188,39 @@ def build_report(
         cost_by_phase=phases,
         cycle_wall_s=round(sum(row.wall_s for row in rows) / len(rows), 1) if rows else None,
     )
+
+
+def headline_gain(rows: list[CycleRow]) -> Gain | None:
+    """The held-out gain behind the report's points: the measured figure of the one cycle
+    whose candidate kept serving; None when none or several did (the points are then a sum,
+    and each cycle's row carries its own interval)."""
+    kept = [row.heldout for row in rows if row.points and row.heldout is not None]
+    return kept[0] if len(kept) == 1 else None
+
+
+def precision_notes(rows: list[CycleRow], headline: Gain | None) -> list[str]:
+    """What the report says about its figures' precision: a held-out interval wider than
+    ±15 points (its set is too small to tell such a gain from noise), and a training whose
+    successes were rare (what it learned rests on a handful of episodes)."""
+    measured = [gain for gain in [headline, *(row.heldout for row in rows)] if gain is not None]
+    widest = max(measured, key=lambda gain: gain.half_width_points, default=None)
+    note = imprecise_note("held-out", widest)
+    rare = [
+        f"cycle {row.number}'s training: {row.rare_successes}" for row in rows if row.rare_successes
+    ]
+    return ([note] if note is not None else []) + rare
+
+
+def _estimate_range(estimate: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    low, high = (estimate or {}).get("low_usd"), (estimate or {}).get("high_usd")
+    if isinstance(low, int | float) and isinstance(high, int | float) and high > 0:
+        return float(low), float(high)
+    return None
+
+
+def _gain(detail: Mapping[str, Any] | None, key: str) -> Gain | None:
+    found = (detail or {}).get(key)
+    return gain_from_detail(found if isinstance(found, Mapping) else None, live=key == "live")
 
 
 def _serving_figures(session: Session, loop: Loop) -> dict[str, Any]:
@@ -197,6 +269,12 @@ def cycle_row(
         heldout_candidate_pass=_estimate(cycle.heldout_candidate),
         estimate_usd=float(cycle.estimate_usd) if cycle.estimate_usd is not None else None,
         cost_by_phase={p.phase: p.cost_usd for p in cycle.phase_costs if p.cost_usd is not None},
+        estimate_range=_estimate_range(cycle.estimate),
+        estimate_basis=str((cycle.estimate or {}).get("basis") or ""),
+        heldout=_gain(cycle.points_detail, "heldout"),
+        gate=_gain(cycle.points_detail, "gate"),
+        live_delta=_gain(cycle.points_detail, "live"),
+        rare_successes=train.rare_successes if train is not None else None,
     )
 
 
@@ -222,21 +300,54 @@ def job_seconds(spans: list[RunSpan]) -> float:
 
 @dataclass(frozen=True)
 class LiveBeforeAfter:
-    """Live success on the drifted API before and after the promotions, from Postgres."""
+    """Live success on the drifted API before and after the promotions, from Postgres:
+    (successes, traces) on each side."""
 
-    before: float | None
-    after: float | None
+    before_counts: tuple[int, int]
+    after_counts: tuple[int, int]
+
+    @property
+    def before(self) -> float | None:
+        ok, n = self.before_counts
+        return ok / n if n else None
+
+    @property
+    def after(self) -> float | None:
+        ok, n = self.after_counts
+        return ok / n if n else None
+
+    @property
+    def before_figure(self) -> Rate | None:
+        ok, n = self.before_counts
+        return rate(ok, n) if n else None
+
+    @property
+    def after_figure(self) -> Rate | None:
+        ok, n = self.after_counts
+        return rate(ok, n) if n else None
+
+    @property
+    def delta(self) -> Gain | None:
+        return live_gain(self.before_counts, self.after_counts)
 
 
 def live_before_after(
-    session: Session, loop: Loop, promotions: list[PromotionRow], drift_wall: dt.datetime | None
+    session: Session,
+    loop: Loop,
+    promotions: list[PromotionRow],
+    drift_wall: dt.datetime | None,
+    *,
+    attested: TraceAttestation | None = None,
 ) -> LiveBeforeAfter:
-    """The canary's query (:func:`live_counts`) over the traces in Postgres.
+    """The canary's query (:func:`live_counts`, with its ``attested`` when the server signs
+    its answers) over the traces in Postgres.
 
     Before: traces of a version that was later replaced, from the drift until its
     replacement was deployed. After: traces of every promoted version since it was deployed.
     """
-    counts = partial(live_counts, session=session, loop=loop, limit=1_000_000)  # every trace
+    counts = partial(  # every trace
+        live_counts, session=session, loop=loop, limit=1_000_000, attested=attested
+    )
     before_n = before_ok = after_n = after_ok = 0
     for promotion in promotions:
         if promotion.deployed_at is None:
@@ -252,9 +363,7 @@ def live_before_after(
         if drift_wall is not None:
             before_n, before_ok = before_n + old.n, before_ok + old.successes
         after_n, after_ok = after_n + new.n, after_ok + new.successes
-    return LiveBeforeAfter(
-        before_ok / before_n if before_n else None, after_ok / after_n if after_n else None
-    )
+    return LiveBeforeAfter((before_ok, before_n), (after_ok, after_n))
 
 
 def percent(rate: float | None) -> str:
@@ -285,6 +394,15 @@ def format_report(report: DemoReport) -> str:
                 f"    held-out pass@1: champion {_interval(row.heldout_champion_pass)}, "
                 f"candidate {_interval(row.heldout_candidate_pass)}"
             )
+        measured = _measured(row)
+        if measured:
+            lines.append(f"    measured: {measured}")
+        if row.estimate_range is not None:
+            low, high = row.estimate_range
+            lines.append(
+                f"    estimate {_usd(row.estimate_usd)} (${low:.4f} to ${high:.4f}): "
+                f"{row.estimate_basis or 'basis not recorded'}"
+            )
         if row.cost_by_phase:
             lines.append(f"    cost by phase: {_phases(row.cost_by_phase)}")
         if row.reason:
@@ -294,21 +412,28 @@ def format_report(report: DemoReport) -> str:
         "champion, eval and candidate columns: pass@1 on the eval set (new failures); held-out:",
         "points gained on the frozen held-out set (the $ per point); gate: the eval-set delta",
         "the gate decided on; live: the canary's delta on traces in Postgres; est.: the",
-        "cost estimated before training, from the loop's measured per-phase rates.",
+        "cost estimated before training, from the loop's per-phase rates (measured, or its",
+        "calibration pass's; the range and basis under the row). Every",
+        "interval is 95% (pass rates: Wilson; gains on the same tasks: paired bootstrap;",
+        "live deltas: Newcombe), beside what it counted.",
     ]
     if report.champion_note:
         lines += [f"NOTE: {report.champion_note}"]
+    lines += [f"NOTE: {note}" for note in report.notes]
     lines += ["", "Live success rate (20 s window, traces in Postgres)", ""]
-    for at, rate, n, version in report.live:
-        bar = "#" * round((rate or 0) * 40)
-        lines.append(f"  t={at:5.0f}s {version}  {percent(rate)} of {n:3d}  {bar}")
+    for at, share, n, version in report.live:
+        bar = "#" * round((share or 0) * 40)
+        counted = rate(round((share or 0) * n), n).text() if n else "n/a (0)"
+        lines.append(f"  t={at:5.0f}s {version}  {counted:>20}  {bar}")
     lines += [
         "",
-        f"promotions: {report.promotions}   live success after drift: "
-        f"{percent(report.live_success_before)} -> {percent(report.live_success_after)}   "
-        f"traces posted: {report.traces_posted}   wall: {report.demo_wall_s:.0f}s",
-        f"held-out points gained: {report.heldout_points_gained:+.1f}   $ per held-out point: "
-        f"{_usd(report.usd_per_heldout_point)}   canary windows: {report.canary_window_s:.0f}s",
+        f"promotions: {report.promotions}   traces posted: {report.traces_posted}   "
+        f"wall: {report.demo_wall_s:.0f}s",
+        f"live success after drift: {_rate(report.live_before)} -> {_rate(report.live_after)}"
+        f"{'   ' + report.live_change.text() if report.live_change else ''}",
+        f"held-out points gained: {_headline(report)}",
+        f"$ per held-out point: {_usd(report.usd_per_heldout_point)}   canary windows: "
+        f"{report.canary_window_s:.0f}s",
         f"tokens served: {report.tokens_served:,}   $/Mtok served: "
         f"{_usd(report.serving_usd_per_mtok)}",
         f"estimate: {_usd(report.estimate_usd)}   actual: {_usd(report.actual_usd)}   "
@@ -316,6 +441,27 @@ def format_report(report: DemoReport) -> str:
         f"by phase: {_phases(report.cost_by_phase) or '-'}",
     ]
     return "\n".join(lines)
+
+
+def _measured(row: CycleRow) -> str:
+    """The cycle's three numbers as measured, each with its interval and counts."""
+    named = (("held-out", row.heldout), ("gate", row.gate), ("live", row.live_delta))
+    return " · ".join(f"{name} {gain.text()}" for name, gain in named if gain is not None)
+
+
+def _rate(figure: Rate | None) -> str:
+    return "n/a" if figure is None else figure.text()
+
+
+def _headline(report: DemoReport) -> str:
+    """The held-out points with the interval of the cycle that bought them; a sum of
+    several cycles says where the intervals are."""
+    if report.heldout_gain is not None:
+        return report.heldout_gain.text()
+    gained = sum(1 for row in report.cycles if row.points)
+    if gained > 1:
+        return f"{report.heldout_points_gained:+.1f} (the sum of {gained} cycles: intervals above)"
+    return f"{report.heldout_points_gained:+.1f}"
 
 
 def _phases(dollars: dict[str, float]) -> str:

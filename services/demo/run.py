@@ -31,6 +31,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import time
+from functools import partial
 from typing import Any
 
 from pydantic import SecretStr
@@ -47,6 +48,7 @@ from services.demo.traffic import ServedModel, TraceDestination, TrafficSimulato
 from services.demo.watcher import watch
 from services.executors.local import kill_local_jobs
 from services.local.stack import Stack
+from services.modelserver.attestation import TraceAttestation, attestation_key, attested
 from services.settings import Settings
 
 
@@ -81,17 +83,12 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
         champion = make_demo_champion(options, settings, out)
         server = start_model_server(settings, champion)
         client = RatchetClient(settings.api_base_url, token)
-        created = client.create_loop(LOOP_NAME, "toolcalc", policies=_loop_policies(options))
+        created = client.create_loop(LOOP_NAME, "toolcalc", policies=loop_policies(options))
         client.set_champion(LOOP_NAME, str(champion))
         client.start_loop(LOOP_NAME)
         api_version = ["v1"]
-        assert settings.serve_api_key is not None
         traffic = TrafficSimulator(
-            served=ServedModel(
-                url=f"http://{settings.serve_host}:{settings.serve_port}",
-                api_key=settings.serve_api_key.get_secret_value(),
-                style="chat" if options.model == "smollm2" else "transcript",
-            ),
+            served=served_model(options, settings),
             destination=TraceDestination(
                 api_url=settings.api_base_url,
                 loop=LOOP_NAME,
@@ -119,7 +116,7 @@ def run_demo(options: DemoOptions, base: Settings, out: Printer = print) -> Demo
         kill_local_jobs(settings.artifacts_dir)
 
 
-def _loop_policies(options: DemoOptions) -> LoopPolicies:
+def loop_policies(options: DemoOptions) -> LoopPolicies:
     """The demo loop's policies: served by the local model server, a cycle once
     ``min_new_tasks`` new tasks are curated (no drift trigger), the demo's canary, and the
     training profile of the demo's model."""
@@ -131,17 +128,45 @@ def _loop_policies(options: DemoOptions) -> LoopPolicies:
             "drift_enabled": False,
         },
         gate_policy={
+            **served_sampling(options.traffic_temperature),
             "canary_seconds": options.canary_seconds,
             "canary_check_interval_s": 3,
             "canary_min_traces": 20,
-            # The demo's regression suite (sampled v1 successes, deduplicated) holds about
-            # 20 tasks, so one task is about 5 points: a 2-point tolerance would refuse any
-            # candidate that misses a single one.
-            "regression_tolerance_points": 5,
+            # The demo's regression suite (the sampled v1 successes of eval-hashed clusters,
+            # about a fifth of them) holds ten-odd tasks, so one task is 5-10 points: a
+            # tighter tolerance would refuse any candidate that misses a single one.
+            "regression_tolerance_points": 10,
         },
         training_profile=_training_profile(options),
-        curation_policy={"success_sample_rate": 0.5},
+        curation_policy=dict(options.curation_policy),
     )
+
+
+def served_model(options: DemoOptions, settings: Settings) -> ServedModel:
+    """The demo's model server as its agents call it: the family's conversation style and
+    the demo's sampling temperature (which its gate evaluates at: :func:`served_sampling`)."""
+    assert settings.serve_api_key is not None
+    return ServedModel(
+        url=f"http://{settings.serve_host}:{settings.serve_port}",
+        api_key=settings.serve_api_key.get_secret_value(),
+        style="chat" if options.model == "smollm2" else "transcript",
+        temperature=options.traffic_temperature,
+    )
+
+
+def _attested(settings: Settings) -> TraceAttestation | None:
+    """How the canary tells the traces the demo's model server served (it signs them with
+    the demo's attestation key), so the report counts live success as the canary does."""
+    key = attestation_key(settings)
+    return partial(attested, key=key) if key is not None else None
+
+
+def served_sampling(temperature: float) -> dict[str, Any]:
+    """The gate policy's evaluation sampling for traffic served at ``temperature``: the same
+    temperature, so the eval, regression and held-out pass rates measure what the agent
+    gets; greedy decoding is one sample per task (every sample would be the same), sampled
+    decoding four."""
+    return {"eval_temperature": temperature, "eval_samples": 4 if temperature > 0 else 1}
 
 
 def _training_profile(options: DemoOptions) -> dict[str, Any]:
@@ -172,6 +197,7 @@ def _watch_and_report(
                 drift_wall=watched.drift_wall,
                 traces_posted=traffic.stats.posted,
                 state_dir=str(settings.state_dir),
+                attested=_attested(settings),
             )
     finally:
         engine.dispose()

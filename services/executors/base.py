@@ -43,7 +43,8 @@ JobState = RunStatus
 TERMINAL_STATES: frozenset[RunStatus] = frozenset(state for state in RunStatus if state.terminal)
 
 # Run kinds (the runs table) and the job subcommand each one runs.
-RUN_KINDS: frozenset[str] = frozenset({"train", "eval", "probe"})
+# (a ``calibrate`` run is a train job shortened to time it: services.training.calibration)
+RUN_KINDS: frozenset[str] = frozenset({"train", "eval", "probe", "calibrate"})
 JOB_KINDS: frozenset[str] = frozenset({"train", "eval"})
 
 # Exit codes that mean "the spec or configuration is wrong": retrying cannot help, so the

@@ -19,6 +19,22 @@ tasks_per_step x group_size for GRPO; SFT rolls nothing out) and the snapshot's 
 x ``eval_samples`` x two checkpoints. The estimate is the sum of units x dollars per unit;
 the loop refuses a cycle whose estimate exceeds what is left of its budget.
 
+**Calibration.** A loop with no measured cycle has no rates of its own, and the defaults
+missed its first cycle by x52 on the toy demo and by x6.5 the other way on SmolLM2. So the
+first cycle runs a calibration pass first (services.training.calibration: its own train
+job, shortened to a couple of steps on one rollout batch, on its executor) and the estimate
+prices the train phases at that run's rates (:func:`calibrated_rates`), and evaluation at
+its rollout rate per episode (an eval sample is an episode of the same model through the
+same engine). Where the pass failed or could not run, the defaults stand and the estimate
+says it is not calibrated.
+
+**Its uncertainty.** Every estimate carries a range (``low_usd``, ``high_usd``): a phase
+measured over earlier cycles spans the lowest and highest rate of the runs it was measured
+on; a calibrated phase spans :data:`CALIBRATED_SPREAD` of its rate either way (one short
+pass: warm-up and a partly filled batch make it high, later rounds' longer episodes low; the
+width is chosen, not yet measured); a default spans :data:`DEFAULT_SPREAD` (the misses
+above). A refusal says which it rests on.
+
 The measured dollar rates carry the loop's accelerators and prices as they were; after a
 change of either, the first cycle's estimate is off by that change, and the next is
 measured again. Judge calls (LLM judges of replay tasks) are counted in the actual cost of
@@ -30,11 +46,11 @@ Free of the database and of Temporal: the estimate activity reads the rows and c
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
 
 from services.loop.policies import TrainingProfile
-from services.training.config import GRPOConfig, SamplingOptions, parse_chain
+from services.training.config import GRPOConfig, RFTConfig, SamplingOptions, parse_chain
 
 PHASES = ("rollout", "scoring", "update", "sync", "evaluation", "other")
 # The unit each phase's rate is per.
@@ -57,6 +73,10 @@ DEFAULT_COMPUTE_S_PER_UNIT = {
     "sync": 5.0,
     "other": 10.0,
 }
+# How far from its rate a phase's cost may lie, as (low, high) factors: a calibrated rate
+# (one short pass) and a default one (never measured: off by x52 and x6.5 so far).
+CALIBRATED_SPREAD = (0.5, 2.0)
+DEFAULT_SPREAD = (0.01, 10.0)
 # How many of the loop's last accounted cycles the rates are measured over.
 RATE_CYCLES = 5
 # Each checkpoint evaluated per cycle: the champion and the candidate.
@@ -158,8 +178,8 @@ class Units:
 
 def run_units(run: RunRecord) -> Units:
     """The work a finished run did, from its metrics (steps and episodes of a train job,
-    tasks x samples of an eval job)."""
-    if run.kind == "train":
+    tasks x samples of an eval job; a calibration pass is a short train job)."""
+    if run.kind in ("train", "calibrate"):
         return Units(
             episode=_number(run.metrics.get("episodes")),
             step=_number(run.metrics.get("steps")),
@@ -169,25 +189,43 @@ def run_units(run: RunRecord) -> Units:
     return Units(eval_sample=_number(run.metrics.get("n")) * samples, job=1.0)
 
 
+Basis = Literal["measured", "calibrated", "default"]
+
+
 @dataclass(frozen=True)
 class Rate:
-    """One phase's cost per unit of its work, and whether it was measured or the default."""
+    """One phase's cost per unit of its work, where it comes from (measured over earlier
+    cycles, calibrated by a short pass, or the default) and the dollars per unit it may lie
+    between (``usd_low``, ``usd_high``)."""
 
     unit: str
     compute_s: float
     usd: float
     measured: bool
+    basis: Basis = "measured"
+    usd_low: float | None = None
+    usd_high: float | None = None
+
+    @property
+    def usd_range(self) -> tuple[float, float]:
+        low = self.usd if self.usd_low is None else self.usd_low
+        return low, self.usd if self.usd_high is None else self.usd_high
 
 
 def measured_rates(runs: Iterable[RunRecord]) -> dict[str, Rate]:
-    """Per-phase rates over ``runs`` (succeeded runs of earlier cycles); a phase whose unit
-    they never did is left out."""
+    """Per-phase rates over ``runs`` (succeeded runs of earlier cycles; sums over sums) with
+    the range of the runs' own rates; a phase whose unit they never did is left out."""
     cost: dict[str, PhaseCost] = {}
     units: dict[str, float] = {}
+    each: dict[str, list[float]] = {}
     for run in runs:
+        if run.kind == "calibrate":  # a pass's warm-up is not a cycle's rate
+            continue
         done = run_units(run)
         for name, phase in run_phase_costs(run).items():
             cost[name] = cost.get(name, PhaseCost()) + phase
+            if done.of(name) > 0:
+                each.setdefault(name, []).append(phase.cost_usd / done.of(name))
         for name in PHASES:
             units[name] = units.get(name, 0.0) + done.of(name)
     return {
@@ -196,10 +234,47 @@ def measured_rates(runs: Iterable[RunRecord]) -> dict[str, Rate]:
             cost[name].compute_s / units[name],
             cost[name].cost_usd / units[name],
             measured=True,
+            usd_low=min(each.get(name) or [cost[name].cost_usd / units[name]]),
+            usd_high=max(each.get(name) or [cost[name].cost_usd / units[name]]),
         )
         for name in PHASES
         if name in cost and units.get(name, 0.0) > 0
     }
+
+
+def calibrated_rates(calibration: RunRecord) -> dict[str, Rate]:
+    """The rates a calibration pass measured (services.training.calibration), each spanning
+    :data:`CALIBRATED_SPREAD`: its train phases as measured, and ``evaluation`` at its
+    rollout (and scoring) cost per episode, since an eval sample is an episode of the same
+    model through the same engine. Empty when the pass did no work to measure."""
+    done = run_units(calibration)
+    low, high = CALIBRATED_SPREAD
+    rates: dict[str, Rate] = {}
+    for name, phase in run_phase_costs(calibration).items():
+        amount = done.of(name)
+        if amount > 0:
+            rates[name] = _spread(
+                Rate(PHASE_UNITS[name], phase.compute_s / amount, phase.cost_usd / amount, False),
+                low,
+                high,
+            )
+    episode = [rates[n] for n in ("rollout", "scoring") if n in rates]
+    if episode:
+        rates["evaluation"] = _spread(
+            Rate(
+                PHASE_UNITS["evaluation"],
+                sum(r.compute_s for r in episode),
+                sum(r.usd for r in episode),
+                False,
+            ),
+            low,
+            high,
+        )
+    return rates
+
+
+def _spread(rate: Rate, low: float, high: float, basis: Basis = "calibrated") -> Rate:
+    return replace(rate, basis=basis, usd_low=rate.usd * low, usd_high=rate.usd * high)
 
 
 @dataclass(frozen=True)
@@ -228,12 +303,18 @@ def default_rates(profile: TrainingProfile, prices: Prices) -> dict[str, Rate]:
         "sync": max(train, evaluation),
         "other": max(train, evaluation),
     }
+    low, high = DEFAULT_SPREAD
     return {
-        name: Rate(
-            PHASE_UNITS[name],
-            DEFAULT_COMPUTE_S_PER_UNIT[name],
-            DEFAULT_COMPUTE_S_PER_UNIT[name] * price[name],
-            measured=False,
+        name: _spread(
+            Rate(
+                PHASE_UNITS[name],
+                DEFAULT_COMPUTE_S_PER_UNIT[name],
+                DEFAULT_COMPUTE_S_PER_UNIT[name] * price[name],
+                measured=False,
+            ),
+            low,
+            high,
+            basis="default",
         )
         for name in PHASES
     }
@@ -263,12 +344,14 @@ def planned_work(
     eval_task_counts: Iterable[int],
     samples_per_task: int,
     train_tasks: int = 0,
+    replay_tasks: int = 0,
 ) -> PlannedWork:
     """The work of a cycle with this training profile (every stage of a chain) and these
     eval task sets (their sizes; an empty set runs no job): a GRPO stage samples
     ``steps x tasks_per_step x group_size`` episodes, an rft or dpo stage
-    ``samples_per_task`` per train task (per iteration). The profile was checked when the
-    loop was saved."""
+    ``samples_per_task`` per train task (per iteration), and rft's replay ``replay_samples``
+    of each of at most ``replay_tasks`` of the dataset's ``replay_tasks``. The profile was
+    checked when the loop was saved."""
     stages = parse_chain(profile.family, profile.algorithm, profile.hyperparameters)
     steps = episodes = 0
     for hyper in stages:
@@ -279,6 +362,8 @@ def planned_work(
         elif isinstance(config, SamplingOptions):
             rounds = int(getattr(config, "iterations", 1))
             episodes += rounds * config.samples_per_task * max(0, train_tasks)
+        if isinstance(config, RFTConfig) and config.replay_fraction > 0:
+            episodes += config.replay_samples * min(config.replay_tasks, max(0, replay_tasks))
     sets = [int(count) for count in eval_task_counts if count > 0]
     eval_tasks = sum(sets)
     return PlannedWork(
@@ -292,7 +377,8 @@ def planned_work(
 
 @dataclass(frozen=True)
 class Estimate:
-    """A cycle's expected cost, phase by phase, and whether it fits what the budget has left."""
+    """A cycle's expected cost, phase by phase, with its range and what its rates rest on,
+    and whether it fits what the budget has left."""
 
     usd: float
     compute_s: float
@@ -304,11 +390,19 @@ class Estimate:
     measured_cycles: int
     reason: str = ""
     fits: bool = True
+    low_usd: float = 0.0
+    high_usd: float = 0.0
+    basis: str = ""  # what the rates rest on, in words (see :func:`basis_of`)
+    calibrated: bool = False  # no phase priced at a default rate
 
     def to_json(self) -> dict[str, Any]:
         """What ``cycles.estimate`` stores (the dollars are also ``cycles.estimate_usd``)."""
         return {
             "usd": self.usd,
+            "low_usd": self.low_usd,
+            "high_usd": self.high_usd,
+            "basis": self.basis,
+            "calibrated": self.calibrated,
             "compute_s": self.compute_s,
             "phases": self.phases,
             "planned": self.planned,
@@ -321,6 +415,28 @@ class Estimate:
         }
 
 
+def basis_of(rates: Mapping[str, Rate], measured_cycles: int, calibration: str | None) -> str:
+    """In words, what the priced phases' rates rest on: the measured cycles, the calibration
+    pass (``calibration`` names it), or the defaults, which are not a measurement."""
+    kinds = {rate.basis for rate in rates.values()}
+    parts = []
+    if "measured" in kinds:
+        parts.append(f"measured over {measured_cycles} cycle(s)")
+    if "calibrated" in kinds:
+        parts.append(f"calibrated by {calibration or 'a short pass'}")
+    if "default" in kinds:
+        why = (
+            f" (the calibration pass, {calibration}, measured nothing)"
+            if calibration and "calibrated" not in kinds
+            else ""
+        )
+        parts.append(
+            f"NOT calibrated{why}: default rates, not a measurement of this loop (they have "
+            "missed by x52 and x6.5)"
+        )
+    return "; ".join(parts)
+
+
 def estimate_cycle(
     work: PlannedWork,
     *,
@@ -329,22 +445,33 @@ def estimate_cycle(
     measured_cycles: int,
     budget_usd: float | None,
     spent_usd: float,
+    calibrated: Mapping[str, Rate] | None = None,
+    calibration: str | None = None,
 ) -> Estimate:
-    """Units x rate per phase (measured where the loop has measured it), and the verdict:
-    a cycle fits when the loop has no budget or its estimate is at most what is left."""
+    """Units x rate per phase (measured where the loop has measured it, else calibrated by
+    the cycle's calibration pass ``calibration``, else the default), its range, and the
+    verdict: a cycle fits when the loop has no budget or its estimate is at most what is
+    left."""
     units = work.units
     phases: dict[str, dict[str, float]] = {}
     rates: dict[str, dict[str, Any]] = {}
+    used: dict[str, Rate] = {}
+    low = high = 0.0
     for name in PHASES:
-        rate = measured.get(name, defaults[name])
+        rate = measured.get(name) or (calibrated or {}).get(name) or defaults[name]
         amount = units.of(name)
+        rate_low, rate_high = rate.usd_range
         rates[name] = {
             "unit": rate.unit,
             "compute_s": round(rate.compute_s, _ROUND),
             "usd": round(rate.usd, 9),
+            "usd_range": [round(rate_low, 9), round(rate_high, 9)],
             "measured": rate.measured,
+            "basis": rate.basis,
         }
         if amount > 0:
+            used[name] = rate
+            low, high = low + amount * rate_low, high + amount * rate_high
             phases[name] = {
                 "units": amount,
                 "compute_s": round(amount * rate.compute_s, _ROUND),
@@ -352,15 +479,17 @@ def estimate_cycle(
             }
     usd = round(sum(p["cost_usd"] for p in phases.values()), _ROUND)
     compute_s = round(sum(p["compute_s"] for p in phases.values()), _ROUND)
+    basis = basis_of(used, measured_cycles, calibration)
     left = None if budget_usd is None else round(budget_usd - spent_usd, _ROUND)
     fits = left is None or usd <= left
     reason = ""
     if not fits:
         assert budget_usd is not None and left is not None
         reason = (
-            f"estimated ${usd:.4f} for {work.steps} steps, {work.episodes} episodes and "
-            f"{work.eval_samples} eval samples exceeds the ${max(left, 0.0):.4f} left of the "
-            f"loop's ${budget_usd:.2f} budget; raise the budget or plan less work, then resume"
+            f"estimated ${usd:.4f} (range ${low:.4f} to ${high:.4f}; {basis}) for "
+            f"{work.steps} steps, {work.episodes} episodes and {work.eval_samples} eval "
+            f"samples exceeds the ${max(left, 0.0):.4f} left of the loop's ${budget_usd:.2f} "
+            "budget; raise the budget or plan less work, then resume"
         )
     return Estimate(
         usd=usd,
@@ -373,4 +502,8 @@ def estimate_cycle(
         measured_cycles=measured_cycles,
         reason=reason,
         fits=fits,
+        low_usd=round(low, _ROUND),
+        high_usd=round(high, _ROUND),
+        basis=basis,
+        calibrated=all(rate.basis != "default" for rate in used.values()),
     )

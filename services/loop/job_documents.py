@@ -25,7 +25,7 @@ from services.executors.base import JobRequestError
 from services.inference.rollout_env import API_KEY_ENV, MODEL_ENV, SHARED_DIR_ENV, URL_ENV
 from services.settings import Endpoint, Settings, ToolEndpoint
 
-REPLAY_FILE = "replay.jsonl"  # a train run's copy of its dataset's regression split
+REPLAY_FILE = "replay.jsonl"  # a train run's copy of its dataset's replay split
 # Where a job writes the adapters it rolls out on the deployment's rollout server: inside the
 # run dir, which the job mounts writable and the server reads at the same path.
 ROLLOUT_SUBDIR = "rollouts"
@@ -71,9 +71,11 @@ def job_files(
 def replay_dataset(
     *, session: Session, kind: str, run_dir: Path, dataset_id: int | None
 ) -> dict[str, str]:
-    """A train job's ``replay_dataset`` key: its dataset's regression split (tasks the
-    champion handled, which rft replays so the candidate does not forget them), or nothing
-    when the dataset has none.
+    """A train job's ``replay_dataset`` key: its dataset's replay split (successes on the
+    trained side, which rft replays so the candidate does not forget them), or nothing when
+    the dataset has none. Never the regression suite: the gate judges the candidate on that
+    (services.curation.splits), and a dataset snapshotted before the replay split existed
+    replays nothing.
 
     The file is copied into the run dir, the part of the artifact volume a Kubernetes job
     mounts (services.executors.kubernetes.builder), once per run, so the spec a retried
@@ -84,9 +86,9 @@ def replay_dataset(
     if path.is_file():
         return {"replay_dataset": str(path)}
     row = session.get(Dataset, dataset_id) if dataset_id is not None else None
-    if row is None or not row.regression_uri or row.regression_count < 1:
+    if row is None or not row.replay_uri or row.replay_count < 1:
         return {}
-    source = uri_to_path(row.regression_uri)
+    source = uri_to_path(row.replay_uri)
     if not source.is_file():
         return {}
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -51,11 +51,14 @@ def cycle_points(
 
 
 def _comparison_points(comparison: Mapping[str, Any]) -> dict[str, Any]:
-    """A paired comparison (rates as fractions) in points, with its interval."""
+    """A paired comparison (rates as fractions) in points, with its 95 % interval (the
+    gate's own comparison also carries one at its policy's confidence: ``ci95_*`` wins)."""
+    low = comparison.get("ci95_low", comparison.get("ci_low", 0.0))
+    high = comparison.get("ci95_high", comparison.get("ci_high", 0.0))
     return {
         "points": 100.0 * float(comparison.get("delta", 0.0)),
-        "ci_low_points": 100.0 * float(comparison.get("ci_low", 0.0)),
-        "ci_high_points": 100.0 * float(comparison.get("ci_high", 0.0)),
+        "ci_low_points": 100.0 * float(low),
+        "ci_high_points": 100.0 * float(high),
         "n": int(comparison.get("n", 0)),
         "champion_rate": comparison.get("champion_rate"),
         "candidate_rate": comparison.get("candidate_rate"),

@@ -227,8 +227,8 @@ class RFTConfig(SFTConfig, SamplingOptions):
     :class:`SFTConfig`'s, with defaults for a few hundred successes rather than a corpus).
 
     ``replay_fraction`` of each draw are replayed episodes: ``replay_samples`` sampled once
-    from the starting weights on each of at most ``replay_tasks`` replay tasks (a loop's
-    regression split), the verified ones kept."""
+    from the starting weights on each of at most ``replay_tasks`` replay tasks (a dataset's
+    replay split, never its regression suite), the verified ones kept."""
 
     steps: int = field(default=100, metadata=_bounds(0))
     batch_size: int = field(default=16, metadata=_bounds(1))
@@ -237,8 +237,11 @@ class RFTConfig(SFTConfig, SamplingOptions):
     min_lr_ratio: float = field(default=0.1, metadata=_bounds(0, 1))
     iterations: int = field(default=1, metadata=_bounds(1))
     log_every: int = field(default=10, metadata=_bounds(0))
-    # a task with this many successes in a round gets no more samples in it (0: never)
+    # a task with this many successes in a round gets no more samples in it (0: never), and
+    # what it leaves goes to tasks with no success yet, up to this factor x samples_per_task
+    # episodes each (1: none; services.training.rft, "Enough successes")
     enough_successes: int = field(default=0, metadata=_bounds(0))
+    unsolved_sample_factor: float = field(default=2.0, metadata=_bounds(1, 16))
     # Replay (services.training.rft): the starting weights' own verified episodes of tasks
     # they already solve, a share of every SFT draw, so what is learned does not erase them.
     replay_fraction: float = field(default=0.5, metadata=_bounds(0, 1, high_open=True))

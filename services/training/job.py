@@ -23,8 +23,12 @@ learned (``unanswerable_calls`` per task, and ``tool_answers``: the listing of
 ``<output_dir>/tool_answers.jsonl``, the live tool answers it got, see
 services.environments.replay.sandbox); ``demonstrations`` in the spec names
 earlier runs' stored episodes, which rft trains on and dpo pairs; ``replay_dataset`` names a
-task file of tasks the starting weights already handle (a loop's regression split), which
-rft replays beside the new successes (``replay_fraction``) so that it does not forget them.
+task file of tasks the starting weights already handle (a dataset's replay split, never the
+regression suite that judges the candidate), which rft replays beside the new successes
+(``replay_fraction``) so that it does not forget them.
+``"calibrate": true`` makes it a calibration pass: the same stages, shortened to a couple of
+steps on as many tasks as one rollout batch holds (services.training.calibration), whose
+metrics.json times the job's phases for a loop's first estimate.
 GRPO keeps resume points under ``<output_dir>/state/`` and a restarted job continues from the
 last one. A job whose outputs are already complete exits 0 without retraining, so an
 executor may retry it safely.
@@ -53,6 +57,7 @@ import torch
 from services.environments.base import Environment, TaskFileError, TaskSpec, read_task_file
 from services.environments.registry import get_environment
 from services.inference.remote import RemoteError, attach_rollout_backend
+from services.training.calibration import calibration_plan
 from services.training.checkpoint import CheckpointError, read_manifest, verify_checkpoint
 from services.training.config import (
     ALGORITHMS,
@@ -110,6 +115,10 @@ def _run(spec: JobSpec) -> int:
     replay_tasks = _replay_tasks(spec)
     family_name = _base_family(spec)
     hypers = job_hyperparameters(spec, family=family_name, algorithm=algorithm)
+    calibrating = _calibrating(spec)
+    if calibrating:  # services.training.calibration: the same job, shortened
+        hypers, tasks = calibration_plan(hypers, tasks)
+        replay_tasks = []
     use_threads(hypers[0].options.threads)
     ctx = init_job_distributed(spec.device)
     # Loading the base and saving the result are the job's weight movement ("sync"); the
@@ -148,6 +157,7 @@ def _run(spec: JobSpec) -> int:
         tasks=len(tasks),
         parent_checkpoint_id=parent,
         schema="ratchet.metrics/v1",
+        calibration=calibrating,
     )
     total_tokens = metrics["train_tokens"] + metrics["rollout_tokens"]
     metrics["tokens_per_s"] = (
@@ -247,6 +257,15 @@ def _train_chain(
     return StageResult(totals, phases)
 
 
+def _calibrating(spec: JobSpec) -> bool:
+    """The spec's ``calibrate``: a short timed pass of this job (services.training.calibration)
+    rather than the job itself."""
+    value = spec.raw.get("calibrate", False)
+    if not isinstance(value, bool):
+        raise JobError(f"spec 'calibrate' must be true or false, got {value!r}")
+    return value
+
+
 def _stored(spec: JobSpec) -> list[EpisodeRecord]:
     """The spec's ``demonstrations`` file (earlier runs' verified episodes), or none."""
     path = spec.raw.get("demonstrations")
@@ -341,8 +360,8 @@ def _dataset(spec: JobSpec) -> list[TaskSpec]:
 
 
 def _replay_tasks(spec: JobSpec) -> list[TaskSpec]:
-    """The spec's ``replay_dataset``: tasks the starting weights already handle (a loop's
-    regression split), which rft replays; none without one, and an empty file is none."""
+    """The spec's ``replay_dataset``: tasks the starting weights already handle (a dataset's
+    replay split), which rft replays; none without one, and an empty file is none."""
     path = spec.raw.get("replay_dataset")
     if path is None:
         return []

@@ -17,7 +17,7 @@ Choices, each on purpose:
 - **Stored successes** (``stored``: earlier runs' verified episodes of the same tasks, a
   train job's ``demonstrations.jsonl``) join every iteration's SFT set as successes of
   their task, weighed like sampled ones; only those of the model's family are used.
-- **Replay** (``replay_fraction`` > 0 and replay tasks given: a loop's regression split,
+- **Replay** (``replay_fraction`` > 0 and replay tasks given: a dataset's replay split,
   tasks the champion handled): before the first iteration, ``replay_samples`` episodes of
   each of at most ``replay_tasks`` of them are sampled from the starting weights and the
   verified ones kept; every iteration's SFT draw gives them ``replay_fraction`` of its
@@ -31,6 +31,17 @@ Choices, each on purpose:
   most samples, and sampling them all ``samples_per_task`` times buys successes the SFT
   draw weighs down anyway (measured on SmolLM2, docs/models.md run 6: 666 successes of 54
   tasks in the second round, most of the run's time).
+- **Unsolved tasks first**: each wave of a round samples the tasks with no success yet
+  before the others, and the samples a task with enough successes leaves go to tasks still
+  without one, up to ``unsolved_sample_factor`` x ``samples_per_task`` episodes each (the
+  round never samples more than ``samples_per_task`` x tasks): a task's first success is
+  what decides whether the SFT set teaches it at all, its fifth adds little.
+- **Rare successes are said**: a round in which fewer than :data:`RARE_SUCCESS_RATE` of
+  the episodes passed, or that solved fewer than :data:`RARE_SOLVED_TASKS` tasks, is
+  flagged in the metrics (``rare_successes``, with a sentence) and the log: what is learned
+  then rests on a handful of episodes, and another seed may find none (measured on SmolLM2,
+  docs/models.md: 1 and 2 passing episodes in 1,024 gave 37.5 % and 100 % on the drifted
+  set).
 - **Zero successes** is a result, not an error: the iteration trains nothing, the model is
   left as it was, and the stats say so (``successes: 0``, ``trained: false``).
 - **Seeds**: episode ``s`` of task ``i`` in iteration ``it`` samples with
@@ -43,11 +54,11 @@ is also how :mod:`services.training.dpo` samples its pairs.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,6 +75,10 @@ from services.training.sft import train_sft
 
 logger = logging.getLogger(__name__)
 
+# A round is flagged rare when fewer than this share of its episodes passed, or it solved
+# fewer than RARE_SOLVED_TASKS tasks.
+RARE_SUCCESS_RATE = 0.01
+RARE_SOLVED_TASKS = 3
 _SAMPLE_STREAM = 0x5F7  # keeps rft/dpo sampling seeds apart from GRPO's
 _REPLAY_STREAM = 0x3E9  # and the replay's draw and samples apart from the iterations'
 
@@ -85,6 +100,67 @@ class SampledTasks:
         return sum(episode.reward.passed for group in self.groups for episode in group)
 
 
+class SampleBudget:
+    """Which task a round samples next: a round may sample ``per_task`` episodes of every
+    task, and no more in all. Tasks are drawn in waves over their sample count (episode 0 of
+    every task, then 1, ...), tasks with no success yet first in each wave. A task with
+    ``enough`` successes is sampled no more (``enough`` 0: never), and the samples it leaves
+    go to tasks with no success yet, up to ``most`` episodes each: where another episode can
+    still turn a task from failed to solved, the one thing the SFT set needs of it."""
+
+    def __init__(self, tasks: int, per_task: int, enough: int, most: int) -> None:
+        self.per_task, self.enough, self.most = per_task, enough, max(most, per_task)
+        self.count, self.passed = [0] * tasks, [0] * tasks
+        self.left = self.owed = per_task * tasks  # the round's episodes; those owed to waves
+        self._heap = [(0, 0, i) for i in range(tasks)]  # (count, solved, task)
+        self._parked: list[int] = []  # unsolved at per_task, waiting for spare episodes
+
+    def _closed(self, i: int) -> bool:
+        return bool(self.enough) and self.passed[i] >= self.enough
+
+    def next(self, busy: Collection[int] = ()) -> int | None:
+        """The task of the next episode (its sample index is ``count[i] - 1`` after), or
+        None when the round is spent or every open task is ``busy`` (has an episode in
+        flight, when the caller waits for each before the next)."""
+        deferred: list[tuple[int, int, int]] = []
+        try:
+            while self._heap:
+                count, solved, i = heapq.heappop(self._heap)
+                if count != self.count[i] or solved != (self.passed[i] > 0) or self._closed(i):
+                    continue  # a stale entry, or a task with enough successes
+                if i in busy:
+                    deferred.append((count, solved, i))
+                    continue
+                if count < self.per_task:
+                    self.owed -= 1
+                elif solved or count >= self.most:
+                    continue
+                elif self.left - self.owed <= 0:
+                    self._parked.append(i)
+                    continue
+                self.count[i] += 1
+                self.left -= 1
+                heapq.heappush(self._heap, (count + 1, solved, i))
+                return i
+            return None
+        finally:
+            for entry in deferred:
+                heapq.heappush(self._heap, entry)
+
+    def record(self, i: int, passed: bool) -> None:
+        """An episode of task ``i`` came back."""
+        if not passed:
+            return
+        self.passed[i] += 1
+        if self.passed[i] == 1:
+            heapq.heappush(self._heap, (self.count[i], 1, i))
+        if self._closed(i) and self.passed[i] == self.enough:
+            self.owed -= max(0, self.per_task - self.count[i])  # its samples are spare now
+            for parked in self._parked:
+                heapq.heappush(self._heap, (self.count[parked], 0, parked))
+            self._parked.clear()
+
+
 def sample_episodes(
     model: FamilyModel,
     env: Environment,
@@ -94,22 +170,31 @@ def sample_episodes(
     seed: int,
     round_index: int = 0,
     enough_successes: int = 0,
+    most_per_task: int = 0,
 ) -> SampledTasks:
     """Up to ``options.samples_per_task`` verified episodes of every task under the current
     weights, ``options.rollout_batch`` episodes per rollout call; each episode seeded on its
-    own, so which call it lands in changes nothing.
+    own (by task and sample index), so which call it lands in changes nothing.
 
-    Episodes are drawn in waves over the sample index (episode 0 of every task, then 1, ...)
-    so that, with ``enough_successes`` > 0, a task with that many successes gets no more:
-    the rest of the round goes to the tasks still short of them. A call then holds at most
-    one episode of a task, so a task overshoots by no more than its episode in flight."""
-    pending = deque((i, s) for s in range(options.samples_per_task) for i in range(len(tasks)))
+    Episodes are drawn in waves over the sample index, tasks with no success yet first
+    (:class:`SampleBudget`): with ``enough_successes`` > 0 a task with that many
+    successes gets no more (a call holds one episode of a task at most, so none
+    overshoots), and what it leaves of the round goes to tasks still without a success, up
+    to ``most_per_task`` episodes each. Without ``enough_successes`` every task gets exactly
+    ``samples_per_task``."""
+    budget = SampleBudget(len(tasks), options.samples_per_task, enough_successes, most_per_task)
     groups: list[list[TokenEpisode]] = [[] for _ in tasks]
-    passed = [0] * len(tasks)
     generated = 0
     started = time.monotonic()
-    while pending:
-        chunk = _next_chunk(pending, passed, options.rollout_batch, enough_successes)
+    while True:
+        chunk: list[tuple[int, int]] = []
+        # With enough_successes a call holds one episode per task at most, so a task's
+        # success is known before its next episode is drawn; without, calls stay full.
+        busy: set[int] = set()
+        while len(chunk) < options.rollout_batch and (i := budget.next(busy)) is not None:
+            chunk.append((i, budget.count[i] - 1))
+            if enough_successes:
+                busy.add(i)
         if not chunk:
             break
         rollouts = model.rollouts(
@@ -123,35 +208,10 @@ def sample_episodes(
         generated += rollouts.generated_tokens
         for (i, _), episode in zip(chunk, rollouts.episodes, strict=True):
             groups[i].append(episode)
-            passed[i] += episode.reward.passed
+            budget.record(i, episode.reward.passed)
     return SampledTasks(
         groups=groups, generated_tokens=generated, wall_s=time.monotonic() - started
     )
-
-
-def _next_chunk(
-    pending: deque[tuple[int, int]], passed: list[int], size: int, enough_successes: int
-) -> list[tuple[int, int]]:
-    """The next rollout call's (task, sample) pairs, taken from ``pending`` in order. With
-    ``enough_successes``, a task that has them is dropped and a task's later sample waits
-    for the next call (were both in one call, the second could not be spared by the
-    first's success)."""
-    chunk: list[tuple[int, int]] = []
-    waiting: list[tuple[int, int]] = []
-    in_chunk: set[int] = set()
-    while pending and len(chunk) < size:
-        i, s = pending.popleft()
-        if not enough_successes:
-            chunk.append((i, s))
-        elif passed[i] >= enough_successes:
-            continue
-        elif i in in_chunk:
-            waiting.append((i, s))
-        else:
-            chunk.append((i, s))
-            in_chunk.add(i)
-    pending.extendleft(reversed(waiting))
-    return chunk
 
 
 StoredEpisodes = list[list[list[TokenSequence]]]  # per task: its stored episodes' sequences
@@ -257,6 +317,20 @@ def with_replay(
     )
 
 
+def rare_successes(row: dict[str, Any]) -> str | None:
+    """The sentence a round's row carries when its successes are rare (see the module's
+    *Rare successes are said*); None when they are not."""
+    episodes, passed, solved = int(row["episodes"]), int(row["successes"]), row["tasks_solved"]
+    enough_tasks = min(RARE_SOLVED_TASKS, int(row["tasks"]))
+    if not episodes or (passed >= RARE_SUCCESS_RATE * episodes and solved >= enough_tasks):
+        return None
+    return (
+        f"round {row['iteration']}: {passed} of {episodes:,} episodes passed "
+        f"({100 * passed / episodes:.2f}%), on {solved} of {row['tasks']} tasks: what it "
+        "learns rests on so few successes that another seed may find none or others"
+    )
+
+
 @dataclass
 class RFTResult:
     """What an rft run saw and did: per iteration and in total."""
@@ -284,6 +358,11 @@ class RFTResult:
             ),
             "trained": bool(trained),
             "replay": self.replay,
+            # the first rare round's sentence (the rows keep each one's), or None
+            "rare_successes": next(
+                (row["rare_successes"] for row in self.iterations if "rare_successes" in row),
+                None,
+            ),
         }
 
 
@@ -331,6 +410,7 @@ def _rft_iteration(
         seed=config.seed,
         round_index=iteration,
         enough_successes=config.enough_successes,
+        most_per_task=round(config.unsolved_sample_factor * config.samples_per_task),
     )
     counters.add_sampling(sampled.generated_tokens, sampled.wall_s, sampled.episodes)
     counters.groups += len(sampled.groups)
@@ -344,6 +424,11 @@ def _rft_iteration(
         "successes": sampled.successes,
         "stored_successes": sum(len(kept) for kept in earlier),
         "tasks_solved": sum(any(e.reward.passed for e in g) for g in sampled.groups),
+        "tasks": len(tasks),
+        # episodes beyond samples_per_task, spent on tasks that had no success yet
+        "unsolved_extra_episodes": sum(
+            max(0, len(group) - config.samples_per_task) for group in sampled.groups
+        ),
         "sequences": len(successes),
         "replayed_sequences": len(sequences) - len(successes),
         "trained": bool(successes) and config.steps > 0,
@@ -365,6 +450,11 @@ def _rft_iteration(
             iteration + 1,
             sampled.episodes,
         )
+    rare = rare_successes(row)
+    if rare is not None:
+        row["rare_successes"] = rare
+        if ctx.is_main:
+            logger.warning("rft %s", rare)
     if ctx.is_main:
         logger.info(
             "rft iteration %d/%d: %d/%d episodes passed, %d of %d tasks solved, loss %s",

@@ -58,8 +58,9 @@ class StageRun:
     # the second.
     stored: list[EpisodeRecord] = field(default_factory=list)
     keeper: EpisodeKeeper | None = None
-    # Tasks the starting weights already handle (spec ``replay_dataset``: a loop's
-    # regression split), which rft replays so that it does not forget them.
+    # Tasks the starting weights already handle (spec ``replay_dataset``: a dataset's replay
+    # split, never the regression suite that judges the candidate), which rft replays so
+    # that it does not forget them.
     replay_tasks: list[TaskSpec] = field(default_factory=list)
 
 

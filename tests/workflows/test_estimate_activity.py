@@ -14,10 +14,10 @@ from temporalio.exceptions import ApplicationError
 
 from services.db.models import Cycle, Loop, Run
 from services.db.session import SessionFactory
-from services.loop.estimate import DEFAULT_COMPUTE_S_PER_UNIT, Prices
+from services.loop.estimate import CALIBRATED_SPREAD, DEFAULT_COMPUTE_S_PER_UNIT, Prices
 from services.loop.policies import TrainingProfile
 from tests.workflows.test_loop_activities import RecordingTarget, make_loop
-from workflows.activities.estimate import EstimateActivities, EstimateInput
+from workflows.activities.estimate import CalibrationInput, EstimateActivities, EstimateInput
 from workflows.activities.stages import StageActivities
 from workflows.payloads.cycle import CloseCycleInput
 
@@ -212,3 +212,69 @@ def test_an_invalid_profile_or_an_unknown_cycle_fails_without_retrying(
     with pytest.raises(ApplicationError, match="cycle 9") as missing:
         estimates.estimate_cycle(EstimateInput(name, 9, PROFILE))
     assert missing.value.non_retryable and missing.value.type == "NotFound"
+
+
+def test_a_loop_that_has_measured_nothing_calibrates_and_is_estimated_from_the_pass(
+    session_factory: SessionFactory, estimates: EstimateActivities
+) -> None:
+    """Cycle 1 of a fresh loop needs a calibration pass; its succeeded run prices the
+    estimate (with the pass's range), and a failed one leaves the defaults, said so."""
+    loop_id, name = make_loop(session_factory)
+    cycle_id = open_cycle(session_factory, loop_id, 1)
+    assert estimates.calibration_needed(CalibrationInput(name, 1)).needed
+    phases = {
+        "rollout": {"seconds": 8.0},
+        "scoring": {"seconds": 2.0},
+        "update": {"seconds": 4.0},
+        "sync": {"seconds": 4.0},
+    }
+    add_run(
+        session_factory,
+        loop_id,
+        cycle_id,
+        f"{name}-c1-calibrate",
+        kind="calibrate",
+        metrics={"phases": phases, "steps": 2, "episodes": 8, "calibration": True},
+        cost="0.04",
+        wall_s=20.0,
+    )
+    result = estimates.estimate_cycle(
+        EstimateInput(
+            name,
+            1,
+            PROFILE,
+            eval_task_counts=[10],
+            samples_per_task=1,
+            calibration_run_id=f"{name}-c1-calibrate",
+        )
+    )
+    # 40 episodes and 20 eval samples at $0.0025, 10 steps at $0.004, 3 jobs at $0.012
+    assert result.estimate_usd == pytest.approx(40 * 0.0025 + 20 * 0.0025 + 10 * 0.004 + 0.036)
+    assert result.calibrated and result.basis == f"calibrated by run {name}-c1-calibrate"
+    assert result.low_usd == pytest.approx(result.estimate_usd * CALIBRATED_SPREAD[0])
+    assert result.high_usd == pytest.approx(result.estimate_usd * CALIBRATED_SPREAD[1])
+    # estimated: no second pass on a retry
+    assert not estimates.calibration_needed(CalibrationInput(name, 1)).needed
+
+    # A pass that left no run (or failed): the defaults, and the refusal says so.
+    other_id, other = make_loop(session_factory)
+    open_cycle(session_factory, other_id, 1)
+    set_budget(session_factory, other_id, "0.0001")
+    failed = estimates.estimate_cycle(
+        EstimateInput(other, 1, PROFILE, calibration_run_id=f"{other}-c1-calibrate")
+    )
+    assert not failed.fits and not failed.calibrated
+    assert f"NOT calibrated (the calibration pass, run {other}-c1-calibrate (missing)" in (
+        failed.reason
+    )
+
+
+def test_once_a_cycle_is_accounted_no_calibration_is_needed(
+    session_factory: SessionFactory, estimates: EstimateActivities
+) -> None:
+    loop_id, name = make_loop(session_factory)
+    accounted_cycle(session_factory, loop_id, name)
+    open_cycle(session_factory, loop_id, 2)
+    assert not estimates.calibration_needed(CalibrationInput(name, 2)).needed
+    result = estimates.estimate_cycle(EstimateInput(name, 2, PROFILE, eval_task_counts=[10]))
+    assert result.basis.startswith("measured over 1 cycle(s)")

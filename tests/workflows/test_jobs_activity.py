@@ -13,6 +13,7 @@ import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -625,3 +626,22 @@ async def test_a_job_past_its_deadline_is_stopped_and_its_run_fails(
     assert run.status == "failed" and run.error == result.error
     assert not _alive(job_pid)
     assert starts(world, input.run_id) == 1
+
+
+async def test_a_calibration_pass_is_its_own_run_kind_and_keeps_nothing(
+    temporal_client: Client, task_queue: str, world: World
+) -> None:
+    """A calibration pass (services.training.calibration) runs the train job as a
+    ``calibrate`` run: recorded with its kind and cost (the cycle's), and handed none of a
+    train run's extras (no demonstrations to keep, no replay)."""
+    run_id = f"{world.loop}-c1-calibrate"
+    spec = {"schema": "ratchet.job/v1", "kind": "train", "run_id": run_id, "calibrate": True}
+    input = replace(world.job_input(run_id), kind="calibrate", job_spec=spec)
+    async with worker(temporal_client, task_queue, world.activities(SUCCEED)):
+        result = await run_job(temporal_client, task_queue, input)
+    assert result.status == "succeeded"
+    run = world.run_row(run_id)
+    assert run.kind == "calibrate" and run.cost_usd > 0
+    handed = json.loads((world.artifacts.run_dir(world.loop, run_id) / "spec.json").read_text())
+    assert handed["calibrate"] is True and handed["kind"] == "train"
+    assert not {"keep_episodes", "demonstrations", "replay_dataset"} & set(handed)

@@ -22,7 +22,12 @@ from temporalio.worker import Worker
 from services.curation.policy import CurationPolicy
 from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
 from tests.support import assert_eventually_async
-from workflows.activities.estimate import EstimateInput, EstimateResult
+from workflows.activities.estimate import (
+    CalibrationInput,
+    CalibrationNeed,
+    EstimateInput,
+    EstimateResult,
+)
 from workflows.evaluate import EvaluateWorkflow
 from workflows.loop import LoopWorkflow
 from workflows.payloads.curation import (
@@ -147,6 +152,12 @@ class World:
     estimate_usd: float = 0.05
     budget_left_usd: float | None = None
     estimates: list[EstimateInput] = field(default_factory=list)
+    # Whether a cycle must calibrate first (the loop has measured nothing yet).
+    calibration_needed_: bool = False
+
+    @activity.defn(name="calibration_needed")
+    def calibration_needed(self, input: CalibrationInput) -> CalibrationNeed:
+        return CalibrationNeed(needed=self.calibration_needed_ and not self.estimates)
 
     @activity.defn(name="estimate_cycle")
     def estimate_cycle(self, input: EstimateInput) -> EstimateResult:
@@ -325,6 +336,7 @@ class World:
                 "finish_rollback",
                 "close_cycle",
                 "estimate_cycle",
+                "calibration_needed",
             ]
         ]
 
@@ -713,3 +725,24 @@ async def test_a_cycle_that_fits_the_budget_runs(temporal_client: Client, task_q
     assert result.last_outcome == "promoted"
     assert len(world.estimates) == 1
     assert any(job.endswith("-train") for job in world.jobs)
+
+
+async def test_a_loop_that_has_measured_nothing_calibrates_before_its_estimate(
+    temporal_client: Client, task_queue: str
+) -> None:
+    """The first cycle runs its train job shortened (a ``calibrate`` run on the training
+    resources) after the snapshot and before the estimate, which is told its run; the cycle
+    then trains as usual."""
+    world = World(new_tasks=12, calibration_needed_=True)
+    async with make_worker(temporal_client, task_queue, world):
+        handle = await start_loop(temporal_client, task_queue, max_cycles=1)
+        result = await handle.result()
+    assert result.last_outcome == "promoted"
+    calibration, train = world.jobs[0], world.jobs[1]
+    assert calibration.endswith("-c1-calibrate") and train.endswith("-c1-train")
+    job = world.job_inputs[calibration]
+    assert (job.kind, job.cycle, job.base_checkpoint_id) == ("calibrate", 1, "ckpt-0")
+    assert job.job_spec["kind"] == "train" and job.job_spec["calibrate"] is True
+    assert job.job_spec["dataset"] == "/t"  # the snapshot's train file, as the train job's
+    (estimate,) = world.estimates
+    assert estimate.calibration_run_id == calibration

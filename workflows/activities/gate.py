@@ -19,6 +19,7 @@ from services.artifacts import uri_to_path
 from services.db.models import Cycle
 from services.db.queries import cycles as q
 from services.db.session import SessionFactory
+from services.evaluation.figures import CONFIDENCE, paired_gain
 from services.evaluation.gate import GateDecision, decide, judge_only_count
 from services.evaluation.results import ResultsFileError, pass_at_1, read_results
 from services.evaluation.stats import compare_paired, mean_interval
@@ -108,8 +109,18 @@ class GateActivities:
         )
         statistics = dict(decision.statistics)
         statistics["pass_at_k"] = reach
+        if isinstance(statistics.get("eval"), dict) and eval_pairs[0]:
+            # The decision is at the policy's confidence; the figure every page prints is
+            # the 95 % one (services.evaluation.figures).
+            shown = paired_gain(*eval_pairs, seed=input.cycle)
+            statistics["eval"] = {
+                **statistics["eval"],
+                "ci95_low": shown.low / 100.0,
+                "ci95_high": shown.high / 100.0,
+            }
         if heldout_pairs[0]:
-            heldout = compare_paired(*heldout_pairs, confidence=input.confidence, seed=input.cycle)
+            # A figure, not a decision: always at 95 %.
+            heldout = compare_paired(*heldout_pairs, confidence=CONFIDENCE, seed=input.cycle)
             statistics["heldout"] = heldout.to_dict()
             statistics["heldout_points"] = heldout.delta_points
         return GateResult(decision.decision, decision.reason, statistics)

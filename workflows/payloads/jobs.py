@@ -23,7 +23,7 @@ class RunJobInput:
 
     run_id: str
     loop: str
-    kind: str  # "train" | "eval" | "probe"
+    kind: str  # "train" | "eval" | "probe" | "calibrate"
     job_spec: dict[str, Any]
     cycle: int | None = None
     dataset_id: int | None = None
@@ -64,11 +64,11 @@ def cycle_job(
     base_checkpoint_id: str | None,
     dataset_id: int | None = None,
 ) -> RunJobInput:
-    """A job of a cycle's stage as the loop's profile runs it: training takes
-    ``accelerators`` and the ``train_job`` override, eval and probe jobs ``eval_accelerators``
-    and the ``eval_job`` override."""
+    """A job of a cycle's stage as the loop's profile runs it: training (and its calibration
+    pass) takes ``accelerators`` and the ``train_job`` override, eval and probe jobs
+    ``eval_accelerators`` and the ``eval_job`` override."""
     profile = stage.profile
-    training = kind == "train"
+    training = kind in ("train", "calibrate")
     image, command = job_override(profile.train_job if training else profile.eval_job)
     accelerators = profile.accelerators if training else profile.eval_accelerators
     return RunJobInput(

@@ -34,6 +34,8 @@ def dataset_public(dataset: Dataset) -> DatasetPublic:
         eval_uri=dataset.eval_uri,
         regression_uri=dataset.regression_uri,
         heldout_uri=dataset.heldout_uri,
+        replay_count=dataset.replay_count,
+        replay_uri=dataset.replay_uri,
         stats=dataset.stats,
         created_at=dataset.created_at,
     )

@@ -21,6 +21,8 @@ from services.api.loop_control import start_loop_workflow
 from services.api.schemas.loops import (
     ConfigChangePublic,
     CredentialPublic,
+    CycleFiguresPublic,
+    GainPublic,
     LoopConfigChange,
     LoopConfigVersionPublic,
     LoopCreate,
@@ -37,6 +39,7 @@ from services.api.schemas.traces import CurationCountPublic
 from services.api.state import AppState
 from services.db.models import Loop
 from services.db.queries.credentials import active_credentials
+from services.db.queries.cycle_history import CycleRow, loop_cycles
 from services.db.queries.errors import NotFound
 from services.db.queries.loops import (
     LoopFields,
@@ -50,6 +53,7 @@ from services.db.queries.loops import (
     update_loop_config,
 )
 from services.db.queries.traces import curation_counts
+from services.evaluation.figures import gain_from_detail
 from services.ingest.provisioning import ProvisionedLoop, provision_loop, rotate_credential
 from services.loop.config import POLICY_KEYS, Change, diff, merge_patch
 from services.loop.next_cycle import database_clock, read_next_cycle
@@ -67,6 +71,8 @@ from workflows.ids import loop_workflow_id
 logger = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/loops", tags=["loops"], dependencies=[AdminDep])
+# The latest cycles `GET /v1/loops/{loop}` (and `ratchet loop show`) gives the numbers of.
+SHOWN_CYCLES = 5
 
 
 def _public_fields(loop: Loop, settings: Settings) -> dict[str, object]:
@@ -334,6 +340,29 @@ def show(loop: str, session: SessionDep, state: StateDep) -> LoopDetail:
             database_clock(session=session, loop=row),
             now=dt.datetime.now(dt.UTC),
         ),
+        cycles=[
+            _cycle_figures(cycle)
+            for cycle in loop_cycles(session=session, loop_id=row.id, limit=SHOWN_CYCLES)
+        ],
+    )
+
+
+def _cycle_figures(cycle: CycleRow) -> CycleFiguresPublic:
+    detail = cycle.points_detail or {}
+
+    def gain(key: str) -> GainPublic | None:
+        found = detail.get(key)
+        figure = gain_from_detail(found if isinstance(found, dict) else None, live=key == "live")
+        return GainPublic(**figure.to_json()) if figure is not None else None
+
+    return CycleFiguresPublic(
+        number=cycle.number,
+        outcome=cycle.outcome,
+        decision=cycle.decision,
+        points_gained=cycle.points_gained,
+        heldout=gain("heldout"),
+        gate=gain("gate"),
+        live=gain("live"),
     )
 
 

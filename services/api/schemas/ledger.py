@@ -33,7 +33,17 @@ class ChampionLedgerPublic(BaseModel):
     )
     live_episodes: int
     live_success_rate: float | None
+    live_successes: int = Field(default=0, description="successes among live_episodes")
+    live_ci95: list[float] | None = Field(
+        default=None, description="95% Wilson interval of the live success rate"
+    )
     heldout_pass_rate: float | None
+    heldout_tasks: int | None = Field(
+        default=None, description="tasks of the held-out evaluation behind heldout_pass_rate"
+    )
+    heldout_ci95: list[float] | None = Field(
+        default=None, description="95% interval of the held-out pass rate, as evaluated"
+    )
     cycle: int | None = Field(description="the cycle that produced it; null: the base model")
     cycle_cost_usd: float | None
     usd_per_heldout_point: float | None

@@ -180,6 +180,29 @@ class NextCyclePublic(BaseModel):
         )
 
 
+class GainPublic(BaseModel):
+    """A difference of two pass rates in points with its 95 % interval and what it counted
+    (services.evaluation.figures)."""
+
+    points: float
+    ci95_points: list[float]
+    n: int = Field(description="tasks (paired_bootstrap), or traces after (newcombe)")
+    method: str = Field(description="paired_bootstrap (same tasks) or newcombe (live)")
+    n_before: int | None = Field(default=None, description="traces before (newcombe)")
+
+
+class CycleFiguresPublic(BaseModel):
+    """One cycle's three numbers, each with its interval and counts."""
+
+    number: int
+    outcome: str | None
+    decision: str | None
+    points_gained: float | None = Field(description="held-out points the ledger counts")
+    heldout: GainPublic | None = Field(description="the held-out comparison as measured")
+    gate: GainPublic | None = Field(description="the eval-set comparison the gate decided on")
+    live: GainPublic | None = Field(description="the canary's live delta")
+
+
 class LoopDetail(LoopPublic):
     """One loop with its traffic and active credentials."""
 
@@ -196,6 +219,9 @@ class LoopDetail(LoopPublic):
     )
     next_cycle: NextCyclePublic | None = Field(
         default=None, description="What the loop's next cycle waits for"
+    )
+    cycles: list[CycleFiguresPublic] = Field(
+        default_factory=list, description="The latest cycles' numbers, newest first"
     )
 
 

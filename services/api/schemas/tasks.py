@@ -127,6 +127,10 @@ class DatasetPublic(BaseModel):
     eval_uri: str
     regression_uri: str | None
     heldout_uri: str | None
+    replay_count: int = Field(
+        default=0, description="Successes on the trained side, which train jobs replay"
+    )
+    replay_uri: str | None = None
     stats: dict[str, Any] = Field(description="Difficulty and split statistics")
     created_at: dt.datetime
 

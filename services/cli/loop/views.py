@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 from services.api.schemas.loops import NextCyclePublic
 from services.cli.common import add_command
 from services.cli.loop.parsing import call, loop_command, print_model
+from services.evaluation.figures import Gain
 
 if TYPE_CHECKING:
     from services.api.schemas.ledger import ServingLedgerPublic
+    from services.api.schemas.loops import CycleFiguresPublic, GainPublic
 
 
 def register(commands: Any) -> None:
@@ -80,6 +82,7 @@ def _show(args: argparse.Namespace) -> int:
         print(f"  credential   {credential.kind} created {credential.created_at}, {until}")
     _print_curation(loop)
     _print_next_cycle(loop.next_cycle)
+    _print_cycles(loop.cycles)
     _print_serving_ledger(call(lambda client: client.serving_ledger(args.name)))
     return 0
 
@@ -99,6 +102,34 @@ def _print_next_cycle(next_cycle: NextCyclePublic | None) -> None:
         print(f"  pending      {next_cycle.curation}")
 
 
+def _print_cycles(cycles: list[CycleFiguresPublic]) -> None:
+    """The latest cycles' three numbers, each with its 95 % interval and what it counted
+    (held-out and gate: tasks, paired bootstrap; live: traces before and after, Newcombe)."""
+    if not cycles:
+        return
+    print("  cycles       newest first: points with 95% intervals and counts")
+    for cycle in cycles:
+        numbers = " · ".join(
+            f"{name} {_gain(figure)}"
+            for name, figure in (
+                ("held-out", cycle.heldout),
+                ("gate", cycle.gate),
+                ("live", cycle.live),
+            )
+            if figure is not None
+        )
+        kept = "" if not cycle.points_gained else f", {cycle.points_gained:+.1f} gained"
+        print(f"    {cycle.number:>4}  {cycle.outcome or 'running':<12} {numbers or '-'}{kept}")
+
+
+def _gain(figure: GainPublic) -> str:
+    """The API's figure as every report prints it (services.evaluation.figures)."""
+    low, high = figure.ci95_points
+    if figure.method == "newcombe":
+        return Gain(figure.points, low, high, figure.n, "newcombe", figure.n_before).text()
+    return Gain(figure.points, low, high, figure.n).text()
+
+
 def _print_serving_ledger(ledger: ServingLedgerPublic) -> None:
     """Both figures per champion, oldest first: what serving it cost per token beside what
     the cycle that produced it bought (services.loop.ledger says how they are computed)."""
@@ -113,15 +144,17 @@ def _print_serving_ledger(ledger: ServingLedgerPublic) -> None:
         f"  serving      per champion, oldest first (${ledger.serving_hour_price_usd:g}/h; {value})"
     )
     print(
-        f"    {'CHAMPION':<12}  {'TOKENS':>12}  {'CACHED':>10}  {'$/MTOK':>9}  {'LIVE':>6}  "
-        f"{'HELD-OUT':>8}  {'$/POINT':>8}  {'BREAK-EVEN':>12}  SERVED"
+        f"    {'CHAMPION':<12}  {'TOKENS':>12}  {'CACHED':>10}  {'$/MTOK':>9}  {'LIVE':>22}  "
+        f"{'HELD-OUT':>24}  {'$/POINT':>8}  {'BREAK-EVEN':>12}  SERVED"
     )
     for c in ledger.champions:
         until = "now" if c.ended_at is None else f"{c.ended_at:%Y-%m-%d %H:%M}"
+        live = _rate(c.live_success_rate, c.live_ci95, f"{c.live_successes}/{c.live_episodes}")
+        heldout = _rate(c.heldout_pass_rate, c.heldout_ci95, f"{c.heldout_tasks} tasks")
         print(
             f"    {c.checkpoint_id[:12]:<12}  {c.tokens_served:>12,}  "
             f"{c.cached_prompt_tokens:>10,}  {_money(c.usd_per_mtok):>9}  "
-            f"{_share(c.live_success_rate):>6}  {_share(c.heldout_pass_rate):>8}  "
+            f"{live:>22}  {heldout:>24}  "
             f"{_money(c.usd_per_heldout_point):>8}  "
             f"{_count(c.break_even_tokens):>12}  {c.started_at:%Y-%m-%d %H:%M} to {until}"
         )
@@ -133,8 +166,14 @@ def _money(value: float | None) -> str:
     return f"${value:,.4f}" if 0 < abs(value) < 0.01 else f"${value:,.2f}"
 
 
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
+def _rate(value: float | None, interval: list[float] | None, counted: str) -> str:
+    """``67% [55, 77] 40/60``: a rate with its 95 % interval and what it counted."""
+    if value is None:
+        return "-"
+    if not interval:
+        return f"{value * 100:.0f}% {counted}"
+    low, high = interval
+    return f"{value * 100:.0f}% [{low * 100:.0f}, {high * 100:.0f}] {counted}"
 
 
 def _count(value: float | None) -> str:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, aliased
 from services.dashboard.timeline import current_stage
 from services.db.models import Cycle, Dataset, Evaluation, Promotion, Run
 from services.db.queries.points import cycle_cost_usd
+from services.evaluation.figures import gain_from_detail
 from services.evaluation.stats import wilson_interval
 from services.loop.estimate import PHASES
 
@@ -66,6 +67,7 @@ class CycleNumber:
     points: float
     ci_low: float | None
     ci_high: float | None
+    counted: str | None = None  # what it counted: "40 tasks", "50 → 60 traces"
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,7 @@ class CycleRow:
             found = detail.get(key)
             interval: dict[str, Any] = found if isinstance(found, dict) else {}
             low, high = interval.get("ci_low_points"), interval.get("ci_high_points")
+            figure = gain_from_detail(interval, live=key == "live")
             out.append(
                 CycleNumber(
                     key,
@@ -193,6 +196,7 @@ class CycleRow:
                     float(value),
                     float(low) if isinstance(low, int | float) else None,
                     float(high) if isinstance(high, int | float) else None,
+                    figure.counted() if figure is not None and figure.n else None,
                 )
             )
         return out
@@ -369,6 +373,8 @@ class RunSpan:
     kind: str
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
+    # A train job's sentence when a round's successes were rare (services.training.rft).
+    rare_successes: str | None = None
 
     @property
     def seconds(self) -> float:
@@ -380,12 +386,18 @@ class RunSpan:
 def cycle_run_spans(*, session: Session, loop_id: int) -> dict[int, list[RunSpan]]:
     """Cycle number → when its jobs ran, in the order they were submitted; one query."""
     statement = (
-        select(Cycle.number, Run.kind, Run.started_at, Run.ended_at)
+        select(
+            Cycle.number,
+            Run.kind,
+            Run.started_at,
+            Run.ended_at,
+            Run.metrics["rare_successes"].as_string(),
+        )
         .join(Cycle, Cycle.id == Run.cycle_id)
         .where(Run.loop_id == loop_id)
         .order_by(Cycle.number, Run.submitted_at, Run.id)
     )
     spans: dict[int, list[RunSpan]] = {}
-    for number, kind, started_at, ended_at in session.execute(statement):
-        spans.setdefault(number, []).append(RunSpan(kind, started_at, ended_at))
+    for number, kind, started_at, ended_at, rare in session.execute(statement):
+        spans.setdefault(number, []).append(RunSpan(kind, started_at, ended_at, rare))
     return spans

@@ -14,14 +14,16 @@ from sqlalchemy.orm import Session
 from services.db.models import Dataset, DatasetTask, Loop, TaskSource
 
 
-def clusters_crossing_train_line(
-    *, session: Session, loop_id: int, train_ids: Sequence[int]
+def clusters_crossing_trained_line(
+    *, session: Session, loop_id: int, trained_ids: Sequence[int], judged_ids: Sequence[int]
 ) -> list[str]:
-    """Clusters that hold both a task in ``train_ids`` and an eval or held-out task.
+    """Clusters that hold both a task in ``trained_ids`` (a dataset's train and replay
+    tasks) and a task that judges a candidate: any eval or held-out task of the loop, or
+    one of ``judged_ids`` (the dataset's regression suite).
 
     Always empty unless the invariant is broken; the snapshot refuses to write if not.
     """
-    if not train_ids:
+    if not trained_ids:
         return []
     rows = session.execute(
         text(
@@ -29,12 +31,12 @@ def clusters_crossing_train_line(
             SELECT DISTINCT a.cluster_id
               FROM tasks AS a
               JOIN tasks AS b ON b.loop_id = a.loop_id AND b.cluster_id = a.cluster_id
-             WHERE a.loop_id = :loop_id AND a.id = ANY(CAST(:ids AS bigint[]))
-               AND b.split IN ('eval', 'heldout')
+             WHERE a.loop_id = :loop_id AND a.id = ANY(CAST(:trained AS bigint[]))
+               AND (b.split IN ('eval', 'heldout') OR b.id = ANY(CAST(:judged AS bigint[])))
              LIMIT 10
             """
         ),
-        {"loop_id": loop_id, "ids": list(train_ids)},
+        {"loop_id": loop_id, "trained": list(trained_ids), "judged": list(judged_ids)},
     ).all()
     return [row[0] for row in rows]
 
@@ -52,10 +54,12 @@ def insert_dataset(*, session: Session, values: Mapping[str, Any]) -> int | None
             """
             INSERT INTO datasets (loop_id, content_hash, train_count, eval_count,
                                   regression_count, train_uri, eval_uri, regression_uri,
-                                  heldout_count, heldout_uri, stats)
+                                  heldout_count, heldout_uri, replay_count, replay_uri,
+                                  stats)
             VALUES (:loop_id, :content_hash, :train_count, :eval_count, :regression_count,
                     :train_uri, :eval_uri, :regression_uri,
-                    :heldout_count, :heldout_uri, CAST(:stats AS jsonb))
+                    :heldout_count, :heldout_uri, :replay_count, :replay_uri,
+                    CAST(:stats AS jsonb))
             ON CONFLICT (loop_id, content_hash) DO NOTHING
             RETURNING id
             """

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from services.db.models import Cycle, Evaluation, Loop, ServingTenure
 from services.db.queries.live import live_counts
 from services.db.queries.points import IntelligencePerDollar, intelligence_per_dollar
+from services.evaluation.figures import Rate, rate
 from services.loop.ledger import (
     ServingPrices,
     accrue,
@@ -155,10 +156,18 @@ class ChampionFigures:
     cycle_cost_usd: float | None
     usd_per_heldout_point: float | None
     break_even_tokens: float | None
+    # What the two rates counted, with their 95 % intervals (services.evaluation.figures):
+    # live successes of ``live_episodes``; the held-out evaluation's tasks and interval.
+    live_successes: int = 0
+    heldout: Rate | None = None
 
     @property
     def tokens_served(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def live(self) -> Rate | None:
+        return rate(self.live_successes, self.live_episodes) if self.live_episodes else None
 
 
 def loop_champion_figures(
@@ -247,7 +256,7 @@ def _figures(
         limit=LIVE_WINDOW,
     )
     heldout = session.scalars(
-        select(Evaluation.pass_rate)
+        select(Evaluation)
         .where(Evaluation.checkpoint_id == tenure.checkpoint_id, Evaluation.task_set == "heldout")
         .order_by(Evaluation.created_at.desc())
         .limit(1)
@@ -273,12 +282,22 @@ def _figures(
         usd_per_mtok_cached=prices[1] if prices else None,
         live_episodes=live.n,
         live_success_rate=live.successes / live.n if live.n else None,
-        heldout_pass_rate=heldout,
+        heldout_pass_rate=heldout.pass_rate if heldout is not None else None,
         cycle=cycle.number if cycle is not None else None,
         cycle_cost_usd=accounted.cost_usd if accounted is not None else None,
         usd_per_heldout_point=accounted.usd_per_point if accounted is not None else None,
         break_even_tokens=None,
+        live_successes=live.successes,
+        heldout=_heldout_rate(heldout),
     )
+
+
+def _heldout_rate(evaluation: Evaluation | None) -> Rate | None:
+    """The held-out evaluation's pass@1 over its tasks, with the interval it stored."""
+    if evaluation is None or not evaluation.n:
+        return None
+    successes = min(max(evaluation.pass_rate, 0.0), 1.0) * evaluation.n
+    return rate(successes, evaluation.n, interval=(evaluation.ci_low, evaluation.ci_high))
 
 
 def serving_loop_names(*, session: Session, limit: int) -> list[str]:

@@ -420,6 +420,17 @@ class SplitMember:
     weight: int
     probe_pass_rate: float | None
     pinned: bool
+    cluster_id: str = ""
+
+
+_MEMBER_COLUMNS = (
+    Task.id,
+    Task.content_hash,
+    Task.weight,
+    Task.probe_pass_rate,
+    Task.pinned,
+    Task.cluster_id,
+)
 
 
 def split_members(*, session: Session, loop_id: int, split: str) -> list[SplitMember]:
@@ -429,9 +440,7 @@ def split_members(*, session: Session, loop_id: int, split: str) -> list[SplitMe
     trained on, e.g. every episode needed a tool result nobody could give); ``regression`` is
     the regression split plus every pinned task, pinned ones first.
     """
-    query = select(
-        Task.id, Task.content_hash, Task.weight, Task.probe_pass_rate, Task.pinned
-    ).where(Task.loop_id == loop_id)
+    query = select(*_MEMBER_COLUMNS).where(Task.loop_id == loop_id)
     if split == "regression":
         query = query.where((Task.split == "regression") | Task.pinned.is_(True)).order_by(
             Task.pinned.desc(), Task.id.desc()
@@ -447,7 +456,7 @@ def unprobed_train_members(*, session: Session, loop_id: int, limit: int) -> lis
     """The newest ``limit`` train tasks (not pinned, not set aside) that have no probe pass
     rate yet."""
     query = (
-        select(Task.id, Task.content_hash, Task.weight, Task.probe_pass_rate, Task.pinned)
+        select(*_MEMBER_COLUMNS)
         .where(
             Task.loop_id == loop_id,
             Task.split == "train",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
 
 import pytest
 from sqlalchemy import select
 
-from services.db.models import Checkpoint, Loop, ServingTenure
+from services.db.models import Checkpoint, Cycle, Evaluation, Loop, ServingTenure
 from services.db.session import SessionFactory
 from tests.services.cli.support import run
 
@@ -67,3 +68,82 @@ def test_loop_show_prints_both_figures_per_champion(
     assert "to 2026-12-01 13:00" in first
     assert second.split()[:4] == ["bbbbbbbbbbbb", "0", "0", "-"] and second.endswith("to now")
     assert "no value_per_success_usd" in out
+
+
+def test_loop_show_prints_every_figure_with_its_interval_and_counts(
+    api_url: str, session_factory: SessionFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The latest cycles' three numbers and each champion's held-out pass rate, each with
+    its 95 % interval and what it counted."""
+    code, _, _ = run(capsys, "loop", "create", "sure", "--env", "toolcalc", "--show-secrets")
+    assert code == 0
+    start = dt.datetime(2026, 12, 1, 8, 0, tzinfo=dt.UTC)
+    with session_factory.begin() as session:
+        loop = session.scalars(select(Loop).where(Loop.name == "sure")).one()
+        session.add(
+            Checkpoint(
+                id="c" * 64,
+                loop_id=loop.id,
+                uri="file:///artifacts/c",
+                format="ratchet.tiny/v1",
+                size_bytes=1,
+                sha256="0" * 64,
+                manifest={},
+            )
+        )
+        session.flush()
+        session.add_all(
+            [
+                ServingTenure(loop_id=loop.id, checkpoint_id="c" * 64, started_at=start),
+                Evaluation(
+                    loop_id=loop.id,
+                    checkpoint_id="c" * 64,
+                    task_set="heldout",
+                    n=40,
+                    passed=30,
+                    pass_rate=0.75,
+                    ci_low=0.6,
+                    ci_high=0.86,
+                ),
+                Cycle(
+                    loop_id=loop.id,
+                    number=1,
+                    trigger="operator",
+                    stage="done",
+                    outcome="promoted",
+                    points_gained=58.3,
+                    points_detail={
+                        "heldout": {
+                            "points": 58.3,
+                            "ci_low_points": 40.1,
+                            "ci_high_points": 72.4,
+                            "n": 40,
+                        },
+                        "live": {
+                            "points": 41.0,
+                            "ci_low_points": 22.5,
+                            "ci_high_points": 55.2,
+                            "n_before": 40,
+                            "n_after": 60,
+                        },
+                    },
+                ),
+            ]
+        )
+    code, out, _ = run(capsys, "loop", "show", "sure")
+    assert code == 0
+    assert (
+        "       1  promoted     held-out +58.3 [+40.1, +72.4] pts (40 tasks) · "
+        "live +41.0 [+22.5, +55.2] pts (40 → 60 traces), +58.3 gained"
+    ) in out
+    assert "75% [60, 86] 40 tasks" in out
+    code, out, _ = run(capsys, "loop", "show", "sure", "--json")
+    (cycle,) = json.loads(out)["cycles"]
+    assert cycle["heldout"] == {
+        "points": 58.3,
+        "ci95_points": [40.1, 72.4],
+        "n": 40,
+        "method": "paired_bootstrap",
+        "n_before": None,
+    }
+    assert cycle["live"]["method"] == "newcombe" and cycle["gate"] is None

@@ -105,6 +105,8 @@ def test_datasets_list_show_export(
         "train.jsonl",
         "eval.jsonl",
         "regression.jsonl",
+        "heldout.jsonl",
+        "replay.jsonl",
         "manifest.json",
     }
     code, _, err = run(capsys, "datasets", "show", "999999")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -167,3 +168,17 @@ def curate_all(
             )
         if not report.more:
             return
+
+
+WORDS = [
+    *("order", "refund", "invoice", "password", "account", "login", "delivery", "address"),
+    *("parcel", "broken", "missing", "late", "export", "report", "timeout", "plan", "premium"),
+    *("cancel", "upgrade", "billing", "card", "charge", "twice", "email", "phone", "reset"),
+    *("link", "expired", "warehouse", "courier", "tracking", "label", "customs", "return"),
+    *("exchange", "size", "colour"),
+]
+
+
+def questions(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=9)) + f" #{i}" for i in range(n)]

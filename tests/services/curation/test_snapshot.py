@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import random
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,8 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from services.artifacts import ArtifactStore, uri_to_path
-from services.curation.snapshot import SnapshotError, snapshot, weighted_sample
+from services.curation.snapshot import DatasetSnapshot, SnapshotError, snapshot, weighted_sample
+from services.curation.splits import JUDGED_SPLITS, TRAINED_SPLITS
 from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource
 from services.db.queries import tasks as q
 from services.db.session import SessionFactory
@@ -21,22 +21,11 @@ from tests.services.curation.support import (
     add_traces,
     curate_all,
     make_loop,
+    questions,
     trace_body,
 )
 
-WORDS = [
-    *("order", "refund", "invoice", "password", "account", "login", "delivery", "address"),
-    *("parcel", "broken", "missing", "late", "export", "report", "timeout", "plan", "premium"),
-    *("cancel", "upgrade", "billing", "card", "charge", "twice", "email", "phone", "reset"),
-    *("link", "expired", "warehouse", "courier", "tracking", "label", "customs", "return"),
-    *("exchange", "size", "colour"),
-]
 _names = (f"loop-{i}" for i in itertools.count())
-
-
-def questions(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choices(WORDS, k=9)) + f" #{i}" for i in range(n)]
 
 
 @pytest.fixture
@@ -78,7 +67,11 @@ def test_snapshot_writes_files_rows_and_lineage(
     # the dataset (evaluated, never trained on).
     assert result.heldout_count == heldout(session_factory, loop_id) > 0
     assert (
-        result.train_count + result.eval_count + result.regression_count + result.heldout_count
+        result.train_count
+        + result.eval_count
+        + result.regression_count
+        + result.heldout_count
+        + result.replay_count
         == 43
     )
     directory = store.dataset_dir(name, result.content_hash)
@@ -224,6 +217,103 @@ def test_lost_files_and_unknown_loops_are_clear_errors(
         snapshot(session_factory, store, loop_name="nope")
 
 
+def assert_trained_apart_from_judged(result: DatasetSnapshot) -> None:
+    """The dataset's trained splits (train, replay) share no task and no cluster with the
+    splits that judge a candidate (eval, regression, held-out); checked on the files a
+    train job and the gate read, and on the dataset's rows."""
+    files = {
+        "train": result.train_uri,
+        "replay": result.replay_uri,
+        "eval": result.eval_uri,
+        "regression": result.regression_uri,
+        "heldout": result.heldout_uri,
+    }
+    tasks = {split: read_task_file(uri_to_path(uri or "")) for split, uri in files.items()}
+    for split, members in tasks.items():
+        assert {t.metadata["ratchet"]["split"] for t in members} <= {split}
+    trained = [t for split in TRAINED_SPLITS for t in tasks[split]]
+    judged = [t for split in JUDGED_SPLITS for t in tasks[split]]
+    assert not {t.task_id for t in trained} & {t.task_id for t in judged}
+    trained_clusters = {t.metadata["ratchet"]["cluster_id"] for t in trained}
+    assert not trained_clusters & {t.metadata["ratchet"]["cluster_id"] for t in judged}
+    assert result.replay_count == len(tasks["replay"])
+
+
+def test_successes_are_replayed_or_judge_never_both(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    """Sampled successes split by cluster: those on the trained side are the replay pool a
+    train job replays, the rest the regression suite the gate judges by; none is both, and
+    a success stays on its side in the next dataset."""
+    loop_id = make_loop(
+        session_factory, name=next(_names), curation_policy={"success_sample_rate": 1.0}
+    )
+    add_traces(
+        session_factory,
+        loop_id,
+        [trace_body(f"f{i}", text, answer=str(i)) for i, text in enumerate(questions(30))]
+        + [
+            trace_body(f"s{i}", text, answer=f"s{i}", success=True, error_kind=None)
+            for i, text in enumerate(questions(60, seed=7))
+        ],
+    )
+    curate_all(session_factory, loop_id)
+    name = loop_name(session_factory, loop_id)
+    first = snapshot(session_factory, store, loop_name=name, cycle=1)
+    assert first.replay_count > 0 and first.regression_count > 0
+    assert_trained_apart_from_judged(first)
+    with session_factory() as session:
+        rows = session.execute(
+            select(DatasetTask.task_id, DatasetTask.split).where(
+                DatasetTask.dataset_id == first.dataset_id
+            )
+        ).all()
+    assert {split for _, split in rows} >= {"replay", "regression"}
+    sides = {task_id: split for task_id, split in rows if split in ("replay", "regression")}
+    add_traces(
+        session_factory,
+        loop_id,
+        [trace_body("f-late", "a brand new failure of a new kind", answer="x")],
+    )
+    curate_all(session_factory, loop_id)
+    second = snapshot(session_factory, store, loop_name=name, cycle=2)
+    assert second.dataset_id != first.dataset_id
+    assert_trained_apart_from_judged(second)
+    with session_factory() as session:
+        again = dict(
+            session.execute(
+                select(DatasetTask.task_id, DatasetTask.split).where(
+                    DatasetTask.dataset_id == second.dataset_id,
+                    DatasetTask.task_id.in_(list(sides)),
+                )
+            ).all()
+        )
+    assert again == sides
+
+
+def test_a_leaking_selection_is_refused(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    """A replay task whose cluster also holds an eval task (a broken invariant, made here
+    by hand) stops the snapshot instead of writing a dataset that trains on what judges."""
+    loop_id = seeded_loop(session_factory, n=20)
+    with session_factory.begin() as session:
+        evaluation = session.scalars(
+            select(Task).where(Task.loop_id == loop_id, Task.split == "eval").limit(1)
+        ).one()
+        success = session.scalars(
+            select(Task).where(Task.loop_id == loop_id, Task.split == "regression").limit(1)
+        ).one()
+        # the success joins the eval task's cluster; the cluster is also made a train one
+        success.cluster_id = evaluation.cluster_id
+        train = session.scalars(
+            select(Task).where(Task.loop_id == loop_id, Task.split == "train").limit(1)
+        ).one()
+        train.cluster_id = evaluation.cluster_id
+    with pytest.raises(SnapshotError, match="refusing to write a leaking dataset"):
+        snapshot(session_factory, store, loop_name=loop_name(session_factory, loop_id))
+
+
 @settings(
     max_examples=8,
     deadline=None,
@@ -237,7 +327,7 @@ def test_lost_files_and_unknown_loops_are_clear_errors(
     heldout_max=st.integers(0, 10),
     probes=st.lists(st.sampled_from([0.0, 0.5, 1.0]), max_size=10),
 )
-def test_heldout_never_enters_a_training_dataset(
+def test_heldout_and_the_judging_sets_never_enter_a_training_dataset(
     session_factory: SessionFactory,
     store: ArtifactStore,
     n: int,
@@ -257,15 +347,22 @@ def test_heldout_never_enters_a_training_dataset(
             "cluster_threshold": 0.5,
             "near_duplicate_threshold": 0.9,
             "difficulty_filter": True,
+            "success_sample_rate": 1.0,
         },
     )
     texts = questions(n, seed)
     # Near-variants of earlier questions, so clusters have several members.
     texts += [t + " please" for t in texts[: n // 2]]
+    # Successes too, some of them variants of failures (the same clusters).
+    successes = questions(n // 2, seed + 1) + [t + " thanks" for t in texts[: n // 3]]
     add_traces(
         session_factory,
         loop_id,
-        [trace_body(f"t{i}", text, answer=str(i)) for i, text in enumerate(texts)],
+        [trace_body(f"t{i}", text, answer=str(i)) for i, text in enumerate(texts)]
+        + [
+            trace_body(f"s{i}", text, answer=f"s{i}", success=True, error_kind=None)
+            for i, text in enumerate(successes)
+        ],
     )
     curate_all(session_factory, loop_id)
     with session_factory.begin() as session:
@@ -287,6 +384,7 @@ def test_heldout_never_enters_a_training_dataset(
         assert split_of[task_id] == "train"
         assert task.metadata["ratchet"]["cluster_id"] not in held_clusters
     assert sum(1 for s in split_of.values() if s == "heldout") <= heldout_max
+    assert_trained_apart_from_judged(result)
 
 
 def test_train_sampling_follows_the_dedup_weights() -> None:

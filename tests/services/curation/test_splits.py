@@ -7,7 +7,12 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.curation.splits import SplitAssigner, cluster_fraction, split_for_cluster
+from services.curation.splits import (
+    SplitAssigner,
+    cluster_fraction,
+    replays_with_its_cluster,
+    split_for_cluster,
+)
 
 
 def new_loop_assigner(*, heldout_max_tasks: int) -> SplitAssigner:
@@ -134,3 +139,16 @@ def test_a_success_never_enters_a_full_heldout_set_or_a_train_cluster() -> None:
     )
     assert full.assign(heldout_cluster, "success") == "regression"
     assert full.assign("t", "success") == "regression"
+
+
+def test_a_success_is_replayed_only_on_the_trained_side_of_the_line() -> None:
+    """A success is replayed when its cluster is a train cluster, or (successes only so
+    far) would be one: where its cluster's first failure would go. Eval and held-out
+    clusters' successes judge instead."""
+    fractions = {"eval_fraction": 0.2, "heldout_fraction": 0.1}
+    assert replays_with_its_cluster("c", "train", **fractions)
+    assert not replays_with_its_cluster("c", "eval", **fractions)
+    assert not replays_with_its_cluster("c", "heldout", **fractions)
+    for cluster in (f"cluster-{i}" for i in range(200)):
+        hashed = split_for_cluster(cluster, **fractions)
+        assert replays_with_its_cluster(cluster, None, **fractions) == (hashed == "train")

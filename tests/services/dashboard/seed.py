@@ -485,9 +485,17 @@ def _promoted_cycle(scene: _Scene) -> tuple[Checkpoint, Run, Dataset]:
         gate_points=91.7,
         live_points=41.0,
         points_detail={
-            "heldout": {"points": 58.3, "ci_low_points": 40.1, "ci_high_points": 72.4},
-            "gate": {"points": 91.7, "ci_low_points": 75.0, "ci_high_points": 100.0},
-            "live": {"points": 41.0, "ci_low_points": 22.5, "ci_high_points": 55.2},
+            "heldout": {"points": 58.3, "ci_low_points": 40.1, "ci_high_points": 72.4, "n": 40},
+            "gate": {"points": 91.7, "ci_low_points": 75.0, "ci_high_points": 100.0, "n": 12},
+            "live": {
+                "points": 41.0,
+                "ci_low_points": 22.5,
+                "ci_high_points": 55.2,
+                "n_before": 40,
+                "successes_before": 16,
+                "n_after": 60,
+                "successes_after": 49,
+            },
         },
         started_at=at(34),
         ended_at=at(46.1),
@@ -594,6 +602,9 @@ def _training_cycle(scene: _Scene, champion: Checkpoint) -> Run:
             },
             "measured_cycles": 2,
             "left_usd": 21.2,
+            "low_usd": 1.5,
+            "high_usd": 2.4,
+            "basis": "measured over 2 cycle(s)",
         },
     )
     session.add(c3)

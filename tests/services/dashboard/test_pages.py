@@ -117,9 +117,9 @@ def test_loop_page_shows_the_whole_loop(seeded: Seeded, browser_page: BrowserPag
     # The three numbers, each on its own set, with intervals (DESIGN §8).
     numbers = page.locator("#cycles-table tr[data-cycle='2'] span.number")
     assert [numbers.nth(i).inner_text() for i in range(numbers.count())] == [
-        "held-out +58.3 [40.1, 72.4]",
-        "gate +91.7 [75.0, 100.0]",
-        "live +41.0 [22.5, 55.2]",
+        "held-out +58.3 [40.1, 72.4] 40 tasks",
+        "gate +91.7 [75.0, 100.0] 12 tasks",
+        "live +41.0 [22.5, 55.2] 40 → 60 traces",
     ]
     assert page.locator("#cost svg rect.bar").count() == 3
     assert "16.66" in page.locator("#ppd-total").inner_text()
@@ -159,8 +159,8 @@ def test_the_cycle_shows_its_estimate_beside_the_actual_and_where_the_money_went
 ) -> None:
     page = _open(browser_page, f"{seeded.server.url}/loops/{seeded.story.loop}")
     summary = page.locator("#estimate-vs-actual").inner_text()
-    assert "Estimate $1.90" in summary and "so far" in summary
-    assert "rates measured over the last 2 cycles" in summary and "$21.20" in summary
+    assert "Estimate $1.90 ($1.50 to $2.40)" in summary and "so far" in summary
+    assert "measured over 2 cycle(s)" in summary and "$21.20" in summary
     phases = page.locator("#cost-by-phase tbody tr")
     assert [phases.nth(i).get_attribute("data-phase") for i in range(phases.count())] == [
         "rollout",

@@ -14,7 +14,7 @@ from playwright.sync_api import Locator
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from services.dashboard.render import pct, usd
+from services.dashboard.render import interval, pct, usd
 from services.db.models import Cycle, Evaluation, Loop, ServingTenure, Trace
 from services.db.queries.points import intelligence_per_dollar
 from services.db.queries.serving_ledger import ChampionFigures, loop_champion_figures
@@ -137,6 +137,13 @@ def test_the_loop_page_shows_both_figures_per_champion(
     assert "cached" in cell("usd-per-mtok").inner_text()
     assert pct(champion.live_success_rate) in cell("live").inner_text()
     assert pct(champion.heldout_pass_rate) in cell("heldout").inner_text()
+    # each with its 95 % interval and what it counted
+    assert champion.live is not None
+    assert f"{champion.live_successes}/{champion.live_episodes} episodes" in (
+        cell("live").inner_text()
+    )
+    assert interval((champion.live.low, champion.live.high)) in cell("live").inner_text()
+    assert "[60.0%, 86.0%] of 40 tasks" in cell("heldout").inner_text()
     assert usd(champion.usd_per_heldout_point) in cell("usd-per-point").inner_text()
     assert champion.break_even_tokens is not None  # it gained live success over the base
     assert f"{champion.break_even_tokens:,.0f} tokens" in cell("break-even").inner_text()
@@ -161,6 +168,9 @@ def test_the_api_answers_the_same_figures(server: Server, seeded_database: Seede
         assert got["tokens_served"] == want.tokens_served
         assert got["usd_per_mtok"] == pytest.approx(want.usd_per_mtok)
         assert got["live_success_rate"] == want.live_success_rate
+        assert got["live_successes"] == want.live_successes
+        if want.heldout is not None:
+            assert (got["heldout_tasks"], got["heldout_ci95"]) == (40, [0.6, 0.86])
         assert got["break_even_tokens"] == want.break_even_tokens
     missing = httpx.get(
         f"{server.url}/v1/loops/no-such-loop/ledger",

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
+from services.curation.policy import CurationPolicy
 from services.demo import smollm2
 from services.demo.options import DemoOptions
+from services.demo.run import loop_policies, served_model
+from services.loop.policies import GatePolicy
+from services.settings import Settings
 from services.training.config import HFRFTConfig, parse_hyperparameters
 
 
@@ -39,3 +45,25 @@ def test_the_real_lm_demo_trains_rft_candidates_its_jobs_accept() -> None:
     parsed = parse_hyperparameters("hf", "rft", profile["hyperparameters"])
     assert isinstance(parsed.config, HFRFTConfig)
     assert parsed.config.samples_per_task == 16 and parsed.config.iterations == 2
+
+
+def test_the_demo_curates_a_held_out_set_sized_for_its_interval() -> None:
+    """Every success curated (the held-out set has the traffic's mix) and three clusters in
+    ten held out, a valid curation policy."""
+    policy = CurationPolicy.from_json(DemoOptions.for_model("tiny").curation_policy)
+    assert (policy.success_sample_rate, policy.heldout_fraction) == (1.0, 0.3)
+    assert DemoOptions.for_model("smollm2").curation_policy == DemoOptions().curation_policy
+
+
+@pytest.mark.parametrize(("temperature", "samples"), [(0.0, 1), (0.7, 4)])
+def test_the_demos_gate_evaluates_at_the_temperature_its_agents_are_served_at(
+    temperature: float, samples: int
+) -> None:
+    """Offline pass rates measure what is served: the demo's agents ask the model server
+    for ``traffic_temperature`` and its gate samples the evaluations at the same one."""
+    options = DemoOptions.for_model("smollm2", traffic_temperature=temperature)
+    gate = GatePolicy.model_validate(loop_policies(options).gate_policy)
+    assert (gate.eval_temperature, gate.eval_samples) == (temperature, samples)
+    settings = Settings(serve_api_key="k", serve_port=9999)
+    served = served_model(options, settings)
+    assert (served.temperature, served.style) == (temperature, "chat")

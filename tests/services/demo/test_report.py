@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy import select
 
-from services.db.models import Checkpoint, Cycle, Evaluation, Loop, Promotion, Trace
+from services.db.models import Checkpoint, Cycle, Evaluation, Loop, Promotion, Run, Trace
 from services.db.queries.promotions import loop_promotions
 from services.db.session import SessionFactory
 from services.demo.champion import champion_note
 from services.demo.options import DemoOptions
-from services.demo.report import build_report, format_report, live_before_after
+from services.demo.report import DemoReport, build_report, format_report, live_before_after
+from services.evaluation.figures import live_gain, rate
+from services.modelserver.attestation import attested, response_id
 from tests.services.dashboard.seed import seed_story
 
 T0 = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.UTC)
@@ -79,6 +82,9 @@ def test_live_success_before_and_after_come_from_the_stored_traces(
         measured = live_before_after(session, loop, [promotion], T0 + dt.timedelta(minutes=10))
         assert measured.before == 2 / 8
         assert measured.after == 9 / 10
+        # with their counts and intervals
+        assert measured.before_figure == rate(2, 8) and measured.after_figure == rate(9, 10)
+        assert measured.delta == live_gain((2, 8), (9, 10))
         # Without a drift there is no "before" to speak of.
         assert live_before_after(session, loop, [promotion], None).before is None
 
@@ -89,12 +95,14 @@ def test_every_report_says_how_the_toy_champion_was_made() -> None:
     assert "not exposed to v2's names" in champion_note(plain)
     real = champion_note(DemoOptions(model="smollm2"))
     assert "SmolLM2-135M-Instruct" in real and "pre-exposed" not in real
+    # what the champion saw: v1 only, about half of it recovering from a usage error
+    assert "about half first make a call without its last argument" in real
+    assert "usage error, and make it right" in real and " only" not in real
 
 
-def test_the_report_reads_the_dashboards_cycles(
-    session_factory: SessionFactory, tmp_path: Path
-) -> None:
-    """Every row comes from the stored cycles, evaluations, runs and promotions."""
+def story_report(session_factory: SessionFactory, tmp_path: Path) -> DemoReport:
+    """The dashboard's seeded story (two cycles), with held-out evaluations for the promoted
+    one and a rare-successes sentence on its train run, reported."""
     now = dt.datetime.now(dt.UTC)
     with session_factory.begin() as session:
         seed_story(session, now=now, artifacts_dir=tmp_path, name="demo")
@@ -123,9 +131,12 @@ def test_the_report_reads_the_dashboards_cycles(
                     ci_high=passed / 40 + 0.1,
                 )
             )
+        # cycle 2's train job found its successes rare, and said so in its metrics
+        train_run = session.get_one(Run, "demo-c2-train")
+        train_run.metrics = {**train_run.metrics, "rare_successes": "round 1: 1 of 1,024"}
     with session_factory() as session:
         loop = session.scalars(select(Loop).where(Loop.name == "demo")).one()
-        report = build_report(
+        return build_report(
             session,
             loop=loop,
             live=[(1.0, 0.5, 10, "v1")],
@@ -134,6 +145,13 @@ def test_the_report_reads_the_dashboards_cycles(
             traces_posted=7,
             state_dir=str(tmp_path),
         )
+
+
+def test_the_report_reads_the_dashboards_cycles(
+    session_factory: SessionFactory, tmp_path: Path
+) -> None:
+    """Every row comes from the stored cycles, evaluations, runs and promotions."""
+    report = story_report(session_factory, tmp_path)
     first, second = report.cycles
     assert (first.number, first.outcome, first.decision) == (1, "rolled_back", "promote")
     assert (second.number, second.outcome, second.trigger) == (2, "promoted", "drift")
@@ -162,3 +180,72 @@ def test_the_report_reads_the_dashboards_cycles(
     assert "estimate: $2.0000   actual: $3.5000" in text
     figures = report.to_json()
     assert {"estimate_usd", "actual_usd", "cost_by_phase", "cycle_wall_s"} <= set(figures)
+
+
+def test_the_report_gives_every_number_its_interval_and_counts(
+    session_factory: SessionFactory, tmp_path: Path
+) -> None:
+    report = story_report(session_factory, tmp_path)
+    first, second = report.cycles
+    text, figures = format_report(report), report.to_json()
+    assert second.heldout is not None and second.live_delta is not None
+    assert (second.heldout.n, second.heldout.low, second.heldout.high) == (40, 40.1, 72.4)
+    assert (second.live_delta.n_before, second.live_delta.n) == (40, 60)
+    assert (
+        "measured: held-out +58.3 [+40.1, +72.4] pts (40 tasks) · gate +91.7 [+75.0, +100.0] "
+        "pts (12 tasks) · live +41.0 [+22.5, +55.2] pts (40 → 60 traces)"
+    ) in text
+    assert report.heldout_gain == second.heldout
+    assert "held-out points gained: +58.3 [+40.1, +72.4] pts (40 tasks)" in text
+    # ±16.2 points on 40 tasks: the report says the set is too small for ±15; and rare
+    # successes in training, where they were
+    assert report.notes == [
+        "the held-out interval is ±16.2 points on 40 tasks: wider than ±15, so the set is "
+        "too small to tell a gain under that from noise",
+        "cycle 2's training: round 1: 1 of 1,024",
+    ]
+    assert second.rare_successes == "round 1: 1 of 1,024" and first.rare_successes is None
+    assert f"NOTE: {report.notes[0]}" in text
+    assert figures["heldout_gain"]["n"] == 40 and figures["cycles"][1]["gate"]["n"] == 12
+
+
+def test_live_success_counts_what_the_server_signed_as_the_canary_does(
+    session_factory: SessionFactory,
+) -> None:
+    """An episode the server answered with two versions (it straddled the deploy, and the
+    agent reports the last version) counts for neither, as in the canary: with the
+    attestation key, the report's after-promotion figure is the new version's own."""
+    key = b"demo-attestation-key"
+    loop_id, _ = _seed(session_factory)
+    with session_factory.begin() as session:
+        for trace in session.scalars(select(Trace).where(Trace.loop_id == loop_id)):
+            trace.body = {"response_ids": [response_id("chatcmpl", trace.model_version, key)]}
+        # two episodes that began on the old version and ended on the new one, both failed
+        for index in range(2):
+            session.add(
+                Trace(
+                    loop_id=loop_id,
+                    external_id=f"straddled-{index}",
+                    model_version="new",
+                    success=False,
+                    body={
+                        "response_ids": [
+                            response_id("chatcmpl", "old", key),
+                            response_id("chatcmpl", "new", key),
+                        ]
+                    },
+                    size_bytes=2,
+                    received_at=T0 + dt.timedelta(minutes=21),
+                )
+            )
+    with session_factory() as session:
+        loop = session.get(Loop, loop_id)
+        assert loop is not None
+        (promotion,) = loop_promotions(session=session, loop_id=loop_id)
+        drift = T0 + dt.timedelta(minutes=10)
+        claimed = live_before_after(session, loop, [promotion], drift)
+        served = live_before_after(
+            session, loop, [promotion], drift, attested=partial(attested, key=key)
+        )
+    assert claimed.after_counts == (9, 12)  # the client's word: the straddlers count
+    assert served.after_counts == (9, 10) and served.before_counts == (2, 8)

@@ -11,6 +11,7 @@ from services.evaluation.stats import (
     mcnemar_exact,
     mcnemar_exact_one_sided,
     paired_bootstrap,
+    proportion_interval,
     wilson_interval,
 )
 
@@ -30,6 +31,12 @@ def test_wilson_matches_published_values(k: int, n: int, low: float, high: float
     got_low, got_high = wilson_interval(k, n, 0.95)
     assert got_low == pytest.approx(low, abs=5e-5)
     assert got_high == pytest.approx(high, abs=5e-5)
+
+
+def test_wilson_is_exactly_0_or_1_at_the_ends() -> None:
+    """At 0 % and 100 % the bounds are 0 and 1 exactly, not float residue (JSON shows it)."""
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    assert proportion_interval(0.0, 7)[0] == 0.0 and proportion_interval(7.0, 7)[1] == 1.0
 
 
 def test_wilson_closed_form_at_99_percent() -> None:

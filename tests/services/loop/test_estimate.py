@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 
 from services.loop.estimate import (
+    CALIBRATED_SPREAD,
     DEFAULT_COMPUTE_S_PER_UNIT,
+    DEFAULT_SPREAD,
     PlannedWork,
     Prices,
     RunRecord,
+    calibrated_rates,
     cycle_phase_costs,
     default_rates,
     estimate_cycle,
@@ -120,3 +123,85 @@ def test_an_estimate_over_what_is_left_is_refused_with_its_reason() -> None:
         WORK, measured=measured, defaults=defaults, measured_cycles=1, budget_usd=None, spent_usd=9
     )
     assert no_budget.fits and no_budget.left_usd is None
+
+
+def calibration_run() -> RunRecord:
+    """A calibration pass: 8 episodes and 2 steps in 20 s, $0.04 (services.training.calibration)."""
+    phases = {
+        "rollout": {"seconds": 8.0},
+        "scoring": {"seconds": 2.0},
+        "update": {"seconds": 4.0},
+        "sync": {"seconds": 4.0},
+    }
+    metrics = {"phases": phases, "episodes": 8, "steps": 2, "calibration": True}
+    return RunRecord("calibrate", metrics, wall_s=20.0, compute_s=20.0, cost_usd=0.04)
+
+
+def test_a_calibration_pass_prices_every_phase_with_its_spread() -> None:
+    rates = calibrated_rates(calibration_run())
+    assert rates["rollout"].usd == pytest.approx(0.016 / 8)  # per episode
+    assert rates["update"].usd == pytest.approx(0.008 / 2)  # per step
+    assert rates["other"].usd == pytest.approx(0.004)  # per job: the 2 s nothing claimed
+    # an eval sample is an episode of the same model through the same engine
+    assert rates["evaluation"].usd == pytest.approx(rates["rollout"].usd + rates["scoring"].usd)
+    low, high = CALIBRATED_SPREAD
+    assert rates["update"].usd_range == pytest.approx((0.004 * low, 0.004 * high))
+    assert {rate.basis for rate in rates.values()} == {"calibrated"}
+    # a pass is not a cycle's rate: measured rates leave it out
+    assert measured_rates([calibration_run()]) == {}
+
+
+def test_the_estimate_says_what_it_rests_on_and_spans_its_range() -> None:
+    defaults = default_rates(TrainingProfile(), PRICES)
+    blind = estimate_cycle(
+        WORK, measured={}, defaults=defaults, measured_cycles=0, budget_usd=None, spent_usd=0
+    )
+    low, high = DEFAULT_SPREAD
+    assert (blind.low_usd, blind.high_usd) == pytest.approx((blind.usd * low, blind.usd * high))
+    assert not blind.calibrated and blind.basis.startswith("NOT calibrated: default rates")
+    failed = estimate_cycle(
+        WORK,
+        measured={},
+        defaults=defaults,
+        measured_cycles=0,
+        budget_usd=None,
+        spent_usd=0,
+        calibration="run demo-c1-calibrate (failed)",
+    )
+    assert "NOT calibrated (the calibration pass, run demo-c1-calibrate (failed)" in failed.basis
+    calibrated = estimate_cycle(
+        WORK,
+        measured={},
+        defaults=defaults,
+        measured_cycles=0,
+        budget_usd=0.01,
+        spent_usd=0,
+        calibrated=calibrated_rates(calibration_run()),
+        calibration="run demo-c1-calibrate",
+    )
+    assert calibrated.calibrated and calibrated.basis == "calibrated by run demo-c1-calibrate"
+    # 40 episodes, 10 steps, 40 eval samples, 3 jobs at the pass's rates
+    assert calibrated.usd == pytest.approx(40 * 0.0025 + 10 * 0.004 + 40 * 0.0025 + 3 * 0.012)
+    assert calibrated.low_usd < calibrated.usd < calibrated.high_usd
+    assert not calibrated.fits
+    assert "(range $" in calibrated.reason and "calibrated by run demo-c1-calibrate" in (
+        calibrated.reason
+    )
+    # measured over cycles: the range is the runs' own
+    measured = measured_rates([train_run(cost=1.0), train_run(cost=2.0)])
+    assert measured["update"].usd_range == pytest.approx((0.2 / 10, 0.4 / 10))
+    both = estimate_cycle(
+        WORK, measured=measured, defaults=defaults, measured_cycles=2, budget_usd=None, spent_usd=0
+    )
+    assert both.basis.startswith("measured over 2 cycle(s)") and "NOT calibrated" in both.basis
+
+
+def test_planned_work_counts_rfts_replay() -> None:
+    rft = TrainingProfile(
+        algorithm="rft",
+        hyperparameters={"samples_per_task": 4, "iterations": 2, "replay_tasks": 8},
+    )
+    work = planned_work(
+        rft, eval_task_counts=[], samples_per_task=1, train_tasks=10, replay_tasks=5
+    )
+    assert work.episodes == 2 * 4 * 10 + 2 * 5  # rounds, then replay_samples (2) x 5 tasks

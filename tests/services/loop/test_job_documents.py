@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from services.artifacts import path_to_uri
+from services.artifacts import ArtifactStore, path_to_uri, uri_to_path
+from services.curation.demonstrations import train_job_inputs
+from services.curation.snapshot import snapshot
 from services.db.models import Checkpoint, Dataset, Loop
 from services.db.session import SessionFactory
 from services.executors.base import JobRequestError
@@ -17,6 +19,14 @@ from services.loop.job_documents import (
     job_nodes,
     replay_dataset,
 )
+from tests.services.curation.support import (
+    add_traces,
+    curate_all,
+    make_loop,
+    questions,
+    trace_body,
+)
+from tests.support import assert_nothing_trained_is_judged
 
 
 def test_the_document_names_its_run_unless_it_does_already() -> None:
@@ -85,11 +95,13 @@ def test_files_from_the_rows_the_stage_names(
         ) == (None, None)
 
 
-def test_a_train_job_replays_its_datasets_regression_split_copied_into_its_run_dir(
+def test_a_train_job_replays_its_datasets_replay_split_copied_into_its_run_dir(
     session_factory: SessionFactory, tmp_path: Path
 ) -> None:
+    replay_file = tmp_path / "replay.jsonl"
+    replay_file.write_text('{"task": 1}\n', encoding="utf-8")
     regression = tmp_path / "regression.jsonl"
-    regression.write_text('{"task": 1}\n', encoding="utf-8")
+    regression.write_text('{"task": 9}\n', encoding="utf-8")
     with session_factory.begin() as session:
         loop = Loop(name="replay-docs", environment="toolcalc")
         session.add(loop)
@@ -102,8 +114,11 @@ def test_a_train_job_replays_its_datasets_regression_split_copied_into_its_run_d
                 eval_uri=path_to_uri(tmp_path / "eval.jsonl"),
                 train_count=1,
                 eval_count=1,
-                regression_count=count,
-                regression_uri=path_to_uri(regression) if count else None,
+                # the regression suite judges the candidate: it is never what is replayed
+                regression_count=1,
+                regression_uri=path_to_uri(regression),
+                replay_count=count,
+                replay_uri=path_to_uri(replay_file) if count else None,
             )
             for char, count in (("r", 1), ("n", 0))
         )
@@ -118,14 +133,69 @@ def test_a_train_job_replays_its_datasets_regression_split_copied_into_its_run_d
         run_dir = tmp_path / "run"
         copy = run_dir / REPLAY_FILE
         assert replay("train", with_split.id, run_dir) == {"replay_dataset": str(copy)}
-        assert copy.read_text(encoding="utf-8") == regression.read_text(encoding="utf-8")
+        assert copy.read_text(encoding="utf-8") == replay_file.read_text(encoding="utf-8")
         # Written once per run: a retried activity names the same bytes.
-        regression.write_text('{"task": 2}\n', encoding="utf-8")
+        replay_file.write_text('{"task": 2}\n', encoding="utf-8")
         assert replay("train", with_split.id, run_dir) == {"replay_dataset": str(copy)}
         assert copy.read_text(encoding="utf-8") == '{"task": 1}\n'
-        # Nothing to replay: another kind, no regression split, no dataset, a file gone.
+        # Nothing to replay: another kind, no replay split (a regression suite alone is
+        # never replayed), no dataset, a file gone.
         assert replay("eval", with_split.id, tmp_path / "r2") == {}
         assert replay("train", without.id, tmp_path / "r3") == {}
         assert replay("train", None, tmp_path / "r4") == {}
-        regression.unlink()
+        replay_file.unlink()
         assert replay("train", with_split.id, tmp_path / "r5") == {}
+
+
+def test_no_task_a_train_job_is_handed_judges_its_candidate(
+    session_factory: SessionFactory, tmp_path: Path
+) -> None:
+    """The train job's document (its dataset, replay file and stored demonstrations) and
+    the task sets the loop evaluates its candidate on (eval, regression, held-out), built
+    from a real snapshot as the run_job activity builds them, share no task and no cluster.
+    Replaying the regression suite (as train jobs once did) fails this test."""
+    loop_id = make_loop(
+        session_factory,
+        name="trained-vs-judged",
+        curation_policy={"success_sample_rate": 1.0, "heldout_fraction": 0.2},
+    )
+    add_traces(
+        session_factory,
+        loop_id,
+        [trace_body(f"f{i}", text, answer=str(i)) for i, text in enumerate(questions(30))]
+        + [
+            trace_body(f"s{i}", text, answer=f"s{i}", success=True, error_kind=None)
+            for i, text in enumerate(questions(60, seed=7))
+        ],
+    )
+    curate_all(session_factory, loop_id)
+    made = snapshot(session_factory, ArtifactStore(tmp_path / "a"), loop_name="trained-vs-judged")
+    assert made.replay_count > 0 and made.regression_count > 0 and made.heldout_count > 0
+    run_dir = tmp_path / "run"
+    with session_factory.begin() as session:
+        dataset, _ = job_files(
+            session=session,
+            kind="train",
+            job_spec={},
+            dataset_id=made.dataset_id,
+            base_checkpoint_id=None,
+        )
+        spec: dict[str, object] = {
+            "dataset": dataset,
+            **replay_dataset(
+                session=session, kind="train", run_dir=run_dir, dataset_id=made.dataset_id
+            ),
+            **train_job_inputs(
+                session, run_dir=run_dir, loop_id=loop_id, dataset_id=made.dataset_id, per_task=4
+            ),
+        }
+    assert spec["replay_dataset"]
+    judged = {
+        "eval": uri_to_path(made.eval_uri),
+        "regression": uri_to_path(made.regression_uri or ""),
+        "heldout": uri_to_path(made.heldout_uri or ""),
+    }
+    assert_nothing_trained_is_judged(spec, judged)
+    # The guard has teeth: the regression suite as the replay file is caught.
+    with pytest.raises(AssertionError, match="of the regression set is trained on"):
+        assert_nothing_trained_is_judged({**spec, "replay_dataset": judged["regression"]}, judged)

@@ -17,7 +17,14 @@ from services.environments.toolcalc import ToolcalcEnvironment
 from services.training.config import HyperparameterError, RFTConfig, parse_hyperparameters
 from services.training.distributed import init_distributed
 from services.training.family import FamilyModel, PackedBatch, Rollouts, TokenEpisode, family_for
-from services.training.rft import SampledTasks, sample_episodes, success_sequences, train_rft
+from services.training.rft import (
+    SampleBudget,
+    SampledTasks,
+    rare_successes,
+    sample_episodes,
+    success_sequences,
+    train_rft,
+)
 from tests.services.training.conftest import read_metrics, run_train_job
 
 
@@ -204,5 +211,97 @@ def test_rft_rounds_stop_sampling_a_task_at_enough_successes(capable_champion: P
         ctx=init_distributed("cpu"),
     )
     assert full.iterations[0]["episodes"] == 6 * len(tasks)
-    assert capped.iterations[0]["episodes"] < full.iterations[0]["episodes"]
-    assert capped.iterations[0]["tasks_solved"] == full.iterations[0]["tasks_solved"]
+    # What the solved tasks leave goes to the unsolved ones (up to twice their share), so
+    # the round is no longer than without the cap and solves at least as many tasks.
+    assert capped.iterations[0]["episodes"] <= full.iterations[0]["episodes"]
+    assert capped.iterations[0]["unsolved_extra_episodes"] > 0
+    assert capped.iterations[0]["tasks_solved"] >= full.iterations[0]["tasks_solved"]
+    # Without that (a factor of 1) the cap saves the episodes instead.
+    saving = train_rft(
+        load(capable_champion),
+        ToolcalcEnvironment(),
+        tasks,
+        dataclasses.replace(config, enough_successes=1, unsolved_sample_factor=1.0),
+        ctx=init_distributed("cpu"),
+    )
+    assert saving.iterations[0]["episodes"] < full.iterations[0]["episodes"]
+    assert saving.iterations[0]["unsolved_extra_episodes"] == 0
+
+
+def _drain(budget: SampleBudget, passes: dict[int, list[bool]]) -> list[tuple[int, int]]:
+    """Every (task, sample index) the budget hands out, one at a time, each episode of task
+    ``i`` passing as ``passes[i]`` says in order (failing past its end)."""
+    drawn: list[tuple[int, int]] = []
+    while (i := budget.next()) is not None:
+        sample = budget.count[i] - 1
+        drawn.append((i, sample))
+        outcomes = passes.get(i, [])
+        budget.record(i, sample < len(outcomes) and outcomes[sample])
+    return drawn
+
+
+def test_a_round_samples_in_waves_and_tasks_with_no_success_first() -> None:
+    # Task 0 passes its first episode: in the next wave it comes after tasks 1 and 2.
+    drawn = _drain(SampleBudget(3, per_task=2, enough=0, most=0), {0: [True]})
+    assert drawn == [(0, 0), (1, 0), (2, 0), (1, 1), (2, 1), (0, 1)]
+
+
+def test_what_solved_tasks_leave_goes_to_unsolved_ones_up_to_their_cap() -> None:
+    # Task 0 passes at once (enough at 1): it leaves 3 of its 4 samples. Tasks 1 and 2 never
+    # pass: they share them, up to 6 each. The round stays within 4 x 3 episodes.
+    drawn = _drain(SampleBudget(3, per_task=4, enough=1, most=6), {0: [True]})
+    per_task = [sum(1 for i, _ in drawn if i == task) for task in range(3)]
+    assert per_task == [1, 6, 5] and len(drawn) == 12
+    assert sorted(drawn) == sorted(set(drawn))  # every (task, sample) once: its own seed
+    # A solved task never takes more than its share, and without enough_successes nothing
+    # is left over to give.
+    drawn = _drain(SampleBudget(3, per_task=4, enough=0, most=6), {0: [True]})
+    assert [sum(1 for i, _ in drawn if i == task) for task in range(3)] == [4, 4, 4]
+    drawn = _drain(SampleBudget(2, per_task=2, enough=2, most=8), {0: [True, False, True]})
+    assert [sum(1 for i, _ in drawn if i == task) for task in range(2)] == [2, 2]
+
+
+def test_a_round_with_rare_successes_says_so(capable_champion: Path) -> None:
+    """The capable champion never solves v3 tasks: its round is flagged, in the row and in
+    the metrics."""
+    env = ToolcalcEnvironment()
+    config = RFTConfig(samples_per_task=2, max_new_tokens=48, steps=1, batch_size=2, log_every=0)
+    hard = env.generate_tasks(4, seed=32, api_version="v3")
+    result = train_rft(load(capable_champion), env, hard, config, ctx=init_distributed("cpu"))
+    note = result.metrics()["rare_successes"]
+    assert note == result.iterations[0]["rare_successes"]
+    assert note.startswith("round 1: 0 of 8 episodes passed (0.00%), on 0 of 4 tasks")
+    # A round with successes on most tasks is not rare, nor one that solved every task of
+    # a small set; one passing episode in 1,024 is.
+    assert (
+        rare_successes(
+            {"iteration": 1, "episodes": 100, "successes": 40, "tasks_solved": 10, "tasks": 12}
+        )
+        is None
+    )
+    assert (
+        rare_successes(
+            {"iteration": 2, "episodes": 8, "successes": 4, "tasks_solved": 2, "tasks": 2}
+        )
+        is None
+    )
+    assert rare_successes(
+        {"iteration": 1, "episodes": 1024, "successes": 1, "tasks_solved": 1, "tasks": 64}
+    ) == (
+        "round 1: 1 of 1,024 episodes passed (0.10%), on 1 of 64 tasks: what it learns "
+        "rests on so few successes that another seed may find none or others"
+    )
+
+
+def test_with_enough_successes_a_call_holds_one_episode_per_task() -> None:
+    """Each task's success is known before its next episode is drawn: a call stops when
+    every open task has an episode in it."""
+    budget = SampleBudget(2, per_task=4, enough=1, most=0)
+    busy: set[int] = set()
+    picks = []
+    while (i := budget.next(busy)) is not None:
+        picks.append(i)
+        busy.add(i)
+    assert picks == [0, 1]
+    budget.record(0, True)  # task 0 is done; task 1 goes on, one episode per call
+    assert [budget.next(), budget.next({1})] == [1, None]

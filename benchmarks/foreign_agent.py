@@ -461,7 +461,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="the smoke: 80 traces, a 10-task traffic sample, every job tiny, a manual gate "
+        help="the smoke: 120 traces, a 10-task traffic sample, every job tiny, a manual gate "
         "the benchmark approves (give a tiny hf model as --model-dir)",
     )
     p.add_argument(
@@ -478,9 +478,10 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("--feedback, --tools and --change-at describe --traces; give it too")
     if args.traces is not None and not args.tools and not args.prepare_only:
         parser().error("--tools is required with --traces: the domain's stdio MCP server")
-    args.count = args.count or (80 if args.quick else 1000)
+    args.count = args.count or (120 if args.quick else 1000)
     args.traffic_sample = args.traffic_sample or (10 if args.quick else 100)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a poll every 2 s is not progress
     try:
         figures = run(args)
     except (TrafficError, loop.HarnessError, ValueError) as exc:

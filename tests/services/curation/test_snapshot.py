@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from services.artifacts import ArtifactStore, uri_to_path
 from services.curation.snapshot import SnapshotError, snapshot, weighted_sample
-from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource
+from services.db.models import Cycle, Dataset, DatasetTask, Loop, Task, TaskSource
 from services.db.queries import tasks as q
 from services.db.session import SessionFactory
 from services.environments.base import read_task_file
@@ -173,6 +173,39 @@ def test_difficulty_filter_and_pending_work(
             "too_hard": 1,
             "unprobed": 27,
         }
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 0
+
+
+def test_a_bootstrap_snapshot_leaves_the_train_tasks_new(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    """A bootstrap cycle's dataset holds the train split but trains on successes, so its
+    tasks still count as new for ``min_new_tasks``; once a regular cycle used a dataset
+    holding them (the same one, content-addressed, or another), they no longer do."""
+    loop_id = seeded_loop(session_factory, n=30, eval_fraction=0.0, heldout_fraction=0.0)
+    name = loop_name(session_factory, loop_id)
+    dataset_id = snapshot(session_factory, store, loop_name=name).dataset_id
+    with session_factory.begin() as session:
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 0  # no cycle's yet
+        session.add(
+            Cycle(
+                loop_id=loop_id,
+                number=1,
+                trigger="bootstrap",
+                stage="done",
+                outcome="promoted",
+                ended_at=func.now(),
+                dataset_id=dataset_id,
+            )
+        )
+    with session_factory.begin() as session:
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 30
+        session.add(
+            Cycle(
+                loop_id=loop_id, number=2, trigger="operator", stage="train", dataset_id=dataset_id
+            )
+        )
+    with session_factory() as session:
         assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 0
 
 

@@ -349,6 +349,35 @@ def test_the_bar_plan_is_sized_for_the_bookshop() -> None:
     assert overrides.bootstrap["steps"] == 60 and BAR.bootstrap["steps"] == 40
 
 
+def test_the_quickstarts_bookshop_loop_is_the_benchmarks_plan() -> None:
+    """docs/quickstart.md section 7 runs the benchmark's path by hand: its loop file holds
+    the plan's policies (the benchmark's own triggers aside: it starts its cycles itself),
+    and the api's validators accept it."""
+    import re
+
+    import yaml
+
+    text = (REPO / "docs" / "quickstart.md").read_text()
+    section = text[text.index("## 7.") :]
+    [loop_file] = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
+    checkpoint = "cd" * 32
+    document = yaml.safe_load(loop_file.replace("CHECKPOINT_ID", checkpoint))
+    plan = BAR.policies(checkpoint, device="auto")
+    plan["training_profile"].pop("device")
+    plan["curation_policy"].pop("tool_endpoint")  # the doc's optional last step adds it
+    assert document["serving_target"] == plan["serving_target"]
+    assert document["training_profile"] == plan["training_profile"]
+    assert document["gate_policy"] == plan["gate_policy"]
+    assert document["curation_policy"] == plan["curation_policy"]
+    parse_policies(
+        document["trigger_policy"],
+        document["gate_policy"],
+        document["training_profile"],
+        document["serving_target"],
+    )
+    CurationPolicy.from_json(document["curation_policy"])
+
+
 def test_the_tool_endpoint_is_the_settings_shape() -> None:
     config = tool_endpoint_config(["python", "tools.py", "--seed", "3"], ["b", "a"])
     checked_endpoint(config)

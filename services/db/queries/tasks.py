@@ -385,7 +385,10 @@ def task_sources(*, session: Session, task_id: int) -> list[tuple[int, str, str]
 def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: bool = True) -> int:
     """Train tasks no cycle has trained on yet (and, with the filter on, that it would keep):
     those no dataset holds, or only datasets of bootstrap cycles, which hold the train split
-    but learn from successes (a history's failures are the first regular cycle's work)."""
+    but learn from successes (a history's failures are the first regular cycle's work); and
+    curated since the newest dataset a regular cycle trained on, whose ``max_train_tasks``
+    sample left the others out on purpose (the next draw, a pure function of the tasks, would
+    leave them out again: counting them started cycle after cycle on the same sample)."""
     return int(
         session.execute(
             text(
@@ -405,6 +408,11 @@ def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: 
                               AND NOT EXISTS (SELECT 1 FROM cycles AS c
                                                WHERE c.dataset_id = d.dataset_id
                                                  AND c.trigger <> :bootstrap)))
+                   AND t.created_at > COALESCE(
+                       (SELECT max(ds.created_at) FROM datasets AS ds
+                          JOIN cycles AS c ON c.dataset_id = ds.id
+                         WHERE c.loop_id = :loop_id AND c.trigger <> :bootstrap),
+                       '-infinity'::timestamptz)
                 """
             ),
             {"loop_id": loop_id, "filtered": difficulty_filter, "bootstrap": BOOTSTRAP_TRIGGER},

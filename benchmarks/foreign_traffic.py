@@ -431,13 +431,15 @@ BAR_LOOP_WALL_S = 3600.0  # posting, curation, bootstrap and the cycle
 
 
 def bar(figures: Mapping[str, Any]) -> dict[str, bool]:
-    """Each condition of the bar, met or not, read from the benchmark's figures."""
+    """Each condition of the bar, met or not, read from the benchmark's figures (a cycle
+    that did not run, its keys None, meets none of its conditions)."""
+    gain, delta = figures["cycle_gain_points"], figures["traffic_delta_points"]
     checks = {
         "heldout_tasks": figures["heldout_tasks"] >= BAR_HELDOUT_TASKS,
-        "cycle_gain": figures["cycle_gain_points"] >= BAR_CYCLE_GAIN_POINTS,
+        "cycle_gain": gain is not None and gain >= BAR_CYCLE_GAIN_POINTS,
         "cycle_significant": bool(figures["cycle_significant"]),
-        "traffic_no_significant_loss": not figures["traffic_loss_significant"],
-        "traffic_drop": figures["traffic_delta_points"] >= -BAR_TRAFFIC_DROP_POINTS,
+        "traffic_no_significant_loss": figures["traffic_loss_significant"] is False,
+        "traffic_drop": delta is not None and delta >= -BAR_TRAFFIC_DROP_POINTS,
         "hour": figures["loop_wall_s"] <= BAR_LOOP_WALL_S,
     }
     return {**checks, "met": all(checks.values())}

@@ -31,6 +31,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from services.loop.policies import TrainingProfile
+from services.loop.states import BOOTSTRAP_TRIGGER as BOOTSTRAP_TRIGGER
 from services.loop.states import CycleOutcome, CycleStage, RunStatus
 from workflows.activities.bootstrap import BootstrapActivities
 from workflows.activities.curation import CurationActivities
@@ -55,9 +56,8 @@ from workflows.payloads.loop import BootstrapSignal
 from workflows.payloads.train import TrainInput
 from workflows.train import TrainWorkflow
 
-# The cycle trigger of a bootstrap, and LoopWorkflow's workflow.patched id of the bootstrap
-# cycle and of the automatic bootstrap's readiness check (histories before it have neither).
-BOOTSTRAP_TRIGGER = "bootstrap"
+# LoopWorkflow's workflow.patched id of the bootstrap cycle and of the automatic bootstrap's
+# readiness check (histories before it have neither); its trigger is BOOTSTRAP_TRIGGER.
 BOOTSTRAP_PATCH = "bootstrap-cycle"
 
 

@@ -4,9 +4,9 @@ how long an idle loop waits before the next one (:func:`next_check_s`).
 Each check first curates what arrived (the cycle's curate settings, at most
 ``TRIGGER_CHECK_MAX_BATCHES`` batches), then answers, in order: a bootstrap asked for (an
 operator's, or the training profile's automatic one when the loop has no champion and
-enough successful train-split traces: workflows/bootstrap.py), an operator's run-now, enough
-new train tasks (``min_new_tasks``), a drift of the served model's failure rate, or the
-maximum interval since the last cycle.
+enough successful train-split traces: workflows/bootstrap.py), an operator's run-now, and,
+for a loop with a champion to train from, enough new train tasks (``min_new_tasks``), a
+drift of the served model's failure rate, or the maximum interval since the last cycle.
 
 An idle loop costs what its checks cost: each activity and timer is a Temporal action and a
 database transaction on the worker. Since the ``idle-backoff`` patch (:data:`IDLE_PATCH`) a
@@ -49,6 +49,9 @@ TRIGGER_CHECK_MAX_BATCHES = 100
 # ``idle_check_interval_s``) unless a signal wakes the loop. Histories before it curated on
 # every check and waited ``check_interval_s`` between checks.
 IDLE_PATCH = "idle-backoff"
+# workflow.patched id: a loop with no champion starts no cycle by itself (histories before
+# it started one, which failed for want of a champion).
+NO_CHAMPION_PATCH = "no-champion-no-automatic-cycle"
 
 
 @dataclass
@@ -122,6 +125,12 @@ async def _decide(
         assert state.bootstrap is not None
         return BOOTSTRAP_TRIGGER, {**detail, **request_detail(state.bootstrap)}
     if pending.new_train_tasks <= 0:
+        return None, detail
+    # A loop with no champion has nothing to train from: only a bootstrap (above) or an
+    # operator's run-now starts its cycle, not new tasks (a history posted before the
+    # bootstrap), a drift or the interval. Checked here so a loop with a champion, or with
+    # nothing pending, records no marker.
+    if config.champion_checkpoint_id is None and workflow.patched(NO_CHAMPION_PATCH):
         return None, detail
     if pending.new_train_tasks >= config.trigger_policy.min_new_tasks:
         detail["min_new_tasks"] = config.trigger_policy.min_new_tasks

@@ -40,6 +40,11 @@ class CycleStage(enum.StrEnum):
     ROLLBACK = "rollback"
 
 
+# The trigger a bootstrap cycle records (``cycles.trigger``; workflows/bootstrap.py): its
+# snapshot holds the loop's train tasks, yet it trains on successes, never on them.
+BOOTSTRAP_TRIGGER = "bootstrap"
+
+
 class CycleOutcome(enum.StrEnum):
     """How a cycle ended (``cycles.outcome``)."""
 

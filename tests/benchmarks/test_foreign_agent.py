@@ -1,6 +1,8 @@
 """benchmarks/foreign_agent.py's pure parts: the traffic read (and its refusals), the
 hold-out by cluster that never lets a cluster cross, the held-out sets, the figures of a step
-on known inputs, the needed-calls share, the bar; and the command's prepare-only run."""
+on known inputs, the needed-calls share, the bar, the plans' policies as the loop's own
+validators read them, the jobs' counters summed; and the command's prepare-only run and
+refusals. The loop itself runs in tests/e2e/test_foreign_agent_loop.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.foreign_agent import _step_figures
+from benchmarks.foreign_loop import (
+    HarnessError,
+    Scored,
+    checked_endpoint,
+    live_tool_calls,
+    tool_endpoint_config,
+    unanswerable_calls,
+)
+from benchmarks.foreign_plan import BAR, QUICK, TOOL_ENDPOINT, LoopPlan
 from benchmarks.foreign_traffic import (
     Traffic,
     TrafficError,
@@ -34,6 +46,8 @@ from services.curation.similarity import jaccard_many, signature, stack
 from services.environments.base import read_task_file
 from services.environments.replay.records import read_store_file
 from services.evaluation.stats import wilson_interval
+from services.loop.policies import parse_policies
+from services.training.config import parse_hyperparameters
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = CurationPolicy.from_json({}).replay_settings()
@@ -249,6 +263,146 @@ def test_the_bar() -> None:
         ("loop_wall_s", 3700.0),
     ):
         assert bar({**figures, key: value})["met"] is False, key
+    # A bootstrap that was not promoted runs no cycle: its keys are None, the bar not met.
+    no_cycle = {
+        **figures,
+        "cycle_gain_points": None,
+        "cycle_significant": None,
+        "traffic_loss_significant": None,
+        "traffic_delta_points": None,
+    }
+    checks = bar(no_cycle)
+    assert checks["heldout_tasks"] and checks["hour"] and not checks["met"]
+    assert not checks["traffic_no_significant_loss"] and not checks["cycle_gain"]
+
+
+def _scored(scores: dict[str, float]) -> Scored:
+    return Scored(scores, [], {}, 0.0)
+
+
+def test_the_steps_and_a_step_whose_models_were_not_all_evaluated() -> None:
+    failures = {f"f{i}": 0.0 for i in range(20)}
+    traffic = {f"t{i}": 1.0 for i in range(10)}
+    scored = {
+        ("base", "failures"): _scored(failures),
+        ("base", "traffic"): _scored({k: 0.0 for k in traffic}),
+        ("champion", "failures"): _scored(failures | {f"f{i}": 1.0 for i in range(4)}),
+        ("champion", "traffic"): _scored(traffic),
+    }
+    figures = _step_figures(scored, seed=0)
+    assert figures["steps"]["cycle"] is None and figures["cycle_gain_points"] is None
+    assert figures["bootstrap_gain_points"] == pytest.approx(100.0)
+    assert figures["bootstrap_failures_gain_points"] == pytest.approx(20.0)
+    scored["candidate", "failures"] = _scored(failures | {f"f{i}": 1.0 for i in range(14)})
+    scored["candidate", "traffic"] = _scored(traffic | {"t0": 0.0})
+    figures = _step_figures(scored, seed=0)
+    cycle = figures["steps"]["cycle"]
+    assert cycle["failures"]["improved"] == 10 and cycle["failures"]["n"] == 20
+    assert figures["cycle_gain_points"] == pytest.approx(50.0)
+    assert figures["cycle_significant"] is True
+    assert figures["cycle_ci95"] == cycle["failures"]["ci95_points"]
+    assert figures["traffic_delta_points"] == pytest.approx(-10.0)
+    assert figures["traffic_loss_significant"] is False
+
+
+# -- the loop's plan -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan", [BAR, QUICK], ids=["bar", "quick"])
+def test_the_plans_are_loops_the_api_accepts(plan: LoopPlan) -> None:
+    """Every policy of both sizes passes the validators ``POST /v1/loops`` runs, and the
+    bootstrap's and rft's hyperparameters the hf trainers' own checks."""
+    policies = plan.policies("ab" * 32, device="cpu")
+    trigger, gate, profile, _ = parse_policies(
+        policies["trigger_policy"],
+        policies["gate_policy"],
+        policies["training_profile"],
+        policies["serving_target"],
+    )
+    curation = CurationPolicy.from_json(policies["curation_policy"])
+    assert curation.tool_endpoint == TOOL_ENDPOINT
+    assert profile.family == "hf" and profile.algorithm == "rft"
+    assert profile.base_checkpoint == "ab" * 32
+    parse_hyperparameters("hf", "rft", profile.hyperparameters)
+    parse_hyperparameters("hf", "sft", profile.bootstrap.hyperparameters)
+    assert gate.eval_samples == 1 and gate.eval_temperature == 0.0
+    # The benchmark starts each cycle itself: nothing else may.
+    assert trigger.min_new_tasks > 10_000 and not trigger.drift_enabled
+    # The benchmark's evaluations are the gate's: greedy, the evaluator's hf budgets.
+    assert plan is QUICK or plan.eval_settings == {
+        "max_turns": 5,
+        "max_new_tokens": 48,
+        "batch_size": 32,
+    }
+
+
+def test_the_bar_plan_is_sized_for_the_bookshop() -> None:
+    """The sizes docs/models.md and the module docstring budget for: an auto gate, each
+    bookshop turn fits the token budget, the rft waves are one sample of every task."""
+    assert BAR.gate["mode"] == "auto" and QUICK.gate["mode"] == "manual"
+    assert BAR.rft["rollout_batch"] == BAR.curation["max_train_tasks"]
+    assert BAR.rft["max_new_tokens"] >= 48 and BAR.rft["max_turns"] >= 4
+    sft_sequences = BAR.bootstrap["steps"] * BAR.bootstrap["batch_size"]
+    assert sft_sequences <= BAR.max_demonstrations  # each demonstration seen about once
+    overrides = BAR.with_overrides({"samples_per_task": 16}, {"steps": 60})
+    assert overrides.rft["samples_per_task"] == 16 and overrides.rft["iterations"] == 2
+    assert overrides.bootstrap["steps"] == 60 and BAR.bootstrap["steps"] == 40
+
+
+def test_the_quickstarts_bookshop_loop_is_the_benchmarks_plan() -> None:
+    """docs/quickstart.md section 7 runs the benchmark's path by hand: its loop file holds
+    the plan's policies (the benchmark's own triggers aside: it starts its cycles itself),
+    and the api's validators accept it."""
+    import re
+
+    import yaml
+
+    text = (REPO / "docs" / "quickstart.md").read_text()
+    section = text[text.index("## 7.") :]
+    [loop_file] = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
+    checkpoint = "cd" * 32
+    document = yaml.safe_load(loop_file.replace("CHECKPOINT_ID", checkpoint))
+    plan = BAR.policies(checkpoint, device="auto")
+    plan["training_profile"].pop("device")
+    plan["curation_policy"].pop("tool_endpoint")  # the doc's optional last step adds it
+    assert document["serving_target"] == plan["serving_target"]
+    assert document["training_profile"] == plan["training_profile"]
+    assert document["gate_policy"] == plan["gate_policy"]
+    assert document["curation_policy"] == plan["curation_policy"]
+    parse_policies(
+        document["trigger_policy"],
+        document["gate_policy"],
+        document["training_profile"],
+        document["serving_target"],
+    )
+    CurationPolicy.from_json(document["curation_policy"])
+
+
+def test_the_tool_endpoint_is_the_settings_shape() -> None:
+    config = tool_endpoint_config(["python", "tools.py", "--seed", "3"], ["b", "a"])
+    checked_endpoint(config)
+    assert config["kind"] == "mcp" and config["tools"] == ["a", "b"]
+    with pytest.raises(HarnessError, match="refused by the settings"):
+        checked_endpoint({**config, "requests_per_minute": 10**6})
+    with pytest.raises(HarnessError, match="refused by the settings"):
+        checked_endpoint({**config, "tools": []})
+
+
+def test_the_jobs_counters_add_up() -> None:
+    jobs = [
+        {
+            "unanswerable_calls": {
+                "t1": {"calls": 3, "episodes": 4, "episodes_unanswered": 2},
+                "t2": {"calls": 1, "episodes": 1, "episodes_unanswered": 1},
+            },
+            "tool_endpoints": {TOOL_ENDPOINT: {"calls": 5, "answered": 4, "failed": 1}},
+        },
+        {"unanswerable_calls": {}, "tool_endpoints": {"other": {"calls": 9}}},
+        {"kind": "train"},
+    ]
+    assert unanswerable_calls(jobs) == {"calls": 4, "episodes_unanswered": 3, "tasks": 2}
+    assert live_tool_calls(jobs) == {"calls": 5, "answered": 4, "failed": 1}
+    assert unanswerable_calls([]) == {"calls": 0, "episodes_unanswered": 0, "tasks": 0}
 
 
 # -- the command -------------------------------------------------------------------------
@@ -280,6 +434,8 @@ def test_the_command_refuses_what_it_cannot_use(tmp_path: Path) -> None:
     assert alone.returncode == 2 and "give it too" in alone.stderr
     no_tools = _command("--traces", str(tmp_path / "t.jsonl"))
     assert no_tools.returncode == 2 and "--tools is required" in no_tools.stderr
+    no_model = _command("--model-dir", str(tmp_path))
+    assert no_model.returncode == 2 and "not a checkpoint directory" in no_model.stderr
     absent = _command("--traces", str(tmp_path / "t.jsonl"), "--prepare-only")
     assert absent.returncode == 2
     assert absent.stderr.strip().splitlines() == [

@@ -1,7 +1,8 @@
 """A bootstrap cycle's control flow on the real Temporal dev server, with typed activity
 fakes (the world of test_loop.py, without a champion): SFT over the base model on the
 demonstrations, the base model and the adapter on the held-out set only, the gate judging
-them there, a manual gate's approval, the automatic bootstrap, and its refusals."""
+them there, a manual gate's approval, the automatic bootstrap, its refusals, and no other
+cycle before the first champion."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from workflows.payloads.bootstrap import (
     PrepareBootstrapInput,
     PrepareBootstrapResult,
 )
+from workflows.payloads.curation import PendingWorkInput, PendingWorkResult
 from workflows.payloads.cycle import StartCycleInput, StartCycleResult
 from workflows.payloads.gate import GateInput, GateResult, RecordDecisionInput, RecordDecisionResult
 from workflows.payloads.loop import ApprovalSignal, BootstrapSignal, LoopConfig, LoopConfigInput
@@ -206,3 +208,41 @@ async def test_the_profile_bootstraps_by_itself_once_ready(
     # Each look tells the next what curation had seen, so an unchanged loop is not re-read.
     assert [look.curated_seen for look in world.looks] == [-1, 10]
     assert {look.min_successes for look in world.looks} == {16}
+
+
+async def test_new_tasks_start_no_cycle_before_the_first_champion(
+    temporal_client: Client, task_queue: str
+) -> None:
+    """A history posted before the bootstrap (more new train tasks than ``min_new_tasks``)
+    starts no cycle on a loop with no champion, which would only fail for want of one; the
+    bootstrap is the first cycle, and once it made a champion new tasks start the next."""
+    world = BootstrapWorld(new_tasks=BASE_CONFIG.trigger_policy.min_new_tasks + 4)
+    looked: list[int] = []
+
+    @activity.defn(name="pending_work")
+    def pending_work(input: PendingWorkInput) -> PendingWorkResult:
+        looked.append(world.new_tasks)
+        return PendingWorkResult(new_train_tasks=world.new_tasks, uncurated_traces=0)
+
+    activities = [a for a in world.activities() if a.__name__ != "pending_work"]
+    name = f"boot-{uuid.uuid4().hex[:8]}"
+    async with make_worker(
+        temporal_client, task_queue, world, activities=[*activities, pending_work]
+    ):
+        handle = await start_loop(temporal_client, task_queue, name, max_cycles=2)
+
+        async def checked_thrice() -> None:
+            assert len(looked) >= 3
+
+        await assert_eventually_async(checked_thrice, timeout=60)
+        assert world.triggers == {}  # three checks with tasks pending, and no cycle
+        await handle.signal(LoopWorkflow.bootstrap, BootstrapSignal(by="ops"))
+
+        async def bootstrapped() -> None:
+            assert world.outcomes.get(1) == "promoted"
+
+        await assert_eventually_async(bootstrapped, timeout=60)
+        world.new_tasks = BASE_CONFIG.trigger_policy.min_new_tasks
+        await handle.result()
+    assert world.triggers == {1: "bootstrap", 2: "min_new_tasks"}
+    assert world.outcomes == {1: "promoted", 2: "promoted"}

@@ -19,8 +19,6 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from services.curation.policy import CurationPolicy
-from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
 from tests.support import assert_eventually_async
 from workflows.activities.estimate import (
     CalibrationInput,
@@ -92,6 +90,13 @@ from workflows.payloads.rollback import (
 from workflows.probe import ProbeWorkflow
 from workflows.promote import PromoteWorkflow
 from workflows.train import TrainWorkflow
+
+# This module defines workflows (FakeCurateWorkflow), so the sandbox imports it again: the
+# services it uses pass through, as they do in workflows/ (the replay package they reach
+# defines classes the sandbox refuses to build, e.g. on urllib.request).
+with workflow.unsafe.imports_passed_through():
+    from services.curation.policy import CurationPolicy
+    from services.loop.policies import GatePolicy, ServingTarget, TrainingProfile, TriggerPolicy
 
 BASE_CONFIG = LoopConfig(
     loop="bot",

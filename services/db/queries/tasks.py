@@ -31,6 +31,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from services.db.models import DatasetTask, Loop, Task, TaskSource, Trace
+from services.loop.states import BOOTSTRAP_TRIGGER
 
 # Namespace of curation's advisory locks (the other key is the loop id).
 _LOCK_NAMESPACE = 0x52434C  # "RCL"
@@ -382,7 +383,12 @@ def task_sources(*, session: Session, task_id: int) -> list[tuple[int, str, str]
 
 
 def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: bool = True) -> int:
-    """Train tasks no dataset holds yet (and, with the filter on, that it would keep)."""
+    """Train tasks no cycle has trained on yet (and, with the filter on, that it would keep):
+    those no dataset holds, or only datasets of bootstrap cycles, which hold the train split
+    but learn from successes (a history's failures are the first regular cycle's work); and
+    curated since the newest dataset a regular cycle trained on, whose ``max_train_tasks``
+    sample left the others out on purpose (the next draw, a pure function of the tasks, would
+    leave them out again: counting them started cycle after cycle on the same sample)."""
     return int(
         session.execute(
             text(
@@ -392,10 +398,24 @@ def count_new_train_tasks(*, session: Session, loop_id: int, difficulty_filter: 
                    AND t.set_aside_reason IS NULL
                    AND (NOT :filtered OR t.probe_pass_rate IS NULL
                         OR (t.probe_pass_rate > 0 AND t.probe_pass_rate < 1))
-                   AND NOT EXISTS (SELECT 1 FROM dataset_tasks AS d WHERE d.task_id = t.id)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM dataset_tasks AS d
+                        WHERE d.task_id = t.id
+                          AND NOT (
+                              EXISTS (SELECT 1 FROM cycles AS c
+                                       WHERE c.dataset_id = d.dataset_id
+                                         AND c.trigger = :bootstrap)
+                              AND NOT EXISTS (SELECT 1 FROM cycles AS c
+                                               WHERE c.dataset_id = d.dataset_id
+                                                 AND c.trigger <> :bootstrap)))
+                   AND t.created_at > COALESCE(
+                       (SELECT max(ds.created_at) FROM datasets AS ds
+                          JOIN cycles AS c ON c.dataset_id = ds.id
+                         WHERE c.loop_id = :loop_id AND c.trigger <> :bootstrap),
+                       '-infinity'::timestamptz)
                 """
             ),
-            {"loop_id": loop_id, "filtered": difficulty_filter},
+            {"loop_id": loop_id, "filtered": difficulty_filter, "bootstrap": BOOTSTRAP_TRIGGER},
         ).scalar_one()
     )
 

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from services.artifacts import ArtifactStore, uri_to_path
 from services.curation.snapshot import DatasetSnapshot, SnapshotError, snapshot, weighted_sample
 from services.curation.splits import JUDGED_SPLITS, TRAINED_SPLITS
-from services.db.models import Dataset, DatasetTask, Loop, Task, TaskSource
+from services.db.models import Cycle, Dataset, DatasetTask, Loop, Task, TaskSource
 from services.db.queries import tasks as q
 from services.db.session import SessionFactory
 from services.environments.base import read_task_file
@@ -167,6 +167,66 @@ def test_difficulty_filter_and_pending_work(
             "unprobed": 27,
         }
         assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 0
+
+
+def test_a_bootstrap_snapshot_leaves_the_train_tasks_new(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    """A bootstrap cycle's dataset holds the train split but trains on successes, so its
+    tasks still count as new for ``min_new_tasks``; once a regular cycle used a dataset
+    holding them (the same one, content-addressed, or another), they no longer do."""
+    loop_id = seeded_loop(session_factory, n=30, eval_fraction=0.0, heldout_fraction=0.0)
+    name = loop_name(session_factory, loop_id)
+    dataset_id = snapshot(session_factory, store, loop_name=name).dataset_id
+    with session_factory.begin() as session:
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 0  # no cycle's yet
+        session.add(
+            Cycle(
+                loop_id=loop_id,
+                number=1,
+                trigger="bootstrap",
+                stage="done",
+                outcome="promoted",
+                ended_at=func.now(),
+                dataset_id=dataset_id,
+            )
+        )
+    with session_factory.begin() as session:
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 30
+        session.add(
+            Cycle(
+                loop_id=loop_id, number=2, trigger="operator", stage="train", dataset_id=dataset_id
+            )
+        )
+    with session_factory() as session:
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 0
+
+
+def test_tasks_a_capped_sample_left_out_are_not_new_after_a_cycle(
+    session_factory: SessionFactory, store: ArtifactStore
+) -> None:
+    """``max_train_tasks`` samples the train split; once a regular cycle trained on that
+    sample, the tasks it left out do not count as new (the next draw would leave them out
+    again, so counting them started cycle after cycle), and tasks curated later do."""
+    loop_id = seeded_loop(
+        session_factory, n=30, eval_fraction=0.0, heldout_fraction=0.0, max_train_tasks=10
+    )
+    name = loop_name(session_factory, loop_id)
+    dataset_id = snapshot(session_factory, store, loop_name=name).dataset_id
+    with session_factory.begin() as session:
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 20  # no cycle yet
+        session.add(
+            Cycle(
+                loop_id=loop_id, number=1, trigger="operator", stage="train", dataset_id=dataset_id
+            )
+        )
+    with session_factory() as session:
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 0
+    later = [trace_body(f"n{i}", text, answer=str(i)) for i, text in enumerate(questions(4, 7))]
+    add_traces(session_factory, loop_id, later)
+    curate_all(session_factory, loop_id)
+    with session_factory() as session:
+        assert q.count_new_train_tasks(session=session, loop_id=loop_id) == 4
 
 
 def test_without_the_difficulty_filter_probe_rates_are_ignored(

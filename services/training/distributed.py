@@ -7,6 +7,15 @@ make on the whole global batch (up to float summation order), whatever the world
 Gradients are summed with explicit ``all_reduce`` calls rather than through the DDP
 wrapper, which averages (wrong normaliser for token-level losses) and hides when the
 communication happens.
+
+A model sharded with FSDP2 (``sharding: fsdp``, :mod:`services.training.hf.fsdp`) holds its
+parameters as DTensors: its backward already sums their gradients over the ranks
+(reduce-scatter, divide factor 1), so :meth:`DistContext.all_reduce_grads` and
+:meth:`DistContext.broadcast_parameters` leave DTensors alone. Its forward and backward are
+collectives, so every rank must run as many of them as the others: a trainer asks
+:meth:`DistContext.most` (before its first pass) how many micro-batches the busiest rank has
+and runs :func:`services.training.family.idle_passes` for the rest (:func:`is_sharded` says
+when it must).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from services.training.device import DeviceError, resolve_device
 from services.training.jobspec import JobError, job_environment
@@ -50,26 +60,68 @@ class DistContext:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return [float(v) for v in tensor.cpu().tolist()]
 
+    def all_reduce_max(self, values: list[float]) -> list[float]:
+        """The largest of each number across ranks."""
+        if not self.distributed:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return [float(v) for v in tensor.cpu().tolist()]
+
+    def most(self, count: int) -> int:
+        """The largest ``count`` of any rank (how many passes the busiest rank runs)."""
+        return int(self.all_reduce_max([float(count)])[0])
+
+    def per_rank(self, value: float) -> list[float]:
+        """``value`` of every rank, in rank order (each rank fills its own slot of a sum)."""
+        slots = [0.0] * self.world_size
+        slots[self.rank] = value
+        return self.all_reduce_sum(slots)
+
     def all_reduce_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Sum every parameter's gradient across ranks (a missing gradient counts as zero)."""
+        """Sum every parameter's gradient across ranks (a missing gradient counts as zero);
+        a sharded (DTensor) parameter's gradient is already the sum, from FSDP's backward."""
         if not self.distributed:
             return
         for param in params:
+            if isinstance(param, DTensor):
+                continue
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
 
     def broadcast_parameters(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Make every rank start from rank 0's trainable weights (the frozen ones are loaded
-        from the same verified checkpoint everywhere)."""
+        from the same verified checkpoint everywhere). A sharded parameter is left alone:
+        each rank holds its own shard of weights made the same on every rank before
+        sharding."""
         if not self.distributed:
             return
         for param in params:
-            dist.broadcast(param.data, src=0)
+            if not isinstance(param, DTensor):
+                dist.broadcast(param.data, src=0)
 
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
+
+
+def is_sharded(model: object) -> bool:
+    """Whether ``model`` is sharded over the ranks (its passes are collectives)."""
+    return bool(getattr(model, "sharded", False))
+
+
+def peak_memory(ctx: DistContext) -> dict[str, object]:
+    """Each rank's peak memory, for metrics.json (every rank must call it: it is a
+    collective). On CUDA the most the caching allocator held for tensors
+    (``max_memory_allocated``); on CPU the process's peak resident set."""
+    if ctx.device.type == "cuda":
+        kind, value = "cuda_max_allocated", float(torch.cuda.max_memory_allocated(ctx.device))
+    else:
+        import resource
+
+        kind, value = "max_rss", float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"kind": kind, "bytes": [int(v) for v in ctx.per_rank(value)]}
 
 
 def init_distributed(

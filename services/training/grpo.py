@@ -29,6 +29,16 @@ Deviations, each on purpose:
    first update instead of being taken from the sampler, so the ratio is exactly 1 on the
    first epoch; with ``ppo_epochs = 1`` clipping is therefore inactive and the update is
    the plain policy gradient, as in TRL's default ``num_iterations = 1``.
+7. **Truncated importance sampling when another engine sampled** (Yao et al., 2025; TRL's
+   ``vllm_importance_sampling_correction``). Rollouts from the remote backend (vLLM, another
+   ``ratchet serve``) carry the sampler's log-probs, which are not the trainer's (kernels,
+   precision, a stale adapter): the policy term of each sampled token is weighted by
+   ``min(π_old / π_sampler, tis_cap)`` (detached, :func:`services.training.mismatch.
+   tis_weights`), π_old being the trainer's log-prob under the weights that sampled; the KL
+   term is not weighted, as in TRL. Each such step reports the mismatch (mean per-token K3
+   of KL(sampler ‖ trainer), the largest ratio, the share of tokens truncated), measured over
+   the tokens it trains on, and a mean K3 over ``mismatch_threshold`` stops the job before
+   the step's update. The trainer's own rollouts are not weighted.
 
 Written once over :class:`services.training.family.FamilyModel` (tiny and hf alike): the
 family rolls episodes out and scores token batches; everything else is here. Where the two
@@ -62,6 +72,11 @@ at step ``s`` samples with seed ``derive_seed(seed, s, j, g)`` (counter-based no
 :mod:`services.training.rng`), and a resume point stores the trainable weights, optimizer
 and counters. A run resumed after a kill, or split over ranks, reproduces the single
 uninterrupted run.
+
+Sharded models (``sharding: fsdp``, :mod:`services.training.hf.fsdp`): their passes are
+collectives, so a rank with fewer micro-batches than the busiest runs idle ones
+(:func:`services.training.family.idle_passes`), every rank rolls out once per call even
+with no task of its own, and every rank writes its own shard of a resume point.
 """
 
 from __future__ import annotations
@@ -69,7 +84,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -78,17 +93,27 @@ from services.environments.base import Environment, TaskSpec
 from services.training.adaptive import adaptive_rollouts, rollouts_of
 from services.training.config import GRPOConfig
 from services.training.counters import RunCounters
-from services.training.distributed import DistContext
+from services.training.distributed import DistContext, is_sharded
 from services.training.family import (
     DemonstrationOptions,
     FamilyModel,
     PackedBatch,
     Rollouts,
+    SampledBy,
     StartingWeights,
     TokenSequence,
     collate,
+    idle_passes,
 )
 from services.training.keep import EpisodeKeeper
+from services.training.mismatch import (
+    MismatchGuard,
+    MismatchStats,
+    SamplerCorrection,
+    correction_of,
+    tis_weights,
+    token_mismatch,
+)
 from services.training.optim import clip_and_check, make_optimizer, schedule_lr
 from services.training.phases import PhaseClock
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
@@ -117,6 +142,14 @@ def group_advantages(
     return advantages.to(torch.float32), keep
 
 
+@dataclass(frozen=True)
+class KLPenalty:
+    """The k3 KL penalty to a reference policy: its log-probs (N, T) and its weight."""
+
+    ref_logp: torch.Tensor
+    coef: float
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -124,14 +157,16 @@ def policy_loss(
     mask: torch.Tensor,
     *,
     clip_eps: float,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
+    kl: KLPenalty | None = None,
     normalizer: float | None = None,
+    importance: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (+ k3 KL) summed over masked tokens / ``normalizer``.
 
-    ``logp``, ``old_logp``, ``ref_logp`` and ``mask`` are (N, T); ``advantages`` is (N,).
-    ``normalizer`` defaults to the number of masked tokens.
+    ``logp``, ``old_logp`` and ``mask`` are (N, T); ``advantages`` is (N,). ``normalizer``
+    defaults to the number of masked tokens. ``importance`` (N, T), the truncated importance
+    weights of tokens another engine sampled (:func:`services.training.mismatch.
+    tis_weights`, deviation 7), weighs each token's surrogate, not its KL term.
     """
     mask_f = mask.to(logp.dtype)  # (N, T)
     ratio = torch.exp(logp - old_logp)  # (N, T)
@@ -139,12 +174,14 @@ def policy_loss(
     unclipped = ratio * adv  # (N, T)
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, T)
     per_token = -torch.minimum(unclipped, clipped)  # (N, T)
+    if importance is not None:
+        per_token = per_token * importance.detach().to(logp.dtype)  # (N, T)
     kl_mean = 0.0
-    if ref_logp is not None and kl_coef > 0.0:
-        delta = ref_logp - logp  # (N, T)
-        kl = torch.exp(delta) - delta - 1.0  # (N, T), k3 estimator, >= 0
-        per_token = per_token + kl_coef * kl
-        kl_mean = float((kl.detach() * mask_f).sum() / mask_f.sum().clamp(min=1.0))
+    if kl is not None and kl.coef > 0.0:
+        delta = kl.ref_logp - logp  # (N, T)
+        k3 = torch.exp(delta) - delta - 1.0  # (N, T), k3 estimator, >= 0
+        per_token = per_token + kl.coef * k3
+        kl_mean = float((k3.detach() * mask_f).sum() / mask_f.sum().clamp(min=1.0))
     denom = float(normalizer) if normalizer is not None else float(mask_f.sum().clamp(min=1.0))
     loss = (per_token * mask_f).sum() / denom
     clip_frac = float(
@@ -158,6 +195,8 @@ class GRPOResult:
     counters: RunCounters
     resumed_from_step: int
     wall_s: float
+    # each step's mismatch with the engine that sampled it (remote rollouts only)
+    sampler_mismatch: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def final_reward(self) -> float:
@@ -268,7 +307,7 @@ def train_grpo(
     resumed_from = 0
     point = latest_resume_point(state_dir) if state_dir is not None else None
     if point is not None:
-        load_resume_point(point, params=named, optimizer=optimizer)
+        load_resume_point(point, params=named, optimizer=optimizer, ctx=ctx)
         counters = RunCounters.from_dict(point.counters)
         resumed_from = point.step
         logger.info("grpo resumed from step %d (%s)", point.step, point.path)
@@ -287,6 +326,8 @@ def train_grpo(
         counters,
         clock,
         keeper,
+        correction_of(config),
+        MismatchGuard(correction_of(config).threshold),
     )
     started = time.monotonic()
     for step in range(counters.steps_done, config.steps):
@@ -301,18 +342,21 @@ def train_grpo(
             and (step + 1) % config.checkpoint_every == 0
         ):
             with clock.phase("sync"):
-                if ctx.is_main:
-                    save_resume_point(
-                        state_dir,
-                        step=step + 1,
-                        params=named,
-                        optimizer=optimizer,
-                        counters=counters.to_dict(),
-                    )
+                save_resume_point(
+                    state_dir,
+                    step=step + 1,
+                    params=named,
+                    optimizer=optimizer,
+                    counters=counters.to_dict(),
+                    ctx=ctx,
+                )
                 ctx.barrier()
     model.train(False)
     return GRPOResult(
-        counters=counters, resumed_from_step=resumed_from, wall_s=time.monotonic() - started
+        counters=counters,
+        resumed_from_step=resumed_from,
+        wall_s=time.monotonic() - started,
+        sampler_mismatch=run.guard.rows,
     )
 
 
@@ -332,15 +376,20 @@ class _Run:
     counters: RunCounters
     clock: PhaseClock
     keeper: EpisodeKeeper | None
+    correction: SamplerCorrection
+    guard: MismatchGuard
 
 
 @dataclass
 class _Scored:
-    """A step's kept episodes as training sequences with their advantages, the SFT term's
+    """A step's kept episodes as training sequences with their advantages (and, when
+    another engine sampled them, its log-probs laid out as the sequences), the SFT term's
     demonstrations, and the step's sums over all ranks."""
 
     sequences: list[TokenSequence]
     advantages: list[float]
+    sampler_values: list[list[float]] | None
+    sampler: SampledBy | None
     demos: list[TokenSequence]
     tokens: float
     demo_tokens: float
@@ -366,9 +415,9 @@ def _grpo_step(step: int, run: _Run) -> dict[str, float]:
     t1 = time.monotonic()
     with run.clock.phase("scoring"):
         scored = _score(step, run, rollouts, sizes, [order[j] for j in local])
-    loss_value, clip_fraction, kl_value, trained = _update(step, run, scored)
+    update = _update(step, run, scored)
     train_s = time.monotonic() - t1
-    trained_total = int(run.ctx.all_reduce_sum([float(trained)])[0])
+    trained_total = int(run.ctx.all_reduce_sum([float(update.trained)])[0])
     counters = run.counters
     counters.rollout_tokens += int(scored.generated)
     counters.train_tokens += trained_total
@@ -377,6 +426,13 @@ def _grpo_step(step: int, run: _Run) -> dict[str, float]:
     counters.episodes += int(scored.episodes)
     counters.groups += int(scored.groups)
     counters.filtered_zero_variance_groups += int(scored.groups - scored.kept_groups)
+    mismatch: dict[str, float] = {}
+    if update.mismatch is not None:
+        mismatch = {
+            "mismatch_k3": update.mismatch.k3,
+            "mismatch_max_ratio": update.mismatch.max_ratio,
+            "tis_truncated_fraction": update.mismatch.truncated_fraction,
+        }
     return grpo_step_stats(
         step,
         reward_sum=scored.reward_sum,
@@ -384,11 +440,12 @@ def _grpo_step(step: int, run: _Run) -> dict[str, float]:
         episodes=scored.episodes,
         groups=scored.groups,
         groups_kept=scored.kept_groups,
-        loss=loss_value,
-        clip_fraction=clip_fraction,
-        kl=kl_value,
+        loss=update.loss,
+        clip_fraction=update.clip_fraction,
+        kl=update.kl,
         target_tokens=scored.tokens,
         successes=scored.pass_sum,
+        **mismatch,
     )
 
 
@@ -418,6 +475,8 @@ def _score(
     rewards_list = [episode.reward for episode in rollouts.episodes]
     sequences: list[TokenSequence] = []
     seq_adv: list[float] = []
+    # another engine's log-probs of what it sampled, laid out as the sequences (deviation 7)
+    sampler_values: list[list[float]] | None = [] if rollouts.sampler is not None else None
     kept_local = 0
     if local_tasks:
         rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
@@ -425,9 +484,10 @@ def _score(
         kept_local = sum(bool(keep[sum(sizes[:i])]) for i, n in enumerate(sizes) if n)
         for index, episode in enumerate(rollouts.episodes):
             if bool(keep[index]):
-                for sequence in episode.sequences:
-                    sequences.append(sequence)
-                    seq_adv.append(float(advantages[index]))
+                sequences.extend(episode.sequences)
+                seq_adv.extend([float(advantages[index])] * len(episode.sequences))
+                if sampler_values is not None:
+                    sampler_values.extend(_sampler_sequences(episode.sampler_sequences))
     demos: list[TokenSequence] = []
     if config.sft_coef > 0 and local_tasks:
         demos = model.demonstrations(
@@ -447,36 +507,96 @@ def _score(
             float(len(rewards_list)),
         ]
     )
-    return _Scored(sequences, seq_adv, demos, *totals)
+    return _Scored(sequences, seq_adv, sampler_values, rollouts.sampler, demos, *totals)
 
 
-def _update(step: int, run: _Run, scored: _Scored) -> tuple[float, float, float, int]:
-    """The policy update(s) on the kept episodes (+ the optional SFT term): the loss (summed
-    over ranks), the mean clip fraction and KL, and the tokens this rank trained on."""
+def _sampler_sequences(laid: list[list[float]] | None) -> list[list[float]]:
+    if laid is None:
+        raise ValueError("rollouts another engine sampled must carry its log-probs")
+    return laid
+
+
+@dataclass(frozen=True)
+class _Update:
+    """What a step's update did: the loss (summed over ranks), the mean clip fraction and
+    KL, the tokens this rank trained on, and the sampler mismatch (remote rollouts)."""
+
+    loss: float = 0.0
+    clip_fraction: float = 0.0
+    kl: float = 0.0
+    trained: int = 0
+    mismatch: MismatchStats | None = None
+
+
+def _update(step: int, run: _Run, scored: _Scored) -> _Update:
+    """The policy update(s) on the kept episodes (+ the optional SFT term). Before the first
+    optimizer step, the mismatch with another engine that sampled them is checked: past the
+    threshold the job stops and the weights are left as they were."""
     config, model, ctx = run.config, run.model, run.ctx
-    loss_value, clip_fraction, kl_value, trained = 0.0, 0.0, 0.0, 0
     lr = schedule_lr(run.optimizer, step, config)
     if scored.tokens <= 0 and scored.demo_tokens <= 0:
-        return loss_value, clip_fraction, kl_value, trained
-    batches = _batches(model, scored.sequences, config.micro_batch)
+        return _Update()
+    batches = _batches(model, scored.sequences, config.micro_batch, scored.sampler_values)
     demo_batches = _batches(model, scored.demos, config.micro_batch)
+    # a sharded model's passes are collectives: every rank runs as many as the busiest
+    idle, demo_idle = (
+        (ctx.most(len(batches)) - len(batches), ctx.most(len(demo_batches)) - len(demo_batches))
+        if is_sharded(model)
+        else (0, 0)
+    )
     adv_t = torch.tensor(scored.advantages, dtype=torch.float32, device=model.device)  # (N,)
     with run.clock.phase("scoring"), torch.no_grad():
         old = [model.logprobs(b) for b in batches] if config.ppo_epochs > 1 else None
         ref = [run.reference.logprobs(model, b) for b in batches] if run.reference else None
+        idle_passes(model, idle * ((old is not None) + (ref is not None)), backward=False)
     n_sequences = max(len(scored.sequences), 1)
+    result, mismatch = _Update(), None
     with run.clock.phase("update"):
-        for _ in range(config.ppo_epochs):
+        for epoch in range(config.ppo_epochs):
             run.optimizer.zero_grad(set_to_none=True)
-            loss_sum, clip_sum, kl_sum = _policy_backward(run, scored, batches, adv_t, old, ref)
-            loss_sum += _sft_backward(run, scored, demo_batches)
-            trained += sum(b.tokens for b in batches) + sum(b.tokens for b in demo_batches)
+            passes = _policy_backward(run, scored, batches, adv_t, old, ref)
+            idle_passes(model, idle, backward=True)
+            loss_sum = passes.loss + _sft_backward(run, scored, demo_batches)
+            idle_passes(model, demo_idle, backward=True)
+            if epoch == 0:
+                mismatch = _check_sampler(run, scored, passes.mismatch, step)
             ctx.all_reduce_grads(run.params)
             clip_and_check(run.params, max_norm=config.grad_clip, step=step, lr=lr)
             run.optimizer.step()
-            loss_value = ctx.all_reduce_sum([loss_sum])[0]
-            clip_fraction, kl_value = clip_sum / n_sequences, kl_sum / n_sequences
-    return loss_value, clip_fraction, kl_value, trained
+            result = _Update(
+                loss=ctx.all_reduce_sum([loss_sum])[0],
+                clip_fraction=passes.clip / n_sequences,
+                kl=passes.kl / n_sequences,
+                trained=result.trained
+                + sum(b.tokens for b in batches)
+                + sum(b.tokens for b in demo_batches),
+                mismatch=mismatch,
+            )
+    return result
+
+
+def _check_sampler(
+    run: _Run, scored: _Scored, local: MismatchStats, step: int
+) -> MismatchStats | None:
+    """The step's mismatch over every rank (None: the trainer's own engine sampled), checked
+    against the threshold; every rank takes part, so every rank stops alike."""
+    ctx = run.ctx
+    if ctx.all_reduce_max([1.0 if scored.sampler is not None else 0.0])[0] == 0.0:
+        return None
+    total = local.over_ranks(ctx)
+    sampler = scored.sampler or SampledBy(url="(this rank sampled nothing)", served_name="")
+    run.guard.check(total, where=f"step {step + 1}", sampler=sampler)
+    return total
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """Sums over one epoch's policy micro-batches."""
+
+    loss: float
+    clip: float
+    kl: float
+    mismatch: MismatchStats
 
 
 def _policy_backward(
@@ -486,29 +606,41 @@ def _policy_backward(
     adv_t: torch.Tensor,
     old: Sequence[torch.Tensor] | None,
     ref: Sequence[torch.Tensor] | None,
-) -> tuple[float, float, float]:
-    """Backward of the clipped surrogate over every micro-batch: loss, clip and KL sums."""
+) -> _Passes:
+    """Backward of the clipped surrogate over every micro-batch: loss, clip and KL sums, and
+    the mismatch of the sampled tokens with the sampler where another engine sampled them."""
     loss_sum = clip_sum = kl_sum = 0.0
+    mismatch = MismatchStats()
     begin = 0
     for i, batch in enumerate(batches):
         rows = batch.ids.shape[0]
         logp = run.model.logprobs(batch)  # (n, T-1)
+        old_logp = old[i] if old is not None else logp.detach()  # (n, T-1)
+        importance = (
+            tis_weights(old_logp, batch.sampler_logp, run.correction.tis_cap)
+            if batch.sampler_logp is not None
+            else None
+        )
         loss, info = policy_loss(
             logp,
-            old[i] if old is not None else logp.detach(),
+            old_logp,
             adv_t[begin : begin + rows],
             batch.target,
             clip_eps=run.config.clip_eps,
-            ref_logp=ref[i] if ref is not None else None,
-            kl_coef=run.config.kl_coef,
+            kl=KLPenalty(ref[i], run.config.kl_coef) if ref is not None else None,
             normalizer=scored.tokens,
+            importance=importance,
         )
         loss.backward()
+        if batch.sampler_logp is not None:
+            mismatch = mismatch + token_mismatch(
+                old_logp, batch.sampler_logp, batch.target, cap=run.correction.tis_cap
+            )
         loss_sum += float(loss.detach())
         clip_sum += info["clip_fraction"] * rows
         kl_sum += info["kl"] * rows
         begin += rows
-    return loss_sum, clip_sum, kl_sum
+    return _Passes(loss_sum, clip_sum, kl_sum, mismatch)
 
 
 def _sft_backward(run: _Run, scored: _Scored, demo_batches: Sequence[PackedBatch]) -> float:
@@ -556,10 +688,19 @@ def _targets(sequences: Sequence[TokenSequence]) -> int:
 
 
 def _batches(
-    model: FamilyModel, sequences: Sequence[TokenSequence], micro_batch: int
+    model: FamilyModel,
+    sequences: Sequence[TokenSequence],
+    micro_batch: int,
+    sampler: Sequence[Sequence[float]] | None = None,
 ) -> list[PackedBatch]:
-    """``sequences`` packed into micro-batches on the model's device, once per step."""
+    """``sequences`` packed into micro-batches on the model's device, once per step (with
+    the sampler's log-probs laid out as them, when given)."""
     return [
-        collate(sequences[begin : begin + micro_batch], pad_id=model.pad_id, device=model.device)
+        collate(
+            sequences[begin : begin + micro_batch],
+            pad_id=model.pad_id,
+            device=model.device,
+            sampler=sampler[begin : begin + micro_batch] if sampler is not None else None,
+        )
         for begin in range(0, len(sequences), micro_batch)
     ]

@@ -20,6 +20,7 @@ when it must).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,8 @@ from torch.distributed.tensor import DTensor
 
 from services.training.device import DeviceError, resolve_device
 from services.training.jobspec import JobError, job_environment
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,10 @@ class DistContext:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return [float(v) for v in tensor.cpu().tolist()]
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on some rank (every rank learns the same answer)."""
+        return self.all_reduce_max([1.0 if flag else 0.0])[0] > 0.0
 
     def most(self, count: int) -> int:
         """The largest ``count`` of any rank (how many passes the busiest rank runs)."""
@@ -125,18 +132,42 @@ def peak_memory(ctx: DistContext) -> dict[str, object]:
 
 
 def init_distributed(
-    device_name: str, *, world_size: int = 1, rank: int = 0, local_rank: int = 0
+    device_name: str,
+    *,
+    world_size: int = 1,
+    rank: int = 0,
+    local_rank: int = 0,
+    local_world_size: int = 1,
 ) -> DistContext:
     """Join the process group when ``world_size > 1`` (``torchrun`` sets the rendezvous env)."""
     device = resolve_device(device_name, local_rank=local_rank)
     if world_size > 1 and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(
-            backend=backend, init_method="env://", world_size=world_size, rank=rank
+            backend=backend_for(device, local_world_size),
+            init_method="env://",
+            world_size=world_size,
+            rank=rank,
         )
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def backend_for(device: torch.device, local_world_size: int = 1) -> str:
+    """nccl on CUDA, gloo on the CPU, and gloo where this node runs more ranks than it has
+    GPUs (ranks share one: NCCL refuses two ranks on one device; a test's or a benchmark's
+    layout, far slower than one rank per GPU)."""
+    if device.type != "cuda":
+        return "gloo"
+    if local_world_size > torch.cuda.device_count():
+        logger.warning(
+            "%d ranks share %d GPU(s): the process group runs on gloo (NCCL takes one rank "
+            "per GPU)",
+            local_world_size,
+            torch.cuda.device_count(),
+        )
+        return "gloo"
+    return "nccl"
 
 
 def init_job_distributed(device_name: str) -> DistContext:
@@ -148,6 +179,7 @@ def init_job_distributed(device_name: str) -> DistContext:
             world_size=job_env.world_size,
             rank=job_env.rank,
             local_rank=job_env.local_rank,
+            local_world_size=job_env.local_world_size,
         )
     except DeviceError as exc:
         raise JobError(str(exc)) from None

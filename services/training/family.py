@@ -353,3 +353,27 @@ def idle_passes(model: FamilyModel, count: int, *, backward: bool) -> None:
         else:
             with torch.no_grad():
                 model.logprobs(batch)
+
+
+def target_count(sequences: Sequence[TokenSequence]) -> int:
+    """Target tokens of ``sequences`` (a first token is never predicted, so never a target)."""
+    return sum(sum(mask[1:]) for _, mask in sequences)
+
+
+def micro_batches(
+    model: FamilyModel,
+    sequences: Sequence[TokenSequence],
+    micro_batch: int,
+    sampler: Sequence[Sequence[float]] | None = None,
+) -> list[PackedBatch]:
+    """``sequences`` packed into micro-batches of ``micro_batch`` on the model's device (with
+    another engine's log-probs laid out as them, when given)."""
+    return [
+        collate(
+            sequences[begin : begin + micro_batch],
+            pad_id=model.pad_id,
+            device=model.device,
+            sampler=sampler[begin : begin + micro_batch] if sampler is not None else None,
+        )
+        for begin in range(0, len(sequences), micro_batch)
+    ]

@@ -36,9 +36,10 @@ Deviations, each on purpose:
    ``min(π_old / π_sampler, tis_cap)`` (detached, :func:`services.training.mismatch.
    tis_weights`), π_old being the trainer's log-prob under the weights that sampled; the KL
    term is not weighted, as in TRL. Each such step reports the mismatch (mean per-token K3
-   of KL(sampler ‖ trainer), the largest ratio, the share of tokens truncated), measured over
-   the tokens it trains on, and a mean K3 over ``mismatch_threshold`` stops the job before
-   the step's update. The trainer's own rollouts are not weighted.
+   of KL(sampler ‖ trainer), the largest ratio, the share of tokens above the cap) over
+   every token sampled (those of filtered groups scored without gradient, the others from
+   the update's own forward pass), and a mean K3 over ``mismatch_threshold`` stops the job
+   before the step's update. The trainer's own rollouts are not weighted.
 
 Written once over :class:`services.training.family.FamilyModel` (tiny and hf alike): the
 family rolls episodes out and scores token batches; everything else is here. Where the two
@@ -102,8 +103,17 @@ from services.training.family import (
     SampledBy,
     StartingWeights,
     TokenSequence,
-    collate,
     idle_passes,
+    micro_batches,
+    target_count,
+)
+from services.training.grpo_math import (
+    KLPenalty,
+    group_advantages,
+    grouped_advantages,
+    policy_loss,
+    task_order,
+    task_weights,
 )
 from services.training.keep import EpisodeKeeper
 from services.training.mismatch import (
@@ -111,6 +121,7 @@ from services.training.mismatch import (
     MismatchStats,
     SamplerCorrection,
     correction_of,
+    score_mismatch,
     tis_weights,
     token_mismatch,
 )
@@ -119,75 +130,20 @@ from services.training.phases import PhaseClock
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
 from services.training.rng import derive_seed
 
+# The pure functions live in services.training.grpo_math; their home for callers is here.
+__all__ = [
+    "GRPOResult",
+    "KLPenalty",
+    "group_advantages",
+    "grpo_step_stats",
+    "log_grpo_step",
+    "policy_loss",
+    "task_order",
+    "task_weights",
+    "train_grpo",
+]
+
 logger = logging.getLogger(__name__)
-
-
-def group_advantages(
-    rewards: torch.Tensor, *, eps: float = 1e-4
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group-relative advantages and which groups carry signal.
-
-    ``rewards`` is (groups, G). Returns advantages (groups, G) equal to
-    ``(r - mean) / (std + eps)`` with the unbiased std (as TRL), zero for zero-variance
-    groups, and a boolean (groups,) mask of the groups with any variance.
-    """
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError("rewards must be (groups, G) with G >= 2")
-    rewards = rewards.to(torch.float64)
-    mean = rewards.mean(dim=1, keepdim=True)  # (groups, 1)
-    std = rewards.std(dim=1, keepdim=True)  # (groups, 1), unbiased
-    keep = (rewards.max(dim=1).values - rewards.min(dim=1).values) > 1e-9  # (groups,)
-    advantages = (rewards - mean) / (std + eps)  # (groups, G)
-    advantages = torch.where(keep[:, None], advantages, torch.zeros_like(advantages))
-    return advantages.to(torch.float32), keep
-
-
-@dataclass(frozen=True)
-class KLPenalty:
-    """The k3 KL penalty to a reference policy: its log-probs (N, T) and its weight."""
-
-    ref_logp: torch.Tensor
-    coef: float
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_eps: float,
-    kl: KLPenalty | None = None,
-    normalizer: float | None = None,
-    importance: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate (+ k3 KL) summed over masked tokens / ``normalizer``.
-
-    ``logp``, ``old_logp`` and ``mask`` are (N, T); ``advantages`` is (N,). ``normalizer``
-    defaults to the number of masked tokens. ``importance`` (N, T), the truncated importance
-    weights of tokens another engine sampled (:func:`services.training.mismatch.
-    tis_weights`, deviation 7), weighs each token's surrogate, not its KL term.
-    """
-    mask_f = mask.to(logp.dtype)  # (N, T)
-    ratio = torch.exp(logp - old_logp)  # (N, T)
-    adv = advantages.to(logp.dtype)[:, None]  # (N, 1)
-    unclipped = ratio * adv  # (N, T)
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, T)
-    per_token = -torch.minimum(unclipped, clipped)  # (N, T)
-    if importance is not None:
-        per_token = per_token * importance.detach().to(logp.dtype)  # (N, T)
-    kl_mean = 0.0
-    if kl is not None and kl.coef > 0.0:
-        delta = kl.ref_logp - logp  # (N, T)
-        k3 = torch.exp(delta) - delta - 1.0  # (N, T), k3 estimator, >= 0
-        per_token = per_token + kl.coef * k3
-        kl_mean = float((k3.detach() * mask_f).sum() / mask_f.sum().clamp(min=1.0))
-    denom = float(normalizer) if normalizer is not None else float(mask_f.sum().clamp(min=1.0))
-    loss = (per_token * mask_f).sum() / denom
-    clip_frac = float(
-        ((unclipped != clipped).to(logp.dtype) * mask_f).sum() / mask_f.sum().clamp(min=1.0)
-    )
-    return loss, {"clip_fraction": clip_frac, "kl": kl_mean}
 
 
 @dataclass(frozen=True)
@@ -207,17 +163,6 @@ class GRPOResult:
     def final_pass_rate(self) -> float:
         tail = self.counters.history[-5:]
         return sum(h["pass_rate"] for h in tail) / len(tail) if tail else 0.0
-
-
-def task_weights(tasks: Sequence[TaskSpec]) -> list[float] | None:
-    """Each task's dedup weight from its lineage metadata; None when all weigh the same."""
-    weights = []
-    for task in tasks:
-        lineage = task.metadata.get("ratchet") if isinstance(task.metadata, dict) else None
-        weight = lineage.get("weight", 1) if isinstance(lineage, dict) else 1
-        valid = isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0
-        weights.append(float(weight) if valid else 1.0)
-    return None if len(set(weights)) <= 1 else weights
 
 
 def grpo_step_stats(
@@ -257,30 +202,6 @@ def log_grpo_step(log: logging.Logger, step: int, steps: int, stats: dict[str, f
         int(stats["groups"]),
         stats["loss"],
     )
-
-
-def task_order(
-    step: int, batch: int, n_tasks: int, seed: int, weights: Sequence[float] | None = None
-) -> list[int]:
-    """Dataset indices of step ``step``'s global batch.
-
-    Without ``weights``: epoch-wise shuffles, seeded per epoch. With them: a draw with
-    replacement proportional to weight, seeded per step.
-    """
-    if weights is not None:
-        if len(weights) != n_tasks:
-            raise ValueError("need one weight per task")
-        generator = torch.Generator().manual_seed(derive_seed(seed, 0xE90C, 0x5EED, step))
-        drawn = torch.multinomial(
-            torch.tensor(weights, dtype=torch.float64), batch, replacement=True, generator=generator
-        )
-        return [int(i) for i in drawn.tolist()]
-    indices = []
-    for position in range(step * batch, (step + 1) * batch):
-        epoch, offset = divmod(position, n_tasks)
-        generator = torch.Generator().manual_seed(derive_seed(seed, 0xE90C, epoch))
-        indices.append(int(torch.randperm(n_tasks, generator=generator)[offset]))
-    return indices
 
 
 def train_grpo(
@@ -390,6 +311,8 @@ class _Scored:
     advantages: list[float]
     sampler_values: list[list[float]] | None
     sampler: SampledBy | None
+    # the sampler mismatch of the episodes the step does not train on (filtered groups)
+    filtered_mismatch: MismatchStats
     demos: list[TokenSequence]
     tokens: float
     demo_tokens: float
@@ -476,18 +399,35 @@ def _score(
     sequences: list[TokenSequence] = []
     seq_adv: list[float] = []
     # another engine's log-probs of what it sampled, laid out as the sequences (deviation 7)
-    sampler_values: list[list[float]] | None = [] if rollouts.sampler is not None else None
+    remote = rollouts.sampler is not None
+    sampler_values: list[list[float]] | None = [] if remote else None
+    filtered: tuple[list[TokenSequence], list[list[float]]] = ([], [])
     kept_local = 0
     if local_tasks:
         rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
-        advantages, keep = _group_advantages_of(rewards, sizes, eps=config.adv_eps)
+        advantages, keep = grouped_advantages(rewards, sizes, eps=config.adv_eps)
         kept_local = sum(bool(keep[sum(sizes[:i])]) for i, n in enumerate(sizes) if n)
         for index, episode in enumerate(rollouts.episodes):
+            laid = _sampler_sequences(episode.sampler_sequences) if remote else []
             if bool(keep[index]):
                 sequences.extend(episode.sequences)
                 seq_adv.extend([float(advantages[index])] * len(episode.sequences))
                 if sampler_values is not None:
-                    sampler_values.extend(_sampler_sequences(episode.sampler_sequences))
+                    sampler_values.extend(laid)
+            elif remote:
+                filtered[0].extend(episode.sequences)
+                filtered[1].extend(laid)
+    filtered_mismatch = (
+        score_mismatch(
+            model,
+            *filtered,
+            ctx=run.ctx,
+            micro_batch=config.micro_batch,
+            cap=run.correction.tis_cap,
+        )
+        if run.ctx.any_rank(remote)
+        else MismatchStats()
+    )
     demos: list[TokenSequence] = []
     if config.sft_coef > 0 and local_tasks:
         demos = model.demonstrations(
@@ -497,8 +437,8 @@ def _score(
         )
     totals = run.ctx.all_reduce_sum(
         [
-            float(_targets(sequences)),
-            float(_targets(demos)),
+            float(target_count(sequences)),
+            float(target_count(demos)),
             float(kept_local),
             float(len(local_tasks)),
             float(rollouts.generated_tokens),
@@ -507,7 +447,9 @@ def _score(
             float(len(rewards_list)),
         ]
     )
-    return _Scored(sequences, seq_adv, sampler_values, rollouts.sampler, demos, *totals)
+    return _Scored(
+        sequences, seq_adv, sampler_values, rollouts.sampler, filtered_mismatch, demos, *totals
+    )
 
 
 def _sampler_sequences(laid: list[list[float]] | None) -> list[list[float]]:
@@ -535,9 +477,9 @@ def _update(step: int, run: _Run, scored: _Scored) -> _Update:
     config, model, ctx = run.config, run.model, run.ctx
     lr = schedule_lr(run.optimizer, step, config)
     if scored.tokens <= 0 and scored.demo_tokens <= 0:
-        return _Update()
-    batches = _batches(model, scored.sequences, config.micro_batch, scored.sampler_values)
-    demo_batches = _batches(model, scored.demos, config.micro_batch)
+        return _Update(mismatch=_check_sampler(run, scored, MismatchStats(), step))
+    batches = micro_batches(model, scored.sequences, config.micro_batch, scored.sampler_values)
+    demo_batches = micro_batches(model, scored.demos, config.micro_batch)
     # a sharded model's passes are collectives: every rank runs as many as the busiest
     idle, demo_idle = (
         (ctx.most(len(batches)) - len(batches), ctx.most(len(demo_batches)) - len(demo_batches))
@@ -576,16 +518,18 @@ def _update(step: int, run: _Run, scored: _Scored) -> _Update:
 
 
 def _check_sampler(
-    run: _Run, scored: _Scored, local: MismatchStats, step: int
+    run: _Run, scored: _Scored, trained: MismatchStats, step: int
 ) -> MismatchStats | None:
-    """The step's mismatch over every rank (None: the trainer's own engine sampled), checked
-    against the threshold; every rank takes part, so every rank stops alike."""
+    """The step's mismatch over every sampled token of every rank (``trained``: of those
+    the step trains on, from its backward; the filtered ones were scored before it), None
+    when the trainer's own engine sampled; checked against the threshold. Every rank takes
+    part, so every rank stops alike."""
     ctx = run.ctx
-    if ctx.all_reduce_max([1.0 if scored.sampler is not None else 0.0])[0] == 0.0:
+    if not ctx.any_rank(scored.sampler is not None):
         return None
-    total = local.over_ranks(ctx)
+    total = (trained + scored.filtered_mismatch).over_ranks(ctx)
     sampler = scored.sampler or SampledBy(url="(this rank sampled nothing)", served_name="")
-    run.guard.check(total, where=f"step {step + 1}", sampler=sampler)
+    run.guard.check(total, where=f"step {step + 1}", sampler=sampler, truncated=True)
     return total
 
 
@@ -652,55 +596,3 @@ def _sft_backward(run: _Run, scored: _Scored, demo_batches: Sequence[PackedBatch
         sft.backward()
         loss_sum += float(sft.detach())
     return loss_sum
-
-
-def _group_advantages_of(
-    rewards: torch.Tensor, sizes: Sequence[int], *, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`group_advantages` of consecutive groups of ``sizes``: per-episode advantages
-    (E,) and whether its group is kept (E,); a group of fewer than two episodes carries no
-    signal. Groups of one size are scored as one (groups, G) matrix, as without adaptive
-    sampling."""
-    if sizes and len(set(sizes)) == 1 and sizes[0] >= 2:
-        advantages, keep = group_advantages(rewards.view(len(sizes), sizes[0]), eps=eps)
-        return advantages.view(-1), keep.repeat_interleave(sizes[0])
-    adv_parts: list[torch.Tensor] = []
-    keep_parts: list[torch.Tensor] = []
-    begin = 0
-    for size in sizes:
-        group = rewards[begin : begin + size]
-        if size >= 2:
-            advantages, keep = group_advantages(group.view(1, size), eps=eps)
-            adv_parts.append(advantages.view(-1))
-            keep_parts.append(keep.repeat_interleave(size))
-        else:
-            adv_parts.append(torch.zeros(size))
-            keep_parts.append(torch.zeros(size, dtype=torch.bool))
-        begin += size
-    if not adv_parts:
-        return torch.zeros(0), torch.zeros(0, dtype=torch.bool)
-    return torch.cat(adv_parts), torch.cat(keep_parts)
-
-
-def _targets(sequences: Sequence[TokenSequence]) -> int:
-    """Target tokens of ``sequences`` (a first token is never predicted, so never a target)."""
-    return sum(sum(mask[1:]) for _, mask in sequences)
-
-
-def _batches(
-    model: FamilyModel,
-    sequences: Sequence[TokenSequence],
-    micro_batch: int,
-    sampler: Sequence[Sequence[float]] | None = None,
-) -> list[PackedBatch]:
-    """``sequences`` packed into micro-batches on the model's device, once per step (with
-    the sampler's log-probs laid out as them, when given)."""
-    return [
-        collate(
-            sequences[begin : begin + micro_batch],
-            pad_id=model.pad_id,
-            device=model.device,
-            sampler=sampler[begin : begin + micro_batch] if sampler is not None else None,
-        )
-        for begin in range(0, len(sequences), micro_batch)
-    ]

@@ -50,8 +50,8 @@ from services.training.family import (
     Rollouts,
     SampledBy,
     TokenSequence,
-    collate,
     idle_passes,
+    micro_batches,
 )
 
 
@@ -151,17 +151,21 @@ class MismatchGuard:
     threshold: float
     rows: list[dict[str, Any]] = field(default_factory=list)
 
-    def check(self, stats: MismatchStats, *, where: str, sampler: SampledBy) -> dict[str, Any]:
+    def check(
+        self, stats: MismatchStats, *, where: str, sampler: SampledBy, truncated: bool = False
+    ) -> dict[str, Any]:
         """Record ``stats`` (summed over every rank, so every rank decides alike) as a row
-        and return it; :class:`SamplerMismatch` when its mean K3 is over the threshold."""
+        (with the share of tokens above the TIS cap when ``truncated``: GRPO's) and return
+        it; :class:`SamplerMismatch` when its mean K3 is over the threshold."""
         row: dict[str, Any] = {
             "where": where,
             "tokens": int(stats.tokens),
             "k3": stats.k3,
             "max_ratio": stats.max_ratio,
-            "truncated_fraction": stats.truncated_fraction,
             "served": served_version(sampler),
         }
+        if truncated:
+            row["truncated_fraction"] = stats.truncated_fraction
         self.rows.append(row)
         if stats.tokens and (stats.k3 > self.threshold or not math.isfinite(stats.k3)):
             raise SamplerMismatch(
@@ -229,32 +233,19 @@ class MismatchWatch:
             self.guard.check(agreed, where=f"rollouts {self.calls}", sampler=rollouts.sampler)
         return rollouts
 
-    @torch.no_grad()
     def _score(self, rollouts: Rollouts) -> MismatchStats:
-        """The mismatch of every sampled token under the current weights."""
+        """The mismatch of every sampled token under the current weights, scored in the
+        mode the trainer sampled in (rft, dpo: eval)."""
         sequences: list[TokenSequence] = []
         values: list[list[float]] = []
         for episode in rollouts.episodes:
             laid = episode.sampler_sequences
-            if laid is None:
-                continue
-            sequences.extend(episode.sequences)
-            values.extend(laid)
-        batches = [
-            collate(
-                sequences[i : i + self.micro_batch],
-                pad_id=self.pad_id,
-                device=self.device,
-                sampler=values[i : i + self.micro_batch],
-            )
-            for i in range(0, len(sequences), self.micro_batch)
-        ]
-        if self.sharded:
-            idle_passes(self.model, self.ctx.most(len(batches)) - len(batches), backward=False)
-        total = MismatchStats()  # scored in the mode the trainer sampled in (rft, dpo: eval)
-        for batch in batches:
-            total = total + _batch_mismatch(self.model, batch)
-        return total
+            if laid is not None:
+                sequences.extend(episode.sequences)
+                values.extend(laid)
+        return score_mismatch(
+            self.model, sequences, values, ctx=self.ctx, micro_batch=self.micro_batch
+        )
 
     def trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         return self.model.trainable_parameters()
@@ -274,6 +265,26 @@ class MismatchWatch:
         return self.model.save(out_dir, parent=parent, metadata=metadata)
 
 
-def _batch_mismatch(model: FamilyModel, batch: PackedBatch) -> MismatchStats:
-    assert batch.sampler_logp is not None  # collated with the sampler's values
-    return token_mismatch(model.logprobs(batch), batch.sampler_logp, batch.target)
+@torch.no_grad()
+def score_mismatch(
+    model: FamilyModel,
+    sequences: Sequence[TokenSequence],
+    values: Sequence[Sequence[float]],
+    *,
+    ctx: DistContext,
+    micro_batch: int,
+    cap: float | None = None,
+) -> MismatchStats:
+    """The mismatch of the target tokens of ``sequences`` under the current weights with the
+    sampler's log-probs ``values`` (laid out as the sequences), in micro-batches; this
+    rank's sums. A sharded model's ranks run as many passes each (idle ones)."""
+    batches = micro_batches(model, sequences, micro_batch, values)
+    if is_sharded(model):
+        idle_passes(model, ctx.most(len(batches)) - len(batches), backward=False)
+    total = MismatchStats()
+    for batch in batches:
+        assert batch.sampler_logp is not None  # collated with the sampler's values
+        total = total + token_mismatch(
+            model.logprobs(batch), batch.sampler_logp, batch.target, cap=cap
+        )
+    return total

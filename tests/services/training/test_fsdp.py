@@ -1,8 +1,9 @@
 """FSDP2 sharding (``sharding: fsdp``) on a real process group: two ranks with gloo on the
 CPU compute the loss and gradients one process computes, within 1e-5, for a LoRA adapter
 and for every weight; a save of the sharded weights is the unsharded save, byte for byte;
-a resume point of shards restores every rank's weights and optimizer state; and a sharded
-GRPO job run with torchrun trains the adapter the one-process job trains."""
+a resume point of shards restores every rank's weights and optimizer state; a sharded GRPO
+job run with torchrun trains the adapter the one-process job trains; and benchmarks/fsdp.py
+runs (a smoke run of its full fine-tuning on two ranks)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,32 @@ def test_a_sharded_grpo_job_trains_the_adapter_one_process_trains(
         "optimizer-rank-00000.safetensors",
         "optimizer-rank-00001.safetensors",
     }
+
+
+@pytest.mark.slow
+def test_the_fsdp_benchmark_runs_both_arms_and_prints_its_figures(tmp_path: Path) -> None:
+    """benchmarks/fsdp.py --quick: the same full fine-tuning as one process and as two
+    sharded gloo ranks through the real job; the figures, not their values, are checked
+    (times on a shared machine are not figures), and the weights agree."""
+    import subprocess
+    import sys
+
+    from tests.services.training.conftest import REPO
+
+    done = subprocess.run(
+        [sys.executable, "benchmarks/fsdp.py", "--quick", "--workdir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (figures["benchmark"], figures["training"], figures["ranks"]) == ("fsdp", "full", 2)
+    single, sharded = figures["arms"]["single"], figures["arms"]["sharded"]
+    assert (single["world_size"], single["sharding"]) == (1, "none")
+    assert (sharded["world_size"], sharded["sharding"]) == (2, "fsdp")
+    assert len(sharded["peak_memory"]["bytes"]) == 2 and figures["peak_memory_ratio"] > 0
+    assert sharded["final_loss"] == pytest.approx(single["final_loss"], abs=1e-5)
+    assert figures["max_weight_difference"] < 1e-5
+    assert {"threads", "loadavg_start", "loadavg_end"} <= set(figures)

@@ -72,6 +72,14 @@ class TokenEpisode:
             return None
         return pack_turn_values(self.turns, self.sampler_logprobs)
 
+    def sampled_values(self) -> list[list[float]]:
+        """:attr:`sampler_sequences` of an episode another engine sampled, which must
+        carry them (ValueError: scoring it as the sampler's would be scoring zeros)."""
+        laid = self.sampler_sequences
+        if laid is None:
+            raise ValueError("rollouts another engine sampled must carry its log-probs")
+        return laid
+
 
 @dataclass(frozen=True)
 class SampledBy:

@@ -234,6 +234,7 @@ def train_grpo(
         logger.info("grpo resumed from step %d (%s)", point.step, point.path)
     weights = task_weights(tasks)
     clock = PhaseClock(model.device, counters.phase_s)
+    correction = correction_of(config)  # for rollouts another engine samples (deviation 7)
     run = _Run(
         model,
         env,
@@ -247,8 +248,8 @@ def train_grpo(
         counters,
         clock,
         keeper,
-        correction_of(config),
-        MismatchGuard(correction_of(config).threshold),
+        correction,
+        MismatchGuard(correction.threshold),
     )
     started = time.monotonic()
     for step in range(counters.steps_done, config.steps):
@@ -408,7 +409,7 @@ def _score(
         advantages, keep = grouped_advantages(rewards, sizes, eps=config.adv_eps)
         kept_local = sum(bool(keep[sum(sizes[:i])]) for i, n in enumerate(sizes) if n)
         for index, episode in enumerate(rollouts.episodes):
-            laid = _sampler_sequences(episode.sampler_sequences) if remote else []
+            laid = episode.sampled_values() if remote else []
             if bool(keep[index]):
                 sequences.extend(episode.sequences)
                 seq_adv.extend([float(advantages[index])] * len(episode.sequences))
@@ -450,12 +451,6 @@ def _score(
     return _Scored(
         sequences, seq_adv, sampler_values, rollouts.sampler, filtered_mismatch, demos, *totals
     )
-
-
-def _sampler_sequences(laid: list[list[float]] | None) -> list[list[float]]:
-    if laid is None:
-        raise ValueError("rollouts another engine sampled must carry its log-probs")
-    return laid
 
 
 @dataclass(frozen=True)

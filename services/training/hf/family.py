@@ -169,8 +169,8 @@ class HFFamilyModel:
         self.module.eval()
         # a sharded model decodes locally on its gathered weights (each rank runs as many
         # passes as its episodes need); remotely, only the weights it publishes are gathered
-        local_shards = self.shards is not None and self.chat.remote is None
-        gathered = self.shards.gathered() if local_shards and self.shards else nullcontext()
+        local = self.shards is not None and self.chat.remote is None
+        gathered = self.shards.gathered() if self.shards is not None and local else nullcontext()
         try:
             with gathered:
                 return self.chat.rollouts(

@@ -6,7 +6,7 @@ Routes stay thin: they find the loop, call one function here and render the resu
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -409,7 +409,55 @@ def run_context(
         "workflow_links": workflow_links,
         # Where the run's money went, once it ended (services.loop.estimate).
         "phase_costs": run_phase_costs(run_record(run)) if run.ended_at is not None else {},
+        # How far another engine's rollouts were from the trainer (remote rollouts only).
+        "sampler_mismatch": sampler_mismatch_rows(run.metrics),
     }
+
+
+MISMATCH_ROWS_SHOWN = 100  # the last steps of a long run; the job's metrics keep them all
+
+
+@dataclass(frozen=True)
+class MismatchRow:
+    """One batch another engine sampled for a run (metrics.json's ``sampler_mismatch``,
+    services.training.mismatch): where, over how many tokens, the mean K3 estimate of
+    KL(sampler ‖ trainer), the largest ratio, the share capped (GRPO's), what served it."""
+
+    where: str
+    tokens: int
+    k3: float
+    max_ratio: float
+    truncated_fraction: float | None
+    served: str
+
+
+def sampler_mismatch_rows(metrics: Mapping[str, Any] | None) -> list[MismatchRow]:
+    """The run's mismatch rows that read as the job writes them, the last
+    :data:`MISMATCH_ROWS_SHOWN` (job output: a row of another shape is left out)."""
+    raw = (metrics or {}).get("sampler_mismatch")
+    rows = []
+    for item in raw if isinstance(raw, list) else []:
+        row = _mismatch_row(item)
+        if row is not None:
+            rows.append(row)
+    return rows[-MISMATCH_ROWS_SHOWN:]
+
+
+def _mismatch_row(item: object) -> MismatchRow | None:
+    if not isinstance(item, dict):
+        return None
+    numbers = [item.get(key) for key in ("tokens", "k3", "max_ratio")]
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
+        return None
+    truncated = item.get("truncated_fraction")
+    return MismatchRow(
+        where=str(item.get("where", "")),
+        tokens=int(item["tokens"]),
+        k3=float(item["k3"]),
+        max_ratio=float(item["max_ratio"]),
+        truncated_fraction=float(truncated) if isinstance(truncated, int | float) else None,
+        served=str(item.get("served", "")),
+    )
 
 
 def task_context(session: Session, *, loop: Loop, task_ref: str) -> dict[str, Any] | None:

@@ -14,7 +14,10 @@ prompt, and takes the sampled ids and their log-probs from the response (vLLM's
 ``return_token_ids`` and ``logprobs: 0``), so nothing is re-tokenized and training scores
 exactly what was sampled. A response whose ``prompt_token_ids`` differ from what was sent is
 refused. The log-probs are the raw model's (temperature 1), vLLM's default
-``--logprobs-mode raw_logprobs`` and what the local engine reports.
+``--logprobs-mode raw_logprobs`` and what the local engine reports. The trainer compares
+them with its own (:mod:`services.training.mismatch`), so :class:`RemoteEngine` keeps what
+names the weights that answered: the checkpoint id the job published and the versions
+``ratchet serve`` says decoded (``X-Ratchet-Model-Version``).
 
 The weights being trained reach the server as a LoRA adapter: before each call's rollouts
 :class:`RemotePolicy` writes them (the trainer's ``save``) into a directory the server can
@@ -53,6 +56,10 @@ from services.chat.http import urlopen
 from services.chat.protocol import ChatMessage
 from services.inference.engine import Engine, FinishReason, GenerationRequest, GenerationResult
 from services.inference.rollout_env import API_KEY_ENV, MODEL_ENV, SHARED_DIR_ENV, URL_ENV
+
+# The header ``ratchet serve`` answers with the checkpoint id of the weights that decoded
+# (services.modelserver.openai_api.VERSION_HEADER; vLLM sends none).
+VERSION_HEADER = "X-Ratchet-Model-Version"
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +138,11 @@ class RemoteClient:
         self.backend = backend
 
     def post(self, path: str, body: Mapping[str, Any]) -> bytes:
+        return self.send(path, body)[0]
+
+    def send(self, path: str, body: Mapping[str, Any]) -> tuple[bytes, str | None]:
+        """POST ``body``; the answer's bytes and the version the server says answered
+        (``ratchet serve``'s ``X-Ratchet-Model-Version``; None from servers without it)."""
         url = f"{self.backend.url}{path}"
         headers = {"Content-Type": "application/json"}
         if self.backend.api_key:
@@ -140,7 +152,7 @@ class RemoteClient:
         )
         try:
             with urlopen(request, timeout=self.backend.timeout_s) as response:  # no key leaves
-                return bytes(response.read())
+                return bytes(response.read()), response.headers.get(VERSION_HEADER)
         except urllib.error.HTTPError as exc:
             raise RemoteError(f"{url} answered {exc.code}: {_server_message(exc)}") from None
         except TimeoutError:
@@ -155,14 +167,18 @@ class RemoteClient:
             raise RemoteError(f"{url} failed: {exc}") from None
 
     def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        raw = self.post(path, body)
+        return self.send_json(path, body)[0]
+
+    def send_json(self, path: str, body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """:meth:`send`, the answer a JSON object."""
+        raw, version = self.send(path, body)
         try:
             answer = json.loads(raw)
         except ValueError:
             raise RemoteError(f"{self.backend.url}{path} answered something not JSON") from None
         if not isinstance(answer, dict):
             raise RemoteError(f"{self.backend.url}{path} answered a JSON {type(answer).__name__}")
-        return answer
+        return answer, version
 
     def load_adapter(self, name: str, path: Path) -> None:
         self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
@@ -197,10 +213,21 @@ class RemoteEngine:
 
     A context manager: its request threads stop when it closes."""
 
-    def __init__(self, local: Engine, client: RemoteClient, served_name: str) -> None:
+    def __init__(
+        self,
+        local: Engine,
+        client: RemoteClient,
+        served_name: str,
+        *,
+        published_id: str | None = None,
+    ) -> None:
         self.local = local
         self.client = client
         self.served_name = served_name
+        # the checkpoint id of the weights the job loaded under ``served_name`` (None: the
+        # served base model), and the versions the server said answered
+        self.published_id = published_id
+        self.served_versions: set[str] = set()
         self.family = local.family
         self.eos_ids = local.eos_ids
         self._pool = ThreadPoolExecutor(
@@ -246,7 +273,9 @@ class RemoteEngine:
         }
         if sampling.stop:
             body["stop"] = list(sampling.stop)
-        answer = self.client.post_json("/v1/completions", body)
+        answer, version = self.client.send_json("/v1/completions", body)
+        if version:
+            self.served_versions.add(version)
         return self.result_of(request, answer)
 
     def result_of(self, request: GenerationRequest, answer: dict[str, Any]) -> GenerationResult:
@@ -337,16 +366,18 @@ class RemotePolicy:
             return
         name = f"ratchet-rollout-{uuid.uuid4().hex[:12]}"
         published: Path | None = None
+        written: object = None
         if self.publish is not None:
             assert self.backend.shared_dir is not None  # checked in __post_init__
             published = self.backend.shared_dir / name
-            self.publish(published)
+            written = self.publish(published)
         path = published if published is not None else self.checkpoint
         assert path is not None
         try:
             client.load_adapter(name, path)
             try:
-                with RemoteEngine(local, client, name) as engine:
+                published_id = getattr(written, "checkpoint_id", None)
+                with RemoteEngine(local, client, name, published_id=published_id) as engine:
                     yield engine
             finally:
                 self._unload(client, name)

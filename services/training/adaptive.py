@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from services.environments.base import Environment, TaskSpec
 from services.training.config import GRPOConfig
-from services.training.distributed import DistContext
+from services.training.distributed import DistContext, is_sharded
 from services.training.family import FamilyModel, Rollouts, TokenEpisode
 from services.training.rng import derive_seed
 
@@ -94,8 +94,9 @@ def rollouts_of(
     wanted: Sequence[tuple[int, int]],
     config: GRPOConfig,
 ) -> Rollouts:
-    """Episode ``g`` of step task ``j`` for each (j, g) of ``wanted``, seeded as always."""
-    if not wanted:
+    """Episode ``g`` of step task ``j`` for each (j, g) of ``wanted``, seeded as always. A
+    sharded model rolls out even with nothing wanted: its rollouts are collectives."""
+    if not wanted and not is_sharded(model):
         return Rollouts(episodes=[], generated_tokens=0, prompt_tokens=0)
     return model.rollouts(
         env,

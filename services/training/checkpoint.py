@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load as safetensors_load
+from torch.distributed.tensor import DTensor
 
 from services.training.checkpoint_manifest import (
     CONFIG_FILE,
@@ -248,13 +249,16 @@ def load_checkpoint(
 
 
 def save_optimizer_state(optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """AdamW-style optimizer state as safetensors + JSON param groups (no pickle)."""
+    """AdamW-style optimizer state as safetensors + JSON param groups (no pickle); the
+    state of a sharded (DTensor) parameter is this rank's shard of it."""
     state_dict = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, float]] = {}
     for index, slot in state_dict["state"].items():
         for key, value in slot.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, DTensor):  # a sharded model's: this rank's shard
+                tensors[f"{index}.{key}"] = value.to_local()
+            elif isinstance(value, torch.Tensor):
                 tensors[f"{index}.{key}"] = value
             else:
                 scalars.setdefault(str(index), {})[key] = float(value)

@@ -28,6 +28,10 @@ from typing import Any
 FAMILIES = ("tiny", "hf")
 STAGE_SEPARATOR = "."  # a chain's hyperparameter "rft.steps" is the rft stage's alone
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# How an hf model is spread over a job's ranks: "none" (each rank holds the whole model,
+# gradients summed: data parallel) or "fsdp" (weights, gradients and optimizer state sharded
+# with torch's FSDP2, services.training.hf.fsdp).
+SHARDINGS = ("none", "fsdp")
 
 
 class HyperparameterError(ValueError):
@@ -156,24 +160,43 @@ class SFTConfig(_Checked):
 
 @dataclass(frozen=True)
 class LoRAOptions(_Checked):
-    """Whether and how to train an adapter rather than every weight (hf only)."""
+    """How an hf model trains (hf only): an adapter rather than every weight, and how the
+    model is spread over the job's ranks (``sharding``, one of :data:`SHARDINGS`)."""
 
     lora: bool = True
     lora_r: int = field(default=16, metadata=_bounds(1))
     lora_alpha: int = field(default=32, metadata=_bounds(1))
     lora_dropout: float = field(default=0.0, metadata=_bounds(0, 1, high_open=True))
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    sharding: str = "none"
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Every field in its range (``check_bounds``) and at least one module to adapt."""
+        """Every field in its range (``check_bounds``), at least one module to adapt, and a
+        known sharding."""
         check_bounds(self)
         if not self.lora_target_modules or not all(
             isinstance(m, str) and m for m in self.lora_target_modules
         ):
             raise ValueError("lora_target_modules must be a non-empty list of module names")
+        if self.sharding not in SHARDINGS:
+            raise HyperparameterError(
+                "sharding",
+                f"sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}",
+            )
+
+
+@dataclass(frozen=True)
+class MismatchOptions(_Checked):
+    """How far the engine that sampled the rollouts (the remote backend: vLLM, another
+    ``ratchet serve``) may disagree with the trainer's own log-probs of the same tokens
+    before the job stops: the mean per-token K3 estimate of KL(sampler || trainer)
+    (services.training.mismatch). 1e-2 suits dense models in bf16; a stale or wrong adapter
+    is orders of magnitude above it."""
+
+    mismatch_threshold: float = field(default=1e-2, metadata=_bounds(0, low_open=True))
 
 
 @dataclass(frozen=True)
@@ -195,8 +218,10 @@ class HFSFTConfig(SFTConfig, LoRAOptions):
 
 
 @dataclass(frozen=True)
-class HFGRPOConfig(GRPOConfig, LoRAOptions):
-    """:class:`GRPOConfig` for hf models (defaults sized for SmolLM2-135M on CPU), plus LoRA."""
+class HFGRPOConfig(GRPOConfig, LoRAOptions, MismatchOptions):
+    """:class:`GRPOConfig` for hf models (defaults sized for SmolLM2-135M on CPU), plus LoRA,
+    sharding and the sampler-mismatch options; ``tis_cap`` caps the truncated importance
+    weight of rollouts another engine sampled (services.training.grpo, deviation 7)."""
 
     steps: int = field(default=8, metadata=_bounds(0))
     tasks_per_step: int = field(default=4, metadata=_bounds(1))
@@ -206,6 +231,9 @@ class HFGRPOConfig(GRPOConfig, LoRAOptions):
     micro_batch: int = field(default=4, metadata=_bounds(1))
     # an hf step takes minutes on CPU; a LoRA resume point is a few MB
     checkpoint_every: int = field(default=2, metadata=_bounds(0))
+    # TRL's vllm_importance_sampling_cap default; a cap below 1 would down-weight tokens the
+    # trainer likes more than the sampler did, which is not what the correction is for
+    tis_cap: float = field(default=2.0, metadata=_bounds(1))
 
 
 @dataclass(frozen=True)
@@ -271,8 +299,9 @@ class DPOConfig(SamplingOptions):
 
 
 @dataclass(frozen=True)
-class HFRFTConfig(RFTConfig, LoRAOptions):
-    """:class:`RFTConfig` for hf models (SmolLM2-135M on CPU), plus LoRA."""
+class HFRFTConfig(RFTConfig, LoRAOptions, MismatchOptions):
+    """:class:`RFTConfig` for hf models (SmolLM2-135M on CPU), plus LoRA, sharding and the
+    sampler-mismatch threshold."""
 
     steps: int = field(default=30, metadata=_bounds(0))
     batch_size: int = field(default=8, metadata=_bounds(1))
@@ -284,8 +313,10 @@ class HFRFTConfig(RFTConfig, LoRAOptions):
 
 
 @dataclass(frozen=True)
-class HFDPOConfig(DPOConfig, LoRAOptions):
-    """:class:`DPOConfig` for hf models (SmolLM2-135M on CPU), plus LoRA."""
+class HFDPOConfig(DPOConfig, LoRAOptions, MismatchOptions):
+    """:class:`DPOConfig` for hf models (SmolLM2-135M on CPU), plus LoRA and the
+    sampler-mismatch threshold. DPO does not shard (its ranks may run different numbers of
+    micro-batches of pairs, and FSDP's collectives need the same number on every rank)."""
 
     samples_per_task: int = field(default=4, metadata=_bounds(2, why=_PAIRS))
     steps: int = field(default=20, metadata=_bounds(0))
@@ -294,6 +325,15 @@ class HFDPOConfig(DPOConfig, LoRAOptions):
     lr: float = field(default=2e-4, metadata=_bounds(0, low_open=True))
     max_new_tokens: int = field(default=40, metadata=_bounds(1))
     rollout_batch: int = field(default=16, metadata=_bounds(1))
+
+    def validate(self) -> None:
+        super().validate()
+        if self.sharding != "none":
+            raise HyperparameterError(
+                "sharding",
+                f"dpo does not shard (sharding {self.sharding!r}): its ranks may run different "
+                "numbers of micro-batches, which FSDP's collectives cannot; use sharding 'none'",
+            )
 
 
 TrainerConfig = GRPOConfig | SFTConfig | DPOConfig  # the others are subclasses of these
@@ -425,6 +465,10 @@ def _typed(key: str, hint: object, value: object) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise HyperparameterError(key, f"{key} must be an integer, got {value!r}")
         return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise HyperparameterError(key, f"{key} must be a string, got {value!r}")
+        return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise HyperparameterError(key, f"{key} must be a number, got {value!r}")
@@ -514,7 +558,8 @@ def parse_chain(
     """Check a profile's or job's ``algorithm`` and ``hyperparameters``: one
     :class:`Hyperparameters` per stage. A single name takes its keys as
     :func:`parse_hyperparameters` does; a chain splits them (:func:`stage_hyperparameters`).
-    An hf chain trains one adapter, so its stages must agree on the LoRA options."""
+    An hf chain trains one adapter, so its stages must agree on the LoRA options (and on
+    the sharding: the model is loaded and sharded once, for every stage)."""
     if isinstance(algorithm, str):
         return [parse_hyperparameters(family, algorithm, raw, seed=seed)]
     stages = algorithm_chain(algorithm)

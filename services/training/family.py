@@ -51,6 +51,9 @@ class TokenEpisode:
     reward: Reward
     end_reason: str | None
     answer: str | None
+    # per turn, the sampler's log-prob of each completion id (temperature 1), where the
+    # engine that sampled reported them
+    sampler_logprobs: list[list[float]] | None = None
 
     @property
     def model_turns(self) -> int:
@@ -61,14 +64,55 @@ class TokenEpisode:
         """The episode as training sequences (completions are the only targets)."""
         return pack_turns(self.turns)
 
+    @property
+    def sampler_sequences(self) -> list[list[float]] | None:
+        """The sampler's log-probs laid out as :attr:`sequences`: one value per id, the
+        log-prob of that id on a target position, 0 elsewhere; None without them."""
+        if self.sampler_logprobs is None:
+            return None
+        return pack_turn_values(self.turns, self.sampler_logprobs)
+
+    def sampled_values(self) -> list[list[float]]:
+        """:attr:`sampler_sequences` of an episode another engine sampled, which must
+        carry them (ValueError: scoring it as the sampler's would be scoring zeros)."""
+        laid = self.sampler_sequences
+        if laid is None:
+            raise ValueError("rollouts another engine sampled must carry its log-probs")
+        return laid
+
+
+@dataclass(frozen=True)
+class SampledBy:
+    """The engine that sampled a batch of rollouts when it is not the trainer's own: its
+    URL, the name the job asked it to decode with, the checkpoint id of the weights the job
+    published for it (None: its served base model), and the versions the server said
+    answered (``ratchet serve``'s ``X-Ratchet-Model-Version``; vLLM says none)."""
+
+    url: str
+    served_name: str
+    published_id: str | None = None
+    served_versions: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """The adapter version the sampler served, in words, for a stop reason."""
+        served = ", ".join(v[:12] for v in self.served_versions)
+        asked = f"checkpoint {self.published_id[:12]}" if self.published_id else "its base model"
+        if served:
+            return (
+                f"{self.url} served version {served} as {self.served_name!r} (the job sent {asked})"
+            )
+        return f"{self.url} served {self.served_name!r} (the job sent {asked})"
+
 
 @dataclass(frozen=True)
 class Rollouts:
-    """A batch of episodes and what generating them cost."""
+    """A batch of episodes and what generating them cost; ``sampler`` names the engine that
+    sampled them when it is another than the trainer's own (the remote backend)."""
 
     episodes: list[TokenEpisode]
     generated_tokens: int
     prompt_tokens: int
+    sampler: SampledBy | None = None
 
 
 @dataclass(frozen=True)
@@ -82,11 +126,13 @@ class DemonstrationOptions:
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Right-padded sequences: ids (N, T), attention (N, T), targets (N, T-1)."""
+    """Right-padded sequences: ids (N, T), attention (N, T), targets (N, T-1), and where
+    another engine sampled them, its log-probs of the targets (N, T-1)."""
 
     ids: torch.Tensor  # (N, T)
     attention: torch.Tensor  # (N, T), 1 on real tokens
     target: torch.Tensor  # (N, T-1) bool, aligned with ids[:, 1:]
+    sampler_logp: torch.Tensor | None = None  # (N, T-1) float32, 0 off the targets
 
     @property
     def tokens(self) -> int:
@@ -231,25 +277,56 @@ def pack_turns(turns: Sequence[TokenTurn]) -> list[TokenSequence]:
     the two are one sequence with both completions as targets; otherwise a turn is its own
     sequence. Tool results and prompts are context, never targets.
     """
-    sequences: list[TokenSequence] = []
-    for prompt, completion in turns:
-        if sequences:
-            ids, mask = sequences[-1]
+    return [(ids, mask) for ids, mask, _ in _pack(turns, None)]
+
+
+def pack_turn_values(
+    turns: Sequence[TokenTurn], values: Sequence[Sequence[float]]
+) -> list[list[float]]:
+    """Per-completion-token ``values`` (one list per turn) laid out as
+    :func:`pack_turns`' sequences: the value on each completion position, 0 elsewhere."""
+    if len(values) != len(turns) or any(
+        len(v) != len(completion) for v, (_, completion) in zip(values, turns, strict=False)
+    ):
+        raise ValueError("need one value per completion token of every turn")
+    return [laid for _, _, laid in _pack(turns, values)]
+
+
+def _pack(
+    turns: Sequence[TokenTurn], values: Sequence[Sequence[float]] | None
+) -> list[tuple[list[int], list[bool], list[float]]]:
+    """:func:`pack_turns` with each position's value beside it (0 off the completions)."""
+    packed: list[tuple[list[int], list[bool], list[float]]] = []
+    for index, (prompt, completion) in enumerate(turns):
+        turn_values = list(values[index]) if values is not None else [0.0] * len(completion)
+        if packed:
+            ids, mask, laid = packed[-1]
             if len(prompt) >= len(ids) and prompt[: len(ids)] == ids:
                 extra = prompt[len(ids) :]
                 ids.extend(extra + completion)
                 mask.extend([False] * len(extra) + [True] * len(completion))
+                laid.extend([0.0] * len(extra) + turn_values)
                 continue
-        sequences.append(
-            (list(prompt) + list(completion), [False] * len(prompt) + [True] * len(completion))
+        packed.append(
+            (
+                list(prompt) + list(completion),
+                [False] * len(prompt) + [True] * len(completion),
+                [0.0] * len(prompt) + turn_values,
+            )
         )
-    return sequences
+    return packed
 
 
 def collate(
-    sequences: Sequence[TokenSequence], *, pad_id: int, device: torch.device
+    sequences: Sequence[TokenSequence],
+    *,
+    pad_id: int,
+    device: torch.device,
+    sampler: Sequence[Sequence[float]] | None = None,
 ) -> PackedBatch:
-    """Right-pad ``sequences`` into one :class:`PackedBatch` on ``device``."""
+    """Right-pad ``sequences`` into one :class:`PackedBatch` on ``device``; ``sampler`` (one
+    value per id of each sequence, :attr:`TokenEpisode.sampler_sequences`) becomes its
+    ``sampler_logp``."""
     width = max(len(ids) for ids, _ in sequences)
     ids_t = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (N, T)
     attention = torch.zeros((len(sequences), width), dtype=torch.long)  # (N, T)
@@ -258,4 +335,53 @@ def collate(
         ids_t[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention[row, : len(ids)] = 1
         target[row, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
-    return PackedBatch(ids_t.to(device), attention.to(device), target[:, 1:].to(device))
+    sampler_logp = None
+    if sampler is not None:
+        laid = torch.zeros((len(sequences), width), dtype=torch.float32)  # (N, T)
+        for row, values in enumerate(sampler):
+            laid[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        sampler_logp = laid[:, 1:].to(device)  # (N, T-1), aligned with target
+    return PackedBatch(
+        ids_t.to(device), attention.to(device), target[:, 1:].to(device), sampler_logp
+    )
+
+
+def idle_passes(model: FamilyModel, count: int, *, backward: bool) -> None:
+    """``count`` forward passes (and backward, with ``backward``) that change nothing: a
+    one-row batch with no target, its loss times zero. A sharded model's passes are
+    collectives, so a rank with fewer micro-batches than the busiest runs these instead."""
+    if count <= 0:
+        return
+    batch = collate(
+        [([model.pad_id, model.pad_id], [False, False])], pad_id=model.pad_id, device=model.device
+    )
+    for _ in range(count):
+        if backward:
+            (model.logprobs(batch).sum() * 0.0).backward()
+        else:
+            with torch.no_grad():
+                model.logprobs(batch)
+
+
+def target_count(sequences: Sequence[TokenSequence]) -> int:
+    """Target tokens of ``sequences`` (a first token is never predicted, so never a target)."""
+    return sum(sum(mask[1:]) for _, mask in sequences)
+
+
+def micro_batches(
+    model: FamilyModel,
+    sequences: Sequence[TokenSequence],
+    micro_batch: int,
+    sampler: Sequence[Sequence[float]] | None = None,
+) -> list[PackedBatch]:
+    """``sequences`` packed into micro-batches of ``micro_batch`` on the model's device (with
+    another engine's log-probs laid out as them, when given)."""
+    return [
+        collate(
+            sequences[begin : begin + micro_batch],
+            pad_id=model.pad_id,
+            device=model.device,
+            sampler=sampler[begin : begin + micro_batch] if sampler is not None else None,
+        )
+        for begin in range(0, len(sequences), micro_batch)
+    ]

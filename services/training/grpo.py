@@ -29,6 +29,17 @@ Deviations, each on purpose:
    first update instead of being taken from the sampler, so the ratio is exactly 1 on the
    first epoch; with ``ppo_epochs = 1`` clipping is therefore inactive and the update is
    the plain policy gradient, as in TRL's default ``num_iterations = 1``.
+7. **Truncated importance sampling when another engine sampled** (Yao et al., 2025; TRL's
+   ``vllm_importance_sampling_correction``). Rollouts from the remote backend (vLLM, another
+   ``ratchet serve``) carry the sampler's log-probs, which are not the trainer's (kernels,
+   precision, a stale adapter): the policy term of each sampled token is weighted by
+   ``min(π_old / π_sampler, tis_cap)`` (detached, :func:`services.training.mismatch.
+   tis_weights`), π_old being the trainer's log-prob under the weights that sampled; the KL
+   term is not weighted, as in TRL. Each such step reports the mismatch (mean per-token K3
+   of KL(sampler ‖ trainer), the largest ratio, the share of tokens above the cap) over
+   every token sampled (those of filtered groups scored without gradient, the others from
+   the update's own forward pass), and a mean K3 over ``mismatch_threshold`` stops the job
+   before the step's update. The trainer's own rollouts are not weighted.
 
 Written once over :class:`services.training.family.FamilyModel` (tiny and hf alike): the
 family rolls episodes out and scores token batches; everything else is here. Where the two
@@ -62,6 +73,11 @@ at step ``s`` samples with seed ``derive_seed(seed, s, j, g)`` (counter-based no
 :mod:`services.training.rng`), and a resume point stores the trainable weights, optimizer
 and counters. A run resumed after a kill, or split over ranks, reproduces the single
 uninterrupted run.
+
+Sharded models (``sharding: fsdp``, :mod:`services.training.hf.fsdp`): their passes are
+collectives, so a rank with fewer micro-batches than the busiest runs idle ones
+(:func:`services.training.family.idle_passes`), every rank rolls out once per call even
+with no task of its own, and every rank writes its own shard of a resume point.
 """
 
 from __future__ import annotations
@@ -69,7 +85,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -78,79 +94,56 @@ from services.environments.base import Environment, TaskSpec
 from services.training.adaptive import adaptive_rollouts, rollouts_of
 from services.training.config import GRPOConfig
 from services.training.counters import RunCounters
-from services.training.distributed import DistContext
+from services.training.distributed import DistContext, is_sharded
 from services.training.family import (
     DemonstrationOptions,
     FamilyModel,
     PackedBatch,
     Rollouts,
+    SampledBy,
     StartingWeights,
     TokenSequence,
-    collate,
+    idle_passes,
+    micro_batches,
+    target_count,
+)
+from services.training.grpo_math import (
+    KLPenalty,
+    group_advantages,
+    grouped_advantages,
+    policy_loss,
+    task_order,
+    task_weights,
 )
 from services.training.keep import EpisodeKeeper
+from services.training.mismatch import (
+    MismatchGuard,
+    MismatchStats,
+    SamplerCorrection,
+    correction_of,
+    score_mismatch,
+    tis_weights,
+    token_mismatch,
+)
 from services.training.optim import clip_and_check, make_optimizer, schedule_lr
 from services.training.phases import PhaseClock
 from services.training.resume import latest_resume_point, load_resume_point, save_resume_point
 from services.training.rng import derive_seed
 
+# The pure functions live in services.training.grpo_math; their home for callers is here.
+__all__ = [
+    "GRPOResult",
+    "KLPenalty",
+    "group_advantages",
+    "grpo_step_stats",
+    "log_grpo_step",
+    "policy_loss",
+    "task_order",
+    "task_weights",
+    "train_grpo",
+]
+
 logger = logging.getLogger(__name__)
-
-
-def group_advantages(
-    rewards: torch.Tensor, *, eps: float = 1e-4
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group-relative advantages and which groups carry signal.
-
-    ``rewards`` is (groups, G). Returns advantages (groups, G) equal to
-    ``(r - mean) / (std + eps)`` with the unbiased std (as TRL), zero for zero-variance
-    groups, and a boolean (groups,) mask of the groups with any variance.
-    """
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError("rewards must be (groups, G) with G >= 2")
-    rewards = rewards.to(torch.float64)
-    mean = rewards.mean(dim=1, keepdim=True)  # (groups, 1)
-    std = rewards.std(dim=1, keepdim=True)  # (groups, 1), unbiased
-    keep = (rewards.max(dim=1).values - rewards.min(dim=1).values) > 1e-9  # (groups,)
-    advantages = (rewards - mean) / (std + eps)  # (groups, G)
-    advantages = torch.where(keep[:, None], advantages, torch.zeros_like(advantages))
-    return advantages.to(torch.float32), keep
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_eps: float,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate (+ k3 KL) summed over masked tokens / ``normalizer``.
-
-    ``logp``, ``old_logp``, ``ref_logp`` and ``mask`` are (N, T); ``advantages`` is (N,).
-    ``normalizer`` defaults to the number of masked tokens.
-    """
-    mask_f = mask.to(logp.dtype)  # (N, T)
-    ratio = torch.exp(logp - old_logp)  # (N, T)
-    adv = advantages.to(logp.dtype)[:, None]  # (N, 1)
-    unclipped = ratio * adv  # (N, T)
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, T)
-    per_token = -torch.minimum(unclipped, clipped)  # (N, T)
-    kl_mean = 0.0
-    if ref_logp is not None and kl_coef > 0.0:
-        delta = ref_logp - logp  # (N, T)
-        kl = torch.exp(delta) - delta - 1.0  # (N, T), k3 estimator, >= 0
-        per_token = per_token + kl_coef * kl
-        kl_mean = float((kl.detach() * mask_f).sum() / mask_f.sum().clamp(min=1.0))
-    denom = float(normalizer) if normalizer is not None else float(mask_f.sum().clamp(min=1.0))
-    loss = (per_token * mask_f).sum() / denom
-    clip_frac = float(
-        ((unclipped != clipped).to(logp.dtype) * mask_f).sum() / mask_f.sum().clamp(min=1.0)
-    )
-    return loss, {"clip_fraction": clip_frac, "kl": kl_mean}
 
 
 @dataclass(frozen=True)
@@ -158,6 +151,8 @@ class GRPOResult:
     counters: RunCounters
     resumed_from_step: int
     wall_s: float
+    # each step's mismatch with the engine that sampled it (remote rollouts only)
+    sampler_mismatch: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def final_reward(self) -> float:
@@ -168,17 +163,6 @@ class GRPOResult:
     def final_pass_rate(self) -> float:
         tail = self.counters.history[-5:]
         return sum(h["pass_rate"] for h in tail) / len(tail) if tail else 0.0
-
-
-def task_weights(tasks: Sequence[TaskSpec]) -> list[float] | None:
-    """Each task's dedup weight from its lineage metadata; None when all weigh the same."""
-    weights = []
-    for task in tasks:
-        lineage = task.metadata.get("ratchet") if isinstance(task.metadata, dict) else None
-        weight = lineage.get("weight", 1) if isinstance(lineage, dict) else 1
-        valid = isinstance(weight, int | float) and not isinstance(weight, bool) and weight > 0
-        weights.append(float(weight) if valid else 1.0)
-    return None if len(set(weights)) <= 1 else weights
 
 
 def grpo_step_stats(
@@ -220,30 +204,6 @@ def log_grpo_step(log: logging.Logger, step: int, steps: int, stats: dict[str, f
     )
 
 
-def task_order(
-    step: int, batch: int, n_tasks: int, seed: int, weights: Sequence[float] | None = None
-) -> list[int]:
-    """Dataset indices of step ``step``'s global batch.
-
-    Without ``weights``: epoch-wise shuffles, seeded per epoch. With them: a draw with
-    replacement proportional to weight, seeded per step.
-    """
-    if weights is not None:
-        if len(weights) != n_tasks:
-            raise ValueError("need one weight per task")
-        generator = torch.Generator().manual_seed(derive_seed(seed, 0xE90C, 0x5EED, step))
-        drawn = torch.multinomial(
-            torch.tensor(weights, dtype=torch.float64), batch, replacement=True, generator=generator
-        )
-        return [int(i) for i in drawn.tolist()]
-    indices = []
-    for position in range(step * batch, (step + 1) * batch):
-        epoch, offset = divmod(position, n_tasks)
-        generator = torch.Generator().manual_seed(derive_seed(seed, 0xE90C, epoch))
-        indices.append(int(torch.randperm(n_tasks, generator=generator)[offset]))
-    return indices
-
-
 def train_grpo(
     model: FamilyModel,
     env: Environment,
@@ -268,12 +228,13 @@ def train_grpo(
     resumed_from = 0
     point = latest_resume_point(state_dir) if state_dir is not None else None
     if point is not None:
-        load_resume_point(point, params=named, optimizer=optimizer)
+        load_resume_point(point, params=named, optimizer=optimizer, ctx=ctx)
         counters = RunCounters.from_dict(point.counters)
         resumed_from = point.step
         logger.info("grpo resumed from step %d (%s)", point.step, point.path)
     weights = task_weights(tasks)
     clock = PhaseClock(model.device, counters.phase_s)
+    correction = correction_of(config)  # for rollouts another engine samples (deviation 7)
     run = _Run(
         model,
         env,
@@ -287,6 +248,8 @@ def train_grpo(
         counters,
         clock,
         keeper,
+        correction,
+        MismatchGuard(correction.threshold),
     )
     started = time.monotonic()
     for step in range(counters.steps_done, config.steps):
@@ -301,18 +264,21 @@ def train_grpo(
             and (step + 1) % config.checkpoint_every == 0
         ):
             with clock.phase("sync"):
-                if ctx.is_main:
-                    save_resume_point(
-                        state_dir,
-                        step=step + 1,
-                        params=named,
-                        optimizer=optimizer,
-                        counters=counters.to_dict(),
-                    )
+                save_resume_point(
+                    state_dir,
+                    step=step + 1,
+                    params=named,
+                    optimizer=optimizer,
+                    counters=counters.to_dict(),
+                    ctx=ctx,
+                )
                 ctx.barrier()
     model.train(False)
     return GRPOResult(
-        counters=counters, resumed_from_step=resumed_from, wall_s=time.monotonic() - started
+        counters=counters,
+        resumed_from_step=resumed_from,
+        wall_s=time.monotonic() - started,
+        sampler_mismatch=run.guard.rows,
     )
 
 
@@ -332,15 +298,22 @@ class _Run:
     counters: RunCounters
     clock: PhaseClock
     keeper: EpisodeKeeper | None
+    correction: SamplerCorrection
+    guard: MismatchGuard
 
 
 @dataclass
 class _Scored:
-    """A step's kept episodes as training sequences with their advantages, the SFT term's
+    """A step's kept episodes as training sequences with their advantages (and, when
+    another engine sampled them, its log-probs laid out as the sequences), the SFT term's
     demonstrations, and the step's sums over all ranks."""
 
     sequences: list[TokenSequence]
     advantages: list[float]
+    sampler_values: list[list[float]] | None
+    sampler: SampledBy | None
+    # the sampler mismatch of the episodes the step does not train on (filtered groups)
+    filtered_mismatch: MismatchStats
     demos: list[TokenSequence]
     tokens: float
     demo_tokens: float
@@ -366,9 +339,9 @@ def _grpo_step(step: int, run: _Run) -> dict[str, float]:
     t1 = time.monotonic()
     with run.clock.phase("scoring"):
         scored = _score(step, run, rollouts, sizes, [order[j] for j in local])
-    loss_value, clip_fraction, kl_value, trained = _update(step, run, scored)
+    update = _update(step, run, scored)
     train_s = time.monotonic() - t1
-    trained_total = int(run.ctx.all_reduce_sum([float(trained)])[0])
+    trained_total = int(run.ctx.all_reduce_sum([float(update.trained)])[0])
     counters = run.counters
     counters.rollout_tokens += int(scored.generated)
     counters.train_tokens += trained_total
@@ -377,6 +350,13 @@ def _grpo_step(step: int, run: _Run) -> dict[str, float]:
     counters.episodes += int(scored.episodes)
     counters.groups += int(scored.groups)
     counters.filtered_zero_variance_groups += int(scored.groups - scored.kept_groups)
+    mismatch: dict[str, float] = {}
+    if update.mismatch is not None:
+        mismatch = {
+            "mismatch_k3": update.mismatch.k3,
+            "mismatch_max_ratio": update.mismatch.max_ratio,
+            "tis_truncated_fraction": update.mismatch.truncated_fraction,
+        }
     return grpo_step_stats(
         step,
         reward_sum=scored.reward_sum,
@@ -384,11 +364,12 @@ def _grpo_step(step: int, run: _Run) -> dict[str, float]:
         episodes=scored.episodes,
         groups=scored.groups,
         groups_kept=scored.kept_groups,
-        loss=loss_value,
-        clip_fraction=clip_fraction,
-        kl=kl_value,
+        loss=update.loss,
+        clip_fraction=update.clip_fraction,
+        kl=update.kl,
         target_tokens=scored.tokens,
         successes=scored.pass_sum,
+        **mismatch,
     )
 
 
@@ -418,16 +399,36 @@ def _score(
     rewards_list = [episode.reward for episode in rollouts.episodes]
     sequences: list[TokenSequence] = []
     seq_adv: list[float] = []
+    # another engine's log-probs of what it sampled, laid out as the sequences (deviation 7)
+    remote = rollouts.sampler is not None
+    sampler_values: list[list[float]] | None = [] if remote else None
+    filtered: tuple[list[TokenSequence], list[list[float]]] = ([], [])
     kept_local = 0
     if local_tasks:
         rewards = torch.tensor([r.total for r in rewards_list], dtype=torch.float32)
-        advantages, keep = _group_advantages_of(rewards, sizes, eps=config.adv_eps)
+        advantages, keep = grouped_advantages(rewards, sizes, eps=config.adv_eps)
         kept_local = sum(bool(keep[sum(sizes[:i])]) for i, n in enumerate(sizes) if n)
         for index, episode in enumerate(rollouts.episodes):
+            laid = episode.sampled_values() if remote else []
             if bool(keep[index]):
-                for sequence in episode.sequences:
-                    sequences.append(sequence)
-                    seq_adv.append(float(advantages[index]))
+                sequences.extend(episode.sequences)
+                seq_adv.extend([float(advantages[index])] * len(episode.sequences))
+                if sampler_values is not None:
+                    sampler_values.extend(laid)
+            elif remote:
+                filtered[0].extend(episode.sequences)
+                filtered[1].extend(laid)
+    filtered_mismatch = (
+        score_mismatch(
+            model,
+            *filtered,
+            ctx=run.ctx,
+            micro_batch=config.micro_batch,
+            cap=run.correction.tis_cap,
+        )
+        if run.ctx.any_rank(remote)
+        else MismatchStats()
+    )
     demos: list[TokenSequence] = []
     if config.sft_coef > 0 and local_tasks:
         demos = model.demonstrations(
@@ -437,8 +438,8 @@ def _score(
         )
     totals = run.ctx.all_reduce_sum(
         [
-            float(_targets(sequences)),
-            float(_targets(demos)),
+            float(target_count(sequences)),
+            float(target_count(demos)),
             float(kept_local),
             float(len(local_tasks)),
             float(rollouts.generated_tokens),
@@ -447,36 +448,94 @@ def _score(
             float(len(rewards_list)),
         ]
     )
-    return _Scored(sequences, seq_adv, demos, *totals)
+    return _Scored(
+        sequences, seq_adv, sampler_values, rollouts.sampler, filtered_mismatch, demos, *totals
+    )
 
 
-def _update(step: int, run: _Run, scored: _Scored) -> tuple[float, float, float, int]:
-    """The policy update(s) on the kept episodes (+ the optional SFT term): the loss (summed
-    over ranks), the mean clip fraction and KL, and the tokens this rank trained on."""
+@dataclass(frozen=True)
+class _Update:
+    """What a step's update did: the loss (summed over ranks), the mean clip fraction and
+    KL, the tokens this rank trained on, and the sampler mismatch (remote rollouts)."""
+
+    loss: float = 0.0
+    clip_fraction: float = 0.0
+    kl: float = 0.0
+    trained: int = 0
+    mismatch: MismatchStats | None = None
+
+
+def _update(step: int, run: _Run, scored: _Scored) -> _Update:
+    """The policy update(s) on the kept episodes (+ the optional SFT term). Before the first
+    optimizer step, the mismatch with another engine that sampled them is checked: past the
+    threshold the job stops and the weights are left as they were."""
     config, model, ctx = run.config, run.model, run.ctx
-    loss_value, clip_fraction, kl_value, trained = 0.0, 0.0, 0.0, 0
     lr = schedule_lr(run.optimizer, step, config)
     if scored.tokens <= 0 and scored.demo_tokens <= 0:
-        return loss_value, clip_fraction, kl_value, trained
-    batches = _batches(model, scored.sequences, config.micro_batch)
-    demo_batches = _batches(model, scored.demos, config.micro_batch)
+        return _Update(mismatch=_check_sampler(run, scored, MismatchStats(), step))
+    batches = micro_batches(model, scored.sequences, config.micro_batch, scored.sampler_values)
+    demo_batches = micro_batches(model, scored.demos, config.micro_batch)
+    # a sharded model's passes are collectives: every rank runs as many as the busiest
+    idle, demo_idle = (
+        (ctx.most(len(batches)) - len(batches), ctx.most(len(demo_batches)) - len(demo_batches))
+        if is_sharded(model)
+        else (0, 0)
+    )
     adv_t = torch.tensor(scored.advantages, dtype=torch.float32, device=model.device)  # (N,)
     with run.clock.phase("scoring"), torch.no_grad():
         old = [model.logprobs(b) for b in batches] if config.ppo_epochs > 1 else None
         ref = [run.reference.logprobs(model, b) for b in batches] if run.reference else None
+        idle_passes(model, idle * ((old is not None) + (ref is not None)), backward=False)
     n_sequences = max(len(scored.sequences), 1)
+    result, mismatch = _Update(), None
     with run.clock.phase("update"):
-        for _ in range(config.ppo_epochs):
+        for epoch in range(config.ppo_epochs):
             run.optimizer.zero_grad(set_to_none=True)
-            loss_sum, clip_sum, kl_sum = _policy_backward(run, scored, batches, adv_t, old, ref)
-            loss_sum += _sft_backward(run, scored, demo_batches)
-            trained += sum(b.tokens for b in batches) + sum(b.tokens for b in demo_batches)
+            passes = _policy_backward(run, scored, batches, adv_t, old, ref)
+            idle_passes(model, idle, backward=True)
+            loss_sum = passes.loss + _sft_backward(run, scored, demo_batches)
+            idle_passes(model, demo_idle, backward=True)
+            if epoch == 0:
+                mismatch = _check_sampler(run, scored, passes.mismatch, step)
             ctx.all_reduce_grads(run.params)
             clip_and_check(run.params, max_norm=config.grad_clip, step=step, lr=lr)
             run.optimizer.step()
-            loss_value = ctx.all_reduce_sum([loss_sum])[0]
-            clip_fraction, kl_value = clip_sum / n_sequences, kl_sum / n_sequences
-    return loss_value, clip_fraction, kl_value, trained
+            result = _Update(
+                loss=ctx.all_reduce_sum([loss_sum])[0],
+                clip_fraction=passes.clip / n_sequences,
+                kl=passes.kl / n_sequences,
+                trained=result.trained
+                + sum(b.tokens for b in batches)
+                + sum(b.tokens for b in demo_batches),
+                mismatch=mismatch,
+            )
+    return result
+
+
+def _check_sampler(
+    run: _Run, scored: _Scored, trained: MismatchStats, step: int
+) -> MismatchStats | None:
+    """The step's mismatch over every sampled token of every rank (``trained``: of those
+    the step trains on, from its backward; the filtered ones were scored before it), None
+    when the trainer's own engine sampled; checked against the threshold. Every rank takes
+    part, so every rank stops alike."""
+    ctx = run.ctx
+    if not ctx.any_rank(scored.sampler is not None):
+        return None
+    total = (trained + scored.filtered_mismatch).over_ranks(ctx)
+    sampler = scored.sampler or SampledBy(url="(this rank sampled nothing)", served_name="")
+    run.guard.check(total, where=f"step {step + 1}", sampler=sampler, truncated=True)
+    return total
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """Sums over one epoch's policy micro-batches."""
+
+    loss: float
+    clip: float
+    kl: float
+    mismatch: MismatchStats
 
 
 def _policy_backward(
@@ -486,29 +545,41 @@ def _policy_backward(
     adv_t: torch.Tensor,
     old: Sequence[torch.Tensor] | None,
     ref: Sequence[torch.Tensor] | None,
-) -> tuple[float, float, float]:
-    """Backward of the clipped surrogate over every micro-batch: loss, clip and KL sums."""
+) -> _Passes:
+    """Backward of the clipped surrogate over every micro-batch: loss, clip and KL sums, and
+    the mismatch of the sampled tokens with the sampler where another engine sampled them."""
     loss_sum = clip_sum = kl_sum = 0.0
+    mismatch = MismatchStats()
     begin = 0
     for i, batch in enumerate(batches):
         rows = batch.ids.shape[0]
         logp = run.model.logprobs(batch)  # (n, T-1)
+        old_logp = old[i] if old is not None else logp.detach()  # (n, T-1)
+        importance = (
+            tis_weights(old_logp, batch.sampler_logp, run.correction.tis_cap)
+            if batch.sampler_logp is not None
+            else None
+        )
         loss, info = policy_loss(
             logp,
-            old[i] if old is not None else logp.detach(),
+            old_logp,
             adv_t[begin : begin + rows],
             batch.target,
             clip_eps=run.config.clip_eps,
-            ref_logp=ref[i] if ref is not None else None,
-            kl_coef=run.config.kl_coef,
+            kl=KLPenalty(ref[i], run.config.kl_coef) if ref is not None else None,
             normalizer=scored.tokens,
+            importance=importance,
         )
         loss.backward()
+        if batch.sampler_logp is not None:
+            mismatch = mismatch + token_mismatch(
+                old_logp, batch.sampler_logp, batch.target, cap=run.correction.tis_cap
+            )
         loss_sum += float(loss.detach())
         clip_sum += info["clip_fraction"] * rows
         kl_sum += info["kl"] * rows
         begin += rows
-    return loss_sum, clip_sum, kl_sum
+    return _Passes(loss_sum, clip_sum, kl_sum, mismatch)
 
 
 def _sft_backward(run: _Run, scored: _Scored, demo_batches: Sequence[PackedBatch]) -> float:
@@ -520,46 +591,3 @@ def _sft_backward(run: _Run, scored: _Scored, demo_batches: Sequence[PackedBatch
         sft.backward()
         loss_sum += float(sft.detach())
     return loss_sum
-
-
-def _group_advantages_of(
-    rewards: torch.Tensor, sizes: Sequence[int], *, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`group_advantages` of consecutive groups of ``sizes``: per-episode advantages
-    (E,) and whether its group is kept (E,); a group of fewer than two episodes carries no
-    signal. Groups of one size are scored as one (groups, G) matrix, as without adaptive
-    sampling."""
-    if sizes and len(set(sizes)) == 1 and sizes[0] >= 2:
-        advantages, keep = group_advantages(rewards.view(len(sizes), sizes[0]), eps=eps)
-        return advantages.view(-1), keep.repeat_interleave(sizes[0])
-    adv_parts: list[torch.Tensor] = []
-    keep_parts: list[torch.Tensor] = []
-    begin = 0
-    for size in sizes:
-        group = rewards[begin : begin + size]
-        if size >= 2:
-            advantages, keep = group_advantages(group.view(1, size), eps=eps)
-            adv_parts.append(advantages.view(-1))
-            keep_parts.append(keep.repeat_interleave(size))
-        else:
-            adv_parts.append(torch.zeros(size))
-            keep_parts.append(torch.zeros(size, dtype=torch.bool))
-        begin += size
-    if not adv_parts:
-        return torch.zeros(0), torch.zeros(0, dtype=torch.bool)
-    return torch.cat(adv_parts), torch.cat(keep_parts)
-
-
-def _targets(sequences: Sequence[TokenSequence]) -> int:
-    """Target tokens of ``sequences`` (a first token is never predicted, so never a target)."""
-    return sum(sum(mask[1:]) for _, mask in sequences)
-
-
-def _batches(
-    model: FamilyModel, sequences: Sequence[TokenSequence], micro_batch: int
-) -> list[PackedBatch]:
-    """``sequences`` packed into micro-batches on the model's device, once per step."""
-    return [
-        collate(sequences[begin : begin + micro_batch], pad_id=model.pad_id, device=model.device)
-        for begin in range(0, len(sequences), micro_batch)
-    ]

@@ -32,7 +32,11 @@ metrics.json times the job's phases for a loop's first estimate.
 GRPO keeps resume points under ``<output_dir>/state/`` and a restarted job continues from the
 last one. A job whose outputs are already complete exits 0 without retraining, so an
 executor may retry it safely.
-Under ``torchrun`` every rank trains and rank 0 writes.
+Under ``torchrun`` every rank trains and rank 0 writes (an hf model with ``sharding: fsdp``
+is sharded over the ranks, and its weights are gathered to rank 0 to be written).
+metrics.json reports each rank's ``peak_memory`` and, when rollouts came from another engine
+(``rollout_backend``), the ``sampler_mismatch`` of every step; a mismatch over the
+threshold fails the job with the version the sampler served (services.training.mismatch).
 
 The model family is the base checkpoint's (``tiny`` without one; an optional spec
 ``family`` must agree), looked up in :func:`services.training.family.family_for`; the
@@ -66,7 +70,13 @@ from services.training.config import (
     algorithm_chain,
 )
 from services.training.device import use_threads
-from services.training.distributed import DistContext, init_job_distributed, shutdown_distributed
+from services.training.distributed import (
+    DistContext,
+    init_job_distributed,
+    is_sharded,
+    peak_memory,
+    shutdown_distributed,
+)
 from services.training.episode_file import (
     EpisodeFileError,
     EpisodeRecord,
@@ -86,6 +96,7 @@ from services.training.jobspec import (
     write_json,
 )
 from services.training.keep import EpisodeKeeper
+from services.training.mismatch import SamplerMismatch
 from services.training.optim import TrainingDiverged
 from services.training.phases import PhaseClock, phase_report
 from services.training.stages import StageResult, StageRun, stage_trainer
@@ -163,10 +174,12 @@ def _run(spec: JobSpec) -> int:
     metrics["tokens_per_s"] = (
         round(total_tokens / metrics["wall_s"], 1) if metrics["wall_s"] else 0.0
     )
+    metrics["sharding"] = "fsdp" if is_sharded(model) else "none"
+    metrics["peak_memory"] = peak_memory(ctx)  # a collective: every rank reports its own
     if ctx.is_main:
         metrics.update(_kept_episodes(spec, run.keeper))
         metrics.update(environment_outputs(env, spec.output_dir))
-        _save(spec, model, StageResult(metrics, result.phases), clock=clock, ctx=ctx)
+    _save(spec, model, StageResult(metrics, result.phases), clock=clock, ctx=ctx)
     ctx.barrier()
     return 0
 
@@ -181,6 +194,8 @@ def _train(run: StageRun, stages: tuple[str, ...], hypers: list[Hyperparameters]
         raise JobError(str(exc), exit_code=EXIT_FAILED) from None
     except RemoteError as exc:
         raise JobError(f"remote rollouts failed: {exc}", exit_code=EXIT_FAILED) from None
+    except SamplerMismatch as exc:  # the sampler serves other weights than the trainer's
+        raise JobError(str(exc), exit_code=EXIT_FAILED) from None
     except ValueError as exc:  # e.g. an environment without the family's rendering
         raise JobError(str(exc)) from None
 
@@ -189,7 +204,8 @@ def _save(
     spec: JobSpec, model: FamilyModel, result: StageResult, *, clock: PhaseClock, ctx: DistContext
 ) -> None:
     """Write the checkpoint (over a killed run's partial one) and metrics.json, last: a job
-    whose metrics.json is there is complete."""
+    whose metrics.json is there is complete. Every rank calls it; rank 0 writes (a sharded
+    model's weights are gathered from every rank for it)."""
     metrics = result.metrics
     checkpoint_dir = spec.output_dir / "checkpoint"
     meta: dict[str, object] = {
@@ -197,10 +213,14 @@ def _save(
         "run_id": spec.run_id,
         "steps": metrics["steps"],
     }
+    if not ctx.is_main and not is_sharded(model):
+        return
     with clock.phase("sync"):
-        if checkpoint_dir.exists():
+        if ctx.is_main and checkpoint_dir.exists():
             _remove_partial(checkpoint_dir)
         manifest = model.save(checkpoint_dir, parent=metrics["parent_checkpoint_id"], metadata=meta)
+    if not ctx.is_main:
+        return
     metrics["checkpoint_id"] = manifest.checkpoint_id
     metrics["phases"] = phase_report(clock, result.phases, world_size=ctx.world_size)
     write_json(spec.output_dir / "metrics.json", metrics)
@@ -222,6 +242,7 @@ STAGE_KEYS = (
     "iterations",
     "history",
     "hyperparameters",
+    "sampler_mismatch",
 )
 
 
@@ -254,6 +275,13 @@ def _train_chain(
         "final_pass_rate": last.get("final_pass_rate"),
         "stages": reports,
     }
+    mismatch = [
+        {**row, "where": f"stage {r['stage']} ({r['algorithm']}) {row['where']}"}
+        for r in reports
+        for row in r.get("sampler_mismatch", [])
+    ]
+    if mismatch:
+        totals["sampler_mismatch"] = mismatch
     return StageResult(totals, phases)
 
 

@@ -38,7 +38,7 @@ ENV_BASE_CHECKPOINT = "RATCHET_BASE_CHECKPOINT"
 ENV_OUTPUT_DIR = "RATCHET_OUTPUT_DIR"
 ENV_BASE_MODEL = "RATCHET_BASE_MODEL"  # an hf LoRA adapter's base, when not in the store
 _JOB_ENV = (ENV_SPEC, ENV_DATASET, ENV_BASE_CHECKPOINT, ENV_OUTPUT_DIR, ENV_BASE_MODEL)
-_TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+_TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 EXIT_BAD_SPEC = 2
 EXIT_FAILED = 1
@@ -83,6 +83,7 @@ class JobEnvironment:
     world_size: int = 1
     rank: int = 0
     local_rank: int = 0
+    local_world_size: int = 1  # ranks on this node
 
 
 def job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
@@ -93,7 +94,7 @@ def job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
     for name in _TORCHRUN_ENV:
         raw = env.get(name)
         try:
-            ranks[name] = int(raw) if raw else (1 if name == "WORLD_SIZE" else 0)
+            ranks[name] = int(raw) if raw else (1 if name.endswith("WORLD_SIZE") else 0)
         except ValueError:
             raise JobError(f"{name}={raw!r} is not an integer") from None
     return JobEnvironment(
@@ -105,6 +106,7 @@ def job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
         world_size=ranks["WORLD_SIZE"],
         rank=ranks["RANK"],
         local_rank=ranks["LOCAL_RANK"],
+        local_world_size=ranks["LOCAL_WORLD_SIZE"],
     )
 
 

@@ -5,7 +5,8 @@ The loss is token-level cross-entropy on the tokens the model produces in a demo
 results, summed over the global batch and divided by its target-token count. Batches are
 drawn with replacement by a generator seeded with (seed, step), so a run is a pure function
 of its inputs; each rank trains its share of the draw in micro-batches of ``micro_batch``
-and gradients are summed over ranks.
+and gradients are summed over ranks (a sharded model's rank with fewer micro-batches runs
+idle passes, as its backward is a collective).
 
 Written once over :class:`services.training.family.FamilyModel`: the family turns the
 environment's solved episodes into token sequences (tiny: text transcripts, with
@@ -27,13 +28,14 @@ from services.environments.base import Environment, TaskSpec
 from services.training.checkpoint import Manifest, read_manifest
 from services.training.config import SFTConfig
 from services.training.counters import RunCounters
-from services.training.distributed import DistContext, init_distributed
+from services.training.distributed import DistContext, init_distributed, is_sharded
 from services.training.family import (
     DemonstrationOptions,
     FamilyModel,
     TokenSequence,
     collate,
     family_for,
+    idle_passes,
 )
 from services.training.optim import clip_and_check, make_optimizer, schedule_lr
 from services.training.phases import PhaseClock
@@ -103,7 +105,11 @@ def train_sft(
             lr = schedule_lr(optimizer, step, config)
             optimizer.zero_grad(set_to_none=True)
             local_loss = 0.0
-            for begin in range(0, len(local), config.micro_batch):
+            starts = range(0, len(local), config.micro_batch)
+            # a sharded model's passes are collectives: as many on every rank as the busiest
+            # rank's (asked before the first pass, which is a collective too)
+            idle = ctx.most(len(starts)) - len(starts) if is_sharded(model) else 0
+            for begin in starts:
                 micro = local[begin : begin + config.micro_batch]
                 batch = collate(micro, pad_id=model.pad_id, device=model.device)
                 logp = model.logprobs(batch)  # (n, T-1)
@@ -111,6 +117,7 @@ def train_sft(
                 loss.backward()
                 local_loss += float(loss.detach())
                 result.train_tokens += batch.tokens
+            idle_passes(model, idle, backward=True)
             ctx.all_reduce_grads(params)
             clip_and_check(params, max_norm=config.grad_clip, step=step, lr=lr)
             optimizer.step()

@@ -8,7 +8,9 @@ may start from scratch, builds a fresh model), runs the stages of a chain in ord
 same model, and saves the checkpoint and metrics.json. A stage function trains
 ``run.model`` in place and returns its metrics, which must hold ``steps``, ``train_tokens``
 and ``rollout_tokens`` (the job and a chain sum them) and may hold any key of
-:data:`services.training.job.STAGE_KEYS`, which a chain reports per stage.
+:data:`services.training.job.STAGE_KEYS`, which a chain reports per stage. A stage that
+sampled on another engine (the remote backend) reports ``sampler_mismatch``: a row per
+step (grpo) or rollout call (rft, dpo), see :mod:`services.training.mismatch`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from services.training.config import (
     GRPOConfig,
     HFSFTConfig,
     Hyperparameters,
+    MismatchOptions,
     RFTConfig,
     SFTConfig,
     known_keys,
@@ -37,6 +40,7 @@ from services.training.family import DemonstrationOptions, FamilyModel
 from services.training.grpo import train_grpo
 from services.training.jobspec import JobError
 from services.training.keep import EpisodeKeeper
+from services.training.mismatch import MismatchGuard, MismatchWatch
 from services.training.rft import train_rft
 from services.training.sft import train_sft
 
@@ -113,6 +117,8 @@ def grpo_stage(run: StageRun) -> StageResult:
         "successes": int(sum(row.get("successes", 0.0) for row in history)),
         "hyperparameters": config.to_dict(),
     }
+    if result.sampler_mismatch:
+        metrics["sampler_mismatch"] = result.sampler_mismatch
     return StageResult(metrics, result.counters.phase_s)
 
 
@@ -150,8 +156,9 @@ def rft_stage(run: StageRun) -> StageResult:
     update phase."""
     config = run.hyper.config
     assert isinstance(config, RFTConfig)
+    model, guard = _watched(run, config.rollout_batch)
     rft = train_rft(
-        run.model,
+        model,
         run.env,
         run.tasks,
         config,
@@ -161,7 +168,7 @@ def rft_stage(run: StageRun) -> StageResult:
         replay_tasks=run.replay_tasks,
     )
     metrics = {**rft.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}
-    return StageResult(metrics, rft.counters.phase_s)
+    return StageResult(metrics | _mismatch_rows(guard), rft.counters.phase_s)
 
 
 def dpo_stage(run: StageRun) -> StageResult:
@@ -169,8 +176,24 @@ def dpo_stage(run: StageRun) -> StageResult:
     reference's scores the scoring phase, its steps the update phase."""
     config = run.hyper.config
     assert isinstance(config, DPOConfig)
+    model, guard = _watched(run, config.micro_batch)
     dpo = train_dpo(
-        run.model, run.env, run.tasks, config, ctx=run.ctx, stored=run.stored, keeper=run.keeper
+        model, run.env, run.tasks, config, ctx=run.ctx, stored=run.stored, keeper=run.keeper
     )
     metrics = {**dpo.metrics(), "final_reward": None, "hyperparameters": config.to_dict()}
-    return StageResult(metrics, dpo.counters.phase_s)
+    return StageResult(metrics | _mismatch_rows(guard), dpo.counters.phase_s)
+
+
+def _watched(run: StageRun, micro_batch: int) -> tuple[FamilyModel, MismatchGuard | None]:
+    """The stage's model, checked against the engine that samples for it when that is
+    another (services.training.mismatch): rft and dpo sample through the model."""
+    config = run.hyper.config
+    if not isinstance(config, MismatchOptions):  # a family that only samples in the job
+        return run.model, None
+    guard = MismatchGuard(config.mismatch_threshold)
+    return MismatchWatch(run.model, guard, run.ctx, micro_batch=micro_batch), guard
+
+
+def _mismatch_rows(guard: MismatchGuard | None) -> dict[str, Any]:
+    """metrics.json's ``sampler_mismatch``: a row per batch another engine sampled."""
+    return {"sampler_mismatch": guard.rows} if guard is not None and guard.rows else {}

@@ -23,7 +23,9 @@ Multi-node jobs are Indexed Jobs (completions = parallelism = nodes). Each pod g
 torchrun rendezvous environment: ``MASTER_ADDR`` is index 0's stable hostname through the
 headless Service (``<job>-0.<service>``), ``NNODES``, ``NPROC_PER_NODE``, and ``NODE_RANK``
 from the pod's completion index; the same values as ``PET_*`` so a bare ``torchrun`` in the
-template's command picks them up.
+template's command picks them up. A train job of several processes whose command does not
+start torchrun is started under one (:func:`_command`); its job document (the spec file every
+pod reads) carries the rest, ``hyperparameters.sharding`` included.
 """
 
 from __future__ import annotations
@@ -269,6 +271,38 @@ def _rendezvous_env(spec: JobRequest, template: JobTemplate, name: str) -> list[
     return env
 
 
+def _command(spec: JobRequest, template: JobTemplate) -> list[str]:
+    """The template's (or the loop's) command with the job kind and ``--spec`` appended.
+
+    A train job of several processes (several nodes, or several GPUs on its node) whose
+    command does not start ``torchrun`` itself is started under ``torchrun``, one process
+    per GPU, with the rendezvous of :func:`_rendezvous_env`: without it each pod would run
+    one process that trains alone, and a sharded (``sharding: fsdp``) or data-parallel job
+    needs every rank. Kubernetes expands the ``$(VAR)`` references from the pod's env."""
+    command = [*(spec.command or template.command), spec.job_kind, "--spec", str(spec.spec_path)]
+    per_node = max(1, gpus_per_node(spec, template))
+    if spec.job_kind != "train" or (spec.nodes == 1 and per_node == 1) or _runs_torchrun(command):
+        return command
+    if spec.nodes == 1:
+        return ["torchrun", "--standalone", f"--nproc-per-node={per_node}", "--no-python", *command]
+    return [
+        "torchrun",
+        "--nnodes=$(NNODES)",
+        "--nproc-per-node=$(NPROC_PER_NODE)",
+        "--node-rank=$(NODE_RANK)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "--no-python",
+        *command,
+    ]
+
+
+def _runs_torchrun(command: list[str]) -> bool:
+    """Whether ``command`` starts torchrun itself (``torchrun ...``, ``python -m
+    torch.distributed.run ...``)."""
+    return PurePosixPath(command[0]).name == "torchrun" or "torch.distributed.run" in command
+
+
 JOB_UID = 10001  # the user of docker/Dockerfile.job
 
 
@@ -277,12 +311,7 @@ def _pod_spec(spec: JobRequest, template: JobTemplate, name: str) -> dict[str, A
         "name": CONTAINER_NAME,
         "image": spec.image or template.image,
         "imagePullPolicy": template.image_pull_policy,
-        "command": [
-            *(spec.command or template.command),
-            spec.job_kind,
-            "--spec",
-            str(spec.spec_path),
-        ],
+        "command": _command(spec, template),
         "env": _env(spec, template, name),
         "volumeMounts": [
             *_volume_mounts(spec, template),

@@ -65,10 +65,12 @@ def save_hf_checkpoint(
     parent: str | None = None,
     metadata: dict[str, Any] | None = None,
     max_shard_size: str = "2GB",
+    state_dict: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Save a full transformers model + tokenizer as an hf checkpoint (fp32 safetensors)."""
+    """Save a full transformers model + tokenizer as an hf checkpoint (fp32 safetensors);
+    ``state_dict`` holds the weights when the module's own are shards (FSDP)."""
     tmp = _fresh_dir(out_dir)
-    model.save_pretrained(tmp, max_shard_size=max_shard_size)
+    model.save_pretrained(tmp, max_shard_size=max_shard_size, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     manifest = write_manifest(tmp, family="hf", kind="full", parent=parent, metadata=metadata)
     _move_into_place(tmp, out_dir)
@@ -82,12 +84,14 @@ def save_lora_adapter(
     base: Manifest,
     parent: str | None = None,
     metadata: dict[str, Any] | None = None,
+    state_dict: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Save a peft model's adapter as a LoRA checkpoint naming ``base`` (a full checkpoint)."""
+    """Save a peft model's adapter as a LoRA checkpoint naming ``base`` (a full checkpoint);
+    ``state_dict`` holds the weights when the module's own are shards (FSDP)."""
     if base.kind != "full":
         raise CheckpointError("a LoRA adapter's base must be a full checkpoint")
     tmp = _fresh_dir(out_dir)
-    peft_model.save_pretrained(tmp)
+    peft_model.save_pretrained(tmp, state_dict=state_dict)
     for extra in _PEFT_EXTRAS:
         (tmp / extra).unlink(missing_ok=True)
     config_path = tmp / ADAPTER_CONFIG

@@ -8,6 +8,10 @@ every weight (an adapter champion is merged into its base first). For training o
 LoRA base is held in bf16 (its weights are frozen) and trainable weights in fp32, under
 bf16 autocast; CPU runs fp32. For inference an adapter is merged into its base.
 
+``sharding: fsdp`` on more than one rank shards the model with FSDP2
+(:mod:`services.training.hf.fsdp`): LoRA or full, loaded rank by rank, saved in the same
+format; saving (and publishing the weights for remote rollouts) is then a collective.
+
 Log-probs project only the positions some row trains on through the output head
 (``logits_to_keep``): chat prompts are mostly system text and tools, so this skips most of
 the (positions x vocabulary) logits.
@@ -16,10 +20,12 @@ the (positions x vocabulary) logits.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from services.environments.base import Environment, TaskSpec
 from services.environments.chat import as_chat_environment
@@ -38,6 +44,13 @@ from services.training.hf.checkpoint import (
     load_hf_checkpoint,
     save_hf_checkpoint,
     save_lora_adapter,
+)
+from services.training.hf.fsdp import (
+    ShardedModule,
+    device_mesh,
+    rank_by_rank,
+    shard_module,
+    sharding_active,
 )
 from services.training.hf.model import HFModel, model_dtype
 from services.training.hf.rollout import demonstration_sequences
@@ -74,12 +87,32 @@ class HFFamily:
         if not isinstance(training, LoRAOptions):
             raise ValueError(f"{type(training).__name__} is not an hf trainer's config")
         dtype = torch.bfloat16 if device.type == "cuda" and training.lora else torch.float32
-        loaded = load_hf_checkpoint(
-            path, device="cpu", dtype=dtype, base_dir=base_dir, trainable_adapter=training.lora
-        )
-        module = prepare_trainable(loaded, training).to(device)
+
+        def load_trainable() -> tuple[LoadedHF, Any]:
+            loaded = load_hf_checkpoint(
+                path, device="cpu", dtype=dtype, base_dir=base_dir, trainable_adapter=training.lora
+            )
+            return loaded, prepare_trainable(loaded, training)
+
+        if sharding_active(training.sharding):
+            mesh = device_mesh(device)
+
+            def load_shard() -> tuple[LoadedHF, ShardedModule]:
+                loaded, module = load_trainable()
+                return loaded, shard_module(module, mesh=mesh, device=device)
+
+            loaded, shards = rank_by_rank(load_shard)
+            return HFFamilyModel(
+                shards.module,
+                loaded.tokenizer,
+                device=device,
+                loaded=loaded,
+                lora=training.lora,
+                shards=shards,
+            )
+        loaded, module = load_trainable()
         return HFFamilyModel(
-            module, loaded.tokenizer, device=device, loaded=loaded, lora=training.lora
+            module.to(device), loaded.tokenizer, device=device, loaded=loaded, lora=training.lora
         )
 
     def create(
@@ -89,17 +122,27 @@ class HFFamily:
 
 
 class HFFamilyModel:
-    """A loaded hf model: chat rollouts, log-probs, demonstrations, save."""
+    """A loaded hf model: chat rollouts, log-probs, demonstrations, save; ``shards`` when it
+    is sharded over the job's ranks (then its passes, saves and rollouts are collectives)."""
 
     family = "hf"
 
     def __init__(
-        self, module: Any, tokenizer: Any, *, device: torch.device, loaded: LoadedHF, lora: bool
+        self,
+        module: Any,
+        tokenizer: Any,
+        *,
+        device: torch.device,
+        loaded: LoadedHF,
+        lora: bool,
+        shards: ShardedModule | None = None,
     ):
         self.module = module
         self.device = device
         self.loaded = loaded
         self.lora = lora
+        self.shards = shards
+        self.sharded = shards is not None
         self.checkpoint_id: str | None = loaded.manifest.checkpoint_id
         self.chat = HFModel(module, tokenizer, device=device, manifest=loaded.manifest)
         self.tokenizer = tokenizer  # HFModel gives it a pad token when it has none
@@ -124,16 +167,21 @@ class HFFamilyModel:
     ) -> Rollouts:
         was_training = self.module.training
         self.module.eval()
+        # a sharded model decodes locally on its gathered weights (each rank runs as many
+        # passes as its episodes need); remotely, only the weights it publishes are gathered
+        local = self.shards is not None and self.chat.remote is None
+        gathered = self.shards.gathered() if self.shards is not None and local else nullcontext()
         try:
-            return self.chat.rollouts(
-                env,
-                tasks,
-                seeds=seeds,
-                max_turns=max_turns,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                max_rows=max_rows,
-            )
+            with gathered:
+                return self.chat.rollouts(
+                    env,
+                    tasks,
+                    seeds=seeds,
+                    max_turns=max_turns,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    max_rows=max_rows,
+                )
         finally:
             self.module.train(was_training)
 
@@ -146,12 +194,24 @@ class HFFamilyModel:
         else:
             self.chat.remote = RemotePolicy(backend, publish=self._publish)
 
-    def _publish(self, out_dir: Path) -> None:
-        self.save(out_dir, parent=self.checkpoint_id, metadata={"purpose": "rollouts"})
+    def _publish(self, out_dir: Path) -> Manifest:
+        """The weights being trained, written for the rollout server (every rank of a
+        sharded model writes its own copy: each rank rolls out on its own name)."""
+        metadata: dict[str, object] = {"purpose": "rollouts"}
+        if self.shards is None:
+            return self.save(out_dir, parent=self.checkpoint_id, metadata=metadata)
+        state = self.shards.full_state(every_rank=True, trainable_only=self.lora)
+        return self._write(out_dir, parent=self.checkpoint_id, metadata=metadata, state=state)
 
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
         with autocast(self.device):
-            return sequence_logprobs(self.module, batch.ids, batch.attention, batch.target)
+            return sequence_logprobs(
+                self.module,
+                batch.ids,
+                batch.attention,
+                batch.target,
+                share_prefix=not self.sharded,
+            )
 
     def demonstrations(
         self, env: Environment, tasks: Sequence[TaskSpec], options: DemonstrationOptions
@@ -165,14 +225,43 @@ class HFFamilyModel:
         )
 
     def save(self, out_dir: Path, *, parent: str | None, metadata: dict[str, object]) -> Manifest:
-        """A LoRA adapter on the champion's full base, or a full model."""
+        """A LoRA adapter on the champion's full base, or a full model. Sharded: every rank
+        calls it (the weights are gathered to rank 0, which writes), and every rank gets the
+        manifest."""
+        if self.shards is None:
+            return self._write(out_dir, parent=parent, metadata=metadata, state=None)
+        state = self.shards.full_state(every_rank=False, trainable_only=self.lora)
+        written = [
+            self._write(out_dir, parent=parent, metadata=metadata, state=state)
+            if dist.get_rank() == 0
+            else None
+        ]
+        dist.broadcast_object_list(written, src=0)
+        manifest = written[0]
+        assert manifest is not None  # rank 0 wrote it
+        return manifest
+
+    def _write(
+        self,
+        out_dir: Path,
+        *,
+        parent: str | None,
+        metadata: dict[str, object],
+        state: dict[str, Any] | None,
+    ) -> Manifest:
+        """Write the checkpoint from ``state`` (full tensors; None: the module's own)."""
         if self.lora:
             base = self.loaded.base_manifest or self.loaded.manifest
             return save_lora_adapter(
-                self.module, out_dir, base=base, parent=parent, metadata=metadata
+                self.module, out_dir, base=base, parent=parent, metadata=metadata, state_dict=state
             )
         return save_hf_checkpoint(
-            self.module, self.tokenizer, out_dir, parent=parent, metadata=metadata
+            self.module,
+            self.tokenizer,
+            out_dir,
+            parent=parent,
+            metadata=metadata,
+            state_dict=state,
         )
 
 
@@ -211,20 +300,27 @@ def lora_config(options: LoRAOptions) -> Any:
 
 
 def sequence_logprobs(
-    model: Any, ids: torch.Tensor, attention: torch.Tensor, target: torch.Tensor | None = None
+    model: Any,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    target: torch.Tensor | None = None,
+    *,
+    share_prefix: bool = True,
 ) -> torch.Tensor:
     """Log-probability of each next token: (N, T-1) for ids (N, T).
 
     With ``target`` (N, T-1), only the positions some row trains on are projected through
-    the output head (``logits_to_keep``), and a prefix several rows share is computed once
-    (:mod:`services.training.hf.shared_prefix`); other positions come back 0.
+    the output head (``logits_to_keep``), and (``share_prefix``) a prefix several rows share
+    is computed once (:mod:`services.training.hf.shared_prefix`); other positions come back
+    0. Without ``share_prefix`` it is always one call of the model (a sharded model's
+    passes must be as many on every rank).
     """
     n, width = ids.shape
     if target is None or not bool(target.any()):
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (N, T-1, V)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
         return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (N, T-1)
-    shared = shared_prefix_logprobs(model, ids, attention, target)
+    shared = shared_prefix_logprobs(model, ids, attention, target) if share_prefix else None
     if shared is not None:
         return shared
     keep = target.any(dim=0).nonzero().squeeze(-1)  # (K,) positions p predicting token p+1

@@ -32,7 +32,7 @@ from services.environments.base import Environment, TaskSpec
 from services.environments.chat import as_chat_environment
 from services.training.checkpoint import Manifest
 from services.training.device import resolve_device
-from services.training.family import Rollouts, TokenEpisode
+from services.training.family import Rollouts, SampledBy, TokenEpisode
 from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint
 from services.training.hf.rollout import Completion
 from services.training.rng import derive_seed, gumbel
@@ -162,6 +162,7 @@ class HFModel:
                 settings=RolloutSettings(max_turns, max_new_tokens, temperature, max_rows=max_rows),
                 max_prompt_tokens=engine.context_length(),
             )
+            sampler = _sampled_by(rollout_engine)
         episodes = [
             TokenEpisode(
                 task=task,
@@ -169,10 +170,11 @@ class HFModel:
                 reward=chat_env.chat_verify(task, rollout.episode),
                 end_reason=rollout.episode.end_reason,
                 answer=rollout.episode.final_answer,
+                sampler_logprobs=[list(turn.logprobs) for turn in rollout.turns],
             )
             for task, rollout in zip(tasks, rollouts, strict=True)
         ]
-        return Rollouts(episodes, stats.generated_tokens, stats.prompt_tokens)
+        return Rollouts(episodes, stats.generated_tokens, stats.prompt_tokens, sampler)
 
     def _rollout_engine(self, engine: Engine) -> AbstractContextManager[Engine | RemoteEngine]:
         """The engine the rollouts decode on: ``engine`` here, or the remote server's."""
@@ -240,6 +242,20 @@ class HFModel:
                 )
             )
         return completions
+
+
+def _sampled_by(engine: object) -> SampledBy | None:
+    """Who sampled, when it was another engine than this process's (the remote backend)."""
+    from services.inference.remote import RemoteEngine
+
+    if not isinstance(engine, RemoteEngine):
+        return None
+    return SampledBy(
+        url=engine.client.backend.url,
+        served_name=engine.served_name,
+        published_id=engine.published_id,
+        served_versions=tuple(sorted(engine.served_versions)),
+    )
 
 
 class GumbelNoise:

@@ -376,3 +376,78 @@ def test_outputs_outside_the_run_dir_and_the_base_checkpoint_get_their_own_mount
     assert by_path[str(root / "checkpoints" / "champion")]["readOnly"] is True
     assert "readOnly" not in by_path[str(root / "checkpoints" / "new")]
     assert all(m["subPath"] and not m["subPath"].startswith("/") for m in mounts)
+
+
+def test_a_sharded_multi_node_train_job_starts_every_rank_under_torchrun(
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
+) -> None:
+    """Issue 44 item 2: a sharded (FSDP) train job on 2 nodes of 4 GPUs each, with the
+    default command: each pod runs torchrun with the rendezvous its env carries (8 ranks in
+    all), and reads the spec whose hyperparameters ask for the sharding."""
+    document = {"algorithm": "grpo", "hyperparameters": {"sharding": "fsdp"}}
+    spec = make_spec(nodes=2, document=document)
+    job = build_job(spec, template(tmp_path, gpusPerNode=4), namespace="ml")
+
+    assert_valid(job)
+    name = job["metadata"]["name"]
+    assert container(job)["command"] == [
+        "torchrun",
+        "--nnodes=$(NNODES)",
+        "--nproc-per-node=$(NPROC_PER_NODE)",
+        "--node-rank=$(NODE_RANK)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "--no-python",
+        "ratchet",
+        "job",
+        "train",
+        "--spec",
+        str(spec.spec_path),
+    ]
+    env = env_of(job)
+    assert (env["NNODES"], env["NPROC_PER_NODE"], env["MASTER_PORT"]) == ("2", "4", "29500")
+    assert env["MASTER_ADDR"] == f"{name}-0.{name}"
+    names = [e["name"] for e in container(job)["env"]]  # defined before the command uses them
+    assert {"NNODES", "NPROC_PER_NODE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"} <= set(names)
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert spec.document["hyperparameters"] == {"sharding": "fsdp"}  # what every rank reads
+    assert container(job)["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+
+def test_torchrun_is_added_only_where_a_train_job_needs_more_than_one_process(
+    tmp_path: Path, make_spec: Callable[..., JobRequest]
+) -> None:
+    four_gpus = template(tmp_path, gpusPerNode=4)
+    one_node = container(build_job(make_spec(), four_gpus, namespace="ml"))["command"]
+    assert one_node[:5] == [
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node=4",
+        "--no-python",
+        "ratchet",
+    ]
+    # a command that starts torchrun itself is left as it is
+    own = template(
+        tmp_path,
+        gpusPerNode=4,
+        command=["torchrun", "--nproc-per-node=gpu", "--no-python", "ratchet", "job"],
+    )
+    assert container(build_job(make_spec(nodes=2), own, namespace="ml"))["command"][:2] == [
+        "torchrun",
+        "--nproc-per-node=gpu",
+    ]
+    module = template(
+        tmp_path, command=["python", "-m", "torch.distributed.run", "-m", "services", "job"]
+    )
+    assert (
+        container(build_job(make_spec(nodes=2), module, namespace="ml"))["command"][0] == "python"
+    )
+    # one process: the command as the template gives it; an eval job never is a torchrun group
+    single = container(build_job(make_spec(), template(tmp_path), namespace="ml"))["command"]
+    assert single[:3] == ["ratchet", "job", "train"]
+    evaluation = make_spec(kind="eval", run_id="demo-c1-eval")
+    assert container(build_job(evaluation, four_gpus, namespace="ml"))["command"][:3] == [
+        "ratchet",
+        "job",
+        "eval",
+    ]

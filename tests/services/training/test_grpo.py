@@ -13,6 +13,7 @@ from services.environments.toolcalc import ToolcalcEnvironment
 from services.training.distributed import init_distributed
 from services.training.grpo import (
     GRPOConfig,
+    KLPenalty,
     group_advantages,
     policy_loss,
     task_order,
@@ -70,7 +71,7 @@ def test_policy_loss_kl_term_exact() -> None:
     ref = torch.log(torch.tensor([[0.25]]))
     mask = torch.tensor([[True]])
     loss, info = policy_loss(
-        logp, logp.clone(), torch.tensor([0.0]), mask, clip_eps=0.2, ref_logp=ref, kl_coef=0.1
+        logp, logp.clone(), torch.tensor([0.0]), mask, clip_eps=0.2, kl=KLPenalty(ref, 0.1)
     )
     kl = 0.5 - math.log(0.5) - 1.0  # exp(ref - logp) - (ref - logp) - 1 with ref/logp = 0.5
     assert info["kl"] == pytest.approx(kl, abs=1e-6)

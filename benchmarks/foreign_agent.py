@@ -86,7 +86,7 @@ import shlex
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,7 @@ from benchmarks.foreign_traffic import (
     write_heldout_files,
 )
 from services.argtypes import fraction
+from services.cores import usable_cores
 from services.curation.policy import CurationPolicy
 
 logger = logging.getLogger("benchmarks.foreign_agent")
@@ -209,9 +210,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="ratchet-foreign-"))
     work.mkdir(parents=True, exist_ok=True)
     prepared = prepare(args, work)
+    # The stack runs no model server, so a job may take every core; the local executor's
+    # share (half: the server's half left free) would leave one of 2 cores idle.
+    args.threads = args.threads or usable_cores()
+    threads = {"threads": args.threads}
     plan = (QUICK if args.quick else BAR).with_overrides(
-        dict(args.hyper), dict(args.bootstrap_hyper)
+        {**threads, **dict(args.hyper)}, {**threads, **dict(args.bootstrap_hyper)}
     )
+    plan = replace(plan, eval_settings={**plan.eval_settings, **threads})
     if args.prepare_only:
         policy = CurationPolicy.from_json({**plan.curation, "tool_endpoint": TOOL_ENDPOINT})
         held = held_out(args, work, prepared, policy.replay_settings())
@@ -447,7 +453,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heldout-share", type=fraction, default=0.25, help="clusters held out")
     p.add_argument("--traffic-sample", type=int, default=None, help="held-out traffic tasks")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--threads", type=int, default=None, help="recorded with the load")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of the train jobs and the benchmark's evaluations (default: every usable "
+        "core; the loop's gate evaluations take the local executor's share)",
+    )
     p.add_argument("--workdir", type=Path, default=None)
     for flag, what in (("--hyper", "an rft"), ("--bootstrap-hyper", "the bootstrap SFT's")):
         p.add_argument(

@@ -188,9 +188,9 @@ def create_loops(live: LiveStack, names: list[str], trigger: dict[str, Any]) -> 
     created = {}
     with RatchetClient(live.url, live.token) as client:
         for name in names:
-            loop = client.create_loop(
-                name, "toolcalc", policies=LoopPolicies(trigger_policy=trigger)
-            )
+            # each loop serves under a name of its own (one served name per loop per server)
+            policies = LoopPolicies(trigger_policy=trigger, serving_target={"model": name})
+            loop = client.create_loop(name, "toolcalc", policies=policies)
             if not loop.workflow_started:
                 raise RuntimeError(f"the workflow of loop {name} did not start")
             created[name] = loop.signing_secret

@@ -274,14 +274,17 @@ def _rendezvous_env(spec: JobRequest, template: JobTemplate, name: str) -> list[
 def _command(spec: JobRequest, template: JobTemplate) -> list[str]:
     """The template's (or the loop's) command with the job kind and ``--spec`` appended.
 
-    A train job of several processes (several nodes, or several GPUs on its node) whose
-    command does not start ``torchrun`` itself is started under ``torchrun``, one process
-    per GPU, with the rendezvous of :func:`_rendezvous_env`: without it each pod would run
-    one process that trains alone, and a sharded (``sharding: fsdp``) or data-parallel job
-    needs every rank. Kubernetes expands the ``$(VAR)`` references from the pod's env."""
+    A train job of Ratchet's own trainer (``ratchet job``) with several processes (several
+    nodes, or several GPUs on its node) is started under ``torchrun``, one process per GPU,
+    with the rendezvous of :func:`_rendezvous_env`: without it each pod would run one
+    process that trains alone, and a sharded (``sharding: fsdp``) or data-parallel job
+    needs every rank. Another trainer's command (an external image's entrypoint) starts its
+    own processes, as it does outside Ratchet, and is run as given; it finds the rendezvous
+    in its env. Kubernetes expands the ``$(VAR)`` references from the pod's env."""
     command = [*(spec.command or template.command), spec.job_kind, "--spec", str(spec.spec_path)]
     per_node = max(1, gpus_per_node(spec, template))
-    if spec.job_kind != "train" or (spec.nodes == 1 and per_node == 1) or _runs_torchrun(command):
+    single = spec.nodes == 1 and per_node == 1
+    if spec.job_kind != "train" or single or not _is_ratchet_trainer(command):
         return command
     if spec.nodes == 1:
         return ["torchrun", "--standalone", f"--nproc-per-node={per_node}", "--no-python", *command]
@@ -297,10 +300,11 @@ def _command(spec: JobRequest, template: JobTemplate) -> list[str]:
     ]
 
 
-def _runs_torchrun(command: list[str]) -> bool:
-    """Whether ``command`` starts torchrun itself (``torchrun ...``, ``python -m
-    torch.distributed.run ...``)."""
-    return PurePosixPath(command[0]).name == "torchrun" or "torch.distributed.run" in command
+def _is_ratchet_trainer(command: list[str]) -> bool:
+    """Whether ``command`` is Ratchet's own job entrypoint (``ratchet job``, the chart's
+    default), which runs one rank per process; a command that starts ``torchrun`` itself,
+    or another trainer's, launches its own."""
+    return PurePosixPath(command[0]).name == "ratchet"
 
 
 JOB_UID = 10001  # the user of docker/Dockerfile.job

@@ -442,6 +442,12 @@ def test_torchrun_is_added_only_where_a_train_job_needs_more_than_one_process(
     assert (
         container(build_job(make_spec(nodes=2), module, namespace="ml"))["command"][0] == "python"
     )
+    # another trainer's entrypoint launches its own processes: run as given
+    external = template(tmp_path, gpusPerNode=4, command=["/opt/trainer/entrypoint.sh"])
+    assert container(build_job(make_spec(nodes=2), external, namespace="ml"))["command"][:2] == [
+        "/opt/trainer/entrypoint.sh",
+        "train",
+    ]
     # one process: the command as the template gives it; an eval job never is a torchrun group
     single = container(build_job(make_spec(), template(tmp_path), namespace="ml"))["command"]
     assert single[:3] == ["ratchet", "job", "train"]

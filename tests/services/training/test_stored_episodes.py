@@ -201,7 +201,8 @@ def test_a_symlinked_episode_file_is_refused(tmp_path: Path) -> None:
     ("row", "field"),
     [
         ({"passed": "yes"}, "passed"),
-        ({"reward": float("nan")}, "reward"),
+        ({"reward": float("nan")}, "NaN is not a JSON number"),  # refused as it is parsed
+        ({"reward": "high"}, "reward"),
         ({"task_id": ""}, "task_id"),
         ({"sequences": [[[1, -2], [True, True]]]}, "ids"),
         ({"sequences": [[[1, 2], [True]]]}, "mask"),

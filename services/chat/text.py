@@ -19,7 +19,12 @@ way: Postgres ``text`` and ``jsonb`` cannot hold it either. Where it is applied:
   (``write_probes``);
 - in the worker, by every reader of job output (:func:`load_job_json`): a job in another image need
   not follow the rule, and what it wrote still reaches Postgres whole;
-- in the logs (``services.logs``' JSON lines).
+- in the logs (``services.logs``' JSON lines);
+- in the capture gateway, which passes text between an agent and a model it did not write:
+  what it sends on is encoded by :func:`utf8_json` (a lone surrogate an agent escaped in its
+  JSON is passed on escaped, never a ``UnicodeEncodeError``), and what it stores by
+  :func:`storable_json` (a NUL or a lone surrogate in a conversation or a reply becomes U+FFFD
+  in ``gateway_calls.body``, and the call is kept, not refused).
 
 Standard library only: every process imports it, GPU jobs included.
 """
@@ -62,6 +67,24 @@ def valid_json(value: Any) -> Any:
     if isinstance(value, list):
         return [valid_json(item) for item in value]
     return value
+
+
+def utf8_json(value: Any, *, compact: bool = False) -> bytes:
+    """``value`` as UTF-8 JSON for the wire or a file: non-ASCII text as itself, except where
+    a string holds a lone surrogate (only an escape in the JSON it came from can make one),
+    which UTF-8 cannot encode: then all of it as ASCII escapes, which say the same."""
+    separators = (",", ":") if compact else None
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=separators).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=separators).encode()
+
+
+def storable_json(value: Any) -> str:
+    """``value`` as JSON text Postgres ``jsonb`` can hold: every string :func:`valid_text`,
+    walked only when the text holds a NUL or surrogate escape (one regex scan otherwise)."""
+    text = json.dumps(value)
+    return json.dumps(valid_json(value)) if _UNSTORABLE_ESCAPE.search(text) else text
 
 
 def load_job_json(text: str) -> Any:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from services.chat.text import utf8_json
 from services.gateway.conversation import conversation_digests, text_digest
 
 CHAT = "chat"
@@ -68,7 +69,7 @@ class CapturedCall:
         # Not dataclasses.asdict: it deep-copies every message and tool first, on the path
         # of the answer.
         fields = {name: getattr(self, name) for name in _FIELDS}
-        return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+        return utf8_json(fields, compact=True)
 
     @classmethod
     def decode(cls, data: bytes) -> CapturedCall:

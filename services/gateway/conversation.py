@@ -141,7 +141,8 @@ def _canonical(message: Mapping[str, Any]) -> bytes:
         for call in message.get("tool_calls") or ()
     ]
     item = [message.get("role"), message.get("content") or "", calls]
-    return json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")  # a lone surrogate digests as text_digest's
 
 
 def _canonical_arguments(arguments: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from services.chat.text import utf8_json
 from services.gateway.errors import GatewayError
 from services.gateway.routing import Route
 
@@ -68,7 +69,7 @@ async def send(
 ) -> httpx.Response:
     """The upstream's response, its body still to be read; an error status raised as a
     :class:`GatewayError`."""
-    content = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
+    content = utf8_json(body) if body is not None else None
     request = client.build_request(
         method, f"{route.base_url}{path}", content=content, headers=_headers(route)
     )

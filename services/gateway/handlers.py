@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from starlette.types import Send
 
+from services.chat.text import utf8_json
 from services.gateway.capture import CHAT, COMPLETION, RESPONSES, CapturedCall
 from services.gateway.conversation import ConversationError, chat_messages, tool_specs
 from services.gateway.errors import GatewayError, send_bytes
@@ -171,7 +172,7 @@ async def _exchange(
         payload = _json_object(await read_body(response, call.timer, call.route), "answer")
         reading.whole(payload)
         done(reading, version, None)
-        data = json.dumps(strip(payload, added), ensure_ascii=False).encode()
+        data = utf8_json(strip(payload, added))
         await send_bytes(send_, 200, data, _JSON, headers)
         return
     await send_(
@@ -217,7 +218,7 @@ async def responses(call: Call, send_: Send) -> None:
         payload = _json_object(await read_body(response, call.timer, route), "answer")
         reading.whole(payload)
         done(reading, version, None)
-        data = json.dumps(writer.response("completed", reading), ensure_ascii=False).encode()
+        data = utf8_json(writer.response("completed", reading))
         await send_bytes(send_, 200, data, _JSON, headers)
         return
     await send_(

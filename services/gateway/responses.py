@@ -15,12 +15,12 @@ search, file search, computer use) have no chat-completions equivalent and are r
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.chat.text import utf8_json
 from services.gateway.conversation import content_text
 from services.gateway.errors import GatewayError
 from services.gateway.streams import Reading
@@ -260,8 +260,7 @@ class ResponseWriter:
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        data = json.dumps(payload, ensure_ascii=False)
-        return f"event: {kind}\ndata: {data}\n\n".encode()
+        return f"event: {kind}\ndata: ".encode() + utf8_json(payload) + b"\n\n"
 
     def opening(self) -> list[bytes]:
         created = self.response("in_progress")

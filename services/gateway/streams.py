@@ -10,10 +10,10 @@ seen without the gateway.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.chat.text import utf8_json
 from services.gateway.conversation import tool_call
 
 
@@ -195,4 +195,4 @@ def sse_data(line: bytes) -> bytes | None:
 
 
 def encode_sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + utf8_json(payload) + b"\n\n"

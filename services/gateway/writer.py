@@ -22,6 +22,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
+from services.chat.text import storable_json, valid_text
 from services.gateway.capture import CapturedCall
 from services.gateway.spool import Record, Spool
 from services.metrics import GATEWAY_DROPPED, GATEWAY_SPOOL_BYTES, GATEWAY_STORED
@@ -48,7 +49,10 @@ def _timestamp(seconds: float) -> dt.datetime:
 
 
 def call_row(call: CapturedCall) -> tuple[Any, ...]:
-    """The ``gateway_calls`` row of a captured call, digests computed here."""
+    """The ``gateway_calls`` row of a captured call, digests computed here (of the text as
+    the agent and the upstream sent it). Its text is made storable (services.chat.text): a
+    model may sample a NUL and an agent may send one, and Postgres refusing the row would
+    lose a call the agent was answered for."""
     prefixes, after = call.digests()
     return (
         call.loop_id,
@@ -56,13 +60,17 @@ def call_row(call: CapturedCall) -> tuple[Any, ...]:
         call.kind,
         _timestamp(call.started_at),
         _timestamp(call.captured_at),
-        call.session_key,
-        call.model_version,
-        call.response_id,
+        _storable(call.session_key),
+        _storable(call.model_version),
+        _storable(call.response_id),
         prefixes,
         after,
-        Jsonb(call.body()),
+        Jsonb(call.body(), dumps=storable_json),
     )
+
+
+def _storable(text: str | None) -> str | None:
+    return None if text is None else valid_text(text)
 
 
 @dataclass

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from services.chat.text import REPLACEMENT, JobJsonError, load_job_json, valid_json, valid_text
+from services.chat.text import (
+    REPLACEMENT,
+    JobJsonError,
+    load_job_json,
+    storable_json,
+    utf8_json,
+    valid_json,
+    valid_text,
+)
 from services.evaluation.evaluator import TaskResult
 from services.evaluation.probes import Probe, read_listed_probes, write_probes
 from services.logs import JsonFormatter, TextFormatter
@@ -31,6 +39,26 @@ def test_lone_surrogates_and_nul_become_replacement_characters() -> None:
     assert not storable(DECODED)
     assert valid_text(DECODED) == "ok " + REPLACEMENT * 4
     assert storable(valid_text(DECODED))
+
+
+def test_utf8_json_keeps_text_as_itself_and_escapes_only_what_utf8_cannot_encode() -> None:
+    assert utf8_json({"t": "ü"}) == '{"t": "ü"}'.encode()
+    assert utf8_json({"t": "ü"}, compact=True) == '{"t":"ü"}'.encode()
+    escaped = utf8_json({"t": "ü\ud800"})  # a lone surrogate: all of it escaped, no error
+    assert escaped == b'{"t": "\\u00fc\\ud800"}'
+    assert json.loads(escaped) == {"t": "ü\ud800"}
+
+
+def test_storable_json_replaces_nul_and_lone_surrogates_keys_too_and_leaves_clean_json() -> None:
+    clean = {"a": ["ü", 1, None, {"b": 2.5}]}
+    assert json.loads(storable_json(clean)) == clean
+    dirty = {"k\x00": ["a\x00b", {"c": "\udcf9"}], "n": 3}
+    stored = storable_json(dirty)
+    assert storable(stored) and "\\u0000" not in stored
+    assert json.loads(stored) == {
+        f"k{REPLACEMENT}": [f"a{REPLACEMENT}b", {"c": REPLACEMENT}],
+        "n": 3,
+    }
 
 
 def test_valid_text_is_left_alone_and_a_surrogate_pair_is_joined() -> None:

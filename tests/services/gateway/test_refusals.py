@@ -109,6 +109,34 @@ def test_the_model_servers_own_refusal_comes_back_with_its_status(stack: Stack) 
     assert raised.value.body["param"] == "frequency_penalty"  # type: ignore[index]
 
 
+def _posted_raw(stack: Stack, content: str, *, stream: bool) -> httpx.Response:
+    """A chat request whose one message is ``content`` as raw JSON text (escapes as given)."""
+    flag = "true" if stream else "false"
+    message = '{"role": "user", "content": "' + content + '"}'
+    body = f'{{"model": "m", "max_tokens": 3, "stream": {flag}, "messages": [{message}]}}'
+    return httpx.post(
+        f"{stack.gateway.url}/v1/chat/completions",
+        content=body.encode(),
+        headers={"authorization": f"Bearer {stack.key}", "content-type": "application/json"},
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_nul_is_answered_and_captured_replaced_and_a_lone_surrogate_is_the_upstreams_400(
+    stack: Stack, stream: bool
+) -> None:
+    answered = _posted_raw(stack, "a\\u0000b", stream=stream)
+    assert answered.status_code == 200, answered.text
+    call_id = answered.headers["x-ratchet-call-id"]
+    stored = {call.call_id: call for call in stack.wait_stored(1)}
+    assert stored[call_id].body["messages"][0]["content"] == "a\ufffdb"
+
+    refused = _posted_raw(stack, "a\\ud800b", stream=stream)  # not a 500 in the gateway
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "messages[0].content"
+
+
 def test_responses_state_is_refused_with_a_clear_error(stack: Stack) -> None:
     with pytest.raises(openai.BadRequestError) as raised:
         stack.openai().responses.create(model="m", input="hello", previous_response_id="resp_123")

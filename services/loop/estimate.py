@@ -417,19 +417,21 @@ class Estimate:
 
 def basis_of(rates: Mapping[str, Rate], measured_cycles: int, calibration: str | None) -> str:
     """In words, what the priced phases' rates rest on: the measured cycles, the calibration
-    pass (``calibration`` names it), or the defaults, which are not a measurement."""
+    pass (``calibration`` names it), or the defaults, which are not a measurement. Where some
+    phases are measured and others priced at defaults, the defaults are named by phase: "NOT
+    calibrated" is said only of an estimate that measured nothing (a calibrated estimate that
+    also said it read as a contradiction)."""
+    defaulted = sorted(phase for phase, rate in rates.items() if rate.basis == "default")
     kinds = {rate.basis for rate in rates.values()}
     parts = []
     if "measured" in kinds:
         parts.append(f"measured over {measured_cycles} cycle(s)")
     if "calibrated" in kinds:
         parts.append(f"calibrated by {calibration or 'a short pass'}")
-    if "default" in kinds:
-        why = (
-            f" (the calibration pass, {calibration}, measured nothing)"
-            if calibration and "calibrated" not in kinds
-            else ""
-        )
+    if defaulted and parts:
+        parts.append(f"{', '.join(defaulted)} at default rates, not measured for this loop")
+    elif defaulted:
+        why = f" (the calibration pass, {calibration}, measured nothing)" if calibration else ""
         parts.append(
             f"NOT calibrated{why}: default rates, not a measurement of this loop (they have "
             "missed by x52 and x6.5)"

@@ -193,7 +193,9 @@ def test_the_estimate_says_what_it_rests_on_and_spans_its_range() -> None:
     both = estimate_cycle(
         WORK, measured=measured, defaults=defaults, measured_cycles=2, budget_usd=None, spent_usd=0
     )
-    assert both.basis.startswith("measured over 2 cycle(s)") and "NOT calibrated" in both.basis
+    assert both.basis.startswith("measured over 2 cycle(s); ")
+    assert both.basis.endswith("at default rates, not measured for this loop")
+    assert "NOT calibrated" not in both.basis  # it measured something: the defaults by phase
 
 
 def test_planned_work_counts_rfts_replay() -> None:

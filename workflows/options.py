@@ -26,8 +26,11 @@ ResultT = TypeVar("ResultT")
 SHORT_TIMEOUT = timedelta(seconds=60)
 # A transaction that reads or writes a whole split (a snapshot, a task export, a rollback).
 LONG_DB_TIMEOUT = timedelta(minutes=10)
-# Reading a job's per-task results file and storing them.
-RESULTS_TIMEOUT = timedelta(minutes=5)
+# Reading a job's per-task results file and storing them: seconds for any set a job may
+# write. No heartbeat, so this is also how long a cycle waits to retry the activity when
+# the worker running it dies (kill -9, an OOM kill): it was 5 minutes, and the chaos test
+# caught a cycle stalled in evaluate for that long after a kill landed mid-record.
+RESULTS_TIMEOUT = timedelta(minutes=2)
 # Activities raise errors no retry can fix as non-retryable; the rest (a database restart,
 # a lost connection) are retried until the database is back.
 DB_RETRY = RetryPolicy(

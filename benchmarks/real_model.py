@@ -69,6 +69,12 @@ task sets, champion unless ``--champion``, sampling and candidate; the converted
 shared), prints each run's JSON line as it ends, then one line ``"benchmark":
 "real_model_seeds"`` with ``headline``: each headline figure's mean, min, max and per-seed
 values, and the runs whose first round's successes were rare.
+``rollout_mfu``, ``train_mfu``, ``peak_gflops``,
+``time_split`` and ``forward_calls`` are the candidate's training job's own utilisation
+figures as its metrics report them (``services/inference/utilisation.py``: the FLOPs its
+rollouts and training passes needed over their wall time and the matmul peak it measured,
+where its rollouts' time went, the shapes of their model calls); ``sft_train_mfu`` the
+champion's SFT's.
 """
 
 from __future__ import annotations
@@ -369,6 +375,7 @@ def _figures(
         "sft_wall_s": round(sft_wall, 1) if sft_wall is not None else None,
         "sft_final_loss": sft["final_loss"] if sft else None,
         "sft_train_tokens_per_s": sft["train_tokens_per_s"] if sft else None,
+        "sft_train_mfu": sft["train_mfu"] if sft else None,
         **_training_figures(args.algorithm, candidate),
         "hyperparameters": {**bench.settings[args.algorithm], **dict(args.hyper)},
         "pass_at_k_before": champion.drifted.pass_at_k(),
@@ -466,6 +473,12 @@ def _training_figures(algorithm: str, candidate: _Trained) -> dict[str, Any]:
         "train_tokens_per_s": metrics["train_tokens_per_s"],
         "filtered_zero_variance_groups": metrics["filtered_zero_variance_groups"],
         "replay": metrics.get("replay") or None,
+        # as the job measured them (services/inference/utilisation.py)
+        "rollout_mfu": metrics.get("rollout_mfu"),
+        "train_mfu": metrics.get("train_mfu"),
+        "peak_gflops": metrics.get("peak_gflops"),
+        "time_split": metrics.get("time_split"),
+        "forward_calls": metrics.get("forward_calls"),
     }
 
 

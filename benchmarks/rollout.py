@@ -48,14 +48,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.drift import drift_task_sets, shared_machine_figures, smollm2_arguments
+from benchmarks.drift import shared_machine_figures, smollm2_arguments
+from benchmarks.engine_round import rollout_tasks, through_engine, utilisation_figures
 from benchmarks.support import free_port
 from services.cores import thread_budget, thread_env
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.inference.engine import ActiveBatch, GenerationRequest, SamplingParams
 from services.inference.hf import HFEngine
-from services.inference.rollout import RolloutSettings, RolloutStats, run_chat_episodes
 from services.serving.base import ServingUnavailable
 from services.serving.client import ModelServerClient
 from services.serving.local import wait_until_serving
@@ -69,12 +69,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FULL = {"tasks": 16, "samples": 4, "max_turns": 4, "max_new_tokens": 40, "repeats": 3}
 QUICK = {"tasks": 2, "samples": 2, "max_turns": 2, "max_new_tokens": 8, "repeats": 1}
-
-
-def rollout_tasks(env: ToolcalcEnvironment, args: argparse.Namespace) -> list[TaskSpec]:
-    """GRPO's tasks of the SmolLM2 benchmarks (drifted lookups), each ``samples`` times."""
-    sets = drift_task_sets(env, args.drift, sft=1, grpo=args.tasks, evaluation=1, seed=args.seed)
-    return [task for task in sets.grpo for _ in range(args.samples)]
 
 
 def through_generate(
@@ -92,22 +86,6 @@ def through_generate(
         temperature=args.temperature,
     )
     return time.perf_counter() - started, stats.generated_tokens
-
-
-def through_engine(
-    engine: HFEngine, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
-) -> tuple[float, RolloutStats]:
-    """The engine, from a cold prefix cache: seconds, its stats."""
-    engine.prefix_cache.clear()
-    started = time.perf_counter()
-    _, stats = run_chat_episodes(
-        engine,
-        env,
-        tasks,
-        seeds=[derive_seed(args.seed, i) for i in range(len(tasks))],
-        settings=RolloutSettings(args.max_turns, args.max_new_tokens, args.temperature),
-    )
-    return time.perf_counter() - started, stats
 
 
 def prefill_gflops(engine: HFEngine, prompt: list[int], repeats: int) -> float:
@@ -242,11 +220,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return seconds
 
     def on_engine() -> float:
-        seconds, counted["stats"] = through_engine(engine, env, tasks, args)
-        return seconds
+        counted["engine"] = through_engine(engine, env, tasks, args)
+        return float(counted["engine"].seconds)
 
     figures: dict[str, Any] = summary(paired_runs(args.repeats, generate, on_engine))
-    generate_tokens, stats = counted["generate_tokens"], counted["stats"]
+    generate_tokens, last = counted["generate_tokens"], counted["engine"]
+    stats = last.stats
     generate_s, engine_s = figures["generate_s"], figures["engine_s"]
     logger.info("generate %.1f s, engine %.1f s (medians)", generate_s, engine_s)
     figures |= {
@@ -260,6 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prefill_tokens_computed": stats.prefill_tokens_computed,
         "prefill_tokens_cached": stats.prefill_tokens_cached,
         "speedup_vs_generate": round(generate_s / engine_s, 2),
+        **utilisation_figures(last.utilisation),
     }
 
     episode = env.chat_start(tasks[0], max_turns=1)
@@ -285,7 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 paired_runs(
                     args.repeats,
                     lambda: through_generate(policy, env, tasks, args)[0],
-                    lambda: through_engine(engine, env, tasks, args)[0],
+                    lambda: through_engine(engine, env, tasks, args).seconds,
                 ),
                 "_colocated",
             )
@@ -311,6 +291,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument(
         "--repeats", type=int, default=None, help="timed pairs per measurement (default 3)"
+    )
+    parser.add_argument(
+        "--max-rows", type=int, default=None, help="rows the engine decodes at once (default 64)"
     )
     parser.add_argument(
         "--no-colocated",

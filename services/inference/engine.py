@@ -38,8 +38,7 @@ request gets the same tokens whatever else shares its batch and whenever it join
 
 from __future__ import annotations
 
-import enum
-import threading
+import contextlib
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -48,79 +47,34 @@ import torch
 
 from services.chat.protocol import ChatMessage
 from services.inference.forward import BatchForward, ForwardCall, KVLayout
-from services.inference.prefix_cache import Block, PrefixCache, Session
+from services.inference.prefix_cache import Block, PrefixCache
+from services.inference.requests import (
+    EngineError,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    SampledToken,
+    SamplingParams,
+    TokenCallback,
+    cut_at_stop,
+)
 from services.inference.sampling import sample_next, top_logprobs
+from services.inference.utilisation import TimeSplit
 
-
-@dataclass(frozen=True)
-class SampledToken:
-    """One sampled token as a streaming client sees it: its id, its log-probability under
-    the model (temperature 1) and, when asked for, the most likely ids with theirs."""
-
-    id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-TokenCallback = Callable[[SampledToken], None]
-
-
-class EngineError(ValueError):
-    """A request the engine cannot answer as asked (too long a context, a bad template)."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one row is sampled; ``temperature == 0`` is greedy."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-    top_logprobs: int = 0  # how many of the most likely ids to report with each sampled id
-
-
-@dataclass
-class GenerationRequest:
-    """One row to decode: prompt ids, sampling, and where to report tokens as they come.
-
-    ``cancelled`` is set (from any thread) when nobody waits for the row any more (its client
-    hung up): the row leaves its batch at the next step instead of decoding to its budget.
-    ``session`` keeps the row's conversation cached for the episode's next turn.
-    """
-
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    adapter: str | None = None  # a resident adapter of the engine's base model, or the base
-    on_token: TokenCallback | None = None
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    session: Session | None = None
-
-
-class FinishReason(enum.StrEnum):
-    """Why a row stopped: its stop token or a stop string, its token budget, or its
-    request's cancellation. The model server answers the first two as OpenAI's
-    ``finish_reason``; a cancelled row keeps no session (nobody reads its result)."""
-
-    STOP = "stop"
-    LENGTH = "length"
-    CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """A finished row. ``token_ids`` is the text's tokens; ``sampled_ids`` every token
-    sampled (the stop token too, when one ended the row), ``logprobs`` one per sampled id."""
-
-    token_ids: list[int]
-    finish_reason: FinishReason
-    prompt_tokens: int
-    cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
-    sampled_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    # per sampled id, the ``sampling.top_logprobs`` most likely ids with their log-probs
-    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+# The request and result types live in services.inference.requests; they are named here too,
+# where the engine's callers have always imported them from.
+__all__ = [
+    "ActiveBatch",
+    "Engine",
+    "EngineError",
+    "FinishReason",
+    "GenerationRequest",
+    "GenerationResult",
+    "SampledToken",
+    "SamplingParams",
+    "TokenCallback",
+    "cut_at_stop",
+]
 
 
 class Engine(Protocol):
@@ -201,11 +155,14 @@ class ActiveBatch(Generic[Tag]):
     its result. Not thread-safe: one decode thread owns it.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, split: TimeSplit | None = None) -> None:
         self.engine = engine
+        self.split = split  # where the model calls' and sampling's seconds go, if measured
         self._forward: BatchForward | None = None
         self._rows: list[_Row[Tag]] = []  # row b's cache is buffer row b
-        self._logits: torch.Tensor | None = None  # (B, V) each row's next-token logits
+        # (B, V) each row's next-token logits, on the model's device: sampling runs there and
+        # only the sampled ids and their log-probs travel to the host
+        self._logits: torch.Tensor | None = None
         self._keys: torch.Tensor | None = None  # (L, R, H, S, D)
         self._values: torch.Tensor | None = None  # (L, R, H, S, D)
         self._shared = 0  # columns [0, n) every row holds the same keys and values in
@@ -251,7 +208,7 @@ class ActiveBatch(Generic[Tag]):
         while pending:
             wave, pending = self._next_wave(pending)
             for call in _prefill_calls(wave, self.engine.context_length()):
-                joined = self._prefill(call).float().cpu()  # (B2, V)
+                joined = self._prefill(call)  # (B2, V)
                 self._logits = joined if self._logits is None else torch.cat([self._logits, joined])
         self._shared = self._shared_columns()
 
@@ -329,7 +286,7 @@ class ActiveBatch(Generic[Tag]):
         mask = (columns[None, None, :] <= positions_t[:, :, None])[:, None]  # (B, 1, T, W)
         chosen = [item.row for item in rows]
         call = self._call(ids_t, positions_t, slice(first, first + len(rows)), width, mask, *chosen)
-        logits = self._forward.prefill(call)  # (B, V)
+        logits = self._model(call, pads=sum(pads))  # (B, V)
         for index, (item, at, copied) in enumerate(zip(rows, starts, found, strict=True)):
             row = item.row
             row.fed, row.cached = list(row.request.prompt_ids), at
@@ -405,17 +362,21 @@ class ActiveBatch(Generic[Tag]):
         return read
 
     def _reserve(self, rows: int, columns: int) -> None:
-        """Buffers for at least ``rows`` rows of ``columns`` positions (grown, never per step)."""
+        """Buffers for at least ``rows`` rows of ``columns`` positions (grown, never per step).
+
+        Columns double on a CPU (few copies); on a GPU they grow by :data:`HEADROOM`, as a
+        thousand rows' buffer there is tens of GB and the old one lives while it is copied."""
         have_rows = 0 if self._keys is None else self._keys.shape[1]
         have_columns = 0 if self._keys is None else self._keys.shape[3]
         if rows <= have_rows and columns <= have_columns:
             return
         layout = self.engine.kv_layout()
+        device = self.engine.device
         new_rows = rows if rows <= have_rows else max(rows, 2 * have_rows)
-        new_columns = have_columns if columns <= have_columns else max(columns, 2 * have_columns)
+        grown = have_columns + HEADROOM if device.type == "cuda" else 2 * have_columns
+        new_columns = have_columns if columns <= have_columns else max(columns, grown)
         new_columns = min(new_columns, self.engine.context_length())
         shape = (layout.layers, new_rows, layout.heads, new_columns, layout.head_dim)
-        device = self.engine.device
         keys = torch.zeros(shape, dtype=layout.dtype, device=device)
         values = torch.zeros(shape, dtype=layout.dtype, device=device)
         if self._keys is not None and self._values is not None and self._rows:
@@ -431,54 +392,103 @@ class ActiveBatch(Generic[Tag]):
             return []
         rows = self._rows
         logits = self._logits
-        tokens = sample_next(
-            logits,
-            torch.tensor([r.request.sampling.temperature for r in rows], dtype=torch.float64),
-            torch.tensor([r.request.sampling.top_p for r in rows], dtype=torch.float64),
-            torch.tensor([r.request.sampling.seed & 0xFFFFFFFF for r in rows], dtype=torch.int64),
-            torch.tensor([len(r.sampled) for r in rows]),  # each row's draw number
-        )  # (B,)
-        every = torch.log_softmax(logits.double(), dim=-1)  # (B, V)
-        logprobs = every.gather(1, tokens[:, None])[:, 0]  # (B,)
-        tops = top_logprobs(every, [r.request.sampling.top_logprobs for r in rows])
+        with self._part("sampling"):
+            tokens, logprobs, tops = self._sample(rows, logits)
         done: list[tuple[Tag, GenerationResult]] = []
         for slot, (row, token, logprob, top) in enumerate(
-            zip(rows, tokens.tolist(), logprobs.tolist(), tops, strict=True)
+            zip(rows, tokens, logprobs, tops, strict=True)
         ):
             if self._advance(row, SampledToken(token, logprob, top)):
                 self._keep_session(slot, row)
                 done.append((row.tag, self._result(row)))
         if done:
             self._retain([b for b, row in enumerate(rows) if row.finish is None])
-            tokens = torch.tensor([row.sampled[-1] for row in self._rows], dtype=torch.long)
+            tokens = [row.sampled[-1] for row in self._rows]
         if not self._rows:
             self._forward, self._logits, self._keys, self._values = None, None, None, None
             return done
-        self._logits = self._forward.step(self._decode_call(tokens)).float().cpu()
-        for row, token in zip(self._rows, tokens.tolist(), strict=True):
+        self._logits = self._model(self._decode_call(tokens))
+        for row, token in zip(self._rows, tokens, strict=True):
             row.fed.append(token)
         return done
 
-    def _decode_call(self, tokens: torch.Tensor) -> ForwardCall:
+    @staticmethod
+    def _sample(
+        rows: list[_Row[Tag]], logits: torch.Tensor
+    ) -> tuple[list[int], list[float], list[tuple[tuple[int, float], ...]]]:
+        """Each row's next token, its log-probability (temperature 1) and its top ids,
+        computed where the logits are."""
+        device = logits.device
+        tokens = sample_next(
+            logits,
+            torch.tensor([r.request.sampling.temperature for r in rows], dtype=torch.float64).to(
+                device
+            ),
+            torch.tensor([r.request.sampling.top_p for r in rows], dtype=torch.float64).to(device),
+            torch.tensor([r.request.sampling.seed & 0xFFFFFFFF for r in rows]).to(device),
+            torch.tensor([len(r.sampled) for r in rows]).to(device),  # each row's draw number
+        )  # (B,)
+        every = torch.log_softmax(logits.double(), dim=-1)  # (B, V)
+        logprobs = every.gather(1, tokens[:, None])[:, 0]  # (B,)
+        tops = top_logprobs(every, [r.request.sampling.top_logprobs for r in rows])
+        return tokens.tolist(), logprobs.tolist(), tops
+
+    def _part(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return self.split.part(name) if self.split is not None else contextlib.nullcontext()
+
+    def _model(self, call: ForwardCall, *, pads: int | None = None) -> torch.Tensor:
+        """One model call (a prefill when ``pads`` is given, else a decode step): its logits
+        (B, V) in fp32 on the model's device, its seconds and shape counted when the batch
+        is measured (on CUDA its kernels waited for, so the seconds are theirs)."""
+        assert self._forward is not None
+        run = self._forward.step if pads is None else self._forward.prefill
+        with self._part("forward"):
+            logits = run(call).float()
+            if self.split is not None and logits.device.type == "cuda":
+                torch.cuda.synchronize(logits.device)
+        if self.split is not None:
+            calls = self.split.calls
+            rows, tokens = call.ids.shape
+            if pads is None:
+                calls.decode_calls += 1
+                calls.decode_rows += rows
+            else:
+                calls.prefill_calls += 1
+                calls.prefill_rows += rows
+                calls.prefill_tokens += rows * tokens
+                calls.prefill_pads += pads
+        return logits
+
+    def _decode_call(self, tokens: list[int]) -> ForwardCall:
         device = self.engine.device
         lengths = torch.tensor([len(row.fed) for row in self._rows], device=device)  # (B,)
         width = int(lengths.max()) + 1
         self._reserve(len(self._rows), width)
         columns = torch.arange(width, device=device)  # (W,)
         mask = (columns[None, :] <= lengths[:, None])[:, None, None]  # (B, 1, 1, W)
-        ids = tokens.to(device)[:, None]  # (B, 1)
+        ids = torch.tensor(tokens, dtype=torch.long, device=device)[:, None]  # (B, 1)
         rows = slice(0, len(self._rows))
         return self._call(ids, lengths[:, None], rows, width, mask, shared=self._shared)
 
     def _retain(self, keep: list[int]) -> None:
-        """Keep rows ``keep`` (in order), moving each to the first free buffer row."""
+        """Keep rows ``keep``: each buffer row a leaving row frees among the first
+        ``len(keep)`` is filled by a kept row from past them, all moved in one copy, so a
+        row leaving moves at most one other (a row's place in the batch changes nothing it
+        computes: its sampling is keyed by its own seed and count)."""
         assert self._keys is not None and self._values is not None
-        for new, old in enumerate(keep):
-            if new != old:
-                width = len(self._rows[old].fed)
-                self._keys[:, new, :, :width] = self._keys[:, old, :, :width]
-                self._values[:, new, :, :width] = self._values[:, old, :, :width]
-        self._rows = [self._rows[b] for b in keep]
+        kept = len(keep)
+        holes = sorted(set(range(kept)) - set(keep))
+        movers = [b for b in keep if b >= kept]  # as many as the holes
+        order = list(range(kept))
+        if holes:
+            width = max(len(self._rows[b].fed) for b in movers)
+            source = torch.tensor(movers, device=self._keys.device)
+            target = torch.tensor(holes, device=self._keys.device)
+            self._keys[:, target, :, :width] = self._keys[:, source, :, :width]
+            self._values[:, target, :, :width] = self._values[:, source, :, :width]
+            for hole, mover in zip(holes, movers, strict=True):
+                order[hole] = mover
+        self._rows = [self._rows[b] for b in order]
         self._shared = self._shared_columns()
 
     def _keep_session(self, slot: int, row: _Row[Tag]) -> None:
@@ -577,13 +587,3 @@ def _hit_stop_string(engine: Engine, ids: list[int], stops: tuple[str, ...]) -> 
         return False
     tail = engine.decode_text(ids[-64:])
     return any(stop in tail for stop in stops)
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """The text before the first stop string (OpenAI never returns the stop sequence)."""
-    cut = len(text)
-    for stop in stops:
-        index = text.find(stop)
-        if index != -1:
-            cut = min(cut, index)
-    return text[:cut]

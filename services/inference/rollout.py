@@ -32,6 +32,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from services.environments.base import Environment, Episode, TaskSpec
 from services.environments.chat import ChatEnvironment, ChatEpisode
 from services.inference.engine import (
@@ -45,9 +47,14 @@ from services.inference.engine import (
 from services.inference.prefix_cache import Session
 from services.inference.remote import RemoteBatch, RemoteEngine
 from services.inference.tiny import TinyEngine
+from services.inference.utilisation import TimeSplit
 from services.training.rng import derive_seed
 
-DEFAULT_MAX_ROWS = 64  # rows decoding at once
+DEFAULT_MAX_ROWS = 64  # rows decoding at once on a CPU
+# On a GPU a decode step costs about the same for 64 rows as for a thousand (it reads the
+# weights once either way), so up to this many of a call's episodes decode at once; more
+# would hold tens of GB of keys and values (SmolLM2: 22.5 KB a position in bf16).
+CUDA_MAX_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -104,10 +111,11 @@ class RolloutSettings:
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
 
-    @property
-    def rows(self) -> int:
-        """How many rows decode at once."""
-        return DEFAULT_MAX_ROWS if self.max_rows is None else self.max_rows
+    def rows(self, device: torch.device) -> int:
+        """How many rows decode at once on ``device``."""
+        if self.max_rows is not None:
+            return self.max_rows
+        return CUDA_MAX_ROWS if device.type == "cuda" else DEFAULT_MAX_ROWS
 
 
 def run_chat_episodes(
@@ -119,6 +127,7 @@ def run_chat_episodes(
     settings: RolloutSettings,
     adapter: str | None = None,
     max_prompt_tokens: int = 2048,
+    split: TimeSplit | None = None,
 ) -> tuple[list[ChatRollout], RolloutStats]:
     """Roll out one chat episode per task (tasks may repeat, e.g. a GRPO group) on
     ``engine`` under ``adapter`` (None: the base model); one seed per episode. A
@@ -126,17 +135,20 @@ def run_chat_episodes(
 
     An episode whose next prompt plus ``settings.max_new_tokens`` would pass
     ``max_prompt_tokens`` (or the model's context) ends with ``end_reason ==
-    "context_limit"``."""
+    "context_limit"``. ``split``, when given, gets the seconds of the model calls, the
+    sampling, the environment's steps (``tool_calls``) and the template (``tokenizer``)."""
     _check_seeds(tasks, seeds)
     max_new_tokens = settings.max_new_tokens
     rollouts = [ChatRollout(env.chat_start(task, max_turns=settings.max_turns)) for task in tasks]
     limit = min(max_prompt_tokens, engine.context_length())
+    timed = split or TimeSplit()
 
     def prompt(i: int) -> list[int] | None:
         episode = rollouts[i].episode
         if episode.done:
             return None
-        ids = engine.render(episode.messages, episode.tools)
+        with timed.part("tokenizer"):
+            ids = engine.render(episode.messages, episode.tools)
         if len(ids) + max_new_tokens > limit:
             episode.done, episode.end_reason = True, "context_limit"
             return None
@@ -145,8 +157,10 @@ def run_chat_episodes(
     def apply(i: int, request: GenerationRequest, result: GenerationResult) -> None:
         rollout = rollouts[i]
         truncated = result.finish_reason == FinishReason.LENGTH
-        text = engine.decode_text(result.token_ids)
-        env.chat_step(tasks[i], rollout.episode, text, truncated=truncated)
+        with timed.part("tokenizer"):
+            text = engine.decode_text(result.token_ids)
+        with timed.part("tool_calls"):
+            env.chat_step(tasks[i], rollout.episode, text, truncated=truncated)
         rollout.turns.append(_turn(request, result))
 
     stats = _drive(
@@ -156,9 +170,15 @@ def run_chat_episodes(
         apply,
         _sampling(seeds, settings),
         adapter=adapter,
-        max_rows=settings.rows,
+        max_rows=settings.rows(_device(engine)),
+        split=split,
     )
     return rollouts, stats
+
+
+def _device(engine: Engine | RemoteEngine) -> torch.device:
+    """Where the rows decode: a remote server's rows are its requests, as many as a CPU's."""
+    return torch.device("cpu") if isinstance(engine, RemoteEngine) else engine.device
 
 
 def run_text_episodes(
@@ -168,20 +188,24 @@ def run_text_episodes(
     *,
     seeds: Sequence[int],
     settings: RolloutSettings,
+    split: TimeSplit | None = None,
 ) -> tuple[list[TextRollout], RolloutStats]:
     """Roll out one text episode per task with the tiny family (its transcripts are its
-    protocol, see :mod:`services.environments.base`); one seed per episode."""
+    protocol, see :mod:`services.environments.base`); one seed per episode. ``split`` as
+    :func:`run_chat_episodes`'."""
     _check_seeds(tasks, seeds)
     max_new_tokens = settings.max_new_tokens
     tokenizer = engine.tiny_model.tokenizer
     limit = engine.context_length()
     rollouts = [TextRollout(env.start(task, max_turns=settings.max_turns)) for task in tasks]
+    timed = split or TimeSplit()
 
     def prompt(i: int) -> list[int] | None:
         episode = rollouts[i].episode
         if episode.done:
             return None
-        ids = tokenizer.encode(episode.transcript())
+        with timed.part("tokenizer"):
+            ids = tokenizer.encode(episode.transcript())
         if len(ids) + max_new_tokens > limit:
             episode.done, episode.end_reason = True, "context_limit"
             return None
@@ -189,7 +213,10 @@ def run_text_episodes(
 
     def apply(i: int, request: GenerationRequest, result: GenerationResult) -> None:
         rollout = rollouts[i]
-        env.step(tasks[i], rollout.episode, tokenizer.decode(result.token_ids))
+        with timed.part("tokenizer"):
+            text = tokenizer.decode(result.token_ids)
+        with timed.part("tool_calls"):
+            env.step(tasks[i], rollout.episode, text)
         rollout.episode.agent_turns[-1].truncated = result.finish_reason == FinishReason.LENGTH
         rollout.turns.append(_turn(request, result))
 
@@ -200,7 +227,8 @@ def run_text_episodes(
         apply,
         _sampling(seeds, settings),
         adapter=None,
-        max_rows=settings.rows,
+        max_rows=settings.rows(engine.device),
+        split=split,
     )
     return rollouts, stats
 
@@ -244,6 +272,7 @@ def _drive(
     *,
     adapter: str | None,
     max_rows: int,
+    split: TimeSplit | None = None,
 ) -> RolloutStats:
     """Decode every episode's turns until each episode's ``prompt`` says it is over."""
     sessions = [Session() for _ in range(episodes)]
@@ -251,7 +280,9 @@ def _drive(
     waiting = deque(range(episodes))  # episodes whose next turn has not joined yet
     running: dict[int, GenerationRequest] = {}
     batch: ActiveBatch[int] | RemoteBatch[int] = (
-        engine.open_batch() if isinstance(engine, RemoteEngine) else ActiveBatch(engine)
+        engine.open_batch()
+        if isinstance(engine, RemoteEngine)
+        else ActiveBatch(engine, split=split)
     )
     generated = prompt_tokens = cached = 0
     try:

@@ -82,7 +82,9 @@ def adaptive_rollouts(
         episodes=episodes,
         generated_tokens=first.generated_tokens + more.generated_tokens,
         prompt_tokens=first.prompt_tokens + more.prompt_tokens,
+        utilisation=first.utilisation,
     )
+    rollouts.utilisation.merge(more.utilisation)
     return rollouts, [probe + extra[j] for j in local]
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from services.inference.utilisation import Utilisation
+
 
 @dataclass
 class RunCounters:
@@ -27,6 +29,8 @@ class RunCounters:
     # Wall seconds per phase (services.training.phases), kept through resume points.
     phase_s: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
+    # FLOPs needed against the measured peak, per pass (services.inference.utilisation)
+    utilisation: Utilisation = field(default_factory=Utilisation)
 
     def add_sampling(self, generated_tokens: int, wall_s: float, episodes: int) -> None:
         """A round of sampled episodes (rft's, dpo's, rft's replay): their cost counts in
@@ -62,6 +66,7 @@ class RunCounters:
             "groups": self.groups,
             "filtered_zero_variance_groups": self.filtered_zero_variance_groups,
             "history": self.history,
+            **self.utilisation.report(),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,4 +75,6 @@ class RunCounters:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunCounters:
         """Counters saved by any version: keys this one does not know are dropped."""
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["utilisation"] = Utilisation.from_dict(known.get("utilisation") or {})
+        return cls(**known)

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from services.environments.base import Environment, Reward, TaskSpec
+from services.inference.utilisation import Utilisation
 from services.training.checkpoint import Manifest
 
 TokenTurn = tuple[list[int], list[int]]  # (prompt ids the model saw, completion ids it sampled)
@@ -107,12 +108,15 @@ class SampledBy:
 @dataclass(frozen=True)
 class Rollouts:
     """A batch of episodes and what generating them cost; ``sampler`` names the engine that
-    sampled them when it is another than the trainer's own (the remote backend)."""
+    sampled them when it is another than the trainer's own (the remote backend);
+    ``utilisation``: the FLOPs they needed against the machine's peak, and where the time went
+    (empty when not measured)."""
 
     episodes: list[TokenEpisode]
     generated_tokens: int
     prompt_tokens: int
     sampler: SampledBy | None = None
+    utilisation: Utilisation = field(default_factory=Utilisation)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from services.environments.base import Environment, TaskSpec
+from services.inference.utilisation import Utilisation
 from services.training.config import RFTConfig, SamplingOptions
 from services.training.counters import RunCounters
 from services.training.distributed import DistContext
@@ -90,6 +91,7 @@ class SampledTasks:
     groups: list[list[TokenEpisode]]
     generated_tokens: int
     wall_s: float
+    utilisation: Utilisation = field(default_factory=Utilisation)
 
     @property
     def episodes(self) -> int:
@@ -185,6 +187,7 @@ def sample_episodes(
     budget = SampleBudget(len(tasks), options.samples_per_task, enough_successes, most_per_task)
     groups: list[list[TokenEpisode]] = [[] for _ in tasks]
     generated = 0
+    utilisation = Utilisation()
     started = time.monotonic()
     while True:
         chunk: list[tuple[int, int]] = []
@@ -206,11 +209,15 @@ def sample_episodes(
             temperature=options.temperature,
         )
         generated += rollouts.generated_tokens
+        utilisation.merge(rollouts.utilisation)
         for (i, _), episode in zip(chunk, rollouts.episodes, strict=True):
             groups[i].append(episode)
             budget.record(i, episode.reward.passed)
     return SampledTasks(
-        groups=groups, generated_tokens=generated, wall_s=time.monotonic() - started
+        groups=groups,
+        generated_tokens=generated,
+        wall_s=time.monotonic() - started,
+        utilisation=utilisation,
     )
 
 
@@ -262,6 +269,7 @@ class Replay:
     episodes: int
     generated_tokens: int
     wall_s: float
+    utilisation: Utilisation = field(default_factory=Utilisation)
 
 
 def replay_tasks_drawn(
@@ -297,6 +305,7 @@ def sample_replay(
         episodes=sampled.episodes,
         generated_tokens=sampled.generated_tokens,
         wall_s=sampled.wall_s,
+        utilisation=sampled.utilisation,
     )
 
 
@@ -370,6 +379,7 @@ def _count_replay(result: RFTResult, replay: Replay, config: RFTConfig) -> None:
     """The replay's sampling is part of the run's cost, so its tokens, time and episodes
     count beside the iterations'."""
     result.counters.add_sampling(replay.generated_tokens, replay.wall_s, replay.episodes)
+    result.counters.utilisation.merge(replay.utilisation)
     result.replay = {
         "tasks": replay.tasks,
         "episodes": replay.episodes,
@@ -413,6 +423,7 @@ def _rft_iteration(
         most_per_task=round(config.unsolved_sample_factor * config.samples_per_task),
     )
     counters.add_sampling(sampled.generated_tokens, sampled.wall_s, sampled.episodes)
+    counters.utilisation.merge(sampled.utilisation)
     counters.groups += len(sampled.groups)
     if keeper is not None:
         keeper.add(episode for group in sampled.groups for episode in group)
@@ -441,6 +452,7 @@ def _rft_iteration(
         counters.train_tokens += run.train_tokens
         counters.train_s += run.train_s
         counters.add_phases(run.phase_s)
+        counters.utilisation.merge(run.utilisation)
         counters.final_loss = run.final_loss
         counters.history.extend({**h, "iteration": float(iteration + 1)} for h in run.history)
         row["loss"] = run.final_loss

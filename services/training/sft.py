@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from services.environments.base import Environment, TaskSpec
+from services.inference.utilisation import Work, sequence_work, training_figures
 from services.training.checkpoint import Manifest, read_manifest
 from services.training.config import SFTConfig
 from services.training.counters import RunCounters
@@ -91,6 +92,7 @@ def train_sft(
     optimizer = make_optimizer(params, lr=config.lr, weight_decay=config.weight_decay)
     result = RunCounters()
     clock = PhaseClock(model.device, result.phase_s)
+    work, passes = Work(), 0  # what the passes needed, for the training-pass MFU
     started = time.monotonic()
     with clock.phase("update"):
         for step in range(config.steps):
@@ -117,6 +119,7 @@ def train_sft(
                 loss.backward()
                 local_loss += float(loss.detach())
                 result.train_tokens += batch.tokens
+                work, passes = work + sequence_work(micro), passes + 1
             idle_passes(model, idle, backward=True)
             ctx.all_reduce_grads(params)
             clip_and_check(params, max_norm=config.grad_clip, step=step, lr=lr)
@@ -127,6 +130,7 @@ def train_sft(
                 logger.info("sft step %d/%d loss %.4f", step + 1, config.steps, result.final_loss)
     result.steps_done = config.steps
     result.train_s = time.monotonic() - started
+    result.utilisation.add("train", training_figures(model, work, passes, result.train_s))
     result.train_tokens = int(ctx.all_reduce_sum([float(result.train_tokens)])[0])
     model.train(False)
     return result

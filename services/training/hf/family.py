@@ -30,6 +30,7 @@ import torch.distributed as dist
 from services.environments.base import Environment, TaskSpec
 from services.environments.chat import as_chat_environment
 from services.inference.remote import RemoteBackend, RemotePolicy
+from services.inference.utilisation import ModelShape
 from services.training.checkpoint import Manifest
 from services.training.config import LoRAOptions
 from services.training.device import autocast
@@ -150,6 +151,10 @@ class HFFamilyModel:
 
     def trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def model_shape(self) -> ModelShape:
+        """What a position costs this model (a LoRA base's weights get no gradient)."""
+        return ModelShape.of(self.module, frozen_weights=self.lora)
 
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)

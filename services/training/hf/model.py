@@ -19,6 +19,7 @@ where bf16 matmuls are slower on most hosts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -40,6 +41,7 @@ from services.training.rng import derive_seed, gumbel
 if TYPE_CHECKING:
     from services.inference.engine import Engine
     from services.inference.remote import RemoteEngine, RemotePolicy
+    from services.inference.utilisation import TimeSplit, Utilisation
 
 
 def model_dtype(device: torch.device) -> torch.dtype:
@@ -145,8 +147,10 @@ class HFModel:
         from services.inference.hf import HFEngine
         from services.inference.rollout import RolloutSettings
         from services.inference.rollout import run_chat_episodes as run_on_engine
+        from services.inference.utilisation import TimeSplit
 
         chat_env = as_chat_environment(env)
+        split, started = TimeSplit(), time.perf_counter()
         engine = HFEngine(
             self.model,
             self.tokenizer,
@@ -161,20 +165,39 @@ class HFModel:
                 seeds=seeds,
                 settings=RolloutSettings(max_turns, max_new_tokens, temperature, max_rows=max_rows),
                 max_prompt_tokens=engine.context_length(),
+                split=split,
             )
             sampler = _sampled_by(rollout_engine)
+        with split.part("tool_calls"):  # the verifiers
+            pairs = zip(tasks, rollouts, strict=True)
+            rewards = [chat_env.chat_verify(task, rollout.episode) for task, rollout in pairs]
         episodes = [
             TokenEpisode(
                 task=task,
                 turns=[(turn.prompt_ids, turn.completion_ids) for turn in rollout.turns],
-                reward=chat_env.chat_verify(task, rollout.episode),
+                reward=reward,
                 end_reason=rollout.episode.end_reason,
                 answer=rollout.episode.final_answer,
                 sampler_logprobs=[list(turn.logprobs) for turn in rollout.turns],
             )
-            for task, rollout in zip(tasks, rollouts, strict=True)
+            for task, rollout, reward in zip(tasks, rollouts, rewards, strict=True)
         ]
-        return Rollouts(episodes, stats.generated_tokens, stats.prompt_tokens, sampler)
+        utilisation = self._utilisation(episodes, split, time.perf_counter() - started)
+        return Rollouts(
+            episodes, stats.generated_tokens, stats.prompt_tokens, sampler, utilisation
+        )
+
+    def _utilisation(
+        self, episodes: Sequence[TokenEpisode], split: TimeSplit, wall_s: float
+    ) -> Utilisation:
+        """The round's FLOPs against this machine's peak and its time split (none when the
+        turns decoded on a remote server: its machine did the work)."""
+        from services.inference.utilisation import Utilisation, round_utilisation
+
+        if self.remote is not None:
+            return Utilisation()
+        turns = [turn for episode in episodes for turn in episode.turns]
+        return round_utilisation(self.model, turns, split, wall_s)
 
     def _rollout_engine(self, engine: Engine) -> AbstractContextManager[Engine | RemoteEngine]:
         """The engine the rollouts decode on: ``engine`` here, or the remote server's."""

@@ -8,7 +8,9 @@ A tiny model is built from scratch for SFT (``hyperparameters.model`` is its
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -16,6 +18,7 @@ import torch
 from services.environments.base import Environment, Episode, TaskSpec
 from services.inference.rollout import RolloutSettings, run_text_episodes
 from services.inference.tiny import TinyEngine
+from services.inference.utilisation import ModelShape, TimeSplit, round_utilisation
 from services.training.checkpoint import Manifest, save_checkpoint
 from services.training.device import autocast
 from services.training.family import (
@@ -91,6 +94,10 @@ class TinyFamilyModel:
 
     def trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         return list(self.net.named_parameters())
+
+    def model_shape(self) -> ModelShape:
+        """What a position costs the tiny GPT (every weight trains)."""
+        return ModelShape.of(self.net)
 
     def train(self, mode: bool = True) -> None:
         self.net.train(mode)
@@ -184,12 +191,20 @@ def engine_rollouts(
     :class:`TinyEngine` over ``model``; token for token what :meth:`TinyModel.rollouts`
     (its own ``generate``) gives."""
     key = f"checkpoint:{model.checkpoint_id}" if model.checkpoint_id else "memory"
+    split, started = TimeSplit(), time.perf_counter()
     rollouts, stats = run_text_episodes(
         TinyEngine(model, key),
         env,
         tasks,
         seeds=seeds,
         settings=RolloutSettings(max_turns, max_new_tokens, temperature, max_rows=max_rows),
+        split=split,
     )
     records = [(r.episode, [(t.prompt_ids, t.completion_ids) for t in r.turns]) for r in rollouts]
-    return verified_rollouts(env, tasks, records, stats.generated_tokens, stats.prompt_tokens)
+    with split.part("tool_calls"):  # the verifiers
+        verified = verified_rollouts(
+            env, tasks, records, stats.generated_tokens, stats.prompt_tokens
+        )
+    turns = [turn for _, record in records for turn in record]
+    utilisation = round_utilisation(model.model, turns, split, time.perf_counter() - started)
+    return replace(verified, utilisation=utilisation)

@@ -16,6 +16,7 @@ from services.environments.base import Reward, TaskSpec
 from services.environments.chat import ChatEpisode
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.job import eval_job_main
+from services.inference.utilisation import TIME_PARTS
 from services.training.checkpoint import (
     CheckpointError,
     read_manifest,
@@ -138,6 +139,8 @@ def test_sft_lowers_the_loss(tiny_llama: Path, chat_tasks: dict[str, Path], tmp_
     metrics = read_metrics(tmp_path)
     losses = [row["loss"] for row in metrics["history"]]
     assert losses[-1] < losses[0]
+    assert metrics["train_mfu"] > 0 and metrics["peak_gflops"]["train"] > 0
+    assert metrics["rollout_mfu"] is None  # SFT samples nothing
     assert metrics["family"] == "hf" and metrics["train_tokens"] > 0
     manifest = verify_checkpoint(tmp_path / "out" / "checkpoint")
     assert manifest.kind == "full" and "model.safetensors" in manifest.files
@@ -157,6 +160,9 @@ def test_grpo_lora_job_continues_the_champion_adapter(
     metrics = read_metrics(tmp_path)
     assert metrics["steps"] == 2 and metrics["episodes"] == 8
     assert metrics["rollout_tokens"] > 0
+    assert metrics["rollout_mfu"] > 0 and metrics["peak_gflops"]["rollout"] > 0
+    assert set(metrics["time_split"]) == set(TIME_PARTS)
+    assert metrics["time_split"]["forward"] > 0
     assert metrics["parent_checkpoint_id"] == read_manifest(sft_adapter).checkpoint_id
     manifest = verify_checkpoint(tmp_path / "out" / "checkpoint")
     assert manifest.kind == "lora"

@@ -14,6 +14,7 @@ import torch
 from services.environments import write_task_file
 from services.environments.base import Environment, Reward, TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
+from services.inference.utilisation import TIME_PARTS
 from services.training.config import HyperparameterError, RFTConfig, parse_hyperparameters
 from services.training.distributed import init_distributed
 from services.training.family import FamilyModel, PackedBatch, Rollouts, TokenEpisode, family_for
@@ -85,6 +86,12 @@ def test_rft_trains_only_on_verified_successes(capable_champion: Path) -> None:
     assert result.successes == len(passed)
     assert all(row["trained"] and row["loss"] is not None for row in result.iterations)
     assert result.counters.steps_done == 6
+    # the job's utilisation figures: its rounds and its SFT passes, against the peak
+    metrics = result.metrics()
+    assert 0 < metrics["rollout_mfu"] and 0 < metrics["train_mfu"]
+    assert metrics["peak_gflops"]["rollout"] > 0 and metrics["peak_gflops"]["train"] > 0
+    assert set(metrics["time_split"]) == set(TIME_PARTS)
+    assert metrics["forward_calls"]["decode_calls"] > 0
 
 
 def episode(task: TaskSpec, ids: list[int], *, passed: bool) -> TokenEpisode:

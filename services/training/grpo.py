@@ -608,4 +608,3 @@ def _training_figures(run: _Run, scored: _Scored, seconds: float) -> PassFigures
     work = (policy + demos) * config.ppo_epochs
     total_passes = (passes + demo_passes) * config.ppo_epochs + passes * scorings
     return training_figures(run.model, work, total_passes, seconds, scored=policy * scorings)
-

@@ -183,9 +183,7 @@ class HFModel:
             for task, rollout, reward in zip(tasks, rollouts, rewards, strict=True)
         ]
         utilisation = self._utilisation(episodes, split, time.perf_counter() - started)
-        return Rollouts(
-            episodes, stats.generated_tokens, stats.prompt_tokens, sampler, utilisation
-        )
+        return Rollouts(episodes, stats.generated_tokens, stats.prompt_tokens, sampler, utilisation)
 
     def _utilisation(
         self, episodes: Sequence[TokenEpisode], split: TimeSplit, wall_s: float

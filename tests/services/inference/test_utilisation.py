@@ -85,9 +85,12 @@ def test_a_llamas_shape_is_read_off_its_layers_and_a_lora_adapter_adds_nothing()
     config = engine.model.config
     shape = ModelShape.of(engine.model)
     head_dim = config.hidden_size // config.num_attention_heads
-    per_layer = config.hidden_size * head_dim * (
-        2 * config.num_attention_heads + 2 * config.num_key_value_heads
-    ) + 3 * config.hidden_size * config.intermediate_size
+    per_layer = (
+        config.hidden_size
+        * head_dim
+        * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+        + 3 * config.hidden_size * config.intermediate_size
+    )
     assert shape.linear_params == config.num_hidden_layers * per_layer
     assert shape.head_params == config.vocab_size * config.hidden_size
     assert shape.attention_width == config.num_attention_heads * head_dim

@@ -88,7 +88,7 @@ def test_rft_trains_only_on_verified_successes(capable_champion: Path) -> None:
     assert result.counters.steps_done == 6
     # the job's utilisation figures: its rounds and its SFT passes, against the peak
     metrics = result.metrics()
-    assert 0 < metrics["rollout_mfu"] and 0 < metrics["train_mfu"]
+    assert metrics["rollout_mfu"] > 0 and metrics["train_mfu"] > 0
     assert metrics["peak_gflops"]["rollout"] > 0 and metrics["peak_gflops"]["train"] > 0
     assert set(metrics["time_split"]) == set(TIME_PARTS)
     assert metrics["forward_calls"]["decode_calls"] > 0

@@ -142,6 +142,7 @@ def summary_public(row: TraceSummary) -> TraceSummaryPublic:
         curation_outcome=row.curation_outcome,
         reason=row.reason,
         curation_detail=row.curation_detail,
+        body_purged=row.body_purged,
         check=reward_check_public(row.reward),
     )
 

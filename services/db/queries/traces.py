@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    Select,
     Text,
     and_,
     case,
@@ -37,7 +38,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from services.db.models import Task, TaskSource, Trace, TraceFeedback
+from services.db.models import (
+    PartitionRetirement,
+    Task,
+    TaskSource,
+    Trace,
+    TraceBody,
+    TraceFeedback,
+)
+from services.db.partitions import TRACE_BODIES
 
 TRACE_COLUMNS = (
     "loop_id",
@@ -52,6 +61,8 @@ TRACE_COLUMNS = (
     "started_at",
     "ended_at",
 )
+# The columns of the trace row: all but the body, which goes to ``trace_bodies``.
+_ROW_COLUMNS = ", ".join(name for name in TRACE_COLUMNS if name != "body")
 _COLUMNS = ", ".join(TRACE_COLUMNS)
 
 CREATE_STAGE_SQL = (
@@ -75,19 +86,40 @@ STAGE_TYPES = (
     "timestamptz",
     "timestamptz",
 )
+# The new rows' bodies go to their partition of ``trace_bodies`` in the same statement, keyed
+# by the row's id and ``received_at`` (the transaction's time, read back from the row).
 INSERT_FROM_STAGE_SQL = (
-    f"INSERT INTO traces ({_COLUMNS}) "
-    f"SELECT {_COLUMNS.replace('body', 'body::jsonb')} FROM ingest_stage "
+    "WITH new AS ("
+    f"INSERT INTO traces ({_ROW_COLUMNS}) "
+    f"SELECT {_ROW_COLUMNS} FROM ingest_stage "
     "ORDER BY loop_id, external_id "
     "ON CONFLICT (loop_id, external_id) DO NOTHING "
-    "RETURNING id, loop_id, external_id"
+    "RETURNING id, loop_id, external_id, received_at"
+    "), bodies AS ("
+    "INSERT INTO trace_bodies (trace_id, received_at, body) "
+    "SELECT new.id, new.received_at, s.body::jsonb FROM new "
+    "JOIN ingest_stage AS s USING (loop_id, external_id)"
+    ") SELECT id, loop_id, external_id FROM new"
 )
 INSERT_TRACE_SQL = (
-    f"INSERT INTO traces ({_COLUMNS}) "
-    f"VALUES ({', '.join('%s::jsonb' if name == 'body' else '%s' for name in TRACE_COLUMNS)}) "
+    "WITH new AS ("
+    f"INSERT INTO traces ({_ROW_COLUMNS}) "
+    f"VALUES ({', '.join('%s' for name in TRACE_COLUMNS if name != 'body')}) "
     "ON CONFLICT (loop_id, external_id) DO NOTHING "
-    "RETURNING id, loop_id, external_id"
+    "RETURNING id, loop_id, external_id, received_at"
+    "), bodies AS ("
+    "INSERT INTO trace_bodies (trace_id, received_at, body) "
+    "SELECT id, received_at, %s::jsonb FROM new"
+    ") SELECT id, loop_id, external_id FROM new"
 )
+
+
+def insert_trace_params(values: Sequence[Any]) -> tuple[Any, ...]:
+    """The parameters of :data:`INSERT_TRACE_SQL` for one row of TRACE_COLUMNS values."""
+    body = TRACE_COLUMNS.index("body")
+    return (*values[:body], *values[body + 1 :], values[body])
+
+
 # The rows the staged traces repeat (run when some were not inserted): a duplicate's answer
 # names the trace already stored.
 STAGED_IDS_SQL = (
@@ -107,7 +139,9 @@ class TraceRow:
     success: bool | None
     score: float | None
     error_kind: str | None
-    body_json: str  # the body as Postgres sends it; decoded once, where it is curated
+    # The body as Postgres sends it, decoded once where it is curated; None once retention
+    # dropped it (curation then records the trace as purged).
+    body_json: str | None
     size_bytes: int
 
 
@@ -134,6 +168,37 @@ class Verdict:
     detail: str
 
 
+def _body_of_trace() -> Select[Any]:
+    """The body row of the trace of the enclosing query: its id and its ``received_at``, the
+    partition key, so Postgres reads one partition's index (pruned at run time, per row)."""
+    return select(TraceBody).where(
+        TraceBody.trace_id == Trace.id, TraceBody.received_at == Trace.received_at
+    )
+
+
+BODY_TEXT = (
+    _body_of_trace()
+    .with_only_columns(cast(TraceBody.body, Text))
+    .correlate(Trace)
+    .scalar_subquery()
+)
+"""The trace's body as JSON text, None once purged (a column of a query over ``traces``)."""
+
+
+def body_kept(
+    since: dt.datetime | None = None, until: dt.datetime | None = None
+) -> ColumnElement[bool]:
+    """Whether the trace still has its body (a column of a query over ``traces``). The
+    bounds of a query's time range, repeated on the partition key, let Postgres leave the
+    partitions outside it out of the plan."""
+    found = _body_of_trace()
+    if since is not None:
+        found = found.where(TraceBody.received_at >= since)
+    if until is not None:
+        found = found.where(TraceBody.received_at < until)
+    return found.correlate(Trace).exists()
+
+
 _TRACE_ROW_COLUMNS = (
     Trace.id,
     Trace.external_id,
@@ -141,7 +206,7 @@ _TRACE_ROW_COLUMNS = (
     Trace.success,
     Trace.score,
     Trace.error_kind,
-    cast(Trace.body, Text),
+    BODY_TEXT,
     Trace.size_bytes,
 )
 
@@ -155,7 +220,7 @@ def lock_uncurated_traces(
     if only is not None:
         query = query.where(Trace.id.in_(list(only)))
     rows = session.execute(
-        query.order_by(Trace.id).limit(limit).with_for_update(skip_locked=True)
+        query.order_by(Trace.id).limit(limit).with_for_update(skip_locked=True, of=Trace)
     ).all()
     return [TraceRow(*row) for row in rows]
 
@@ -353,6 +418,8 @@ class TraceSummary:
     # The stored reward (``verifier.params.reward``) of the task the trace became or was
     # counted into, so the listing can show what will be checked; None for no task.
     reward: Any = None
+    # Whether retention dropped the body (feedback on the trace is refused then).
+    body_purged: bool = False
 
 
 @dataclass(frozen=True)
@@ -433,8 +500,10 @@ def list_traces(
     """A page of a loop's traces, newest first: by ``(received_at, id)``, the order of the
     ``ix_traces_loop_received`` index, so a page reads only its rows even in a loop of
     millions. ``after`` is the last row of the previous page (keyset pagination: no page
-    skips or repeats a row while traces keep arriving)."""
-    query = select(*_SUMMARY_COLUMNS).where(Trace.loop_id == loop_id)
+    skips or repeats a row while traces keep arriving). Whether each body is kept is read
+    from the ``trace_bodies`` partitions of the filter's time range only."""
+    purged = ~body_kept(filters.since, filters.until)
+    query = select(*_SUMMARY_COLUMNS, purged).where(Trace.loop_id == loop_id)
     if filters.outcome is not None:
         query = query.where(_outcome_condition(filters.outcome))
     if filters.curation is not None:
@@ -455,7 +524,9 @@ def list_traces(
 
 def trace_summary(*, session: Session, loop_id: int, external_id: str) -> TraceSummary | None:
     row = session.execute(
-        select(*_SUMMARY_COLUMNS).where(Trace.loop_id == loop_id, Trace.external_id == external_id)
+        select(*_SUMMARY_COLUMNS, ~body_kept()).where(
+            Trace.loop_id == loop_id, Trace.external_id == external_id
+        )
     ).first()
     return TraceSummary(*row) if row is not None else None
 
@@ -571,22 +642,49 @@ def _send_back_to_curation(*, session: Session, trace_id: int) -> None:
     )
 
 
+def _purged_at(received_at: dt.datetime) -> Select[Any]:
+    """When retention dropped the range holding ``received_at`` (the first that covers it)."""
+    return select(func.min(PartitionRetirement.retired_at)).where(
+        PartitionRetirement.table_name == TRACE_BODIES.name,
+        PartitionRetirement.lower <= received_at,
+        PartitionRetirement.upper > received_at,
+    )
+
+
 def trace_purge_state(
     *, session: Session, loop_id: int, external_id: str
 ) -> tuple[int, dt.datetime | None] | None:
     """A trace's row id and when retention purged its body (None: not purged); None when
     the loop has no such trace."""
     row = session.execute(
-        select(Trace.id, Trace.body_purged_at).where(
+        select(Trace.id, Trace.received_at, body_kept()).where(
             Trace.loop_id == loop_id, Trace.external_id == external_id
         )
     ).first()
-    return (int(row[0]), row[1]) if row is not None else None
+    if row is None:
+        return None
+    trace_id, received_at, kept = row
+    return int(trace_id), None if kept else _purged_time(session, received_at)
 
 
-def trace_body(*, session: Session, trace_id: int) -> tuple[dict[str, Any], dt.datetime | None]:
-    """The stored body and when retention purged it (None while it is the agent's own)."""
-    body, purged_at = session.execute(
-        select(Trace.body, Trace.body_purged_at).where(Trace.id == trace_id)
+def _purged_time(session: Session, received_at: dt.datetime) -> dt.datetime:
+    """When a body that is gone went; a range retired before retention kept a record (none
+    should be) reads as purged when received."""
+    found = session.execute(_purged_at(received_at)).scalar_one()
+    return found if found is not None else received_at
+
+
+def trace_body(
+    *, session: Session, trace_id: int
+) -> tuple[dict[str, Any] | None, dt.datetime | None]:
+    """The stored body and when retention purged it: ``(body, None)`` while it is the
+    agent's own, ``(None, when)`` once purged."""
+    received_at, body = session.execute(
+        select(
+            Trace.received_at,
+            _body_of_trace().with_only_columns(TraceBody.body).correlate(Trace).scalar_subquery(),
+        ).where(Trace.id == trace_id)
     ).one()
-    return body, purged_at
+    if body is not None:
+        return body, None
+    return None, _purged_time(session, received_at)

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.support import api_over_loop  # noqa: E402
-from services.db.queries.traces import TRACE_COLUMNS  # noqa: E402
+from services.db.queries.trace_inserts import TRACE_COLUMNS  # noqa: E402
 from services.ingest.schema import validate_trace  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
 

@@ -130,13 +130,13 @@ class Trace(Base):
     curation_detail: Mapped[str | None] = mapped_column(Text)
     # Attempts that failed to curate the trace alone; at the bound it is set aside (issue 43).
     curation_attempts: Mapped[int] = mapped_column(Integer, server_default="0")
-    # The raw body, in ``trace_bodies`` (services.db.models_partitioned); loaded with the
-    # entity, while the services' queries read it through services.db.queries.traces.
-    stored_body: Mapped[TraceBody | None] = relationship(lazy="selectin", passive_deletes=True)
+    stored_body: Mapped[TraceBody | None] = relationship(
+        lazy="selectin", cascade="all, delete-orphan", passive_deletes=True
+    )
 
     @property
     def body(self) -> dict[str, Any]:
-        """The raw body; ``{}`` once retention purged it."""
+        """The raw body (in ``trace_bodies``); ``{}`` once retention purged it."""
         return self.stored_body.body if self.stored_body is not None else {}
 
     @body.setter

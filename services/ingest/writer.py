@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from services.db.queries.traces import (
+from services.db.queries.trace_inserts import (
     COPY_STAGE_SQL,
     CREATE_STAGE_SQL,
     INSERT_FROM_STAGE_SQL,

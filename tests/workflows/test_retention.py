@@ -20,7 +20,7 @@ from services.db.partitions import (
     period_end,
     period_start,
 )
-from services.db.queries.traces import trace_purge_state
+from services.db.queries.trace_bodies import trace_purge_state
 from services.db.session import SessionFactory
 from services.settings import Settings
 from tests.services.curation.support import add_traces, make_loop, trace_body

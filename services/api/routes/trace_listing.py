@@ -31,12 +31,12 @@ from services.api.schemas.traces import (
     TraceSummaryPublic,
     TraceTaskPublic,
 )
+from services.db.queries.trace_bodies import trace_body
 from services.db.queries.traces import (
     TraceFilter,
     TraceKey,
     TraceSummary,
     list_traces,
-    trace_body,
     trace_feedback,
     trace_summary,
     trace_tasks,

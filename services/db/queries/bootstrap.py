@@ -16,7 +16,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from services.db.models import Task, TaskSource, Trace
-from services.db.queries.traces import BODY_TEXT, TraceRow, body_kept
+from services.db.queries.trace_bodies import BODY_TEXT, body_kept
+from services.db.queries.traces import TraceRow
 
 
 @dataclass(frozen=True)

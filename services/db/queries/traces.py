@@ -1,15 +1,9 @@
-"""Trace rows: the group-commit insert of the ingest writer, lookups by external id, what
-curation and the drift signal read and stamp (uncurated traces, failure windows), and what
-the traces listing, the loop page and feedback read and write.
+"""Trace rows: what curation and the drift signal read and stamp (uncurated traces,
+failure windows), and what the traces listing, the loop page and feedback read and write.
+The ingest writer's insert is in services.db.queries.trace_inserts, bodies are read through
+services.db.queries.trace_bodies.
 
-Every function takes the session keyword-only and never commits. The writer's insert is
-plain SQL for psycopg (the hot path). A group of traces is COPYed into
-a per-connection temporary staging table, then moved with one ``INSERT ... SELECT ... ON
-CONFLICT (loop_id, external_id) DO NOTHING RETURNING``: COPY moves the rows at close to the
-speed of a plain COPY (binding arrays of large JSON strings as parameters costs several times
-more in the driver), the conflict clause makes a re-post a no-op, and ``RETURNING`` says which
-rows were new, so every item can be told "accepted" or "duplicate". Rows are moved in key
-order, so concurrent writers (other api replicas) take row locks in one order.
+Every function takes the session keyword-only and never commits.
 """
 
 from __future__ import annotations
@@ -23,10 +17,8 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Select,
-    Text,
     and_,
     case,
-    cast,
     func,
     not_,
     or_,
@@ -38,95 +30,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from services.db.models import (
-    PartitionRetirement,
-    Task,
-    TaskSource,
-    Trace,
-    TraceBody,
-    TraceFeedback,
-)
-from services.db.partitions import TRACE_BODIES
-
-TRACE_COLUMNS = (
-    "loop_id",
-    "external_id",
-    "source",
-    "model_version",
-    "success",
-    "score",
-    "error_kind",
-    "body",
-    "size_bytes",
-    "started_at",
-    "ended_at",
-)
-# The columns of the trace row: all but the body, which goes to ``trace_bodies``.
-_ROW_COLUMNS = ", ".join(name for name in TRACE_COLUMNS if name != "body")
-_COLUMNS = ", ".join(TRACE_COLUMNS)
-
-CREATE_STAGE_SQL = (
-    "CREATE TEMP TABLE IF NOT EXISTS ingest_stage ("
-    "loop_id bigint, external_id text, source text, model_version text, success boolean, "
-    "score float8, error_kind text, body text, size_bytes integer, started_at timestamptz, "
-    "ended_at timestamptz) ON COMMIT DELETE ROWS"
-)
-COPY_STAGE_SQL = f"COPY ingest_stage ({_COLUMNS}) FROM STDIN (FORMAT BINARY)"
-# The staging table's column types, in TRACE_COLUMNS order, for the binary COPY.
-STAGE_TYPES = (
-    "int8",
-    "text",
-    "text",
-    "text",
-    "bool",
-    "float8",
-    "text",
-    "text",
-    "int4",
-    "timestamptz",
-    "timestamptz",
-)
-# The new rows' bodies go to their partition of ``trace_bodies`` in the same statement, keyed
-# by the row's id and ``received_at`` (the transaction's time, read back from the row).
-INSERT_FROM_STAGE_SQL = (
-    "WITH new AS ("
-    f"INSERT INTO traces ({_ROW_COLUMNS}) "
-    f"SELECT {_ROW_COLUMNS} FROM ingest_stage "
-    "ORDER BY loop_id, external_id "
-    "ON CONFLICT (loop_id, external_id) DO NOTHING "
-    "RETURNING id, loop_id, external_id, received_at"
-    "), bodies AS ("
-    "INSERT INTO trace_bodies (trace_id, received_at, body) "
-    "SELECT new.id, new.received_at, s.body::jsonb FROM new "
-    "JOIN ingest_stage AS s USING (loop_id, external_id)"
-    ") SELECT id, loop_id, external_id FROM new"
-)
-INSERT_TRACE_SQL = (
-    "WITH new AS ("
-    f"INSERT INTO traces ({_ROW_COLUMNS}) "
-    f"VALUES ({', '.join('%s' for name in TRACE_COLUMNS if name != 'body')}) "
-    "ON CONFLICT (loop_id, external_id) DO NOTHING "
-    "RETURNING id, loop_id, external_id, received_at"
-    "), bodies AS ("
-    "INSERT INTO trace_bodies (trace_id, received_at, body) "
-    "SELECT id, received_at, %s::jsonb FROM new"
-    ") SELECT id, loop_id, external_id FROM new"
-)
-
-
-def insert_trace_params(values: Sequence[Any]) -> tuple[Any, ...]:
-    """The parameters of :data:`INSERT_TRACE_SQL` for one row of TRACE_COLUMNS values."""
-    body = TRACE_COLUMNS.index("body")
-    return (*values[:body], *values[body + 1 :], values[body])
-
-
-# The rows the staged traces repeat (run when some were not inserted): a duplicate's answer
-# names the trace already stored.
-STAGED_IDS_SQL = (
-    "SELECT t.id, t.loop_id, t.external_id FROM traces AS t "
-    "JOIN ingest_stage AS s USING (loop_id, external_id)"
-)
-TRACE_ID_SQL = "SELECT id FROM traces WHERE loop_id = %s AND external_id = %s"
+from services.db.models import Task, TaskSource, Trace, TraceFeedback
+from services.db.queries.trace_bodies import BODY_TEXT, body_kept
 
 
 @dataclass(frozen=True)
@@ -166,37 +71,6 @@ class Verdict:
     trace_id: int
     outcome: CurationOutcome
     detail: str
-
-
-def _body_of_trace() -> Select[Any]:
-    """The body row of the trace of the enclosing query: its id and its ``received_at``, the
-    partition key, so Postgres reads one partition's index (pruned at run time, per row)."""
-    return select(TraceBody).where(
-        TraceBody.trace_id == Trace.id, TraceBody.received_at == Trace.received_at
-    )
-
-
-BODY_TEXT = (
-    _body_of_trace()
-    .with_only_columns(cast(TraceBody.body, Text))
-    .correlate(Trace)
-    .scalar_subquery()
-)
-"""The trace's body as JSON text, None once purged (a column of a query over ``traces``)."""
-
-
-def body_kept(
-    since: dt.datetime | None = None, until: dt.datetime | None = None
-) -> ColumnElement[bool]:
-    """Whether the trace still has its body (a column of a query over ``traces``). The
-    bounds of a query's time range, repeated on the partition key, let Postgres leave the
-    partitions outside it out of the plan."""
-    found = _body_of_trace()
-    if since is not None:
-        found = found.where(TraceBody.received_at >= since)
-    if until is not None:
-        found = found.where(TraceBody.received_at < until)
-    return found.correlate(Trace).exists()
 
 
 _TRACE_ROW_COLUMNS = (
@@ -489,19 +363,10 @@ def _outcome_condition(outcome: str) -> ColumnElement[bool]:
     return and_(not_(_failed), not_(_succeeded))
 
 
-def list_traces(
-    *,
-    session: Session,
-    loop_id: int,
-    filters: TraceFilter,
-    after: TraceKey | None,
-    limit: int,
-) -> list[TraceSummary]:
-    """A page of a loop's traces, newest first: by ``(received_at, id)``, the order of the
-    ``ix_traces_loop_received`` index, so a page reads only its rows even in a loop of
-    millions. ``after`` is the last row of the previous page (keyset pagination: no page
-    skips or repeats a row while traces keep arriving). Whether each body is kept is read
-    from the ``trace_bodies`` partitions of the filter's time range only."""
+def listing_query(
+    *, loop_id: int, filters: TraceFilter, after: TraceKey | None, limit: int
+) -> Select[Any]:
+    """The statement of :func:`list_traces` (what EXPLAIN is asked about in the tests)."""
     purged = ~body_kept(filters.since, filters.until)
     query = select(*_SUMMARY_COLUMNS, purged).where(Trace.loop_id == loop_id)
     if filters.outcome is not None:
@@ -516,10 +381,24 @@ def list_traces(
         query = query.where(Trace.received_at < filters.until)
     if after is not None:
         query = query.where(tuple_(Trace.received_at, Trace.id) < (after.received_at, after.id))
-    rows = session.execute(
-        query.order_by(Trace.received_at.desc(), Trace.id.desc()).limit(limit)
-    ).all()
-    return [TraceSummary(*row) for row in rows]
+    return query.order_by(Trace.received_at.desc(), Trace.id.desc()).limit(limit)
+
+
+def list_traces(
+    *,
+    session: Session,
+    loop_id: int,
+    filters: TraceFilter,
+    after: TraceKey | None,
+    limit: int,
+) -> list[TraceSummary]:
+    """A page of a loop's traces, newest first: by ``(received_at, id)``, the order of the
+    ``ix_traces_loop_received`` index, so a page reads only its rows even in a loop of
+    millions. ``after`` is the last row of the previous page (keyset pagination: no page
+    skips or repeats a row while traces keep arriving). Whether each body is kept is read
+    from the ``trace_bodies`` partitions of the filter's time range only."""
+    query = listing_query(loop_id=loop_id, filters=filters, after=after, limit=limit)
+    return [TraceSummary(*row) for row in session.execute(query).all()]
 
 
 def trace_summary(*, session: Session, loop_id: int, external_id: str) -> TraceSummary | None:
@@ -640,51 +519,3 @@ def _send_back_to_curation(*, session: Session, trace_id: int) -> None:
         .where(Trace.id == trace_id)
         .values(curated_at=None, curation_outcome=None, curation_detail=None, curation_attempts=0)
     )
-
-
-def _purged_at(received_at: dt.datetime) -> Select[Any]:
-    """When retention dropped the range holding ``received_at`` (the first that covers it)."""
-    return select(func.min(PartitionRetirement.retired_at)).where(
-        PartitionRetirement.table_name == TRACE_BODIES.name,
-        PartitionRetirement.lower <= received_at,
-        PartitionRetirement.upper > received_at,
-    )
-
-
-def trace_purge_state(
-    *, session: Session, loop_id: int, external_id: str
-) -> tuple[int, dt.datetime | None] | None:
-    """A trace's row id and when retention purged its body (None: not purged); None when
-    the loop has no such trace."""
-    row = session.execute(
-        select(Trace.id, Trace.received_at, body_kept()).where(
-            Trace.loop_id == loop_id, Trace.external_id == external_id
-        )
-    ).first()
-    if row is None:
-        return None
-    trace_id, received_at, kept = row
-    return int(trace_id), None if kept else _purged_time(session, received_at)
-
-
-def _purged_time(session: Session, received_at: dt.datetime) -> dt.datetime:
-    """When a body that is gone went; a range retired before retention kept a record (none
-    should be) reads as purged when received."""
-    found = session.execute(_purged_at(received_at)).scalar_one()
-    return found if found is not None else received_at
-
-
-def trace_body(
-    *, session: Session, trace_id: int
-) -> tuple[dict[str, Any] | None, dt.datetime | None]:
-    """The stored body and when retention purged it: ``(body, None)`` while it is the
-    agent's own, ``(None, when)`` once purged."""
-    received_at, body = session.execute(
-        select(
-            Trace.received_at,
-            _body_of_trace().with_only_columns(TraceBody.body).correlate(Trace).scalar_subquery(),
-        ).where(Trace.id == trace_id)
-    ).one()
-    if body is not None:
-        return body, None
-    return None, _purged_time(session, received_at)

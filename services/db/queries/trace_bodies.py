@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, Text, cast, func, select
+from sqlalchemy import ColumnElement, Select, Text, cast, func, literal, select
 from sqlalchemy.orm import Session
 
 from services.db.models import PartitionRetirement, Trace, TraceBody
@@ -40,13 +40,17 @@ def body_kept(
 ) -> ColumnElement[bool]:
     """Whether the trace still has its body (a column of a query over ``traces``). The
     bounds of a query's time range, repeated on the partition key, let Postgres leave the
-    partitions outside it out of the plan."""
-    found = _body_of_trace()
+    partitions outside it out of the plan.
+
+    A scalar subquery, not ``EXISTS``: Postgres may run an ``EXISTS`` as a hashed subplan,
+    which reads every body's key to answer for a page of 50 (O(rows), 40 ms at 100k); a
+    scalar subquery is one index probe per row of the page."""
+    found = _body_of_trace().with_only_columns(literal(True)).limit(1)
     if since is not None:
         found = found.where(TraceBody.received_at >= since)
     if until is not None:
         found = found.where(TraceBody.received_at < until)
-    return found.correlate(Trace).exists()
+    return found.correlate(Trace).scalar_subquery().is_not(None)
 
 
 def _purged_at(received_at: dt.datetime) -> Select[Any]:

@@ -16,6 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from services.db.models import Trace, TraceBody
+
 TRACE_COLUMNS = (
     "loop_id",
     "external_id",
@@ -95,3 +101,32 @@ STAGED_IDS_SQL = (
     "JOIN ingest_stage AS s USING (loop_id, external_id)"
 )
 TRACE_ID_SQL = "SELECT id FROM traces WHERE loop_id = %s AND external_id = %s"
+
+
+def insert_trace(*, session: Session, loop_id: int, source: str, values: dict[str, Any]) -> int:
+    """Store one trace through the ORM session (a door with its own transaction, e.g. the
+    capture gateway's assembler): ``values`` are the row's columns plus ``body`` (a dict),
+    which goes to ``trace_bodies`` with the row's id and ``received_at``. The row id; the
+    existing row's when (loop, external id) was stored before (a no-op)."""
+    row = {key: value for key, value in values.items() if key != "body"}
+    inserted = session.execute(
+        pg_insert(Trace)
+        .values(loop_id=loop_id, source=source, **row)
+        .on_conflict_do_nothing(index_elements=["loop_id", "external_id"])
+        .returning(Trace.id, Trace.received_at)
+    ).first()
+    if inserted is not None:
+        trace_id, received_at = inserted
+        session.execute(
+            pg_insert(TraceBody).values(
+                trace_id=trace_id, received_at=received_at, body=values["body"]
+            )
+        )
+        return int(trace_id)
+    return int(
+        session.execute(
+            select(Trace.id).where(
+                Trace.loop_id == loop_id, Trace.external_id == values["external_id"]
+            )
+        ).scalar_one()
+    )

@@ -25,6 +25,7 @@ from services.db.partitions import (
 )
 from services.db.queries.retention import make_partitions_ahead, retire_trace_bodies
 from services.db.queries.trace_bodies import trace_body
+from services.db.queries.trace_inserts import insert_trace
 from services.db.queries.traces import (
     TraceFilter,
     listing_query,
@@ -230,3 +231,19 @@ def test_a_body_moves_with_its_trace_and_goes_with_it(session_factory: SessionFa
         session.execute(text("DELETE FROM traces WHERE id = :id"), {"id": trace_id})
     with session_factory() as session:
         assert session.scalars(select(TraceBody).where(TraceBody.trace_id == trace_id)).all() == []
+
+
+def test_one_trace_stored_through_a_session_gets_its_body_once(
+    session_factory: SessionFactory,
+) -> None:
+    loop_id = make_loop(session_factory)
+    values = {"external_id": "gw-1", "size_bytes": 12, "body": {"external_id": "gw-1"}}
+    with session_factory.begin() as session:
+        first = insert_trace(session=session, loop_id=loop_id, source="gateway", values=values)
+    with session_factory.begin() as session:  # a close retried after a lost commit
+        again = insert_trace(session=session, loop_id=loop_id, source="gateway", values=values)
+    assert again == first
+    with session_factory() as session:
+        assert trace_body(session=session, trace_id=first) == ({"external_id": "gw-1"}, None)
+        count = session.execute(text("SELECT count(*) FROM trace_bodies")).scalar_one()
+    assert count == 1

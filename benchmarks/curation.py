@@ -42,6 +42,7 @@ Usage: ``.venv/bin/python benchmarks/curation.py [--sizes 10000,100000] [--batch
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import multiprocessing
 import os
@@ -60,7 +61,7 @@ from sqlalchemy.engine import make_url
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.support import temporary_postgres  # noqa: E402
+from benchmarks.support import copy_traces, temporary_postgres  # noqa: E402
 from services.artifacts import ArtifactStore  # noqa: E402
 from services.curation.snapshot import snapshot  # noqa: E402
 from services.db.migrate import upgrade  # noqa: E402
@@ -149,12 +150,14 @@ def trace_columns(body: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def load_traces(database_url: str, loop_id: int, n: int, *, seed: int) -> None:
-    """COPY the traces in, with the outcome columns ingest would extract."""
-    columns = "loop_id, external_id, model_version, success, score, error_kind, body, size_bytes"
-    with psycopg.connect(database_url) as conn, conn.cursor() as cur:
-        with cur.copy(f"COPY traces ({columns}) FROM STDIN") as copy:
-            for body in traces(n, seed=seed):
-                copy.write_row((loop_id, *trace_columns(body)))
+    """COPY the traces in (rows and bodies), with the outcome columns ingest would extract."""
+    rows = []
+    for body in traces(n, seed=seed):
+        external_id, version, success, score, error_kind, text, size = trace_columns(body)
+        outcome = (success, score, error_kind)
+        rows.append((loop_id, external_id, "webhook", version, *outcome, text, size, None, None))
+    with psycopg.connect(database_url) as conn:
+        copy_traces(conn, rows, [dt.datetime.now(dt.UTC)] * len(rows))
         conn.commit()
 
 

@@ -5,7 +5,8 @@ subprocess), creates a loop, then measures, each for a fixed time:
 
   (a) single signed traces from 32 concurrent clients (keep-alive connections);
   (b) signed batches of 100 traces from 8 concurrent clients;
-  (c) a plain psycopg COPY of the same rows into the same table: the ceiling (the median of
+  (c) a plain psycopg COPY of the same rows into the same tables (traces and their bodies):
+      the ceiling (the median of
       --copy-runs runs; one run varies by +-30% even on a quiet machine).
 
 The load generator is a minimal HTTP/1.1 client over asyncio streams in separate processes
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import datetime as dt
 import hashlib
 import hmac
 import json
@@ -45,8 +47,7 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.support import api_over_loop  # noqa: E402
-from services.db.queries.traces import TRACE_COLUMNS  # noqa: E402
+from benchmarks.support import api_over_loop, copy_traces  # noqa: E402
 from services.ingest.schema import validate_trace  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
 
@@ -352,9 +353,8 @@ def copy_ceiling(database_url: str, loop_id: int, rows: int, run: int = 0) -> fl
     ]
     with psycopg.connect(database_url) as conn:
         started = time.perf_counter()
-        with conn.cursor().copy(f"COPY traces ({', '.join(TRACE_COLUMNS)}) FROM STDIN") as copy:
-            for value in values:
-                copy.write_row(value)
+        now = dt.datetime.now(dt.UTC)
+        copy_traces(conn, values, [now] * len(values))
         conn.commit()
         return rows / (time.perf_counter() - started)
 

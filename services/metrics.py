@@ -94,7 +94,27 @@ INGEST_QUEUE_DEPTH = Gauge(
 # Retention ----------------------------------------------------------------------------------
 TRACE_BODIES_PURGED = Counter(
     "ratchet_retention_trace_bodies_purged_total",
-    "Raw trace bodies replaced after RATCHET_TRACE_RETENTION_DAYS (the rows stay).",
+    "Raw trace bodies dropped after RATCHET_TRACE_RETENTION_DAYS (the rows stay); the "
+    "planner's estimate of the rows of each partition dropped.",
+    registry=REGISTRY,
+)
+PARTITIONS_CREATED = Counter(
+    "ratchet_partitions_created_total",
+    "Partitions made ahead of time (RATCHET_PARTITIONS_AHEAD), by table.",
+    ["table"],
+    registry=REGISTRY,
+)
+PARTITIONS_RETIRED = Counter(
+    "ratchet_partitions_retired_total",
+    "Partitions detached and dropped by retention, by table.",
+    ["table"],
+    registry=REGISTRY,
+)
+PARTITION_RETIREMENT_DURATION = Histogram(
+    "ratchet_partitions_retirement_duration_seconds",
+    "One retirement transaction of a partitioned table (detach, drop, default partition).",
+    ["table"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     registry=REGISTRY,
 )
 

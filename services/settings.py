@@ -292,6 +292,11 @@ class Settings(BaseSettings):
     # Raw trace bodies are purged this many days after they arrive (tasks keep their redacted
     # copies, rows keep their ids and outcomes); 0 keeps them for ever.
     trace_retention_days: int = Field(default=30, ge=0)
+    # Trace bodies and OTLP span payloads live in tables partitioned by the time they arrived
+    # (services.db.partitions): one partition per UTC day or ISO week, made this many
+    # periods ahead by the worker's retention schedule and retired whole by retention.
+    partition_period: Literal["daily", "weekly"] = "daily"
+    partitions_ahead: int = Field(default=3, ge=1, le=366)
 
     # Demonstrations (services.curation.demonstrations): the verified episodes kept per task,
     # with their tokens, from probes and training runs: at most this many successes and as

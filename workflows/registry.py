@@ -89,6 +89,7 @@ def build_activities(deps: WorkerDependencies) -> list[Callable[..., Any]]:
         *jobs.activities(),
         *loop.activities(),
         *estimate.activities(),
+        retention.maintain_partitions,
         retention.purge_trace_bodies,
     ]
 

@@ -1,16 +1,18 @@
-"""The Temporal Schedules Ratchet keeps: the hourly retention purge (workflows/retention.py)
-and the serving ledger's sample (workflows/ledger.py).
+"""The Temporal Schedules Ratchet keeps: the hourly retention upkeep (workflows/retention.py:
+partitions made ahead, old ones dropped) and the serving ledger's sample (workflows/ledger.py).
 
 The worker calls :func:`ensure_retention_schedule` and :func:`ensure_serving_ledger_schedule`
-at start, so each schedule follows its setting (``RATCHET_TRACE_RETENTION_DAYS``,
-``RATCHET_SERVING_LEDGER_SAMPLE_S``): created when missing, updated when the period changed,
-deleted when it is off (0). Several workers starting at once race benignly: creating an
-existing schedule is treated as "already there" and turns into an update.
+at start, so each schedule follows its settings (``RATCHET_TRACE_RETENTION_DAYS``,
+``RATCHET_PARTITION_PERIOD``, ``RATCHET_PARTITIONS_AHEAD``,
+``RATCHET_SERVING_LEDGER_SAMPLE_S``): created when missing, updated when they changed; the
+ledger's is deleted when it is off (0). Several workers starting at once race benignly:
+creating an existing schedule is treated as "already there" and turns into an update.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from datetime import timedelta
 
 from temporalio.client import (
@@ -27,6 +29,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from services.settings import Settings
 from workflows.ledger import ServingLedgerWorkflow
 from workflows.payloads.ledger import (
     SERVING_LEDGER_SCHEDULE_ID,
@@ -45,11 +48,11 @@ logger = logging.getLogger(__name__)
 RETENTION_EVERY = timedelta(hours=1)
 
 
-def retention_schedule(retention_days: int, task_queue: str) -> Schedule:
+def retention_schedule(retention: RetentionInput, task_queue: str) -> Schedule:
     return Schedule(
         action=ScheduleActionStartWorkflow(
             RetentionWorkflow.run,
-            RetentionInput(retention_days=retention_days),
+            retention,
             id=RETENTION_WORKFLOW_ID,
             task_queue=task_queue,
             execution_timeout=timedelta(hours=2),
@@ -61,9 +64,26 @@ def retention_schedule(retention_days: int, task_queue: str) -> Schedule:
     )
 
 
-async def ensure_retention_schedule(client: Client, retention_days: int, task_queue: str) -> None:
-    schedule = retention_schedule(retention_days, task_queue) if retention_days > 0 else None
-    await _ensure_schedule(client, RETENTION_SCHEDULE_ID, schedule)
+async def ensure_retention_schedule(
+    client: Client, retention: RetentionInput, task_queue: str
+) -> None:
+    """Always there: with retention off (``retention_days`` 0) it still makes partitions
+    ahead and drops span payloads."""
+    await _ensure_schedule(client, RETENTION_SCHEDULE_ID, retention_schedule(retention, task_queue))
+
+
+def retention_input(settings: Settings) -> RetentionInput:
+    """The scheduled upkeep's input, from the settings it follows."""
+    return RetentionInput(
+        retention_days=settings.trace_retention_days,
+        period=settings.partition_period,
+        ahead=settings.partitions_ahead,
+        # A span still waiting is flushed within the episode's maximum wait: its payload is
+        # kept at least that long.
+        span_retention_s=max(
+            settings.otlp_span_retention_s, math.ceil(settings.otlp_episode_max_wait_s)
+        ),
+    )
 
 
 def serving_ledger_schedule(every_s: int, task_queue: str) -> Schedule:

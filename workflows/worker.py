@@ -149,7 +149,11 @@ async def run_worker(settings: Settings) -> None:
     worker = build_worker(client, deps)
     from temporalio.service import RPCError
 
-    from workflows.schedules import ensure_retention_schedule, ensure_serving_ledger_schedule
+    from workflows.schedules import (
+        ensure_retention_schedule,
+        ensure_serving_ledger_schedule,
+        retention_input,
+    )
     from workflows.search_attributes import ensure_search_attributes
 
     try:
@@ -165,10 +169,10 @@ async def run_worker(settings: Settings) -> None:
         )
     try:
         await ensure_retention_schedule(
-            client, settings.trace_retention_days, settings.temporal_task_queue
+            client, retention_input(settings), settings.temporal_task_queue
         )
     except RPCError as exc:  # the loops still run; only the purge is not scheduled
-        logger.error("cannot set up the trace retention schedule: %s", exc)
+        logger.error("cannot set up the retention (partitions) schedule: %s", exc)
     try:
         await ensure_serving_ledger_schedule(
             client, settings.serving_ledger_sample_s, settings.temporal_task_queue

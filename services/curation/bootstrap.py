@@ -247,7 +247,9 @@ class _Run:
             if len(self.tasks) >= self.limit:
                 self.report.left_out["over_limit"] += 1
                 continue
-            self._keep(row, item, json.loads(bodies[row.id].body_json), cluster=cluster)
+            body_json = bodies[row.id].body_json
+            assert body_json is not None  # a task is only ever prepared from a body
+            self._keep(row, item, json.loads(body_json), cluster=cluster)
 
     def _prepare(
         self, traces: list[TraceRow], feedback: Mapping[int, Feedback]

@@ -49,7 +49,9 @@ def batch_contexts(
     feedback = replay_queries.latest_feedback(session=session, trace_ids=[t.id for t in traces])
     if environment != ENVIRONMENT_NAME:
         return {trace_id: {"feedback": fb.to_dict()} for trace_id, fb in feedback.items()}
-    bodies = {trace.id: json.loads(trace.body_json) for trace in traces}
+    bodies = {
+        trace.id: json.loads(trace.body_json) for trace in traces if trace.body_json is not None
+    }
     keys = {trace_id: conversation_key(body) for trace_id, body in bodies.items()}
     rows: list[tuple[RecordedCall, int | None]] = []
     for trace_id, body in bodies.items():

@@ -120,6 +120,8 @@ def batch_redactor(policy: CurationPolicy) -> Redactor:
 
 
 def _prepare(trace: TraceRow, *, job: PrepareJob, redactor: Redactor) -> Prepared | Verdict:
+    if trace.body_json is None:  # retention dropped its partition before curation saw it
+        return Verdict(trace.id, CurationOutcome.PURGED, "body purged by retention")
     policy = job.policy
     context = job.contexts.get(trace.id)
     outcome = Outcome(trace.success, trace.score, trace.error_kind)

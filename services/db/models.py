@@ -35,6 +35,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from services.db.base import Base
 from services.db.columns import JSON, now_column
+from services.db.models_partitioned import OtlpSpanPayload, PartitionRetirement, TraceBody
 
 
 class Loop(Base):
@@ -100,6 +101,8 @@ class Trace(Base):
     __tablename__ = "traces"
     __table_args__ = (
         UniqueConstraint("loop_id", "external_id"),
+        # What a body's foreign key references: its trace and its partition key together.
+        UniqueConstraint("id", "received_at"),
         Index("ix_traces_loop_received", "loop_id", "received_at"),
         Index(
             "ix_traces_uncurated",
@@ -118,7 +121,6 @@ class Trace(Base):
     success: Mapped[bool | None] = mapped_column(Boolean)
     score: Mapped[float | None] = mapped_column(Float)
     error_kind: Mapped[str | None] = mapped_column(String(128))
-    body: Mapped[dict[str, Any]] = mapped_column(JSON)
     size_bytes: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
@@ -128,9 +130,18 @@ class Trace(Base):
     curation_detail: Mapped[str | None] = mapped_column(Text)
     # Attempts that failed to curate the trace alone; at the bound it is set aside (issue 43).
     curation_attempts: Mapped[int] = mapped_column(Integer, server_default="0")
-    # Set when retention replaced the raw body (RATCHET_TRACE_RETENTION_DAYS); the row stays
-    # for lineage and counts, its tasks keep their redacted copies.
-    body_purged_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    stored_body: Mapped[TraceBody | None] = relationship(
+        lazy="selectin", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The raw body (in ``trace_bodies``); ``{}`` once retention purged it."""
+        return self.stored_body.body if self.stored_body is not None else {}
+
+    @body.setter
+    def body(self, value: dict[str, Any]) -> None:
+        self.stored_body = TraceBody(body=value)
 
 
 class Task(Base):
@@ -461,6 +472,8 @@ __all__ = [
     "LshBucket",
     "OtlpPendingTrace",
     "OtlpSpan",
+    "OtlpSpanPayload",
+    "PartitionRetirement",
     "Promotion",
     "Run",
     "Task",
@@ -551,8 +564,7 @@ class ServingTenure(Base):
     ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
-# Re-exported: every table is importable from here (Alembic's env and the callers), while
-# the OTLP staging aggregate lives in its own module.
+# Re-exported: every table is importable from here.
 from services.db.models_demonstrations import Demonstration  # noqa: E402
 from services.db.models_gateway import GatewayCall, GatewayOutcome, GatewaySession  # noqa: E402
 from services.db.models_otlp import OtlpPendingTrace, OtlpSpan  # noqa: E402
@@ -574,6 +586,8 @@ __all__ = [
     "LshBucket",
     "OtlpPendingTrace",
     "OtlpSpan",
+    "OtlpSpanPayload",
+    "PartitionRetirement",
     "Promotion",
     "Run",
     "ServingTenure",
@@ -581,5 +595,6 @@ __all__ = [
     "TaskSource",
     "ToolResponse",
     "Trace",
+    "TraceBody",
     "TraceFeedback",
 ]

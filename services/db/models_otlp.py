@@ -16,7 +16,6 @@ from sqlalchemy import (
     Identity,
     Index,
     String,
-    Text,
     UniqueConstraint,
     text,
 )
@@ -33,12 +32,16 @@ class OtlpSpan(Base):
     until the episode's span arrives or the trace has been quiet for
     ``RATCHET_OTLP_EPISODE_QUIET_S``. Once assembled, a row keeps its ids but loses its
     payload for a retention period, so a re-exported or late span is recognised instead of
-    becoming a second, partial trace. See services.ingest.episodes.
+    becoming a second, partial trace. The payload lives in ``otlp_span_payloads``,
+    partitioned by ``received_at`` (services.db.models_partitioned). See
+    services.ingest.episodes.
     """
 
     __tablename__ = "otlp_spans"
     __table_args__ = (
         UniqueConstraint("loop_id", "trace_id", "record_id"),
+        # What a payload's foreign key references (services.db.models_partitioned).
+        UniqueConstraint("id", "received_at"),
         CheckConstraint("kind IN ('agent', 'genai', 'other', 'log')", name="kind"),
         Index(
             "ix_otlp_spans_assembled",
@@ -58,7 +61,6 @@ class OtlpSpan(Base):
     # Whether the parent lives in another process (OTLP span flags); null when not said.
     remote_parent: Mapped[bool | None] = mapped_column(Boolean)
     has_content: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
-    payload: Mapped[str | None] = mapped_column(Text)
     received_at: Mapped[dt.datetime] = now_column()
     assembled_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 

@@ -2,7 +2,7 @@
 
 One episode as the agent runtime saw it: the tools it was offered, every message (with tool
 calls and, when the serving layer has them, token ids and logprobs), the outcome, and free
-metadata. Other parts of Ratchet read ``traces.body`` in exactly this shape, so the models
+metadata. Other parts of Ratchet read ``trace_bodies.body`` in exactly this shape, so the models
 here are the contract: fields may be added (optional), never renamed or removed.
 
 Parsing is strict where a mistake would silently lose data (unknown keys are errors, not

@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from services.db.queries.traces import (
+from services.db.queries.trace_inserts import (
     COPY_STAGE_SQL,
     CREATE_STAGE_SQL,
     INSERT_FROM_STAGE_SQL,
@@ -44,6 +44,7 @@ from services.db.queries.traces import (
     STAGE_TYPES,
     STAGED_IDS_SQL,
     TRACE_ID_SQL,
+    insert_trace_params,
 )
 from services.ingest.errors import IngestError
 from services.ingest.schema import StoredTrace
@@ -383,7 +384,9 @@ class GroupCommitWriter:
             for key, index in unique:
                 try:
                     async with connection.transaction():
-                        cursor = await connection.execute(INSERT_TRACE_SQL, rows[index].values())
+                        cursor = await connection.execute(
+                            INSERT_TRACE_SQL, insert_trace_params(rows[index].values())
+                        )
                         found = await cursor.fetchone()
                         if found is None:  # a duplicate: the row it repeats
                             cursor = await connection.execute(TRACE_ID_SQL, key)

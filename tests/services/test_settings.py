@@ -63,6 +63,16 @@ def test_config_file_with_environment_winning(
         ("RATCHET_TEMPORAL_ADDRESS", "no-port", "RATCHET_TEMPORAL_ADDRESS: must be host:port"),
         ("RATCHET_LOG_FORMAT", "xml", "RATCHET_LOG_FORMAT"),
         ("RATCHET_EXECUTOR", "slurm", "RATCHET_EXECUTOR"),
+        (
+            "RATCHET_PARTITION_PERIOD",
+            "monthly",
+            "RATCHET_PARTITION_PERIOD: Input should be 'daily' or 'weekly' (got 'monthly')",
+        ),
+        (
+            "RATCHET_PARTITIONS_AHEAD",
+            "0",
+            "RATCHET_PARTITIONS_AHEAD: Input should be greater than or equal to 1 (got '0')",
+        ),
     ],
 )
 def test_bad_values_name_the_variable(

@@ -37,6 +37,8 @@ from workflows.ids import cycle_workflow_id
 from workflows.ledger import ServingLedgerWorkflow
 from workflows.payloads.ledger import ServingLedgerInput, ServingLedgerResult
 from workflows.payloads.retention import (
+    MaintainPartitionsInput,
+    MaintainPartitionsResult,
     PurgeTraceBodiesInput,
     PurgeTraceBodiesResult,
     RetentionInput,
@@ -206,16 +208,22 @@ def _fake_purge(input: PurgeTraceBodiesInput) -> PurgeTraceBodiesResult:
     return PurgeTraceBodiesResult(purged=3, cutoff=input.now)
 
 
-async def _record_retention(client: Client) -> None:
-    """A RetentionWorkflow run with a typed fake of its activity (the real one is tested in
-    test_retention.py against Postgres)."""
+@activity.defn(name="maintain_partitions")
+def _fake_maintain(input: MaintainPartitionsInput) -> MaintainPartitionsResult:
+    return MaintainPartitionsResult(made=["trace_bodies_p20261210"], retired=[])
+
+
+async def _record_retention(client: Client, name: str) -> None:
+    """A RetentionWorkflow run with typed fakes of its activities (the real ones are tested
+    in test_retention.py against Postgres). ``retention`` was recorded before partitions
+    (one activity); ``retention-partitions`` makes partitions first."""
     await _record_workflow(
         client,
         RetentionWorkflow,
         RetentionInput(retention_days=30),
         workflow_id="retention/purge",
-        activities=[_fake_purge],
-        history="retention-purged.json",
+        activities=[_fake_maintain, _fake_purge],
+        history="retention-purged.json" if name == "retention" else f"{name}.json",
     )
 
 
@@ -275,6 +283,7 @@ def _write(path: Path, history: WorkflowHistory) -> None:
 SCENARIOS: dict[str, World | None] = {
     "curate": None,  # a real CurateWorkflow run, see _record_curate
     "retention": None,  # see _record_retention
+    "retention-partitions": None,
     "serving-ledger": None,  # see _record_serving_ledger
     "operator-rollback": None,  # see _record_operator_rollback
     # The same, recorded with the serving target typed in the rollback plan and deploy
@@ -364,8 +373,8 @@ async def main(names: list[str]) -> None:
     try:
         for name in names or list(SCENARIOS):
             world = SCENARIOS[name]
-            if name == "retention":
-                await _record_retention(env.client)
+            if name in ("retention", "retention-partitions"):
+                await _record_retention(env.client, name)
             elif name == "serving-ledger":
                 await _record_serving_ledger(env.client)
             elif name in ("operator-rollback", "operator-rollback-typed"):

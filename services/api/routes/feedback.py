@@ -34,7 +34,8 @@ from services.api.routes.traces import check_json_content_type, ingest_service
 from services.api.schemas.traces import FeedbackIn, FeedbackResult
 from services.api.state import AppState
 from services.db.models import TraceFeedback
-from services.db.queries.traces import add_feedback, trace_purge_state
+from services.db.queries.trace_bodies import trace_purge_state
+from services.db.queries.traces import add_feedback
 from services.ingest.body import read_body
 from services.ingest.errors import IngestError
 from services.ingest.schema import decode_json, field_errors

@@ -31,12 +31,12 @@ from services.api.schemas.traces import (
     TraceSummaryPublic,
     TraceTaskPublic,
 )
+from services.db.queries.trace_bodies import trace_body
 from services.db.queries.traces import (
     TraceFilter,
     TraceKey,
     TraceSummary,
     list_traces,
-    trace_body,
     trace_feedback,
     trace_summary,
     trace_tasks,
@@ -142,6 +142,7 @@ def summary_public(row: TraceSummary) -> TraceSummaryPublic:
         curation_outcome=row.curation_outcome,
         reason=row.reason,
         curation_detail=row.curation_detail,
+        body_purged=row.body_purged,
         check=reward_check_public(row.reward),
     )
 

@@ -183,6 +183,11 @@ class TraceSummaryPublic(BaseModel):
         "was skipped"
     )
     curation_detail: str | None = Field(description="Curation's full verdict, in a sentence")
+    body_purged: bool = Field(
+        default=False,
+        description="Retention dropped the raw body (RATCHET_TRACE_RETENTION_DAYS); the row, "
+        "its outcome and its tasks stay, feedback on it is refused",
+    )
     check: RewardCheckPublic | None = Field(
         default=None,
         description="What the reward of the trace's task checks (its facts under the facts "

@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, BindParameter, String, Text, any_, bindparam, cast, func, select
+from sqlalchemy import BigInteger, BindParameter, String, any_, bindparam, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from services.db.models import Task, TaskSource, Trace
+from services.db.queries.trace_bodies import BODY_TEXT, body_kept
 from services.db.queries.traces import TraceRow
 
 
@@ -52,7 +53,7 @@ def newest_traces(*, session: Session, loop_id: int, limit: int) -> list[TraceOu
             Trace.score,
             Trace.error_kind,
             Trace.curated_at.is_not(None),
-            Trace.body_purged_at.is_not(None),
+            ~body_kept(),
         )
         .where(Trace.loop_id == loop_id)
         .order_by(Trace.received_at.desc(), Trace.id.desc())
@@ -83,7 +84,7 @@ def trace_bodies(*, session: Session, trace_ids: Sequence[int]) -> dict[int, Tra
             Trace.success,
             Trace.score,
             Trace.error_kind,
-            cast(Trace.body, Text),
+            BODY_TEXT,
             Trace.size_bytes,
         ).where(Trace.id == any_(_ids(trace_ids)))
     ).all()

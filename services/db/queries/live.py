@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, Select, cast, func, select
+from sqlalchemy import Integer, ScalarSelect, Select, cast, func, select
 from sqlalchemy.orm import Session
 
-from services.db.models import Loop, Trace
+from services.db.models import Loop, Trace, TraceBody
 from services.evaluation.stats import wilson_interval
 
 # The live success rate of the dashboard is taken over this many most recent outcomes.
@@ -72,7 +72,16 @@ def live_counts(
     if until is not None:
         recent = recent.where(Trace.received_at < until)
     if attested is not None:
-        return _attested_counts(session, recent, attested, limit)
+        # The ids in the body, read from the partitions of the window only.
+        body = select(TraceBody.body["response_ids"]).where(
+            TraceBody.trace_id == Trace.id, TraceBody.received_at == Trace.received_at
+        )
+        if since is not None:
+            body = body.where(TraceBody.received_at >= since)
+        if until is not None:
+            body = body.where(TraceBody.received_at < until)
+        response_ids = body.correlate(Trace).scalar_subquery()
+        return _attested_counts(session, recent, response_ids, attested, limit)
     window = recent.limit(limit).subquery()
     n, successes = session.execute(
         select(func.count(), func.coalesce(func.sum(cast(window.c.success, Integer)), 0))
@@ -83,6 +92,7 @@ def live_counts(
 def _attested_counts(
     session: Session,
     recent: Select[Any],
+    response_ids: ScalarSelect[Any],
     attested: Callable[[str | None, list[Any]], bool],
     limit: int,
 ) -> LiveCounts:
@@ -96,7 +106,7 @@ def _attested_counts(
     request, so one genuine id copied onto any number of made-up traces vouches for one.
     """
     rows = session.execute(
-        recent.add_columns(Trace.model_version, Trace.body["response_ids"])
+        recent.add_columns(Trace.model_version, response_ids)
         .limit(MAX_SCANNED_TRACES)
         .execution_options(yield_per=SCAN_BATCH)
     )

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, func, select, text, update
+from sqlalchemy import and_, delete, exists, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from services.db.models import Loop, OtlpPendingTrace, OtlpSpan
+from services.db.models import Loop, OtlpPendingTrace, OtlpSpan, OtlpSpanPayload
 
 STRUCTURE_COLUMNS = (
     OtlpSpan.trace_id,
@@ -39,8 +39,9 @@ _INSERT = (
     .on_conflict_do_nothing(
         index_elements=[OtlpSpan.loop_id, OtlpSpan.trace_id, OtlpSpan.record_id]
     )
-    .returning(OtlpSpan.trace_id, OtlpSpan.record_id)
+    .returning(OtlpSpan.trace_id, OtlpSpan.record_id, OtlpSpan.id, OtlpSpan.received_at)
 )
+_INSERT_PAYLOAD = insert(OtlpSpanPayload)
 
 
 def touch_pending_traces(*, session: Session, loop_id: int, trace_ids: Iterable[str]) -> None:
@@ -58,11 +59,22 @@ def touch_pending_traces(*, session: Session, loop_id: int, trace_ids: Iterable[
 
 def insert_rows(*, session: Session, rows: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
     """Insert span/log rows (a row already there is left as it is); the (trace id, record id)
-    of those that were new."""
+    of those that were new. A row's ``payload`` (None for none) goes to
+    ``otlp_span_payloads``, in the partition of the row's ``received_at``."""
     if not rows:
         return set()
-    result = session.connection().execute(_INSERT, list(rows))
-    return {(trace_id, record_id) for trace_id, record_id in result}
+    result = session.connection().execute(
+        _INSERT, [{k: v for k, v in row.items() if k != "payload"} for row in rows]
+    )
+    new = {(trace_id, record_id): (row_id, at) for trace_id, record_id, row_id, at in result}
+    payloads = [
+        {"span_row_id": new[key][0], "received_at": new[key][1], "payload": row["payload"]}
+        for row in rows
+        if row.get("payload") is not None and (key := (row["trace_id"], row["record_id"])) in new
+    ]
+    if payloads:
+        session.connection().execute(_INSERT_PAYLOAD, payloads)
+    return set(new)
 
 
 def lock_pending_traces(*, session: Session, loop_id: int, trace_ids: Iterable[str]) -> None:
@@ -98,7 +110,17 @@ def payloads(*, session: Session, row_ids: Iterable[int]) -> dict[int, str | Non
     ids = sorted(set(row_ids))
     if not ids:
         return {}
-    found = session.execute(select(OtlpSpan.id, OtlpSpan.payload).where(OtlpSpan.id.in_(ids)))
+    found = session.execute(
+        select(OtlpSpan.id, OtlpSpanPayload.payload)
+        .outerjoin(
+            OtlpSpanPayload,
+            and_(
+                OtlpSpanPayload.span_row_id == OtlpSpan.id,
+                OtlpSpanPayload.received_at == OtlpSpan.received_at,
+            ),
+        )
+        .where(OtlpSpan.id.in_(ids))
+    )
     return {int(row_id): payload for row_id, payload in found}
 
 
@@ -106,11 +128,20 @@ def mark_assembled(*, session: Session, row_ids: Iterable[int]) -> None:
     """Rows whose episode is done: keep the ids (late spans are recognised), drop the payload."""
     ids = sorted(set(row_ids))
     if ids:
-        session.execute(
+        marked = session.execute(
             update(OtlpSpan)
             .where(OtlpSpan.id.in_(ids), OtlpSpan.assembled_at.is_(None))
-            .values(assembled_at=func.now(), payload=None)
-        )
+            .values(assembled_at=func.now())
+            .returning(OtlpSpan.id, OtlpSpan.received_at)
+        ).all()
+        if marked:
+            session.execute(
+                delete(OtlpSpanPayload).where(
+                    tuple_(OtlpSpanPayload.span_row_id, OtlpSpanPayload.received_at).in_(
+                        [tuple(row) for row in marked]
+                    )
+                )
+            )
 
 
 def delete_rows(*, session: Session, row_ids: Iterable[int]) -> None:

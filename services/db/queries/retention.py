@@ -1,11 +1,21 @@
-"""Retention of raw trace bodies. The caller owns the transaction.
+"""Retention and upkeep of the tables partitioned by time (services.db.partitions). The caller
+owns the transaction.
 
-A trace's body holds what the agent saw and said, unredacted. After the retention period it
-is replaced by ``{}`` and ``body_purged_at`` is set; the row stays (loop, external id,
-outcome, timings), so counts, the drift signal and the lineage from tasks back to their
-source trace ids keep working, and tasks keep their own redacted copies. A trace purged
-before curation saw it is marked curated with the outcome ``purged``, so curation never
-reads an empty body.
+A trace's body holds what the agent saw and said, unredacted. After the retention period
+(``RATCHET_TRACE_RETENTION_DAYS``) it goes with its partition of ``trace_bodies``: a
+partition is dropped once it is wholly older than the cutoff, so a body is kept at most one
+period (a day or a week) longer than the setting says. The trace's row stays (loop, external
+id, outcome, timings), so counts, the drift signal and the lineage from tasks back to their
+source traces keep working, and tasks keep their own redacted copies. A trace whose body went
+before curation saw it is recorded by curation as ``purged``
+(services.curation.workers), and ``partition_retirements`` says when it went.
+
+OTLP span payloads normally leave when their episode is assembled; what is left (spans of
+an episode that never completed) goes with its partition once it is older than the span
+retention, unless a span still waiting holds a payload in it.
+
+Each function takes the table's maintenance lock first and returns None when another
+transaction holds it (another worker is at it: this run has nothing to do).
 """
 
 from __future__ import annotations
@@ -15,38 +25,65 @@ import datetime as dt
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from services.db.queries.traces import CurationOutcome
-
-PURGED_OUTCOME = CurationOutcome.PURGED
-
-_PURGE_SQL = text(
-    """
-    UPDATE traces
-       SET body = '{}'::json,
-           body_purged_at = :now,
-           curated_at = COALESCE(curated_at, :now),
-           curation_outcome = COALESCE(curation_outcome, :outcome)
-     WHERE id IN (
-        SELECT id FROM traces
-         WHERE received_at < :before AND body_purged_at IS NULL
-         ORDER BY id
-         LIMIT :limit
-         FOR UPDATE SKIP LOCKED
-     )
-    """
+from services.db.partitions import (
+    OTLP_SPAN_PAYLOADS,
+    PARTITIONED_TABLES,
+    TRACE_BODIES,
+    Partition,
+    Period,
+    Retired,
+    ensure_partitions,
+    lock_table_maintenance,
+    retire_partitions,
 )
 
 
-def purge_trace_bodies(
-    *, session: Session, received_before: dt.datetime, now: dt.datetime, limit: int
-) -> int:
-    """Purge up to ``limit`` bodies of traces received before ``received_before``; how many.
+def make_partitions_ahead(
+    *, session: Session, now: dt.datetime, period: Period, ahead: int
+) -> list[str] | None:
+    """Make the partitions of the current period and ``ahead`` more, of every partitioned
+    table (idempotent); the names of those made, None when another run holds a lock."""
+    made: list[str] = []
+    for table in PARTITIONED_TABLES:
+        if not lock_table_maintenance(session=session, table=table):
+            return None
+        made += ensure_partitions(session=session, table=table, now=now, period=period, ahead=ahead)
+    return made
 
-    Idempotent: purged rows are skipped, so a retried or concurrent run purges nothing twice
-    (rows another transaction holds are skipped, not waited for).
-    """
-    result = session.execute(
-        _PURGE_SQL,
-        {"before": received_before, "now": now, "limit": limit, "outcome": PURGED_OUTCOME},
+
+def retire_trace_bodies(
+    *, session: Session, received_before: dt.datetime, now: dt.datetime
+) -> list[Retired] | None:
+    """Drop the partitions of trace bodies wholly received before ``received_before`` and
+    delete older bodies from the default partition; what went, None when locked out."""
+    if not lock_table_maintenance(session=session, table=TRACE_BODIES):
+        return None
+    return retire_partitions(session=session, table=TRACE_BODIES, before=received_before, now=now)
+
+
+def _no_waiting_span(session: Session, part: Partition) -> bool:
+    """Whether no span still waiting for its episode has its payload in ``part``."""
+    waiting = session.execute(
+        text(
+            f"SELECT EXISTS (SELECT 1 FROM {part.name} AS p JOIN otlp_spans AS s "
+            "ON s.id = p.span_row_id AND s.received_at = p.received_at "
+            "WHERE s.assembled_at IS NULL)"
+        )
+    ).scalar_one()
+    return not waiting
+
+
+def retire_span_payloads(
+    *, session: Session, received_before: dt.datetime, now: dt.datetime
+) -> list[Retired] | None:
+    """Drop the partitions of span payloads wholly received before ``received_before`` that
+    no waiting span needs; what went, None when locked out."""
+    if not lock_table_maintenance(session=session, table=OTLP_SPAN_PAYLOADS):
+        return None
+    return retire_partitions(
+        session=session,
+        table=OTLP_SPAN_PAYLOADS,
+        before=received_before,
+        now=now,
+        may_retire=_no_waiting_span,
     )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]

@@ -1,15 +1,9 @@
-"""Trace rows: the group-commit insert of the ingest writer, lookups by external id, what
-curation and the drift signal read and stamp (uncurated traces, failure windows), and what
-the traces listing, the loop page and feedback read and write.
+"""Trace rows: what curation and the drift signal read and stamp (uncurated traces,
+failure windows), and what the traces listing, the loop page and feedback read and write.
+The ingest writer's insert is in services.db.queries.trace_inserts, bodies are read through
+services.db.queries.trace_bodies.
 
-Every function takes the session keyword-only and never commits. The writer's insert is
-plain SQL for psycopg (the hot path). A group of traces is COPYed into
-a per-connection temporary staging table, then moved with one ``INSERT ... SELECT ... ON
-CONFLICT (loop_id, external_id) DO NOTHING RETURNING``: COPY moves the rows at close to the
-speed of a plain COPY (binding arrays of large JSON strings as parameters costs several times
-more in the driver), the conflict clause makes a re-post a no-op, and ``RETURNING`` says which
-rows were new, so every item can be told "accepted" or "duplicate". Rows are moved in key
-order, so concurrent writers (other api replicas) take row locks in one order.
+Every function takes the session keyword-only and never commits.
 """
 
 from __future__ import annotations
@@ -22,10 +16,9 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    Text,
+    Select,
     and_,
     case,
-    cast,
     func,
     not_,
     or_,
@@ -38,63 +31,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from services.db.models import Task, TaskSource, Trace, TraceFeedback
-
-TRACE_COLUMNS = (
-    "loop_id",
-    "external_id",
-    "source",
-    "model_version",
-    "success",
-    "score",
-    "error_kind",
-    "body",
-    "size_bytes",
-    "started_at",
-    "ended_at",
-)
-_COLUMNS = ", ".join(TRACE_COLUMNS)
-
-CREATE_STAGE_SQL = (
-    "CREATE TEMP TABLE IF NOT EXISTS ingest_stage ("
-    "loop_id bigint, external_id text, source text, model_version text, success boolean, "
-    "score float8, error_kind text, body text, size_bytes integer, started_at timestamptz, "
-    "ended_at timestamptz) ON COMMIT DELETE ROWS"
-)
-COPY_STAGE_SQL = f"COPY ingest_stage ({_COLUMNS}) FROM STDIN (FORMAT BINARY)"
-# The staging table's column types, in TRACE_COLUMNS order, for the binary COPY.
-STAGE_TYPES = (
-    "int8",
-    "text",
-    "text",
-    "text",
-    "bool",
-    "float8",
-    "text",
-    "text",
-    "int4",
-    "timestamptz",
-    "timestamptz",
-)
-INSERT_FROM_STAGE_SQL = (
-    f"INSERT INTO traces ({_COLUMNS}) "
-    f"SELECT {_COLUMNS.replace('body', 'body::jsonb')} FROM ingest_stage "
-    "ORDER BY loop_id, external_id "
-    "ON CONFLICT (loop_id, external_id) DO NOTHING "
-    "RETURNING id, loop_id, external_id"
-)
-INSERT_TRACE_SQL = (
-    f"INSERT INTO traces ({_COLUMNS}) "
-    f"VALUES ({', '.join('%s::jsonb' if name == 'body' else '%s' for name in TRACE_COLUMNS)}) "
-    "ON CONFLICT (loop_id, external_id) DO NOTHING "
-    "RETURNING id, loop_id, external_id"
-)
-# The rows the staged traces repeat (run when some were not inserted): a duplicate's answer
-# names the trace already stored.
-STAGED_IDS_SQL = (
-    "SELECT t.id, t.loop_id, t.external_id FROM traces AS t "
-    "JOIN ingest_stage AS s USING (loop_id, external_id)"
-)
-TRACE_ID_SQL = "SELECT id FROM traces WHERE loop_id = %s AND external_id = %s"
+from services.db.queries.trace_bodies import BODY_TEXT, body_kept
 
 
 @dataclass(frozen=True)
@@ -107,7 +44,9 @@ class TraceRow:
     success: bool | None
     score: float | None
     error_kind: str | None
-    body_json: str  # the body as Postgres sends it; decoded once, where it is curated
+    # The body as Postgres sends it, decoded once where it is curated; None once retention
+    # dropped it (curation then records the trace as purged).
+    body_json: str | None
     size_bytes: int
 
 
@@ -141,7 +80,7 @@ _TRACE_ROW_COLUMNS = (
     Trace.success,
     Trace.score,
     Trace.error_kind,
-    cast(Trace.body, Text),
+    BODY_TEXT,
     Trace.size_bytes,
 )
 
@@ -155,7 +94,7 @@ def lock_uncurated_traces(
     if only is not None:
         query = query.where(Trace.id.in_(list(only)))
     rows = session.execute(
-        query.order_by(Trace.id).limit(limit).with_for_update(skip_locked=True)
+        query.order_by(Trace.id).limit(limit).with_for_update(skip_locked=True, of=Trace)
     ).all()
     return [TraceRow(*row) for row in rows]
 
@@ -353,6 +292,8 @@ class TraceSummary:
     # The stored reward (``verifier.params.reward``) of the task the trace became or was
     # counted into, so the listing can show what will be checked; None for no task.
     reward: Any = None
+    # Whether retention dropped the body (feedback on the trace is refused then).
+    body_purged: bool = False
 
 
 @dataclass(frozen=True)
@@ -422,19 +363,12 @@ def _outcome_condition(outcome: str) -> ColumnElement[bool]:
     return and_(not_(_failed), not_(_succeeded))
 
 
-def list_traces(
-    *,
-    session: Session,
-    loop_id: int,
-    filters: TraceFilter,
-    after: TraceKey | None,
-    limit: int,
-) -> list[TraceSummary]:
-    """A page of a loop's traces, newest first: by ``(received_at, id)``, the order of the
-    ``ix_traces_loop_received`` index, so a page reads only its rows even in a loop of
-    millions. ``after`` is the last row of the previous page (keyset pagination: no page
-    skips or repeats a row while traces keep arriving)."""
-    query = select(*_SUMMARY_COLUMNS).where(Trace.loop_id == loop_id)
+def listing_query(
+    *, loop_id: int, filters: TraceFilter, after: TraceKey | None, limit: int
+) -> Select[Any]:
+    """The statement of :func:`list_traces` (what EXPLAIN is asked about in the tests)."""
+    purged = ~body_kept(filters.since, filters.until)
+    query = select(*_SUMMARY_COLUMNS, purged).where(Trace.loop_id == loop_id)
     if filters.outcome is not None:
         query = query.where(_outcome_condition(filters.outcome))
     if filters.curation is not None:
@@ -447,15 +381,31 @@ def list_traces(
         query = query.where(Trace.received_at < filters.until)
     if after is not None:
         query = query.where(tuple_(Trace.received_at, Trace.id) < (after.received_at, after.id))
-    rows = session.execute(
-        query.order_by(Trace.received_at.desc(), Trace.id.desc()).limit(limit)
-    ).all()
-    return [TraceSummary(*row) for row in rows]
+    return query.order_by(Trace.received_at.desc(), Trace.id.desc()).limit(limit)
+
+
+def list_traces(
+    *,
+    session: Session,
+    loop_id: int,
+    filters: TraceFilter,
+    after: TraceKey | None,
+    limit: int,
+) -> list[TraceSummary]:
+    """A page of a loop's traces, newest first: by ``(received_at, id)``, the order of the
+    ``ix_traces_loop_received`` index, so a page reads only its rows even in a loop of
+    millions. ``after`` is the last row of the previous page (keyset pagination: no page
+    skips or repeats a row while traces keep arriving). Whether each body is kept is read
+    from the ``trace_bodies`` partitions of the filter's time range only."""
+    query = listing_query(loop_id=loop_id, filters=filters, after=after, limit=limit)
+    return [TraceSummary(*row) for row in session.execute(query).all()]
 
 
 def trace_summary(*, session: Session, loop_id: int, external_id: str) -> TraceSummary | None:
     row = session.execute(
-        select(*_SUMMARY_COLUMNS).where(Trace.loop_id == loop_id, Trace.external_id == external_id)
+        select(*_SUMMARY_COLUMNS, ~body_kept()).where(
+            Trace.loop_id == loop_id, Trace.external_id == external_id
+        )
     ).first()
     return TraceSummary(*row) if row is not None else None
 
@@ -569,24 +519,3 @@ def _send_back_to_curation(*, session: Session, trace_id: int) -> None:
         .where(Trace.id == trace_id)
         .values(curated_at=None, curation_outcome=None, curation_detail=None, curation_attempts=0)
     )
-
-
-def trace_purge_state(
-    *, session: Session, loop_id: int, external_id: str
-) -> tuple[int, dt.datetime | None] | None:
-    """A trace's row id and when retention purged its body (None: not purged); None when
-    the loop has no such trace."""
-    row = session.execute(
-        select(Trace.id, Trace.body_purged_at).where(
-            Trace.loop_id == loop_id, Trace.external_id == external_id
-        )
-    ).first()
-    return (int(row[0]), row[1]) if row is not None else None
-
-
-def trace_body(*, session: Session, trace_id: int) -> tuple[dict[str, Any], dt.datetime | None]:
-    """The stored body and when retention purged it (None while it is the agent's own)."""
-    body, purged_at = session.execute(
-        select(Trace.body, Trace.body_purged_at).where(Trace.id == trace_id)
-    ).one()
-    return body, purged_at

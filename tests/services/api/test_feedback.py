@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from services.db.models import Task, TaskSource, Trace, TraceFeedback
-from services.db.queries.retention import purge_trace_bodies
+from services.db.queries.retention import retire_trace_bodies
 from services.db.session import SessionFactory
 from tests.services.api.support import body_of, make_trace, signed_headers
 
@@ -262,14 +262,17 @@ def test_feedback_on_a_purged_trace_is_a_clear_410(
     refused with the reason, and the trace keeps its verdict and links."""
     post_trace(client, loop, make_trace("ticket-old"))
     mark_curated(session_factory, "ticket-old")
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=400)  # no partition: the default
     with session_factory.begin() as session:
-        purged = purge_trace_bodies(
-            session=session,
-            received_before=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1),
-            now=dt.datetime.now(dt.UTC),
-            limit=10,
+        session.execute(
+            update(Trace).where(Trace.external_id == "ticket-old").values(received_at=long_ago)
         )
-    assert purged == 1
+        retired = retire_trace_bodies(
+            session=session,
+            received_before=long_ago + dt.timedelta(seconds=1),
+            now=dt.datetime.now(dt.UTC),
+        )
+    assert retired is not None and [r.rows for r in retired] == [1]
 
     response = post_feedback(client, loop, "ticket-old", {"label": "wrong"})
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select, update
 
 from services.db.models import Trace, TraceFeedback
-from services.db.queries.retention import purge_trace_bodies
+from services.db.queries.retention import retire_trace_bodies
 from services.db.session import SessionFactory
 from tests.services.api.support import ADMIN, body_of, create_loop, make_trace, signed_headers
 
@@ -119,15 +119,17 @@ def test_signed_feedback_of_any_shape_is_never_a_5xx_and_every_201_is_kept(
 
 
 def _purge(session_factory: SessionFactory, external_id: str) -> None:
-    """Retention purges the body of ``external_id`` alone (the others are made newer)."""
+    """Retention purges the body of ``external_id`` alone (it is made older than the rest)."""
     now = dt.datetime.now(dt.UTC)
+    long_ago = now - dt.timedelta(days=400)  # a period with no partition: the default one
     with session_factory.begin() as session:
         session.execute(
-            update(Trace)
-            .where(Trace.external_id != external_id)
-            .values(received_at=now + dt.timedelta(days=1))
+            update(Trace).where(Trace.external_id == external_id).values(received_at=long_ago)
         )
-        assert purge_trace_bodies(session=session, received_before=now, now=now, limit=10) == 1
+        retired = retire_trace_bodies(
+            session=session, received_before=long_ago + dt.timedelta(seconds=1), now=now
+        )
+        assert retired is not None and sum(r.rows for r in retired) == 1
 
 
 def hostile_feedback_bodies() -> list[tuple[str, bytes]]:

@@ -12,7 +12,7 @@ from sqlalchemy import insert, select
 from services.curation.pipeline import curate_batch
 from services.curation.policy import CurationPolicy
 from services.curation.workers import PreparePool
-from services.db.models import Loop, Trace
+from services.db.models import Loop, Trace, TraceBody
 from services.db.session import SessionFactory
 from services.environments.base import TRACE_SCHEMA, Rejection, TaskSpec
 
@@ -118,7 +118,8 @@ def add_traces(
 ) -> list[int]:
     """Insert traces the way ingest stores them (outcome columns extracted from the body)."""
     rows = []
-    for index, body in enumerate(bodies):
+    bodies_list = list(bodies)
+    for index, body in enumerate(bodies_list):
         outcome = body.get("outcome") or {} if isinstance(body, dict) else {}
         error = outcome.get("error") or {}
         rows.append(
@@ -130,13 +131,22 @@ def add_traces(
                 "success": outcome.get("success"),
                 "score": outcome.get("score"),
                 "error_kind": error.get("kind"),
-                "body": body,
                 "size_bytes": size if size is not None else len(json.dumps(body)),
             }
         )
     with session_factory.begin() as session:
-        result = session.execute(insert(Trace).returning(Trace.id), rows)
-        return [row[0] for row in result.all()]
+        result = session.execute(
+            insert(Trace).returning(Trace.id, Trace.received_at, sort_by_parameter_order=True),
+            rows,
+        ).all()
+        session.execute(
+            insert(TraceBody),
+            [
+                {"trace_id": trace_id, "received_at": at, "body": body}
+                for (trace_id, at), body in zip(result, bodies_list, strict=True)
+            ],
+        )
+        return [row[0] for row in result]
 
 
 def traces_by_id(session_factory: SessionFactory, ids: Sequence[int]) -> dict[int, Trace]:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text, update
 
+from services.db.models import Trace
+from services.db.partitions import TRACE_BODIES, ensure_partitions, partitions, period_start
 from services.db.queries.loops import LoopFields, trace_stats
+from services.db.queries.trace_bodies import trace_body
 from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
 from services.ingest.schema import validate_trace
@@ -190,3 +194,63 @@ def test_transient_postgres_errors_are_retryable() -> None:
     assert not retryable(pg_errors.UndefinedTable())
     assert not retryable(pg_errors.InsufficientPrivilege())
     assert not retryable(psycopg.ProgrammingError())
+
+
+def _drop_todays_partition(session_factory: SessionFactory) -> dt.datetime:
+    """The partition of today goes (as if the schedule had not made it); its start."""
+    today = period_start(dt.datetime.now(dt.UTC), "daily")
+    with session_factory.begin() as session:
+        for part in partitions(session=session, table=TRACE_BODIES):
+            if part.lower <= dt.datetime.now(dt.UTC) < part.upper:
+                session.execute(text(f"ALTER TABLE trace_bodies DETACH PARTITION {part.name}"))
+                session.execute(text(f"DROP TABLE {part.name}"))
+    return today
+
+
+def _partition_of(session_factory: SessionFactory, trace_id: int) -> str:
+    with session_factory() as session:
+        return str(
+            session.execute(
+                text("SELECT tableoid::regclass::text FROM trace_bodies WHERE trace_id = :id"),
+                {"id": trace_id},
+            ).scalar_one()
+        )
+
+
+async def test_a_period_with_no_partition_lands_in_the_default_one_until_it_is_made(
+    engine: Engine, session_factory: SessionFactory, loop_id: int
+) -> None:
+    today = _drop_todays_partition(session_factory)
+    async with running_writer(engine) as writer:
+        [stored] = await writer.write([row(loop_id, "no-partition")])
+    assert stored.status == "accepted" and stored.trace_id is not None
+    assert _partition_of(session_factory, stored.trace_id) == TRACE_BODIES.default_partition
+    with session_factory.begin() as session:
+        made = ensure_partitions(
+            session=session, table=TRACE_BODIES, now=today, period="daily", ahead=0
+        )
+    assert made == [TRACE_BODIES.partition_name(today)]
+    assert _partition_of(session_factory, stored.trace_id) == made[0]
+    with session_factory() as session:
+        body, purged_at = trace_body(session=session, trace_id=stored.trace_id)
+    assert body is not None and body["external_id"] == "no-partition" and purged_at is None
+
+
+async def test_a_repost_is_a_duplicate_whatever_period_the_first_one_is_in(
+    engine: Engine, session_factory: SessionFactory, loop_id: int
+) -> None:
+    async with running_writer(engine) as writer:
+        [first] = await writer.write([row(loop_id, "once")])
+        with session_factory.begin() as session:  # the first is now in another period
+            session.execute(
+                update(Trace)
+                .where(Trace.id == first.trace_id)
+                .values(received_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=20))
+            )
+        again = await writer.write([row(loop_id, "once"), row(loop_id, "twice")])
+    assert [o.status for o in again] == ["duplicate", "accepted"]
+    assert again[0].trace_id == first.trace_id
+    with session_factory() as session:
+        assert trace_stats(session=session, loop_id=loop_id).count == 2
+        count = session.execute(text("SELECT count(*) FROM trace_bodies")).scalar_one()
+    assert count == 2

@@ -14,7 +14,8 @@ from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from services.db.models import GatewayCall, GatewayOutcome, GatewaySession, Trace
+from services.db.models import GatewayCall, GatewayOutcome, GatewaySession
+from services.db.queries import trace_inserts
 
 # Namespace of the assembler's advisory locks (the other key is the loop id).
 _LOCK_NAMESPACE = 0x524757  # "RGW"
@@ -138,20 +139,8 @@ def session_calls(*, session: Session, session_id: int) -> Sequence[GatewayCall]
 def insert_trace(*, session: Session, loop_id: int, values: dict[str, Any]) -> int:
     """Store a session's trace (``source`` ``gateway``); the row id, the existing one's when
     the session was stored before (a close retried after a lost commit)."""
-    inserted = session.execute(
-        pg_insert(Trace)
-        .values(loop_id=loop_id, source="gateway", **values)
-        .on_conflict_do_nothing(index_elements=["loop_id", "external_id"])
-        .returning(Trace.id)
-    ).scalar_one_or_none()
-    if inserted is not None:
-        return int(inserted)
-    return int(
-        session.execute(
-            select(Trace.id).where(
-                Trace.loop_id == loop_id, Trace.external_id == values["external_id"]
-            )
-        ).scalar_one()
+    return trace_inserts.insert_trace(
+        session=session, loop_id=loop_id, source="gateway", values=values
     )
 
 

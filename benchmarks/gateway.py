@@ -27,10 +27,11 @@
 5. **Time to first token.** ``--model smollm2`` (or ``tiny``, random weights, for a smoke
    run; ``none`` skips it): ``ratchet serve`` started as a user would, the same clients
    streaming greedy requests to it directly and through the gateway, pairs interleaved:
-   ``ttft_ratio`` = median through / median direct, ``ttft_added_p50_ms`` the median
-   per-pair difference; then with ``--low-clients`` clients (``ttft_ratio_low``,
-   ``ttft_added_p50_ms_low``), which tells queueing behind a batch (the ratio falls at low
-   concurrency) from a cost per request (it does not).
+   ``ttft_ratio`` = median through / median direct (to the first chunk with text, not
+   the opening chunk with the role, which ``ratchet serve`` sends before it samples),
+   ``ttft_added_p50_ms`` the median per-pair difference; then with ``--low-clients``
+   clients (``ttft_ratio_low``, ``ttft_added_p50_ms_low``), which tells queueing behind a
+   batch (the ratio falls at low concurrency) from a cost per request (it does not).
 
 ``--py-spy FILE`` samples the gateway process with py-spy (``pip install py-spy``) from the
 first measured request to the end of the throughput run, the thread holding the GIL only
@@ -77,6 +78,7 @@ from benchmarks.support import free_port, random_tiny_checkpoints, temporary_pos
 from services.db.migrate import upgrade  # noqa: E402
 from services.db.queries.loops import LoopFields  # noqa: E402
 from services.db.session import create_db_engine, make_session_factory  # noqa: E402
+from services.gateway.forward import split_events  # noqa: E402
 from services.gateway.upstream import UpstreamClient  # noqa: E402
 from services.ingest.provisioning import provision_loop  # noqa: E402
 from services.secrets import SecretBox  # noqa: E402
@@ -206,7 +208,7 @@ def provision(database_url: str) -> str:
 async def one(
     client: UpstreamClient, url: str, key: str, body: bytes
 ) -> tuple[float, float, str | None]:
-    """One streamed request: (seconds to the last byte, to the first content, call id)."""
+    """One streamed request: (seconds to the last byte, to the first text, call id)."""
     started = time.perf_counter()
     first = None
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
@@ -216,14 +218,31 @@ async def one(
     try:
         if response.status_code != 200:
             raise RuntimeError(f"{url} answered {response.status_code}: {await response.read()!r}")
+        buffer = b""
         async for chunk in response.chunks():
-            if first is None and b'"content"' in chunk:
-                first = time.perf_counter() - started
+            if first is None:
+                payloads, buffer = split_events(buffer + chunk)
+                if any(has_text(payload) for payload in payloads):
+                    first = time.perf_counter() - started
         call_id = response.headers.get("x-ratchet-call-id")
     finally:
         await response.aclose()
     total = time.perf_counter() - started
     return total, first if first is not None else total, call_id
+
+
+def has_text(payload: bytes) -> bool:
+    """Whether a streamed chunk carries text: the first token, not the opening chunk that
+    ``ratchet serve`` sends with the role and empty content before it samples anything."""
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return False
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not choices or not isinstance(choices[0], dict):
+        return False
+    delta = choices[0].get("delta") or {}
+    return bool(delta.get("content") or choices[0].get("text"))
 
 
 def load_client(clients: int) -> UpstreamClient:
@@ -236,7 +255,7 @@ def load_client(clients: int) -> UpstreamClient:
 @dataclass(frozen=True)
 class Timing:
     """One request of an interleaved run: which client sent it, its turn, its target (0
-    direct, 1 through the gateway), seconds to the last byte and to the first content."""
+    direct, 1 through the gateway), seconds to the last byte and to the first text."""
 
     client: int
     turn: int
@@ -273,7 +292,7 @@ async def interleaved(
 
 def pair_differences(timings: list[Timing], *, first: bool = False) -> list[float]:
     """Per pair (one client's turns 2k and 2k+1: one direct, one through the gateway), the
-    gateway's time less the direct one, to the last byte (or to the first content)."""
+    gateway's time less the direct one, to the last byte (or to the first text)."""
     pairs: dict[tuple[int, int], dict[int, float]] = {}
     for timing in timings:
         pairs.setdefault((timing.client, timing.turn // 2), {})[timing.target] = (

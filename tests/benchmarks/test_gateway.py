@@ -14,6 +14,7 @@ import pytest
 
 from benchmarks.gateway import (
     Timing,
+    has_text,
     inside_quantiles,
     pair_differences,
     parse,
@@ -114,3 +115,11 @@ def test_a_tiny_run_prints_every_figure_last() -> None:
         "ttft_added_p50_ms_low",
     ):
         assert figures[key] is not None, key
+
+
+def test_the_first_token_is_the_first_chunk_with_text_not_the_opening_one() -> None:
+    opening = b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
+    assert not has_text(opening)
+    assert has_text(b'{"choices":[{"index":0,"delta":{"content":"Hi"}}]}')
+    assert has_text(b'{"choices":[{"index":0,"text":"Hi"}]}')
+    assert not has_text(b"[DONE]") and not has_text(b'{"choices":[]}')

@@ -14,6 +14,9 @@
    ``inside_p99_ms`` are the gateway's own time per request measured inside it
    (``ratchet_gateway_overhead_seconds``, interpolated in its buckets): wall time less the
    wait on the upstream, so under load it includes waiting for the event loop.
+   With ``--think-ms`` each client pauses that long on average between its pairs, as an
+   agent does between calls (the default, 0, keeps the gateway at its capacity: then the
+   added latency at many clients is mostly the queue in front of it).
 2. **Low concurrency.** The same pairs with ``--low-clients`` (1) clients:
    ``added_p50_ms_low`` / ``added_p99_ms_low`` (no queueing: the per-request cost).
 3. **Nothing lost.** Every call the gateway answered (its ``X-Ratchet-Call-Id``) must be in
@@ -58,6 +61,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -265,10 +269,17 @@ class Timing:
 
 
 async def interleaved(
-    targets: list[str], key: str, clients: int, requests: int, body: dict[str, Any]
+    targets: list[str],
+    key: str,
+    clients: int,
+    requests: int,
+    body: dict[str, Any],
+    think_s: float = 0.0,
 ) -> tuple[list[Timing], list[str]]:
     """``clients`` concurrent clients, each alternating between ``targets`` (the first target
-    alternates between clients); every request's timing, and the gateway's call ids."""
+    alternates between clients) and pausing ``think_s`` on average (uniformly 0 to twice
+    that, so the clients do not move in step) after each pair; every request's timing, and
+    the gateway's call ids."""
     timings: list[Timing] = []
     call_ids: list[str] = []
     per_client = max(requests // clients, len(targets))
@@ -276,7 +287,10 @@ async def interleaved(
     client, data = load_client(clients), json.dumps(body).encode()
 
     async def run(index: int) -> None:
+        pauses = random.Random(index)
         for turn in range(per_client):
+            if think_s and turn % len(targets) == 0:
+                await asyncio.sleep(pauses.uniform(0, 2 * think_s))
             which = (index + turn) % len(targets)
             total, first, call_id = await one(client, targets[which], key, data)
             timings.append(Timing(index, turn, which, total, first))
@@ -538,7 +552,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 sampler = Sampler(gateway.pid, args.py_spy)
             start = read_buckets(gateway_url)
             timings, call_ids = asyncio.run(
-                interleaved(targets, key, args.clients, args.requests, REQUEST)
+                interleaved(
+                    targets, key, args.clients, args.requests, REQUEST, args.think_ms / 1000
+                )
             )
             middle = read_buckets(gateway_url)
             low, low_ids = asyncio.run(
@@ -566,6 +582,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     added, added_low = pair_differences(timings), pair_differences(low)
     result: dict[str, Any] = {
         "clients": args.clients,
+        "think_ms": args.think_ms,
         "requests": len(timings),
         "direct_p50_ms": ms(quantile(direct, 0.5)),
         "through_p50_ms": ms(quantile(through, 0.5)),
@@ -606,6 +623,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests", type=int, default=2000, help="requests, both targets")
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0, help="the clients' mean pause between pairs"
+    )
     parser.add_argument("--low-clients", type=int, default=1)
     parser.add_argument("--low-requests", type=int, default=200, help="at --low-clients")
     parser.add_argument("--rps-seconds", type=float, default=10.0)

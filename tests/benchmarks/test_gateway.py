@@ -94,6 +94,7 @@ def test_a_tiny_run_prints_every_figure_last() -> None:
     command = [
         sys.executable, "benchmarks/gateway.py", "--clients", "4", "--requests", "40",
         "--low-requests", "10", "--rps-seconds", "1", "--model", "tiny", "--ttft-pairs", "2",
+        "--think-ms", "5",
     ]  # fmt: skip
     done = subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False
@@ -101,7 +102,7 @@ def test_a_tiny_run_prints_every_figure_last() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["captured_lost"] == 0
-    assert figures["clients"] == 4 and figures["low_clients"] == 1
+    assert figures["clients"] == 4 and figures["low_clients"] == 1 and figures["think_ms"] == 5
     for key in (
         "added_p50_ms",
         "added_p99_ms",

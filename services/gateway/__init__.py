@@ -8,7 +8,8 @@ answer returns. A writer drains the spool into Postgres; the assembler places ca
 sessions there (no replica holds session state) and a closed session becomes a trace.
 
 - :mod:`.app`: the ASGI app (auth, body cap, the routes) and :mod:`.forward` (upstream
-  calls, errors in OpenAI's shape, cancellation when the client hangs up);
+  calls, errors in OpenAI's shape, cancellation when the client hangs up) over
+  :mod:`.upstream`, the gateway's own HTTP/1.1 client;
 - :mod:`.keys`, :mod:`.routing`: a loop by its gateway key, and where its calls go;
 - :mod:`.conversation`, :mod:`.streams`, :mod:`.responses`: the wire formats, read into
   ``ratchet.trace/v1`` messages;

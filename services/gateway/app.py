@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+from prometheus_client import Counter, Histogram
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
 
@@ -37,6 +38,7 @@ from services.gateway.forward import Timer
 from services.gateway.handlers import HANDLERS, Call
 from services.gateway.keys import GatewayLoop, KeysUnavailable, KeyTable
 from services.gateway.routing import NoRoute
+from services.gateway.upstream import UpstreamClient
 from services.loop.states import LoopLifecycle
 from services.metrics import GATEWAY_OVERHEAD, GATEWAY_REQUESTS, render_latest
 
@@ -51,7 +53,7 @@ class GatewayParts:
     """What the app needs: the key table, the upstream client, the capture sink, limits."""
 
     keys: KeyTable
-    client: httpx.AsyncClient
+    client: UpstreamClient
     record: Record
     max_body_bytes: int
     serve_metrics: bool = True
@@ -124,8 +126,8 @@ class GatewayApp:
             error = GatewayError(500, "the gateway failed on this request", kind="server_error")
             await _send_error_if_unsent(counted, error, status)
         finally:
-            GATEWAY_REQUESTS.labels(loop_name, route_name, f"{(status[0] or 499) // 100}xx").inc()
-            GATEWAY_OVERHEAD.labels(route_name).observe(timer.overhead())
+            _requests(loop_name, route_name, (status[0] or 499) // 100).inc()
+            _overhead(route_name).observe(timer.overhead())
 
     async def _loop(self, headers: Headers) -> GatewayLoop:
         scheme, _, key = (headers.get("authorization") or "").partition(" ")
@@ -216,6 +218,17 @@ class GatewayApp:
                 return
 
 
+@functools.lru_cache(maxsize=4096)
+def _requests(loop: str, route: str, status_class: int) -> Counter:
+    """The labelled counter (looked up once: ``labels`` takes a lock on every call)."""
+    return GATEWAY_REQUESTS.labels(loop, route, f"{status_class}xx")
+
+
+@functools.lru_cache(maxsize=64)
+def _overhead(route: str) -> Histogram:
+    return GATEWAY_OVERHEAD.labels(route)
+
+
 def _not_found(method: str, path: str) -> GatewayError:
     return GatewayError(
         404,
@@ -237,22 +250,30 @@ async def _send_error_if_unsent(send: Send, error: GatewayError, status: list[in
 
 
 async def _until_hung_up(work: Awaitable[None], receive: Receive) -> None:
-    """Run ``work``; if the client hangs up first, cancel it (closing the upstream request)."""
-    task = asyncio.ensure_future(work)
+    """Run ``work`` in this task; if the client hangs up first, cancel it (closing the
+    upstream request). One watch task beside it, not a second task for the work and a wait
+    on both: this runs for every request."""
+    current = asyncio.current_task()
+    assert current is not None
+    hung_up = False
+
+    def on_done(watch: asyncio.Future[None]) -> None:
+        nonlocal hung_up
+        if not watch.cancelled() and watch.exception() is None:
+            hung_up = True
+            current.cancel()
+
     watch = asyncio.ensure_future(_disconnected(receive))
+    watch.add_done_callback(on_done)
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await work
     except asyncio.CancelledError:
-        task.cancel()
-        raise
+        if not hung_up:
+            raise
+        current.uncancel()
     finally:
+        watch.remove_done_callback(on_done)
         watch.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return
-    task.result()
 
 
 async def _disconnected(receive: Receive) -> None:

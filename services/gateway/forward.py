@@ -8,7 +8,8 @@ stops answering mid-way is a 504. Nothing of the agent's request but its body go
 not its key (the upstream gets the key Ratchet holds for it), not its other headers.
 
 The time spent waiting on the upstream (for its headers, and for every chunk of its body)
-is added to :attr:`Timer.upstream_s`, so the gateway's own time is the rest.
+is added to :attr:`Timer.upstream_s`, so the gateway's own time is the rest. The client is
+the gateway's own (services.gateway.upstream), for the reason given there.
 """
 
 from __future__ import annotations
@@ -19,11 +20,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from services.chat.text import utf8_json
 from services.gateway.errors import GatewayError
 from services.gateway.routing import Route
+from services.gateway.upstream import (
+    ConnectFailed,
+    Disconnected,
+    Response,
+    TimedOut,
+    UpstreamClient,
+    UpstreamError,
+)
 
 MAX_ERROR_BODY = 64 * 1024
 _PASSED_ERROR_HEADERS = ("retry-after", "x-request-id")
@@ -41,15 +48,9 @@ class Timer:
         return max(time.perf_counter() - self.started - self.upstream_s, 0.0)
 
 
-def build_client(timeout_s: float, max_connections: int = 1024) -> httpx.AsyncClient:
-    """The process's one upstream client: a pool of kept-alive connections per upstream."""
-    limits = httpx.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=max_connections,
-        keepalive_expiry=30.0,
-    )
-    timeout = httpx.Timeout(timeout_s, connect=10.0, pool=timeout_s)
-    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+def build_client(timeout_s: float, max_connections: int = 1024) -> UpstreamClient:
+    """The process's one upstream client: kept-alive connections per upstream."""
+    return UpstreamClient(timeout_s=timeout_s, max_connections=max_connections)
 
 
 def _headers(route: Route) -> dict[str, str]:
@@ -60,32 +61,29 @@ def _headers(route: Route) -> dict[str, str]:
 
 
 async def send(
-    client: httpx.AsyncClient,
+    client: UpstreamClient,
     route: Route,
     method: str,
     path: str,
     body: dict[str, Any] | None,
     timer: Timer,
-) -> httpx.Response:
+) -> Response:
     """The upstream's response, its body still to be read; an error status raised as a
     :class:`GatewayError`."""
     content = utf8_json(body) if body is not None else None
-    request = client.build_request(
-        method, f"{route.base_url}{path}", content=content, headers=_headers(route)
-    )
     started = time.perf_counter()
     try:
-        response = await client.send(request, stream=True)
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
-        raise unreachable(route, exc) from None
-    except httpx.TimeoutException as exc:
+        response = await client.request(
+            method, f"{route.base_url}{path}", body=content, headers=_headers(route)
+        )
+    except TimedOut as exc:
         raise GatewayError(
             504,
-            f"the upstream ({route.name}) did not answer in time ({type(exc).__name__})",
+            f"the upstream ({route.name}) did not answer in time ({exc})",
             kind="upstream_error",
             code="upstream_timeout",
         ) from None
-    except httpx.HTTPError as exc:
+    except (ConnectFailed, Disconnected) as exc:
         raise unreachable(route, exc) from None
     finally:
         timer.upstream_s += time.perf_counter() - started
@@ -103,16 +101,13 @@ def unreachable(route: Route, exc: Exception) -> GatewayError:
     )
 
 
-async def upstream_error(route: Route, response: httpx.Response, timer: Timer) -> GatewayError:
+async def upstream_error(route: Route, response: Response, timer: Timer) -> GatewayError:
     """The upstream's error answer, in OpenAI's shape, with its status."""
     started = time.perf_counter()
-    data = bytearray()
+    data = b""
     try:
-        async for chunk in response.aiter_raw():
-            data += chunk
-            if len(data) > MAX_ERROR_BODY:
-                break
-    except httpx.HTTPError:
+        data = await response.read(limit=MAX_ERROR_BODY)
+    except UpstreamError:
         pass
     finally:
         await response.aclose()
@@ -147,22 +142,30 @@ def _openai_error(data: bytes) -> dict[str, Any] | None:
     return error if isinstance(error, dict) and "message" in error else None
 
 
-async def read_body(response: httpx.Response, timer: Timer, route: Route) -> bytes:
+async def read_body(response: Response, timer: Timer, route: Route) -> bytes:
     started = time.perf_counter()
     try:
-        return await response.aread()
-    except httpx.HTTPError as exc:
+        return await response.read()
+    except TimedOut as exc:
+        raise GatewayError(
+            504,
+            f"the upstream ({route.name}) stopped answering ({exc})",
+            kind="upstream_error",
+            code="upstream_timeout",
+        ) from None
+    except UpstreamError as exc:
         raise unreachable(route, exc) from None
     finally:
         await response.aclose()
         timer.upstream_s += time.perf_counter() - started
 
 
-async def events(response: httpx.Response, timer: Timer) -> AsyncIterator[bytes]:
-    """The server-sent events of a streamed answer, one ``data:`` payload each (the bytes
-    after ``data:``), as they arrive; the wait for each counts as upstream time."""
+async def events(response: Response, timer: Timer) -> AsyncIterator[list[bytes]]:
+    """The server-sent events of a streamed answer as they arrive: for each piece of the body
+    that completes events, their ``data:`` payloads (the bytes after ``data:``), so what
+    came together is sent on together; the wait for each piece counts as upstream time."""
     buffer = b""
-    chunks = response.aiter_raw()
+    chunks = response.chunks()
     try:
         while True:
             started = time.perf_counter()
@@ -172,19 +175,22 @@ async def events(response: httpx.Response, timer: Timer) -> AsyncIterator[bytes]
                 break
             finally:
                 timer.upstream_s += time.perf_counter() - started
-            buffer += chunk
-            while True:
-                end = _event_end(buffer)
-                if end < 0:
-                    break
-                event, buffer = buffer[:end], buffer[end:].lstrip(b"\r\n")
-                for line in event.splitlines():
-                    if line.startswith(b"data:"):
-                        yield line[5:].strip()
+            payloads, buffer = split_events(buffer + chunk if buffer else chunk)
+            if payloads:
+                yield payloads
     finally:
+        await chunks.aclose()
         await response.aclose()
 
 
-def _event_end(buffer: bytes) -> int:
-    found = [i for i in (buffer.find(b"\n\n"), buffer.find(b"\r\n\r\n")) if i >= 0]
-    return min(found) if found else -1
+def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The ``data:`` payloads of the whole events at the start of ``buffer``, and the rest."""
+    if b"\r" in buffer:
+        buffer = buffer.replace(b"\r\n", b"\n")
+    *whole, rest = buffer.split(b"\n\n")
+    payloads = []
+    for event in whole:
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                payloads.append(line[5:].strip())
+    return payloads, rest

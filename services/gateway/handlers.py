@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from starlette.types import Send
 
 from services.chat.text import utf8_json
@@ -26,6 +25,7 @@ from services.gateway.keys import GatewayLoop
 from services.gateway.responses import ResponseWriter, to_chat
 from services.gateway.routing import Route
 from services.gateway.streams import Added, Reading, encode_sse, strip
+from services.gateway.upstream import Response, UpstreamClient
 
 VERSION_HEADER = "x-ratchet-model-version"
 CALL_HEADER = "x-ratchet-call-id"
@@ -44,7 +44,7 @@ class Call:
     route: Route
     body: dict[str, Any]
     session_key: str | None
-    client: httpx.AsyncClient
+    client: UpstreamClient
     record: Record
     timer: Timer
     call_id: str
@@ -78,7 +78,7 @@ class Call:
         return done
 
 
-def _headers(call: Call, response: httpx.Response) -> dict[str, str]:
+def _headers(call: Call, response: Response) -> dict[str, str]:
     headers = {CALL_HEADER: call.call_id}
     version = response.headers.get(VERSION_HEADER)
     if version:
@@ -179,21 +179,24 @@ async def _exchange(
         {"type": "http.response.start", "status": 200, "headers": _raw_headers(headers, _SSE)}
     )
     captured = False
-    async for data in events(response, call.timer):
-        if data == b"[DONE]":
-            done(reading, version, None)
-            captured = True
-            await send_(
-                {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True}
+    async for batch in events(response, call.timer):
+        out = []
+        for data in batch:
+            if data == b"[DONE]":
+                done(reading, version, None)  # captured before the stream's end is sent
+                captured = True
+                out.append(b"data: [DONE]\n\n")
+                continue
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                continue
+            reading.chunk(payload)
+            out.append(
+                encode_sse(strip(payload, added)) if added.any else b"data: " + data + b"\n\n"
             )
-            continue
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            continue
-        reading.chunk(payload)
-        out = encode_sse(strip(payload, added)) if added.any else b"data: " + data + b"\n\n"
-        await send_({"type": "http.response.body", "body": out, "more_body": True})
+        if out:
+            await send_({"type": "http.response.body", "body": b"".join(out), "more_body": True})
     if not captured:
         done(reading, version, None)
     await send_({"type": "http.response.body", "body": b"", "more_body": False})
@@ -224,21 +227,28 @@ async def responses(call: Call, send_: Send) -> None:
     await send_(
         {"type": "http.response.start", "status": 200, "headers": _raw_headers(headers, _SSE)}
     )
-    await _send_all(send_, writer.opening())
-    async for data in events(response, call.timer):
-        if data == b"[DONE]":
+    out = writer.opening()
+    ended = False
+    async for batch in events(response, call.timer):
+        for data in batch:
+            if data == b"[DONE]":
+                ended = True
+                break
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                continue
+            before = len(reading.choice.content)
+            reading.chunk(payload)
+            for piece in reading.choice.content[before:]:
+                if piece:
+                    out += writer.text_delta(piece)
+        if ended:
             break
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            continue
-        before = len(reading.choice.content)
-        reading.chunk(payload)
-        for piece in reading.choice.content[before:]:
-            if piece:
-                await _send_all(send_, writer.text_delta(piece))
+        await _send_all(send_, out)
+        out = []
     done(reading, version, None)
-    await _send_all(send_, writer.closing(reading))
+    await _send_all(send_, out + writer.closing(reading))
     await send_({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -7,7 +7,7 @@ transaction (one per loop and pass of the assembler, one per api request).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import func, or_, select, text, update
@@ -72,8 +72,23 @@ def open_session_by_key(*, session: Session, loop_id: int, key: str) -> GatewayS
     ).first()
 
 
+def open_sessions_by_keys(
+    *, session: Session, loop_id: int, keys: Collection[str]
+) -> Sequence[GatewaySession]:
+    """The loop's open sessions of these keys (at most one a key)."""
+    if not keys:
+        return []
+    return session.scalars(
+        select(GatewaySession).where(
+            GatewaySession.loop_id == loop_id,
+            GatewaySession.key.in_(list(keys)),
+            GatewaySession.status == OPEN,
+        )
+    ).all()
+
+
 def open_sessions_ending_in(
-    *, session: Session, loop_id: int, digests: Sequence[str]
+    *, session: Session, loop_id: int, digests: Collection[str]
 ) -> Sequence[GatewaySession]:
     """Open sessions whose last call's conversation ends at one of ``digests``."""
     if not digests:
@@ -102,13 +117,27 @@ def open_text_lengths(*, session: Session, loop_id: int) -> list[int]:
 
 
 def new_session(
-    *, session: Session, loop_id: int, key: str, explicit: bool, at: dt.datetime
+    *,
+    session: Session,
+    loop_id: int,
+    key: str,
+    explicit: bool,
+    at: dt.datetime,
+    flush: bool = True,
 ) -> GatewaySession:
+    """An open session; with ``flush``, inserted now (it has its id)."""
     row = GatewaySession(
-        loop_id=loop_id, key=key, explicit=explicit, opened_at=at, last_call_at=at, call_count=0
+        loop_id=loop_id,
+        key=key,
+        explicit=explicit,
+        status=OPEN,
+        opened_at=at,
+        last_call_at=at,
+        call_count=0,
     )
     session.add(row)
-    session.flush()
+    if flush:
+        session.flush()
     return row
 
 

@@ -372,6 +372,35 @@ def training_figures(
     return pass_figures(flops, seconds, shape, (work.tokens + scored.tokens) / passes)
 
 
+class StepShape(Protocol):
+    """What a policy-gradient step's passes depend on: its micro-batch and its epochs."""
+
+    @property
+    def micro_batch(self) -> int: ...
+
+    @property
+    def ppo_epochs(self) -> int: ...
+
+
+def policy_step_figures(
+    model: object,
+    sequences: Sequence[tuple[Sequence[int], Sequence[bool]]],
+    demos: Sequence[tuple[Sequence[int], Sequence[bool]]],
+    config: StepShape,
+    scorings: int,
+    seconds: float,
+) -> PassFigures | None:
+    """A GRPO step's training passes against the machine's peak: ``ppo_epochs`` forward and
+    backward passes over the kept episodes and the SFT term's demonstrations, and
+    ``scorings`` forward-only passes over the episodes (the old log-probs when there is more
+    than one epoch, the reference's for the KL term)."""
+    policy, passes = micro_batch_work(sequences, config.micro_batch)
+    demo_work, demo_passes = micro_batch_work(demos, config.micro_batch)
+    work = (policy + demo_work) * config.ppo_epochs
+    total_passes = (passes + demo_passes) * config.ppo_epochs + passes * scorings
+    return training_figures(model, work, total_passes, seconds, scored=policy * scorings)
+
+
 def round_utilisation(
     module: torch.nn.Module,
     turns: Sequence[tuple[Sequence[int], Sequence[int]]],

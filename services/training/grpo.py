@@ -91,7 +91,7 @@ from pathlib import Path
 import torch
 
 from services.environments.base import Environment, TaskSpec
-from services.inference.utilisation import PassFigures, micro_batch_work, training_figures
+from services.inference.utilisation import policy_step_figures
 from services.training.adaptive import adaptive_rollouts, rollouts_of
 from services.training.config import GRPOConfig
 from services.training.counters import RunCounters
@@ -346,7 +346,9 @@ def _grpo_step(step: int, run: _Run) -> dict[str, float]:
     trained_total = int(run.ctx.all_reduce_sum([float(update.trained)])[0])
     counters = run.counters
     if update.trained:
-        counters.utilisation.add("train", _training_figures(run, scored, train_s))
+        scorings = int(run.config.ppo_epochs > 1) + int(run.reference is not None)
+        shape = (run.model, scored.sequences, scored.demos, run.config, scorings, train_s)
+        counters.utilisation.add("train", policy_step_figures(*shape))
     counters.rollout_tokens += int(scored.generated)
     counters.train_tokens += trained_total
     counters.rollout_s += rollout_s
@@ -595,16 +597,3 @@ def _sft_backward(run: _Run, scored: _Scored, demo_batches: Sequence[PackedBatch
         sft.backward()
         loss_sum += float(sft.detach())
     return loss_sum
-
-
-def _training_figures(run: _Run, scored: _Scored, seconds: float) -> PassFigures | None:
-    """The step's training passes against the machine's peak: ``ppo_epochs`` forward and
-    backward passes over the kept episodes and the SFT term's demonstrations, and the
-    forward-only scoring of the old (more than one epoch) and reference (KL) log-probs."""
-    config = run.config
-    policy, passes = micro_batch_work(scored.sequences, config.micro_batch)
-    demos, demo_passes = micro_batch_work(scored.demos, config.micro_batch)
-    scorings = int(config.ppo_epochs > 1) + int(run.reference is not None)
-    work = (policy + demos) * config.ppo_epochs
-    total_passes = (passes + demo_passes) * config.ppo_epochs + passes * scorings
-    return training_figures(run.model, work, total_passes, seconds, scored=policy * scorings)

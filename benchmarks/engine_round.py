@@ -72,3 +72,23 @@ def utilisation_figures(utilisation: Utilisation) -> dict[str, Any]:
         "time_split": report["time_split"],
         "forward_calls": report["forward_calls"],
     }
+
+
+def profiled_round(
+    engine: HFEngine, env: ToolcalcEnvironment, tasks: list[TaskSpec], args: argparse.Namespace
+) -> tuple[dict[str, Any], str]:
+    """One more engine run under ``torch.profiler`` (its overhead slows it: its seconds and
+    MFU are not the benchmark's): the operators with the most CPU time of their own, as
+    shares of the run's, and the profiler's table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        run = through_engine(engine, env, tasks, args)
+    averages = profiler.key_averages()
+    total = sum(event.self_cpu_time_total for event in averages) or 1.0
+    top = sorted(averages, key=lambda event: event.self_cpu_time_total, reverse=True)[:12]
+    figures = {
+        "profiled_s": round(run.seconds, 2),
+        "self_cpu_share": {event.key: round(event.self_cpu_time_total / total, 4) for event in top},
+    }
+    return figures, averages.table(sort_by="self_cpu_time_total", row_limit=30)

@@ -15,10 +15,13 @@ then both again while a ``ratchet serve`` process on the same machine answers ch
 is read against a plain matmul on the same threads: prefill work is the waste this
 measures, not the kernels.
 
-Usage: ``python benchmarks/rollout.py [--quick] [--threads 2] [--tasks 16] [--samples 4]``.
-Ends with one JSON line: episodes_per_s, generated_tokens_per_s, prefill_tokens_computed,
-prefill_tokens_cached, generate_s, engine_s, speedup_vs_generate, speedup_colocated,
-prefill_gflops, matmul_gflops, prefill_vs_matmul, and the machine's load.
+Usage: ``python benchmarks/rollout.py [--quick] [--threads 2] [--tasks 16] [--samples 4]
+[--profile]``. Ends with one JSON line: episodes_per_s, generated_tokens_per_s,
+prefill_tokens_computed, prefill_tokens_cached, generate_s, engine_s, speedup_vs_generate,
+speedup_colocated, prefill_gflops, matmul_gflops, prefill_vs_matmul, the engine round's
+rollout_mfu, peak_gflops, model_gflops, time_split and forward_calls
+(``services/inference/utilisation.py``), with ``--profile`` the operators' shares of one
+more engine run's CPU time under ``torch.profiler`` (profile), and the machine's load.
 
 Each measurement is ``--repeats`` pairs (generate, then engine, interleaved so a slow spell
 of the machine hits both): the seconds reported are the medians, every pair's seconds are
@@ -49,7 +52,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.drift import shared_machine_figures, smollm2_arguments
-from benchmarks.engine_round import rollout_tasks, through_engine, utilisation_figures
+from benchmarks.engine_round import (
+    profiled_round,
+    rollout_tasks,
+    through_engine,
+    utilisation_figures,
+)
 from benchmarks.support import free_port
 from services.cores import thread_budget, thread_env
 from services.environments.base import TaskSpec
@@ -255,6 +263,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_tokens": len(prompt),
     }
 
+    if args.profile:
+        figures["profile"], table = profiled_round(engine, env, tasks, args)
+        logger.info("one more engine run under torch.profiler:\n%s", table)
+
     if args.colocated:
         # As Ratchet runs a job beside its model server: the usable cores divided between
         # them (services.cores.ThreadBudget), not both on every core.
@@ -300,6 +312,12 @@ def main() -> None:
         dest="colocated",
         action="store_false",
         help="skip the second measurement beside a ratchet serve process",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed runs, one more engine run under torch.profiler: its operators' "
+        "shares of the CPU time (key profile) and the profiler's table on stderr",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

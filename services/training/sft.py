@@ -58,7 +58,7 @@ def sft_batch(
     """Step ``step``'s draw of demonstrations: its target-token count and this rank's share.
 
     Every rank draws the same batch (seeded by step, not rank), so the count normalizes the
-    loss over the whole batch and the shards add up to it. ``weights`` (one per sequence,
+    loss over the whole batch and the shards add up to it. The share comes sorted by tokens. ``weights`` (one per sequence,
     rft's task weights) draw in proportion to weight; None draws uniformly.
     """
     generator = torch.Generator().manual_seed(derive_seed(seed, step))
@@ -68,7 +68,9 @@ def sft_batch(
         probabilities = torch.tensor(weights, dtype=torch.float64)
         batch = torch.multinomial(probabilities, batch_size, True, generator=generator).tolist()
     targets = float(sum(sum(sequences[i][1][1:]) for i in batch))
-    local = [sequences[batch[j]] for j in ctx.shard(len(batch))]
+    # Sorted by their tokens, a micro-batch holds rows that share a prefix (the same system
+    # text and tool list), which its pass computes once; the step's gradient is the same sum.
+    local = sorted((sequences[batch[j]] for j in ctx.shard(len(batch))), key=lambda s: s[0])
     return targets, local
 
 

@@ -70,13 +70,13 @@ def test_shared_prefix_gives_the_plain_log_probs_and_gradients(
 ) -> None:
     batch = collate(_rows(), pad_id=lora_model.pad_id, device=torch.device("cpu"))
     calls: list[int] = []
-    real = shared_prefix._score_group
+    real = shared_prefix._score_after_prefix
 
     def counted(*args: Any, **kwargs: Any) -> None:
         calls.append(1)
         real(*args, **kwargs)
 
-    monkeypatch.setattr(shared_prefix, "_score_group", counted)
+    monkeypatch.setattr(shared_prefix, "_score_after_prefix", counted)
     monkeypatch.setattr(shared_prefix, "MIN_SHARED_TOKENS", 8)
     shared_logp, shared_grads = _loss_and_grads(lora_model, batch)
     assert calls, "the shared-prefix pass did not run"
@@ -98,14 +98,28 @@ def test_rows_group_by_their_longest_common_prefix_up_to_their_first_target() ->
     limits = [mask.index(True) for _, mask in rows]
     groups = prefix_groups(batch.ids, lengths, limits, min_shared=8)
     by_rows = {tuple(sorted(g.rows)): g.shared for g in groups}
-    # rows 0-2 share SYSTEM + user_a (43 tokens; row 2's extra token is its own), row 3 joins
-    # them on SYSTEM alone (40) as the greedy walk over the sorted rows meets it; row 4 is alone
+    # rows 0-2 share SYSTEM + user_a (43 tokens; row 2's extra token is its own) and row 3
+    # SYSTEM (40): one run of four skips 3 x 40 tokens, more than 2 x 43; row 4 is alone
     assert by_rows == {(0, 1, 2, 3): 40, (4,): 0}
     tight = prefix_groups(batch.ids, lengths, limits, min_shared=41)
     assert {tuple(sorted(g.rows)): g.shared for g in tight} == {(0, 1, 2): 43, (3,): 0, (4,): 0}
     # a row's first target bounds what it may share: the output head is applied there
-    early = prefix_groups(batch.ids, lengths, [5, *limits[1:]], min_shared=4)
-    assert {tuple(sorted(g.rows)): g.shared for g in early}[(0, 1, 2, 3)] == 5
+    early = prefix_groups(batch.ids, lengths, [5, 5, 5, 5, 5], min_shared=4)
+    assert {tuple(sorted(g.rows)): g.shared for g in early} == {(0, 1, 2, 3): 5, (4,): 0}
+
+
+def test_rows_whose_tool_lists_differ_midway_share_more_as_two_runs() -> None:
+    """Demonstrations from before and after a tool changed: all four share the system text
+    (8 tokens), each pair its whole tool list (40): two runs of two skip 2 x 40 tokens, one
+    run of four only 3 x 8."""
+    before, after = list(range(10, 50)), [*range(10, 18), *range(300, 332)]
+    prompts = [before + [60], before + [61], after + [62], after + [63]]
+    rows = [(p + [100, 101], [False] * len(p) + [True] * 2) for p in prompts]
+    batch = collate(rows, pad_id=0, device=torch.device("cpu"))
+    lengths = [len(ids) for ids, _ in rows]
+    limits = [mask.index(True) for _, mask in rows]
+    groups = prefix_groups(batch.ids, lengths, limits, min_shared=4)
+    assert {tuple(sorted(g.rows)): g.shared for g in groups} == {(0, 1): 40, (2, 3): 40}
 
 
 def test_no_shared_prefix_and_dropout_fall_back_to_the_plain_pass(

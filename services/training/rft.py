@@ -58,7 +58,8 @@ import heapq
 import logging
 import random
 import time
-from collections.abc import Collection, Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -120,17 +121,22 @@ class SampleBudget:
     def _closed(self, i: int) -> bool:
         return bool(self.enough) and self.passed[i] >= self.enough
 
-    def next(self, busy: Collection[int] = ()) -> int | None:
+    def next(self, in_flight: Mapping[int, int] | None = None) -> int | None:
         """The task of the next episode (its sample index is ``count[i] - 1`` after), or
-        None when the round is spent or every open task is ``busy`` (has an episode in
-        flight, when the caller waits for each before the next)."""
+        None when the round is spent or every open task is busy.
+
+        ``in_flight`` (task: episodes drawn whose outcome is not known yet) makes a task busy
+        once, were all of them to pass, it would have ``enough`` successes: so a caller that
+        learns the outcomes only after a batch never overshoots ``enough``, and still puts
+        several episodes of a task that needs several successes in one batch."""
+        flying = in_flight or {}
         deferred: list[tuple[int, int, int]] = []
         try:
             while self._heap:
                 count, solved, i = heapq.heappop(self._heap)
                 if count != self.count[i] or solved != (self.passed[i] > 0) or self._closed(i):
                     continue  # a stale entry, or a task with enough successes
-                if i in busy:
+                if self.enough and self.passed[i] + flying.get(i, 0) >= self.enough:
                     deferred.append((count, solved, i))
                     continue
                 if count < self.per_task:
@@ -180,10 +186,10 @@ def sample_episodes(
 
     Episodes are drawn in waves over the sample index, tasks with no success yet first
     (:class:`SampleBudget`): with ``enough_successes`` > 0 a task with that many
-    successes gets no more (a call holds one episode of a task at most, so none
-    overshoots), and what it leaves of the round goes to tasks still without a success, up
-    to ``most_per_task`` episodes each. Without ``enough_successes`` every task gets exactly
-    ``samples_per_task``."""
+    successes gets no more (a call holds at most as many episodes of a task as it still
+    needs successes, so none overshoots), and what it leaves of the round goes to tasks
+    still without a success, up to ``most_per_task`` episodes each. Without
+    ``enough_successes`` every task gets exactly ``samples_per_task``."""
     budget = SampleBudget(len(tasks), options.samples_per_task, enough_successes, most_per_task)
     groups: list[list[TokenEpisode]] = [[] for _ in tasks]
     generated = 0
@@ -191,13 +197,13 @@ def sample_episodes(
     started = time.monotonic()
     while True:
         chunk: list[tuple[int, int]] = []
-        # With enough_successes a call holds one episode per task at most, so a task's
-        # success is known before its next episode is drawn; without, calls stay full.
-        busy: set[int] = set()
-        while len(chunk) < options.rollout_batch and (i := budget.next(busy)) is not None:
+        # A call holds as many episodes of a task as it still needs successes at most, so
+        # none overshoots enough_successes, and calls stay as full as that allows: rows that
+        # leave a call early are refilled from its queue, a new call waits for the slowest.
+        in_flight: Counter[int] = Counter()
+        while len(chunk) < options.rollout_batch and (i := budget.next(in_flight)) is not None:
             chunk.append((i, budget.count[i] - 1))
-            if enough_successes:
-                busy.add(i)
+            in_flight[i] += 1
         if not chunk:
             break
         rollouts = model.rollouts(

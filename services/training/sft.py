@@ -58,8 +58,9 @@ def sft_batch(
     """Step ``step``'s draw of demonstrations: its target-token count and this rank's share.
 
     Every rank draws the same batch (seeded by step, not rank), so the count normalizes the
-    loss over the whole batch and the shards add up to it. The share comes sorted by tokens. ``weights`` (one per sequence,
-    rft's task weights) draw in proportion to weight; None draws uniformly.
+    loss over the whole batch and the shards add up to it; the share comes sorted by its
+    tokens. ``weights`` (one per sequence, rft's task weights) draw in proportion to weight;
+    None draws uniformly.
     """
     generator = torch.Generator().manual_seed(derive_seed(seed, step))
     if weights is None:

@@ -19,6 +19,7 @@ row; with dropout on in training mode the rows are scored the plain way.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,9 +53,9 @@ def prefix_groups(
     rows = [ids[r, : lengths[r]].tolist() for r in range(ids.shape[0])]
     order = sorted(range(len(rows)), key=lambda r: rows[r])
     # in sorted order a run's common prefix is the least of its neighbours' common prefixes
-    adjacent = [_common_length(rows[a], rows[b]) for a, b in zip(order, order[1:], strict=False)]
+    adjacent = [_common_length(rows[a], rows[b]) for a, b in itertools.pairwise(order)]
     runs = _best_runs([limits[r] for r in order], adjacent, min_shared=min_shared)
-    return [PrefixGroup([order[i] for i in range(begin, end)], shared) for begin, end, shared in runs]
+    return [PrefixGroup(order[begin:end], shared) for begin, end, shared in runs]
 
 
 def _best_runs(

@@ -4,6 +4,7 @@ and leaves the model as it was; its hyper-parameters are refused by name."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -300,15 +301,34 @@ def test_a_round_with_rare_successes_says_so(capable_champion: Path) -> None:
     )
 
 
-def test_with_enough_successes_a_call_holds_one_episode_per_task() -> None:
-    """Each task's success is known before its next episode is drawn: a call stops when
-    every open task has an episode in it."""
+def test_with_enough_successes_a_call_holds_no_more_episodes_of_a_task_than_it_needs() -> None:
+    """A call learns its episodes' outcomes only at its end: it holds as many episodes of a
+    task as the task still needs successes, so no task overshoots ``enough``."""
     budget = SampleBudget(2, per_task=4, enough=1, most=0)
-    busy: set[int] = set()
+    in_flight: Counter[int] = Counter()
     picks = []
-    while (i := budget.next(busy)) is not None:
+    while (i := budget.next(in_flight)) is not None:
         picks.append(i)
-        busy.add(i)
+        in_flight[i] += 1
     assert picks == [0, 1]
     budget.record(0, True)  # task 0 is done; task 1 goes on, one episode per call
-    assert [budget.next(), budget.next({1})] == [1, None]
+    assert [budget.next(), budget.next({1: 1})] == [1, None]
+    # Needing two successes, a call takes two episodes of each task, in waves (every task's
+    # first episode before any task's second); one success in, one more episode a call.
+    budget = SampleBudget(2, per_task=4, enough=2, most=0)
+    in_flight = Counter()
+    picks = []
+    while (i := budget.next(in_flight)) is not None:
+        picks.append((i, budget.count[i] - 1))
+        in_flight[i] += 1
+    assert picks == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    budget.record(0, True)
+    budget.record(0, False)
+    budget.record(1, False)
+    budget.record(1, False)
+    in_flight = Counter()
+    picks = []
+    while (i := budget.next(in_flight)) is not None:
+        picks.append(i)
+        in_flight[i] += 1
+    assert sorted(picks) == [0, 1, 1]

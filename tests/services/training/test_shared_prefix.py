@@ -113,8 +113,8 @@ def test_rows_whose_tool_lists_differ_midway_share_more_as_two_runs() -> None:
     (8 tokens), each pair its whole tool list (40): two runs of two skip 2 x 40 tokens, one
     run of four only 3 x 8."""
     before, after = list(range(10, 50)), [*range(10, 18), *range(300, 332)]
-    prompts = [before + [60], before + [61], after + [62], after + [63]]
-    rows = [(p + [100, 101], [False] * len(p) + [True] * 2) for p in prompts]
+    prompts = [[*before, 60], [*before, 61], [*after, 62], [*after, 63]]
+    rows = [([*p, 100, 101], [False] * len(p) + [True] * 2) for p in prompts]
     batch = collate(rows, pad_id=0, device=torch.device("cpu"))
     lengths = [len(ids) for ids, _ in rows]
     limits = [mask.index(True) for _, mask in rows]

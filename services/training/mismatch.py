@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from services.environments.base import Environment, TaskSpec
+from services.inference.utilisation import ModelShape, shape_of
 from services.training.checkpoint import Manifest
 from services.training.config import HFGRPOConfig, MismatchOptions
 from services.training.distributed import DistContext, is_sharded
@@ -202,6 +203,15 @@ class MismatchWatch:
         self.checkpoint_id = model.checkpoint_id
         self.sharded = is_sharded(model)
         self.calls = 0
+
+    def model_shape(self) -> ModelShape:
+        """The wrapped model's: without it rft's and dpo's training passes, which run
+        through this watch, report no ``train_mfu`` (seed 1 of the foreign-agent benchmark's
+        rft job did not)."""
+        shape = shape_of(self.model)
+        if shape is None:
+            raise TypeError(f"{type(self.model).__name__} cannot say its shape")
+        return shape
 
     def rollouts(
         self,

@@ -9,17 +9,21 @@ import math
 import pytest
 import torch
 
+from services.inference.utilisation import shape_of
 from services.training.config import HFDPOConfig, HFGRPOConfig, HFRFTConfig, HFSFTConfig
+from services.training.distributed import init_distributed
 from services.training.family import SampledBy, collate, pack_turn_values, pack_turns
 from services.training.grpo import policy_loss
 from services.training.mismatch import (
     MismatchGuard,
     MismatchStats,
+    MismatchWatch,
     SamplerMismatch,
     correction_of,
     tis_weights,
     token_mismatch,
 )
+from services.training.tiny.family import TinyFamily
 
 
 def test_token_mismatch_exact_values() -> None:
@@ -147,3 +151,10 @@ def test_the_options_reach_the_configs_that_sample_and_no_other() -> None:
     assert HFRFTConfig().mismatch_threshold == HFDPOConfig().mismatch_threshold == 1e-2
     assert not hasattr(HFSFTConfig(), "mismatch_threshold")  # sft samples nothing
     assert not hasattr(HFRFTConfig(), "tis_cap")  # truncated IS weighs a policy gradient
+
+
+def test_the_watch_says_the_shape_of_the_model_it_wraps() -> None:
+    """rft and dpo train through the watch: their training passes' MFU needs the shape."""
+    model = TinyFamily().create(None, seed=0, device=torch.device("cpu"))
+    watch = MismatchWatch(model, MismatchGuard(0.01), init_distributed("cpu"), micro_batch=2)
+    assert shape_of(watch) == shape_of(model) is not None

@@ -138,6 +138,9 @@ def test_a_train_job_replays_its_replay_dataset(capable_champion: Path, tmp_path
     metrics = read_metrics(tmp_path)
     assert metrics["replay"]["tasks"] == 4 and metrics["replay"]["episodes"] == 8
     assert metrics["hyperparameters"]["replay_fraction"] == 0.5
+    # the job trains through the mismatch watch, which says its model's shape: both passes
+    # are measured against the machine
+    assert metrics["rollout_mfu"] > 0 and metrics["train_mfu"] > 0
 
 
 @pytest.mark.parametrize(

@@ -110,8 +110,9 @@ BAR = LoopPlan(
     },
     max_demonstrations=320,
     rft={
-        # Round 1: 48 tasks x 8 samples = 384 episodes at T=1, 48 at a time (one wave of a
-        # sample of every task, so `enough_successes` stops a solved task at the next wave).
+        # Round 1: 48 tasks x 8 samples = 384 episodes at T=1, 48 decoding at once, each row
+        # taking the next episode as it frees (in waves: a sample of every task before any
+        # task's next), so `enough_successes` stops a task at its 2nd success.
         # Round 2 samples from the improved weights and stops each task at 2 successes: far
         # fewer episodes. ~100 generated tokens an episode at ~80 tokens/s: ~8 min a full
         # round. 16 SFT steps of 8 a round (~3 min each).
@@ -127,10 +128,11 @@ BAR = LoopPlan(
         "micro_batch": 4,
         "lr": 1e-3,
         # Replay: half of each SFT draw is the champion's own verified episodes of 16
-        # regression tasks (32 episodes, ~40 s), so the traffic it already served is kept.
+        # regression tasks (one greedy episode each, ~20 s), so the traffic it already
+        # served is kept.
         "replay_fraction": 0.5,
         "replay_tasks": 16,
-        "replay_samples": 2,
+        "replay_temperature": 0.0,
         "log_every": 4,
     },
     gate={
@@ -170,7 +172,6 @@ QUICK = LoopPlan(
         "batch_size": 2,
         "micro_batch": 2,
         "replay_tasks": 2,
-        "replay_samples": 1,
         "log_every": 0,
     },
     gate={**BAR.gate, "mode": "manual"},

@@ -349,8 +349,9 @@ def planned_work(
     """The work of a cycle with this training profile (every stage of a chain) and these
     eval task sets (their sizes; an empty set runs no job): a GRPO stage samples
     ``steps x tasks_per_step x group_size`` episodes, an rft or dpo stage
-    ``samples_per_task`` per train task (per iteration), and rft's replay ``replay_samples``
-    of each of at most ``replay_tasks`` of the dataset's ``replay_tasks``. The profile was
+    ``samples_per_task`` per train task (per iteration), and rft's replay its
+    ``replay_samples_per_task`` of each of at most ``replay_tasks`` of the dataset's
+    ``replay_tasks``. The profile was
     checked when the loop was saved."""
     stages = parse_chain(profile.family, profile.algorithm, profile.hyperparameters)
     steps = episodes = 0
@@ -363,7 +364,8 @@ def planned_work(
             rounds = int(getattr(config, "iterations", 1))
             episodes += rounds * config.samples_per_task * max(0, train_tasks)
         if isinstance(config, RFTConfig) and config.replay_fraction > 0:
-            episodes += config.replay_samples * min(config.replay_tasks, max(0, replay_tasks))
+            replayed = min(config.replay_tasks, max(0, replay_tasks))
+            episodes += config.replay_samples_per_task * replayed
     sets = [int(count) for count in eval_task_counts if count > 0]
     eval_tasks = sum(sets)
     return PlannedWork(

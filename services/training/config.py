@@ -239,7 +239,8 @@ class HFGRPOConfig(GRPOConfig, LoRAOptions, MismatchOptions):
 @dataclass(frozen=True)
 class SamplingOptions(_Checked):
     """How rft and dpo sample their episodes from the starting weights: ``samples_per_task``
-    per task, ``rollout_batch`` episodes per call to the family's rollouts."""
+    per task, ``rollout_batch`` of them decoding at once (a round is one call to the family's
+    rollouts, each row taking the round's next episode as it frees)."""
 
     samples_per_task: int = field(default=8, metadata=_bounds(1))
     temperature: float = field(default=1.0, metadata=_bounds(0, low_open=True))
@@ -254,9 +255,11 @@ class RFTConfig(SFTConfig, SamplingOptions):
     episodes per task and ``steps`` SFT steps on the verified successes (the SFT fields are
     :class:`SFTConfig`'s, with defaults for a few hundred successes rather than a corpus).
 
-    ``replay_fraction`` of each draw are replayed episodes: ``replay_samples`` sampled once
-    from the starting weights on each of at most ``replay_tasks`` replay tasks (a dataset's
-    replay split, never its regression suite), the verified ones kept."""
+    ``replay_fraction`` of each draw are replayed episodes, sampled once from the starting
+    weights on each of at most ``replay_tasks`` replay tasks (a dataset's replay split, never
+    its regression suite), the verified ones kept: greedily (``replay_temperature`` 0, one
+    episode a task: what the gate evaluates and serving decodes) or ``replay_samples`` a task
+    at ``replay_temperature``."""
 
     steps: int = field(default=100, metadata=_bounds(0))
     batch_size: int = field(default=16, metadata=_bounds(1))
@@ -275,6 +278,17 @@ class RFTConfig(SFTConfig, SamplingOptions):
     replay_fraction: float = field(default=0.5, metadata=_bounds(0, 1, high_open=True))
     replay_tasks: int = field(default=32, metadata=_bounds(0))
     replay_samples: int = field(default=2, metadata=_bounds(1))
+    # 0: greedy. The behaviour to keep is the greedy one the gate's regression suite checks;
+    # sampled at T=1 a weak champion keeps little of it (the bookshop's SmolLM2 champion
+    # kept 1 and 3 sequences of 28 and 32 replay episodes: half of every SFT draw was one
+    # to three sequences)
+    replay_temperature: float = field(default=0.0, metadata=_bounds(0))
+
+    @property
+    def replay_samples_per_task(self) -> int:
+        """Episodes the replay samples of each task: one when greedy (more would be the same
+        episode again)."""
+        return 1 if self.replay_temperature == 0 else self.replay_samples
 
 
 @dataclass(frozen=True)

@@ -168,11 +168,44 @@ class RolloutModel(Protocol):
         ...
 
 
+class EpisodeFeed(Protocol):
+    """Episodes a rollout call takes while it runs (rft's and dpo's rounds): a row that frees
+    takes the feed's next episode, so rows stay busy until the feed has none, and the feed
+    hears each episode's outcome as it ends, so it can choose the next from the outcomes so
+    far (a task with enough successes is sampled no more)."""
+
+    def next_episode(self) -> tuple[TaskSpec, int] | None:
+        """The next episode's task and seed; None when none is due now (one may be due once
+        a running episode has ended)."""
+        ...
+
+    def episode_ended(self, index: int, episode: TokenEpisode) -> None:
+        """Episode ``index`` of the call (its place in :attr:`Rollouts.episodes`) ended,
+        verified."""
+        ...
+
+
 class FamilyModel(RolloutModel, Protocol):
     """A loaded model of some family, for rollouts, scoring and (if loaded so) training."""
 
     family: str
     pad_id: int
+
+    def rollouts(
+        self,
+        env: Environment,
+        tasks: Sequence[TaskSpec],
+        *,
+        seeds: Sequence[int],
+        max_turns: int,
+        max_new_tokens: int,
+        temperature: float,
+        max_rows: int | None = None,
+        feed: EpisodeFeed | None = None,
+    ) -> Rollouts:
+        """:meth:`RolloutModel.rollouts`, and with ``feed`` the episodes it gives as rows
+        free, after ``tasks``' (in the order taken), each told to it as it ends."""
+        ...
 
     def trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The weights an optimizer updates, by name (all of them, or a LoRA adapter's)."""

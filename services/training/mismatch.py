@@ -46,6 +46,7 @@ from services.training.config import HFGRPOConfig, MismatchOptions
 from services.training.distributed import DistContext, is_sharded
 from services.training.family import (
     DemonstrationOptions,
+    EpisodeFeed,
     FamilyModel,
     PackedBatch,
     Rollouts,
@@ -223,6 +224,7 @@ class MismatchWatch:
         max_new_tokens: int,
         temperature: float,
         max_rows: int | None = None,
+        feed: EpisodeFeed | None = None,
     ) -> Rollouts:
         rollouts = self.model.rollouts(
             env,
@@ -232,6 +234,7 @@ class MismatchWatch:
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             max_rows=max_rows,
+            feed=feed,
         )
         self.calls += 1
         if rollouts.sampler is not None:

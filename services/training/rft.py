@@ -18,14 +18,18 @@ Choices, each on purpose:
   train job's ``demonstrations.jsonl``) join every iteration's SFT set as successes of
   their task, weighed like sampled ones; only those of the model's family are used.
 - **Replay** (``replay_fraction`` > 0 and replay tasks given: a dataset's replay split,
-  tasks the champion handled): before the first iteration, ``replay_samples`` episodes of
-  each of at most ``replay_tasks`` of them are sampled from the starting weights and the
-  verified ones kept; every iteration's SFT draw gives them ``replay_fraction`` of its
-  weight. Without them the SFT set holds only the new behaviour and the model forgets what
-  it did right before (measured on SmolLM2, docs/models.md run 5: v1 100% -> 72.5% while the
-  drift recovered); replaying its own successes is self-distillation, on its own tokens, so
-  it anchors without teaching anything new. Replay alone never trains: an iteration with no
-  new success leaves the model as it was.
+  tasks the champion handled): before the first iteration, an episode of each of at most
+  ``replay_tasks`` of them is decoded greedily from the starting weights (or
+  ``replay_samples`` a task at ``replay_temperature`` > 0) and the verified ones kept;
+  every iteration's SFT draw gives them ``replay_fraction`` of its weight. Greedy because
+  the behaviour to keep is the one the gate's regression suite checks and serving decodes:
+  sampled at T=1, the bookshop's SmolLM2 champion's 28 and 32 replay episodes (two seeds)
+  gave 1 and 3 training sequences, so half of each draw was one to three sequences.
+  Without replay the SFT set holds only the new behaviour and the model forgets what it did
+  right before (measured on SmolLM2, docs/models.md run 5: v1 100% -> 72.5% while the
+  drift recovered); replaying its own successes is self-distillation, on its own tokens,
+  so it anchors without teaching anything new. Replay alone never trains: an iteration
+  with no new success leaves the model as it was.
 - **Enough successes** (``enough_successes`` > 0): a task with that many successes in a
   round is sampled no more in it. Once the model has the new behaviour most tasks pass
   most samples, and sampling them all ``samples_per_task`` times buys successes the SFT
@@ -61,11 +65,11 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from services.environments.base import Environment, TaskSpec
 from services.inference.utilisation import Utilisation
-from services.training.config import RFTConfig, SamplingOptions
+from services.training.config import RFTConfig
 from services.training.counters import RunCounters
 from services.training.distributed import DistContext
 from services.training.episode_file import EpisodeRecord
@@ -169,11 +173,67 @@ class SampleBudget:
             self._parked.clear()
 
 
+class _RoundFeed:
+    """A round's episodes, drawn from its :class:`SampleBudget` as the rollout call's rows
+    free, and filed by task as they end (which is when the budget learns their outcome)."""
+
+    def __init__(
+        self, budget: SampleBudget, tasks: Sequence[TaskSpec], seed: int, round_index: int
+    ) -> None:
+        self.budget, self.tasks, self.seed, self.round_index = budget, tasks, seed, round_index
+        self.groups: list[list[TokenEpisode]] = [[] for _ in tasks]
+        self.drawn: list[int] = []  # the task of the call's episode k
+        self.in_flight: Counter[int] = Counter()
+
+    def next_episode(self) -> tuple[TaskSpec, int] | None:
+        i = self.budget.next(self.in_flight)
+        if i is None:
+            return None
+        self.drawn.append(i)
+        self.in_flight[i] += 1
+        sample = self.budget.count[i] - 1
+        return self.tasks[i], derive_seed(self.seed, _SAMPLE_STREAM, self.round_index, i, sample)
+
+    def episode_ended(self, index: int, episode: TokenEpisode) -> None:
+        i = self.drawn[index]
+        self.in_flight[i] -= 1
+        self.groups[i].append(episode)
+        self.budget.record(i, episode.reward.passed)
+
+
+class SamplingPlan(Protocol):
+    """How a round samples (:class:`~services.training.config.SamplingOptions`, or the
+    replay's :class:`ReplaySampling`)."""
+
+    @property
+    def samples_per_task(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def max_turns(self) -> int: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def rollout_batch(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ReplaySampling:
+    """The replay's sampling: the rounds' turn and token budgets and rows, its own
+    temperature (0: greedy) and samples a task."""
+
+    samples_per_task: int
+    temperature: float
+    max_turns: int
+    max_new_tokens: int
+    rollout_batch: int
+
+
 def sample_episodes(
     model: FamilyModel,
     env: Environment,
     tasks: Sequence[TaskSpec],
-    options: SamplingOptions,
+    options: SamplingPlan,
     *,
     seed: int,
     round_index: int = 0,
@@ -181,49 +241,44 @@ def sample_episodes(
     most_per_task: int = 0,
 ) -> SampledTasks:
     """Up to ``options.samples_per_task`` verified episodes of every task under the current
-    weights, ``options.rollout_batch`` episodes per rollout call; each episode seeded on its
-    own (by task and sample index), so which call it lands in changes nothing.
+    weights, in one rollout call that keeps ``options.rollout_batch`` episodes decoding: a
+    row that frees takes the next episode the budget allows, so the round never waits on a
+    batch's slowest episode before the next batch starts (each episode is seeded on its own,
+    by task and sample index, so where it runs changes nothing).
 
     Episodes are drawn in waves over the sample index, tasks with no success yet first
-    (:class:`SampleBudget`): with ``enough_successes`` > 0 a task with that many
-    successes gets no more (a call holds at most as many episodes of a task as it still
-    needs successes, so none overshoots), and what it leaves of the round goes to tasks
-    still without a success, up to ``most_per_task`` episodes each. Without
-    ``enough_successes`` every task gets exactly ``samples_per_task``."""
+    (:class:`SampleBudget`), as rows free, from the outcomes of the episodes ended so far:
+    with ``enough_successes`` > 0 a task with that many successes gets no more (no more of
+    its episodes run at once than it still needs successes, so none overshoots), and what it
+    leaves of the round goes to tasks still without a success, up to ``most_per_task``
+    episodes each. Without ``enough_successes`` every task gets exactly
+    ``samples_per_task``."""
     budget = SampleBudget(len(tasks), options.samples_per_task, enough_successes, most_per_task)
-    groups: list[list[TokenEpisode]] = [[] for _ in tasks]
-    generated = 0
-    utilisation = Utilisation()
+    feed = _RoundFeed(budget, tasks, seed, round_index)
     started = time.monotonic()
-    while True:
-        chunk: list[tuple[int, int]] = []
-        # A call holds as many episodes of a task as it still needs successes at most, so
-        # none overshoots enough_successes, and calls stay as full as that allows: rows that
-        # leave a call early are refilled from its queue, a new call waits for the slowest.
-        in_flight: Counter[int] = Counter()
-        while len(chunk) < options.rollout_batch and (i := budget.next(in_flight)) is not None:
-            chunk.append((i, budget.count[i] - 1))
-            in_flight[i] += 1
-        if not chunk:
-            break
-        rollouts = model.rollouts(
-            env,
-            [tasks[i] for i, _ in chunk],
-            seeds=[derive_seed(seed, _SAMPLE_STREAM, round_index, i, s) for i, s in chunk],
-            max_turns=options.max_turns,
-            max_new_tokens=options.max_new_tokens,
-            temperature=options.temperature,
+    rollouts = model.rollouts(
+        env,
+        [],
+        seeds=[],
+        max_turns=options.max_turns,
+        max_new_tokens=options.max_new_tokens,
+        temperature=options.temperature,
+        max_rows=options.rollout_batch,
+        feed=feed,
+    )
+    unfinished = len(feed.drawn) != len(rollouts.episodes) or any(feed.in_flight.values())
+    if unfinished or feed.next_episode() is not None:
+        raise TypeError(
+            f"{type(model).__name__}.rollouts did not run its feed to the end: it took "
+            f"{len(feed.drawn)} episodes, returned {len(rollouts.episodes)}, and the round "
+            "had more; a family's rollouts must take the feed's episodes as rows free and "
+            "say each one's end (services.training.family.EpisodeFeed)"
         )
-        generated += rollouts.generated_tokens
-        utilisation.merge(rollouts.utilisation)
-        for (i, _), episode in zip(chunk, rollouts.episodes, strict=True):
-            groups[i].append(episode)
-            budget.record(i, episode.reward.passed)
     return SampledTasks(
-        groups=groups,
-        generated_tokens=generated,
+        groups=feed.groups,
+        generated_tokens=rollouts.generated_tokens,
         wall_s=time.monotonic() - started,
-        utilisation=utilisation,
+        utilisation=rollouts.utilisation,
     )
 
 
@@ -299,9 +354,15 @@ def sample_replay(
     verified episodes; None when there is nothing to replay."""
     if not tasks:
         return None
-    options = replace(config, samples_per_task=config.replay_samples)
+    plan = ReplaySampling(
+        samples_per_task=config.replay_samples_per_task,
+        temperature=config.replay_temperature,
+        max_turns=config.max_turns,
+        max_new_tokens=config.max_new_tokens,
+        rollout_batch=config.rollout_batch,
+    )
     seed = derive_seed(config.seed, _REPLAY_STREAM, 1)
-    sampled = sample_episodes(model, env, tasks, options, seed=seed)
+    sampled = sample_episodes(model, env, tasks, plan, seed=seed)
     sequences, weights = success_sequences(sampled, tasks)
     total = sum(weights)
     return Replay(

@@ -36,6 +36,7 @@ from services.training.config import LoRAOptions
 from services.training.device import autocast
 from services.training.family import (
     DemonstrationOptions,
+    EpisodeFeed,
     PackedBatch,
     Rollouts,
     TokenSequence,
@@ -169,6 +170,7 @@ class HFFamilyModel:
         max_new_tokens: int,
         temperature: float,
         max_rows: int | None = None,
+        feed: EpisodeFeed | None = None,
     ) -> Rollouts:
         was_training = self.module.training
         self.module.eval()
@@ -186,6 +188,7 @@ class HFFamilyModel:
                     max_new_tokens=max_new_tokens,
                     temperature=temperature,
                     max_rows=max_rows,
+                    feed=feed,
                 )
         finally:
             self.module.train(was_training)

@@ -33,7 +33,7 @@ from services.environments.base import Environment, TaskSpec
 from services.environments.chat import as_chat_environment
 from services.training.checkpoint import Manifest
 from services.training.device import resolve_device
-from services.training.family import Rollouts, SampledBy, TokenEpisode
+from services.training.family import EpisodeFeed, Rollouts, SampledBy, TokenEpisode
 from services.training.hf.checkpoint import LoadedHF, load_hf_checkpoint
 from services.training.hf.rollout import Completion
 from services.training.rng import derive_seed, gumbel
@@ -41,6 +41,7 @@ from services.training.rng import derive_seed, gumbel
 if TYPE_CHECKING:
     from services.inference.engine import Engine
     from services.inference.remote import RemoteEngine, RemotePolicy
+    from services.inference.rollout import ChatRollout
     from services.inference.utilisation import TimeSplit, Utilisation
 
 
@@ -135,17 +136,19 @@ class HFModel:
         max_new_tokens: int,
         temperature: float,
         max_rows: int | None = None,
+        feed: EpisodeFeed | None = None,
     ) -> Rollouts:
-        """One chat episode per task through the inference engine (:mod:`services.inference`:
-        the system text and tool list every prompt starts with, a GRPO group's shared prompt
-        and each episode's earlier turns are prefilled once), scored by the environment's
-        chat verifier (ValueError for an environment without a chat rendering).
+        """One chat episode per task, and ``feed``'s as rows free, through the inference
+        engine (:mod:`services.inference`: the system text and tool list every prompt starts
+        with, a GRPO group's shared prompt and each episode's earlier turns are prefilled
+        once), each scored by the environment's chat verifier as it ends (ValueError for an
+        environment without a chat rendering).
 
         The engine is made per call, so its prefix cache never outlives the weights it was
         computed under (a trainer updates them between calls). With :attr:`remote` set the
         turns decode on that server instead, the engine rendering and decoding for it."""
         from services.inference.hf import HFEngine
-        from services.inference.rollout import RolloutSettings
+        from services.inference.rollout import EpisodeStream, RolloutSettings
         from services.inference.rollout import run_chat_episodes as run_on_engine
         from services.inference.utilisation import TimeSplit
 
@@ -157,33 +160,42 @@ class HFModel:
             path=f"checkpoint:{self.checkpoint_id}" if self.checkpoint_id else "memory",
             version=self.checkpoint_id or "",
         )
-        with self._rollout_engine(engine) as rollout_engine:
-            rollouts, stats = run_on_engine(
-                rollout_engine,
-                chat_env,
-                tasks,
-                seeds=seeds,
-                settings=RolloutSettings(max_turns, max_new_tokens, temperature, max_rows=max_rows),
-                max_prompt_tokens=engine.context_length(),
-                split=split,
-            )
-            sampler = _sampled_by(rollout_engine)
-        with split.part("tool_calls"):  # the verifiers
-            pairs = zip(tasks, rollouts, strict=True)
-            rewards = [chat_env.chat_verify(task, rollout.episode) for task, rollout in pairs]
-        episodes = [
-            TokenEpisode(
-                task=task,
+        episodes: dict[int, TokenEpisode] = {}
+
+        def ended(i: int, rollout: ChatRollout) -> None:
+            with split.part("tool_calls"):  # the verifier
+                reward = chat_env.chat_verify(rollout.task, rollout.episode)
+            episodes[i] = TokenEpisode(
+                task=rollout.task,
                 turns=[(turn.prompt_ids, turn.completion_ids) for turn in rollout.turns],
                 reward=reward,
                 end_reason=rollout.episode.end_reason,
                 answer=rollout.episode.final_answer,
                 sampler_logprobs=[list(turn.logprobs) for turn in rollout.turns],
             )
-            for task, rollout, reward in zip(tasks, rollouts, rewards, strict=True)
-        ]
-        utilisation = self._utilisation(episodes, split, time.perf_counter() - started)
-        return Rollouts(episodes, stats.generated_tokens, stats.prompt_tokens, sampler, utilisation)
+            if feed is not None:
+                feed.episode_ended(i, episodes[i])
+
+        with self._rollout_engine(engine) as rollout_engine:
+            rollouts, stats = run_on_engine(
+                rollout_engine,
+                chat_env,
+                tasks,
+                seeds=seeds,
+                settings=RolloutSettings(
+                    max_turns,
+                    max_new_tokens,
+                    temperature,
+                    max_rows=max_rows,
+                    max_prompt_tokens=None,
+                ),
+                split=split,
+                stream=EpisodeStream(None if feed is None else feed.next_episode, ended),
+            )
+            sampler = _sampled_by(rollout_engine)
+        ordered = [episodes[i] for i in range(len(rollouts))]
+        utilisation = self._utilisation(ordered, split, time.perf_counter() - started)
+        return Rollouts(ordered, stats.generated_tokens, stats.prompt_tokens, sampler, utilisation)
 
     def _utilisation(
         self, episodes: Sequence[TokenEpisode], split: TimeSplit, wall_s: float

@@ -10,21 +10,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from services.environments.base import Environment, Episode, TaskSpec
-from services.inference.rollout import RolloutSettings, run_text_episodes
+from services.inference.rollout import (
+    EpisodeStream,
+    RolloutSettings,
+    TextRollout,
+    run_text_episodes,
+)
 from services.inference.tiny import TinyEngine
 from services.inference.utilisation import ModelShape, TimeSplit, round_utilisation
 from services.training.checkpoint import Manifest, save_checkpoint
 from services.training.device import autocast
 from services.training.family import (
     DemonstrationOptions,
+    EpisodeFeed,
     PackedBatch,
     Rollouts,
+    TokenEpisode,
     TokenSequence,
 )
 from services.training.tiny.model import (
@@ -32,7 +38,6 @@ from services.training.tiny.model import (
     GPTConfig,
     TinyModel,
     token_logprobs,
-    verified_rollouts,
 )
 from services.training.tiny.rollout import episode_tokens
 from services.training.tokenizer import ByteTokenizer
@@ -112,6 +117,7 @@ class TinyFamilyModel:
         max_new_tokens: int,
         temperature: float,
         max_rows: int | None = None,
+        feed: EpisodeFeed | None = None,
     ) -> Rollouts:
         """Through the inference engine (rows join and leave a running batch; a GRPO
         group's shared prompt and each episode's earlier turns are prefilled once), the path
@@ -120,16 +126,8 @@ class TinyFamilyModel:
         was_training = self.net.training
         sampler = TinyModel(self.net, tokenizer=self.tokenizer, device=self.device)  # eval mode
         try:
-            return engine_rollouts(
-                sampler,
-                env,
-                tasks,
-                seeds=seeds,
-                max_turns=max_turns,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                max_rows=max_rows,
-            )
+            settings = RolloutSettings(max_turns, max_new_tokens, temperature, max_rows=max_rows)
+            return engine_rollouts(sampler, env, tasks, seeds=seeds, settings=settings, feed=feed)
         finally:
             self.net.train(was_training)
 
@@ -182,29 +180,39 @@ def engine_rollouts(
     tasks: Sequence[TaskSpec],
     *,
     seeds: Sequence[int],
-    max_turns: int,
-    max_new_tokens: int,
-    temperature: float,
-    max_rows: int | None = None,
+    settings: RolloutSettings,
+    feed: EpisodeFeed | None = None,
 ) -> Rollouts:
-    """One verified episode per task, episode ``i`` sampled from ``seeds[i]``, through a
-    :class:`TinyEngine` over ``model``; token for token what :meth:`TinyModel.rollouts`
-    (its own ``generate``) gives."""
+    """One verified episode per task, episode ``i`` sampled from ``seeds[i]``, and
+    ``feed``'s as rows free, through a :class:`TinyEngine` over ``model``; token for token
+    what :meth:`TinyModel.rollouts` (its own ``generate``) gives."""
     key = f"checkpoint:{model.checkpoint_id}" if model.checkpoint_id else "memory"
     split, started = TimeSplit(), time.perf_counter()
+    episodes: dict[int, TokenEpisode] = {}
+
+    def ended(i: int, rollout: TextRollout) -> None:
+        with split.part("tool_calls"):  # the verifier
+            reward = env.verify(rollout.task, rollout.episode)
+        episodes[i] = TokenEpisode(
+            task=rollout.task,
+            turns=[(t.prompt_ids, t.completion_ids) for t in rollout.turns],
+            reward=reward,
+            end_reason=rollout.episode.end_reason,
+            answer=rollout.episode.final_answer,
+        )
+        if feed is not None:
+            feed.episode_ended(i, episodes[i])
+
     rollouts, stats = run_text_episodes(
         TinyEngine(model, key),
         env,
         tasks,
         seeds=seeds,
-        settings=RolloutSettings(max_turns, max_new_tokens, temperature, max_rows=max_rows),
+        settings=settings,
         split=split,
+        stream=EpisodeStream(None if feed is None else feed.next_episode, ended),
     )
-    records = [(r.episode, [(t.prompt_ids, t.completion_ids) for t in r.turns]) for r in rollouts]
-    with split.part("tool_calls"):  # the verifiers
-        verified = verified_rollouts(
-            env, tasks, records, stats.generated_tokens, stats.prompt_tokens
-        )
-    turns = [turn for _, record in records for turn in record]
+    ordered = [episodes[i] for i in range(len(rollouts))]
+    turns = [turn for episode in ordered for turn in episode.turns]
     utilisation = round_utilisation(model.model, turns, split, time.perf_counter() - started)
-    return replace(verified, utilisation=utilisation)
+    return Rollouts(ordered, stats.generated_tokens, stats.prompt_tokens, utilisation=utilisation)

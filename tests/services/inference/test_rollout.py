@@ -13,7 +13,12 @@ import torch
 from services.environments.toolcalc import ToolcalcEnvironment
 from services.evaluation.evaluator import EvaluationSettings, evaluate
 from services.inference.hf import HFEngine
-from services.inference.rollout import RolloutSettings, run_chat_episodes, run_text_episodes
+from services.inference.rollout import (
+    EpisodeStream,
+    RolloutSettings,
+    run_chat_episodes,
+    run_text_episodes,
+)
 from services.inference.tiny import TinyEngine
 from services.serving.base import CheckpointRef
 from services.training.family import family_for
@@ -74,6 +79,48 @@ def test_text_episodes_equal_the_tiny_familys_rollouts(
     if temperature == 0.0:
         assert ENV.verify(tasks[0], new[0].episode).passed  # the demo task, in several turns
         assert len(new[0].turns) == len(new[0].episode.agent_turns) > 1
+
+
+def test_episodes_taken_from_a_stream_as_rows_free_sample_what_they_sample_given_at_once(
+    tool_calling_tiny: CheckpointRef,
+) -> None:
+    """A rollout that takes its episodes from a stream takes the next one as a row frees
+    (never more than ``max_rows`` running), says each one's end once, waits on a source that
+    has none now while episodes still run, and samples what the same episodes sample handed
+    over at once: each is seeded on its own."""
+    policy = TinyModel.load(path_of(tool_calling_tiny), device="cpu")
+    tasks = [demo_task()] * 2 + ENV.generate_tasks(4, seed=9, api_version="v1")
+    seeds = [11 * i + 1 for i in range(len(tasks))]
+    settings = RolloutSettings(max_turns=3, max_new_tokens=10, temperature=1.0, max_rows=2)
+    given, given_stats = run_text_episodes(
+        TinyEngine(policy, "memory"), ENV, tasks, seeds=seeds, settings=settings
+    )
+
+    def streamed(most_running: int) -> tuple[list[Any], list[int], list[int]]:
+        queue = list(zip(tasks, seeds, strict=True))
+        ended: list[int] = []
+        running_when_taken: list[int] = []
+
+        def more() -> tuple[Any, int] | None:
+            running = len(running_when_taken) - len(ended)
+            if not queue or running >= most_running:
+                return None  # none now: one more once an episode has ended
+            running_when_taken.append(running)
+            return queue.pop(0)
+
+        stream = EpisodeStream(more, lambda i, _: ended.append(i))
+        rollouts, stats = run_text_episodes(
+            TinyEngine(policy, "memory"), ENV, [], seeds=[], settings=settings, stream=stream
+        )
+        assert stats.generated_tokens == given_stats.generated_tokens
+        return rollouts, ended, running_when_taken
+
+    for most_running in (2, 1):
+        rollouts, ended, running_when_taken = streamed(most_running)
+        assert [r.episode.transcript() for r in rollouts] == [r.episode.transcript() for r in given]
+        assert [r.task for r in rollouts] == tasks
+        assert sorted(ended) == list(range(len(tasks)))  # each said once
+        assert max(running_when_taken) == min(most_running, 2) - 1
 
 
 @pytest.mark.parametrize(("cache_bytes", "max_rows"), [(0, 2), (256 * 1024 * 1024, 2), (0, 64)])
@@ -194,6 +241,7 @@ def test_bad_rollout_arguments_are_refused(tool_calling_tiny: CheckpointRef) -> 
         ({"max_rows": 0}, "max_rows"),
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
+        ({"max_prompt_tokens": 0}, "max_prompt_tokens"),
     ]
     for change, message in changes:
         with pytest.raises(ValueError, match=message):

@@ -184,7 +184,7 @@ def expected_losses(
     return float(losses[0]), float(losses[1])
 
 
-def test_rft_reports_each_rollout_calls_mismatch_in_metrics(
+def test_rft_reports_each_rounds_mismatch_in_metrics(
     llama_with_adapters: list[CheckpointRef],
     server: ServeProcess,
     tmp_path: Path,
@@ -214,7 +214,7 @@ def test_rft_reports_each_rollout_calls_mismatch_in_metrics(
     )
     assert code == 0
     rows = read_metrics(tmp_path)["sampler_mismatch"]
-    assert [r["where"] for r in rows] == ["rollouts 1", "rollouts 2"]  # 4 episodes, 2 a call
+    assert [r["where"] for r in rows] == ["rollouts 1"]  # 4 episodes, 2 rows: one round
     for row in rows:
         assert row["tokens"] > 0 and 0.0 < row["k3"] < 10.0
         assert len(row["served"]) == 64

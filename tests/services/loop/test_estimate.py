@@ -206,4 +206,12 @@ def test_planned_work_counts_rfts_replay() -> None:
     work = planned_work(
         rft, eval_task_counts=[], samples_per_task=1, train_tasks=10, replay_tasks=5
     )
-    assert work.episodes == 2 * 4 * 10 + 2 * 5  # rounds, then replay_samples (2) x 5 tasks
+    assert work.episodes == 2 * 4 * 10 + 5  # rounds, then one greedy episode x 5 tasks
+    sampled = TrainingProfile(
+        algorithm="rft",
+        hyperparameters={**rft.hyperparameters, "replay_temperature": 0.7},
+    )
+    work = planned_work(
+        sampled, eval_task_counts=[], samples_per_task=1, train_tasks=10, replay_tasks=5
+    )
+    assert work.episodes == 2 * 4 * 10 + 2 * 5  # replay_samples (2) x 5 tasks

@@ -178,6 +178,39 @@ def test_a_task_with_enough_successes_is_sampled_no_more_in_its_round(
     assert sampled.episodes == len(model.sampled) < 6 * len(tasks)
 
 
+def test_a_round_is_one_rollout_call_whose_rows_take_the_next_episode_as_they_free(
+    capable_champion: Path,
+) -> None:
+    """The round hands the family a feed, not a list: ``rollout_batch`` rows decode and each
+    that frees takes the next episode the budget allows, so no call waits on its slowest
+    episode before the next starts."""
+    tasks = mixed_tasks()
+    model = Recording(load(capable_champion))
+    calls: list[tuple[int, Any]] = []
+    inner = model.rollouts
+
+    def counted(env: Environment, episodes: Sequence[TaskSpec], **kwargs: Any) -> Rollouts:
+        calls.append((len(episodes), kwargs.get("max_rows")))
+        return inner(env, episodes, **kwargs)
+
+    model.rollouts = counted  # type: ignore[method-assign]
+    options = RFTConfig(samples_per_task=3, max_new_tokens=48, rollout_batch=5)
+    sampled = sample_episodes(model, ToolcalcEnvironment(), tasks, options, seed=3)
+    assert calls == [(0, 5)]
+    assert sampled.episodes == len(model.sampled) == 3 * len(tasks)
+
+
+def test_a_family_whose_rollouts_ignore_the_feed_is_refused(capable_champion: Path) -> None:
+    class ListsOnly(Recording):
+        def rollouts(self, env: Environment, tasks: Sequence[TaskSpec], **kwargs: Any) -> Rollouts:
+            kwargs.pop("feed")
+            return self.inner.rollouts(env, tasks, **kwargs)
+
+    model = ListsOnly(load(capable_champion))
+    with pytest.raises(TypeError, match=r"ListsOnly\.rollouts did not run its feed"):
+        sample_episodes(model, ToolcalcEnvironment(), mixed_tasks(), RFTConfig(), seed=3)
+
+
 def test_without_enough_successes_every_task_gets_every_sample_the_same_episodes(
     capable_champion: Path,
 ) -> None:
@@ -301,9 +334,9 @@ def test_a_round_with_rare_successes_says_so(capable_champion: Path) -> None:
     )
 
 
-def test_with_enough_successes_a_call_holds_no_more_episodes_of_a_task_than_it_needs() -> None:
-    """A call learns its episodes' outcomes only at its end: it holds as many episodes of a
-    task as the task still needs successes, so no task overshoots ``enough``."""
+def test_with_enough_successes_no_more_episodes_of_a_task_run_than_it_needs() -> None:
+    """An episode's outcome is known only when it ends: as many episodes of a task run at
+    once as the task still needs successes, so no task overshoots ``enough``."""
     budget = SampleBudget(2, per_task=4, enough=1, most=0)
     in_flight: Counter[int] = Counter()
     picks = []
@@ -311,10 +344,10 @@ def test_with_enough_successes_a_call_holds_no_more_episodes_of_a_task_than_it_n
         picks.append(i)
         in_flight[i] += 1
     assert picks == [0, 1]
-    budget.record(0, True)  # task 0 is done; task 1 goes on, one episode per call
+    budget.record(0, True)  # task 0 is done; task 1 goes on, one episode at a time
     assert [budget.next(), budget.next({1: 1})] == [1, None]
-    # Needing two successes, a call takes two episodes of each task, in waves (every task's
-    # first episode before any task's second); one success in, one more episode a call.
+    # Needing two successes, two episodes of each task run at once, in waves (every task's
+    # first episode before any task's second); one success in, one more episode at a time.
     budget = SampleBudget(2, per_task=4, enough=2, most=0)
     in_flight = Counter()
     picks = []

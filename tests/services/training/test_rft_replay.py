@@ -13,7 +13,7 @@ import torch
 from services.environments import write_task_file
 from services.environments.base import TaskSpec
 from services.environments.toolcalc import ToolcalcEnvironment
-from services.training.config import RFTConfig
+from services.training.config import HyperparameterError, RFTConfig
 from services.training.distributed import init_distributed
 from services.training.rft import Replay, replay_tasks_drawn, train_rft, with_replay
 from tests.services.training.conftest import read_metrics, run_train_job
@@ -86,28 +86,59 @@ def test_rft_replays_the_starting_weights_successes_sampled_once(
         replay_tasks=V1[2:],
     )
 
-    replayed = model.sampled[: 2 * 4]  # sampled first, from the starting weights
-    assert {e.task.task_id for e in replayed} == {t.task_id for t in V1[2:]}
-    assert len(model.sampled) == 2 * 4 + 2 * len(tasks) * 4
+    replayed = model.sampled[:4]  # decoded first, greedily, from the starting weights
+    assert sorted(e.task.task_id for e in replayed) == sorted(t.task_id for t in V1[2:])
+    assert len(model.sampled) == 4 + 2 * len(tasks) * 4
     replay_ids = {tuple(ids) for e in replayed if e.reward.passed for ids, _ in e.sequences}
-    new_ids = {tuple(ids) for e in model.sampled[8:] if e.reward.passed for ids, _ in e.sequences}
+    new_ids = {tuple(ids) for e in model.sampled[4:] if e.reward.passed for ids, _ in e.sequences}
     trained = {tuple(row) for row in model.trained_rows}
     assert replay_ids and trained <= replay_ids | new_ids
     assert trained & replay_ids, "the replayed episodes are drawn into the SFT batches"
     metrics = result.metrics()
     assert metrics["replay"] == {
         "tasks": 4,
-        "episodes": 8,
+        "episodes": 4,
         "sequences": sum(len(e.sequences) for e in replayed if e.reward.passed),
         "fraction": 0.5,
     }
-    assert metrics["episodes"] == 8 + 2 * len(tasks) * 4
+    assert metrics["episodes"] == 4 + 2 * len(tasks) * 4
     assert all(
         row["replayed_sequences"] == metrics["replay"]["sequences"] for row in metrics["iterations"]
     )
-    assert result.successes == sum(e.reward.passed for e in model.sampled[8:])
+    assert result.successes == sum(e.reward.passed for e in model.sampled[4:])
     phases = result.counters.phase_s  # the replay's and the rounds' sampling, the SFT steps
     assert set(phases) == {"rollout", "update"} and all(v > 0 for v in phases.values())
+
+
+def test_replay_is_the_starting_weights_greedy_episodes_unless_it_is_given_a_temperature(
+    capable_champion: Path,
+) -> None:
+    """Greedy by default: one episode a task, the one the gate's regression suite checks
+    (token for token the model's own greedy rollout); with ``replay_temperature`` > 0,
+    ``replay_samples`` sampled episodes a task."""
+    env, replay = ToolcalcEnvironment(), V1[2:]
+    greedy = Recording(load(capable_champion))
+    train_rft(greedy, env, V3, config(steps=0), ctx=init_distributed("cpu"), replay_tasks=replay)
+    by_task = {e.task.task_id: e for e in greedy.sampled[:4]}
+    decoded = load(capable_champion).rollouts(
+        env, replay, seeds=[0] * 4, max_turns=4, max_new_tokens=48, temperature=0.0
+    )
+    assert [by_task[e.task.task_id].turns for e in decoded.episodes] == [
+        e.turns for e in decoded.episodes
+    ]
+
+    sampled = Recording(load(capable_champion))
+    result = train_rft(
+        sampled,
+        env,
+        V3,
+        config(steps=0, replay_temperature=1.0),
+        ctx=init_distributed("cpu"),
+        replay_tasks=replay,
+    )
+    assert result.metrics()["replay"]["episodes"] == 2 * 4
+    with pytest.raises(HyperparameterError, match="replay_temperature must be >= 0"):
+        config(replay_temperature=-0.5)
 
 
 def test_replay_alone_never_trains(capable_champion: Path) -> None:
@@ -136,7 +167,7 @@ def test_a_train_job_replays_its_replay_dataset(capable_champion: Path, tmp_path
     )
     assert code == 0
     metrics = read_metrics(tmp_path)
-    assert metrics["replay"]["tasks"] == 4 and metrics["replay"]["episodes"] == 8
+    assert metrics["replay"]["tasks"] == 4 and metrics["replay"]["episodes"] == 4
     assert metrics["hyperparameters"]["replay_fraction"] == 0.5
     # both passes are measured against the machine (a tiny-family job: the mismatch watch,
     # which hf jobs train through, is tested on its own in test_mismatch.py)

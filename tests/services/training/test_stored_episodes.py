@@ -31,7 +31,14 @@ from services.training.episode_file import (
     write_demonstrations,
     write_episodes,
 )
-from services.training.family import FamilyModel, PackedBatch, Rollouts, family_for
+from services.training.family import (
+    EpisodeFeed,
+    FamilyModel,
+    PackedBatch,
+    Rollouts,
+    TokenEpisode,
+    family_for,
+)
 from services.training.keep import EpisodeKeeper
 from services.training.rft import train_rft
 from tests.services.training.conftest import read_metrics, run_train_job
@@ -48,10 +55,17 @@ class AlwaysFails:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def rollouts(self, env: Environment, tasks: Sequence[TaskSpec], **kwargs: Any) -> Rollouts:
-        rollouts = self.inner.rollouts(env, tasks, **kwargs)
-        failed = Reward(total=0.0, passed=False, components={})
-        episodes = [dataclasses.replace(e, reward=failed) for e in rollouts.episodes]
+    def rollouts(
+        self,
+        env: Environment,
+        tasks: Sequence[TaskSpec],
+        *,
+        feed: EpisodeFeed | None = None,
+        **kwargs: Any,
+    ) -> Rollouts:
+        failing = None if feed is None else FailingFeed(feed)
+        rollouts = self.inner.rollouts(env, tasks, feed=failing, **kwargs)
+        episodes = [failed(e) for e in rollouts.episodes]
         return dataclasses.replace(rollouts, episodes=episodes)
 
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
@@ -59,6 +73,23 @@ class AlwaysFails:
             for ids, attention in zip(batch.ids.tolist(), batch.attention.tolist(), strict=True):
                 self.trained_rows.append(tuple(ids[: sum(attention)]))
         return self.inner.logprobs(batch)
+
+
+def failed(episode: TokenEpisode) -> TokenEpisode:
+    return dataclasses.replace(episode, reward=Reward(total=0.0, passed=False, components={}))
+
+
+class FailingFeed:
+    """Tells the feed it wraps that every episode failed."""
+
+    def __init__(self, feed: EpisodeFeed) -> None:
+        self.feed = feed
+
+    def next_episode(self) -> tuple[TaskSpec, int] | None:
+        return self.feed.next_episode()
+
+    def episode_ended(self, index: int, episode: TokenEpisode) -> None:
+        self.feed.episode_ended(index, failed(episode))
 
 
 def v1_tasks() -> list[TaskSpec]:

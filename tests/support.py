@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -12,6 +14,31 @@ from services.environments.base import read_task_file
 from services.training.episode_file import read_demonstrations
 
 T = TypeVar("T")
+
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process, never given twice
+
+
+def free_port() -> int:
+    """A port nothing listens on, below Linux's ephemeral range (32768+) and not handed out
+    before in this process.
+
+    A port from ``bind(("127.0.0.1", 0))`` comes from the ephemeral range, where every
+    process's random ports come from too: the Temporal dev server's own HTTP and metrics
+    ports, the source ports of outgoing connections. A test picks its ports before it starts
+    the processes that bind them, so such a port can be taken in between (CI once: the
+    stack's worker exited with code 3, its port in use). Below the range only tests pick."""
+    for _ in range(1000):
+        port = random.randint(20000, 32767)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port in 20000-32767")
 
 
 def assert_eventually(

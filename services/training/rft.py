@@ -24,7 +24,8 @@ Choices, each on purpose:
   every iteration's SFT draw gives them ``replay_fraction`` of its weight. Greedy because
   the behaviour to keep is the one the gate's regression suite checks and serving decodes:
   sampled at T=1, the bookshop's SmolLM2 champion's 28 and 32 replay episodes (two seeds)
-  gave 1 and 3 training sequences, so half of each draw was one to three sequences.
+  gave 1 and 3 training sequences, so half of each draw was one to three sequences (its
+  14 greedy episodes on seed 0's replay tasks gave 2).
   Without replay the SFT set holds only the new behaviour and the model forgets what it did
   right before (measured on SmolLM2, docs/models.md run 5: v1 100% -> 72.5% while the
   drift recovered); replaying its own successes is self-distillation, on its own tokens,

@@ -20,7 +20,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -47,19 +46,12 @@ from services.loop.policies import TrainingProfile
 from services.settings import Settings
 from services.temporal import connect_temporal
 from services.training.jobspec import train_job_document
-from tests.support import assert_eventually
+from tests.support import assert_eventually, free_port
 
 T = TypeVar("T")
 
 # A policy small enough that every job of a cycle takes seconds on a busy 2-core machine.
 TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _environment_without_ratchet_settings() -> dict[str, str]:

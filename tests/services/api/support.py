@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from services.db.session import SessionFactory
 from services.ingest.provisioning import provision_loop
 from services.ingest.signature import sign
 from services.secrets import SecretBox
-from tests.support import assert_eventually
+from tests.support import assert_eventually, free_port
 
 REPO = Path(__file__).resolve().parents[3]
 ADMIN_TOKEN = "test-admin-token"
@@ -96,12 +95,6 @@ def signed_headers(
 
 def body_of(payload: Any) -> bytes:
     return payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

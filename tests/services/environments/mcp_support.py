@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from services.environments.replay.tool_config import ToolEndpointConfig
+from tests.support import free_port
 
 SERVER = Path(__file__).with_name("mcp_tools_server.py")
 ENDPOINT = "desk"
@@ -101,12 +102,6 @@ def calls_made(calls: Path) -> list[dict[str, Any]]:
     if not calls.exists():
         return []
     return [json.loads(line) for line in calls.read_text().splitlines() if line.strip()]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -17,23 +17,7 @@ import psycopg
 import pytest
 
 from services.local.binaries import temporal_cli_path
-from tests.support import assert_eventually
-
-
-def free_port() -> int:
-    """A free port below Linux's ephemeral range (32768+), so the Temporal dev server's own
-    randomly bound internal ports cannot take it between our check and the api's bind."""
-    import random
-
-    for _ in range(200):
-        port = random.randint(20000, 29999)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-29999")
+from tests.support import assert_eventually, free_port
 
 
 @dataclass

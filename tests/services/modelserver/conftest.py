@@ -23,6 +23,7 @@ from services.serving.client import ModelServerClient
 from services.serving.local import wait_until_serving
 from services.training.checkpoint import save_checkpoint
 from services.training.tiny.model import GPT, GPTConfig
+from tests.support import free_port
 
 TINY = GPTConfig(n_layer=1, n_head=2, d_model=16, max_seq_len=96)
 
@@ -101,12 +102,6 @@ def serve() -> Iterator[Callable[..., ServerThread]]:
     yield start
     for server in running:
         server.__exit__()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ServeProcess:

@@ -8,7 +8,6 @@ runs (a smoke run of its full fine-tuning on two ranks)."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from tests.services.training.conftest import (
 )
 from tests.services.training.fsdp_support import Case, sharded_rank, single_process
 from tests.services.training.hf_support import build_tiny_llama
+from tests.support import free_port
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +36,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fsdp")
     build_tiny_llama(root / "llama")
     return install_checkpoint(root / "llama", ArtifactStore(root / "store")).target
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def read(out: Path) -> tuple[dict[str, object], dict[str, torch.Tensor]]:

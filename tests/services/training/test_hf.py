@@ -449,3 +449,41 @@ def test_two_torchrun_ranks_match_one_process(
     assert set(a) == set(b)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)
+
+
+def test_a_lora_trainers_rollouts_decode_its_adapter_folded_and_leave_the_weights_intact(
+    sft_adapter: Path, chat_tasks: dict[str, Path]
+) -> None:
+    from services.environments import read_task_file
+    from services.training.config import HFGRPOConfig
+    from services.training.hf.family import HFFamily
+
+    trainee = HFFamily().load(
+        sft_adapter, device=torch.device("cpu"), training=HFGRPOConfig(**GRPO_HYPER)
+    )
+    module = trainee.module
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    probe = torch.tensor([[1, 5, 9, 17, 33, 64]])
+    with torch.no_grad():
+        logits_before = module(input_ids=probe).logits
+    env = ToolcalcEnvironment()
+    tasks = read_task_file(chat_tasks["v1"])[:3]
+    options = {"seeds": [1, 2, 3], "max_turns": 2, "max_new_tokens": 8, "temperature": 1.0}
+
+    folded = trainee.rollouts(env, tasks, **options)
+    module.eval()
+    with torch.no_grad():
+        unfolded = trainee.chat.rollouts(env, tasks, **options)  # peft's own LoRA path
+        with module.disable_adapter():
+            base = trainee.chat.rollouts(env, tasks, **options)
+
+    assert [e.turns for e in folded.episodes] == [e.turns for e in unfolded.episodes]
+    for ours, theirs, plain in zip(folded.episodes, unfolded.episodes, base.episodes, strict=True):
+        mine = torch.tensor([v for turn in ours.sampler_logprobs or [] for v in turn])
+        peft = torch.tensor([v for turn in theirs.sampler_logprobs or [] for v in turn])
+        torch.testing.assert_close(mine, peft, atol=1e-5, rtol=1e-5)
+        assert ours.sampler_logprobs != plain.sampler_logprobs  # the adapter was applied
+    after = dict(module.named_parameters())
+    assert all(torch.equal(p, after[n].detach()) for n, p in before.items())
+    with torch.no_grad():
+        assert torch.equal(module(input_ids=probe).logits, logits_before)

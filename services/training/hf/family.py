@@ -7,8 +7,8 @@ targets), so the result is again an adapter on the same full base. ``lora: false
 every weight (an adapter champion is merged into its base first). For training on CUDA a
 LoRA base is held in bf16 (its weights are frozen) and trainable weights in fp32, under
 bf16 autocast; CPU runs fp32. For inference an adapter is merged into its base; a LoRA
-trainer's own rollouts decode its adapter folded into copies of the weights it adapts
-(:func:`folded_adapter`), the same outputs without peft's extra products per layer.
+trainer's own rollouts on fp32 weights decode its adapter folded into copies of the
+weights it adapts (:func:`folded_adapter`), the same outputs without peft's extra products.
 
 ``sharding: fsdp`` on more than one rank shards the model with FSDP2
 (:mod:`services.training.hf.fsdp`): LoRA or full, loaded rank by rank, saved in the same
@@ -305,10 +305,14 @@ def folded_adapter(model: Any) -> Iterator[None]:
     against 110 s, the same tokens sampled).
 
     The weights the adapter adapts are swapped back on exit, the very tensors they were:
-    no merge and unmerge that would leave them off by rounding after every round."""
+    no merge and unmerge that would leave them off by rounding after every round. Only fp32
+    weights are folded: a bf16 base (CUDA) would round the adapter's small update away in
+    the sum, so there peft's path stays (its products are cheap on a GPU anyway)."""
     from peft.tuners.lora import LoraLayer
 
     layers: list[Any] = [m for m in model.modules() if isinstance(m, LoraLayer) and not m.merged]
+    if any(layer.get_base_layer().weight.dtype != torch.float32 for layer in layers):
+        layers = []
     originals: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
     try:
         with torch.no_grad():

@@ -487,3 +487,23 @@ def test_a_lora_trainers_rollouts_decode_its_adapter_folded_and_leave_the_weight
     assert all(torch.equal(p, after[n].detach()) for n, p in before.items())
     with torch.no_grad():
         assert torch.equal(module(input_ids=probe).logits, logits_before)
+
+
+@pytest.mark.parametrize(("dtype", "folds"), [(torch.float32, True), (torch.bfloat16, False)])
+def test_only_fp32_weights_take_the_adapter_folded(
+    sft_adapter: Path, dtype: torch.dtype, folds: bool
+) -> None:
+    """A bf16 base would round a LoRA update away in the sum: it keeps peft's path."""
+    from services.training.config import HFGRPOConfig
+    from services.training.hf.family import HFFamily, folded_adapter
+
+    trainee = HFFamily().load(
+        sft_adapter, device=torch.device("cpu"), training=HFGRPOConfig(**GRPO_HYPER)
+    )
+    module = trainee.module.to(dtype)
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    with folded_adapter(module):
+        changed = {n for n, p in module.named_parameters() if not torch.equal(p, before[n])}
+    assert bool(changed) is folds
+    assert all(".base_layer." in n for n in changed)
+    assert all(torch.equal(p, before[n]) for n, p in module.named_parameters())

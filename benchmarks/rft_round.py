@@ -71,8 +71,11 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "spec.json"
     if not path.is_file():
         raise HarnessError(f"{run_dir} has no spec.json: give a train run's directory")
-    spec = json.loads(path.read_text())
-    if spec.get("kind") != "train" or spec.get("algorithm") != "rft":
+    try:
+        spec = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise HarnessError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(spec, dict) or spec.get("kind") != "train" or spec.get("algorithm") != "rft":
         raise HarnessError(f"{path} is not an rft train job's spec")
     for key in ("dataset", "base_checkpoint"):
         if not Path(str(spec.get(key))).exists():
@@ -126,17 +129,28 @@ def run_arm(
     }
 
 
+def positive(text: str) -> int:
+    """An argument that counts something: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--tools", default=None, help="the domain's stdio MCP server command")
-    parser.add_argument("--tasks", type=int, default=12)
-    parser.add_argument("--samples", type=int, default=4, help="episodes of each task")
-    parser.add_argument("--rollout-batch", type=int, default=48)
-    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--tasks", type=positive, default=12)
+    parser.add_argument("--samples", type=positive, default=4, help="episodes of each task")
+    parser.add_argument("--rollout-batch", type=positive, default=48)
+    parser.add_argument("--max-turns", type=positive, default=4)
     parser.add_argument("--enough-successes", type=int, default=2, help="as the run's rft")
-    parser.add_argument("--pairs", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pairs", type=positive, default=2)
+    parser.add_argument("--threads", type=positive, default=2)
     parser.add_argument("--seed", type=int, default=2)
     args = parser.parse_args()
     try:

@@ -74,6 +74,12 @@ def test_the_round_samples_the_same_tokens_folded_and_through_peft(tmp_path: Pat
 def test_a_directory_without_an_rft_spec_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(HarnessError, match=r"no spec\.json"):
         read_run(tmp_path)
+    (tmp_path / "spec.json").write_text("{not json")
+    with pytest.raises(HarnessError, match="is not JSON"):
+        read_run(tmp_path)
+    (tmp_path / "spec.json").write_text(json.dumps(["train"]))
+    with pytest.raises(HarnessError, match="not an rft train job"):
+        read_run(tmp_path)
     (tmp_path / "spec.json").write_text(json.dumps({"kind": "eval"}))
     with pytest.raises(HarnessError, match="not an rft train job"):
         read_run(tmp_path)
@@ -81,3 +87,12 @@ def test_a_directory_without_an_rft_spec_is_refused_in_one_line(tmp_path: Path) 
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     with pytest.raises(HarnessError, match=r"dataset .* is not on this machine"):
         read_run(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_a_count_below_one_or_not_a_number_is_refused_by_the_parser(value: str) -> None:
+    command = [sys.executable, "benchmarks/rft_round.py", "--run-dir", ".", "--tasks", value]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--tasks" in done.stderr and "Traceback" not in done.stderr

@@ -169,6 +169,7 @@ class PairedComparison:
     only_candidate: int  # c: the candidate did better on the task (improvements)
     p_value: float  # exact McNemar, two-sided
     p_value_improvement: float  # exact, one-sided: candidate better
+    p_value_loss: float  # exact, one-sided: champion better (a regression)
     ci_low: float  # paired bootstrap interval of delta
     ci_high: float
     confidence: float
@@ -218,6 +219,7 @@ def compare_paired(
         only_candidate=only_candidate,
         p_value=mcnemar_exact(only_champion, only_candidate),
         p_value_improvement=mcnemar_exact_one_sided(only_champion, only_candidate),
+        p_value_loss=mcnemar_exact_one_sided(only_candidate, only_champion),
         ci_low=low,
         ci_high=high,
         confidence=confidence,

@@ -87,7 +87,12 @@ class GatePolicy(_Policy):
     mode: Literal["auto", "manual"] = "auto"
     confidence: float = Field(default=0.95, ge=0.5, lt=1)
     min_improvement_points: float = Field(default=0.0, ge=0)
-    regression_tolerance_points: float = Field(default=2.0, ge=0)
+    regression_tolerance_points: float = Field(
+        default=2.0,
+        ge=0,
+        description="a larger drop on the regression suite refuses where it is significant "
+        "at `confidence` (a suite too small to show it is named in the decision, not refused)",
+    )
     canary_seconds: float = Field(default=300, ge=0)
     canary_check_interval_s: float = Field(default=10, gt=0)
     canary_min_traces: int = Field(default=30, ge=1)

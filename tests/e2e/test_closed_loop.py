@@ -281,7 +281,11 @@ def _assert_the_gate_saw_a_real_win(promotion: Promotion) -> None:
     assert main["discordant"] >= GATE_POLICY["min_discordant_pairs"], main
     assert main["p_value_improvement"] < 1 - GATE_POLICY["confidence"], main
     regression = statistics["regression"]
-    assert -regression["delta_points"] <= GATE_POLICY["regression_tolerance_points"], regression
+    # A drop beyond the tolerance refuses only where the suite shows it (a significant loss).
+    beyond_tolerance = -regression["delta_points"] > GATE_POLICY["regression_tolerance_points"]
+    shown = regression["p_value_loss"] < 1 - GATE_POLICY["confidence"]
+    assert not (beyond_tolerance and shown), regression
+    assert statistics["regression_check"] != "significant_loss", statistics
     # The win carries over to the frozen held-out set, which training never saw.
     assert statistics["heldout"]["delta"] > 0, statistics["heldout"]
     # pass@k beside pass@1 (4 samples per task): what sampling still reaches, both sides.

@@ -85,3 +85,66 @@ def test_judge_only_tasks_are_named_in_the_report() -> None:
     assert decision.statistics["judge_only_tasks"] == 3
     plain = decide(champion, candidate, [], [], POLICY)
     assert "judge" not in plain.reason and "judge_only_tasks" not in plain.statistics
+
+
+def test_a_drop_the_suite_cannot_show_is_named_but_does_not_refuse_a_win() -> None:
+    """Seed 0's foreign-agent cycle: +32.5 points on 40 eval tasks, one of 7 suite tasks lost."""
+    champion, candidate = pairs(both=12, only_champion=3, only_candidate=16, neither=9)
+    reg_champion, reg_candidate = pairs(both=5, only_champion=1, only_candidate=0, neither=1)
+    decision = decide(champion, candidate, reg_champion, reg_candidate, POLICY)
+    assert decision.decision == "promote", decision.reason
+    assert decision.statistics["regression_check"] == "loss_not_significant"
+    assert decision.statistics["regression"]["p_value_loss"] == 0.5
+    assert "the regression suite dropped 14.3 points" in decision.reason
+    assert "1 worse / 0 better of 7 tasks" in decision.reason
+    assert "it takes 5 tasks lost and none gained to show one at 95%" in decision.reason
+    assert "ratchet tasks pin" in decision.reason
+
+
+def test_a_suite_smaller_than_any_significant_loss_says_so() -> None:
+    champion, candidate = pairs(both=10, only_champion=0, only_candidate=20, neither=10)
+    reg_champion, reg_candidate = pairs(both=0, only_champion=4, only_candidate=0, neither=0)
+    decision = decide(champion, candidate, reg_champion, reg_candidate, POLICY)
+    assert decision.decision == "promote", decision.reason
+    assert "a suite of 4 tasks cannot show a loss at 95%" in decision.reason
+
+
+def test_a_significant_loss_beyond_tolerance_refuses_even_a_small_suite() -> None:
+    champion, candidate = pairs(both=10, only_champion=0, only_candidate=20, neither=10)
+    reg_champion, reg_candidate = pairs(both=2, only_champion=6, only_candidate=0, neither=0)
+    decision = decide(champion, candidate, reg_champion, reg_candidate, POLICY)
+    assert decision.decision == "reject"
+    assert decision.statistics["regression_check"] == "significant_loss"
+    assert decision.reason.startswith("regression suite dropped 75.0 points (tolerance 2;")
+    assert "6 worse / 0 better of 8 tasks, one-sided p=0.0156" in decision.reason
+
+
+def test_a_significant_loss_within_tolerance_does_not_refuse() -> None:
+    champion, candidate = pairs(both=10, only_champion=0, only_candidate=20, neither=10)
+    reg_champion, reg_candidate = pairs(both=394, only_champion=6, only_candidate=0, neither=0)
+    decision = decide(champion, candidate, reg_champion, reg_candidate, POLICY)
+    assert decision.statistics["regression"]["p_value_loss"] < 0.05
+    assert decision.statistics["regression_check"] == "within_tolerance"
+    assert decision.decision == "promote"
+    assert "regression" not in decision.reason
+
+
+def test_a_drop_that_is_not_significant_does_not_turn_a_refusal_into_a_promotion() -> None:
+    champion, candidate = pairs(both=30, only_champion=1, only_candidate=3, neither=6)
+    reg_champion, reg_candidate = pairs(both=5, only_champion=1, only_candidate=0, neither=1)
+    decision = decide(champion, candidate, reg_champion, reg_candidate, POLICY)
+    assert decision.decision == "reject"
+    assert decision.reason.startswith("no significant win")
+    assert "not a significant loss" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("confidence", "losses"), [(0.5, 2), (0.75, 3), (0.9, 4), (0.95, 5), (0.99, 7)]
+)
+def test_losses_to_show_is_the_fewest_clean_losses_below_alpha(
+    confidence: float, losses: int
+) -> None:
+    from services.evaluation.gate import losses_to_show
+
+    assert losses_to_show(confidence) == losses
+    assert 0.5**losses < 1 - confidence <= 0.5 ** (losses - 1)

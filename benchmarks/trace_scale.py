@@ -20,8 +20,11 @@ does meanwhile falls on both sizes alike), it measures:
 - ``curation_scan``: the curation queue's scan, as a curation batch does it: lock the oldest
   2000 uncurated traces of the loop and read their bodies (then roll back) → seconds, the
   median of ``--scans``;
-- ``retention_day``: retiring the oldest day (detach and drop its partition, what the
-  retention schedule does) → seconds.
+- ``retention_day``: retiring the oldest day (detach its partition, commit, drop it, as the
+  retention schedule does) → seconds;
+- ``retention_lock``: the first of those two transactions alone, the time the table is
+  locked, which every ingest and listing waits for (the drop locks only the detached table;
+  freeing its file takes time in proportion to its bytes) → seconds.
 
 Each figure is taken as a cost (a time; a rate's inverse), its median over the pairs per
 size, and ``<figure>_ratio`` is the large size's cost over the small size's. The bar
@@ -76,7 +79,7 @@ from services.db.partitions import (  # noqa: E402
     period_end,
     period_start,
 )
-from services.db.queries.retention import retire_trace_bodies  # noqa: E402
+from services.db.queries.retention import drop_retired, retire_trace_bodies  # noqa: E402
 from services.db.queries.traces import lock_uncurated_traces  # noqa: E402
 from services.db.session import create_db_engine, make_session_factory  # noqa: E402
 from services.ingest.signature import secret_key  # noqa: E402
@@ -97,6 +100,7 @@ FIGURES = (
     "listing_filtered_p99_ms",
     "curation_scan_s",
     "retention_day_s",
+    "retention_lock_s",
 )
 BAR_RATIO = 1.3
 BAR_RETENTION_S = 1.0
@@ -300,6 +304,9 @@ def measure(size: Size, args: argparse.Namespace, pair: int) -> dict[str, float]
             retired = retire_trace_bodies(
                 session=session, received_before=oldest.upper, now=dt.datetime.now(dt.UTC)
             )
+        figures["retention_lock_s"] = time.perf_counter() - started
+        with sessions.begin() as session:
+            drop_retired(session=session, table=TRACE_BODIES)
         figures["retention_day_s"] = time.perf_counter() - started
         if not retired:
             raise RuntimeError("retention dropped nothing")

@@ -16,6 +16,7 @@ from services.db.models import Trace
 from services.db.partitions import (
     TRACE_BODIES,
     create_partition,
+    detached_partitions,
     partitions,
     period_end,
     period_start,
@@ -91,6 +92,7 @@ async def test_the_workflow_makes_partitions_drops_old_bodies_keeps_rows_and_rep
     with session_factory() as session:
         rows = {t.id: t for t in session.scalars(select(Trace))}
         made = partitions(session=session, table=TRACE_BODIES)
+        left_detached = detached_partitions(session=session, table=TRACE_BODIES)
         purged_at = {
             trace_id: trace_purge_state(
                 session=session,
@@ -99,6 +101,7 @@ async def test_the_workflow_makes_partitions_drops_old_bodies_keeps_rows_and_rep
             )
             for trace_id in rows
         }
+    assert left_detached == []  # detached, then dropped in a transaction of its own
     assert set(rows) == set(old) | set(new)  # rows (lineage ids, outcomes) stay
     for trace_id in old:
         assert rows[trace_id].body == {} and purged_at[trace_id] is not None

@@ -9,8 +9,16 @@ import time
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from services.db.partitions import OTLP_SPAN_PAYLOADS, PERIODS, TRACE_BODIES, Period, Retired
+from services.db.partitions import (
+    OTLP_SPAN_PAYLOADS,
+    PERIODS,
+    TRACE_BODIES,
+    PartitionedTable,
+    Period,
+    Retired,
+)
 from services.db.queries.retention import (
+    drop_retired,
     make_partitions_ahead,
     retire_span_payloads,
     retire_trace_bodies,
@@ -70,13 +78,15 @@ class RetentionActivities:
         cutoff = now - dt.timedelta(seconds=input.span_retention_s)
         with self._sessions.begin() as session:
             retired = retire_span_payloads(session=session, received_before=cutoff, now=now)
+        self._drop_retired(OTLP_SPAN_PAYLOADS)
         _count_retired(OTLP_SPAN_PAYLOADS.name, retired or [], started)
         return MaintainPartitionsResult(made=made or [], retired=[r.name for r in retired or ()])
 
     @activity.defn(name="purge_trace_bodies")
     def purge_trace_bodies(self, input: PurgeTraceBodiesInput) -> PurgeTraceBodiesResult:
         """Drop the partitions of trace bodies past the retention period (and older bodies
-        in the default partition): one short transaction, whatever the rows; nothing when
+        in the default partition): a short transaction detaches them, whatever the rows, and
+        a second drops them, locking nothing ingest or listings use; nothing when
         ``retention_days`` is 0 (kept for ever).
 
         Idempotent: the cutoff is fixed by the input's ``now``, and a dropped partition is
@@ -89,6 +99,7 @@ class RetentionActivities:
         started = time.monotonic()
         with self._sessions.begin() as session:
             retired = retire_trace_bodies(session=session, received_before=cutoff, now=now)
+        self._drop_retired(TRACE_BODIES)
         if retired is None:
             logger.info("retention: another worker is retiring trace bodies; left to it")
             return PurgeTraceBodiesResult(cutoff=cutoff.isoformat())
@@ -105,3 +116,10 @@ class RetentionActivities:
         return PurgeTraceBodiesResult(
             purged=purged, cutoff=cutoff.isoformat(), retired=[r.name for r in retired]
         )
+
+    def _drop_retired(self, table: PartitionedTable) -> None:
+        """Drop what retention detached from ``table``, after the detach committed."""
+        with self._sessions.begin() as session:
+            dropped = drop_retired(session=session, table=table)
+        if dropped:
+            logger.info("retention: dropped the detached %s", ", ".join(dropped))

@@ -15,7 +15,9 @@ an episode that never completed) goes with its partition once it is older than t
 retention, unless a span still waiting holds a payload in it.
 
 Each function takes the table's maintenance lock first and returns None when another
-transaction holds it (another worker is at it: this run has nothing to do).
+transaction holds it (another worker is at it: this run has nothing to do). Retiring detaches;
+the caller commits and then drops what was detached (:func:`drop_retired`) in a second
+transaction, so ingest and listings wait for the catalog change only, never for the files.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from services.db.partitions import (
     PARTITIONED_TABLES,
     TRACE_BODIES,
     Partition,
+    PartitionedTable,
     Period,
     Retired,
+    drop_detached_partitions,
     ensure_partitions,
     lock_table_maintenance,
     retire_partitions,
@@ -87,3 +91,11 @@ def retire_span_payloads(
         now=now,
         may_retire=_no_waiting_span,
     )
+
+
+def drop_retired(*, session: Session, table: PartitionedTable) -> list[str] | None:
+    """Drop the partitions retention detached from ``table`` (in a transaction after the one
+    that detached them); the names dropped, None when locked out."""
+    if not lock_table_maintenance(session=session, table=table):
+        return None
+    return drop_detached_partitions(session=session, table=table)
